@@ -1,0 +1,1 @@
+"""Evolution agents built on genesis-fp16."""

@@ -1,0 +1,149 @@
+"""The ``genesis-fp16`` command.
+
+Built-in commands: ``doctor`` and ``trainers``. Other commands (``evolve``,
+``rollout``, ``profiles``, ``tune``, ``drill``, ``bench``, ``ppo``,
+``forensics``) register themselves through the entry-point group
+``genesis_fp16.commands``: each entry point names ``register(app)``. This keeps
+``genesis_fp16`` free of imports of ``agents`` and ``infrastructure``.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import sys
+from importlib import metadata
+from typing import Any, Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from .settings import SettingsError, describe_settings, load_settings
+
+COMMAND_GROUP = "genesis_fp16.commands"
+
+app = typer.Typer(
+    name="genesis-fp16",
+    help="Mixed-precision training for self-evolving agents: doctor, trainers, evolve, rollout, bench, ppo, forensics.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+console = Console(stderr=True)
+out = Console()
+
+
+def fail(message: str, code: int = 2) -> "typer.Exit":
+    """Print one clear error and return the exit to raise."""
+    console.print(f"[bold red]error:[/] {message}", highlight=False)
+    return typer.Exit(code)
+
+
+def load_settings_or_exit(**overrides: Any):
+    try:
+        return load_settings(**overrides)
+    except SettingsError as exc:
+        raise fail(str(exc))
+
+
+def print_json(data: Any) -> None:
+    sys.stdout.write(json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
+
+
+@app.command()
+def doctor(as_json: bool = typer.Option(False, "--json", help="Print JSON instead of tables.")) -> None:
+    """Torch version, devices, what each supports, what `auto` picks and why, and the settings in effect."""
+    settings = load_settings_or_exit()
+    import torch
+
+    from .precision import capability_report, cpu_flags, cpu_has_native_bf16
+
+    devices = ["cpu"] + [f"cuda:{i}" for i in range(torch.cuda.device_count())]
+    reports = [capability_report(d) for d in devices]
+    primary = reports[-1] if len(reports) > 1 else reports[0]
+    interesting = sorted(f for f in cpu_flags() if f in {"avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile", "avx512_fp16", "f16c"})
+    data = {
+        "genesis_fp16_version": metadata.version("genesis-fp16") if _installed() else "source",
+        "torch_version": torch.__version__,
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "cuda_available": torch.cuda.is_available(),
+        "cpu_flags": interesting,
+        "cpu_native_bf16": cpu_has_native_bf16(),
+        "devices": reports,
+        "auto_device": primary["device"],
+        "auto_precision": primary["auto_precision"],
+        "auto_reason": primary["auto_reason"],
+        "settings": json.loads(settings.model_dump_json()),
+    }
+    if as_json:
+        print_json(data)
+        return
+    out.print(f"[bold]genesis-fp16[/] {data['genesis_fp16_version']}  torch {data['torch_version']}  python {data['python']}")
+    table = Table(title="devices and precisions")
+    for col in ("device", "name", "fp32", "fp16", "bf16", "auto"):
+        table.add_column(col)
+    for rep in reports:
+        sup = rep["support"]
+        table.add_row(rep["device"], rep["name"], sup["fp32"], sup["fp16"], sup["bf16"], rep["auto_precision"])
+    out.print(table)
+    out.print(f"auto picks [bold]{data['auto_precision']}[/] on {data['auto_device']}: {data['auto_reason']}")
+    out.print(f"CPU flags: {', '.join(interesting) or 'none of interest'}")
+    st = Table(title="settings in effect")
+    st.add_column("variable")
+    st.add_column("value")
+    for row in describe_settings():
+        value = getattr(settings, row["field"])
+        st.add_row(row["env"], str(getattr(value, "value", value)))
+    out.print(st)
+
+
+@app.command()
+def trainers(as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
+    """List registered trainers (built-in and entry-point plugins)."""
+    from .registry import available
+
+    specs = available()
+    if as_json:
+        print_json([{"name": s.name, "description": s.description, "source": s.source} for s in specs.values()])
+        return
+    table = Table(title="trainers")
+    table.add_column("name")
+    table.add_column("source")
+    table.add_column("description")
+    for spec in specs.values():
+        table.add_row(spec.name, spec.source, spec.description.strip().splitlines()[0] if spec.description else "")
+    out.print(table)
+
+
+def _installed() -> bool:
+    try:
+        metadata.version("genesis-fp16")
+        return True
+    except metadata.PackageNotFoundError:
+        return False
+
+
+def _register_plugins() -> None:
+    for ep in sorted(metadata.entry_points(group=COMMAND_GROUP), key=lambda e: e.name):
+        try:
+            register = ep.load()
+            register(app)
+        except Exception as exc:  # shown, never hidden: one broken command must not take the others down
+            console.print(f"[yellow]warning:[/] command {ep.name!r} unavailable ({ep.value}): {type(exc).__name__}: {exc}")
+
+
+_register_plugins()
+
+
+def main(argv: Optional[list[str]] = None) -> None:
+    try:
+        app(args=argv, standalone_mode=True)
+    except SettingsError as exc:
+        console.print(f"[bold red]error:[/] {exc}", highlight=False)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,152 @@
+"""Trainer registry: names map to factories.
+
+Built-in names: ``fp32``, ``fp16``, ``bf16`` (force that precision) and
+``auto`` (use the config's precision). Other packages register through the
+entry-point group ``genesis_fp16.trainers``; an entry point names a callable
+``factory(model, optimizer, config, scheduler, **kwargs) -> FP16Trainer``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from dataclasses import dataclass
+from importlib import metadata
+from typing import Any, Callable, Optional
+
+import torch
+
+from .settings import DistributedWrap, Settings, load_settings
+from .telemetry import get_logger
+from .trainer import FP16Trainer, FP16TrainingConfig
+
+ENTRY_POINT_GROUP = "genesis_fp16.trainers"
+
+TrainerFactory = Callable[..., FP16Trainer]
+
+
+@dataclass(frozen=True)
+class TrainerSpec:
+    name: str
+    factory: TrainerFactory
+    description: str
+    source: str = "builtin"
+
+
+_REGISTRY: dict[str, TrainerSpec] = {}
+_LOCK = threading.Lock()
+_ENTRY_POINTS_LOADED = False
+
+
+class UnknownTrainerError(KeyError):
+    def __str__(self) -> str:  # KeyError quotes its message otherwise
+        return str(self.args[0])
+
+
+def register(name: str, factory: TrainerFactory, description: str = "", *, source: str = "builtin", replace: bool = False) -> None:
+    with _LOCK:
+        if name in _REGISTRY and not replace:
+            raise ValueError(f"trainer {name!r} is already registered (by {_REGISTRY[name].source})")
+        _REGISTRY[name] = TrainerSpec(name, factory, description, source)
+
+
+def _precision_factory(precision: str) -> TrainerFactory:
+    def factory(
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        config: Optional[FP16TrainingConfig] = None,
+        scheduler: Any = None,
+        **kwargs: Any,
+    ) -> FP16Trainer:
+        base = config or FP16TrainingConfig()
+        forced = dataclasses.replace(base, precision=precision, enabled=precision != "fp32" or base.enabled)
+        return FP16Trainer(model, optimizer, forced, scheduler, **kwargs)
+
+    return factory
+
+
+def _auto_factory(model, optimizer, config=None, scheduler=None, **kwargs) -> FP16Trainer:
+    return FP16Trainer(model, optimizer, config, scheduler, **kwargs)
+
+
+register("auto", _auto_factory, "single process; precision from the config (auto picks per device)")
+register("fp32", _precision_factory("fp32"), "single process, FP32 (disabled scaler, no autocast)")
+register("fp16", _precision_factory("fp16"), "single process, FP16 autocast + GradScaler")
+register("bf16", _precision_factory("bf16"), "single process, BF16 autocast, no scaler")
+
+
+def _load_entry_points() -> None:
+    global _ENTRY_POINTS_LOADED
+    if _ENTRY_POINTS_LOADED:
+        return
+    _ENTRY_POINTS_LOADED = True
+    log = get_logger("genesis_fp16.registry")
+    for ep in metadata.entry_points(group=ENTRY_POINT_GROUP):
+        if ep.name in _REGISTRY:
+            continue
+        try:
+            factory = ep.load()
+        except Exception as exc:  # a broken plugin must not hide the built-ins
+            log.error("registry.plugin_failed", name=ep.name, entry_point=ep.value, error=str(exc))
+            continue
+        register(ep.name, factory, getattr(factory, "__doc__", "") or "", source=f"entry point {ep.value}")
+
+
+def _load_builtin_extensions() -> None:
+    # the distributed trainers live in their own module (torch.distributed imports)
+    try:
+        from . import distributed  # noqa: F401  (registers ddp / fsdp)
+    except ImportError:
+        pass
+
+
+def available() -> dict[str, TrainerSpec]:
+    _load_builtin_extensions()
+    _load_entry_points()
+    with _LOCK:
+        return dict(sorted(_REGISTRY.items()))
+
+
+def get(name: str) -> TrainerSpec:
+    specs = available()
+    if name not in specs:
+        raise UnknownTrainerError(f"unknown trainer {name!r}: registered trainers are {', '.join(specs)}")
+    return specs[name]
+
+
+def create_trainer(
+    name: str,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    config: Optional[FP16TrainingConfig] = None,
+    scheduler: Any = None,
+    **kwargs: Any,
+) -> FP16Trainer:
+    return get(name).factory(model, optimizer, config, scheduler, **kwargs)
+
+
+def trainer_for(
+    agent: str,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    *,
+    scheduler: Any = None,
+    settings: Optional[Settings] = None,
+    precision: Optional[str] = None,
+    overrides: Optional[dict[str, Any]] = None,
+    **kwargs: Any,
+) -> FP16Trainer:
+    """The trainer ``agent`` should use now: global settings, then its profile,
+    then explicit arguments, then the rollout ledger and the kill switch."""
+    from .policy import resolve_policy
+
+    settings = settings or load_settings()
+    policy = resolve_policy(agent, settings, precision=precision, overrides=overrides)
+    name = "auto" if settings.distributed == DistributedWrap.NONE else settings.distributed.value
+    kwargs.setdefault("name", agent)
+    trainer = create_trainer(name, model, optimizer, policy.config, scheduler, **kwargs)
+    trainer.policy = policy  # type: ignore[attr-defined]
+    get_logger("genesis_fp16.registry").debug(
+        "registry.trainer_resolved", agent=agent, trainer=name, precision=trainer.precision.name, reason=policy.reason
+    )
+    return trainer

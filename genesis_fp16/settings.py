@@ -1,0 +1,220 @@
+"""One settings tree for the whole project.
+
+Sources, highest precedence first (pydantic-settings order):
+init arguments > environment > ``.env`` file > TOML file (``GENESIS_FP16_CONFIG_FILE``,
+default ``genesis_fp16.toml`` in the working directory when it exists).
+
+This is the only module that reads the environment; everything else takes a
+``Settings`` object.
+"""
+
+from __future__ import annotations
+
+import os
+from enum import Enum
+from pathlib import Path
+from typing import Any, Optional
+
+from pydantic import AliasChoices, Field, ValidationError, field_validator
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    TomlConfigSettingsSource,
+)
+
+ENV_PREFIX = "GENESIS_FP16_"
+CONFIG_FILE_ENV = "GENESIS_FP16_CONFIG_FILE"
+DEFAULT_CONFIG_FILE = "genesis_fp16.toml"
+
+
+class PrecisionMode(str, Enum):
+    AUTO = "auto"
+    FP16 = "fp16"
+    BF16 = "bf16"
+    FP32 = "fp32"
+
+
+class OnUnsupported(str, Enum):
+    FALLBACK = "fallback"
+    ERROR = "error"
+
+
+class LogFormat(str, Enum):
+    CONSOLE = "console"
+    JSON = "json"
+
+
+class LogLevel(str, Enum):
+    DEBUG = "DEBUG"
+    INFO = "INFO"
+    WARNING = "WARNING"
+    ERROR = "ERROR"
+
+
+class DistributedWrap(str, Enum):
+    NONE = "none"
+    DDP = "ddp"
+    FSDP = "fsdp"
+
+
+class SettingsError(ValueError):
+    """An invalid setting: names the variable, the value given and what is allowed."""
+
+
+class Settings(BaseSettings):
+    """Global genesis-fp16 settings. Every field maps to ``GENESIS_FP16_<NAME>``
+    except the kill switch, which keeps the seed's name ``ENABLE_FP16_TRAINING``."""
+
+    model_config = SettingsConfigDict(
+        env_prefix=ENV_PREFIX,
+        env_file=".env",
+        env_file_encoding="utf-8",
+        extra="ignore",
+        populate_by_name=True,
+        validate_default=True,
+    )
+
+    enable_fp16_training: bool = Field(
+        True,
+        validation_alias=AliasChoices("ENABLE_FP16_TRAINING", "enable_fp16_training"),
+        description="Global switch for reduced precision. false is the kill switch: every agent trains in FP32.",
+    )
+    precision: PrecisionMode = Field(PrecisionMode.AUTO, description="auto|fp16|bf16|fp32")
+    on_unsupported: OnUnsupported = Field(
+        OnUnsupported.FALLBACK,
+        description="What to do when the device cannot run the asked precision: fallback (log, use best supported) or error.",
+    )
+    init_scale: float = Field(65536.0, gt=0, description="GradScaler initial loss scale.")
+    growth_factor: float = Field(2.0, gt=1.0, description="GradScaler growth factor.")
+    backoff_factor: float = Field(0.5, gt=0.0, lt=1.0, description="GradScaler backoff factor.")
+    growth_interval: int = Field(2000, ge=1, description="Clean steps before the scale grows.")
+    max_grad_norm: Optional[float] = Field(1.0, gt=0, description="Gradient clipping norm; 'none' disables clipping.")
+    grad_accumulation_steps: int = Field(1, ge=1, description="Micro-steps per optimizer step.")
+    nonfinite_streak_threshold: int = Field(
+        3, ge=1, description="Consecutive non-finite losses that raise a trainer.nonfinite_streak event."
+    )
+    state_dir: Path = Field(Path(".genesis_fp16"), description="Where ledgers, event logs and checkpoints go.")
+    profiles_file: Optional[Path] = Field(
+        None, description="Per-agent tuning profiles (TOML). Default: <state_dir>/profiles.toml when it exists."
+    )
+    distributed: DistributedWrap = Field(
+        DistributedWrap.NONE, description="none|ddp|fsdp: how trainers wrap models under torchrun."
+    )
+    log_format: LogFormat = Field(LogFormat.CONSOLE, description="console (people) or json (machines) on stderr.")
+    log_level: LogLevel = Field(LogLevel.INFO, description="DEBUG|INFO|WARNING|ERROR")
+
+    @field_validator("max_grad_norm", mode="before")
+    @classmethod
+    def _none_disables(cls, value: Any) -> Any:
+        if isinstance(value, str) and value.strip().lower() in {"", "none", "null", "off"}:
+            return None
+        return value
+
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _upper_level(cls, value: Any) -> Any:
+        return value.upper() if isinstance(value, str) else value
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        toml_path = Path(os.environ.get(CONFIG_FILE_ENV, DEFAULT_CONFIG_FILE))
+        sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings, dotenv_settings]
+        if toml_path.is_file():
+            sources.append(TomlConfigSettingsSource(settings_cls, toml_file=toml_path))
+        elif CONFIG_FILE_ENV in os.environ:
+            raise SettingsError(
+                f"{CONFIG_FILE_ENV}={str(toml_path)!r}: file not found; point it at an existing TOML file or unset it"
+            )
+        return tuple(sources)
+
+    # -- derived paths -------------------------------------------------
+    @property
+    def events_path(self) -> Path:
+        return self.state_dir / "events.jsonl"
+
+    @property
+    def effective_profiles_file(self) -> Path:
+        return self.profiles_file if self.profiles_file is not None else self.state_dir / "profiles.toml"
+
+    def scaler_kwargs(self) -> dict[str, float | int]:
+        """Scaler options exactly as ``torch.amp.GradScaler`` names them."""
+        return {
+            "init_scale": self.init_scale,
+            "growth_factor": self.growth_factor,
+            "backoff_factor": self.backoff_factor,
+            "growth_interval": self.growth_interval,
+        }
+
+
+def env_name(field: str) -> str:
+    """The environment variable a field is read from."""
+    if field == "enable_fp16_training":
+        return "ENABLE_FP16_TRAINING"
+    return ENV_PREFIX + field.upper()
+
+
+def _allowed(field: str) -> str:
+    info = Settings.model_fields[field]
+    annotation = info.annotation
+    for candidate in getattr(annotation, "__args__", (annotation,)):
+        if isinstance(candidate, type) and issubclass(candidate, Enum):
+            return ", ".join(str(m.value) for m in candidate)
+    if annotation is bool:
+        return "true, false (also 1/0, yes/no, on/off)"
+    bounds = []
+    for meta in info.metadata:
+        for attr, sym in (("gt", ">"), ("ge", ">="), ("lt", "<"), ("le", "<=")):
+            if getattr(meta, attr, None) is not None:
+                bounds.append(f"{sym} {getattr(meta, attr)}")
+    kind = getattr(annotation, "__name__", str(annotation)).replace("Optional", "")
+    text = f"a number {' and '.join(bounds)}" if bounds else f"a value of type {kind}"
+    if field == "max_grad_norm":
+        text += ", or 'none' to disable clipping"
+    return text
+
+
+def format_validation_error(err: ValidationError) -> str:
+    lines = []
+    for item in err.errors():
+        loc = item.get("loc") or ("?",)
+        field = str(loc[0])
+        if field not in Settings.model_fields:
+            # aliases come back as the alias name
+            field = {"ENABLE_FP16_TRAINING": "enable_fp16_training"}.get(field, field)
+        name = env_name(field) if field in Settings.model_fields else field
+        allowed = _allowed(field) if field in Settings.model_fields else item.get("msg", "")
+        lines.append(f"invalid setting {name}={item.get('input')!r}: allowed values are {allowed}")
+    return "; ".join(lines)
+
+
+def load_settings(**overrides: Any) -> Settings:
+    """Build settings from all sources; raise ``SettingsError`` with one clear message."""
+    try:
+        return Settings(**overrides)
+    except ValidationError as err:
+        raise SettingsError(format_validation_error(err)) from None
+
+
+def get_settings(**overrides: Any) -> Settings:
+    """Alias of :func:`load_settings` (settings are cheap and never cached, so tests
+    and long-running processes see changes to the environment)."""
+    return load_settings(**overrides)
+
+
+def describe_settings() -> list[dict[str, Any]]:
+    """Every setting with its variable, default and meaning (for docs and `.env.example`)."""
+    rows = []
+    for name, info in Settings.model_fields.items():
+        default = info.default
+        if isinstance(default, Enum):
+            default = default.value
+        rows.append({"field": name, "env": env_name(name), "default": default, "description": info.description})
+    return rows

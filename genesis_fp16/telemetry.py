@@ -1,0 +1,139 @@
+"""structlog set-up and the event sink.
+
+One configuration for the whole process: people read the console renderer on
+stderr, machines read JSON lines appended to ``<state_dir>/events.jsonl``.
+Event names are dotted (``trainer.step_skipped``); docs/EVENTS.md lists them.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+import threading
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import structlog
+
+from .settings import LogFormat, Settings
+
+_LOCK = threading.Lock()
+_CONFIGURED: dict[str, Any] = {}
+_ONCE_KEYS: set[str] = set()
+
+EventListener = Callable[[str, dict[str, Any]], None]
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, (str, int, float, bool)) or value is None:
+        return value
+    if isinstance(value, Path):
+        return str(value)
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if hasattr(value, "value") and isinstance(getattr(value, "value"), (str, int, float)):
+        return value.value
+    return repr(value)
+
+
+class JsonlSink:
+    """A processor that appends every event as one JSON line to a file, then
+    passes the event on unchanged. Each line is written with one ``write``
+    call under a lock, so concurrent threads never interleave lines."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        self._lock = threading.Lock()
+
+    def __call__(self, logger: Any, method: str, event_dict: dict[str, Any]) -> dict[str, Any]:
+        record = {k: _jsonable(v) for k, v in event_dict.items()}
+        record.setdefault("pid", os.getpid())
+        line = json.dumps(record, sort_keys=True) + "\n"
+        with self._lock:
+            try:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                with open(self.path, "a", encoding="utf-8") as fh:
+                    fh.write(line)
+            except OSError as exc:  # the console still shows the event
+                sys.stderr.write(f"genesis-fp16: cannot write event log {self.path}: {exc}\n")
+        return event_dict
+
+
+def configure_logging(settings: Optional[Settings] = None, *, force: bool = False) -> None:
+    """Configure structlog once per process (``force`` re-configures, e.g. after
+    the state dir changed)."""
+    from .settings import load_settings
+
+    with _LOCK:
+        if _CONFIGURED and not force:
+            return
+        settings = settings or load_settings()
+        level = getattr(logging, settings.log_level.value)
+        renderer: Any
+        if settings.log_format == LogFormat.JSON:
+            renderer = structlog.processors.JSONRenderer(default=_jsonable)
+        else:
+            renderer = structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty())
+        structlog.configure(
+            processors=[
+                structlog.contextvars.merge_contextvars,
+                structlog.processors.add_log_level,
+                structlog.processors.TimeStamper(fmt="iso", utc=True),
+                JsonlSink(settings.events_path),
+                renderer,
+            ],
+            wrapper_class=structlog.make_filtering_bound_logger(level),
+            logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+            cache_logger_on_first_use=False,
+        )
+        _CONFIGURED.clear()
+        _CONFIGURED.update(events_path=settings.events_path, level=settings.log_level.value)
+
+
+def get_logger(name: str = "genesis_fp16", **bound: Any) -> Any:
+    configure_logging()
+    return structlog.get_logger(name).bind(component=name, **bound)
+
+
+def events_path() -> Optional[Path]:
+    return _CONFIGURED.get("events_path")
+
+
+def log_once(logger: Any, key: str, level: str, event: str, **fields: Any) -> bool:
+    """Log an event only the first time ``key`` is seen in this process."""
+    with _LOCK:
+        if key in _ONCE_KEYS:
+            return False
+        _ONCE_KEYS.add(key)
+    getattr(logger, level)(event, **fields)
+    return True
+
+
+def reset_once() -> None:
+    """Forget which one-time messages were logged (tests)."""
+    with _LOCK:
+        _ONCE_KEYS.clear()
+
+
+def read_events(path: Path) -> list[dict[str, Any]]:
+    """Read a JSON-lines event log, skipping a torn last line (a process killed
+    mid-write) but failing loudly on garbage in the middle."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"event log {path} does not exist")
+    lines = path.read_text(encoding="utf-8").splitlines()
+    events = []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            events.append(json.loads(line))
+        except json.JSONDecodeError as exc:
+            if number == len(lines):
+                break
+            raise ValueError(f"{path}:{number}: not a JSON event line ({exc.msg})") from None
+    return events

@@ -1,0 +1,416 @@
+"""The trainer: one loop path for every precision.
+
+FP32 runs the same code as FP16: a null autocast context and a disabled
+``GradScaler`` (whose ``scale``/``unscale_``/``step``/``update`` are then plain
+pass-throughs), as in nanoGPT's ``train.py``. The order of operations is
+PyTorch's AMP recipe ("Automatic Mixed Precision examples", gradient clipping
+and accumulation sections): ``scale(loss/N).backward()`` per micro-step, then
+once per optimizer step ``unscale_`` -> ``clip_grad_norm_`` -> ``step`` ->
+``update``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, ContextManager, Iterator, Optional, Union
+
+import torch
+
+from . import checkpoint as ckpt
+from .precision import HalfTrue, Precision, ScalerOptions, parse_mode, parse_on_unsupported, resolve_precision
+from .settings import OnUnsupported, PrecisionMode
+from .telemetry import EventListener, get_logger
+
+CHECKPOINT_WARNING_EVENT = "checkpoint.fresh_scaler"
+
+
+@dataclass
+class FP16TrainingConfig:
+    """Trainer configuration. The first five fields are the seed's.
+
+    enabled: False trains in FP32 whatever ``precision`` says.
+    loss_scale: the scaler's initial scale (torch's ``init_scale``).
+    growth_factor / backoff_factor / growth_interval: as torch names them.
+    precision: auto | fp16 | bf16 | fp32.
+    max_grad_norm: clip the (unscaled) gradient norm to this; None disables.
+    grad_accumulation_steps: micro-steps per optimizer step; the loss is divided by it.
+    on_unsupported: fallback | error, for a precision the device cannot run.
+    device: where the model lives; None infers it from the model's parameters.
+    nonfinite_streak_threshold: consecutive non-finite losses that raise an event.
+    check_finite_loss: test each loss for NaN/inf before backward (one host sync per step).
+    """
+
+    enabled: bool = True
+    loss_scale: float = 65536.0
+    growth_factor: float = 2.0
+    backoff_factor: float = 0.5
+    growth_interval: int = 2000
+    precision: str = "auto"
+    max_grad_norm: Optional[float] = 1.0
+    grad_accumulation_steps: int = 1
+    on_unsupported: str = "fallback"
+    device: Optional[str] = None
+    nonfinite_streak_threshold: int = 3
+    check_finite_loss: bool = True
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        parse_mode(self.precision)
+        parse_on_unsupported(self.on_unsupported)
+        problems = []
+        if not (self.loss_scale > 0 and math.isfinite(self.loss_scale)):
+            problems.append(f"loss_scale={self.loss_scale!r}: expected a finite number > 0")
+        if not self.growth_factor > 1.0:
+            problems.append(f"growth_factor={self.growth_factor!r}: expected > 1.0")
+        if not 0.0 < self.backoff_factor < 1.0:
+            problems.append(f"backoff_factor={self.backoff_factor!r}: expected 0 < value < 1")
+        if not (isinstance(self.growth_interval, int) and self.growth_interval >= 1):
+            problems.append(f"growth_interval={self.growth_interval!r}: expected an integer >= 1")
+        if self.max_grad_norm is not None and not self.max_grad_norm > 0:
+            problems.append(f"max_grad_norm={self.max_grad_norm!r}: expected > 0 or None")
+        if not (isinstance(self.grad_accumulation_steps, int) and self.grad_accumulation_steps >= 1):
+            problems.append(f"grad_accumulation_steps={self.grad_accumulation_steps!r}: expected an integer >= 1")
+        if not (isinstance(self.nonfinite_streak_threshold, int) and self.nonfinite_streak_threshold >= 1):
+            problems.append(f"nonfinite_streak_threshold={self.nonfinite_streak_threshold!r}: expected an integer >= 1")
+        if problems:
+            raise ValueError("invalid FP16TrainingConfig: " + "; ".join(problems))
+
+    @property
+    def requested_precision(self) -> PrecisionMode:
+        return parse_mode(self.precision) if self.enabled else PrecisionMode.FP32
+
+    def scaler_options(self) -> ScalerOptions:
+        return ScalerOptions(
+            init_scale=self.loss_scale,
+            growth_factor=self.growth_factor,
+            backoff_factor=self.backoff_factor,
+            growth_interval=self.growth_interval,
+        )
+
+    @classmethod
+    def from_settings(cls, settings: Any, **overrides: Any) -> "FP16TrainingConfig":
+        values = dict(
+            enabled=settings.enable_fp16_training,
+            loss_scale=settings.init_scale,
+            growth_factor=settings.growth_factor,
+            backoff_factor=settings.backoff_factor,
+            growth_interval=settings.growth_interval,
+            precision=settings.precision.value,
+            max_grad_norm=settings.max_grad_norm,
+            grad_accumulation_steps=settings.grad_accumulation_steps,
+            on_unsupported=settings.on_unsupported.value,
+            nonfinite_streak_threshold=settings.nonfinite_streak_threshold,
+        )
+        values.update(overrides)
+        return cls(**values)
+
+
+def _infer_device(model: torch.nn.Module) -> torch.device:
+    for tensor in list(model.parameters()) + list(model.buffers()):
+        return tensor.device
+    return torch.device("cpu")
+
+
+class FP16Trainer:
+    """Mixed-precision trainer around a model, an optimizer and an optional
+    LR scheduler. See :class:`FP16TrainingConfig` for the options."""
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        config: Optional[FP16TrainingConfig] = None,
+        scheduler: Optional[Any] = None,
+        *,
+        name: str = "trainer",
+        listeners: Optional[list[EventListener]] = None,
+    ) -> None:
+        # the caller's config is never mutated
+        self.config = dataclasses.replace(config) if config is not None else FP16TrainingConfig()
+        self.model = model
+        self.optimizer = optimizer
+        self.scheduler = scheduler
+        self.name = name
+        self.device = torch.device(self.config.device) if self.config.device else _infer_device(model)
+        self.precision: Precision = resolve_precision(
+            self.config.requested_precision,
+            self.device,
+            self.config.on_unsupported,
+            self.config.scaler_options(),
+        )
+        self.scaler = self.precision.make_scaler()
+        self.listeners: list[EventListener] = list(listeners or [])
+        self._log = get_logger("genesis_fp16.trainer", trainer=name)
+        self.training_steps = 0  # optimizer steps attempted (skipped ones included)
+        self.overflow_steps = 0
+        self.nonfinite_losses = 0
+        self.nonfinite_streak = 0
+        self.micro_steps = 0
+        self.samples_seen = 0
+        self._micro_in_window = 0
+        self._window_poisoned = False
+        self._started = time.perf_counter()
+        self._last_scale = self.scaler.get_scale() if self.scaler.is_enabled() else 1.0
+
+    # -- events ------------------------------------------------------------
+    def add_listener(self, listener: EventListener) -> None:
+        self.listeners.append(listener)
+
+    def _emit(self, event: str, level: str = "info", **fields: Any) -> None:
+        fields.setdefault("precision", self.precision.name)
+        getattr(self._log, level)(event, **fields)
+        for listener in list(self.listeners):
+            listener(event, dict(fields, trainer=self.name))
+
+    # -- hooks the distributed trainer overrides -----------------------------
+    def _set_gradient_sync(self, sync: bool) -> None:
+        """Called before each micro-step's forward; ``sync`` is True only on the
+        last micro-step of an optimizer step (DDP/FSDP skip the all-reduce
+        otherwise)."""
+
+    def _all_finite(self, loss: torch.Tensor) -> bool:
+        """Whether the loss is finite (the distributed trainer agrees across ranks)."""
+        return bool(torch.isfinite(loss.detach()).all())
+
+    def _clip_gradients(self, max_norm: float) -> torch.Tensor:
+        return torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
+
+    # -- the loop ------------------------------------------------------------
+    @property
+    def is_last_micro_step(self) -> bool:
+        return self._micro_in_window + 1 >= self.config.grad_accumulation_steps
+
+    def autocast(self) -> ContextManager[Any]:
+        """The forward context of this trainer's precision (null for FP32)."""
+        return self.precision.autocast()
+
+    def training_step(self, batch: Any, compute_loss_fn: Callable[[torch.nn.Module, Any], torch.Tensor]) -> torch.Tensor:
+        """Run ``compute_loss_fn(model, batch)`` under autocast and return the loss."""
+        self.model.train()
+        self._set_gradient_sync(self.is_last_micro_step)
+        with self.autocast():
+            loss = compute_loss_fn(self.model, batch)
+        if isinstance(batch, (tuple, list)) and batch and hasattr(batch[0], "shape") and batch[0].dim() > 0:
+            self.samples_seen += int(batch[0].shape[0])
+        elif hasattr(batch, "shape") and getattr(batch, "dim", lambda: 0)() > 0:
+            self.samples_seen += int(batch.shape[0])
+        return loss
+
+    def backward_and_step(self, loss: torch.Tensor) -> bool:
+        """Backward pass, and on the last micro-step the optimizer step.
+
+        Returns False when the step was skipped (non-finite loss, or gradient
+        overflow detected by the scaler). A skipped step zeroes the gradients,
+        is counted and does not advance the scheduler.
+        """
+        self.micro_steps += 1
+        finite = (not self.config.check_finite_loss) or self._all_finite(loss)
+        if not finite:
+            return self._skip_nonfinite(loss)
+        self.nonfinite_streak = 0
+        accum = self.config.grad_accumulation_steps
+        self.scaler.scale(loss / accum if accum > 1 else loss).backward()
+        self._micro_in_window += 1
+        if self._micro_in_window < self.config.grad_accumulation_steps:
+            return True
+        return self._optimizer_step()
+
+    def _optimizer_step(self) -> bool:
+        self._micro_in_window = 0
+        self.training_steps += 1
+        if self.config.max_grad_norm is not None:
+            self.scaler.unscale_(self.optimizer)  # clip the true gradients, not the scaled ones
+            self._clip_gradients(self.config.max_grad_norm)
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        self.optimizer.zero_grad(set_to_none=True)
+        skipped = False
+        if self.scaler.is_enabled():
+            new_scale = self.scaler.get_scale()
+            skipped = new_scale < self._last_scale
+            if new_scale != self._last_scale:
+                self._emit(
+                    "trainer.scale_changed",
+                    "info" if not skipped else "warning",
+                    old_scale=self._last_scale,
+                    new_scale=new_scale,
+                    step=self.training_steps,
+                )
+            self._last_scale = new_scale
+        if skipped:
+            self.overflow_steps += 1
+            self._emit(
+                "trainer.step_skipped",
+                "warning",
+                reason="overflow",
+                step=self.training_steps,
+                overflow_steps=self.overflow_steps,
+                overflow_rate=self.overflow_rate,
+            )
+            return False
+        if self.scheduler is not None:
+            self.scheduler.step()
+        return True
+
+    def _skip_nonfinite(self, loss: torch.Tensor) -> bool:
+        # Drop the whole accumulation window: gradients of earlier micro-steps
+        # would otherwise be stepped with a missing share of the batch.
+        self.nonfinite_losses += 1
+        self.nonfinite_streak += 1
+        self.optimizer.zero_grad(set_to_none=True)
+        self._micro_in_window = 0
+        self.training_steps += 1
+        value = float(loss.detach().float().reshape(-1)[0]) if loss.numel() else float("nan")
+        self._emit(
+            "trainer.step_skipped",
+            "warning",
+            reason="nonfinite_loss",
+            step=self.training_steps,
+            loss=value,
+            nonfinite_losses=self.nonfinite_losses,
+            streak=self.nonfinite_streak,
+        )
+        if self.nonfinite_streak == self.config.nonfinite_streak_threshold:
+            self._emit("trainer.nonfinite_streak", "error", streak=self.nonfinite_streak, step=self.training_steps)
+        return False
+
+    def train_batches(
+        self, batches: Iterator[Any], compute_loss_fn: Callable[[torch.nn.Module, Any], torch.Tensor]
+    ) -> list[float]:
+        """Convenience loop: one micro-step per batch; returns the losses."""
+        losses = []
+        for batch in batches:
+            loss = self.training_step(batch, compute_loss_fn)
+            self.backward_and_step(loss)
+            losses.append(float(loss.detach()))
+        return losses
+
+    # -- stats -----------------------------------------------------------------
+    @property
+    def skipped_steps(self) -> int:
+        return self.overflow_steps + self.nonfinite_losses
+
+    @property
+    def overflow_rate(self) -> float:
+        return self.overflow_steps / self.training_steps if self.training_steps else 0.0
+
+    @property
+    def current_scale(self) -> float:
+        return float(self.scaler.get_scale()) if self.scaler.is_enabled() else 1.0
+
+    def get_stats(self) -> dict[str, Any]:
+        elapsed = time.perf_counter() - self._started
+        return {
+            "precision": self.precision.name,
+            "requested_precision": self.config.requested_precision.value,
+            "device": str(self.device),
+            "training_steps": self.training_steps,
+            "micro_steps": self.micro_steps,
+            "overflow_steps": self.overflow_steps,
+            "overflow_rate": self.overflow_rate,
+            "skipped_steps": self.skipped_steps,
+            "failed_step_rate": self.skipped_steps / self.training_steps if self.training_steps else 0.0,
+            "current_scale": self.current_scale,
+            "scaler_enabled": self.scaler.is_enabled(),
+            "nonfinite_losses": self.nonfinite_losses,
+            "nonfinite_streak": self.nonfinite_streak,
+            "samples_seen": self.samples_seen,
+            "samples_per_s": self.samples_seen / elapsed if elapsed > 0 else 0.0,
+            "grad_accumulation_steps": self.config.grad_accumulation_steps,
+        }
+
+    # -- precision casts ---------------------------------------------------------
+    def cast_model_to_fp16(self) -> torch.nn.Module:
+        """Cast the weights themselves to FP16 (inference / deployment). Training
+        afterwards runs without master weights and without a scaler."""
+        self.precision = HalfTrue(self.device, self.config.scaler_options())
+        self.model = self.precision.convert_module(self.model)
+        self.scaler = self.precision.make_scaler()
+        self._emit("trainer.cast_to_fp16", "warning", reason="weights now FP16; no FP32 master copy, no scaler")
+        return self.model
+
+    # -- checkpoints -------------------------------------------------------------
+    def _counters(self) -> dict[str, int]:
+        return {
+            "training_steps": self.training_steps,
+            "overflow_steps": self.overflow_steps,
+            "nonfinite_losses": self.nonfinite_losses,
+            "micro_steps": self.micro_steps,
+            "samples_seen": self.samples_seen,
+        }
+
+    def _model_state(self) -> dict[str, Any]:
+        return self.model.state_dict()
+
+    def _load_model_state(self, state: dict[str, Any]) -> None:
+        self.model.load_state_dict(state)
+
+    def state_payload(self, extra: Optional[dict[str, Any]] = None) -> dict[str, Any]:
+        if self._micro_in_window:
+            raise RuntimeError(
+                f"cannot checkpoint in the middle of an accumulation window "
+                f"({self._micro_in_window}/{self.config.grad_accumulation_steps} micro-steps); save after an optimizer step"
+            )
+        return ckpt.build_payload(
+            model=self._model_state(),
+            optimizer=self.optimizer.state_dict(),
+            scaler=self.scaler.state_dict() if self.scaler.is_enabled() else {},
+            scheduler=self.scheduler.state_dict() if self.scheduler is not None else None,
+            counters=self._counters(),
+            precision=self.precision.name,
+            extra=extra,
+            rng={"torch_cpu": torch.get_rng_state()},
+        )
+
+    def save_checkpoint(self, path: Union[str, Path], extra: Optional[dict[str, Any]] = None) -> Path:
+        """Write model, optimizer, scaler, scheduler, counters and precision atomically."""
+        written = ckpt.save_payload(path, self.state_payload(extra))
+        self._emit("checkpoint.saved", path=str(written), step=self.training_steps)
+        return written
+
+    def load_checkpoint(self, path: Union[str, Path], *, restore_rng: bool = True) -> dict[str, Any]:
+        """Restore from ``path``; returns the checkpoint's ``extra`` dict."""
+        payload = ckpt.load_payload(path, map_location=self.device)
+        self.apply_payload(payload, source=str(path), restore_rng=restore_rng)
+        return payload.get("extra") or {}
+
+    def apply_payload(self, payload: dict[str, Any], *, source: str = "<memory>", restore_rng: bool = True) -> None:
+        try:
+            self._load_model_state(payload["model"])
+            if payload.get("optimizer") is not None:
+                self.optimizer.load_state_dict(payload["optimizer"])
+        except (RuntimeError, KeyError, ValueError) as exc:
+            raise ckpt.CheckpointError(f"{source}: checkpoint does not fit this model/optimizer: {exc}") from None
+        scaler_state = payload.get("scaler") or {}
+        if self.scaler.is_enabled():
+            if scaler_state:
+                self.scaler.load_state_dict(scaler_state)
+            else:
+                self._emit(
+                    CHECKPOINT_WARNING_EVENT,
+                    "warning",
+                    path=source,
+                    saved_precision=payload.get("precision"),
+                    reason="checkpoint has no scaler state (saved without a scaler); starting a fresh scaler",
+                )
+        if self.scheduler is not None and payload.get("scheduler") is not None:
+            self.scheduler.load_state_dict(payload["scheduler"])
+        counters = payload.get("counters") or {}
+        self.training_steps = int(counters.get("training_steps", 0))
+        self.overflow_steps = int(counters.get("overflow_steps", 0))
+        self.nonfinite_losses = int(counters.get("nonfinite_losses", 0))
+        self.micro_steps = int(counters.get("micro_steps", 0))
+        self.samples_seen = int(counters.get("samples_seen", 0))
+        self.nonfinite_streak = 0
+        self._micro_in_window = 0
+        self._last_scale = self.scaler.get_scale() if self.scaler.is_enabled() else 1.0
+        rng = payload.get("rng") or {}
+        if restore_rng and isinstance(rng.get("torch_cpu"), torch.Tensor):
+            torch.set_rng_state(rng["torch_cpu"].cpu())
+        self._emit("checkpoint.loaded", path=source, step=self.training_steps, saved_precision=payload.get("precision"))

@@ -1,0 +1,1 @@
+"""Agent-side infrastructure: world model, replay buffer, training re-exports."""
