@@ -87,7 +87,7 @@ def build_payload(
     return {
         "format": FORMAT_NAME,
         "format_version": FORMAT_VERSION,
-        "torch_version": torch.__version__,
+        "torch_version": str(torch.__version__),
         "precision": precision,
         "model": model,
         "optimizer": optimizer,

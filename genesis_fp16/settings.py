@@ -73,6 +73,7 @@ class Settings(BaseSettings):
         extra="ignore",
         populate_by_name=True,
         validate_default=True,
+        env_ignore_empty=True,
     )
 
     enable_fp16_training: bool = Field(
@@ -114,7 +115,9 @@ class Settings(BaseSettings):
     @field_validator("log_level", mode="before")
     @classmethod
     def _upper_level(cls, value: Any) -> Any:
-        return value.upper() if isinstance(value, str) else value
+        if isinstance(value, str) and value.upper() in LogLevel.__members__:
+            return value.upper()
+        return value
 
     @classmethod
     def settings_customise_sources(
