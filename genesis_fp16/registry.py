@@ -115,14 +115,15 @@ def get(name: str) -> TrainerSpec:
 
 
 def create_trainer(
-    name: str,
+    registry_name: str,
+    /,
     model: torch.nn.Module,
     optimizer: torch.optim.Optimizer,
     config: Optional[FP16TrainingConfig] = None,
     scheduler: Any = None,
     **kwargs: Any,
 ) -> FP16Trainer:
-    return get(name).factory(model, optimizer, config, scheduler, **kwargs)
+    return get(registry_name).factory(model, optimizer, config, scheduler, **kwargs)
 
 
 def trainer_for(

@@ -1,0 +1,46 @@
+import json
+import subprocess
+import sys
+
+from typer.testing import CliRunner
+
+from genesis_fp16.cli import app
+
+runner = CliRunner()
+
+
+def test_doctor_json_has_auto_precision():
+    result = runner.invoke(app, ["doctor", "--json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert data["auto_precision"] in {"fp32", "fp16", "bf16"}
+    assert data["auto_reason"]
+    assert data["torch_version"]
+    assert data["devices"][0]["device"] == "cpu"
+    assert data["settings"]["precision"] == "auto"
+
+
+def test_doctor_human_output():
+    result = runner.invoke(app, ["doctor"])
+    assert result.exit_code == 0
+    assert "auto picks" in result.stdout
+
+
+def test_bad_setting_exits_nonzero_with_one_message():
+    proc = subprocess.run(
+        [sys.executable, "-m", "genesis_fp16.cli", "doctor", "--json"],
+        env={"GENESIS_FP16_PRECISION": "fp8", "PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 2
+    assert "GENESIS_FP16_PRECISION='fp8'" in proc.stderr
+    assert "auto, fp16, bf16, fp32" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_trainers_lists_registry():
+    result = runner.invoke(app, ["trainers", "--json"])
+    assert result.exit_code == 0
+    names = {row["name"] for row in json.loads(result.stdout)}
+    assert {"fp32", "fp16", "bf16"} <= names

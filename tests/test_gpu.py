@@ -1,0 +1,72 @@
+"""CUDA paths. Skipped without a GPU; run them on a GPU machine with `pytest -m gpu`."""
+
+import pytest
+import torch
+
+from genesis_fp16 import FP16Trainer, FP16TrainingConfig
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+]
+
+
+def make(precision):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.GELU(), torch.nn.Linear(256, 8)).cuda()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    return FP16Trainer(model, opt, FP16TrainingConfig(precision=precision))
+
+
+def loss_fn(model, batch):
+    x, y = batch
+    return torch.nn.functional.mse_loss(model(x).float(), y)
+
+
+def batch():
+    return torch.randn(32, 64, device="cuda"), torch.randn(32, 8, device="cuda")
+
+
+def test_cuda_fp16_with_scaler_trains_and_recovers_from_overflow():
+    trainer = make("fp16")
+    assert trainer.precision.name == "fp16" and trainer.scaler.is_enabled()
+    with trainer.autocast():
+        assert trainer.model(batch()[0]).dtype == torch.float16
+    losses = []
+    for _ in range(30):
+        loss = trainer.training_step(batch(), loss_fn)
+        assert trainer.backward_and_step(loss)
+        losses.append(float(loss))
+    # inject an infinite gradient
+    handle = trainer.model[0].weight.register_hook(lambda g: g * float("inf"))
+    loss = trainer.training_step(batch(), loss_fn)
+    before = trainer.current_scale
+    assert trainer.backward_and_step(loss) is False
+    handle.remove()
+    assert trainer.backward_and_step(trainer.training_step(batch(), loss_fn)) is True
+    assert trainer.current_scale == before / 2
+    assert trainer.get_stats()["overflow_steps"] == 1
+
+
+def test_cuda_bf16_autocast():
+    trainer = make("bf16")
+    assert trainer.precision.name == "bf16"
+    with trainer.autocast():
+        assert trainer.model(batch()[0]).dtype == torch.bfloat16
+    assert trainer.backward_and_step(trainer.training_step(batch(), loss_fn))
+
+
+def test_cuda_auto_picks_fp16():
+    assert make("auto").precision.name == "fp16"
+
+
+def test_cuda_checkpoint_round_trip(tmp_path):
+    trainer = make("fp16")
+    for _ in range(5):
+        trainer.backward_and_step(trainer.training_step(batch(), loss_fn))
+    path = trainer.save_checkpoint(tmp_path / "cuda.pt")
+    other = make("fp16")
+    other.load_checkpoint(path)
+    for a, b in zip(trainer.model.parameters(), other.model.parameters()):
+        assert a.device.type == "cuda" and torch.equal(a, b)
+    assert other.current_scale == trainer.current_scale

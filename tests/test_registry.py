@@ -1,0 +1,86 @@
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from genesis_fp16 import FP16Trainer, FP16TrainingConfig, registry
+from genesis_fp16.settings import load_settings
+
+
+def model_opt():
+    model = torch.nn.Linear(3, 1)
+    return model, torch.optim.SGD(model.parameters(), lr=0.1)
+
+
+def test_builtin_names_listed():
+    names = set(registry.available())
+    assert {"auto", "fp32", "fp16", "bf16"} <= names
+
+
+@pytest.mark.parametrize("name", ["fp32", "fp16", "bf16"])
+def test_factory_forces_precision_without_mutating_config(name):
+    cfg = FP16TrainingConfig(precision="auto")
+    trainer = registry.create_trainer(name, *model_opt(), cfg)
+    assert trainer.precision.name == name
+    assert cfg.precision == "auto"
+
+
+def test_unknown_trainer_lists_choices():
+    with pytest.raises(registry.UnknownTrainerError) as info:
+        registry.create_trainer("fp8", *model_opt())
+    assert "fp8" in str(info.value) and "fp16" in str(info.value)
+
+
+def test_entry_point_plugin_is_registered(monkeypatch):
+    def plugin_factory(model, optimizer, config=None, scheduler=None, **kw):
+        """A third-party trainer."""
+        return FP16Trainer(model, optimizer, FP16TrainingConfig(precision="fp32"), scheduler, **kw)
+
+    fake_ep = SimpleNamespace(name="thirdparty", value="pkg.mod:factory", load=lambda: plugin_factory)
+    monkeypatch.setattr(registry.metadata, "entry_points", lambda group: [fake_ep] if group == registry.ENTRY_POINT_GROUP else [])
+    monkeypatch.setattr(registry, "_ENTRY_POINTS_LOADED", False)
+    monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))
+    specs = registry.available()
+    assert specs["thirdparty"].source == "entry point pkg.mod:factory"
+    assert registry.create_trainer("thirdparty", *model_opt()).precision.name == "fp32"
+
+
+def test_broken_plugin_does_not_hide_builtins(monkeypatch):
+    def boom():
+        raise ImportError("missing dependency")
+
+    fake_ep = SimpleNamespace(name="broken", value="pkg:nope", load=boom)
+    monkeypatch.setattr(registry.metadata, "entry_points", lambda group: [fake_ep])
+    monkeypatch.setattr(registry, "_ENTRY_POINTS_LOADED", False)
+    monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))
+    names = registry.available()
+    assert "broken" not in names and "fp16" in names
+
+
+def test_trainer_for_follows_settings(monkeypatch):
+    monkeypatch.setenv("GENESIS_FP16_PRECISION", "fp16")
+    trainer = registry.trainer_for("agent-a", *model_opt())
+    assert trainer.precision.name == "fp16"
+    assert trainer.name == "agent-a"
+    assert trainer.policy.sources["precision"] == "settings"
+
+
+def test_trainer_for_explicit_argument_beats_settings(monkeypatch):
+    monkeypatch.setenv("GENESIS_FP16_PRECISION", "fp16")
+    trainer = registry.trainer_for("agent-a", *model_opt(), precision="bf16")
+    assert trainer.precision.name == "bf16"
+    assert trainer.policy.sources["precision"] == "argument"
+
+
+def test_kill_switch_wins_over_explicit_argument(monkeypatch):
+    monkeypatch.setenv("ENABLE_FP16_TRAINING", "false")
+    trainer = registry.trainer_for("agent-a", *model_opt(), precision="fp16")
+    assert trainer.precision.name == "fp32"
+    assert "kill switch" in trainer.policy.sources["enabled"]
+
+
+def test_trainer_for_passes_scaler_settings(monkeypatch):
+    settings = load_settings(precision="fp16", init_scale=1024.0, growth_interval=7)
+    trainer = registry.trainer_for("agent-a", *model_opt(), settings=settings)
+    assert trainer.current_scale == 1024.0
+    assert trainer.scaler.get_growth_interval() == 7
