@@ -1,0 +1,121 @@
+"""Real evaluations in worker processes, with a timeout.
+
+A small pool (spawn context: no forked torch/thread state) is created once and
+reused across generations. A candidate that does not finish within the
+timeout is abandoned: the pool's processes are terminated and a fresh pool
+starts, so a hanging candidate cannot hang the loop.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import threading
+import time
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import dataclass, field
+from typing import Any, Optional, Sequence
+
+import numpy as np
+
+from genesis_fp16.telemetry import get_logger
+
+from . import pendulum_task
+
+
+class EvaluationTimeout(RuntimeError):
+    """A real evaluation did not finish within its timeout."""
+
+
+@dataclass
+class Evaluation:
+    returns: list[float]
+    episodes: list[dict[str, np.ndarray]] = field(default_factory=list)
+
+    @property
+    def mean_return(self) -> float:
+        return float(np.mean(self.returns)) if self.returns else float("-inf")
+
+
+class Evaluator:
+    """``evaluate(params, states)`` runs one real episode per start state,
+    split over ``workers`` processes."""
+
+    def __init__(self, env_id: str = pendulum_task.ENV_ID, workers: int = 2, timeout_s: float = 60.0) -> None:
+        if workers < 1:
+            raise ValueError(f"workers={workers}: expected >= 1")
+        self.env_id = env_id
+        self.workers = workers
+        self.timeout_s = timeout_s
+        self._pool: Optional[ProcessPoolExecutor] = None
+        self._lock = threading.Lock()
+        self._log = get_logger("agents.evaluation")
+
+    def _get_pool(self) -> ProcessPoolExecutor:
+        if self._pool is None:
+            self._pool = ProcessPoolExecutor(max_workers=self.workers, mp_context=multiprocessing.get_context("spawn"))
+        return self._pool
+
+    def _kill_pool(self) -> None:
+        pool, self._pool = self._pool, None
+        if pool is None:
+            return
+        for proc in list(getattr(pool, "_processes", {}).values()):  # the executor has no public kill
+            if proc.is_alive():
+                proc.terminate()
+        pool.shutdown(wait=False, cancel_futures=True)
+
+    def evaluate(self, params: Sequence[float], states: Sequence[Sequence[float]], *, hang_seconds: float = 0.0) -> Evaluation:
+        """One real episode per start state for one candidate."""
+        return self.evaluate_many([(params, states)], hang_seconds=hang_seconds)[0]
+
+    def evaluate_many(self, jobs: Sequence[tuple[Sequence[float], Sequence[Sequence[float]]]], *, hang_seconds: float = 0.0) -> list[Evaluation]:
+        """Several candidates at once: every (params, states) job is split
+        into per-worker chunks and all chunks share the pool."""
+        with self._lock:
+            pool = self._get_pool()
+            submitted = []  # (job index, state indices, future)
+            for j, (params, states) in enumerate(jobs):
+                states = [list(map(float, s)) for s in states]
+                plist = [float(v) for v in params]
+                for w in range(self.workers):
+                    idx = list(range(len(states)))[w :: self.workers]
+                    if idx:
+                        fut = pool.submit(
+                            pendulum_task.run_episodes, plist, [states[i] for i in idx], self.env_id, pendulum_task.EPISODE_STEPS, hang_seconds
+                        )
+                        submitted.append((j, idx, fut))
+            deadline = time.monotonic() + self.timeout_s
+            try:
+                results = [(j, idx, fut.result(timeout=max(0.0, deadline - time.monotonic()))) for j, idx, fut in submitted]
+            except FutureTimeout:
+                n = sum(len(s) for _, s in jobs)
+                self._log.warning("evolve.evaluation_timeout", timeout_s=self.timeout_s, episodes=n)
+                self._kill_pool()
+                raise EvaluationTimeout(f"real evaluation of {n} episodes did not finish within {self.timeout_s:g} s") from None
+            except BaseException:
+                self._kill_pool()
+                raise
+        out = []
+        for j, (_, states) in enumerate(jobs):
+            returns: list[Any] = [None] * len(states)
+            episodes: list[Any] = [None] * len(states)
+            for jj, idx, res in results:
+                if jj != j:
+                    continue
+                for k, i in enumerate(idx):
+                    returns[i] = res["returns"][k]
+                    episodes[i] = res["episodes"][k]
+            out.append(Evaluation(returns=returns, episodes=episodes))
+        return out
+
+    def close(self) -> None:
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)
+
+    def __enter__(self) -> "Evaluator":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()

@@ -1,0 +1,355 @@
+"""SQLite (WAL) trajectory store.
+
+One row per trajectory: agent, generation, candidate, return, outcome and its
+transitions (observation, action, reward, next observation, done) stored as
+raw little-endian arrays with their shapes; nothing is pickled, so reading a
+foreign database can never run code.
+
+* A generation is appended in one transaction: a process killed between (or
+  during) generations loses at most the generation it had not committed.
+* A locked database is retried with tenacity (exponential back-off), on top of
+  SQLite's own busy timeout.
+* A file that is not an SQLite database, or whose schema is broken, raises
+  :class:`ReplayBufferError` naming the file.
+* The ``a*`` methods run the query in a worker thread (``asyncio.to_thread``)
+  so long reads never block the event loop. Each call opens its own
+  connection, so threads and processes can share one file.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sqlite3
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Optional, Sequence, Union
+
+import numpy as np
+from tenacity import retry, retry_if_exception, stop_after_attempt, wait_exponential
+
+from genesis_fp16.checkpoint import atomic_write
+from genesis_fp16.telemetry import get_logger
+
+SCHEMA_VERSION = 1
+DEFAULT_FILENAME = "replay.sqlite"
+ARRAY_FIELDS = ("obs", "action", "reward", "next_obs", "done")
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS trajectories (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    agent TEXT NOT NULL,
+    generation INTEGER NOT NULL,
+    candidate TEXT NOT NULL,
+    return REAL,
+    outcome TEXT NOT NULL DEFAULT '',
+    length INTEGER NOT NULL,
+    obs_dim INTEGER NOT NULL,
+    act_dim INTEGER NOT NULL,
+    obs BLOB NOT NULL,
+    action BLOB NOT NULL,
+    reward BLOB NOT NULL,
+    next_obs BLOB NOT NULL,
+    done BLOB NOT NULL,
+    created REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS trajectories_agent_id ON trajectories (agent, id);
+CREATE INDEX IF NOT EXISTS trajectories_agent_generation ON trajectories (agent, generation);
+"""
+
+
+class ReplayBufferError(RuntimeError):
+    """The replay database cannot be used; the message names the file."""
+
+
+@dataclass
+class Trajectory:
+    """One episode. Arrays: obs (T, obs_dim), action (T, act_dim), reward (T,),
+    next_obs (T, obs_dim), done (T,)."""
+
+    obs: np.ndarray
+    action: np.ndarray
+    reward: np.ndarray
+    next_obs: np.ndarray
+    done: np.ndarray
+    candidate: str = ""
+    return_: Optional[float] = None
+    outcome: str = ""
+    agent: str = ""
+    generation: int = 0
+    id: Optional[int] = None
+    created: float = field(default=0.0)
+
+    def __post_init__(self) -> None:
+        self.obs = np.asarray(self.obs, dtype=np.float32)
+        self.next_obs = np.asarray(self.next_obs, dtype=np.float32)
+        self.action = np.asarray(self.action, dtype=np.float32)
+        if self.action.ndim == 1:
+            self.action = self.action.reshape(-1, 1)
+        self.reward = np.asarray(self.reward, dtype=np.float32).reshape(-1)
+        self.done = np.asarray(self.done, dtype=bool).reshape(-1)
+        n = self.obs.shape[0]
+        shapes = {k: getattr(self, k).shape for k in ARRAY_FIELDS}
+        if self.obs.ndim != 2 or self.next_obs.shape != self.obs.shape or any(getattr(self, k).shape[0] != n for k in ARRAY_FIELDS):
+            raise ValueError(
+                f"trajectory {self.candidate or self.id!r}: inconsistent transition shapes {shapes}; "
+                "expected obs and next_obs (T, obs_dim), action (T, act_dim), reward and done (T,)"
+            )
+        if self.return_ is None:
+            self.return_ = float(self.reward.sum())
+
+    @property
+    def label(self) -> str:
+        """How errors name this trajectory."""
+        parts = [f"id={self.id}" if self.id is not None else None, f"candidate={self.candidate!r}" if self.candidate else None]
+        return "trajectory " + " ".join(p for p in parts if p) + f" (agent {self.agent!r}, generation {self.generation})"
+
+
+def _is_locked(exc: BaseException) -> bool:
+    return isinstance(exc, sqlite3.OperationalError) and ("locked" in str(exc) or "busy" in str(exc))
+
+
+_retry_locked = retry(
+    retry=retry_if_exception(_is_locked),
+    wait=wait_exponential(multiplier=0.02, max=1.0),
+    stop=stop_after_attempt(12),
+    reraise=True,
+)
+
+
+class ReplayBuffer:
+    """Trajectory store at ``path`` (default ``<state_dir>/replay.sqlite``)."""
+
+    def __init__(self, path: Union[str, Path, None] = None, *, settings: Any = None, busy_timeout_s: float = 5.0) -> None:
+        if path is None:
+            from genesis_fp16.settings import load_settings
+
+            settings = settings or load_settings()
+            path = Path(settings.state_dir) / DEFAULT_FILENAME
+        self.path = Path(path)
+        self.busy_timeout_s = busy_timeout_s
+        self._log = get_logger("infrastructure.replay_buffer", path=str(self.path))
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._init_schema()
+
+    # -- connections ---------------------------------------------------------
+    def _connect(self) -> sqlite3.Connection:
+        try:
+            conn = sqlite3.connect(self.path, timeout=self.busy_timeout_s, isolation_level=None)
+        except sqlite3.Error as exc:
+            raise ReplayBufferError(f"{self.path}: cannot open the replay database: {exc}") from None
+        return conn
+
+    def _corrupt(self, exc: Exception) -> ReplayBufferError:
+        return ReplayBufferError(
+            f"{self.path}: the replay database is corrupt or not an SQLite file ({exc}); "
+            "move it aside (the loop starts a fresh one) or restore it from a copy"
+        )
+
+    @_retry_locked
+    def _init_schema(self) -> None:
+        conn = self._connect()
+        try:
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute("PRAGMA synchronous=FULL")  # a committed generation survives power loss too
+            conn.executescript(_SCHEMA)
+            conn.execute("INSERT OR IGNORE INTO meta (key, value) VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
+            row = conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
+            if row is None or int(row[0]) > SCHEMA_VERSION:
+                raise ReplayBufferError(
+                    f"{self.path}: replay schema version {row and row[0]!r} is newer than this code reads ({SCHEMA_VERSION})"
+                )
+        except sqlite3.DatabaseError as exc:
+            if _is_locked(exc):
+                raise
+            raise self._corrupt(exc) from None
+        finally:
+            conn.close()
+
+    def _run(self, fn, *, write: bool = False):  # type: ignore[no-untyped-def]
+        @_retry_locked
+        def attempt():  # type: ignore[no-untyped-def]
+            conn = self._connect()
+            try:
+                conn.execute("PRAGMA synchronous=FULL")
+                if write:
+                    conn.execute("BEGIN IMMEDIATE")
+                    try:
+                        result = fn(conn)
+                    except BaseException:
+                        conn.execute("ROLLBACK")
+                        raise
+                    conn.execute("COMMIT")
+                    return result
+                return fn(conn)
+            except sqlite3.DatabaseError as exc:
+                if _is_locked(exc):
+                    raise
+                raise self._corrupt(exc) from None
+            finally:
+                conn.close()
+
+        return attempt()
+
+    # -- writes ----------------------------------------------------------------
+    def append_generation(self, agent: str, generation: int, trajectories: Sequence[Trajectory]) -> list[int]:
+        """Append a generation's trajectories in one transaction; returns their ids."""
+        rows = []
+        now = time.time()
+        for traj in trajectories:
+            rows.append(
+                (
+                    agent,
+                    int(generation),
+                    traj.candidate,
+                    None if traj.return_ is None else float(traj.return_),
+                    traj.outcome,
+                    int(traj.obs.shape[0]),
+                    int(traj.obs.shape[1]),
+                    int(traj.action.shape[1]),
+                    traj.obs.astype("<f4").tobytes(),
+                    traj.action.astype("<f4").tobytes(),
+                    traj.reward.astype("<f4").tobytes(),
+                    traj.next_obs.astype("<f4").tobytes(),
+                    traj.done.astype("u1").tobytes(),
+                    now,
+                )
+            )
+
+        def write(conn: sqlite3.Connection) -> list[int]:
+            ids = []
+            for row in rows:
+                cur = conn.execute(
+                    "INSERT INTO trajectories (agent, generation, candidate, return, outcome, length, obs_dim, act_dim,"
+                    " obs, action, reward, next_obs, done, created) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                    row,
+                )
+                ids.append(int(cur.lastrowid))
+            return ids
+
+        ids = self._run(write, write=True)
+        self._log.debug("replay.appended", agent=agent, generation=generation, trajectories=len(ids))
+        return ids
+
+    def append(self, agent: str, generation: int, trajectory: Trajectory) -> int:
+        return self.append_generation(agent, generation, [trajectory])[0]
+
+    # -- reads -------------------------------------------------------------------
+    @staticmethod
+    def _row_to_trajectory(row: tuple) -> Trajectory:
+        (tid, agent, generation, candidate, ret, outcome, length, obs_dim, act_dim, obs, action, reward, next_obs, done, created) = row
+        return Trajectory(
+            obs=np.frombuffer(obs, dtype="<f4").reshape(length, obs_dim),
+            action=np.frombuffer(action, dtype="<f4").reshape(length, act_dim),
+            reward=np.frombuffer(reward, dtype="<f4").reshape(length),
+            next_obs=np.frombuffer(next_obs, dtype="<f4").reshape(length, obs_dim),
+            done=np.frombuffer(done, dtype="u1").reshape(length).astype(bool),
+            candidate=candidate,
+            return_=ret,
+            outcome=outcome,
+            agent=agent,
+            generation=generation,
+            id=tid,
+            created=created,
+        )
+
+    _COLUMNS = "id, agent, generation, candidate, return, outcome, length, obs_dim, act_dim, obs, action, reward, next_obs, done, created"
+
+    def sample(
+        self,
+        agent: str,
+        *,
+        limit: Optional[int] = None,
+        min_generation: Optional[int] = None,
+        max_transitions: Optional[int] = None,
+    ) -> list[Trajectory]:
+        """Trajectories of ``agent``, most recent first: at most ``limit``
+        trajectories, from ``min_generation`` on, stopping once
+        ``max_transitions`` transitions are collected."""
+        query = f"SELECT {self._COLUMNS} FROM trajectories WHERE agent = ?"
+        args: list[Any] = [agent]
+        if min_generation is not None:
+            query += " AND generation >= ?"
+            args.append(int(min_generation))
+        query += " ORDER BY id DESC"
+        if limit is not None:
+            query += " LIMIT ?"
+            args.append(int(limit))
+
+        def read(conn: sqlite3.Connection) -> list[Trajectory]:
+            out: list[Trajectory] = []
+            total = 0
+            for row in conn.execute(query, args):
+                traj = self._row_to_trajectory(row)
+                out.append(traj)
+                total += traj.obs.shape[0]
+                if max_transitions is not None and total >= max_transitions:
+                    break
+            return out
+
+        return self._run(read)
+
+    def count(self, agent: Optional[str] = None) -> dict[str, int]:
+        """{"trajectories": n, "transitions": m, "generations": g} for ``agent`` (or all)."""
+        where, args = ("WHERE agent = ?", [agent]) if agent is not None else ("", [])
+
+        def read(conn: sqlite3.Connection) -> dict[str, int]:
+            n, m, g = conn.execute(
+                f"SELECT COUNT(*), COALESCE(SUM(length), 0), COUNT(DISTINCT generation) FROM trajectories {where}", args
+            ).fetchone()
+            return {"trajectories": int(n), "transitions": int(m), "generations": int(g)}
+
+        return self._run(read)
+
+    def agents(self) -> list[str]:
+        return self._run(lambda conn: [r[0] for r in conn.execute("SELECT DISTINCT agent FROM trajectories ORDER BY agent")])
+
+    def export(self, path: Union[str, Path], agent: Optional[str] = None) -> Path:
+        """Write trajectories as JSON lines (atomically): one object per
+        trajectory with its metadata and transitions as lists."""
+        agents = [agent] if agent is not None else self.agents()
+        lines = []
+        for name in agents:
+            for traj in reversed(self.sample(name)):
+                lines.append(
+                    json.dumps(
+                        {
+                            "id": traj.id,
+                            "agent": traj.agent,
+                            "generation": traj.generation,
+                            "candidate": traj.candidate,
+                            "return": traj.return_,
+                            "outcome": traj.outcome,
+                            "obs": traj.obs.tolist(),
+                            "action": traj.action.tolist(),
+                            "reward": traj.reward.tolist(),
+                            "next_obs": traj.next_obs.tolist(),
+                            "done": traj.done.tolist(),
+                        }
+                    )
+                )
+        text = "\n".join(lines) + ("\n" if lines else "")
+        return atomic_write(path, lambda fh: fh.write(text.encode("utf-8")))
+
+    # -- async wrappers ------------------------------------------------------------
+    async def aappend_generation(self, agent: str, generation: int, trajectories: Sequence[Trajectory]) -> list[int]:
+        return await asyncio.to_thread(self.append_generation, agent, generation, list(trajectories))
+
+    async def asample(self, agent: str, **kwargs: Any) -> list[Trajectory]:
+        return await asyncio.to_thread(self.sample, agent, **kwargs)
+
+    async def acount(self, agent: Optional[str] = None) -> dict[str, int]:
+        return await asyncio.to_thread(self.count, agent)
+
+
+def trajectories_from_episodes(episodes: Iterable[dict[str, np.ndarray]], candidate: str, outcome: str = "") -> list[Trajectory]:
+    """Episodes as returned by ``agents.pendulum_task.run_episodes`` -> trajectories."""
+    return [
+        Trajectory(
+            obs=ep["obs"], action=ep["action"], reward=ep["reward"], next_obs=ep["next_obs"], done=ep["done"],
+            candidate=candidate, outcome=outcome,
+        )
+        for ep in episodes
+    ]
