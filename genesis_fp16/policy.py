@@ -42,6 +42,11 @@ class EffectivePolicy:
     def precision(self) -> str:
         return self.config.requested_precision.value
 
+    @property
+    def shadow(self) -> bool:
+        """Stage ``shadow``: measure an FP32 reference beside the reduced-precision run."""
+        return self.stage == "shadow" and self.config.enabled
+
     def as_dict(self) -> dict[str, Any]:
         from dataclasses import asdict
 
@@ -49,6 +54,7 @@ class EffectivePolicy:
             "agent": self.agent,
             "precision": self.precision,
             "stage": self.stage,
+            "shadow": self.shadow,
             "reason": self.reason,
             "config": asdict(self.config),
             "sources": dict(self.sources),
@@ -81,9 +87,11 @@ def resolve_policy(
     from . import profiles as _profiles  # layered per-agent profile (may be empty)
 
     profile = _profiles.profile_layer(agent, settings)
+    profile_sources = profile.get("sources", {})
     for key, value in profile.get("trainer", {}).items():
         values[key] = value
-        sources[key] = f"profile:{profile.get('source', 'profiles')}"
+        sources[key] = f"profile:{profile_sources.get(key, profile.get('source', 'profiles'))}"
+    thresholds.update(_profiles.THRESHOLD_DEFAULTS)
     thresholds.update(profile.get("thresholds", {}))
 
     explicit = dict(overrides or {})
@@ -103,6 +111,13 @@ def resolve_policy(
     if stage in ("off", "rolled_back"):
         values["enabled"] = False
         sources["enabled"] = f"ledger:{stage}"
+        reason = f"rollout ledger stage is {stage}"
+    elif stage in ("shadow", "on") and explicit.get("enabled", True):
+        # an operator rolled this agent out: reduced precision is on unless an
+        # explicit argument switched it off
+        if not values["enabled"]:
+            values["enabled"] = True
+            sources["enabled"] = f"ledger:{stage}"
         reason = f"rollout ledger stage is {stage}"
     if not settings.enable_fp16_training:
         values["enabled"] = False

@@ -1,12 +1,337 @@
-"""Rollout ledger. Placeholder: the rollout issue builds the SQLite ledger."""
+"""The rollout ledger: per-agent stage of reduced precision, with history.
+
+Stages: ``off`` (FP32), ``shadow`` (reduced precision, an FP32 reference is
+measured beside it), ``on`` (reduced precision) and ``rolled_back`` (FP32
+until a person re-enables it). An agent the ledger has never seen has no stage
+(``None``): settings and its profile decide alone.
+
+The ledger is SQLite in ``<state_dir>/rollout.sqlite`` in WAL mode. Every
+write is one ``BEGIN IMMEDIATE`` transaction on a fresh connection, so
+concurrent processes serialise on SQLite's own lock; a writer that still finds
+the database locked after the busy timeout retries with backoff (tenacity).
+"""
 
 from __future__ import annotations
 
-from typing import Optional
+import json
+import math
+import sqlite3
+from contextlib import contextmanager
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Iterator, Optional, Union
 
-from .settings import Settings
+from tenacity import retry, retry_if_exception, stop_after_attempt, wait_random_exponential
+
+from .settings import Settings, load_settings
+from .telemetry import get_logger
+
+LEDGER_FILE = "rollout.sqlite"
+STAGES = ("off", "shadow", "on", "rolled_back")
+SEVERITIES = ("P0", "P1", "P2")
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS stages (
+    agent TEXT PRIMARY KEY,
+    stage TEXT NOT NULL,
+    updated_at TEXT NOT NULL,
+    actor TEXT NOT NULL,
+    reason TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS history (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    agent TEXT NOT NULL,
+    at TEXT NOT NULL,
+    actor TEXT NOT NULL,
+    from_stage TEXT,
+    to_stage TEXT NOT NULL,
+    reason TEXT NOT NULL,
+    severity TEXT
+);
+CREATE TABLE IF NOT EXISTS shadow_gaps (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    agent TEXT NOT NULL,
+    at TEXT NOT NULL,
+    val_loss REAL NOT NULL,
+    fp32_val_loss REAL NOT NULL,
+    gap REAL,
+    precision TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS recommendations (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    agent TEXT NOT NULL,
+    at TEXT NOT NULL,
+    severity TEXT,
+    changes TEXT NOT NULL,
+    reason TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS good_checkpoints (
+    agent TEXT PRIMARY KEY,
+    path TEXT NOT NULL,
+    at TEXT NOT NULL
+);
+"""
+
+
+class LedgerError(RuntimeError):
+    """The ledger could not be read or written; the message names the file."""
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="microseconds")
+
+
+def _is_locked(exc: BaseException) -> bool:
+    text = str(exc).lower()
+    return isinstance(exc, sqlite3.OperationalError) and ("locked" in text or "busy" in text)
+
+
+# SQLite's busy timeout handles most contention; this covers the cases it does
+# not (a lock held past the timeout, WAL recovery after a crashed writer).
+_retry_locked = retry(
+    retry=retry_if_exception(_is_locked),
+    wait=wait_random_exponential(multiplier=0.05, max=1.0),
+    stop=stop_after_attempt(12),
+    reraise=True,
+)
+
+
+def _check_agent(agent: str) -> str:
+    if not isinstance(agent, str) or not agent.strip():
+        raise ValueError(f"agent name {agent!r}: expected a non-empty string")
+    return agent.strip()
+
+
+class RolloutLedger:
+    """Persistent per-agent rollout stages. ``RolloutLedger(path)`` or
+    ``RolloutLedger(settings=...)`` / :meth:`from_settings`."""
+
+    def __init__(self, path: Union[str, Path, None] = None, *, settings: Optional[Settings] = None) -> None:
+        if path is None:
+            settings = settings or load_settings()
+            path = Path(settings.state_dir) / LEDGER_FILE
+        self.path = Path(path)
+        self._log = get_logger("genesis_fp16.rollout")
+        self._initialised = False
+
+    @classmethod
+    def from_settings(cls, settings: Optional[Settings] = None) -> "RolloutLedger":
+        return cls(settings=settings or load_settings())
+
+    # -- connection ------------------------------------------------------------
+    def _connect(self) -> sqlite3.Connection:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        conn = sqlite3.connect(self.path, timeout=10.0, isolation_level=None)
+        conn.row_factory = sqlite3.Row
+        conn.execute("PRAGMA busy_timeout=10000")
+        return conn
+
+    @_retry_locked
+    def _init(self) -> None:
+        if self._initialised:
+            return
+        conn = self._connect()
+        try:
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute("BEGIN IMMEDIATE")
+            for statement in filter(str.strip, _SCHEMA.split(";")):
+                conn.execute(statement)
+            conn.execute("COMMIT")
+        except sqlite3.DatabaseError as exc:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            if _is_locked(exc):
+                raise
+            raise LedgerError(f"{self.path}: rollout ledger is not a usable SQLite database ({exc})") from None
+        finally:
+            conn.close()
+        self._initialised = True
+
+    @contextmanager
+    def _transaction(self, write: bool) -> Iterator[sqlite3.Connection]:
+        self._init()
+        conn = self._connect()
+        try:
+            conn.execute("BEGIN IMMEDIATE" if write else "BEGIN")
+            try:
+                yield conn
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+            conn.execute("COMMIT")
+        finally:
+            conn.close()
+
+    # -- reads -----------------------------------------------------------------
+    @_retry_locked
+    def stage(self, agent: str) -> Optional[str]:
+        """The agent's stage, or None when the ledger has never seen it."""
+        agent = _check_agent(agent)
+        with self._transaction(write=False) as conn:
+            row = conn.execute("SELECT stage FROM stages WHERE agent = ?", (agent,)).fetchone()
+        return row["stage"] if row else None
+
+    @_retry_locked
+    def history(self, agent: Optional[str] = None) -> list[dict[str, Any]]:
+        """Every stage change, oldest first: when, actor, from_stage, to_stage, reason, severity."""
+        query = "SELECT agent, at, actor, from_stage, to_stage, reason, severity FROM history"
+        args: tuple[Any, ...] = ()
+        if agent is not None:
+            query += " WHERE agent = ?"
+            args = (_check_agent(agent),)
+        with self._transaction(write=False) as conn:
+            rows = conn.execute(query + " ORDER BY id", args).fetchall()
+        return [
+            {"agent": r["agent"], "when": r["at"], "actor": r["actor"], "from_stage": r["from_stage"],
+             "to_stage": r["to_stage"], "reason": r["reason"], "severity": r["severity"]}
+            for r in rows
+        ]
+
+    @_retry_locked
+    def status(self) -> list[dict[str, Any]]:
+        """One row per agent: stage, since when, who, why, and the last shadow gap."""
+        with self._transaction(write=False) as conn:
+            rows = conn.execute("SELECT agent, stage, updated_at, actor, reason FROM stages ORDER BY agent").fetchall()
+            out = []
+            for r in rows:
+                gap = conn.execute(
+                    "SELECT at, val_loss, fp32_val_loss, gap, precision FROM shadow_gaps WHERE agent = ? ORDER BY id DESC LIMIT 1",
+                    (r["agent"],),
+                ).fetchone()
+                good = conn.execute("SELECT path FROM good_checkpoints WHERE agent = ?", (r["agent"],)).fetchone()
+                out.append(
+                    {
+                        "agent": r["agent"],
+                        "stage": r["stage"],
+                        "since": r["updated_at"],
+                        "actor": r["actor"],
+                        "reason": r["reason"],
+                        "last_shadow_gap": dict(gap) if gap else None,
+                        "last_good_checkpoint": good["path"] if good else None,
+                    }
+                )
+        return out
+
+    @_retry_locked
+    def shadow_gaps(self, agent: str) -> list[dict[str, Any]]:
+        with self._transaction(write=False) as conn:
+            rows = conn.execute(
+                "SELECT at, val_loss, fp32_val_loss, gap, precision FROM shadow_gaps WHERE agent = ? ORDER BY id",
+                (_check_agent(agent),),
+            ).fetchall()
+        return [dict(r) for r in rows]
+
+    @_retry_locked
+    def recommendations(self, agent: Optional[str] = None) -> list[dict[str, Any]]:
+        query = "SELECT agent, at, severity, changes, reason FROM recommendations"
+        args: tuple[Any, ...] = ()
+        if agent is not None:
+            query += " WHERE agent = ?"
+            args = (_check_agent(agent),)
+        with self._transaction(write=False) as conn:
+            rows = conn.execute(query + " ORDER BY id", args).fetchall()
+        return [dict(r, changes=json.loads(r["changes"])) for r in rows]
+
+    @_retry_locked
+    def last_good_checkpoint(self, agent: str) -> Optional[Path]:
+        with self._transaction(write=False) as conn:
+            row = conn.execute("SELECT path FROM good_checkpoints WHERE agent = ?", (_check_agent(agent),)).fetchone()
+        return Path(row["path"]) if row else None
+
+    # -- writes ----------------------------------------------------------------
+    @_retry_locked
+    def _set_stage(self, agent: str, to_stage: str, actor: str, reason: str, severity: Optional[str] = None) -> dict[str, Any]:
+        agent = _check_agent(agent)
+        if to_stage not in STAGES:
+            raise ValueError(f"stage {to_stage!r}: allowed values are {', '.join(STAGES)}")
+        if severity is not None and severity not in SEVERITIES:
+            raise ValueError(f"severity {severity!r}: allowed values are {', '.join(SEVERITIES)} or None")
+        at = _now()
+        with self._transaction(write=True) as conn:
+            row = conn.execute("SELECT stage FROM stages WHERE agent = ?", (agent,)).fetchone()
+            from_stage = row["stage"] if row else None
+            conn.execute(
+                "INSERT INTO stages (agent, stage, updated_at, actor, reason) VALUES (?, ?, ?, ?, ?) "
+                "ON CONFLICT(agent) DO UPDATE SET stage=excluded.stage, updated_at=excluded.updated_at, "
+                "actor=excluded.actor, reason=excluded.reason",
+                (agent, to_stage, at, actor, reason),
+            )
+            conn.execute(
+                "INSERT INTO history (agent, at, actor, from_stage, to_stage, reason, severity) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (agent, at, actor, from_stage, to_stage, reason, severity),
+            )
+        entry = {"agent": agent, "when": at, "actor": actor, "from_stage": from_stage, "to_stage": to_stage,
+                 "reason": reason, "severity": severity}
+        level = "warning" if to_stage == "rolled_back" else "info"
+        getattr(self._log, level)(
+            "rollout.stage_changed",
+            agent=agent,
+            from_stage=from_stage,
+            to_stage=to_stage,
+            actor=actor,
+            reason=reason,
+            severity=severity,
+            ledger=str(self.path),
+        )
+        return entry
+
+    def enable(self, agent: str, shadow: bool = False, actor: str = "cli", reason: str = "") -> dict[str, Any]:
+        """Move ``agent`` to ``shadow`` (FP32 reference measured beside it) or ``on``."""
+        stage = "shadow" if shadow else "on"
+        return self._set_stage(agent, stage, actor, reason or f"enabled ({stage})")
+
+    def disable(self, agent: str, actor: str = "cli", reason: str = "") -> dict[str, Any]:
+        """Move ``agent`` to ``off`` (FP32)."""
+        return self._set_stage(agent, "off", actor, reason or "disabled")
+
+    def rollback(self, agent: str, reason: str, actor: str = "guard", severity: Optional[str] = None) -> dict[str, Any]:
+        """Move ``agent`` to ``rolled_back`` (FP32 until re-enabled)."""
+        if not reason or not reason.strip():
+            raise ValueError("rollback needs a reason (what went wrong), e.g. --reason 'val loss 30% over FP32'")
+        return self._set_stage(agent, "rolled_back", actor, reason, severity)
+
+    @_retry_locked
+    def record_shadow_gap(self, agent: str, val_loss: float, fp32_val_loss: float, precision: str) -> dict[str, Any]:
+        """Record one shadow measurement; ``gap`` is ``(val_loss - fp32) / fp32``
+        (0.25 = reduced precision is 25% worse), None when the FP32 loss is 0 or not finite."""
+        agent = _check_agent(agent)
+        val_loss, fp32_val_loss = float(val_loss), float(fp32_val_loss)
+        gap = (val_loss - fp32_val_loss) / fp32_val_loss if fp32_val_loss > 0 and math.isfinite(fp32_val_loss) else None
+        if gap is not None and not math.isfinite(gap):
+            gap = None
+        at = _now()
+        with self._transaction(write=True) as conn:
+            conn.execute(
+                "INSERT INTO shadow_gaps (agent, at, val_loss, fp32_val_loss, gap, precision) VALUES (?, ?, ?, ?, ?, ?)",
+                (agent, at, val_loss, fp32_val_loss, gap, str(precision)),
+            )
+        self._log.info(
+            "rollout.shadow_gap", agent=agent, val_loss=val_loss, fp32_val_loss=fp32_val_loss, gap=gap, precision=str(precision)
+        )
+        return {"agent": agent, "at": at, "val_loss": val_loss, "fp32_val_loss": fp32_val_loss, "gap": gap, "precision": str(precision)}
+
+    @_retry_locked
+    def record_recommendation(self, agent: str, changes: dict[str, Any], reason: str, severity: Optional[str] = None) -> None:
+        with self._transaction(write=True) as conn:
+            conn.execute(
+                "INSERT INTO recommendations (agent, at, severity, changes, reason) VALUES (?, ?, ?, ?, ?)",
+                (_check_agent(agent), _now(), severity, json.dumps(changes, sort_keys=True), reason),
+            )
+
+    @_retry_locked
+    def set_last_good_checkpoint(self, agent: str, path: Union[str, Path]) -> None:
+        with self._transaction(write=True) as conn:
+            conn.execute(
+                "INSERT INTO good_checkpoints (agent, path, at) VALUES (?, ?, ?) "
+                "ON CONFLICT(agent) DO UPDATE SET path=excluded.path, at=excluded.at",
+                (_check_agent(agent), str(Path(path).resolve()), _now()),
+            )
 
 
 def current_stage(agent: str, settings: Settings) -> Optional[str]:
-    """off | shadow | on | rolled_back, or None for an agent the ledger does not manage."""
-    return None
+    """off | shadow | on | rolled_back, or None for an agent the ledger does not
+    manage. Never creates the ledger: without the file every agent is unmanaged."""
+    path = Path(settings.state_dir) / LEDGER_FILE
+    if not path.is_file():
+        return None
+    return RolloutLedger(path).stage(agent)
