@@ -1,0 +1,140 @@
+"""``genesis-fp16 evolve``: the evolution loop on the embedded Pendulum task."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from enum import Enum
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+
+
+class Baseline(str, Enum):
+    none = "none"
+    cma = "cma"
+
+
+class PrecisionChoice(str, Enum):
+    auto = "auto"
+    fp32 = "fp32"
+    fp16 = "fp16"
+    bf16 = "bf16"
+
+
+def _fmt(value: Any, spec: str = ".1f") -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def evolve(
+    env: str = typer.Option("Pendulum-v1", "--env", help="Environment of the embedded task (Pendulum-v1)."),
+    budget: int = typer.Option(200, "--budget", min=1, help="Real episodes the search may spend."),
+    seed: int = typer.Option(0, "--seed", help="Seed: start states, initial policies, model init."),
+    precision: Optional[PrecisionChoice] = typer.Option(
+        None, "--precision", help="World-model training precision; default: settings and the world_model profile."
+    ),
+    baseline: Baseline = typer.Option(Baseline.none, "--baseline", help="cma: plain CMA-ES on real returns instead of the loop."),
+    no_world_model: bool = typer.Option(False, "--no-world-model", help="Ablation: the same loop without the world model."),
+    workers: int = typer.Option(2, "--workers", min=1, help="Worker processes for real episodes."),
+    torch_threads: int = typer.Option(1, "--torch-threads", min=1, help="torch intra-op threads (tiny tensors run best on 1)."),
+    json_path: Optional[Path] = typer.Option(None, "--json", help="Write the report as JSON to this file."),
+) -> None:
+    """Evolve a Pendulum policy: the SE-Darwin loop with an FP16/BF16 world model (or a baseline)."""
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.table import Table
+
+    from genesis_fp16.checkpoint import atomic_write_text
+    from genesis_fp16.cli import fail, load_settings_or_exit
+
+    from .se_darwin_agent import EvolveConfig, SEDarwinAgent, run_cma_baseline
+
+    settings = load_settings_or_exit()
+    if baseline == Baseline.cma and no_world_model:
+        raise fail("--baseline cma and --no-world-model are exclusive: CMA-ES never uses the world model")
+    config = EvolveConfig(
+        env_id=env,
+        budget=budget,
+        seed=seed,
+        precision=precision.value if precision is not None else None,
+        use_world_model=not no_world_model,
+        workers=workers,
+    )
+    try:
+        config.validate()
+    except ValueError as exc:
+        raise fail(str(exc))
+
+    import torch
+
+    torch.set_num_threads(torch_threads)
+    console = Console(stderr=True)
+    mode = "cma" if baseline == Baseline.cma else ("no_world_model" if no_world_model else "full")
+    progress = Progress(
+        TextColumn(f"[bold]evolve[/] {mode} seed {seed}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("real episodes"),
+        TimeElapsedColumn(),
+        console=console,
+        transient=False,
+    )
+    task_id = progress.add_task("episodes", total=budget)
+
+    def on_generation(record: dict[str, Any]) -> None:
+        progress.update(task_id, completed=min(record["real_episodes"], budget))
+        ops = ",".join(e["operator"] for e in record.get("evaluated", []) if e.get("operator") != "seed") or "-"
+        progress.console.print(
+            f"gen {record['generation']:>3}  episodes {record['real_episodes']:>4}  best {_fmt(record['best_return'])}"
+            f"  wm val loss {_fmt(record.get('wm_val_loss'), '.5f')}  precision {record.get('precision')}  ops {ops}",
+            highlight=False,
+        )
+
+    agent = None
+    try:
+        with progress:
+            if baseline == Baseline.cma:
+                report = asyncio.run(run_cma_baseline(config, on_generation=on_generation))
+            else:
+                agent = SEDarwinAgent(config, settings=settings, on_generation=on_generation)
+                report = asyncio.run(agent.evolve())
+    except KeyboardInterrupt:
+        if agent is not None:
+            counts = agent.buffer.count(agent.data_agent)
+            console.print(
+                f"[yellow]interrupted[/]: {counts['generations']} generation(s), {counts['trajectories']} trajectories are safe "
+                f"in {agent.buffer.path} (agent {agent.data_agent!r})",
+                highlight=False,
+            )
+        raise typer.Exit(130)
+    except ValueError as exc:
+        raise fail(str(exc))
+
+    table = Table(title=f"evolve: {report['mode']} on {report['env']}, seed {report['seed']}")
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    rows = [
+        ("target reached", f"{report['target_reached']} (target {report['target']:.0f})"),
+        ("real episodes", f"{report['real_episodes']} of {report['budget']}"),
+        ("episodes to target", str(report["episodes_to_target"]) if report["episodes_to_target"] is not None else "-"),
+        ("train return (16 start states)", _fmt(report["train_return"])),
+        ("held-out return (20 start states)", _fmt(report["heldout_return"])),
+        ("world-model precision", str(report["precision"])),
+        ("generations", str(len(report["generations"]))),
+        ("wall time (s)", f"{report['wall_s']:.1f}"),
+    ]
+    if report.get("replay_db"):
+        rows.append(("replay buffer", report["replay_db"]))
+    for name, value in rows:
+        table.add_row(name, value)
+    from rich.console import Console as _C
+
+    _C().print(table)
+    if json_path is not None:
+        atomic_write_text(json_path, json.dumps(report, indent=2, default=str) + "\n")
+        console.print(f"report written to {json_path}", highlight=False)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("evolve")(evolve)
