@@ -1,0 +1,144 @@
+"""``genesis-fp16 bench``: the precision benchmark from the command line."""
+
+from __future__ import annotations
+
+import shlex
+import sys
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+
+
+def canonical_command(prog: str, options: Any, **paths: Optional[Path]) -> str:
+    """The command that reproduces this run, with every default spelled out
+    (sys.argv is not used: under a test runner it names the runner)."""
+    parts = [
+        "--sizes", ",".join(s.name for s in options.sizes),
+        "--precisions", ",".join(options.precisions),
+        "--repeats", str(options.repeats),
+        "--seed", str(options.seed),
+        "--chunk-s", f"{options.chunk_s:g}",
+    ]  # fmt: skip
+    if options.quick:
+        parts.append("--quick")
+    if options.compile:
+        parts.append("--compile")
+    if not options.cuda_graphs:
+        parts.append("--no-cuda-graphs")
+    if options.device:
+        parts += ["--device", options.device]
+    for flag, path in paths.items():
+        if path:
+            parts += [f"--{flag}", str(path)]
+    return " ".join([prog] + [shlex.quote(p) for p in parts])
+
+
+def run_and_write(
+    options: Any,
+    json_path: Optional[Path] = None,
+    csv_path: Optional[Path] = None,
+    plot_path: Optional[Path] = None,
+    markdown_path: Optional[Path] = None,
+) -> dict[str, Any]:
+    """Run the benchmark with a progress display, write the requested files,
+    print the table and the acceptance checks. Shared by the CLI and
+    scripts/benchmark_fp16_training.py."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from ..cli import console, out
+    from .report import markdown_table, write_csv, write_json, write_plot
+    from .runner import run_benchmark
+
+    with Progress(
+        TextColumn("[bold]bench[/]"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TextColumn("{task.description}"),
+        console=console,
+        transient=False,
+    ) as progress:
+        task = progress.add_task("starting", total=None)
+
+        def update(text: str, done: int, total: int) -> None:
+            progress.update(task, description=text, completed=done, total=total)
+
+        result = run_benchmark(options, update)
+    written = []
+    if json_path:
+        written.append(write_json(json_path, result))
+    if csv_path:
+        written.append(write_csv(csv_path, result))
+    if plot_path and result["rows"]:
+        written.append(write_plot(plot_path, result))
+    table = markdown_table(result)
+    if markdown_path:
+        from ..checkpoint import atomic_write_text
+
+        h = result["header"]
+        stamp = f"Device: {h['device_name']} ({h['device']}), torch {h['torch_version']}, {h['date']}\nCommand: `{h['command']}`\n\n"
+        written.append(atomic_write_text(markdown_path, stamp + table))
+    sys.stdout.write(table)
+    sys.stdout.flush()
+    load = result["header"]["load_avg_start"][0], result["header"]["load_avg_end"][0]
+    cores = result["header"]["cpu_count"] or 1
+    if max(load) > 0.5 * cores:
+        console.print(
+            f"[yellow]warning:[/] load average {load[0]:.1f} at start, {load[1]:.1f} at end on {cores} cores: "
+            "other processes shared the machine, so timings are noisy (ratios are taken side by side, but re-run when quiet)"
+        )
+    for check in result["summary"]["checks"]:
+        mark = "[green]pass[/]" if check["passed"] else "[red]FAIL[/]"
+        out.print(f"{mark} {check['check']}: {check['value']:.4g} (goal {check['goal']})")
+    for path in written:
+        console.print(f"wrote {path}")
+    return result
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("bench")
+    def bench(
+        sizes: Optional[str] = typer.Option(None, "--sizes", help="Comma list of S,M,L,LSTM (default all; S with --quick)."),
+        precisions: str = typer.Option("fp32,tf32,bf16,fp16", "--precisions", help="Comma list of fp32,tf32,bf16,fp16."),
+        compile_: bool = typer.Option(False, "--compile", help="torch.compile the model (a failure is logged; the cell runs eager)."),
+        cuda_graphs: bool = typer.Option(True, "--cuda-graphs/--no-cuda-graphs", help="On CUDA, capture small sizes in CUDA graphs."),
+        repeats: Optional[int] = typer.Option(None, "--repeats", help="Timed raw/ours pairs per cell (default 7; 3 with --quick)."),
+        quick: bool = typer.Option(False, "--quick", help="CI smoke budget: under a minute."),
+        device: Optional[str] = typer.Option(None, "--device", help="cpu or cuda[:N] (default: cuda if available)."),
+        seed: int = typer.Option(0, "--seed", help="Seed for data and initial weights."),
+        chunk_s: Optional[float] = typer.Option(None, "--chunk-s", help="Seconds per timed chunk (default 0.4; 0.05 with --quick)."),
+        json_path: Optional[Path] = typer.Option(None, "--json", help="Write header + rows as JSON here."),
+        csv_path: Optional[Path] = typer.Option(None, "--csv", help="Write device-stamped rows as CSV here."),
+        plot_path: Optional[Path] = typer.Option(None, "--plot", help="Write a PNG plot here."),
+        markdown_path: Optional[Path] = typer.Option(None, "--markdown", help="Write the Markdown table here."),
+    ) -> None:
+        """Throughput, peak memory, validation loss and trainer overhead per size and precision, stamped with the device."""
+        from ..cli import fail, load_settings_or_exit
+        from .harness import BenchOptions
+        from .models import SIZES, parse_sizes
+
+        load_settings_or_exit()  # a bad GENESIS_FP16_* variable fails here, clearly
+        try:
+            options = BenchOptions(
+                sizes=parse_sizes(sizes) if sizes else ([SIZES["S"]] if quick else list(SIZES.values())),
+                precisions=precisions,  # type: ignore[arg-type]
+                repeats=repeats if repeats is not None else (3 if quick else 7),
+                quick=quick,
+                compile=compile_,
+                cuda_graphs=cuda_graphs,
+                device=device,
+                seed=seed,
+                chunk_s=chunk_s if chunk_s is not None else (0.05 if quick else 0.4),
+            )
+            options.command = canonical_command(
+                "genesis-fp16 bench", options, json=json_path, csv=csv_path, plot=plot_path, markdown=markdown_path
+            )
+            from .harness import pick_device
+
+            pick_device(options.device)
+        except (ValueError, RuntimeError) as exc:
+            raise fail(str(exc))
+        result = run_and_write(options, json_path, csv_path, plot_path, markdown_path)
+        if not result["rows"]:
+            raise fail("no cell could be measured: " + "; ".join(f"{f['size']}/{f['precision']}: {f['reason']}" for f in result["failed"]), code=1)

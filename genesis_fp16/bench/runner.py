@@ -1,0 +1,184 @@
+"""Run the matrix and turn measurements into rows, a header and a summary."""
+
+from __future__ import annotations
+
+import os
+import statistics
+from typing import Any, Callable, Optional
+
+import torch
+
+from ..telemetry import get_logger
+from .harness import (
+    BenchOptions,
+    Cell,
+    build_cell,
+    calibrate,
+    device_header,
+    not_applicable_reason,
+    pick_device,
+    prime_cell,
+    run_quality,
+    time_pair,
+)
+from .models import make_task
+
+# (description, done, total) -> None
+ProgressFn = Callable[[str, int, int], None]
+
+
+def plan(options: BenchOptions, device: torch.device) -> tuple[list[tuple[Any, str]], list[dict[str, Any]]]:
+    """The (size, precision) cells to measure, and those not applicable here."""
+    cells, skipped = [], []
+    for spec in options.sizes:
+        for precision in options.precisions:
+            reason = not_applicable_reason(precision, device)
+            if reason:
+                skipped.append({"size": spec.name, "precision": precision, "reason": reason})
+            else:
+                cells.append((spec, precision))
+    return cells, skipped
+
+
+def run_benchmark(options: BenchOptions, progress: Optional[ProgressFn] = None) -> dict[str, Any]:
+    """Measure every cell; returns ``{"header", "rows", "not_applicable", "failed", "summary"}``."""
+    log = get_logger("genesis_fp16.bench")
+    device = pick_device(options.device)
+    header = device_header(options, device)
+    planned, not_applicable = plan(options, device)
+    total = len(planned) * (2 + options.repeats)
+    done = 0
+
+    def tick(text: str) -> None:
+        nonlocal done
+        done += 1
+        if progress:
+            progress(text, done, total)
+
+    log.info(
+        "bench.started",
+        device=str(device),
+        cells=len(planned),
+        quick=options.quick,
+        repeats=options.repeats,
+        load_avg=header["load_avg_start"][0],
+    )
+    rows: list[dict[str, Any]] = []
+    failed: list[dict[str, Any]] = []
+    for spec in options.sizes:
+        precisions = [p for s, p in planned if s is spec]
+        if not precisions:
+            continue
+        task = make_task(spec, options.seed, device)
+        cells: list[Cell] = []
+        for precision in precisions:
+            try:
+                flags = prime_cell(spec, precision, task, options, device, log)
+                cell = build_cell(spec, precision, task, options, device, flags, log)
+                tick(f"{spec.name} {precision}: training {options.quality_steps(spec)} steps")
+                run_quality(cell, options.quality_steps(spec))
+                calibrate(cell, options.chunk_s, options.warmup_steps)
+                tick(f"{spec.name} {precision}: warm-up")
+                cells.append(cell)
+            except Exception as exc:  # one broken cell must not lose the others; it is reported
+                reason = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+                failed.append({"size": spec.name, "precision": precision, "reason": reason})
+                log.error("bench.cell_failed", size=spec.name, precision=precision, reason=reason)
+                done += 1 + options.repeats
+        for r in range(options.repeats):
+            # rotate the precision order and swap raw/ours every repeat
+            for k in range(len(cells)):
+                cell = cells[(k + r) % len(cells)]
+                time_pair(cell, ours_first=bool(r % 2))
+                tick(f"{spec.name} {cell.precision}: repeat {r + 1}/{options.repeats}")
+        size_rows = [_row(cell) for cell in cells]
+        _relative_to_fp32(size_rows)
+        for row in size_rows:
+            log.info("bench.row", **{k: row[k] for k in ("size", "precision", "samples_per_s", "overhead_vs_raw", "val_loss_delta_vs_fp32")})
+        rows.extend(size_rows)
+        del cells
+    header["load_avg_end"] = list(os.getloadavg())
+    result = {"header": header, "rows": rows, "not_applicable": not_applicable, "failed": failed}
+    result["summary"] = summarize(result)
+    log.info("bench.finished", rows=len(rows), failed=len(failed), **{k: v for k, v in result["summary"].items() if not isinstance(v, (dict, list))})
+    return result
+
+
+def _row(cell: Cell) -> dict[str, Any]:
+    spec = cell.spec
+    ratios = [o / r for o, r in zip(cell.ours_times, cell.raw_times) if r > 0]
+    ours = statistics.median(cell.ours_times)
+    raw = statistics.median(cell.raw_times)
+    q = cell.quality
+    return {
+        "size": spec.name,
+        "model": spec.label,
+        "hidden": spec.hidden,
+        "batch": spec.batch,
+        "precision": cell.precision,
+        "precision_run": q["precision_run"] + ("+tf32" if cell.precision == "tf32" else ""),
+        "samples_per_s": spec.batch * cell.steps / ours,
+        "raw_samples_per_s": spec.batch * cell.steps / raw,
+        "ms_per_step": 1000.0 * ours / cell.steps,
+        "overhead_vs_raw": statistics.median(ratios),
+        "overhead_min": min(ratios),
+        "overhead_max": max(ratios),
+        "speedup_vs_fp32": None,
+        "peak_mem_mb": q["peak_mem_mb"],
+        "peak_mem_vs_fp32": None,
+        "val_loss": q["val_loss"],
+        "val_loss_delta_vs_fp32": None,
+        "overflow_rate": q["overflow_rate"],
+        "skipped_steps": q["skipped_steps"],
+        "quality_steps": q["quality_steps"],
+        "steps_per_chunk": cell.steps,
+        "repeats": len(ratios),
+        "compiled": cell.flags.compile,
+        "cuda_graphs": cell.graphed,
+        "notes": "; ".join(cell.flags.notes),
+    }
+
+
+def _relative_to_fp32(rows: list[dict[str, Any]]) -> None:
+    base = next((r for r in rows if r["precision"] == "fp32"), None)
+    if base is None:
+        return
+    for row in rows:
+        row["speedup_vs_fp32"] = row["samples_per_s"] / base["samples_per_s"]
+        row["val_loss_delta_vs_fp32"] = (row["val_loss"] - base["val_loss"]) / base["val_loss"]
+        if base["peak_mem_mb"] > 0:
+            row["peak_mem_vs_fp32"] = row["peak_mem_mb"] / base["peak_mem_mb"]
+
+
+def summarize(result: dict[str, Any]) -> dict[str, Any]:
+    """The figures the acceptance criteria read, computed from the rows."""
+    rows = result["rows"]
+    device = result["header"]["device"]
+    out: dict[str, Any] = {"device": device}
+    if rows:
+        out["max_overhead_vs_raw"] = max(r["overhead_vs_raw"] for r in rows)
+        deltas = [abs(r["val_loss_delta_vs_fp32"]) for r in rows if r["val_loss_delta_vs_fp32"] is not None and r["precision"] in ("bf16", "fp16")]
+        if deltas:
+            out["max_abs_val_loss_delta_reduced"] = max(deltas)
+    speed = {f"{r['size']}/{r['precision']}": r["speedup_vs_fp32"] for r in rows if r["speedup_vs_fp32"] is not None}
+    out["speedup_vs_fp32"] = speed
+    checks = []
+
+    def check(name: str, value: Optional[float], ok: Callable[[float], bool], goal: str) -> None:
+        if value is not None:
+            checks.append({"check": name, "value": value, "goal": goal, "passed": bool(ok(value))})
+
+    if "max_overhead_vs_raw" in out:
+        check("overhead_vs_raw at every size", out["max_overhead_vs_raw"], lambda v: v <= 1.05, "<= 1.05")
+    if "max_abs_val_loss_delta_reduced" in out:
+        check("val-loss delta bf16/fp16 vs fp32", out["max_abs_val_loss_delta_reduced"], lambda v: v <= 0.02, "<= 2%")
+    if device.startswith("cpu"):
+        check("bf16 speed-up at L (CPU)", speed.get("L/bf16"), lambda v: v >= 1.6, ">= 1.6x")
+    else:
+        check("fp16 speed-up at L vs strict fp32", speed.get("L/fp16"), lambda v: v >= 3.0, ">= 3x")
+        check("bf16 speed-up at L vs strict fp32", speed.get("L/bf16"), lambda v: v >= 3.0, ">= 3x")
+        mem = {r["precision"]: r["peak_mem_vs_fp32"] for r in rows if r["size"] == "L"}
+        for p in ("fp16", "bf16"):
+            check(f"{p} peak memory at L vs fp32", mem.get(p), lambda v: v <= 0.65, "<= 0.65 (35% lower)")
+    out["checks"] = checks
+    return out
