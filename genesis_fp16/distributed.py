@@ -28,6 +28,7 @@ import dataclasses
 import io
 import pickle
 import shutil
+import warnings
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -393,8 +394,16 @@ class FSDPTrainer(DistributedTrainer):
     def _sharded_scaler(self) -> torch.amp.GradScaler:
         from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 
+        class QuietShardedGradScaler(ShardedGradScaler):
+            # torch 2.13's DTensor found_inf handler warns about the scaler's own
+            # shape-(1,) found_inf on every step; the result is right, the warning is noise.
+            def unscale_(self, optimizer: torch.optim.Optimizer) -> None:
+                with warnings.catch_warnings():
+                    warnings.filterwarnings("ignore", message="Found a non-scalar tensor with numel=1", category=UserWarning)
+                    super().unscale_(optimizer)
+
         opts = self.config.scaler_options()
-        return ShardedGradScaler(
+        return QuietShardedGradScaler(
             self.device.type,
             init_scale=opts.init_scale,
             growth_factor=opts.growth_factor,
