@@ -192,7 +192,11 @@ class FP16Trainer:
 
     def training_step(self, batch: Any, compute_loss_fn: Callable[[torch.nn.Module, Any], torch.Tensor]) -> torch.Tensor:
         """Run ``compute_loss_fn(model, batch)`` under autocast and return the loss."""
-        self.model.train()
+        if not self.model.training:
+            # Only after someone switched the model to eval (validation, inference):
+            # model.train() walks every submodule, about 2 us each, which is 1-2% of a
+            # small world model's step (measured by `genesis-fp16 bench`, docs/PERFORMANCE.md).
+            self.model.train()
         self._set_gradient_sync(self.is_last_micro_step)
         with self.autocast():
             loss = compute_loss_fn(self.model, batch)
