@@ -1,0 +1,249 @@
+"""WorldModel: event-loop responsiveness, serialised training, non-finite data,
+features without labels, precision parity, imagination, checkpoints, guard
+rollback and shadow mode."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from agents import pendulum_model, pendulum_task
+from genesis_fp16 import rollout
+from infrastructure.replay_buffer import ReplayBuffer, Trajectory, trajectories_from_episodes
+from infrastructure.world_model import NonFiniteDataError, NotTrainedError, WorldModel, features
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    # tiny tensors on a shared 2-core machine: one intra-op thread is fastest and least noisy
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def _linear_trajs(n: int = 6, length: int = 100, seed: int = 0) -> list[Trajectory]:
+    """A known system: next = obs + 0.1 * A obs + B a; reward = -|obs|^2 - 0.1 a^2."""
+    rng = np.random.default_rng(seed)
+    a_mat = np.array([[0.0, 1.0, 0.0], [-1.0, 0.0, 0.5], [0.2, -0.3, -0.1]])
+    b_vec = np.array([0.0, 0.1, 0.3])
+    out = []
+    for k in range(n):
+        obs = rng.normal(size=3)
+        rows = []
+        for _ in range(length):
+            act = rng.uniform(-2, 2, size=1)
+            nxt = obs + 0.1 * a_mat @ obs + b_vec * act[0]
+            rew = -(obs**2).sum() - 0.1 * act[0] ** 2
+            rows.append((obs, act, rew, nxt))
+            obs = np.clip(nxt, -3, 3)
+        o, a, r, nx = map(np.array, zip(*rows))
+        out.append(Trajectory(obs=o, action=a, reward=r, next_obs=nx, done=np.zeros(length, bool), candidate=f"lin{k}", id=k + 1))
+    return out
+
+
+@pytest.fixture(scope="module")
+def pendulum_trajs() -> list[Trajectory]:
+    starts = pendulum_task.start_states(0)
+    rng = np.random.default_rng(0)
+    trajs = []
+    for k, params in enumerate(pendulum_task.random_params(rng, 8, 1.0)):
+        res = pendulum_task.run_episodes(params, [starts.train[k]])
+        for t in trajectories_from_episodes(res["episodes"], f"c{k}"):
+            t.id = k + 1
+            trajs.append(t)
+    return trajs
+
+
+def test_features_hold_no_label_and_are_shared():
+    # the label (reward, next observation) is not an argument of the feature function ...
+    assert list(inspect.signature(features).parameters) == ["obs", "action"]
+    wm = WorldModel(3, 1, precision="fp32")
+    assert wm.model.net[0].in_features == 4  # obs (3) + action (1), nothing else
+    # ... and both training and prediction call it
+    src_train, src_predict = inspect.getsource(WorldModel._dataset), inspect.getsource(WorldModel.predict_sync)
+    assert "features(obs, act)" in src_train and "features(obs, action)" in src_predict
+
+
+async def test_learns_a_known_system_and_predicts():
+    wm = WorldModel(3, 1, precision="fp32", seed=0)
+    with pytest.raises(NotTrainedError):
+        wm.predict_sync(torch.zeros(1, 3), torch.zeros(1, 1))
+    trajs = _linear_trajs()
+    report = await wm.train(600, trajectories=trajs, save=False)
+    assert report.val_loss < 0.02 and report.precision == "fp32" and report.steps == 600
+    assert report.transitions == 600 and report.trajectories == 6
+    t = trajs[0]
+    nxt, rew = await wm.predict(torch.tensor(t.obs[:50]), torch.tensor(t.action[:50]))
+    assert float((nxt - torch.tensor(t.next_obs[:50])).abs().mean()) < 0.05
+    assert float((rew - torch.tensor(t.reward[:50])).abs().mean()) < 0.3
+
+
+async def test_event_loop_never_stalls_during_train(pendulum_trajs):
+    wm = WorldModel(3, 1, precision="bf16", seed=0)
+    gaps: list[float] = []
+    done = asyncio.Event()
+
+    async def ticker() -> None:
+        last = time.perf_counter()
+        while not done.is_set():
+            await asyncio.sleep(0.005)
+            now = time.perf_counter()
+            gaps.append(now - last)
+            last = now
+
+    tick = asyncio.create_task(ticker())
+    await asyncio.sleep(0.02)
+    started = time.perf_counter()
+    report = await wm.train(800, trajectories=pendulum_trajs, save=False)
+    elapsed = time.perf_counter() - started
+    done.set()
+    await tick
+    assert elapsed > 0.2, "training too short to say anything about the event loop"
+    assert len(gaps) > 20
+    assert max(gaps) < 0.050, f"event loop stalled {max(gaps) * 1000:.1f} ms while training ({report.steps} steps, {elapsed:.2f} s)"
+
+
+async def test_concurrent_train_calls_are_serialised(monkeypatch):
+    wm = WorldModel(3, 1, precision="fp32")
+    spans: list[tuple[float, float]] = []
+    original = wm._train_sync
+
+    def recorded(*args, **kwargs):
+        start = time.perf_counter()
+        out = original(*args, **kwargs)
+        spans.append((start, time.perf_counter()))
+        return out
+
+    monkeypatch.setattr(wm, "_train_sync", recorded)
+    trajs = _linear_trajs(3, 50)
+    r1, r2 = await asyncio.gather(wm.train(100, trajectories=trajs, save=False), wm.train(100, trajectories=trajs, save=False))
+    assert len(spans) == 2
+    (s1, e1), (s2, e2) = sorted(spans)
+    assert e1 <= s2, "two train() calls overlapped"
+    assert wm.trainer.training_steps == 200
+
+
+async def test_non_finite_data_names_the_trajectory(tmp_path):
+    buf = ReplayBuffer(tmp_path / "r.sqlite")
+    trajs = _linear_trajs(3, 20)
+    trajs[1].reward[7] = np.nan
+    ids = buf.append_generation("se_darwin", 4, trajs)
+    wm = WorldModel(3, 1, buffer=buf, data_agent="se_darwin", precision="fp32")
+    with pytest.raises(NonFiniteDataError) as err:
+        await wm.train(10, save=False)
+    message = str(err.value)
+    assert f"id={ids[1]}" in message and "lin1" in message and "reward" in message and "transition 7" in message
+    trajs[1].reward[7] = 0.0
+    trajs[2].next_obs[3, 1] = np.inf
+    with pytest.raises(NonFiniteDataError, match="lin2.*next_obs"):
+        await wm.train(10, trajectories=trajs, save=False)
+
+
+async def test_reduced_precision_val_loss_within_2_percent_of_fp32(pendulum_trajs):
+    losses = {}
+    for precision in ("fp32", "bf16", "fp16"):
+        wm = WorldModel(3, 1, precision=precision, seed=0)
+        report = await wm.train(500, trajectories=pendulum_trajs, save=False)
+        assert report.precision == precision
+        losses[precision] = report.val_loss
+    for precision in ("bf16", "fp16"):
+        gap = abs(losses[precision] - losses["fp32"]) / losses["fp32"]
+        assert gap < 0.02, f"{precision} validation loss {losses[precision]:.5f} vs fp32 {losses['fp32']:.5f}: {gap:.2%}"
+    assert losses["bf16"] != losses["fp32"]  # it really ran in another precision
+
+
+async def test_imagine_batches_candidates(pendulum_trajs):
+    wm = WorldModel(3, 1, precision="fp32", seed=0)
+    await wm.train(100, trajectories=pendulum_trajs, save=False)
+    params = pendulum_task.random_params(np.random.default_rng(1), 5)
+    start = pendulum_task.observation(pendulum_task.start_states(0).train[:4]).astype(np.float32)
+    batched = wm.imagine(pendulum_model.batched_policy, params, start, 30, project=pendulum_model.project)
+    assert batched.shape == (5, 4) and torch.isfinite(batched).all()
+    single = torch.cat([wm.imagine(pendulum_model.batched_policy, params[i : i + 1], start, 30, project=pendulum_model.project) for i in range(5)])
+    torch.testing.assert_close(batched, single, rtol=1e-4, atol=1e-3)
+    again = await wm.aimagine(pendulum_model.batched_policy, params, start, 30, project=pendulum_model.project)
+    torch.testing.assert_close(again, batched)
+
+
+async def test_checkpoint_round_trip(tmp_path):
+    trajs = _linear_trajs(3, 50)
+    wm = WorldModel(3, 1, precision="fp32", checkpoint_dir=tmp_path)
+    report = await wm.train(50, trajectories=trajs)
+    assert report.checkpoint and (tmp_path / "world_model.pt").exists()
+    other = WorldModel(3, 1, precision="bf16", checkpoint_dir=tmp_path, seed=5)
+    other.load()
+    obs, act = torch.tensor(trajs[0].obs), torch.tensor(trajs[0].action)
+    torch.testing.assert_close(other.predict_sync(obs, act)[0], wm.predict_sync(obs, act)[0])
+
+
+class FakeGuard:
+    """The RollbackGuard contract of the rollout issue, minimal: trips on the
+    trainer's non-finite streak event."""
+
+    def __init__(self) -> None:
+        self.tripped = None
+        self.last_good_checkpoint = None
+        self.attached = []
+        self.checked = []
+
+    def attach(self, trainer) -> None:
+        self.attached.append(trainer)
+        trainer.add_listener(self._on_event)
+
+    def _on_event(self, event, fields) -> None:
+        if event == "trainer.nonfinite_streak" and self.tripped is None:
+            self.tripped = type("Decision", (), {"severity": "P0", "reason": "nonfinite streak", "action": "rollback"})()
+
+    def check(self, trainer, val_loss=None, fp32_val_loss=None, throughput_ratio=None):
+        self.checked.append(val_loss)
+        return type("Decision", (), {"severity": None, "reason": "healthy", "action": "none"})()
+
+    def record_good_checkpoint(self, path) -> None:
+        self.last_good_checkpoint = str(path)
+
+
+async def test_guard_trip_restores_checkpoint_and_continues(tmp_path, monkeypatch):
+    guard = FakeGuard()
+    wm = WorldModel(3, 1, precision="bf16", guard=guard, checkpoint_dir=tmp_path)
+    trajs = _linear_trajs(3, 50)
+    first = await wm.train(50, trajectories=trajs)
+    assert not first.rolled_back and guard.last_good_checkpoint == first.checkpoint
+    good = {k: v.clone() for k, v in wm.model.state_dict().items()}
+    # the ledger says rolled_back from now on: trainer_for must give FP32
+    monkeypatch.setattr(rollout, "current_stage", lambda agent, settings: "rolled_back")
+
+    def fault(step, loss):
+        return loss * float("nan") if 10 <= step < 14 else loss
+
+    report = await wm.train(40, trajectories=trajs, fault=fault)
+    assert report.rolled_back and report.rollback_reason.startswith("P0")
+    assert report.precision == "fp32" and wm.trainer.precision.name == "fp32"
+    assert len(guard.attached) == 2 and guard.attached[-1] is wm.trainer
+    assert any("restored" in e for e in report.events)
+    assert np.isfinite(report.val_loss) and np.isfinite(report.train_loss)
+    # training went on after the restore: the weights moved away from the restored ones
+    assert any(not torch.equal(good[k], v) for k, v in wm.model.state_dict().items())
+
+
+async def test_shadow_mode_reports_fp32_gap(monkeypatch):
+    monkeypatch.setattr(rollout, "current_stage", lambda agent, settings: "shadow")
+    recorded = []
+
+    class Ledger:
+        def record_shadow_gap(self, agent, val_loss, fp32_val_loss, precision):
+            recorded.append((agent, val_loss, fp32_val_loss, precision))
+
+    guard = FakeGuard()
+    guard.ledger = Ledger()
+    wm = WorldModel(3, 1, precision="bf16", guard=guard)
+    report = await wm.train(100, trajectories=_linear_trajs(3, 50), save=False)
+    assert report.fp32_val_loss is not None and report.shadow_gap is not None
+    assert abs(report.shadow_gap) < 0.2
+    assert recorded and recorded[0][0] == "world_model" and recorded[0][3] == "bf16"
+    assert wm._shadow is not None and wm._shadow[1].precision.name == "fp32"
