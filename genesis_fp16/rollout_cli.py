@@ -1,0 +1,257 @@
+"""Commands: ``profiles show``, ``rollout status|enable|disable|rollback|history``, ``tune``, ``drill``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+out = Console()
+
+profiles_app = typer.Typer(help="Per-agent tuning profiles.", no_args_is_help=True)
+rollout_app = typer.Typer(help="Per-agent rollout ledger: off -> shadow -> on, rolled_back.", no_args_is_help=True)
+
+
+def _settings():
+    from .cli import load_settings_or_exit
+
+    return load_settings_or_exit()
+
+
+def _ledger(settings: Any):
+    from .cli import fail
+    from .rollout import LedgerError, RolloutLedger
+
+    try:
+        ledger = RolloutLedger.from_settings(settings)
+        ledger._init()
+        return ledger
+    except LedgerError as exc:
+        raise fail(str(exc))
+
+
+def _policy_or_exit(agent: str, settings: Any):
+    from .cli import fail
+    from .policy import resolve_policy
+    from .profiles import ProfileError
+    from .rollout import LedgerError
+
+    try:
+        return resolve_policy(agent, settings)
+    except (ProfileError, LedgerError, ValueError) as exc:
+        raise fail(str(exc))
+
+
+@profiles_app.command("show")
+def profiles_show(
+    agent: Optional[str] = typer.Argument(None, help="Agent name; all known agents when left out."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+) -> None:
+    """The effective policy (after settings, profile, ledger, kill switch) and where each value came from."""
+    from .cli import fail, print_json
+    from .profiles import ProfileError, profiles_for
+
+    settings = _settings()
+    try:
+        pf = profiles_for(settings)
+    except ProfileError as exc:
+        raise fail(str(exc))
+    if agent is None:
+        known = set(pf.agents) if pf else set()
+        from .rollout import LEDGER_FILE
+
+        if (Path(settings.state_dir) / LEDGER_FILE).is_file():
+            known |= {row["agent"] for row in _ledger(settings).status()}
+        agents = sorted(known)
+    else:
+        agents = [agent]
+    policies = [_policy_or_exit(a, settings).as_dict() for a in agents]
+    if as_json:
+        print_json({"profiles_file": str(settings.effective_profiles_file) if pf else None, "agents": policies})
+        return
+    out.print(f"profiles file: {settings.effective_profiles_file if pf else '(none)'}")
+    if not policies:
+        out.print("no agents in the profile file or the ledger; name one: genesis-fp16 profiles show AGENT")
+    for pol in policies:
+        table = Table(title=f"{pol['agent']}: {pol['precision']} (stage {pol['stage'] or 'unmanaged'}; {pol['reason']})")
+        table.add_column("key")
+        table.add_column("value")
+        table.add_column("from")
+        for key, value in pol["config"].items():
+            if key in pol["sources"]:
+                table.add_row(key, str(value), pol["sources"][key])
+        for key, value in pol["thresholds"].items():
+            table.add_row(f"thresholds.{key}", str(value), "profile" if key in (pf.layer(pol["agent"]).thresholds if pf else {}) else "default")
+        out.print(table)
+
+
+@rollout_app.command("status")
+def rollout_status(as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
+    """Every agent's stage, since when, who and why; the last shadow gap."""
+    from .cli import print_json
+
+    settings = _settings()
+    rows = _ledger(settings).status()
+    if as_json:
+        print_json({"kill_switch": not settings.enable_fp16_training, "agents": rows})
+        return
+    if not settings.enable_fp16_training:
+        out.print("[bold red]kill switch on[/] (ENABLE_FP16_TRAINING=false): every agent trains in FP32 whatever its stage")
+    table = Table(title=f"rollout ledger {Path(settings.state_dir) / 'rollout.sqlite'}")
+    for col in ("agent", "stage", "since", "actor", "reason", "last shadow gap"):
+        table.add_column(col)
+    for row in rows:
+        gap = row["last_shadow_gap"]
+        shown = f"{gap['gap']:+.1%} ({gap['precision']})" if gap and gap.get("gap") is not None else "-"
+        table.add_row(row["agent"], row["stage"], row["since"], row["actor"], row["reason"], shown)
+    out.print(table if rows else "no agents in the ledger yet: genesis-fp16 rollout enable AGENT --shadow")
+
+
+def _change(fn_name: str, agent: str, **kwargs: Any) -> None:
+    from .cli import fail
+
+    settings = _settings()
+    ledger = _ledger(settings)
+    try:
+        entry = getattr(ledger, fn_name)(agent, **kwargs)
+    except ValueError as exc:
+        raise fail(str(exc))
+    out.print(f"{entry['agent']}: {entry['from_stage'] or 'unmanaged'} -> [bold]{entry['to_stage']}[/] ({entry['reason']})")
+    if not settings.enable_fp16_training and entry["to_stage"] in ("on", "shadow"):
+        out.print("[yellow]note:[/] the kill switch ENABLE_FP16_TRAINING=false is on; it wins: this agent still trains in FP32")
+
+
+@rollout_app.command("enable")
+def rollout_enable(
+    agent: str = typer.Argument(..., help="Agent name."),
+    shadow: bool = typer.Option(False, "--shadow", help="Stage shadow: reduced precision with an FP32 reference measured beside it."),
+    reason: str = typer.Option("", "--reason", help="Why (kept in the history)."),
+    actor: str = typer.Option("cli", "--actor", help="Who (kept in the history)."),
+) -> None:
+    """Roll reduced precision out to AGENT (stage on, or shadow)."""
+    _change("enable", agent, shadow=shadow, actor=actor, reason=reason)
+
+
+@rollout_app.command("disable")
+def rollout_disable(
+    agent: str = typer.Argument(..., help="Agent name."),
+    reason: str = typer.Option("", "--reason", help="Why (kept in the history)."),
+    actor: str = typer.Option("cli", "--actor", help="Who (kept in the history)."),
+) -> None:
+    """Stage off: AGENT trains in FP32."""
+    _change("disable", agent, actor=actor, reason=reason)
+
+
+@rollout_app.command("rollback")
+def rollout_rollback(
+    agent: str = typer.Argument(..., help="Agent name."),
+    reason: str = typer.Option(..., "--reason", help="What went wrong (required; kept in the history)."),
+    actor: str = typer.Option("cli", "--actor", help="Who (kept in the history)."),
+) -> None:
+    """Stage rolled_back: AGENT trains in FP32 until someone runs `rollout enable`."""
+    _change("rollback", agent, reason=reason, actor=actor)
+
+
+@rollout_app.command("history")
+def rollout_history(
+    agent: Optional[str] = typer.Argument(None, help="Agent name; all agents when left out."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+) -> None:
+    """Every stage change: when, who or what, from, to, why."""
+    from .cli import fail, print_json
+
+    try:
+        rows = _ledger(_settings()).history(agent)
+    except ValueError as exc:
+        raise fail(str(exc))
+    if as_json:
+        print_json(rows)
+        return
+    table = Table(title="rollout history")
+    for col in ("when", "agent", "actor", "from", "to", "severity", "reason"):
+        table.add_column(col)
+    for r in rows:
+        table.add_row(r["when"], r["agent"], r["actor"], r["from_stage"] or "-", r["to_stage"], r["severity"] or "-", r["reason"])
+    out.print(table)
+
+
+def tune(
+    events: Path = typer.Option(..., "--events", help="JSON-lines event log, e.g. <state_dir>/events.jsonl."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+    apply: bool = typer.Option(False, "--apply", help="Write the proposals into the profile file (atomically, with a backup)."),
+    profiles: Optional[Path] = typer.Option(None, "--profiles", help="Profile file to read and write (default: the settings' profile file)."),
+) -> None:
+    """Propose per-agent profile changes from the event log (loss scale, growth interval, precision)."""
+    from .cli import fail, print_json
+    from .profiles import ProfileError
+    from .telemetry import read_events
+    from .tuning import apply as apply_proposals
+    from .tuning import propose
+
+    settings = _settings()
+    path = profiles or settings.effective_profiles_file
+    try:
+        proposals = propose(read_events(events), settings=settings, profiles_path=path)
+    except FileNotFoundError as exc:
+        raise fail(f"{exc}; expected the JSON-lines event log (default <state_dir>/events.jsonl)")
+    except (ValueError, ProfileError) as exc:
+        raise fail(str(exc))
+    applied = None
+    if apply and proposals:
+        try:
+            applied = apply_proposals(proposals, path)
+        except (ProfileError, OSError) as exc:
+            raise fail(f"could not write {path}: {exc}")
+    if as_json:
+        print_json({"events": str(events), "profiles_file": str(path), "proposals": [p.as_dict() for p in proposals], "applied": applied})
+        return
+    if not proposals:
+        out.print(f"no profile changes proposed from {events}")
+    for p in proposals:
+        out.print(f"[bold]{p.agent}[/]: " + ", ".join(f"{k} {p.current.get(k)!r} -> {v!r}" for k, v in p.changes.items()))
+        for reason in p.reasons:
+            out.print(f"  because {reason}")
+    if applied:
+        out.print(f"wrote {applied['path']}" + (f" (backup {applied['backup']})" if applied["backup"] else ""))
+    elif proposals and not apply:
+        out.print(f"dry run: add --apply to write {path}")
+
+
+def drill(
+    json_path: Optional[Path] = typer.Option(None, "--json", help="Also write the report as JSON to this file."),
+    keep: bool = typer.Option(False, "--keep", help="Keep the scratch state dir and print where it is."),
+) -> None:
+    """Rehearse the rollback plan in a scratch state dir; exit 1 if any scenario fails."""
+    from .checkpoint import atomic_write_text
+    from .cli import console
+    from .drill import run_drill
+
+    import json
+
+    with console.status("drill: starting") as status:
+
+        def progress(name: str, result: Any) -> None:
+            if result is None:
+                status.update(f"drill: {name}")
+            else:
+                mark = "[green]PASS[/]" if result.passed else "[bold red]FAIL[/]"
+                out.print(f"{mark} {name} ({result.seconds:.1f}s): {result.detail}", highlight=False)
+
+        report = run_drill(keep=keep, progress=progress)
+    if json_path is not None:
+        atomic_write_text(json_path, json.dumps(report, indent=2, default=str) + "\n")
+    failed = [s["name"] for s in report["scenarios"] if not s["passed"]]
+    out.print(f"drill {'passed' if not failed else 'FAILED: ' + ', '.join(failed)} in {report['seconds']:.1f}s"
+              + (f"; scratch dir {report['state_dir']}" if report["state_dir"] else ""))
+    if failed:
+        raise typer.Exit(1)
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(profiles_app, name="profiles")
+    app.add_typer(rollout_app, name="rollout")
+    app.command("tune")(tune)
+    app.command("drill")(drill)

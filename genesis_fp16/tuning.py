@@ -1,0 +1,226 @@
+"""Structured event logs -> per-agent profile recommendations.
+
+Reads the JSON-lines event log (``<state_dir>/events.jsonl``) and proposes
+changes to each agent's profile, with reasons:
+
+* overflow rate over the agent's ``overflow_warn`` threshold (FP16 with a
+  scaler): start the scale lower (the lowest scale the scaler backed off to,
+  at most half the current ``init_scale``, rounded down to a power of two)
+  and double ``growth_interval`` (quadruple it over ``overflow_rollback``);
+* two or more rollbacks: leave FP16 for BF16 (FP32's exponent range, no
+  scaler); rollbacks in BF16, or three or more in all: FP32;
+* a guard P2 recommendation (throughput under the threshold): its changes.
+
+The overflow rate is the one the guard last judged (``guard.decision``);
+without one it is the count of overflow skips over the highest step seen.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Optional, Union
+
+from .profiles import THRESHOLD_DEFAULTS, TRAINER_KEYS, raw_document, write_profiles
+from .settings import Settings, load_settings
+from .telemetry import get_logger, read_events
+
+SHADOW_SUFFIX = ".fp32_shadow"
+
+
+@dataclass
+class AgentSummary:
+    agent: str
+    precisions: list[str] = field(default_factory=list)  # reduced precisions seen, in order
+    max_step: int = 0
+    overflow_skips: int = 0
+    nonfinite_skips: int = 0
+    nonfinite_streaks: int = 0
+    min_scale: Optional[float] = None
+    judged_overflow_rate: Optional[float] = None
+    judged_steps: Optional[int] = None
+    rollbacks: list[dict[str, Any]] = field(default_factory=list)
+    recommendations: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def overflow_rate(self) -> Optional[float]:
+        if self.judged_overflow_rate is not None:
+            return self.judged_overflow_rate
+        if self.max_step <= 0:
+            return None
+        return self.overflow_skips / self.max_step
+
+    @property
+    def steps(self) -> int:
+        return self.judged_steps if self.judged_steps is not None else self.max_step
+
+
+@dataclass
+class Proposal:
+    agent: str
+    changes: dict[str, Any]
+    current: dict[str, Any]
+    reasons: list[str]
+    evidence: dict[str, Any]
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _agent_of(event: dict[str, Any]) -> Optional[str]:
+    name = event.get("agent") or event.get("trainer")
+    if not isinstance(name, str) or not name or name.endswith(SHADOW_SUFFIX):
+        return None
+    return name
+
+
+def summarise(events: list[dict[str, Any]]) -> dict[str, AgentSummary]:
+    """Per-agent counts from an event list (see docs/EVENTS.md for the fields)."""
+    out: dict[str, AgentSummary] = {}
+    for ev in events:
+        agent = _agent_of(ev)
+        if agent is None:
+            continue
+        s = out.setdefault(agent, AgentSummary(agent))
+        name = ev.get("event", "")
+        precision = ev.get("precision")
+        if name.startswith("trainer.") and precision in ("fp16", "bf16") and (not s.precisions or s.precisions[-1] != precision):
+            s.precisions.append(precision)
+        if isinstance(ev.get("step"), int) and name.startswith("trainer."):
+            s.max_step = max(s.max_step, ev["step"])
+        if name == "trainer.step_skipped":
+            if ev.get("reason") == "overflow":
+                s.overflow_skips += 1
+            elif ev.get("reason") == "nonfinite_loss":
+                s.nonfinite_skips += 1
+        elif name == "trainer.nonfinite_streak":
+            s.nonfinite_streaks += 1
+        elif name == "trainer.scale_changed":
+            new = ev.get("new_scale")
+            if isinstance(new, (int, float)) and new > 0:
+                s.min_scale = new if s.min_scale is None else min(s.min_scale, new)
+        elif name == "guard.decision":
+            if ev.get("precision") in ("fp16", "bf16") and isinstance(ev.get("training_steps"), int) and ev["training_steps"] > 0:
+                s.judged_overflow_rate = float(ev.get("overflow_rate", 0.0))
+                s.judged_steps = ev["training_steps"]
+        elif name == "rollout.stage_changed" and ev.get("to_stage") == "rolled_back":
+            s.rollbacks.append({"when": ev.get("timestamp"), "reason": ev.get("reason"), "actor": ev.get("actor")})
+        elif name == "guard.recommendation" and isinstance(ev.get("changes"), dict):
+            s.recommendations.append({"changes": ev["changes"], "reason": ev.get("reason", "")})
+    return out
+
+
+def _current(agent: str, doc: dict[str, Any], settings: Settings) -> dict[str, Any]:
+    """The agent's values as the profile file (or else the settings) has them."""
+    values: dict[str, Any] = {key: getattr(settings, key) for key in TRAINER_KEYS if key != "enabled"}
+    values = {k: getattr(v, "value", v) for k, v in values.items()}
+    values.update(doc.get("defaults", {}) or {})
+    values.update((doc.get("agents", {}) or {}).get(agent, {}) or {})
+    values.pop("thresholds", None)
+    return values
+
+
+def _thresholds(agent: str, doc: dict[str, Any]) -> dict[str, Any]:
+    th = dict(THRESHOLD_DEFAULTS)
+    th.update((doc.get("defaults", {}) or {}).get("thresholds", {}) or {})
+    th.update(((doc.get("agents", {}) or {}).get(agent, {}) or {}).get("thresholds", {}) or {})
+    return th
+
+
+def _pow2_floor(value: float) -> float:
+    return float(2 ** math.floor(math.log2(max(value, 1.0))))
+
+
+def propose(
+    events: list[dict[str, Any]],
+    *,
+    settings: Optional[Settings] = None,
+    profiles_path: Union[str, Path, None] = None,
+) -> list[Proposal]:
+    """Profile changes the events call for, one :class:`Proposal` per agent that needs any."""
+    settings = settings or load_settings()
+    path = Path(profiles_path) if profiles_path else settings.effective_profiles_file
+    doc = raw_document(path)
+    proposals = []
+    for agent, s in sorted(summarise(events).items()):
+        current = _current(agent, doc, settings)
+        th = _thresholds(agent, doc)
+        changes: dict[str, Any] = {}
+        reasons: list[str] = []
+        rate = s.overflow_rate
+        if rate is not None and s.steps >= th["min_steps"] and rate > th["overflow_warn"]:
+            init = float(current.get("init_scale", 65536.0))
+            target = init / 2 if s.min_scale is None else min(init / 2, s.min_scale)
+            changes["init_scale"] = _pow2_floor(target)
+            factor = 4 if rate > th["overflow_rollback"] else 2
+            changes["growth_interval"] = int(current.get("growth_interval", 2000)) * factor
+            reasons.append(
+                f"overflow rate {rate:.0%} over {s.steps} steps (> {th['overflow_warn']:.0%}): "
+                f"init_scale {init:g} -> {changes['init_scale']:g} (lowest scale reached: {s.min_scale}), "
+                f"growth_interval x{factor}"
+            )
+        if len(s.rollbacks) >= 2:
+            last = s.precisions[-1] if s.precisions else current.get("precision")
+            if last == "fp16" and len(s.rollbacks) < 3 and "bf16" not in s.precisions:
+                changes["precision"] = "bf16"
+                reasons.append(f"{len(s.rollbacks)} rollbacks in FP16: try BF16 (FP32 exponent range, no loss scaling)")
+            else:
+                changes["precision"] = "fp32"
+                reasons.append(f"{len(s.rollbacks)} rollbacks (precisions tried: {', '.join(s.precisions) or 'unknown'}): train in FP32")
+            if changes["precision"] != "fp16":
+                changes.pop("init_scale", None)
+                changes.pop("growth_interval", None)
+        for rec in s.recommendations:
+            for key, value in rec["changes"].items():
+                if key == "precision" and changes.get("precision") == "fp32":
+                    continue
+                if key in ("init_scale", "growth_interval") and changes.get("precision") in ("bf16", "fp32"):
+                    continue
+                changes.setdefault(key, value)
+            reasons.append(f"guard recommendation: {rec['reason']}")
+        changes = {k: v for k, v in changes.items() if current.get(k) != v}
+        if not changes:
+            continue
+        proposals.append(
+            Proposal(
+                agent=agent,
+                changes=changes,
+                current={k: current.get(k) for k in changes},
+                reasons=reasons,
+                evidence={
+                    "overflow_rate": rate,
+                    "steps": s.steps,
+                    "overflow_skips": s.overflow_skips,
+                    "nonfinite_streaks": s.nonfinite_streaks,
+                    "rollbacks": len(s.rollbacks),
+                    "precisions": s.precisions,
+                    "min_scale": s.min_scale,
+                },
+            )
+        )
+    return proposals
+
+
+def tune_from_file(events_path: Union[str, Path], **kwargs: Any) -> list[Proposal]:
+    return propose(read_events(Path(events_path)), **kwargs)
+
+
+def apply(proposals: list[Proposal], profiles_path: Union[str, Path]) -> dict[str, Any]:
+    """Merge the proposals into the profile file: validated, written atomically,
+    the previous file kept as ``<name>.bak.<timestamp>``."""
+    path = Path(profiles_path)
+    doc = raw_document(path)
+    agents = doc.setdefault("agents", {})
+    for p in proposals:
+        agents.setdefault(p.agent, {}).update(p.changes)
+    written = write_profiles(path, doc, backup=True)
+    get_logger("genesis_fp16.tuning").info(
+        "tuning.applied",
+        path=str(written["path"]),
+        backup=str(written["backup"]) if written["backup"] else None,
+        agents=[p.agent for p in proposals],
+        changes={p.agent: p.changes for p in proposals},
+    )
+    return {"path": str(written["path"]), "backup": str(written["backup"]) if written["backup"] else None}
