@@ -151,7 +151,10 @@ def cma_in_model(x0: np.ndarray, sigma: float, imagine: ImagineFn, *, iters: int
         xs = es.ask()
         scores = imagine(np.asarray(xs))
         es.tell(xs, [-float(s) for s in scores])
-    return np.asarray(es.result.xbest, dtype=float)
+    best = np.asarray(es.result.xbest, dtype=float)
+    # CMA-ES never scores its own start point; keep it when the search found nothing better
+    start_score = float(imagine(np.asarray(x0, dtype=float)[None])[0])
+    return best if -float(es.result.fbest) >= start_score else np.asarray(x0, dtype=float)
 
 
 # -- the agent -------------------------------------------------------------------------

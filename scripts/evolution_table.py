@@ -1,0 +1,196 @@
+"""Measure the table in docs/EVOLUTION.md.
+
+    .venv/bin/python scripts/evolution_table.py --out docs/evolution_results.json
+
+For each seed: the full loop, the loop without the world model, plain CMA-ES
+under the same budget, and plain CMA-ES with a long budget (how many real
+episodes it needs, for the ratio). Then world-model validation loss in FP32,
+BF16 and FP16 on the same data and seed. Prints markdown tables and writes
+every run's report as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime
+import json
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+import numpy as np
+import torch
+
+from agents import pendulum_task
+from agents.se_darwin_agent import EvolveConfig, SEDarwinAgent, run_cma_baseline
+from genesis_fp16.checkpoint import atomic_write_text
+from genesis_fp16.settings import load_settings
+from infrastructure.replay_buffer import trajectories_from_episodes
+from infrastructure.world_model import WorldModel
+
+
+def cpu_model() -> str:
+    from genesis_fp16.precision import cpu_flags
+
+    name = platform.processor() or "unknown"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                name = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    flags = [f for f in ("avx512_bf16", "amx_bf16") if f in cpu_flags()]
+    return f"{name} [{', '.join(flags)}]" if flags else name
+
+
+def run_mode(mode: str, seed: int, budget: int, state_dir: Path) -> dict[str, Any]:
+    settings = load_settings(state_dir=state_dir)
+    config = EvolveConfig(seed=seed, budget=budget, use_world_model=mode != "no_world_model")
+    if mode.startswith("cma"):
+        return asyncio.run(run_cma_baseline(config))
+    return asyncio.run(SEDarwinAgent(config, settings=settings).evolve())
+
+
+def precision_table(seeds: list[int], steps: int, episodes: int, state_dir: Path) -> list[dict[str, Any]]:
+    """World-model validation loss per precision on identical data and seed."""
+    settings = load_settings(state_dir=state_dir)
+    rows = []
+    for seed in seeds:
+        starts = pendulum_task.start_states(seed)
+        rng = np.random.default_rng(seed)
+        trajs = []
+        for k, params in enumerate(pendulum_task.random_params(rng, episodes, 1.0)):
+            res = pendulum_task.run_episodes(params, [starts.train[k % len(starts.train)]])
+            for t in trajectories_from_episodes(res["episodes"], f"random{k}"):
+                t.id = k + 1
+                trajs.append(t)
+        row: dict[str, Any] = {"seed": seed, "transitions": sum(len(t.obs) for t in trajs), "steps": steps}
+        for precision in ("fp32", "bf16", "fp16"):
+            wm = WorldModel(3, 1, precision=precision, seed=seed, settings=settings)
+            report = asyncio.run(wm.train(steps, trajectories=trajs, save=False))
+            row[precision] = report.val_loss
+            row[f"{precision}_wall_s"] = report.wall_s
+            row[f"{precision}_skipped"] = report.skipped_steps
+        rows.append(row)
+    return rows
+
+
+def _median(values: list[Optional[float]]) -> Optional[float]:
+    vals = [v for v in values if v is not None]
+    return statistics.median(vals) if vals else None
+
+
+def markdown(results: dict[str, Any]) -> str:
+    budget = results["budget"]
+    lines = [
+        f"Median over seeds {results['seeds']} (budget {budget} real episodes; target: mean return >= "
+        f"{pendulum_task.TARGET_RETURN:.0f} on {pendulum_task.N_TRAIN_STARTS} training start states; held-out: "
+        f"{pendulum_task.N_HELDOUT_STARTS} start states never used by the search).",
+        "",
+        "| method | reached target | median real episodes to target | median held-out return | median best train return | median wall s |",
+        "|---|---|---|---|---|---|",
+    ]
+    names = {
+        "full": "SE-Darwin loop with world model",
+        "no_world_model": "same loop, world model off",
+        "cma": "plain CMA-ES (same budget)",
+        "cma_long": f"plain CMA-ES (budget {results['cma_long_budget']})",
+    }
+    for mode, reports in results["runs"].items():
+        reached = [r for r in reports if r["target_reached"]]
+        to_target = [r["episodes_to_target"] if r["target_reached"] else None for r in reports]
+        med = _median([float(v) for v in to_target if v is not None]) if len(reached) * 2 > len(reports) else None
+        med_text = f"{med:.0f}" if med is not None else f"not reached (> {reports[0]['budget']})"
+        ho, tr = _median([r["heldout_return"] for r in reports]), _median([r["train_return"] for r in reports])
+        lines.append(
+            f"| {names.get(mode, mode)} | {len(reached)}/{len(reports)} | {med_text} | "
+            f"{ho:.1f} | {tr:.1f} | {_median([r['wall_s'] for r in reports]):.1f} |"
+        )
+    lines += ["", "Per seed, real episodes to target (- = not reached):", ""]
+    lines.append("| method | " + " | ".join(f"seed {s}" for s in results["seeds"]) + " |")
+    lines.append("|---|" + "---|" * len(results["seeds"]))
+    for mode, reports in results["runs"].items():
+        cells = [str(r["episodes_to_target"]) if r["target_reached"] else "-" for r in reports]
+        lines.append(f"| {names.get(mode, mode)} | " + " | ".join(cells) + " |")
+    if results.get("precision"):
+        lines += [
+            "",
+            f"World-model validation loss (normalised MSE) on identical data and seed, {results['precision'][0]['steps']} steps:",
+            "",
+            "| seed | transitions | FP32 | BF16 | FP16 (CPU scaler) | BF16 vs FP32 | FP16 vs FP32 |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        for row in results["precision"]:
+            gb = (row["bf16"] - row["fp32"]) / row["fp32"]
+            gf = (row["fp16"] - row["fp32"]) / row["fp32"]
+            lines.append(
+                f"| {row['seed']} | {row['transitions']} | {row['fp32']:.5f} | {row['bf16']:.5f} | {row['fp16']:.5f} | {gb:+.2%} | {gf:+.2%} |"
+            )
+    env = results["environment"]
+    lines += ["", f"Measured {env['date']} on {env['cpu']} ({env['cores']} cores, shared), torch {env['torch']}, python {env['python']}."]
+    return "\n".join(lines)
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
+    parser.add_argument("--budget", type=int, default=200)
+    parser.add_argument("--cma-long-budget", type=int, default=2000, help="budget of the long CMA-ES run (0: skip)")
+    parser.add_argument("--modes", nargs="+", default=["full", "no_world_model", "cma", "cma_long"])
+    parser.add_argument("--precision-steps", type=int, default=800)
+    parser.add_argument("--precision-episodes", type=int, default=12)
+    parser.add_argument("--out", type=Path, default=None, help="write all reports as JSON here")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(1)
+    import os
+
+    results: dict[str, Any] = {
+        "seeds": args.seeds,
+        "budget": args.budget,
+        "cma_long_budget": args.cma_long_budget,
+        "environment": {
+            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+            "cpu": cpu_model(),
+            "cores": os.cpu_count(),
+            "torch": torch.__version__,
+            "python": platform.python_version(),
+        },
+        "runs": {},
+    }
+    with tempfile.TemporaryDirectory(prefix="evolution_table_") as tmp:
+        state = Path(tmp)
+        for mode in args.modes:
+            if mode == "cma_long" and not args.cma_long_budget:
+                continue
+            budget = args.cma_long_budget if mode == "cma_long" else args.budget
+            reports = []
+            for seed in args.seeds:
+                t0 = time.perf_counter()
+                report = run_mode(mode, seed, budget, state / mode)
+                report["mode"] = mode
+                reports.append(report)
+                print(
+                    f"{mode:15s} seed {seed}: reached={report['target_reached']} episodes_to_target={report['episodes_to_target']} "
+                    f"train={report['train_return']} heldout={report['heldout_return']:.1f} wall={time.perf_counter() - t0:.1f}s",
+                    file=sys.stderr,
+                    flush=True,
+                )
+            results["runs"][mode] = reports
+        if args.precision_steps:
+            results["precision"] = precision_table(args.seeds, args.precision_steps, args.precision_episodes, state / "precision")
+    text = markdown(results)
+    print(text)
+    if args.out:
+        results["markdown"] = text
+        atomic_write_text(args.out, json.dumps(results, indent=2, default=str) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

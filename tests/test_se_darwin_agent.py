@@ -1,0 +1,173 @@
+"""SE-Darwin: each operator, real evaluations with a timeout, a tiny loop end
+to end (events, replay buffer, report), the plain CMA-ES baseline, and an
+interrupted loop keeping its committed generations."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from agents import pendulum_task
+from agents.evaluation import EvaluationTimeout, Evaluator
+from agents.se_darwin_agent import (
+    Candidate,
+    EvolveConfig,
+    SEDarwinAgent,
+    pool_failing,
+    recombination,
+    refinement,
+    revision,
+    run_cma_baseline,
+)
+from genesis_fp16 import telemetry
+from genesis_fp16.settings import load_settings
+from infrastructure.replay_buffer import ReplayBuffer
+
+OPTIMUM = np.linspace(-1.0, 1.0, pendulum_task.N_PARAMS)
+
+
+def synthetic_imagine(params: np.ndarray) -> np.ndarray:
+    """A stand-in world model: imagined return peaks at OPTIMUM."""
+    return -((np.asarray(params) - OPTIMUM) ** 2).sum(axis=1)
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def _cand(ret: float, full: bool = True, params=None) -> Candidate:
+    return Candidate("c", np.zeros(pendulum_task.N_PARAMS) if params is None else params, "seed", 0, real_return=ret, full=full)
+
+
+def test_revision_only_where_the_pool_is_failing():
+    rng = np.random.default_rng(0)
+    failing = [_cand(-900.0), _cand(-250.0, full=False)]  # a single-episode score does not count as meeting the target
+    assert pool_failing(failing, -300.0)
+    out = revision(failing, rng, target=-300.0, imagine=synthetic_imagine, samples=32, iters=15, popsize=8, sigma=0.3)
+    assert len(out) == 1 and out[0].shape == (pendulum_task.N_PARAMS,)
+    random_scores = synthetic_imagine(rng.normal(0.0, 0.5, size=(64, pendulum_task.N_PARAMS)))
+    assert synthetic_imagine(out[0][None])[0] > np.max(random_scores)  # searched, not just sampled
+    assert revision([_cand(-250.0)], rng, target=-300.0, imagine=synthetic_imagine) == []
+    blind = revision(failing, rng, target=-300.0, imagine=None)  # without a model: one fresh random policy
+    assert len(blind) == 1 and not np.allclose(blind[0], 0.0)
+
+
+def test_recombination_blends_two_parents():
+    rng = np.random.default_rng(1)
+    a, b = np.zeros(pendulum_task.N_PARAMS), np.arange(pendulum_task.N_PARAMS, dtype=float)
+    children = recombination(a, b, rng, n=5)
+    assert len(children) == 5
+    for child in children:
+        w = child[1] / b[1]
+        assert 0.2 <= w <= 0.8
+        np.testing.assert_allclose(child, a + w * (b - a))  # on the segment between the parents
+    assert len({round(c[1], 6) for c in children}) == 5
+
+
+def test_refinement_improves_imagined_return():
+    rng = np.random.default_rng(2)
+    x0 = OPTIMUM + 0.5
+    refined = refinement(x0, rng, imagine=synthetic_imagine, sigma=0.3, iters=25, popsize=10, seed=3)[0]
+    before, after = synthetic_imagine(x0[None])[0], synthetic_imagine(refined[None])[0]
+    assert after > before * 0.5, f"CMA-ES in the model should at least halve the gap: {before:.2f} -> {after:.2f}"
+    step = refinement(x0, rng, imagine=None, sigma=0.3)[0]  # without a model: one Gaussian step
+    assert 0.1 < np.std(step - x0) < 0.6
+
+
+def test_evaluation_timeout_does_not_hang_the_loop():
+    evaluator = Evaluator(workers=1, timeout_s=1.0)
+    params = np.zeros(pendulum_task.N_PARAMS)
+    started = time.perf_counter()
+    with pytest.raises(EvaluationTimeout, match="did not finish within 1 s"):
+        evaluator.evaluate(params, [[0.0, 0.0]], hang_seconds=60)
+    assert time.perf_counter() - started < 20
+    res = evaluator.evaluate(params, [[0.0, 0.0], [1.0, 0.0]])  # a fresh pool takes over
+    evaluator.close()
+    assert len(res.returns) == 2 and all(np.isfinite(res.returns))
+    assert res.episodes[0]["obs"].shape == (pendulum_task.EPISODE_STEPS, 3)
+
+
+def test_real_evaluation_matches_in_process_episodes():
+    params = pendulum_task.random_params(np.random.default_rng(4), 1)[0]
+    states = pendulum_task.start_states(0).train[:3]
+    with Evaluator(workers=2, timeout_s=60) as evaluator:
+        res = evaluator.evaluate(params, states)
+    local = pendulum_task.run_episodes(params, states)
+    np.testing.assert_allclose(res.returns, local["returns"], rtol=1e-6)
+
+
+def tiny_config(**kw) -> EvolveConfig:
+    base = dict(
+        budget=24, init_candidates=8, wm_steps=40, refine_iters=2, revision_iters=2, revision_samples=8,
+        popsize=6, horizon=20, extra_imagined_starts=4, workers=1, eval_timeout_s=60,
+    )
+    base.update(kw)
+    return EvolveConfig(**base)
+
+
+async def test_tiny_loop_end_to_end(state_dir):
+    settings = load_settings()
+    seen = []
+    agent = SEDarwinAgent(tiny_config(), settings=settings, on_generation=seen.append)
+    report = await agent.evolve()
+    for key in ("real_episodes", "heldout_return", "train_return", "target_reached", "precision", "wall_s", "generations"):
+        assert key in report
+    assert report["real_episodes"] == 24 <= report["budget"]  # 8 probes + one full evaluation
+    assert report["precision"] == agent.world_model.precision
+    assert [g["generation"] for g in report["generations"]] == [0, 1] == [g["generation"] for g in seen]
+    assert all(g["wm_val_loss"] is not None and np.isfinite(g["wm_val_loss"]) for g in report["generations"])
+    assert report["generations"][1]["evaluated"][0]["operator"] in {"refinement", "revision", "recombination"}
+    assert report["generations"][1]["evaluated"][0]["imagined"] is not None  # the model ranked it
+    counts = ReplayBuffer(settings=settings).count(agent.data_agent)
+    assert counts == {"trajectories": 24, "transitions": 24 * pendulum_task.EPISODE_STEPS, "generations": 2}
+    events = [e for e in telemetry.read_events(settings.events_path) if e.get("event") == "evolve.generation"]
+    assert [e["generation"] for e in events] == [0, 1]
+    assert all("wm_val_loss" in e and "real_episodes" in e and "precision" in e for e in events)
+
+
+async def test_loop_without_world_model(state_dir):
+    agent = SEDarwinAgent(tiny_config(use_world_model=False), settings=load_settings())
+    assert agent.world_model is None
+    report = await agent.evolve()
+    assert report["mode"] == "no_world_model" and report["precision"] == "none"
+    assert report["generations"][1]["evaluated"][0]["imagined"] is None
+
+
+async def test_cma_baseline_same_keys_and_budget(state_dir):
+    report = await run_cma_baseline(tiny_config(budget=40))
+    assert report["mode"] == "cma" and report["real_episodes"] == 32 and not report["target_reached"]
+    for key in ("real_episodes", "heldout_return", "train_return", "target_reached", "precision", "wall_s", "generations"):
+        assert key in report
+
+
+class InterruptingEvaluator(Evaluator):
+    """Raises KeyboardInterrupt on the first full evaluation (generation 1)."""
+
+    def evaluate(self, params, states, **kw):
+        if len(states) > 1:
+            raise KeyboardInterrupt
+        return super().evaluate(params, states, **kw)
+
+
+async def test_interrupt_keeps_committed_generations(state_dir):
+    settings = load_settings()
+    agent = SEDarwinAgent(tiny_config(), settings=settings, evaluator=InterruptingEvaluator(workers=1, timeout_s=60))
+    with pytest.raises(KeyboardInterrupt):
+        await agent.evolve()
+    counts = ReplayBuffer(settings=settings).count(agent.data_agent)
+    assert counts["generations"] == 1 and counts["trajectories"] == 8
+
+
+def test_bad_options_are_refused():
+    with pytest.raises(ValueError, match="CartPole-v1.*Pendulum-v1"):
+        EvolveConfig(env_id="CartPole-v1").validate()
+    with pytest.raises(ValueError, match="budget=5"):
+        EvolveConfig(budget=5).validate()
