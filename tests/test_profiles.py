@@ -1,0 +1,134 @@
+"""Profiles: parsing, layering of [defaults] and [agents.NAME], validation
+messages (agent, key, allowed values), atomic writes, `profiles show`."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from genesis_fp16 import profiles
+from genesis_fp16.cli import app
+from genesis_fp16.profiles import ProfileError, load_profiles, profile_layer, thresholds_for, write_profiles
+from genesis_fp16.settings import load_settings
+
+runner = CliRunner()
+EXAMPLE = Path(__file__).resolve().parents[1] / "configs" / "profiles.example.toml"
+
+
+def _write(state_dir: Path, text: str) -> Path:
+    path = state_dir / "profiles.toml"
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def test_no_file_is_an_empty_layer(state_dir):
+    layer = profile_layer("wm", load_settings())
+    assert layer["trainer"] == {} and layer["thresholds"] == {} and layer["source"] is None
+
+
+def test_explicit_missing_file_is_an_error(state_dir, monkeypatch):
+    monkeypatch.setenv("GENESIS_FP16_PROFILES_FILE", str(state_dir / "nope.toml"))
+    with pytest.raises(ProfileError, match="GENESIS_FP16_PROFILES_FILE=.*nope.toml.*file not found"):
+        profile_layer("wm", load_settings())
+
+
+def test_defaults_then_agent_table(state_dir):
+    _write(state_dir, """
+[defaults]
+growth_interval = 1000
+precision = "bf16"
+[defaults.thresholds]
+min_steps = 5
+[agents.wm]
+precision = "fp16"
+init_scale = 1024.0
+max_grad_norm = "none"
+[agents.wm.thresholds]
+overflow_rollback = 0.25
+""")
+    s = load_settings()
+    wm = profile_layer("wm", s)
+    assert wm["trainer"] == {"growth_interval": 1000, "precision": "fp16", "loss_scale": 1024.0, "max_grad_norm": None}
+    assert wm["thresholds"] == {"min_steps": 5, "overflow_rollback": 0.25}
+    assert wm["sources"]["loss_scale"].endswith("[agents.wm]") and wm["sources"]["growth_interval"].endswith("[defaults]")
+    other = profile_layer("policy", s)
+    assert other["trainer"] == {"growth_interval": 1000, "precision": "bf16"}
+    th = thresholds_for("wm", s)
+    assert th["overflow_rollback"] == 0.25 and th["overflow_warn"] == 0.10 and th["min_steps"] == 5
+
+
+@pytest.mark.parametrize(
+    "table, message",
+    [
+        ('precision = "fp8"', "agent 'wm': precision = 'fp8' is invalid; allowed values are auto, fp16, bf16, fp32"),
+        ("init_scale = -1.0", "agent 'wm': init_scale = -1.0 is invalid; allowed values are a number > 0"),
+        ("growth_interval = 1.5", "agent 'wm': growth_interval = 1.5 is invalid; allowed values are an integer >= 1"),
+        ('enabled = "yes"', "agent 'wm': enabled = 'yes' is invalid; allowed values are true or false"),
+        ("loss_scale = 8.0", "agent 'wm': unknown key 'loss_scale'; allowed keys are enabled, precision"),
+        ("[agents.wm.thresholds]\noverflow_rollback = 1.5", "agent 'wm': thresholds.overflow_rollback = 1.5 is invalid; allowed values are a number > 0 and <= 1"),
+        ("[agents.wm.thresholds]\nspeed = 1", "agent 'wm': unknown threshold 'speed'; allowed thresholds are failed_fraction"),
+        ("[agents.wm.thresholds]\noverflow_warn = 0.5", "overflow_warn (0.5) must not exceed thresholds.overflow_rollback (0.3)"),
+    ],
+)
+def test_validation_names_agent_key_and_allowed(state_dir, table, message):
+    _write(state_dir, "[agents.wm]\n" + table + "\n")
+    with pytest.raises(ProfileError) as err:
+        profile_layer("other_agent", load_settings())  # the whole file is validated
+    assert message in str(err.value)
+    assert "profiles.toml" in str(err.value)
+
+
+def test_bad_toml_and_unknown_section(state_dir):
+    _write(state_dir, "[agents.wm\n")
+    with pytest.raises(ProfileError, match="not valid TOML"):
+        profile_layer("wm", load_settings())
+    _write(state_dir, "[agent.wm]\nprecision='bf16'\n")
+    with pytest.raises(ProfileError, match="unknown top-level key"):
+        profile_layer("wm", load_settings())
+
+
+def test_example_file_is_valid():
+    pf = load_profiles(EXAMPLE)
+    assert pf.agents, "the example should show at least one agent"
+
+
+def test_write_profiles_atomic_with_backup_and_refuses_invalid(state_dir):
+    path = _write(state_dir, "[agents.wm]\nprecision = \"bf16\"\n")
+    result = write_profiles(path, {"agents": {"wm": {"precision": "fp32", "max_grad_norm": None}}})
+    assert result["backup"] is not None and 'precision = "bf16"' in result["backup"].read_text()
+    assert load_profiles(path).agents["wm"].values == {"precision": "fp32", "max_grad_norm": None}
+    before = path.read_text()
+    with pytest.raises(ProfileError, match="agent 'wm': precision = 'fp9'"):
+        write_profiles(path, {"agents": {"wm": {"precision": "fp9"}}})
+    assert path.read_text() == before
+    assert not list(state_dir.glob(".profiles.toml.*.tmp"))
+
+
+def test_cache_sees_changes(state_dir):
+    path = _write(state_dir, "[agents.wm]\nprecision = \"bf16\"\n")
+    assert profile_layer("wm", load_settings())["trainer"]["precision"] == "bf16"
+    path.write_text("[agents.wm]\nprecision = \"fp16\"\ngrowth_interval = 7\n")
+    profiles._CACHE.clear()  # same mtime within the clock's resolution is possible on fast writes
+    assert profile_layer("wm", load_settings())["trainer"]["precision"] == "fp16"
+
+
+def test_cli_profiles_show(state_dir):
+    _write(state_dir, "[agents.wm]\nprecision = \"fp32\"\ninit_scale = 256.0\n[agents.wm.thresholds]\nmin_steps = 4\n")
+    r = runner.invoke(app, ["profiles", "show", "wm", "--json"])
+    assert r.exit_code == 0, r.output
+    data = json.loads(r.stdout)["agents"][0]
+    assert data["config"]["loss_scale"] == 256.0 and data["sources"]["loss_scale"].startswith("profile:")
+    assert data["sources"]["growth_interval"] == "settings"
+    assert data["thresholds"]["min_steps"] == 4
+    r = runner.invoke(app, ["profiles", "show"])
+    assert r.exit_code == 0 and "wm" in r.stdout and "thresholds.min_steps" in r.stdout
+
+
+def test_cli_profiles_show_bad_file_is_one_error(state_dir):
+    _write(state_dir, "[agents.wm]\nprecision = \"fp8\"\n")
+    r = runner.invoke(app, ["profiles", "show", "wm"])
+    assert r.exit_code == 2
+    assert "precision = 'fp8' is invalid" in r.output and "Traceback" not in r.output

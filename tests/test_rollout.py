@@ -1,0 +1,148 @@
+"""Rollout ledger: stages, history, shadow gaps, persistence across processes,
+concurrent writers, and the rollout CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+
+import pytest
+from typer.testing import CliRunner
+
+from genesis_fp16.cli import app
+from genesis_fp16.rollout import LEDGER_FILE, LedgerError, RolloutLedger, current_stage
+from genesis_fp16.settings import load_settings
+
+runner = CliRunner()
+
+
+@pytest.fixture
+def ledger(state_dir):
+    return RolloutLedger.from_settings(load_settings())
+
+
+def test_unknown_agent_has_no_stage_and_reading_creates_no_file(state_dir):
+    assert current_stage("nobody", load_settings()) is None
+    assert not (state_dir / LEDGER_FILE).exists()
+
+
+def test_stages_and_history(ledger, state_dir):
+    assert ledger.stage("wm") is None
+    ledger.enable("wm", shadow=True, actor="alice", reason="start shadow")
+    ledger.enable("wm", actor="alice", reason="gap small")
+    ledger.rollback("wm", "val loss 40% over FP32", actor="guard", severity="P1")
+    ledger.disable("wm", actor="bob", reason="done")
+    assert ledger.stage("wm") == "off"
+    assert (state_dir / LEDGER_FILE).is_file()
+    hist = ledger.history("wm")
+    assert [(h["from_stage"], h["to_stage"]) for h in hist] == [
+        (None, "shadow"), ("shadow", "on"), ("on", "rolled_back"), ("rolled_back", "off")
+    ]
+    assert hist[2]["actor"] == "guard" and hist[2]["severity"] == "P1" and "40%" in hist[2]["reason"]
+    assert all(h["when"] for h in hist)
+    assert hist[0]["when"] < hist[-1]["when"]
+    assert ledger.history("other") == []
+
+
+def test_wal_mode(ledger):
+    ledger.enable("a")
+    conn = sqlite3.connect(ledger.path)
+    assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    conn.close()
+
+
+def test_rollback_needs_reason_and_stage_is_validated(ledger):
+    with pytest.raises(ValueError, match="needs a reason"):
+        ledger.rollback("a", "  ")
+    with pytest.raises(ValueError, match="allowed values are off, shadow, on, rolled_back"):
+        ledger._set_stage("a", "half", "me", "x")
+    with pytest.raises(ValueError, match="severity 'P9'"):
+        ledger.rollback("a", "x", severity="P9")
+    with pytest.raises(ValueError, match="non-empty"):
+        ledger.enable("")
+
+
+def test_shadow_gap_recorded_and_in_status(ledger):
+    ledger.enable("wm", shadow=True)
+    rec = ledger.record_shadow_gap("wm", val_loss=0.30, fp32_val_loss=0.25, precision="bf16")
+    assert rec["gap"] == pytest.approx(0.2)
+    ledger.record_shadow_gap("wm", val_loss=0.1, fp32_val_loss=0.0, precision="bf16")  # gap undefined, still recorded
+    gaps = ledger.shadow_gaps("wm")
+    assert len(gaps) == 2 and gaps[1]["gap"] is None
+    row = ledger.status()[0]
+    assert row["agent"] == "wm" and row["stage"] == "shadow"
+    assert row["last_shadow_gap"]["val_loss"] == pytest.approx(0.1)
+
+
+def test_corrupt_ledger_is_one_clear_error(state_dir):
+    (state_dir / LEDGER_FILE).write_bytes(b"this is not sqlite" * 100)
+    with pytest.raises(LedgerError, match="rollout.sqlite: rollout ledger is not a usable SQLite database"):
+        RolloutLedger.from_settings(load_settings()).stage("a")
+
+
+def test_rollback_persists_across_a_new_process(ledger, state_dir):
+    ledger.enable("wm")
+    ledger.rollback("wm", "NaN storm", severity="P0")
+    code = (
+        "import json; from genesis_fp16.policy import resolve_policy\n"
+        "p = resolve_policy('wm', precision='bf16')\n"
+        "print(json.dumps([p.stage, p.precision, p.sources['enabled']]))"
+    )
+    env = dict(os.environ, GENESIS_FP16_STATE_DIR=str(state_dir), GENESIS_FP16_LOG_LEVEL="ERROR")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == ["rolled_back", "fp32", "ledger:rolled_back"]
+
+
+def test_concurrent_processes_do_not_corrupt(state_dir):
+    writes = 15
+    code = (
+        "import sys; from genesis_fp16.rollout import RolloutLedger\n"
+        "led = RolloutLedger(sys.argv[1]); me = sys.argv[2]\n"
+        f"for i in range({writes}):\n"
+        "    (led.enable if i % 2 else led.disable)('shared', actor=me, reason=f'{me} {i}')\n"
+        "    led.enable(me, actor=me, reason=str(i))\n"
+    )
+    path = state_dir / LEDGER_FILE
+    RolloutLedger(path)._init()
+    env = dict(os.environ, GENESIS_FP16_LOG_LEVEL="ERROR")
+    procs = [subprocess.Popen([sys.executable, "-c", code, str(path), f"p{k}"], env=env, stderr=subprocess.PIPE) for k in range(3)]
+    for proc in procs:
+        assert proc.wait(timeout=120) == 0, proc.stderr.read().decode()[-2000:]
+    led = RolloutLedger(path)
+    assert len(led.history("shared")) == 3 * writes
+    assert all(len(led.history(f"p{k}")) == writes for k in range(3))
+    assert led.stage("shared") in ("on", "off")
+    conn = sqlite3.connect(path)
+    assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+    conn.close()
+
+
+def test_cli_enable_status_rollback_history(state_dir):
+    r = runner.invoke(app, ["rollout", "enable", "wm", "--shadow", "--reason", "try"])
+    assert r.exit_code == 0, r.output
+    assert "unmanaged -> shadow" in r.stdout
+    r = runner.invoke(app, ["rollout", "rollback", "wm"])
+    assert r.exit_code != 0  # --reason is required
+    r = runner.invoke(app, ["rollout", "rollback", "wm", "--reason", "gap too big"])
+    assert r.exit_code == 0 and "shadow -> rolled_back" in r.stdout
+    r = runner.invoke(app, ["rollout", "status", "--json"])
+    data = json.loads(r.stdout)
+    assert data["kill_switch"] is False
+    assert data["agents"][0]["stage"] == "rolled_back" and data["agents"][0]["reason"] == "gap too big"
+    r = runner.invoke(app, ["rollout", "history", "wm", "--json"])
+    assert [h["to_stage"] for h in json.loads(r.stdout)] == ["shadow", "rolled_back"]
+    r = runner.invoke(app, ["rollout", "disable", "wm"])
+    assert r.exit_code == 0 and RolloutLedger.from_settings(load_settings()).stage("wm") == "off"
+
+
+def test_cli_enable_under_kill_switch_warns(state_dir, monkeypatch):
+    monkeypatch.setenv("ENABLE_FP16_TRAINING", "false")
+    r = runner.invoke(app, ["rollout", "enable", "wm"])
+    assert r.exit_code == 0
+    assert "kill switch" in r.stdout
+    data = json.loads(runner.invoke(app, ["rollout", "status", "--json"]).stdout)
+    assert data["kill_switch"] is True
