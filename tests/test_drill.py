@@ -1,0 +1,48 @@
+"""The drill: every scenario passes on this machine, a failing scenario fails
+the command, and the real state dir is left alone."""
+
+from __future__ import annotations
+
+import json
+
+from typer.testing import CliRunner
+
+from genesis_fp16 import drill as drill_mod
+from genesis_fp16.cli import app
+from genesis_fp16.drill import ScenarioResult, run_drill
+
+runner = CliRunner()
+NAMES = {"nan_storm", "overflow_storm", "overflow_warning", "killed_while_saving",
+         "rollback_survives_restart", "kill_switch", "events_recorded"}
+
+
+def test_drill_command_passes_and_writes_json(state_dir, tmp_path, monkeypatch):
+    monkeypatch.setenv("ENABLE_FP16_TRAINING", "false")  # the drill rehearses rollback even under the kill switch
+    out = tmp_path / "out.json"
+    result = runner.invoke(app, ["drill", "--json", str(out)])
+    assert result.exit_code == 0, result.output
+    report = json.loads(out.read_text())
+    assert report["passed"] is True
+    assert {s["name"] for s in report["scenarios"]} == NAMES
+    assert all(s["passed"] is True for s in report["scenarios"])
+    assert report["seconds"] < 120
+    assert not (state_dir / "rollout.sqlite").exists()  # nothing in the real state dir's ledger
+
+
+def test_failing_scenario_fails_the_command(state_dir, monkeypatch):
+    monkeypatch.setattr(drill_mod.Drill, "kill_switch", lambda self: ScenarioResult("kill_switch", False, "broken", 0.0))
+    result = runner.invoke(app, ["drill"])
+    assert result.exit_code == 1
+    assert "FAILED: kill_switch" in result.stdout
+
+
+def test_crashing_scenario_is_reported_not_raised(tmp_path, monkeypatch):
+    def boom(self):
+        raise RuntimeError("disk on fire")
+
+    monkeypatch.setattr(drill_mod.Drill, "overflow_storm", boom)
+    monkeypatch.setattr(drill_mod.Drill, "scenarios", lambda self: [("overflow_storm", self.overflow_storm)])
+    report = run_drill(tmp_path / "scratch", keep=True)
+    (only,) = report["scenarios"]
+    assert not report["passed"] and only["passed"] is False and "disk on fire" in only["detail"]
+    assert report["state_dir"] == str(tmp_path / "scratch")

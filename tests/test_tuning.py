@@ -1,0 +1,135 @@
+"""tune: event log -> per-agent profile proposals; --apply writes a valid
+profile atomically with a backup."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from genesis_fp16 import telemetry
+from genesis_fp16.cli import app
+from genesis_fp16.guard import RollbackGuard
+from genesis_fp16.profiles import load_profiles, profile_layer
+from genesis_fp16.registry import trainer_for
+from genesis_fp16.rollout import RolloutLedger
+from genesis_fp16.settings import load_settings
+from genesis_fp16.tuning import apply, propose, summarise
+
+runner = CliRunner()
+
+
+def _fp16_run_with_overflows(agent: str, every: int, steps: int = 40) -> None:
+    """A real FP16 run whose every ``every``-th backward overflows; events go to the state dir's log."""
+    settings = load_settings()
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
+    trainer = trainer_for(agent, model, torch.optim.Adam(model.parameters(), lr=1e-2), settings=settings, precision="fp16")
+    guard = RollbackGuard(agent, settings=settings)
+    guard.attach(trainer)
+    count = {"n": 0}
+
+    def hook(grad):
+        count["n"] += 1
+        return grad * float("inf") if count["n"] % every == 0 else grad
+
+    model[0].weight.register_hook(hook)
+    x, y = torch.randn(16, 4), torch.randn(16, 1)
+    for _ in range(steps):
+        trainer.backward_and_step(trainer.training_step((x, y), lambda m, b: ((m(b[0]).float() - b[1]) ** 2).mean()))
+    guard.check(trainer)
+
+
+def _ev(event, **fields):
+    return {"event": event, "timestamp": "2026-01-01T00:00:00Z", **fields}
+
+
+def test_generated_overflow_log_lowers_scale_and_lengthens_interval(state_dir):
+    _fp16_run_with_overflows("noisy", every=4)  # 25% overflow: P2
+    _fp16_run_with_overflows("clean", every=10_000)
+    events = telemetry.read_events(state_dir / "events.jsonl")
+    summary = summarise(events)
+    assert summary["noisy"].judged_overflow_rate == pytest.approx(0.25)
+    proposals = {p.agent: p for p in propose(events)}
+    assert set(proposals) == {"noisy"}  # the clean agent needs nothing
+    p = proposals["noisy"]
+    assert p.changes["growth_interval"] == 4000 and p.current["growth_interval"] == 2000
+    assert p.changes["init_scale"] <= 32768.0 and p.changes["init_scale"] <= summary["noisy"].min_scale
+    assert any("overflow rate 25%" in r for r in p.reasons)
+
+
+def test_heavy_overflow_quadruples_interval(state_dir):
+    _fp16_run_with_overflows("storm", every=2)  # 50%: P1 rollback
+    events = telemetry.read_events(state_dir / "events.jsonl")
+    (p,) = propose(events)
+    assert p.changes["growth_interval"] == 8000
+    assert summarise(events)["storm"].rollbacks  # the guard's rollback is in the log
+
+
+@pytest.mark.parametrize(
+    "precisions, rollbacks, expected",
+    [(["fp16"], 2, "bf16"), (["bf16"], 2, "fp32"), (["fp16"], 3, "fp32"), (["fp16"], 1, None)],
+)
+def test_repeated_rollbacks_move_precision(state_dir, precisions, rollbacks, expected):
+    events = [_ev("trainer.step_skipped", trainer="a", precision=prec, reason="nonfinite_loss", step=1) for prec in precisions]
+    events += [_ev("rollout.stage_changed", agent="a", to_stage="rolled_back", reason=f"P0: storm {k}", actor="guard")
+               for k in range(rollbacks)]
+    proposals = propose(events)
+    if expected is None:
+        assert proposals == []
+    else:
+        assert proposals[0].changes == {"precision": expected}
+        assert f"{rollbacks} rollbacks" in proposals[0].reasons[0]
+
+
+def test_throughput_recommendation_and_shadow_trainer_ignored(state_dir):
+    events = [
+        _ev("guard.recommendation", agent="slow", changes={"precision": "fp32"}, reason="reduced precision is slower than FP32 here"),
+        _ev("trainer.step_skipped", trainer="slow.fp32_shadow", precision="fp16", reason="overflow", step=50),
+    ]
+    (p,) = propose(events)
+    assert p.agent == "slow" and p.changes == {"precision": "fp32"}
+
+
+def test_proposal_already_in_profile_is_dropped(state_dir):
+    (state_dir / "profiles.toml").write_text('[agents.a]\nprecision = "bf16"\n')
+    events = [_ev("trainer.step_skipped", trainer="a", precision="fp16", reason="x", step=1)]
+    events += [_ev("rollout.stage_changed", agent="a", to_stage="rolled_back", reason="r")] * 2
+    assert propose(events) == []
+
+
+def test_apply_writes_valid_profile_with_backup(state_dir):
+    path = state_dir / "profiles.toml"
+    path.write_text('[agents.keep]\nprecision = "fp32"\n')
+    _fp16_run_with_overflows("noisy", every=4)
+    proposals = propose(telemetry.read_events(state_dir / "events.jsonl"))
+    result = apply(proposals, path)
+    pf = load_profiles(path)
+    assert pf.agents["keep"].values == {"precision": "fp32"}
+    assert pf.agents["noisy"].values["growth_interval"] == 4000
+    assert profile_layer("noisy", load_settings())["trainer"]["growth_interval"] == 4000
+    assert result["backup"] and "keep" in open(result["backup"]).read()
+
+
+def test_cli_tune_json_and_apply(state_dir):
+    _fp16_run_with_overflows("noisy", every=4)
+    log = state_dir / "events.jsonl"
+    r = runner.invoke(app, ["tune", "--events", str(log), "--json"])
+    assert r.exit_code == 0, r.output
+    data = json.loads(r.stdout)
+    assert data["applied"] is None and data["proposals"][0]["agent"] == "noisy"
+    assert not (state_dir / "profiles.toml").exists()  # a dry run writes nothing
+    r = runner.invoke(app, ["tune", "--events", str(log), "--apply"])
+    assert r.exit_code == 0 and "wrote" in r.stdout
+    assert load_profiles(state_dir / "profiles.toml").agents["noisy"].values["growth_interval"] == 4000
+
+
+def test_cli_tune_bad_input(state_dir, tmp_path):
+    r = runner.invoke(app, ["tune", "--events", str(tmp_path / "missing.jsonl")])
+    assert r.exit_code == 2 and "does not exist" in r.output
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text("{not json}\n{\"event\": \"x\"}\n")
+    r = runner.invoke(app, ["tune", "--events", str(bad)])
+    assert r.exit_code == 2 and "bad.jsonl:1: not a JSON event line" in r.output
