@@ -1,0 +1,103 @@
+"""`genesis-fp16 evolve`: registration, bad input, a tiny run with --json,
+the CMA-ES baseline, and Ctrl-C keeping the replay buffer."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from agents import se_darwin_agent
+from agents.evaluation import Evaluator
+from genesis_fp16.cli import app
+
+REPORT_KEYS = ("real_episodes", "heldout_return", "train_return", "target_reached", "precision", "wall_s", "generations")
+runner = CliRunner()
+
+
+@pytest.fixture(autouse=True)
+def _restore_threads():
+    before = torch.get_num_threads()
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture
+def tiny(monkeypatch):
+    """The CLI's config with tiny search budgets (flags still apply)."""
+    original = se_darwin_agent.EvolveConfig
+
+    def make(**kw):
+        base = dict(init_candidates=8, wm_steps=40, refine_iters=2, revision_iters=2, revision_samples=8,
+                    popsize=6, horizon=20, extra_imagined_starts=4, eval_timeout_s=60)
+        base.update(kw)
+        return original(**base)
+
+    monkeypatch.setattr(se_darwin_agent, "EvolveConfig", make)
+
+
+def test_entry_point_registers_evolve():
+    exe = Path(sys.executable).with_name("genesis-fp16")
+    out = subprocess.run([str(exe), "evolve", "--help"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    for flag in ("--env", "--budget", "--seed", "--precision", "--baseline", "--json"):
+        assert flag in out.stdout
+
+
+@pytest.mark.parametrize(
+    "args, expected",
+    [
+        (["--env", "CartPole-v1"], "supports 'Pendulum-v1' only"),
+        (["--budget", "5"], "budget=5"),
+        (["--baseline", "cma", "--no-world-model"], "exclusive"),
+        (["--precision", "fp8"], "fp8"),
+    ],
+)
+def test_bad_input_one_clear_error(args, expected):
+    result = runner.invoke(app, ["evolve", *args])
+    assert result.exit_code == 2
+    assert expected in result.output
+
+
+def test_tiny_run_writes_json_report(tiny, tmp_path, state_dir):
+    out = tmp_path / "report.json"
+    result = runner.invoke(app, ["evolve", "--budget", "24", "--seed", "1", "--precision", "bf16", "--workers", "1", "--json", str(out)])
+    assert result.exit_code == 0, result.output
+    report = json.loads(out.read_text())
+    for key in REPORT_KEYS:
+        assert key in report
+    assert report["real_episodes"] == 24 and report["seed"] == 1 and report["precision"] == "bf16"
+    assert [g["generation"] for g in report["generations"]] == [0, 1]
+    assert all(isinstance(g["wm_val_loss"], float) for g in report["generations"])
+    assert "held-out return" in result.output and "gen   1" in result.output
+    assert Path(report["replay_db"]).is_file() and Path(report["replay_db"]).parent == state_dir
+
+
+def test_cma_baseline_reports_same_keys(tiny, tmp_path):
+    out = tmp_path / "cma.json"
+    result = runner.invoke(app, ["evolve", "--baseline", "cma", "--budget", "32", "--workers", "1", "--json", str(out)])
+    assert result.exit_code == 0, result.output
+    report = json.loads(out.read_text())
+    for key in REPORT_KEYS:
+        assert key in report
+    assert report["mode"] == "cma" and report["real_episodes"] == 32 and report["target_reached"] is False
+
+
+class InterruptOnFullEvaluation(Evaluator):
+    def evaluate(self, params, states, **kw):
+        if len(states) > 1:
+            raise KeyboardInterrupt
+        return super().evaluate(params, states, **kw)
+
+
+def test_ctrl_c_keeps_replay_buffer(tiny, monkeypatch, state_dir):
+    monkeypatch.setattr(se_darwin_agent, "Evaluator", InterruptOnFullEvaluation)
+    result = runner.invoke(app, ["evolve", "--budget", "40", "--workers", "1"])
+    assert result.exit_code == 130, result.output
+    assert "interrupted" in result.output and "1 generation(s), 8 trajectories are safe" in result.output
+    assert (state_dir / "replay.sqlite").is_file()
