@@ -2,7 +2,9 @@
 
 Layers, lowest first: global settings < the agent's profile < an explicit
 argument; then the rollout ledger (a rolled-back or ``off`` agent trains in
-FP32) and, over everything, the kill switch ``ENABLE_FP16_TRAINING=false``.
+FP32; ``shadow`` or ``on`` switches reduced precision on unless an explicit
+argument says ``enabled=False``) and, over everything, the kill switch
+``ENABLE_FP16_TRAINING=false``.
 Each value records where it came from, for ``genesis-fp16 profiles show``.
 """
 

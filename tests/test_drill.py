@@ -31,6 +31,7 @@ def test_drill_command_passes_and_writes_json(state_dir, tmp_path, monkeypatch):
 
 def test_failing_scenario_fails_the_command(state_dir, monkeypatch):
     monkeypatch.setattr(drill_mod.Drill, "kill_switch", lambda self: ScenarioResult("kill_switch", False, "broken", 0.0))
+    monkeypatch.setattr(drill_mod.Drill, "scenarios", lambda self: [("kill_switch", self.kill_switch), ("overflow_storm", self.overflow_storm)])
     result = runner.invoke(app, ["drill"])
     assert result.exit_code == 1
     assert "FAILED: kill_switch" in result.stdout
