@@ -132,6 +132,11 @@ class RolloutLedger:
             return
         conn = self._connect()
         try:
+            # the common case (an existing ledger) needs no write lock
+            names = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+            if {"stages", "history", "shadow_gaps", "recommendations", "good_checkpoints"} <= names:
+                self._initialised = True
+                return
             conn.execute("PRAGMA journal_mode=WAL")
             conn.execute("BEGIN IMMEDIATE")
             for statement in filter(str.strip, _SCHEMA.split(";")):
