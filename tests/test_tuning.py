@@ -133,3 +133,52 @@ def test_cli_tune_bad_input(state_dir, tmp_path):
     bad.write_text("{not json}\n{\"event\": \"x\"}\n")
     r = runner.invoke(app, ["tune", "--events", str(bad)])
     assert r.exit_code == 2 and "bad.jsonl:1: not a JSON event line" in r.output
+
+
+# -- the event catalogue tune relies on ------------------------------------------------
+
+def _events_in_source(root):
+    """Dotted event names passed to logger calls anywhere in the project's code."""
+    import ast
+    import re
+
+    name = re.compile(r"^[a-z][a-z0-9_]*\.[a-z0-9_.]+$")
+    methods = {"info", "warning", "error", "debug", "critical", "exception", "_emit"}
+    found = {}
+    for path in sorted(root.rglob("*.py")):
+        rel = path.relative_to(root)
+        if rel.parts[0] not in ("genesis_fp16", "infrastructure", "agents", "scripts"):
+            continue
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        consts = {t.id: n.value.value for n in tree.body if isinstance(n, ast.Assign)
+                  and isinstance(n.value, ast.Constant) and isinstance(n.value.value, str)
+                  for t in n.targets if isinstance(t, ast.Name)}
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.Call):
+                continue
+            f, args = node.func, node.args
+            first = None
+            if isinstance(f, ast.Name) and f.id == "log_once" and len(args) >= 4:
+                first = args[3]
+            elif args and ((isinstance(f, ast.Attribute) and f.attr in methods)
+                           or (isinstance(f, ast.Call) and isinstance(f.func, ast.Name) and f.func.id == "getattr")):
+                first = args[0]
+            value = None
+            if isinstance(first, ast.Constant) and isinstance(first.value, str):
+                value = first.value
+            elif isinstance(first, ast.Name):
+                value = consts.get(first.id)
+            if value and name.match(value):
+                found.setdefault(value, f"{rel}:{node.lineno}")
+    return found
+
+
+def test_events_catalogue_lists_every_event():
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    catalogue = (root / "docs" / "EVENTS.md").read_text(encoding="utf-8")
+    found = _events_in_source(root)
+    assert {"trainer.step_skipped", "guard.rollback", "rollout.stage_changed", "checkpoint.fresh_scaler"} <= set(found)
+    missing = {ev: where for ev, where in found.items() if f"`{ev}`" not in catalogue}
+    assert not missing, f"events emitted in code but not in docs/EVENTS.md: {missing}"
