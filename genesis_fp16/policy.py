@@ -10,7 +10,7 @@ Each value records where it came from, for ``genesis-fp16 profiles show``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Optional
 
 from .settings import Settings, load_settings
@@ -127,5 +127,13 @@ def resolve_policy(
         reason = "kill switch ENABLE_FP16_TRAINING=false"
     if not values["enabled"]:
         sources["precision"] = sources["enabled"]
-    config = FP16TrainingConfig(**values)
+    unknown = sorted(set(values) - {f.name for f in fields(FP16TrainingConfig)})
+    if unknown:
+        allowed = ", ".join(f.name for f in fields(FP16TrainingConfig))
+        raise ValueError(f"agent {agent!r}: unknown trainer option(s) {', '.join(unknown)} in overrides; allowed are {allowed}")
+    try:
+        config = FP16TrainingConfig(**values)
+    except ValueError as exc:
+        origin = ", ".join(f"{k} from {v}" for k, v in sources.items() if v != "settings")
+        raise ValueError(f"agent {agent!r}: {exc}" + (f" (non-default layers: {origin})" if origin else "")) from None
     return EffectivePolicy(agent=agent, config=config, sources=sources, stage=stage, thresholds=thresholds, reason=reason)

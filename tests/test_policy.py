@@ -91,3 +91,12 @@ def test_trainer_for_follows_the_policy(state_dir):
     RolloutLedger.from_settings(load_settings()).rollback("wm", "test")
     trainer = trainer_for("wm", model, torch.optim.SGD(model.parameters(), lr=0.1))
     assert trainer.precision.name == "fp32" and not trainer.scaler.is_enabled()
+
+
+def test_bad_explicit_arguments_name_the_agent(state_dir):
+    with pytest.raises(ValueError, match=r"agent 'wm': invalid FP16TrainingConfig: growth_interval=0.*growth_interval from argument"):
+        resolve_policy("wm", overrides={"growth_interval": 0})
+    with pytest.raises(ValueError, match=r"agent 'wm': unknown trainer option\(s\) scale in overrides; allowed are enabled, loss_scale"):
+        resolve_policy("wm", overrides={"scale": 2.0})
+    with pytest.raises(ValueError, match="agent 'wm'.*precision"):
+        resolve_policy("wm", precision="fp8")
