@@ -18,7 +18,6 @@ without one it is the count of overflow skips over the highest step seen.
 from __future__ import annotations
 
 import math
-from collections import defaultdict
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Union

@@ -14,7 +14,6 @@ from genesis_fp16.cli import app
 from genesis_fp16.guard import RollbackGuard
 from genesis_fp16.profiles import load_profiles, profile_layer
 from genesis_fp16.registry import trainer_for
-from genesis_fp16.rollout import RolloutLedger
 from genesis_fp16.settings import load_settings
 from genesis_fp16.tuning import apply, propose, summarise
 
