@@ -146,3 +146,16 @@ def test_cli_enable_under_kill_switch_warns(state_dir, monkeypatch):
     assert "kill switch" in r.stdout
     data = json.loads(runner.invoke(app, ["rollout", "status", "--json"]).stdout)
     assert data["kill_switch"] is True
+
+
+def test_concurrent_cli_commands(state_dir):
+    env = dict(os.environ, GENESIS_FP16_LOG_LEVEL="ERROR")
+    commands = [["rollout", "enable", "wm", "--shadow"], ["rollout", "rollback", "wm", "--reason", "cli race"],
+                ["rollout", "enable", "policy"]]
+    procs = [subprocess.Popen([sys.executable, "-m", "genesis_fp16.cli", *c], env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE) for c in commands]
+    for proc in procs:
+        assert proc.wait(timeout=120) == 0, proc.stderr.read().decode()[-2000:]
+    led = RolloutLedger.from_settings(load_settings())
+    assert len(led.history("wm")) == 2 and led.stage("wm") in ("shadow", "rolled_back")
+    assert led.stage("policy") == "on"
