@@ -196,6 +196,15 @@ class WorldModel:
             self.guard.attach(trainer)
         return trainer
 
+    def _policy_changed(self) -> bool:
+        """Whether settings, profile or ledger now resolve to another trainer
+        config or rollout stage than the current trainer's."""
+        from genesis_fp16.policy import resolve_policy
+
+        policy = resolve_policy(self.agent, self.settings, precision=self.requested_precision)
+        current = getattr(self.trainer, "policy", None)
+        return current is None or policy.config != current.config or policy.stage != current.stage
+
     @property
     def precision(self) -> str:
         if self.trainer is None:
@@ -263,17 +272,18 @@ class WorldModel:
             return report
 
     def _restore_after_trip(self, reason: str, events: list[str]) -> None:
-        """Restore the last good checkpoint and rebuild the trainer through
-        the registry (the ledger now says rolled_back, so it is FP32)."""
+        """Rebuild the trainer through the registry (the ledger now says
+        rolled_back, so it is FP32) and restore the last good checkpoint into
+        it (weights and optimizer state)."""
         last_good = getattr(self.guard, "last_good_checkpoint", None) if self.guard is not None else None
+        self.trainer = self._build_trainer()
         if last_good and Path(last_good).exists():
             self.trainer.load_checkpoint(last_good, restore_rng=False)
             events.append(f"restored {last_good}")
-        self.trainer = self._build_trainer()
-        if last_good and Path(last_good).exists():
-            # the optimizer state of the new trainer comes from the checkpoint too
-            self.trainer.load_checkpoint(last_good, restore_rng=False)
-        self._log.warning("world_model.rolled_back", reason=reason, precision=self.trainer.precision.name, checkpoint=last_good)
+        reset = getattr(self.guard, "reset", None)
+        if reset is not None:
+            reset()  # the guard now watches the new trainer
+        self._log.warning("world_model.rolled_back", reason=reason, precision=self.trainer.precision.name, checkpoint=str(last_good))
         events.append(f"rolled back to {self.trainer.precision.name}: {reason}")
 
     def _val_loss(self, model: nn.Module, trainer: Any, x: torch.Tensor, y: torch.Tensor) -> float:
@@ -286,13 +296,17 @@ class WorldModel:
         started = time.perf_counter()
         events: list[str] = []
         x_tr, y_tr, x_val, y_val = self._dataset(trajectories)
-        if self.trainer is None:
-            self.trainer = self._build_trainer()
+        if self.trainer is None or self._policy_changed():
+            self.trainer = self._build_trainer()  # e.g. the ledger rolled the agent back since the last run
+        elif self.guard is not None and getattr(self.guard, "reset", None) is not None:
+            self.guard.reset()  # a new training run: judge it afresh
         if self.guard is not None and getattr(self.guard, "last_good_checkpoint", None) is None:
             self.guard.record_good_checkpoint(self.save(self.checkpoint_dir / f"{self.agent}.initial.pt"))
         self.model.fit_normaliser(x_tr, y_tr)
         xn_tr, yn_tr = self.model.normalise_x(x_tr), self.model.normalise_y(y_tr)
         shadow = self._shadow_pair()
+        if shadow is not None:
+            shadow[0].fit_normaliser(x_tr, y_tr)  # same statistics, so both see the same normalised batches
         start_skipped = self.trainer.skipped_steps
         rolled_back, rollback_reason = False, None
         losses: list[float] = []
@@ -305,9 +319,12 @@ class WorldModel:
                 loss = fault(step, loss)
             self.trainer.backward_and_step(loss)
             losses.append(loss.detach())
+            # Hand the GIL over now rather than at the interpreter's 5 ms forced
+            # switch: with tiny tensors this thread is mostly Python overhead,
+            # and the event loop should not wait for it.
+            time.sleep(0)
             if shadow is not None:
                 s_model, s_trainer = shadow
-                s_model.load_normaliser_from(self.model) if hasattr(s_model, "load_normaliser_from") else None
                 s_trainer.backward_and_step(s_trainer.training_step(batch, _mse))
             trip = getattr(self.guard, "tripped", None) if self.guard is not None else None
             if trip is not None and trip is not self._handled_trip:
@@ -322,7 +339,6 @@ class WorldModel:
         fp32_val_loss = shadow_gap = None
         if shadow is not None:
             s_model, s_trainer = shadow
-            s_model.fit_normaliser(x_tr, y_tr)
             fp32_val_loss = self._val_loss(s_model, s_trainer, x_val, y_val)
             shadow_gap = (val_loss - fp32_val_loss) / fp32_val_loss if fp32_val_loss > 0 else None
             self._record_shadow_gap(val_loss, fp32_val_loss)
