@@ -1,0 +1,270 @@
+"""PPO configuration: a dataclass with a docstring per field (CleanRL style),
+loaded from YAML (``configs/base.yaml``) and ``--set key=value`` overrides.
+
+Every value is validated here, and a bad one raises :class:`ConfigError`
+naming the key, the value and what is allowed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional, Union
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """An invalid PPO config value: names the key, the value and what is allowed."""
+
+
+AMP_DTYPES = ("float16", "bfloat16")
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune")
+VEC_ENV_MODES = ("auto", "sync", "async")
+
+
+@dataclass
+class Optimizations:
+    """The training-speed flags, ``training.optimizations`` in configs/base.yaml."""
+
+    vec_env: str = "auto"
+    """auto | sync | async. auto times one env step against a subprocess round trip at start-up and picks the faster."""
+    use_subproc_vec_env: bool = False
+    """Seed key: true asks for subprocess (async) envs when vec_env is auto."""
+    force_dummy_vec_env: bool = False
+    """Seed key: true forces in-process (sync) envs whatever vec_env says (conflicts with vec_env: async)."""
+    use_amp: bool = False
+    """Run the PPO update under autocast through FP16Trainer (FP16 adds the gradient scaler)."""
+    amp_dtype: str = "float16"
+    """float16 | bfloat16: the autocast dtype when use_amp is true."""
+    use_torch_compile: bool = False
+    """torch.compile the policy/value network; a failure falls back to eager with a logged reason."""
+    compile_mode: str = "default"
+    """default | reduce-overhead | max-autotune, passed to torch.compile."""
+    use_pinned_memory: bool = False
+    """Rollout buffers in page-locked host memory and non-blocking copies to the GPU (only applies on CUDA)."""
+    num_workers: int = 1
+    """Torch CPU threads for inference and update (torch.set_num_threads); 0 keeps torch's default."""
+    batch_inference: bool = True
+    """One forward pass for all envs per step; false runs one forward per env."""
+    inference_batch_size: int = 0
+    """With batch_inference, envs per forward pass (0 = all envs in one pass)."""
+    action_repeat: int = 1
+    """Repeat each chosen action this many env steps, summing the rewards (stops at episode end)."""
+
+    def validate(self) -> None:
+        _choice("training.optimizations.vec_env", self.vec_env, VEC_ENV_MODES)
+        _choice("training.optimizations.amp_dtype", self.amp_dtype, AMP_DTYPES)
+        _choice("training.optimizations.compile_mode", self.compile_mode, COMPILE_MODES)
+        for name in ("use_subproc_vec_env", "force_dummy_vec_env", "use_amp", "use_torch_compile", "use_pinned_memory", "batch_inference"):
+            _bool(f"training.optimizations.{name}", getattr(self, name))
+        _int("training.optimizations.num_workers", self.num_workers, 0)
+        _int("training.optimizations.inference_batch_size", self.inference_batch_size, 0)
+        _int("training.optimizations.action_repeat", self.action_repeat, 1)
+        if self.force_dummy_vec_env and self.vec_env == "async":
+            raise ConfigError(
+                "training.optimizations.force_dummy_vec_env=true conflicts with vec_env='async': "
+                "set one of them (force_dummy_vec_env forces in-process envs)"
+            )
+
+
+@dataclass
+class PPOConfig:
+    """PPO hyperparameters (defaults: the CartPole settings of the acceptance test)."""
+
+    env_id: str = "CartPole-v1"
+    """gymnasium environment id (CartPole-v1, Pendulum-v1, HalfCheetah-v5, ...)."""
+    seed: int = 1
+    """Seed for torch, numpy and the environments."""
+    total_steps: int = 100_000
+    """Environment steps to train for (counted after action repeat: each repeated step counts)."""
+    num_envs: int = 8
+    """Parallel environments in the vector env."""
+    num_steps: int = 128
+    """Steps per env per rollout (rollout size = num_envs * num_steps)."""
+    update_epochs: int = 4
+    """Passes over each rollout."""
+    minibatch_size: int = 256
+    """Samples per gradient step."""
+    learning_rate: float = 3e-3
+    """Adam learning rate at the start (3e-3: CartPole reaches 500 within 100k steps, docs/PPO.md)."""
+    anneal_lr: bool = True
+    """Anneal the learning rate linearly to 0 over training."""
+    gamma: float = 0.99
+    """Discount factor."""
+    gae_lambda: float = 0.95
+    """GAE lambda."""
+    clip_coef: float = 0.2
+    """PPO ratio clip."""
+    clip_vloss: bool = False
+    """Clip the value loss as in the PPO paper's code (off: with unnormalised returns it slows the critic)."""
+    ent_coef: float = 0.0
+    """Entropy bonus coefficient."""
+    vf_coef: float = 0.5
+    """Value loss coefficient."""
+    max_grad_norm: float = 0.5
+    """Gradient clipping norm (applied by FP16Trainer after unscaling)."""
+    norm_adv: bool = True
+    """Normalise advantages per minibatch."""
+    target_kl: Optional[float] = None
+    """Stop the epoch loop early when the approximate KL exceeds this (None: never)."""
+    hidden_size: int = 64
+    """Width of the two tanh hidden layers (actor and critic, separate, like SB3's default MlpPolicy)."""
+    normalize_obs: bool = False
+    """Running observation normalisation (gymnasium NormalizeObservation) - useful for MuJoCo."""
+    normalize_reward: bool = False
+    """Running return normalisation (gymnasium NormalizeReward) - useful for MuJoCo."""
+    device: str = "auto"
+    """auto (cuda when available) | cpu | cuda | cuda:N."""
+    eval_episodes: int = 20
+    """Deterministic evaluation episodes at the end."""
+    optimizations: Optimizations = field(default_factory=Optimizations)
+    """The training-speed flags."""
+
+    @property
+    def batch_size(self) -> int:
+        return self.num_envs * self.num_steps
+
+    @property
+    def num_iterations(self) -> int:
+        per = self.batch_size * self.optimizations.action_repeat
+        return max(1, self.total_steps // per)
+
+    def validate(self) -> "PPOConfig":
+        _int("training.num_envs", self.num_envs, 1)
+        _int("training.num_steps", self.num_steps, 1)
+        _int("training.update_epochs", self.update_epochs, 1)
+        _int("training.minibatch_size", self.minibatch_size, 1)
+        _int("training.total_steps", self.total_steps, 1)
+        _int("training.seed", self.seed, 0)
+        _int("training.hidden_size", self.hidden_size, 1)
+        _int("training.eval_episodes", self.eval_episodes, 0)
+        for name in ("learning_rate", "clip_coef", "max_grad_norm"):
+            _positive(f"training.{name}", getattr(self, name))
+        for name in ("gamma", "gae_lambda"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0.0 <= value <= 1.0:
+                raise ConfigError(f"training.{name}={value!r}: expected a number in [0, 1]")
+        for name in ("ent_coef", "vf_coef"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0:
+                raise ConfigError(f"training.{name}={value!r}: expected a number >= 0")
+        if self.target_kl is not None:
+            _positive("training.target_kl", self.target_kl)
+        for name in ("anneal_lr", "clip_vloss", "norm_adv", "normalize_obs", "normalize_reward"):
+            _bool(f"training.{name}", getattr(self, name))
+        if self.minibatch_size > self.batch_size:
+            raise ConfigError(
+                f"training.minibatch_size={self.minibatch_size}: expected <= num_envs*num_steps={self.batch_size}"
+            )
+        if not isinstance(self.device, str) or not (self.device in ("auto", "cpu") or self.device.startswith("cuda")):
+            raise ConfigError(f"training.device={self.device!r}: expected auto, cpu, cuda or cuda:N")
+        if not isinstance(self.env_id, str) or not self.env_id:
+            raise ConfigError(f"training.env_id={self.env_id!r}: expected a gymnasium environment id")
+        self.optimizations.validate()
+        return self
+
+
+def _choice(key: str, value: Any, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise ConfigError(f"{key}={value!r}: expected one of {', '.join(allowed)}")
+
+
+def _bool(key: str, value: Any) -> None:
+    if not isinstance(value, bool):
+        raise ConfigError(f"{key}={value!r}: expected true or false")
+
+
+def _int(key: str, value: Any, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ConfigError(f"{key}={value!r}: expected an integer >= {minimum}")
+
+
+def _positive(key: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise ConfigError(f"{key}={value!r}: expected a number > 0")
+
+
+_TRAINING_FIELDS = {f.name for f in dataclasses.fields(PPOConfig)} - {"optimizations"}
+_OPT_FIELDS = {f.name for f in dataclasses.fields(Optimizations)}
+
+
+def _coerce(key: str, raw: str, current: Any) -> Any:
+    """Parse a ``--set`` string with YAML (so 1e-3, true, null work) and check its type against the default."""
+    try:
+        value = yaml.safe_load(raw)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{key}={raw!r}: not a valid value ({exc})") from None
+    if isinstance(value, str) and (isinstance(current, float) or current is None):
+        try:  # YAML 1.1 reads "1e-3" (no dot) as a string
+            value = float(value)
+        except ValueError:
+            pass
+    if isinstance(current, float) and isinstance(value, int) and not isinstance(value, bool):
+        value = float(value)
+    return value
+
+
+def _apply(cfg: PPOConfig, key: str, value: Any, *, from_string: bool = False) -> None:
+    parts = key.split(".")
+    if parts[0] == "training":
+        parts = parts[1:]
+    if len(parts) == 2 and parts[0] == "optimizations" and parts[1] in _OPT_FIELDS:
+        target, name = cfg.optimizations, parts[1]
+    elif len(parts) == 1 and parts[0] in _OPT_FIELDS:
+        target, name = cfg.optimizations, parts[0]
+    elif len(parts) == 1 and parts[0] in _TRAINING_FIELDS:
+        target, name = cfg, parts[0]
+    else:
+        allowed = sorted(_TRAINING_FIELDS) + [f"optimizations.{n}" for n in sorted(_OPT_FIELDS)]
+        raise ConfigError(f"unknown config key {key!r}: expected training.<one of {', '.join(allowed)}>")
+    current = getattr(target, name)
+    if from_string:
+        value = _coerce(key, value, current)
+    elif isinstance(current, float) and isinstance(value, int) and not isinstance(value, bool):
+        value = float(value)
+    setattr(target, name, value)
+
+
+def _flatten(prefix: str, data: Any) -> list[tuple[str, Any]]:
+    if isinstance(data, dict):
+        items = []
+        for k, v in data.items():
+            items.extend(_flatten(f"{prefix}.{k}" if prefix else str(k), v))
+        return items
+    return [(prefix, data)]
+
+
+def load_config(
+    path: Optional[Union[str, Path]] = None,
+    overrides: Optional[list[str]] = None,
+    **fields: Any,
+) -> PPOConfig:
+    """Defaults < YAML file (``training:`` section) < ``key=value`` overrides < keyword fields."""
+    cfg = PPOConfig()
+    if path is not None:
+        path = Path(path)
+        try:
+            data = yaml.safe_load(path.read_text()) or {}
+        except OSError as exc:
+            raise ConfigError(f"cannot read config file {path}: {exc}") from None
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"config file {path} is not valid YAML: {exc}") from None
+        if not isinstance(data, dict) or not isinstance(data.get("training", {}), dict):
+            raise ConfigError(f"config file {path}: expected a mapping with a 'training:' section")
+        for key, value in _flatten("training", data.get("training") or {}):
+            _apply(cfg, key, value)
+    for item in overrides or []:
+        if "=" not in item:
+            raise ConfigError(f"--set {item!r}: expected key=value, e.g. --set optimizations.use_amp=true")
+        key, raw = item.split("=", 1)
+        _apply(cfg, key.strip(), raw.strip(), from_string=True)
+    for key, value in fields.items():
+        if value is not None:
+            _apply(cfg, key, value)
+    return cfg.validate()
+
+
+def as_dict(cfg: PPOConfig) -> dict[str, Any]:
+    return dataclasses.asdict(cfg)

@@ -1,0 +1,192 @@
+"""Vectorized environments: action repeat, and the sync/async choice.
+
+``vec_env: auto`` decides by measurement, not by platform: it times one
+environment step in this process and one round trip to a subprocess, and
+picks subprocesses only when the step is slow enough that running envs in
+parallel pays for the pipe traffic. On CartPole (about 10 us a step) the round
+trip alone costs 10x the step, which is why the seed's "subprocess on Linux"
+default was a regression on small machines.
+"""
+
+from __future__ import annotations
+
+import math
+import multiprocessing as mp
+import os
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
+
+import gymnasium as gym
+import numpy as np
+
+from ..telemetry import get_logger
+from .config import Optimizations
+
+EnvFn = Callable[[], gym.Env]
+
+
+class ActionRepeat(gym.Wrapper):
+    """Repeat each action ``repeat`` times and sum the rewards; stops early
+    when the episode terminates or is truncated."""
+
+    def __init__(self, env: gym.Env, repeat: int) -> None:
+        super().__init__(env)
+        if repeat < 1:
+            raise ValueError(f"action_repeat={repeat!r}: expected an integer >= 1")
+        self.repeat = repeat
+
+    def step(self, action: Any):
+        total = 0.0
+        for _ in range(self.repeat):
+            obs, reward, terminated, truncated, info = self.env.step(action)
+            total += float(reward)
+            if terminated or truncated:
+                break
+        return obs, total, terminated, truncated, info
+
+
+def make_env_fn(env_id: str, seed: int, action_repeat: int = 1, **kwargs: Any) -> EnvFn:
+    def thunk() -> gym.Env:
+        env = gym.make(env_id, **kwargs)
+        if action_repeat > 1:
+            env = ActionRepeat(env, action_repeat)
+        env.action_space.seed(seed)
+        return env
+
+    return thunk
+
+
+# -- the sync / async choice ---------------------------------------------------
+
+
+def available_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def time_env_step(env_fn: EnvFn, steps: int = 50, seed: int = 0) -> float:
+    """Median seconds of one ``env.step`` in this process (random actions)."""
+    env = env_fn()
+    try:
+        env.reset(seed=seed)
+        env.action_space.seed(seed)
+        times = []
+        for _ in range(steps):
+            action = env.action_space.sample()
+            t0 = time.perf_counter()
+            _, _, terminated, truncated, _ = env.step(action)
+            times.append(time.perf_counter() - t0)
+            if terminated or truncated:
+                env.reset()
+        return statistics.median(times)
+    finally:
+        env.close()
+
+
+def _echo(conn) -> None:
+    while True:
+        msg = conn.recv()
+        if msg is None:
+            break
+        conn.send(msg)
+
+
+def time_subprocess_round_trip(trips: int = 200, payload_size: int = 64) -> float:
+    """Median seconds of one send/receive to a subprocess over a pipe, with a
+    payload about the size of an observation (what AsyncVectorEnv pays per env per step)."""
+    ctx = mp.get_context()
+    parent, child = ctx.Pipe()
+    proc = ctx.Process(target=_echo, args=(child,), daemon=True)
+    proc.start()
+    payload = (np.zeros(payload_size, dtype=np.float32), 0.0, False, False, {})
+    try:
+        parent.send(payload)
+        parent.recv()  # warm-up
+        times = []
+        for _ in range(trips):
+            t0 = time.perf_counter()
+            parent.send(payload)
+            parent.recv()
+            times.append(time.perf_counter() - t0)
+        return statistics.median(times)
+    finally:
+        parent.send(None)
+        proc.join(timeout=5)
+        if proc.is_alive():
+            proc.terminate()
+
+
+@dataclass(frozen=True)
+class VecEnvChoice:
+    mode: str  # "sync" | "async"
+    reason: str
+    step_s: Optional[float] = None
+    round_trip_s: Optional[float] = None
+    sync_cost_s: Optional[float] = None
+    async_cost_s: Optional[float] = None
+
+
+def estimate_costs(step_s: float, round_trip_s: float, num_envs: int, cores: int) -> tuple[float, float]:
+    """Seconds per vector step. In-process: every env steps in turn. Subprocess:
+    the main process pays one round trip per env (serially), and the envs
+    step in parallel on at most ``cores`` cores."""
+    sync_cost = num_envs * step_s
+    async_cost = num_envs * round_trip_s + math.ceil(num_envs / max(1, cores)) * step_s
+    return sync_cost, async_cost
+
+
+def choose_vec_env(
+    opts: Optimizations,
+    env_fn: EnvFn,
+    num_envs: int,
+    *,
+    cores: Optional[int] = None,
+    step_s: Optional[float] = None,
+    round_trip_s: Optional[float] = None,
+) -> VecEnvChoice:
+    """Resolve ``vec_env`` / ``force_dummy_vec_env`` / ``use_subproc_vec_env``."""
+    if opts.force_dummy_vec_env:
+        return VecEnvChoice("sync", "force_dummy_vec_env=true")
+    if opts.vec_env in ("sync", "async"):
+        return VecEnvChoice(opts.vec_env, f"vec_env={opts.vec_env}")
+    if opts.use_subproc_vec_env:
+        return VecEnvChoice("async", "vec_env=auto with use_subproc_vec_env=true")
+    if num_envs == 1:
+        return VecEnvChoice("sync", "one env: nothing to run in parallel")
+    cores = cores or available_cores()
+    step_s = time_env_step(env_fn) if step_s is None else step_s
+    round_trip_s = time_subprocess_round_trip() if round_trip_s is None else round_trip_s
+    sync_cost, async_cost = estimate_costs(step_s, round_trip_s, num_envs, cores)
+    mode = "async" if async_cost < sync_cost else "sync"
+    reason = (
+        f"measured env step {step_s * 1e6:.1f} us, subprocess round trip {round_trip_s * 1e6:.1f} us, "
+        f"{num_envs} envs on {cores} cores: in-process {sync_cost * 1e6:.0f} us vs subprocess "
+        f"{async_cost * 1e6:.0f} us per vector step"
+    )
+    return VecEnvChoice(mode, reason, step_s, round_trip_s, sync_cost, async_cost)
+
+
+def make_vector_env(env_fns: list[EnvFn], mode: str) -> gym.vector.VectorEnv:
+    """SAME_STEP autoreset: a finished env returns its reset observation in the
+    same step, with the final observation in ``infos['final_obs']`` (what GAE
+    needs to bootstrap a truncated episode)."""
+    autoreset = gym.vector.AutoresetMode.SAME_STEP
+    if mode == "async":
+        return gym.vector.AsyncVectorEnv(env_fns, autoreset_mode=autoreset)
+    if mode == "sync":
+        return gym.vector.SyncVectorEnv(env_fns, autoreset_mode=autoreset)
+    raise ValueError(f"vec env mode {mode!r}: expected sync or async")
+
+
+def build_envs(env_id: str, num_envs: int, seed: int, opts: Optimizations, **env_kwargs: Any):
+    """The vector env for training and the choice made (logged with its reason)."""
+    fns = [make_env_fn(env_id, seed + i, opts.action_repeat, **env_kwargs) for i in range(num_envs)]
+    choice = choose_vec_env(opts, fns[0], num_envs)
+    get_logger("genesis_fp16.rl").info(
+        "ppo.vec_env_selected", env=env_id, mode=choice.mode, num_envs=num_envs, reason=choice.reason
+    )
+    return make_vector_env(fns, choice.mode), choice

@@ -1,0 +1,182 @@
+#!/usr/bin/env python
+"""Measure each PPO stage on its own (the seed's script name).
+
+    .venv/bin/python scripts/diagnose_performance.py --test all|env|inference|update [--env CartPole-v1] [--json PATH]
+    .venv/bin/python scripts/diagnose_performance.py --compare BEFORE.json AFTER.json
+
+env:       sync (in-process) vs async (subprocess) vector env, env steps/s with random actions
+inference: batched (one forward for all envs) vs per-env forwards, vector steps/s
+update:    one PPO update (4 epochs x minibatches over an 8x128 rollout) in FP32, AMP BF16,
+           AMP FP16 (CPU: slow by design, shown for completeness), and torch.compile; updates/s
+
+Repeats alternate the variants within one run and report medians: on a shared
+machine only ratios measured side by side mean much. Run with OMP_NUM_THREADS=1
+on small CPUs (PPO's 64-unit MLPs lose to thread wake-ups otherwise).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+
+def _cfg(env_id: str, **kw):
+    from genesis_fp16.rl.config import load_config
+
+    base = dict(env_id=env_id, device=kw.pop("device", "auto"), eval_episodes=0)
+    return load_config(ROOT / "configs" / "base.yaml", **base, **kw)
+
+
+def bench_env(env_id: str, repeats: int, steps: int) -> dict:
+    import numpy as np
+
+    from genesis_fp16.rl.envs import make_env_fn, make_vector_env
+
+    fns = [make_env_fn(env_id, i) for i in range(8)]
+    envs = {mode: make_vector_env(fns, mode) for mode in ("sync", "async")}
+    samples = {m: [] for m in envs}
+    try:
+        for mode, env in envs.items():
+            env.reset(seed=0)
+        for _ in range(repeats):
+            for mode, env in envs.items():
+                env.action_space.seed(0)
+                actions = [env.action_space.sample() for _ in range(steps)]
+                t0 = time.perf_counter()
+                for a in actions:
+                    env.step(a)
+                samples[mode].append(steps * 8 / (time.perf_counter() - t0))
+    finally:
+        for env in envs.values():
+            env.close()
+    return {f"env.{m}": {"value": statistics.median(v), "unit": "env steps/s", "samples": v} for m, v in samples.items()}
+
+
+def bench_inference(env_id: str, repeats: int, steps: int) -> dict:
+    import torch
+
+    from genesis_fp16.rl.ppo import PPO
+
+    variants = {
+        "inference.batched": dict(batch_inference=True),
+        "inference.chunk4": dict(batch_inference=True, inference_batch_size=4),
+        "inference.per_env": dict(batch_inference=False),
+    }
+    learners = {k: PPO(_cfg(env_id, vec_env="sync", **v)) for k, v in variants.items()}
+    first = next(iter(learners.values()))
+    obs = torch.randn(first.cfg.num_envs, first.obs_dim)
+    samples = {k: [] for k in learners}
+    for _ in range(repeats):
+        for name, ppo in learners.items():
+            noise = [ppo._draw_noise() for _ in range(steps)]
+            t0 = time.perf_counter()
+            for nz in noise:
+                ppo.act(obs, nz)
+            samples[name].append(steps / (time.perf_counter() - t0))
+    for ppo in learners.values():
+        ppo.close()
+    return {k: {"value": statistics.median(v), "unit": "vector steps/s (8 envs)", "samples": v} for k, v in samples.items()}
+
+
+def bench_update(env_id: str, repeats: int, updates: int, device: str) -> dict:
+    import torch
+
+    from genesis_fp16.rl.ppo import PPO
+
+    variants = {
+        "update.fp32": dict(use_amp=False),
+        "update.amp_bf16": dict(use_amp=True, amp_dtype="bfloat16"),
+        "update.amp_fp16": dict(use_amp=True, amp_dtype="float16"),
+        "update.compiled_fp32": dict(use_amp=False, use_torch_compile=True),
+    }
+    learners = {}
+    for name, v in variants.items():
+        ppo = PPO(_cfg(env_id, vec_env="sync", device=device, total_steps=1024, **v))
+        ppo.train()  # one rollout + one update: fills the buffers, warms up (and compiles)
+        learners[name] = ppo
+    info = {}
+    samples = {k: [] for k in learners}
+    for _ in range(repeats):
+        for name, ppo in learners.items():
+            adv, ret = ppo._gae(torch.zeros(ppo.cfg.num_envs))
+            t0 = time.perf_counter()
+            for _ in range(updates):
+                ppo._update(adv, ret)
+            samples[name].append(updates / (time.perf_counter() - t0))
+    for name, ppo in learners.items():
+        info[name] = {"precision": ppo.trainer.precision.name, "scaler": ppo.trainer.scaler.is_enabled(),
+                      "compile_active": bool(getattr(ppo.forward, "active", False))}
+        ppo.close()
+    return {k: {"value": statistics.median(v), "unit": "updates/s (8x128 rollout, 4 epochs, mb 256)",
+                "samples": v, **info[k]} for k, v in samples.items()}
+
+
+def meta() -> dict:
+    import torch
+
+    cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), platform.processor())
+    return {"torch": torch.__version__, "cpu": cpu, "cores": len(os.sched_getaffinity(0)),
+            "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+            "torch_threads": torch.get_num_threads(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+            "load_avg": list(os.getloadavg())}
+
+
+def compare(before: Path, after: Path) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    a, b = json.loads(before.read_text()), json.loads(after.read_text())
+    table = Table(title=f"{before} -> {after}")
+    for col in ("measurement", "unit", "before", "after", "after/before"):
+        table.add_column(col)
+    for key in sorted(set(a["results"]) | set(b["results"])):
+        x, y = a["results"].get(key), b["results"].get(key)
+        ratio = f"{y['value'] / x['value']:.2f}x" if x and y and x["value"] else "-"
+        table.add_row(key, (x or y)["unit"], f"{x['value']:,.1f}" if x else "-", f"{y['value']:,.1f}" if y else "-", ratio)
+    Console().print(table)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--test", choices=["all", "env", "inference", "update"], default="all")
+    ap.add_argument("--env", default="CartPole-v1")
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--device", default="auto", help="auto | cpu | cuda (for the update test)")
+    ap.add_argument("--json", type=Path)
+    ap.add_argument("--compare", nargs=2, type=Path, metavar=("BEFORE", "AFTER"))
+    args = ap.parse_args()
+    if args.compare:
+        for p in args.compare:
+            if not p.exists():
+                raise SystemExit(f"--compare: {p} not found (expected a JSON written by --json)")
+        compare(*args.compare)
+        return
+    results = {}
+    if args.test in ("all", "env"):
+        results.update(bench_env(args.env, args.repeats, 500))
+    if args.test in ("all", "inference"):
+        results.update(bench_inference(args.env, args.repeats, 500))
+    if args.test in ("all", "update"):
+        results.update(bench_update(args.env, args.repeats, 3, args.device))
+    data = {"meta": meta(), "env": args.env, "results": results}
+    for key, r in results.items():
+        extra = f" ({r['precision']}, scaler={r['scaler']}, compiled={r['compile_active']})" if "precision" in r else ""
+        print(f"{key:24s} {r['value']:12,.1f} {r['unit']}{extra}")
+    if args.json:
+        from genesis_fp16.checkpoint import atomic_write_text
+
+        atomic_write_text(args.json, json.dumps(data, indent=2))
+        print(f"wrote {args.json}")
+
+
+if __name__ == "__main__":
+    main()
