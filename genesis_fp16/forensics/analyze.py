@@ -1,0 +1,170 @@
+"""Turn a results directory into PNG plots and a markdown report.
+
+Reads ``<dir>/runs/*.json`` (sweep), and ``<dir>/probe.json`` and
+``<dir>/replay.json`` when present. Plots use matplotlib's Agg backend.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import defaultdict
+from pathlib import Path
+
+from ..checkpoint import atomic_write_text
+
+
+def _load(path: Path):
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def load_runs(results_dir: Path) -> list[dict]:
+    runs = []
+    for p in sorted((Path(results_dir) / "runs").glob("*.json")):
+        try:
+            runs.append(json.loads(p.read_text()))
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{p}: not valid JSON ({exc}); delete it and re-run the sweep to redo that run") from None
+    return runs
+
+
+def _mean(xs):
+    xs = [x for x in xs if x is not None and not (isinstance(x, float) and math.isnan(x))]
+    return sum(xs) / len(xs) if xs else float("nan")
+
+
+def _fmt(v) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        if math.isnan(v):
+            return "nan"
+        return f"{v:.3g}" if (abs(v) >= 1e-3 or v == 0) else f"{v:.2e}"
+    return str(v)
+
+
+def sweep_table(runs: list[dict]) -> list[dict]:
+    by_cfg: dict[str, list[dict]] = defaultdict(list)
+    for r in runs:
+        by_cfg[r["config"]].append(r)
+    rows = []
+    for cfg, rs in by_cfg.items():
+        s = [r["summary"] for r in rs]
+        rows.append({
+            "config": cfg,
+            "seeds": len(rs),
+            "failed": sum(r["status"] == "failed" for r in rs),
+            "failures": ",".join(sorted({r["failure"]["kind"] for r in rs if r.get("failure")})) or "-",
+            "true_reward_first": _mean([x["true_reward_first"] for x in s]),
+            "true_reward_last": _mean([x["true_reward_last"] for x in s]),
+            "kl_fp64_last": _mean([x["kl_fp64_last"] for x in s]),
+            "kl_abs_err_mean": _mean([x["kl_abs_err_mean"] for x in s]),
+            "value_quant_step_median": _mean([x["value_quant_step_median"] for x in s]),
+            "value_stagnation_rate_mean": _mean([x["value_stagnation_rate_mean"] for x in s]),
+            "overflow_steps": sum(x["policy_overflow_steps"] + x["value_overflow_steps"] for x in s),
+        })
+    return rows
+
+
+PROBE_COLUMNS = [
+    "config", "seq_len", "kl_fp64", "kl_penalty_mean", "kl_abs_err", "log_ratio_near_zero_frac", "log_ratio_exact_zero_frac",
+    "reward_resolution_median", "reward_resolution_rel_median", "reward_tie_rate", "reward_kendall_tau",
+    "value_quant_step_median", "value_stagnation_rate", "accum_err_final", "accum_err_slope", "seq_log_ratio_abs_err_mean", "failure",
+]
+
+
+def markdown_table(rows: list[dict], columns: list[str]) -> str:
+    out = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    for r in rows:
+        out.append("| " + " | ".join(_fmt(r.get(c)) for c in columns) + " |")
+    return "\n".join(out)
+
+
+def _plots(results_dir: Path, runs: list[dict], probe: dict | None, replay: dict | None) -> list[str]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    made = []
+    if runs:
+        fig, axes = plt.subplots(1, 3, figsize=(15, 4))
+        by_cfg: dict[str, list[dict]] = defaultdict(list)
+        for r in runs:
+            by_cfg[r["config"]].append(r)
+        for cfg, rs in sorted(by_cfg.items()):
+            n = min(len(r["steps"]) for r in rs)
+            for ax, key in zip(axes, ("true_reward", "kl_abs_err", "value_stagnation_rate")):
+                ys = [_mean([r["steps"][i].get(key) for r in rs]) for i in range(n)]
+                ax.plot(range(n), ys, label=cfg)
+        for ax, title in zip(axes, ("true reward (mean over seeds)", "|KL - KL_fp64|", "value stagnation rate (fixed probe)")):
+            ax.set_title(title)
+            ax.set_xlabel("PPO step")
+        axes[1].set_yscale("symlog", linthresh=1e-6)
+        axes[2].legend(fontsize=7)
+        fig.tight_layout()
+        fig.savefig(results_dir / "sweep.png", dpi=100)
+        plt.close(fig)
+        made.append("sweep.png")
+    if probe:
+        rows = probe["rows"]
+        lengths = sorted({r["seq_len"] for r in rows})
+        fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+        for cfg in sorted({r["config"] for r in rows}):
+            rs = sorted((r for r in rows if r["config"] == cfg), key=lambda r: r["seq_len"])
+            axes[0].plot([r["seq_len"] for r in rs], [max(r["kl_abs_err"], 1e-12) for r in rs], marker="o", label=cfg)
+            axes[1].plot([r["seq_len"] for r in rs], [max(r["accum_err_final"], 1e-12) for r in rs], marker="o", label=cfg)
+        for ax, title in zip(axes, ("H1 |KL - KL_fp64|", "H4 reference accum_err_final")):
+            ax.set_xscale("log")
+            ax.set_yscale("log")
+            ax.set_xlabel("sequence length")
+            ax.set_title(title)
+            ax.set_xticks(lengths, [str(x) for x in lengths])
+        axes[1].legend(fontsize=7)
+        fig.tight_layout()
+        fig.savefig(results_dir / "probe.png", dpi=100)
+        plt.close(fig)
+        made.append("probe.png")
+    if replay:
+        fig, ax = plt.subplots(figsize=(6, 4))
+        for r in replay["rows"]:
+            c = r["curve"]
+            ax.plot(c["lengths"], [max(v, 1e-12) for v in c["seq_logp_mismatch"]], label=r["config"])
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel("generated tokens")
+        ax.set_title("policy |seq log-prob - fp64| (mismatch)")
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        fig.savefig(results_dir / "replay_mismatch.png", dpi=100)
+        plt.close(fig)
+        made.append("replay_mismatch.png")
+    return made
+
+
+def analyze(results_dir: Path) -> dict:
+    results_dir = Path(results_dir)
+    if not results_dir.is_dir():
+        raise ValueError(f"{results_dir}: no such results directory (expected the --out of `forensics sweep`)")
+    runs = load_runs(results_dir)
+    probe = _load(results_dir / "probe.json")
+    replay = _load(results_dir / "replay.json")
+    if not runs and not probe and not replay:
+        raise ValueError(f"{results_dir}: found no runs/*.json, probe.json or replay.json to analyze")
+    plots = _plots(results_dir, runs, probe, replay)
+    table = sweep_table(runs)
+    parts = ["# Forensics report", ""]
+    sweep_meta = _load(results_dir / "sweep.json") or {}
+    meta = sweep_meta.get("meta") or (probe or {}).get("meta") or {}
+    if meta:
+        parts += [f"Device: {meta.get('cpu', '?')} ({meta.get('device', '?')}), torch {meta.get('torch_version', '?')}, {meta.get('date', '?')}.", ""]
+    if runs:
+        parts += ["## PPO sweep (mean over seeds)", "", f"Arguments: `{json.dumps(sweep_meta.get('args', {}), sort_keys=True)}`", "",
+                  markdown_table(table, list(table[0].keys())), "", "![sweep](sweep.png)", ""]
+    if probe:
+        parts += ["## Static probe", "", f"Command: `{probe.get('meta', {}).get('command', '?')}`", "", markdown_table(probe["rows"], PROBE_COLUMNS), "", "![probe](probe.png)", ""]
+    if replay:
+        parts += ["## Replay of frozen FP32 trajectories", "", markdown_table(replay["rows"], PROBE_COLUMNS), "", "![replay](replay_mismatch.png)", ""]
+    report = "\n".join(parts)
+    atomic_write_text(results_dir / "report.md", report)
+    return {"report": str(results_dir / "report.md"), "plots": [str(results_dir / p) for p in plots], "sweep_table": table}

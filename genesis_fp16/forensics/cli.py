@@ -1,0 +1,251 @@
+"""``genesis-fp16 forensics``: pretrain, probe, freeze, replay, sweep, analyze."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+forensics_app = typer.Typer(help="RLHF precision forensics (H1 KL collapse, H2 reward quantization, H3 value stagnation, H4 reference drift).", no_args_is_help=True)
+
+EXTRA = {"allow_extra_args": True}
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(forensics_app, name="forensics")
+
+
+def _settings():
+    from ..cli import load_settings_or_exit
+
+    return load_settings_or_exit()
+
+
+def _progress():
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), transient=False)
+
+
+def _assets(pretrain_steps: Optional[int] = None, force: bool = False):
+    from .pretrain import PretrainSpec, ensure_assets
+
+    settings = _settings()
+    spec = PretrainSpec() if pretrain_steps is None else PretrainSpec(steps=pretrain_steps)
+    with _progress() as bar:
+        task = bar.add_task("initial FP32 checkpoint", total=None)
+
+        def tick(done: int, total: int) -> None:
+            bar.update(task, completed=done, total=total)
+
+        assets = ensure_assets(Path(settings.state_dir), spec, force=force, progress=tick)
+        bar.update(task, completed=1, total=1)
+    return assets
+
+
+def _configs(text: Optional[str]):
+    from ..cli import fail
+    from .configs import parse_configs
+
+    try:
+        return parse_configs(text)
+    except ValueError as exc:
+        raise fail(str(exc))
+
+
+def _write_json(path: Optional[Path], data: dict) -> None:
+    from ..checkpoint import atomic_write_text
+    from ..cli import print_json
+
+    if path is None:
+        print_json(data)
+    else:
+        atomic_write_text(path, json.dumps(data, indent=1, sort_keys=True, default=str))
+        typer.echo(f"wrote {path}", err=True)
+
+
+def _lengths(first: str, extra: list[str]) -> list[int]:
+    from ..cli import fail
+
+    parts = [p for chunk in [first, *extra] for p in chunk.replace(",", " ").split()]
+    try:
+        values = [int(p) for p in parts]
+    except ValueError:
+        raise fail(f"--seq-lengths takes integers (e.g. --seq-lengths 32 64), got {' '.join(parts)!r}")
+    if not values or any(v <= 0 for v in values):
+        raise fail(f"--seq-lengths needs positive integers, got {values}")
+    return values
+
+
+def _print_rows(rows: list[dict], columns: list[str]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    from .analyze import _fmt
+
+    table = Table()
+    for c in columns:
+        table.add_column(c)
+    for r in rows:
+        table.add_row(*[_fmt(r.get(c)) for c in columns])
+    Console(stderr=True).print(table)
+
+
+SHORT = ["config", "seq_len", "kl_fp64", "kl_penalty_mean", "kl_abs_err", "log_ratio_near_zero_frac", "reward_tie_rate", "reward_kendall_tau", "value_quant_step_median", "value_stagnation_rate", "accum_err_final", "failure"]
+
+
+@forensics_app.command()
+def pretrain(
+    steps: Optional[int] = typer.Option(None, help="Pretraining steps (default 300; a different value is cached separately)."),
+    force: bool = typer.Option(False, help="Rebuild even if cached."),
+    json_out: Optional[Path] = typer.Option(None, "--json", help="Write the checkpoint's metadata here (default: stdout)."),
+) -> None:
+    """Train (or load) the shared FP32 initial checkpoint: reference, policy, reward, value."""
+    from .pretrain import single_thread
+
+    with single_thread():
+        assets = _assets(steps, force)
+    _write_json(json_out, {"path": str(assets.path), **assets.meta})
+
+
+@forensics_app.command(context_settings=EXTRA)
+def probe(
+    ctx: typer.Context,
+    configs: str = typer.Option("all", help="Comma-separated configurations, or 'all'."),
+    num_prompts: int = typer.Option(8, min=2, help="Prompts (sequences) per length."),
+    seq_lengths: str = typer.Option("32 64", help="Total sequence lengths: --seq-lengths 32 64 (or 32,64)."),
+    seed: int = typer.Option(0),
+    return_scale: float = typer.Option(1000.0, help="Magnitude of the returns the value model predicts (H3)."),
+    json_out: Optional[Path] = typer.Option(None, "--json", help="Write {meta, rows} here (default: stdout)."),
+) -> None:
+    """Static KL probe: FP32-policy samples scored by each configuration against FP64."""
+    from ..cli import fail
+    from .pretrain import single_thread
+    from .probe import probe as run_probe
+    from .probe import run_meta
+
+    lengths = _lengths(seq_lengths, list(ctx.args))
+    cfgs = _configs(configs)
+    with single_thread():
+        assets = _assets()
+        with _progress() as bar:
+            task = bar.add_task("probe", total=len(cfgs) * len(lengths))
+            try:
+                rows = run_probe(assets, cfgs, num_prompts, tuple(lengths), seed, return_scale, progress=lambda _: bar.advance(task))
+            except ValueError as exc:
+                raise fail(str(exc))
+    _print_rows(rows, SHORT)
+    _write_json(json_out, {"meta": run_meta(_command_line(ctx)), "rows": rows})
+
+
+@forensics_app.command()
+def freeze(
+    out: Path = typer.Option(..., help="Trajectory file to write (a weights-only torch payload)."),
+    num_prompts: int = typer.Option(16, min=2),
+    seq_len: int = typer.Option(96, min=10),
+    seed: int = typer.Option(0),
+    json_out: Optional[Path] = typer.Option(None, "--json"),
+) -> None:
+    """Sample FP32 policy trajectories and save them with their FP64 log-probs."""
+    from .pretrain import single_thread
+    from .replay import freeze as run_freeze
+
+    with single_thread():
+        assets = _assets()
+        path = run_freeze(assets, out, num_prompts, seq_len, seed)
+    _write_json(json_out, {"path": str(path), "num_prompts": num_prompts, "seq_len": seq_len, "seed": seed})
+
+
+@forensics_app.command()
+def replay(
+    ctx: typer.Context,
+    trajectories: Path = typer.Option(..., help="File written by `forensics freeze`."),
+    configs: str = typer.Option("all"),
+    return_scale: float = typer.Option(1000.0),
+    json_out: Optional[Path] = typer.Option(None, "--json", help="Write {meta, rows} here (rows carry the mismatch curve)."),
+) -> None:
+    """Re-score frozen trajectories under each configuration (policy != reference)."""
+    from ..checkpoint import CheckpointError
+    from ..cli import fail
+    from .pretrain import single_thread
+    from .probe import run_meta
+    from .replay import load_trajectories
+    from .replay import replay as run_replay
+
+    cfgs = _configs(configs)
+    try:
+        truth = load_trajectories(trajectories)
+    except (CheckpointError, ValueError, KeyError) as exc:
+        raise fail(f"cannot replay {trajectories}: {exc}")
+    with single_thread():
+        assets = _assets()
+        rows = run_replay(assets, truth, cfgs, return_scale)
+    _print_rows(rows, SHORT)
+    _write_json(json_out, {"meta": run_meta(_command_line(ctx)), "rows": rows})
+
+
+@forensics_app.command()
+def sweep(
+    ctx: typer.Context,
+    out: Optional[Path] = typer.Option(None, help="Results directory (default <state_dir>/forensics/sweep); a rerun resumes it."),
+    configs: str = typer.Option("all"),
+    seeds: int = typer.Option(2, min=1, help="Seeds 0..N-1 per configuration."),
+    quick: bool = typer.Option(False, help="15 steps, 8 prompts, 24 generated tokens."),
+    max_steps: Optional[int] = typer.Option(None, min=1, help="PPO steps per run (default 60, 15 with --quick)."),
+    json_out: Optional[Path] = typer.Option(None, "--json", help="Write the per-configuration summary here."),
+) -> None:
+    """PPO with a KL penalty per configuration and seed; killed sweeps resume."""
+    import dataclasses
+
+    from .analyze import sweep_table
+    from .pretrain import single_thread
+    from .probe import run_meta
+    from .sweep import SweepArgs
+    from .sweep import sweep as run_sweep
+
+    cfgs = _configs(configs)
+    args = SweepArgs.quick() if quick else SweepArgs()
+    if max_steps is not None:
+        args = dataclasses.replace(args, max_steps=max_steps)
+    out = out or Path(_settings().state_dir) / "forensics" / "sweep"
+    with single_thread():
+        assets = _assets()
+        with _progress() as bar:
+            runs = bar.add_task("runs", total=len(cfgs) * seeds)
+            steps = bar.add_task("steps", total=args.max_steps)
+
+            def on_run(name: str, status: str) -> None:
+                bar.advance(runs)
+                bar.update(steps, completed=0)
+                bar.console.print(f"{name}: {status}")
+
+            results = run_sweep(assets, cfgs, list(range(seeds)), out, args, meta=run_meta(_command_line(ctx)),
+                                on_run=on_run, on_step=lambda n: bar.update(steps, completed=n))
+    table = sweep_table(results)
+    _print_rows(table, list(table[0].keys()))
+    _write_json(json_out, {"out": str(out), "runs": len(results), "table": table})
+
+
+@forensics_app.command()
+def analyze(
+    results: Path = typer.Argument(..., help="A sweep --out directory (probe.json / replay.json in it are included)."),
+    json_out: Optional[Path] = typer.Option(None, "--json"),
+) -> None:
+    """PNG plots and report.md from a results directory."""
+    from ..cli import fail
+    from .analyze import analyze as run_analyze
+
+    try:
+        summary = run_analyze(results)
+    except ValueError as exc:
+        raise fail(str(exc))
+    typer.echo(f"report: {summary['report']}", err=True)
+    _write_json(json_out, summary)
+
+
+def _command_line(ctx: typer.Context) -> str:
+    import sys
+
+    return "genesis-fp16 " + " ".join(sys.argv[1:]) if sys.argv and "genesis-fp16" in sys.argv[0] else f"genesis-fp16 forensics {ctx.command.name}"

@@ -1,0 +1,74 @@
+"""Precision configurations: the dtype of each RLHF component.
+
+``policy``, ``reference``, ``reward`` and ``value`` are the dtypes the
+component's weights and arithmetic run in (cast copies). ``kl`` is the dtype
+of the log-softmax on each model's logits and of the log-ratio subtraction
+``x = logp_policy - logp_ref`` (where H1's cancellation happens); the k3
+estimator itself is always evaluated in FP32 or wider.
+
+Training (sweep): the policy and value keep FP32 master weights trained by
+``FP16Trainer`` with autocast in the component's dtype (FP16 with the
+gradient scaler); rollout, reference, reward and value predictions use cast
+copies refreshed from the masters after every update. Pure-half weights
+cannot be unscaled by torch's GradScaler, hence this split.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import torch
+
+DTYPES = {"fp64": torch.float64, "fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+@dataclass(frozen=True)
+class PrecisionConfig:
+    name: str
+    policy: str
+    reference: str
+    reward: str
+    value: str
+    kl: str
+    description: str = ""
+
+    def dtype(self, component: str) -> torch.dtype:
+        return DTYPES[getattr(self, component)]
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _cfg(name: str, low: str, description: str, **fp32_parts: str) -> PrecisionConfig:
+    parts = {c: low for c in ("policy", "reference", "reward", "value", "kl")}
+    parts.update(fp32_parts)
+    return PrecisionConfig(name=name, description=description, **parts)
+
+
+CONFIGS: dict[str, PrecisionConfig] = {
+    c.name: c
+    for c in [
+        _cfg("fp32_baseline", "fp32", "everything FP32"),
+        _cfg("bf16_pure", "bf16", "everything BF16"),
+        _cfg("bf16_fp32_kl", "bf16", "BF16 models, log-softmax and log-ratio in FP32", kl="fp32"),
+        _cfg("bf16_fp32_value", "bf16", "BF16 except the value model", value="fp32"),
+        _cfg("bf16_fp32_reward", "bf16", "BF16 except the reward model", reward="fp32"),
+        _cfg("bf16_fp32_ref", "bf16", "BF16 except the reference model", reference="fp32"),
+        _cfg("mixed_recommended", "bf16", "BF16 policy/ref/reward, value and KL in FP32", value="fp32", kl="fp32"),
+        _cfg("fp16_pure", "fp16", "everything FP16 (training with the gradient scaler)"),
+        _cfg("fp16_fp32_kl", "fp16", "FP16 models, log-softmax and log-ratio in FP32", kl="fp32"),
+        _cfg("fp16_mixed", "fp16", "FP16 policy/ref/reward, value and KL in FP32", value="fp32", kl="fp32"),
+    ]
+}
+
+
+def parse_configs(text: str | None) -> list[PrecisionConfig]:
+    """``"a,b"`` -> configs; ``None``/``"all"`` -> all. Unknown names raise
+    ``ValueError`` listing the valid ones."""
+    if text is None or text.strip() in ("", "all"):
+        return list(CONFIGS.values())
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    unknown = [n for n in names if n not in CONFIGS]
+    if unknown:
+        raise ValueError(f"unknown configuration(s) {', '.join(unknown)}: expected a comma-separated list of {', '.join(CONFIGS)} (or 'all')")
+    return [CONFIGS[n] for n in names]

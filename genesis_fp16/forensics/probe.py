@@ -1,0 +1,180 @@
+"""The static probe: policy samples scored by every configuration against FP64.
+
+For each sequence length, prompts from held-out text are continued by the FP32
+policy (samples from the policy, as k3 needs); then each configuration
+re-scores the same tokens with cast copies of policy, reference, reward and
+value, and every H1-H4 metric is computed against the FP64 models on the same
+tokens, over the generated (masked) positions only.
+"""
+
+from __future__ import annotations
+
+import datetime
+import platform
+import time
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import torch
+
+from .configs import DTYPES, PrecisionConfig
+from .metrics import accum_report, classify_failure, kl_report, masked_mean, reward_report, token_logprobs, value_report
+from .model import TinyLM, cast_copy
+from .pretrain import Assets
+from . import data
+
+PROMPT_LEN = 8
+VALUE_LR = 1e-4  # one Adam step of the value model on the probe batch (H3)
+VALUE_EPS = 1e-6  # representable in FP16 (1e-8 would round to 0)
+
+
+@torch.no_grad()
+def generate(model: TinyLM, prompts: torch.Tensor, total_len: int, generator: torch.Generator, temperature: float = 1.0) -> torch.Tensor:
+    """Sample continuations to ``total_len`` tokens (no KV cache: tiny model)."""
+    tokens = prompts
+    while tokens.shape[1] < total_len:
+        logits = model(tokens)[:, -1].float() / temperature
+        nxt = torch.multinomial(torch.softmax(logits, dim=-1), 1, generator=generator)
+        tokens = torch.cat([tokens, nxt], dim=1)
+    return tokens
+
+
+def generated_mask(tokens: torch.Tensor, prompt_len: int) -> torch.Tensor:
+    """``[B, T-1]``: True where position t predicts a generated token (t+1 >= prompt_len)."""
+    b, t = tokens.shape
+    pos = torch.arange(t - 1).unsqueeze(0).expand(b, -1)
+    return pos + 1 >= prompt_len
+
+
+@dataclass
+class Truth:
+    """FP64 (and FP32-reward) ground truth on one batch of tokens."""
+
+    tokens: torch.Tensor
+    mask: torch.Tensor
+    lp64: torch.Tensor
+    lr64: torch.Tensor
+    rewards_fp32: torch.Tensor
+
+    @property
+    def x64(self) -> torch.Tensor:
+        return self.lp64 - self.lr64
+
+
+@torch.no_grad()
+def ground_truth(assets: Assets, tokens: torch.Tensor, mask: torch.Tensor) -> Truth:
+    pol64 = cast_copy(assets.policy, torch.float64)
+    ref64 = cast_copy(assets.reference, torch.float64)
+    lp64 = token_logprobs(pol64(tokens), tokens)
+    lr64 = token_logprobs(ref64(tokens), tokens)
+    if not bool((lp64 - lr64)[mask].abs().gt(0).any()):
+        raise RuntimeError("policy and reference give identical log-probs: the probe needs two different models")
+    rewards = assets.reward.eval()(tokens)
+    return Truth(tokens, mask, lp64, lr64, rewards.detach())
+
+
+def value_step(assets: Assets, dtype: torch.dtype, tokens: torch.Tensor, mask: torch.Tensor, targets: torch.Tensor, return_scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Values of one FIXED probe batch before and after one Adam step of a
+    value model whose weights are in ``dtype`` (pure, no FP32 master)."""
+    vm = assets.value_model(return_scale).to(dtype).train()
+    opt = torch.optim.Adam(vm.parameters(), lr=VALUE_LR, eps=VALUE_EPS)
+    values = vm(tokens)[:, :-1]
+    before = values.detach().clone()
+    err = (values.float() - targets) / return_scale  # loss in FP32, scale-free
+    loss = (err.pow(2) * mask).sum() / mask.sum()
+    loss.backward()
+    opt.step()
+    with torch.no_grad():
+        after = vm(tokens)[:, :-1]
+    return before, after
+
+
+def score_config(assets: Assets, cfg: PrecisionConfig, truth: Truth, return_scale: float) -> dict:
+    """Every H1-H4 metric of one configuration on the truth's tokens."""
+    tokens, mask = truth.tokens, truth.mask
+    kl_dtype = cfg.dtype("kl")
+    with torch.no_grad():
+        pol = cast_copy(assets.policy, cfg.dtype("policy"))
+        ref = cast_copy(assets.reference, cfg.dtype("reference"))
+        # log_softmax and the subtraction run in the KL dtype (H1 lives here)
+        lp = token_logprobs(pol(tokens), tokens, dtype=kl_dtype)
+        lr = token_logprobs(ref(tokens), tokens, dtype=kl_dtype)
+        x = lp - lr
+        rewards = cast_copy(assets.reward, cfg.dtype("reward"))(tokens)
+    row: dict = {}
+    row.update(kl_report(x, truth.x64, mask))
+    row.update(accum_report(lr, truth.lr64, mask, "accum_err"))  # H4: reference drift
+    row.update(accum_report(lp, truth.lp64, mask, "policy_accum_err"))
+    seq_x = (x.to(torch.float64) * mask).sum(1)
+    seq_x64 = (truth.x64 * mask).sum(1)
+    row["seq_log_ratio_fp64_mean"] = float(seq_x64.mean())
+    row["seq_log_ratio_abs_err_mean"] = float((seq_x - seq_x64).abs().mean())
+    row.update(reward_report(rewards, truth.rewards_fp32))
+    targets = (truth.rewards_fp32.float() * return_scale).unsqueeze(1).expand_as(mask).contiguous()
+    before, after = value_step(assets, cfg.dtype("value"), tokens, mask, targets, return_scale)
+    row.update(value_report(before, after, mask))
+    failure = classify_failure(
+        tensors={"log_ratio": x, "rewards": rewards, "values": before},
+        kl=row["kl_penalty_mean"],
+        kl_fp64=row["kl_fp64"],
+        exact_zero_frac=row["log_ratio_exact_zero_frac"],
+        values=before,
+        value_dtype=cfg.dtype("value"),
+    )
+    row["failure"] = failure["kind"] if failure else None
+    row["failure_detail"] = failure["detail"] if failure else None
+    return row
+
+
+def run_meta(command: str) -> dict:
+    return {
+        "command": command,
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "torch_version": str(torch.__version__),
+        "device": "cpu",
+        "cpu": cpu_model(),
+        "python": platform.python_version(),
+        "threads": torch.get_num_threads(),
+    }
+
+
+def cpu_model() -> str:
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def probe(
+    assets: Assets,
+    configs: list[PrecisionConfig],
+    num_prompts: int = 8,
+    seq_lengths: tuple[int, ...] = (32, 64),
+    seed: int = 0,
+    return_scale: float = 1000.0,
+    progress: Optional[Callable[[str], None]] = None,
+) -> list[dict]:
+    rows = []
+    for seq_len in seq_lengths:
+        if seq_len <= PROMPT_LEN + 1 or seq_len > assets.reference.cfg.max_len:
+            raise ValueError(f"sequence length {seq_len} must be in ({PROMPT_LEN + 1}, {assets.reference.cfg.max_len}]")
+        g = torch.Generator().manual_seed(seed * 1000 + seq_len)
+        prompts = data.sample_windows("heldout", num_prompts, PROMPT_LEN, g)
+        tokens = generate(assets.policy, prompts, seq_len, g)
+        truth = ground_truth(assets, tokens, generated_mask(tokens, PROMPT_LEN))
+        for cfg in configs:
+            started = time.perf_counter()
+            row = {"config": cfg.name, "seq_len": seq_len, "num_prompts": num_prompts, "return_scale": return_scale}
+            row.update({f"dtype_{c}": getattr(cfg, c) for c in ("policy", "reference", "reward", "value", "kl")})
+            row.update(score_config(assets, cfg, truth, return_scale))
+            row["seconds"] = time.perf_counter() - started
+            rows.append(row)
+            if progress:
+                progress(f"{cfg.name} L={seq_len}")
+    return rows
+
+
+__all__ = ["probe", "score_config", "ground_truth", "generate", "generated_mask", "Truth", "run_meta", "DTYPES", "masked_mean"]

@@ -1,0 +1,90 @@
+"""Freeze FP32 trajectories to disk, then replay them under each configuration.
+
+``freeze`` samples prompts from held-out text and continues them with the FP32
+policy; the tokens, the mask, the FP32 rewards and the FP64 log-probs of
+policy and reference are written atomically (weights-only payload).
+``replay`` re-scores the frozen tokens under each configuration with the
+policy and the reference as two different models (it refuses a file whose
+log ratio is identically zero), and adds the Precision-RL mismatch curve:
+the mean |sequence log-prob error| of the policy against length.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable, Optional
+
+import torch
+
+from ..checkpoint import build_payload, load_payload, save_payload
+from .configs import PrecisionConfig
+from .metrics import token_logprobs
+from .model import cast_copy
+from .pretrain import Assets
+from .probe import PROMPT_LEN, Truth, generate, generated_mask, ground_truth, score_config
+from . import data
+
+
+def freeze(assets: Assets, path: Path, num_prompts: int = 16, seq_len: int = 96, seed: int = 0) -> Path:
+    g = torch.Generator().manual_seed(10_000 + seed)
+    prompts = data.sample_windows("heldout", num_prompts, PROMPT_LEN, g)
+    tokens = generate(assets.policy, prompts, seq_len, g)
+    truth = ground_truth(assets, tokens, generated_mask(tokens, PROMPT_LEN))
+    payload = build_payload(
+        model={},
+        precision="fp32",
+        extra={
+            "kind": "forensics-trajectories",
+            "tokens": tokens,
+            "mask": truth.mask,
+            "rewards_fp32": truth.rewards_fp32,
+            "logp_policy_fp64": truth.lp64,
+            "logp_ref_fp64": truth.lr64,
+            "prompt_len": PROMPT_LEN,
+            "seed": seed,
+            "assets": str(assets.path or ""),
+        },
+    )
+    return save_payload(path, payload)
+
+
+def load_trajectories(path: Path) -> Truth:
+    extra = load_payload(path)["extra"]
+    if extra.get("kind") != "forensics-trajectories":
+        raise ValueError(f"{path}: not a frozen trajectory file (made by `genesis-fp16 forensics freeze`)")
+    truth = Truth(extra["tokens"], extra["mask"], extra["logp_policy_fp64"], extra["logp_ref_fp64"], extra["rewards_fp32"])
+    if not bool(truth.x64[truth.mask].abs().gt(0).any()):
+        raise ValueError(f"{path}: the policy and reference log-probs are identical; replay needs a reference different from the policy")
+    return truth
+
+
+@torch.no_grad()
+def mismatch_curve(assets: Assets, cfg: PrecisionConfig, truth: Truth) -> dict[str, list[float]]:
+    """Mean over sequences of |sum of (logp_policy_cfg - logp_policy_fp64)| over
+    the first L generated tokens, and of the config's sequence log ratio."""
+    pol = cast_copy(assets.policy, cfg.dtype("policy"))
+    ref = cast_copy(assets.reference, cfg.dtype("reference"))
+    lp = token_logprobs(pol(truth.tokens), truth.tokens, dtype=cfg.dtype("kl")).to(torch.float64)
+    lr = token_logprobs(ref(truth.tokens), truth.tokens, dtype=cfg.dtype("kl")).to(torch.float64)
+    cols = truth.mask[0].bool()
+    err = (lp - truth.lp64)[:, cols].cumsum(1).abs().mean(0)
+    ratio = (lp - lr)[:, cols].cumsum(1).mean(0)
+    ratio64 = truth.x64[:, cols].cumsum(1).mean(0)
+    return {
+        "lengths": list(range(1, int(cols.sum()) + 1)),
+        "seq_logp_mismatch": [float(v) for v in err],
+        "seq_log_ratio": [float(v) for v in ratio],
+        "seq_log_ratio_fp64": [float(v) for v in ratio64],
+    }
+
+
+def replay(assets: Assets, truth: Truth, configs: list[PrecisionConfig], return_scale: float = 1000.0, progress: Optional[Callable[[str], None]] = None) -> list[dict]:
+    rows = []
+    for cfg in configs:
+        row = {"config": cfg.name, "seq_len": int(truth.tokens.shape[1]), "num_prompts": int(truth.tokens.shape[0]), "return_scale": return_scale}
+        row.update(score_config(assets, cfg, truth, return_scale))
+        row["curve"] = mismatch_curve(assets, cfg, truth)
+        rows.append(row)
+        if progress:
+            progress(cfg.name)
+    return rows

@@ -1,0 +1,248 @@
+"""PPO with a KL penalty, per precision configuration and seed.
+
+One run, top to bottom, per step:
+
+1. cast copies of the policy (rollout), value, reference and reward models in
+   their configured dtypes; the policy samples continuations of prompts;
+2. old log-probs and reference log-probs in the KL dtype, the per-token
+   penalty ``beta * k3`` (k3 in FP32), the sequence reward at the last token,
+   values; GAE (gamma 1, lambda 0.95) in FP32;
+3. FP64 ground truth of the same log ratio (the tiny model makes this cheap),
+   and the failure taxonomy: a NaN, a KL collapse or a value overflow danger
+   ends the run cleanly with the reason recorded;
+4. one clipped-PPO update of the policy and one value update, each through
+   ``FP16Trainer`` on FP32 master weights with autocast in the component's
+   dtype (FP16: gradient scaler, growth interval 400 as in Precision-RL,
+   unscale before clipping); pure-half weights cannot be unscaled by torch's
+   GradScaler, so the masters stay FP32 and the copies carry the dtype;
+5. value stagnation: the value copy's outputs on one FIXED probe batch before
+   and after the update.
+
+Each finished run is one JSON file written atomically under
+``<out>/runs/``; a restarted sweep skips the files that exist, so a killed
+sweep resumes at the run it was in.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Callable, Optional
+
+import torch
+
+from ..checkpoint import atomic_write_text
+from ..telemetry import get_logger
+from ..trainer import FP16Trainer, FP16TrainingConfig
+from .configs import PrecisionConfig
+from .metrics import classify_failure, kl_k3, masked_mean, stagnation_rate, token_logprobs, ulp
+from .model import cast_copy
+from .pretrain import Assets, reward_target
+from .probe import PROMPT_LEN, generate, generated_mask
+from . import data
+
+log = get_logger("genesis_fp16.forensics")
+
+
+@dataclass(frozen=True)
+class SweepArgs:
+    max_steps: int = 60
+    """PPO iterations per run."""
+    batch: int = 16
+    """Prompts per iteration."""
+    gen_len: int = 32
+    """Generated tokens per prompt."""
+    beta: float = 0.05
+    """KL penalty coefficient on the per-token k3."""
+    return_scale: float = 1000.0
+    """Rewards (and so returns and values) are multiplied by this (H3 magnitude)."""
+    policy_lr: float = 3e-4
+    value_lr: float = 1e-4
+    clip: float = 0.2
+    growth_interval: int = 400
+    """Gradient scaler growth interval for FP16 (Precision-RL's value)."""
+
+    @classmethod
+    def quick(cls) -> "SweepArgs":
+        return cls(max_steps=15, batch=8, gen_len=24)
+
+
+def run_name(cfg: PrecisionConfig, seed: int) -> str:
+    return f"{cfg.name}__seed{seed}"
+
+
+def _trainer(model: torch.nn.Module, lr: float, precision: str, args: SweepArgs, name: str) -> FP16Trainer:
+    cfg = FP16TrainingConfig(
+        enabled=precision != "fp32",
+        precision=precision,
+        max_grad_norm=1.0,
+        growth_interval=args.growth_interval,
+        on_unsupported="error",  # a forensic run must measure what it names
+        device="cpu",
+    )
+    return FP16Trainer(model, torch.optim.Adam(model.parameters(), lr=lr), cfg, name=name)
+
+
+def _gae(rewards: torch.Tensor, values: torch.Tensor, lam: float = 0.95) -> torch.Tensor:
+    adv = torch.zeros_like(rewards)
+    last = torch.zeros(rewards.shape[0])
+    for t in reversed(range(rewards.shape[1])):
+        nxt = values[:, t + 1] if t + 1 < rewards.shape[1] else torch.zeros(rewards.shape[0])
+        delta = rewards[:, t] + nxt - values[:, t]
+        last = delta + lam * last
+        adv[:, t] = last
+    return adv
+
+
+def run_one(assets: Assets, cfg: PrecisionConfig, seed: int, args: SweepArgs, progress: Optional[Callable[[int], None]] = None) -> dict:
+    torch.manual_seed(seed)
+    g = torch.Generator().manual_seed(seed)
+    started = time.perf_counter()
+    policy = copy.deepcopy(assets.policy).train()
+    value = assets.value_model(args.return_scale).train()
+    ptrain = _trainer(policy, args.policy_lr, cfg.policy, args, f"forensics.policy.{cfg.name}")
+    vtrain = _trainer(value, args.value_lr, cfg.value, args, f"forensics.value.{cfg.name}")
+    ref = cast_copy(assets.reference, cfg.dtype("reference"))
+    rew = cast_copy(assets.reward, cfg.dtype("reward"))
+    ref64 = cast_copy(assets.reference, torch.float64)
+    kl_dtype = cfg.dtype("kl")
+    total = PROMPT_LEN + args.gen_len
+    probe_tokens = data.sample_windows("heldout", args.batch, total, torch.Generator().manual_seed(999))
+    probe_mask = generated_mask(probe_tokens, PROMPT_LEN)
+    steps: list[dict] = []
+    failure = None
+    for step in range(args.max_steps):
+        t0 = time.perf_counter()
+        pol_c = cast_copy(policy, cfg.dtype("policy"))
+        val_c = cast_copy(value, cfg.dtype("value"))
+        with torch.no_grad():
+            tokens = generate(pol_c, data.sample_windows("train", args.batch, PROMPT_LEN, g), total, g)
+            mask = generated_mask(tokens, PROMPT_LEN)
+            old_lp = token_logprobs(pol_c(tokens), tokens, dtype=kl_dtype)
+            ref_lp = token_logprobs(ref(tokens), tokens, dtype=kl_dtype)
+            x = old_lp - ref_lp
+            x64 = token_logprobs(cast_copy(policy, torch.float64)(tokens), tokens) - token_logprobs(ref64(tokens), tokens)
+            k3 = kl_k3(x) * mask
+            rewards = rew(tokens)
+            values = val_c(tokens)[:, :-1]
+            probe_before = val_c(probe_tokens)[:, :-1]
+        kl, kl64 = masked_mean(kl_k3(x), mask), masked_mean(kl_k3(x64), mask)
+        exact_zero = float((x[mask] == 0).double().mean())
+        failure = classify_failure(
+            tensors={"log_ratio": x, "rewards": rewards, "values": values},
+            kl=kl, kl_fp64=kl64, exact_zero_frac=exact_zero, values=values, value_dtype=cfg.dtype("value"),
+        )
+        record = {
+            "step": step,
+            "true_reward": float(reward_target(tokens[:, PROMPT_LEN:]).mean()),
+            "model_reward": float(rewards.float().mean()),
+            "kl": kl,
+            "kl_fp64": kl64,
+            "kl_abs_err": abs(kl - kl64),
+            "log_ratio_exact_zero_frac": exact_zero,
+            "value_quant_step_median": float(ulp(values[mask]).median()),
+        }
+        if failure:
+            record["failure"] = failure["kind"]
+            steps.append(record)
+            failure = dict(failure, step=step)
+            log.warning("forensics.run_failed", config=cfg.name, seed=seed, **failure)
+            break
+        # token rewards: -beta*k3 everywhere, plus the sequence reward at the last token
+        tok_r = (-args.beta * k3 * args.return_scale).float()
+        tok_r[:, -1] += rewards.float() * args.return_scale
+        v32 = values.float() * mask
+        adv = _gae(tok_r * mask, v32) * mask
+        returns = adv + v32
+        norm_adv = (adv - adv[mask].mean()) / (adv[mask].std() + 1e-8) * mask
+        old32 = old_lp.float()
+
+        def policy_loss(model, batch):
+            new_lp = token_logprobs(model(batch), batch, dtype=torch.float32 if cfg.kl == "fp32" else None).float()
+            ratio = torch.exp(new_lp - old32)
+            surr = torch.minimum(ratio * norm_adv, ratio.clamp(1 - args.clip, 1 + args.clip) * norm_adv)
+            return -(surr * mask).sum() / mask.sum()
+
+        def value_loss(model, batch):
+            v = model(batch)[:, :-1].float()
+            return (((v - returns) / args.return_scale).pow(2) * mask).sum() / mask.sum()
+
+        p_ok = ptrain.backward_and_step(ptrain.training_step(tokens, policy_loss))
+        v_ok = vtrain.backward_and_step(vtrain.training_step(tokens, value_loss))
+        with torch.no_grad():
+            probe_after = cast_copy(value, cfg.dtype("value"))(probe_tokens)[:, :-1]
+        record.update(
+            value_stagnation_rate=stagnation_rate(probe_before, probe_after, probe_mask),
+            policy_step_ok=p_ok,
+            value_step_ok=v_ok,
+            policy_scale=ptrain.current_scale,
+            seconds=time.perf_counter() - t0,
+        )
+        steps.append(record)
+        if progress:
+            progress(step + 1)
+    last = steps[-3:]
+    summary = {
+        "true_reward_first": steps[0]["true_reward"],
+        "true_reward_last": sum(s["true_reward"] for s in last) / len(last),
+        "kl_last": steps[-1]["kl"],
+        "kl_fp64_last": steps[-1]["kl_fp64"],
+        "kl_abs_err_mean": sum(s["kl_abs_err"] for s in steps) / len(steps),
+        "value_stagnation_rate_mean": _mean([s.get("value_stagnation_rate") for s in steps]),
+        "value_quant_step_median": _mean([s["value_quant_step_median"] for s in steps]),
+        "policy_overflow_steps": ptrain.overflow_steps,
+        "value_overflow_steps": vtrain.overflow_steps,
+        "steps_done": len(steps),
+    }
+    return {
+        "config": cfg.name,
+        "dtypes": cfg.to_dict(),
+        "seed": seed,
+        "args": asdict(args),
+        "status": "failed" if failure else "completed",
+        "failure": failure,
+        "summary": summary,
+        "steps": steps,
+        "seconds": time.perf_counter() - started,
+    }
+
+
+def _mean(xs: list) -> float:
+    xs = [x for x in xs if x is not None]
+    return sum(xs) / len(xs) if xs else float("nan")
+
+
+def sweep(
+    assets: Assets,
+    configs: list[PrecisionConfig],
+    seeds: list[int],
+    out_dir: Path,
+    args: SweepArgs,
+    meta: Optional[dict] = None,
+    on_run: Optional[Callable[[str, str], None]] = None,
+    on_step: Optional[Callable[[int], None]] = None,
+) -> list[dict]:
+    """Run every (config, seed) not already on disk; return all run results."""
+    runs_dir = Path(out_dir) / "runs"
+    runs_dir.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(Path(out_dir) / "sweep.json", json.dumps({"args": asdict(args), "configs": [c.name for c in configs], "seeds": seeds, "meta": meta or {}}, indent=2, sort_keys=True))
+    results = []
+    for cfg in configs:
+        for seed in seeds:
+            name = run_name(cfg, seed)
+            path = runs_dir / f"{name}.json"
+            if path.exists():
+                results.append(json.loads(path.read_text()))
+                if on_run:
+                    on_run(name, "skipped (done)")
+                continue
+            result = run_one(assets, cfg, seed, args, progress=on_step)
+            atomic_write_text(path, json.dumps(result, indent=1, sort_keys=True))
+            log.info("forensics.run_done", run=name, status=result["status"], seconds=round(result["seconds"], 2))
+            results.append(result)
+            if on_run:
+                on_run(name, result["status"])
+    return results
