@@ -86,8 +86,8 @@ def evolve(
         progress.update(task_id, completed=min(record["real_episodes"], budget))
         ops = ",".join(e["operator"] for e in record.get("evaluated", []) if e.get("operator") != "seed") or "-"
         progress.console.print(
-            f"gen {record['generation']:>3}  episodes {record['real_episodes']:>4}  best {_fmt(record['best_return'])}"
-            f"  wm val loss {_fmt(record.get('wm_val_loss'), '.5f')}  precision {record.get('precision')}  ops {ops}",
+            f"gen {record['generation']:>2} episodes {record['real_episodes']:>4} best {_fmt(record['best_return'])}"
+            f" wm_val {_fmt(record.get('wm_val_loss'), '.5f')} {record.get('precision')} {ops}",
             highlight=False,
         )
 

@@ -109,6 +109,10 @@ class Evaluator:
             out.append(Evaluation(returns=returns, episodes=episodes))
         return out
 
+    def terminate(self) -> None:
+        """Stop the workers now (Ctrl-C): running episodes are abandoned."""
+        self._kill_pool()  # no lock: the thread holding it may be the one waiting on these workers
+
     def close(self) -> None:
         pool, self._pool = self._pool, None
         if pool is not None:

@@ -332,7 +332,7 @@ class SEDarwinAgent:
             raise
         finally:
             if interrupted:
-                self.evaluator.close()
+                self.evaluator.terminate()
         best = best_of([c for c in self.pool if c.full]) or best_of(self.pool)
         heldout = await self._real(best.params, self.starts.heldout) if best is not None else None
         self.evaluator.close()

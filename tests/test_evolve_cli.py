@@ -74,7 +74,7 @@ def test_tiny_run_writes_json_report(tiny, tmp_path, state_dir):
     assert report["real_episodes"] == 24 and report["seed"] == 1 and report["precision"] == "bf16"
     assert [g["generation"] for g in report["generations"]] == [0, 1]
     assert all(isinstance(g["wm_val_loss"], float) for g in report["generations"])
-    assert "held-out return" in result.output and "gen   1" in result.output
+    assert "held-out return" in result.output and "gen  1 episodes" in result.output
     assert Path(report["replay_db"]).is_file() and Path(report["replay_db"]).parent == state_dir
 
 
