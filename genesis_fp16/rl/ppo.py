@@ -31,7 +31,9 @@ from ..telemetry import get_logger
 from .config import PPOConfig, as_dict
 from .envs import ActionRepeat, VecEnvChoice, build_envs
 
-log = get_logger("genesis_fp16.rl")
+def _log():
+    # looked up per call: the telemetry configuration (sinks) may change after import
+    return get_logger("genesis_fp16.rl")
 
 
 # -- network -------------------------------------------------------------------
@@ -163,7 +165,7 @@ class CompiledFallback:
     def _fail(self, exc: BaseException) -> None:
         self.compiled = None
         self.failed_reason = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
-        log.warning("ppo.compile_fallback", function=self.name, mode=self.mode, reason=self.failed_reason)
+        _log().warning("ppo.compile_fallback", function=self.name, mode=self.mode, reason=self.failed_reason)
 
     @property
     def active(self) -> bool:
@@ -217,10 +219,8 @@ class PPO:
         self._ret_acc = np.zeros(cfg.num_envs)
         self.noise_gen = torch.Generator().manual_seed(cfg.seed)
         self.forward = self.net.forward
-        self.compile_state = "off"
         if opts.use_torch_compile:
             self.forward = CompiledFallback(self.net.forward, opts.compile_mode, "ActorCritic.forward")
-            self.compile_state = "on" if self.forward.active else f"fallback ({self.forward.failed_reason})"
         self.pin = opts.use_pinned_memory and self.device.type == "cuda"
         self._alloc_buffers()
         self.global_step = 0
@@ -267,7 +267,7 @@ class PPO:
                 if self.trainer.precision.name != "fp32"
                 else ("off" if not o.use_amp else "off (resolved to fp32 by policy/kill switch)"),
             ),
-            ("torch.compile", self.compile_state if o.use_torch_compile else "off" + ""),
+            ("torch.compile", self._compile_state()),
             (
                 "pinned memory",
                 "on (pinned buffers, non_blocking copies)" if self.pin else ("off (CPU device: nothing to copy)" if o.use_pinned_memory else "off"),
@@ -279,9 +279,14 @@ class PPO:
             ),
             ("action repeat", f"{o.action_repeat}" + (" (off)" if o.action_repeat == 1 else " (rewards summed)")),
         ]
-        if o.use_torch_compile and self.compile_state == "on" and isinstance(self.forward, CompiledFallback) and not self.forward.active:
-            rows[2] = ("torch.compile", f"fallback ({self.forward.failed_reason})")
         return rows
+
+    def _compile_state(self) -> str:
+        if not isinstance(self.forward, CompiledFallback):
+            return "off"
+        if self.forward.active:
+            return f"on (mode {self.forward.mode})" if self.forward.mode != "default" else "on"
+        return f"fallback to eager ({self.forward.failed_reason})"
 
     def resolved_optimizations(self) -> dict[str, Any]:
         o = as_dict(self.cfg)["optimizations"]
@@ -346,7 +351,7 @@ class PPO:
         if self.ret_rms is None:
             return reward
         self._ret_acc = self._ret_acc * self.cfg.gamma + reward
-        self.ret_rms.update(self._ret_acc.reshape(-1, 1).squeeze(-1)[:, None].squeeze(-1))
+        self.ret_rms.update(self._ret_acc)
         self._ret_acc[done] = 0.0
         return np.clip(reward / np.sqrt(self.ret_rms.var + 1e-8), -10, 10)
 
@@ -425,7 +430,7 @@ class PPO:
             if callback is not None:
                 callback(record)
         wall = time.perf_counter() - t_start
-        log.info(
+        _log().info(
             "ppo.trained", env=cfg.env_id, seed=cfg.seed, env_steps=self.global_step, wall_s=round(wall, 3),
             env_steps_per_s=round(self.global_step / wall, 1),
         )
