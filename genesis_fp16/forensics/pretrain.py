@@ -99,6 +99,11 @@ def _corrupted_windows(n: int, length: int, g: torch.Generator) -> torch.Tensor:
 
 
 def build_assets(spec: PretrainSpec = PretrainSpec(), cfg: TinyConfig = TinyConfig(), progress: Optional[Callable[[int, int], None]] = None) -> Assets:
+    with single_thread():
+        return _build_assets(spec, cfg, progress)
+
+
+def _build_assets(spec: PretrainSpec, cfg: TinyConfig, progress: Optional[Callable[[int, int], None]]) -> Assets:
     torch.manual_seed(spec.seed)
     g = torch.Generator().manual_seed(spec.seed)
     started = time.perf_counter()
@@ -198,8 +203,7 @@ def ensure_assets(state_dir: Path, spec: PretrainSpec = PretrainSpec(), force: b
     if path.exists() and not force:
         return load_assets(path)
     log.info("forensics.pretrain_started", path=str(path), steps=spec.steps)
-    with single_thread():
-        assets = build_assets(spec, progress=progress)
+    assets = build_assets(spec, progress=progress)
     save_assets(assets, path)
     log.info("forensics.pretrain_done", path=str(path), **{k: v for k, v in assets.meta.items() if isinstance(v, (int, float))})
     assets.path = path

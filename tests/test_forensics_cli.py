@@ -1,0 +1,68 @@
+"""The `genesis-fp16 forensics` commands, end to end on a tiny cached model."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from genesis_fp16.cli import app
+from genesis_fp16.forensics.pretrain import PretrainSpec, assets_path, build_assets, save_assets
+
+runner = CliRunner()
+
+
+@pytest.fixture
+def cached(state_dir):
+    # the commands load the default checkpoint; for test speed a tiny model
+    # (20 steps) is placed where that checkpoint is cached
+    save_assets(build_assets(PretrainSpec(steps=20, finetune_steps=4, reward_samples=64)), assets_path(state_dir))
+    yield state_dir
+
+
+def test_probe_command_json(cached, tmp_path):
+    out = tmp_path / "probe.json"
+    res = runner.invoke(app, ["forensics", "probe", "--configs", "bf16_pure,bf16_fp32_kl,fp32_baseline,fp16_pure",
+                              "--num-prompts", "4", "--seq-lengths", "16", "24", "--json", str(out)])
+    assert res.exit_code == 0, res.output
+    data = json.loads(out.read_text())
+    rows = data["rows"]
+    assert [(r["config"], r["seq_len"]) for r in rows][:4] == [("bf16_pure", 16), ("bf16_fp32_kl", 16), ("fp32_baseline", 16), ("fp16_pure", 16)]
+    assert len(rows) == 8
+    for key in ("config", "seq_len", "kl_fp64", "kl_penalty_mean", "kl_abs_err", "log_ratio_near_zero_frac", "accum_err_final",
+                "reward_resolution_median", "reward_tie_rate", "reward_kendall_tau", "value_quant_step_median", "value_stagnation_rate"):
+        assert all(key in r for r in rows), key
+    assert data["meta"]["torch_version"] == str(torch.__version__)
+
+
+def test_bad_input_is_one_clear_error(cached):
+    res = runner.invoke(app, ["forensics", "probe", "--configs", "bf16_nope"])
+    assert res.exit_code != 0
+    assert "unknown configuration" in res.output and "fp32_baseline" in res.output
+    res = runner.invoke(app, ["forensics", "probe", "--configs", "fp32_baseline", "--seq-lengths", "16", "x"])
+    assert res.exit_code != 0 and "integers" in res.output
+    res = runner.invoke(app, ["forensics", "analyze", "/nonexistent/dir"])
+    assert res.exit_code != 0 and "no such results directory" in res.output
+
+
+def test_freeze_replay_sweep_analyze(cached, tmp_path):
+    traj = tmp_path / "traj.pt"
+    assert runner.invoke(app, ["forensics", "freeze", "--out", str(traj), "--num-prompts", "3", "--seq-len", "16"]).exit_code == 0
+    results = tmp_path / "results"
+    res = runner.invoke(app, ["forensics", "replay", "--trajectories", str(traj), "--configs", "fp32_baseline,bf16_pure",
+                              "--json", str(results / "replay.json")])
+    assert res.exit_code == 0, res.output
+    assert len(json.loads((results / "replay.json").read_text())["rows"]) == 2
+    res = runner.invoke(app, ["forensics", "sweep", "--out", str(results), "--configs", "fp32_baseline", "--seeds", "1",
+                              "--quick", "--max-steps", "1", "--json", str(tmp_path / "s.json")])
+    assert res.exit_code == 0, res.output
+    assert json.loads((tmp_path / "s.json").read_text())["runs"] == 1
+    res = runner.invoke(app, ["forensics", "analyze", str(results)])
+    assert res.exit_code == 0, res.output
+    assert (results / "report.md").exists() and (results / "replay_mismatch.png").exists()
+    bad = tmp_path / "bad.pt"
+    bad.write_bytes(b"junk")
+    res = runner.invoke(app, ["forensics", "replay", "--trajectories", str(bad)])
+    assert res.exit_code != 0 and "bad.pt" in res.output

@@ -1,0 +1,90 @@
+"""The static probe and the replay on a tiny pretrained model."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from genesis_fp16.checkpoint import load_payload, save_payload
+from genesis_fp16.forensics.configs import CONFIGS, parse_configs
+from genesis_fp16.forensics.pretrain import PretrainSpec, build_assets
+from genesis_fp16.forensics.probe import generated_mask, ground_truth, probe
+from genesis_fp16.forensics.replay import freeze, load_trajectories, replay
+
+TINY = PretrainSpec(steps=20, finetune_steps=4, reward_samples=64)
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    # one intra-op thread: much faster for a tiny model on a shared 2-core machine
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def assets():
+    return build_assets(TINY)
+
+
+def test_probe_rows_and_precision_ordering(assets):
+    cfgs = parse_configs("fp32_baseline,bf16_pure,bf16_fp32_kl,fp16_pure")
+    rows = probe(assets, cfgs, num_prompts=6, seq_lengths=(20, 28))
+    assert [(r["config"], r["seq_len"]) for r in rows] == [(c.name, L) for L in (20, 28) for c in cfgs]
+    by = {(r["config"], r["seq_len"]): r for r in rows}
+    for L in (20, 28):
+        fp32, bf16, fp16 = by["fp32_baseline", L], by["bf16_pure", L], by["fp16_pure", L]
+        assert fp32["kl_fp64"] > 0  # policy and reference differ
+        assert fp32["kl_fp64"] == bf16["kl_fp64"]  # the same tokens, the same truth
+        assert fp32["kl_abs_err"] < 1e-5
+        assert fp32["accum_err_final"] < bf16["accum_err_final"]
+        assert fp16["accum_err_final"] < bf16["accum_err_final"]  # 10 vs 7 mantissa bits
+        assert bf16["value_quant_step_median"] > fp16["value_quant_step_median"] > fp32["value_quant_step_median"]
+        assert fp32["value_stagnation_rate"] == 0.0
+        assert fp32["reward_tie_rate"] == 0.0 and fp32["reward_kendall_tau"] == pytest.approx(1.0)
+        assert by["bf16_fp32_kl", L]["log_ratio_exact_zero_frac"] <= bf16["log_ratio_exact_zero_frac"]
+        for r in (fp32, bf16, fp16):
+            assert r["failure"] is None
+
+
+def test_probe_rejects_bad_length(assets):
+    with pytest.raises(ValueError, match="sequence length"):
+        probe(assets, [CONFIGS["fp32_baseline"]], num_prompts=2, seq_lengths=(500,))
+
+
+def test_ground_truth_refuses_policy_equal_reference(assets):
+    same = copy.copy(assets)
+    same.policy = assets.reference
+    tokens = torch.randint(0, 128, (2, 16))
+    with pytest.raises(RuntimeError, match="identical"):
+        ground_truth(same, tokens, generated_mask(tokens, 8))
+
+
+def test_value_overflow_danger_in_fp16_at_large_returns(assets):
+    rows = probe(assets, [CONFIGS["fp16_pure"], CONFIGS["fp16_mixed"]], num_prompts=4, seq_lengths=(16,), return_scale=3e4)
+    assert rows[0]["failure"] == "value_overflow_danger"
+    assert rows[1]["failure"] is None  # the FP32 value model has the headroom
+
+
+def test_freeze_and_replay(assets, tmp_path):
+    path = freeze(assets, tmp_path / "traj.pt", num_prompts=4, seq_len=24)
+    truth = load_trajectories(path)
+    rows = replay(assets, truth, parse_configs("fp32_baseline,bf16_pure"))
+    assert len(rows) == 2
+    curve = rows[1]["curve"]
+    assert curve["lengths"][-1] == 24 - 8
+    assert len(curve["seq_logp_mismatch"]) == 16
+    assert curve["seq_logp_mismatch"][-1] > rows[0]["curve"]["seq_logp_mismatch"][-1]
+    assert curve["seq_log_ratio_fp64"][-1] != 0  # reference != policy
+
+
+def test_replay_refuses_reference_equal_policy(assets, tmp_path):
+    path = freeze(assets, tmp_path / "traj.pt", num_prompts=3, seq_len=16)
+    payload = load_payload(path)
+    payload["extra"]["logp_ref_fp64"] = payload["extra"]["logp_policy_fp64"].clone()
+    save_payload(path, payload)
+    with pytest.raises(ValueError, match="reference different from the policy"):
+        load_trajectories(path)

@@ -1,0 +1,106 @@
+"""The PPO sweep (tiny budgets), its resumption and failure handling, and analyze."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+import torch
+
+from genesis_fp16.forensics.analyze import analyze
+from genesis_fp16.forensics.configs import CONFIGS, parse_configs
+from genesis_fp16.forensics.pretrain import PretrainSpec, build_assets
+from genesis_fp16.forensics.sweep import SweepArgs, run_one, sweep
+
+TINY = PretrainSpec(steps=20, finetune_steps=4, reward_samples=64)
+ARGS = SweepArgs(max_steps=2, batch=4, gen_len=8)
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def assets():
+    return build_assets(TINY)
+
+
+def test_run_one_records_steps_and_uses_the_scaler_for_fp16(assets):
+    result = run_one(assets, CONFIGS["fp16_pure"], seed=0, args=ARGS)
+    assert result["status"] == "completed" and result["failure"] is None
+    assert len(result["steps"]) == 2
+    step = result["steps"][0]
+    assert step["kl_fp64"] > 0 and step["kl_abs_err"] < 1e-2
+    assert step["policy_scale"] == 65536.0  # FP16 runs through the gradient scaler
+    # FP16 spacing at values of magnitude 128-1024 (rewards ~0.5 x return_scale 1000)
+    assert step["value_quant_step_median"] in (0.125, 0.25, 0.5)
+    fp32 = run_one(assets, CONFIGS["fp32_baseline"], seed=0, args=ARGS)
+    assert fp32["steps"][0]["policy_scale"] == 1.0
+    assert fp32["summary"]["kl_abs_err_mean"] < 1e-6
+    assert fp32["summary"]["value_stagnation_rate_mean"] == 0.0
+    assert fp32["steps"][0]["value_quant_step_median"] < 1e-3
+
+
+def test_failure_ends_the_run_cleanly_with_the_reason(assets):
+    args = SweepArgs(max_steps=3, batch=4, gen_len=8, return_scale=3e4)
+    result = run_one(assets, CONFIGS["fp16_pure"], seed=0, args=args)
+    assert result["status"] == "failed"
+    assert result["failure"]["kind"] == "value_overflow_danger" and result["failure"]["step"] == 0
+    assert result["summary"]["steps_done"] == 1
+
+
+def test_sweep_resumes_after_a_kill(assets, tmp_path):
+    cfgs = parse_configs("fp32_baseline,bf16_pure")
+    seen = []
+
+    def killer(name, status):
+        seen.append((name, status))
+        if len(seen) == 1:
+            raise KeyboardInterrupt  # killed after the first run was written
+
+    with pytest.raises(KeyboardInterrupt):
+        sweep(assets, cfgs, [0, 1], tmp_path, ARGS, on_run=killer)
+    files = sorted(p.name for p in (tmp_path / "runs").glob("*.json"))
+    assert files == ["fp32_baseline__seed0.json"]
+    mtime = os.stat(tmp_path / "runs" / files[0]).st_mtime_ns
+    statuses = []
+    results = sweep(assets, cfgs, [0, 1], tmp_path, ARGS, on_run=lambda n, s: statuses.append((n, s)))
+    assert statuses[0] == ("fp32_baseline__seed0", "skipped (done)")
+    assert [s for _, s in statuses[1:]] == ["completed"] * 3
+    assert os.stat(tmp_path / "runs" / files[0]).st_mtime_ns == mtime
+    assert len(results) == 4
+    assert not list((tmp_path / "runs").glob(".*.tmp"))  # atomic writes leave no temp files
+
+    summary = analyze(tmp_path)
+    assert (tmp_path / "sweep.png").stat().st_size > 1000
+    report = (tmp_path / "report.md").read_text()
+    assert "fp32_baseline" in report and "bf16_pure" in report
+    table = {r["config"]: r for r in summary["sweep_table"]}
+    assert table["bf16_pure"]["seeds"] == 2
+    assert table["bf16_pure"]["value_quant_step_median"] > table["fp32_baseline"]["value_quant_step_median"]
+
+
+def test_analyze_errors(tmp_path):
+    with pytest.raises(ValueError, match="no such results directory"):
+        analyze(tmp_path / "missing")
+    with pytest.raises(ValueError, match="found no"):
+        analyze(tmp_path)
+    (tmp_path / "runs").mkdir()
+    (tmp_path / "runs" / "x.json").write_text("{")
+    with pytest.raises(ValueError, match="not valid JSON"):
+        analyze(tmp_path)
+
+
+def test_analyze_includes_probe_json(assets, tmp_path):
+    from genesis_fp16.forensics.probe import probe
+
+    rows = probe(assets, parse_configs("fp32_baseline,bf16_pure"), num_prompts=3, seq_lengths=(16, 24))
+    (tmp_path / "probe.json").write_text(json.dumps({"meta": {"command": "test"}, "rows": rows}))
+    out = analyze(tmp_path)
+    assert any(p.endswith("probe.png") for p in out["plots"])
+    assert "Static probe" in (tmp_path / "report.md").read_text()
