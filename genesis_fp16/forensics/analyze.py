@@ -59,6 +59,8 @@ def sweep_table(runs: list[dict]) -> list[dict]:
             "true_reward_last": _mean([x["true_reward_last"] for x in s]),
             "kl_fp64_last": _mean([x["kl_fp64_last"] for x in s]),
             "kl_abs_err_mean": _mean([x["kl_abs_err_mean"] for x in s]),
+            "reward_tie_rate_mean": _mean([x.get("reward_tie_rate_mean") for x in s]),
+            "reward_kendall_tau_mean": _mean([x.get("reward_kendall_tau_mean") for x in s]),
             "value_quant_step_median": _mean([x["value_quant_step_median"] for x in s]),
             "value_stagnation_rate_mean": _mean([x["value_stagnation_rate_mean"] for x in s]),
             "overflow_steps": sum(x["policy_overflow_steps"] + x["value_overflow_steps"] for x in s),

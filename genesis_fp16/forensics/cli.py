@@ -136,8 +136,9 @@ def probe(
                 rows = run_probe(assets, cfgs, num_prompts, tuple(lengths), seed, return_scale, progress=lambda _: bar.advance(task))
             except ValueError as exc:
                 raise fail(str(exc))
+        meta = run_meta(_command_line(ctx))
     _print_rows(rows, SHORT)
-    _write_json(json_out, {"meta": run_meta(_command_line(ctx)), "rows": rows})
+    _write_json(json_out, {"meta": meta, "rows": rows})
 
 
 @forensics_app.command()
@@ -182,8 +183,9 @@ def replay(
     with single_thread():
         assets = _assets()
         rows = run_replay(assets, truth, cfgs, return_scale)
+        meta = run_meta(_command_line(ctx))
     _print_rows(rows, SHORT)
-    _write_json(json_out, {"meta": run_meta(_command_line(ctx)), "rows": rows})
+    _write_json(json_out, {"meta": meta, "rows": rows})
 
 
 @forensics_app.command()

@@ -38,7 +38,7 @@ from ..checkpoint import atomic_write_text
 from ..telemetry import get_logger
 from ..trainer import FP16Trainer, FP16TrainingConfig
 from .configs import PrecisionConfig
-from .metrics import classify_failure, kl_k3, masked_mean, stagnation_rate, token_logprobs, ulp
+from .metrics import classify_failure, kl_k3, masked_mean, reward_report, stagnation_rate, token_logprobs, ulp
 from .model import cast_copy
 from .pretrain import Assets, reward_target
 from .probe import PROMPT_LEN, generate, generated_mask
@@ -127,6 +127,7 @@ def run_one(assets: Assets, cfg: PrecisionConfig, seed: int, args: SweepArgs, pr
             x64 = token_logprobs(cast_copy(policy, torch.float64)(tokens), tokens) - token_logprobs(ref64(tokens), tokens)
             k3 = kl_k3(x) * mask
             rewards = rew(tokens)
+            rewards_fp32 = assets.reward(tokens)
             values = val_c(tokens)[:, :-1]
             probe_before = val_c(probe_tokens)[:, :-1]
         kl, kl64 = masked_mean(kl_k3(x), mask), masked_mean(kl_k3(x64), mask)
@@ -145,6 +146,8 @@ def run_one(assets: Assets, cfg: PrecisionConfig, seed: int, args: SweepArgs, pr
             "log_ratio_exact_zero_frac": exact_zero,
             "value_quant_step_median": float(ulp(values[mask]).median()),
         }
+        h2 = reward_report(rewards, rewards_fp32)
+        record.update({k: h2[k] for k in ("reward_resolution_median", "reward_tie_rate", "reward_kendall_tau")})
         if failure:
             record["failure"] = failure["kind"]
             steps.append(record)
@@ -193,6 +196,8 @@ def run_one(assets: Assets, cfg: PrecisionConfig, seed: int, args: SweepArgs, pr
         "kl_abs_err_mean": sum(s["kl_abs_err"] for s in steps) / len(steps),
         "value_stagnation_rate_mean": _mean([s.get("value_stagnation_rate") for s in steps]),
         "value_quant_step_median": _mean([s["value_quant_step_median"] for s in steps]),
+        "reward_tie_rate_mean": _mean([s["reward_tie_rate"] for s in steps]),
+        "reward_kendall_tau_mean": _mean([s["reward_kendall_tau"] for s in steps]),
         "policy_overflow_steps": ptrain.overflow_steps,
         "value_overflow_steps": vtrain.overflow_steps,
         "steps_done": len(steps),
