@@ -103,11 +103,11 @@ def register(app: typer.Typer) -> None:
         precisions: str = typer.Option("fp32,tf32,bf16,fp16", "--precisions", help="Comma list of fp32,tf32,bf16,fp16."),
         compile_: bool = typer.Option(False, "--compile", help="torch.compile the model (a failure is logged; the cell runs eager)."),
         cuda_graphs: bool = typer.Option(True, "--cuda-graphs/--no-cuda-graphs", help="On CUDA, capture small sizes in CUDA graphs."),
-        repeats: Optional[int] = typer.Option(None, "--repeats", help="Timed raw/ours pairs per cell (default 7; 3 with --quick)."),
+        repeats: Optional[int] = typer.Option(None, "--repeats", help="Timed raw/ours pairs per cell (default 11; 3 with --quick)."),
         quick: bool = typer.Option(False, "--quick", help="CI smoke budget: under a minute."),
         device: Optional[str] = typer.Option(None, "--device", help="cpu or cuda[:N] (default: cuda if available)."),
         seed: int = typer.Option(0, "--seed", help="Seed for data and initial weights."),
-        chunk_s: Optional[float] = typer.Option(None, "--chunk-s", help="Seconds per timed chunk (default 0.4; 0.05 with --quick)."),
+        chunk_s: Optional[float] = typer.Option(None, "--chunk-s", help="Seconds per timed chunk (default 0.25; 0.05 with --quick)."),
         json_path: Optional[Path] = typer.Option(None, "--json", help="Write header + rows as JSON here."),
         csv_path: Optional[Path] = typer.Option(None, "--csv", help="Write device-stamped rows as CSV here."),
         plot_path: Optional[Path] = typer.Option(None, "--plot", help="Write a PNG plot here."),
@@ -123,13 +123,13 @@ def register(app: typer.Typer) -> None:
             options = BenchOptions(
                 sizes=parse_sizes(sizes) if sizes else ([SIZES["S"]] if quick else list(SIZES.values())),
                 precisions=precisions,  # type: ignore[arg-type]
-                repeats=repeats if repeats is not None else (3 if quick else 7),
+                repeats=repeats if repeats is not None else (3 if quick else 11),
                 quick=quick,
                 compile=compile_,
                 cuda_graphs=cuda_graphs,
                 device=device,
                 seed=seed,
-                chunk_s=chunk_s if chunk_s is not None else (0.05 if quick else 0.4),
+                chunk_s=chunk_s if chunk_s is not None else (0.05 if quick else 0.25),
             )
             options.command = canonical_command(
                 "genesis-fp16 bench", options, json=json_path, csv=csv_path, plot=plot_path, markdown=markdown_path

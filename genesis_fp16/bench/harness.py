@@ -19,7 +19,6 @@ import gc
 import math
 import os
 import platform
-import statistics
 import sys
 import threading
 import time
@@ -32,9 +31,8 @@ import torch
 
 from .. import __version__
 from ..precision import cpu_flags, resolve_precision
-from ..telemetry import get_logger
 from ..trainer import FP16Trainer, FP16TrainingConfig
-from .models import QUICK_STEPS, SIZES, SizeSpec, Task, make_task, validation_loss
+from .models import QUICK_STEPS, SIZES, SizeSpec, Task, validation_loss
 
 PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
 INTERESTING_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_fp16", "amx_bf16", "amx_tile", "amx_int8", "f16c")
@@ -63,13 +61,13 @@ class BenchOptions:
 
     sizes: list[SizeSpec] = field(default_factory=lambda: [SIZES["S"], SIZES["M"], SIZES["L"], SIZES["LSTM"]])
     precisions: list[str] = field(default_factory=lambda: list(PRECISIONS))
-    repeats: int = 7
+    repeats: int = 11
     quick: bool = False
     compile: bool = False
     cuda_graphs: bool = True
     device: Optional[str] = None
     seed: int = 0
-    chunk_s: float = 0.4
+    chunk_s: float = 0.25
     warmup_steps: int = 3
     command: str = ""
 
@@ -422,8 +420,10 @@ def build_cell(
 
 
 def _first_line(exc: BaseException) -> str:
+    """The exception's type and first sentence (oneDNN appends a paragraph of advice)."""
     text = str(exc).strip()
-    return f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}"
+    first = text.splitlines()[0].split(". ")[0] if text else ""
+    return f"{type(exc).__name__}: {first}"
 
 
 def prime_cell(spec: SizeSpec, precision: str, task: Task, options: BenchOptions, device: torch.device, log: Any) -> CellFlags:
@@ -477,15 +477,22 @@ def run_quality(cell: Cell, steps: int) -> None:
 
 
 def calibrate(cell: Cell, chunk_s: float, warmup_steps: int) -> None:
-    """Warm both loops, then choose steps per chunk so a chunk lasts about ``chunk_s``."""
+    """Warm both loops, then choose steps per chunk so a chunk lasts about
+    ``chunk_s``: the probe runs raw steps for a quarter of that (at least two),
+    so one slow step on a shared machine does not decide the chunk length."""
     with cell.context():
         for i in range(warmup_steps):
             cell.raw_step(i)
             cell.ours_step(i)
-        probe = 2
-        elapsed = time_chunk(cell.raw_step, probe, cell.device)
-        per_step = max(elapsed / probe, 1e-6)
-    cell.steps = int(min(5000, max(2, math.ceil(chunk_s / per_step))))
+        _sync(cell.device)
+        start = time.perf_counter()
+        n = 0
+        while n < 2 or (time.perf_counter() - start < chunk_s / 4 and n < 1000):
+            cell.raw_step(n)
+            n += 1
+        _sync(cell.device)
+        per_step = max((time.perf_counter() - start) / n, 1e-6)
+    cell.steps = int(min(5000, max(3, math.ceil(chunk_s / per_step))))
 
 
 def time_pair(cell: Cell, ours_first: bool) -> None:

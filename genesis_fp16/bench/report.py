@@ -105,11 +105,13 @@ def write_plot(path: PathLike, result: dict[str, Any]) -> Path:
             ax.axhline(1.0, color="black", linewidth=0.8)
         if key == "overhead_vs_raw":
             ax.axhline(1.05, color="red", linewidth=0.8, linestyle="--", label="1.05 limit")
-            ax.set_ylim(0.9, max(1.1, max((r[key] for r in rows), default=1.0) + 0.02))
+            values = [r[key] for r in rows]
+            ax.set_ylim(min(0.9, min(values) - 0.02), max(1.1, max(values) + 0.02))
     axes[0].legend(fontsize=8)
     axes[2].legend(fontsize=8)
     h = result["header"]
-    fig.suptitle(f"{h['device_name']} | torch {h['torch_version']} | {h['date']}", fontsize=9)
+    load = f"load avg {h['load_avg_start'][0]:.1f}->{h.get('load_avg_end', [float('nan')])[0]:.1f}"
+    fig.suptitle(f"{h['device_name']} | torch {h['torch_version']} | {h['date']} | {load}", fontsize=9)
     fig.tight_layout()
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=80)
