@@ -89,3 +89,28 @@ def test_explicit_flags_override_measurement(opts, mode):
         raise AssertionError("must not measure when the mode is explicit")
 
     assert choose_vec_env(opts, boom, 8).mode == mode
+
+
+@pytest.mark.parametrize("env_id", ["CartPole-v1", "Pendulum-v1"])
+def test_in_process_vector_env_matches_gymnasium_sync(env_id):
+    from genesis_fp16.rl.envs import make_vector_env
+
+    fns = [make_env_fn(env_id, i) for i in range(3)]
+    ours, ref = make_vector_env(fns, "sync"), make_vector_env(fns, "sync_gymnasium")
+    o1, _ = ours.reset(seed=7)
+    o2, _ = ref.reset(seed=7)
+    np.testing.assert_array_equal(o1, o2)
+    ref.action_space.seed(0)
+    finals = 0
+    for _ in range(250):
+        a = ref.action_space.sample()
+        r1, r2 = ours.step(a), ref.step(a)
+        for x, y in zip(r1[:4], r2[:4]):
+            np.testing.assert_array_equal(x, y)
+        assert ("final_obs" in r1[4]) == ("final_obs" in r2[4])
+        if "final_obs" in r1[4]:
+            finals += 1
+            for i in np.nonzero(r2[4]["_final_obs"])[0]:
+                np.testing.assert_array_equal(r1[4]["final_obs"][i], r2[4]["final_obs"][i])
+    assert finals > 0
+    ours.close(), ref.close()

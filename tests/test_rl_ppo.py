@@ -28,17 +28,24 @@ def _restore_threads():
     torch.set_num_threads(n)
 
 
+@pytest.mark.parametrize("path", ["numpy", "torch"])
 @pytest.mark.parametrize("env_id", ["CartPole-v1", "Pendulum-v1"])
-def test_batched_inference_picks_the_same_actions_as_per_env(env_id):
+def test_batched_inference_picks_the_same_actions_as_per_env(env_id, path):
     obs = torch.randn(8, 4 if env_id == "CartPole-v1" else 3, generator=torch.Generator().manual_seed(0))
     results = {}
     for name, kw in {"batched": dict(batch_inference=True), "chunk3": dict(batch_inference=True, inference_batch_size=3),
                      "per_env": dict(batch_inference=False)}.items():
         torch.manual_seed(0)
         ppo = PPO(tiny(env_id, num_envs=8, num_steps=16, minibatch_size=16, seed=3, **kw))
+        assert ppo._np is not None  # CPU, FP32, no compile: the NumPy fast path
         calls = []
-        original = ppo.forward
-        ppo.forward = lambda x, _f=original: (calls.append(x.shape[0]), _f(x))[1]
+        if path == "torch":
+            ppo._np = None
+            original = ppo.forward
+            ppo.forward = lambda x, _f=original: (calls.append(x.shape[0]), _f(x))[1]
+        else:
+            original = ppo._act_numpy
+            ppo._act_numpy = lambda x, z, _f=original: (calls.append(x.shape[0]), _f(x, z))[1]
         acts = [ppo.act(obs, ppo._draw_noise())[0] for _ in range(5)]
         results[name] = (torch.stack(acts), calls)
         ppo.close()
@@ -51,6 +58,26 @@ def test_batched_inference_picks_the_same_actions_as_per_env(env_id):
         else:
             torch.testing.assert_close(results[name][0], results["batched"][0])
     assert len(set(results["batched"][0].flatten().tolist())) > 1  # really sampled, not constant
+
+
+@pytest.mark.parametrize("env_id", ["CartPole-v1", "Pendulum-v1"])
+def test_numpy_fast_path_matches_torch(env_id):
+    ppo = PPO(tiny(env_id, num_envs=8, seed=4))
+    obs = torch.randn(8, ppo.obs_dim)
+    noise = ppo._draw_noise()
+    a_np, lp_np, v_np = ppo.act(obs, noise.clone())
+    a_t, lp_t, v_t = ppo._act_torch(obs, noise.clone())
+    if ppo.discrete:
+        assert torch.equal(a_np, a_t)
+    torch.testing.assert_close(a_np.float(), a_t.float(), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(lp_np, lp_t, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(v_np, v_t, rtol=1e-4, atol=1e-5)
+    # the views follow the weights after an update
+    ppo.train()
+    a_np, lp_np, v_np = ppo.act(obs, noise.clone())
+    a_t, lp_t, v_t = ppo._act_torch(obs, noise.clone())
+    torch.testing.assert_close(v_np, v_t, rtol=1e-4, atol=1e-5)
+    ppo.close()
 
 
 def test_amp_fp16_update_goes_through_the_scaler():
