@@ -145,6 +145,7 @@ def test_relative_figures_and_checks():
         (["--sizes", "S,XL"], "unknown size(s) XL"),
         (["--precisions", "fp8"], "unknown precision(s) fp8"),
         (["--repeats", "0"], "repeats=0"),
+        (["--threads", "0"], "threads=0"),
         (["--device", "cuda:0"] if not torch.cuda.is_available() else ["--device", "nonsense"], "--device" if not torch.cuda.is_available() else "device"),
     ],
 )
@@ -273,7 +274,7 @@ def test_peak_memory_sees_a_large_allocation_on_cpu():
 def test_script_wrapper_writes_the_seed_csv_and_a_plot(tmp_path):
     out = tmp_path / "results"
     proc = subprocess.run(
-        [sys.executable, str(REPO / "scripts" / "benchmark_fp16_training.py"), "--quick", "--precisions", "fp32,bf16", "--repeats", "1", "--chunk-s", "0.01", "--out-dir", str(out)],
+        [sys.executable, str(REPO / "scripts" / "benchmark_fp16_training.py"), "--quick", "--precisions", "fp32,bf16", "--repeats", "1", "--chunk-s", "0.01", "--threads", "1", "--out-dir", str(out)],
         capture_output=True,
         text=True,
         timeout=120,
@@ -284,7 +285,8 @@ def test_script_wrapper_writes_the_seed_csv_and_a_plot(tmp_path):
     assert [r["precision"] for r in rows if r["samples_per_s"]] == ["fp32", "bf16"]
     assert (out / "fp16_vs_fp32_results.png").stat().st_size > 1000
     data = json.loads((out / "fp16_vs_fp32_results.json").read_text())
-    assert "--csv" in data["header"]["command"]
+    assert "--csv" in data["header"]["command"] and "--threads 1" in data["header"]["command"]
+    assert data["header"]["torch_threads"] == 1
     bad = subprocess.run(
         [sys.executable, str(REPO / "scripts" / "benchmark_fp16_training.py"), "--sizes", "XL", "--out-dir", str(out)],
         capture_output=True, text=True, timeout=60, cwd=tmp_path,

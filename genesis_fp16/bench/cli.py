@@ -28,6 +28,8 @@ def canonical_command(prog: str, options: Any, **paths: Optional[Path]) -> str:
         parts.append("--no-cuda-graphs")
     if options.device:
         parts += ["--device", options.device]
+    if options.threads:
+        parts += ["--threads", str(options.threads)]
     for flag, path in paths.items():
         if path:
             parts += [f"--{flag}", str(path)]
@@ -107,6 +109,7 @@ def register(app: typer.Typer) -> None:
         quick: bool = typer.Option(False, "--quick", help="CI smoke budget: under a minute."),
         device: Optional[str] = typer.Option(None, "--device", help="cpu or cuda[:N] (default: cuda if available)."),
         seed: int = typer.Option(0, "--seed", help="Seed for data and initial weights."),
+        threads: Optional[int] = typer.Option(None, "--threads", help="torch intra-op threads (default: torch's, one per core)."),
         chunk_s: Optional[float] = typer.Option(None, "--chunk-s", help="Seconds per timed chunk (default 0.25; 0.05 with --quick)."),
         json_path: Optional[Path] = typer.Option(None, "--json", help="Write header + rows as JSON here."),
         csv_path: Optional[Path] = typer.Option(None, "--csv", help="Write device-stamped rows as CSV here."),
@@ -129,6 +132,7 @@ def register(app: typer.Typer) -> None:
                 cuda_graphs=cuda_graphs,
                 device=device,
                 seed=seed,
+                threads=threads,
                 chunk_s=chunk_s if chunk_s is not None else (0.05 if quick else 0.25),
             )
             options.command = canonical_command(

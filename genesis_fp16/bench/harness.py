@@ -57,6 +57,7 @@ class BenchOptions:
     cuda_graphs: on CUDA, capture forward+backward of the small sizes in CUDA graphs.
     chunk_s: target seconds per timed chunk (steps per chunk are calibrated to it).
     warmup_steps: untimed steps before calibration, per loop.
+    threads: torch intra-op threads (None: torch's default, one per core).
     """
 
     sizes: list[SizeSpec] = field(default_factory=lambda: [SIZES["S"], SIZES["M"], SIZES["L"], SIZES["LSTM"]])
@@ -69,12 +70,15 @@ class BenchOptions:
     seed: int = 0
     chunk_s: float = 0.25
     warmup_steps: int = 3
+    threads: Optional[int] = None
     command: str = ""
 
     def __post_init__(self) -> None:
         self.precisions = parse_precisions(self.precisions)
         if not (isinstance(self.repeats, int) and self.repeats >= 1):
             raise ValueError(f"repeats={self.repeats!r}: expected an integer >= 1")
+        if self.threads is not None and not (isinstance(self.threads, int) and self.threads >= 1):
+            raise ValueError(f"threads={self.threads!r}: expected an integer >= 1")
         if not self.chunk_s > 0:
             raise ValueError(f"chunk_s={self.chunk_s!r}: expected seconds > 0")
 
@@ -403,7 +407,8 @@ def build_cell(
     mode = resolve_precision(config.requested_precision, device, config.on_unsupported, config.scaler_options())
     train_model: torch.nn.Module = model
     graphed = False
-    if should_graph(spec, device, options.cuda_graphs):
+    # torch.compile brings its own CUDA-graph mode (mode="reduce-overhead"); never both
+    if not flags.compile and should_graph(spec, device, options.cuda_graphs):
         try:
             with tf32_mode(device, precision == "tf32"):
                 train_model = graph_model(model, task.train[0][0], mode)

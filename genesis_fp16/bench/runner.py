@@ -44,6 +44,16 @@ def run_benchmark(options: BenchOptions, progress: Optional[ProgressFn] = None) 
     """Measure every cell; returns ``{"header", "rows", "not_applicable", "failed", "summary"}``."""
     log = get_logger("genesis_fp16.bench")
     device = pick_device(options.device)
+    threads_before = torch.get_num_threads()
+    if options.threads:
+        torch.set_num_threads(options.threads)
+    try:
+        return _run(options, device, progress, log)
+    finally:
+        torch.set_num_threads(threads_before)
+
+
+def _run(options: BenchOptions, device: torch.device, progress: Optional[ProgressFn], log: Any) -> dict[str, Any]:
     header = device_header(options, device)
     planned, not_applicable = plan(options, device)
     total = len(planned) * (2 + options.repeats)
