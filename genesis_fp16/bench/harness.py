@@ -130,6 +130,12 @@ def _cpu_model() -> str:
     return platform.processor() or "unknown"
 
 
+def _cpu_name(flags: list[str]) -> str:
+    """CPU model, cores and the reduced-precision features that matter here."""
+    features = [name for flag, name in (("avx512_bf16", "AVX512-BF16"), ("amx_bf16", "AMX-BF16"), ("avx512_fp16", "AVX512-FP16")) if flag in flags]
+    return f"{_cpu_model()}, {os.cpu_count()} cores" + (f" ({', '.join(features)})" if features else "")
+
+
 def _git_commit() -> Optional[str]:
     import subprocess
 
@@ -149,7 +155,7 @@ def device_header(options: BenchOptions, device: torch.device) -> dict[str, Any]
         "date": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "command": options.command or " ".join(sys.argv),
         "device": str(device),
-        "device_name": cuda_name or f"{_cpu_model()}, {os.cpu_count()} cores",
+        "device_name": cuda_name or _cpu_name(flags),
         "cpu_model": _cpu_model(),
         "cpu_count": os.cpu_count(),
         "cpu_flags": flags,
