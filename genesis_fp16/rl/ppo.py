@@ -26,6 +26,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
 from ..telemetry import get_logger
 from .config import PPOConfig, as_dict
@@ -77,7 +78,9 @@ class ActorCritic(nn.Module):
         h = torch.tanh(torch.addmm(self.b1, obs, self.w1.t()))  # (B, 2H)
         h = h.view(-1, 2, self.hidden).transpose(0, 1)  # (2, B, H)
         h = torch.tanh(torch.baddbmm(self.b2, h, self.w2))
-        return self.actor_head(h[0]), self.critic_head(h[1]).squeeze(-1)
+        # F.linear, not the modules' __call__: hook dispatch costs more than these matmuls
+        out = F.linear(h[0], self.actor_head.weight, self.actor_head.bias)
+        return out, F.linear(h[1], self.critic_head.weight, self.critic_head.bias).squeeze(-1)
 
 
 def log_prob_entropy(net: ActorCritic, out: torch.Tensor, actions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -546,9 +549,14 @@ class PPO:
             v_loss = 0.5 * torch.max(v_unclipped, (v_clipped - mb["ret"]) ** 2).mean()
         else:
             v_loss = 0.5 * ((value - mb["ret"]) ** 2).mean()
-        ent = entropy.mean()
-        self._last_terms = (pg_loss.detach(), v_loss.detach(), ent.detach(), ((ratio - 1) - logratio).mean().detach())
-        return pg_loss - cfg.ent_coef * ent + cfg.vf_coef * v_loss
+        ent = entropy.mean() if cfg.ent_coef else entropy.detach().mean()  # no graph for a zero-weighted term
+        loss = pg_loss + cfg.vf_coef * v_loss
+        if cfg.ent_coef:
+            loss = loss - cfg.ent_coef * ent
+        if mb.get("record"):  # diagnostics for the last minibatch of an epoch only: each op costs microseconds
+            with torch.no_grad():
+                self._last_terms = (pg_loss.detach(), v_loss.detach(), ent.detach(), ((ratio - 1) - logratio).mean())
+        return loss
 
     def _update(self, advantages: torch.Tensor, returns: torch.Tensor) -> dict[str, Any]:
         cfg = self.cfg
@@ -569,11 +577,12 @@ class PPO:
         gen = torch.Generator().manual_seed(cfg.seed * 100_003 + self.iteration)
         for _epoch in range(cfg.update_epochs):
             perm = torch.randperm(b, generator=gen)
+            if self.device.type != "cpu":
+                perm = perm.to(self.device, non_blocking=True)
+            shuffled = {k: v[perm] for k, v in data.items()}  # one gather per epoch; minibatches are views
             for start in range(0, b, cfg.minibatch_size):
-                idx = perm[start : start + cfg.minibatch_size]
-                if self.device.type != "cpu":
-                    idx = idx.to(self.device, non_blocking=True)
-                mb = {k: v[idx] for k, v in data.items()}
+                mb = {k: v[start : start + cfg.minibatch_size] for k, v in shuffled.items()}
+                mb["record"] = start + cfg.minibatch_size >= b
                 loss = self.trainer.training_step(mb, self._loss)
                 ok = self.trainer.backward_and_step(loss)
                 steps += 1
