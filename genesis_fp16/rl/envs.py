@@ -49,6 +49,9 @@ class ActionRepeat(gym.Wrapper):
 
 def make_env_fn(env_id: str, seed: int, action_repeat: int = 1, **kwargs: Any) -> EnvFn:
     def thunk() -> gym.Env:
+        # the passive env checker only inspects the first reset/step; without it,
+        # one wrapper layer less on every step
+        kwargs.setdefault("disable_env_checker", True)
         env = gym.make(env_id, **kwargs)
         if action_repeat > 1:
             env = ActionRepeat(env, action_repeat)
