@@ -59,7 +59,7 @@ def features(obs: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
 
 def targets(obs: torch.Tensor, next_obs: torch.Tensor, reward: torch.Tensor) -> torch.Tensor:
     """What the model learns to predict: the observation delta and the reward."""
-    return torch.cat([next_obs - obs, reward.reshape(*reward.shape, 1) if reward.dim() == obs.dim() - 1 else reward], dim=-1)
+    return torch.cat([next_obs - obs, reward.reshape(*obs.shape[:-1], 1)], dim=-1)
 
 
 class DynamicsMLP(nn.Module):
@@ -222,7 +222,7 @@ class WorldModel:
             obs, act = torch.from_numpy(np.array(traj.obs, dtype=np.float32)), torch.from_numpy(np.array(traj.action, dtype=np.float32))
             nxt, rew = torch.from_numpy(np.array(traj.next_obs, dtype=np.float32)), torch.from_numpy(np.array(traj.reward, dtype=np.float32))
             xs.append(features(obs, act))
-            ys.append(torch.cat([nxt - obs, rew.reshape(-1, 1)], dim=1))
+            ys.append(targets(obs, nxt, rew))
             key = traj.id if traj.id is not None else hash(traj.candidate) & 0xFFFFFFFF
             rng = np.random.default_rng([self.seed, int(key)])
             is_val.append(torch.from_numpy(rng.random(len(traj.obs)) < self.val_fraction))
@@ -308,6 +308,7 @@ class WorldModel:
         if shadow is not None:
             shadow[0].fit_normaliser(x_tr, y_tr)  # same statistics, so both see the same normalised batches
         start_skipped = self.trainer.skipped_steps
+        skipped_before_trip = 0
         rolled_back, rollback_reason = False, None
         losses: list[float] = []
         n = len(xn_tr)
@@ -330,7 +331,9 @@ class WorldModel:
             if trip is not None and trip is not self._handled_trip:
                 self._handled_trip = trip
                 rolled_back, rollback_reason = True, f"{getattr(trip, 'severity', '?')}: {getattr(trip, 'reason', trip)}"
+                skipped_before_trip += self.trainer.skipped_steps - start_skipped
                 self._restore_after_trip(rollback_reason, events)
+                start_skipped = self.trainer.skipped_steps
                 self.model.fit_normaliser(x_tr, y_tr)
                 shadow = None  # the main model is FP32 now; a shadow adds nothing
         finite = [float(v) for v in losses[-50:] if math.isfinite(float(v))]
@@ -347,7 +350,9 @@ class WorldModel:
             decision = self.guard.check(self.trainer, val_loss=val_loss, fp32_val_loss=fp32_val_loss)
             if getattr(decision, "action", None) == "rollback" and not rolled_back:
                 rolled_back, rollback_reason = True, f"{getattr(decision, 'severity', '?')}: {getattr(decision, 'reason', '')}"
+                skipped_before_trip += self.trainer.skipped_steps - start_skipped
                 self._restore_after_trip(rollback_reason, events)
+                start_skipped = self.trainer.skipped_steps
                 val_loss = self._val_loss(self.model, self.trainer, x_val, y_val)
         self.trained = True
         checkpoint = None
@@ -361,7 +366,7 @@ class WorldModel:
             val_loss=val_loss,
             precision=self.trainer.precision.name,
             steps=steps,
-            skipped_steps=self.trainer.skipped_steps - start_skipped if not rolled_back else self.trainer.skipped_steps,
+            skipped_steps=skipped_before_trip + self.trainer.skipped_steps - start_skipped,
             wall_s=time.perf_counter() - started,
             transitions=len(x_tr) + len(x_val),
             trajectories=len(trajectories),

@@ -239,6 +239,8 @@ async def test_guard_trip_restores_checkpoint_and_continues(tmp_path, monkeypatc
     report = await wm.train(40, trajectories=trajs, fault=fault)
     assert report.rolled_back and report.rollback_reason.startswith("P0")
     assert report.precision == "fp32" and wm.trainer.precision.name == "fp32"
+    # 3 NaN steps trip the guard (threshold 3); the 4th NaN step hits the new FP32 trainer: all 4 are counted
+    assert report.skipped_steps == 4
     assert len(guard.attached) == 2 and guard.attached[-1] is wm.trainer
     assert any("restored" in e for e in report.events)
     assert np.isfinite(report.val_loss) and np.isfinite(report.train_loss)
