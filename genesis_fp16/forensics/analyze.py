@@ -87,6 +87,7 @@ def _plots(results_dir: Path, runs: list[dict], probe: dict | None, replay: dict
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker
 
     made = []
     if runs:
@@ -102,7 +103,7 @@ def _plots(results_dir: Path, runs: list[dict], probe: dict | None, replay: dict
         for ax, title in zip(axes, ("true reward (mean over seeds)", "|KL - KL_fp64|", "value stagnation rate (fixed probe)")):
             ax.set_title(title)
             ax.set_xlabel("PPO step")
-        axes[1].set_yscale("symlog", linthresh=1e-6)
+        axes[1].set_yscale("symlog", linthresh=1e-10)
         axes[2].legend(fontsize=7)
         fig.tight_layout()
         fig.savefig(results_dir / "sweep.png", dpi=100)
@@ -122,6 +123,7 @@ def _plots(results_dir: Path, runs: list[dict], probe: dict | None, replay: dict
             ax.set_xlabel("sequence length")
             ax.set_title(title)
             ax.set_xticks(lengths, [str(x) for x in lengths])
+            ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
         axes[1].legend(fontsize=7)
         fig.tight_layout()
         fig.savefig(results_dir / "probe.png", dpi=100)
