@@ -4,8 +4,10 @@
     .venv/bin/python scripts/diagnose_performance.py --test all|env|inference|update [--env CartPole-v1] [--json PATH]
     .venv/bin/python scripts/diagnose_performance.py --compare BEFORE.json AFTER.json
 
-env:       sync (in-process) vs async (subprocess) vector env, env steps/s with random actions
-inference: batched (one forward for all envs) vs per-env forwards, vector steps/s
+env:       sync (our in-process vector env) vs sync_gymnasium (gymnasium SyncVectorEnv) vs async
+           (subprocess AsyncVectorEnv), 8 envs, env steps/s with random actions
+inference: batched (one forward for all envs, NumPy fast path on CPU), chunks of 4, per-env
+           forwards, and batched through torch; vector steps/s
 update:    one PPO update (4 epochs x minibatches over an 8x128 rollout) in FP32, AMP BF16,
            AMP FP16 (CPU: slow by design, shown for completeness), and torch.compile; updates/s
 
@@ -42,7 +44,7 @@ def bench_env(env_id: str, repeats: int, steps: int) -> dict:
     from genesis_fp16.rl.envs import make_env_fn, make_vector_env
 
     fns = [make_env_fn(env_id, i) for i in range(8)]
-    envs = {mode: make_vector_env(fns, mode) for mode in ("sync", "async")}
+    envs = {mode: make_vector_env(fns, mode) for mode in ("sync", "sync_gymnasium", "async")}
     samples = {m: [] for m in envs}
     try:
         for mode, env in envs.items():
@@ -72,6 +74,8 @@ def bench_inference(env_id: str, repeats: int, steps: int) -> dict:
         "inference.per_env": dict(batch_inference=False),
     }
     learners = {k: PPO(_cfg(env_id, vec_env="sync", **v)) for k, v in variants.items()}
+    learners["inference.batched_torch"] = PPO(_cfg(env_id, vec_env="sync"))
+    learners["inference.batched_torch"]._np = None  # the torch path (what CUDA / compile use)
     first = next(iter(learners.values()))
     obs = torch.randn(first.cfg.num_envs, first.obs_dim)
     samples = {k: [] for k in learners}

@@ -298,7 +298,8 @@ class PPO:
             ("num_workers (torch threads)", f"{torch.get_num_threads()}" + (" (set)" if o.num_workers else " (torch default)")),
             (
                 "batched inference",
-                (f"on, {o.inference_batch_size or self.cfg.num_envs} envs per forward" if o.batch_inference else "off (one forward per env)"),
+                (f"on, {o.inference_batch_size or self.cfg.num_envs} envs per forward" if o.batch_inference else "off (one forward per env)")
+                + (" (NumPy fast path: CPU, FP32 rollout)" if self._np is not None else ""),
             ),
             ("action repeat", f"{o.action_repeat}" + (" (off)" if o.action_repeat == 1 else " (rewards summed)")),
         ]
