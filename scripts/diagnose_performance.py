@@ -9,7 +9,8 @@ env:       sync (our in-process vector env) vs sync_gymnasium (gymnasium SyncVec
 inference: batched (one forward for all envs, NumPy fast path on CPU), chunks of 4, per-env
            forwards, and batched through torch; vector steps/s
 update:    one PPO update (4 epochs x minibatches over an 8x128 rollout) in FP32, AMP BF16,
-           AMP FP16 (CPU: slow by design, shown for completeness), and torch.compile; updates/s
+           AMP FP16 (CPU: slow by design, shown for completeness), torch.compile, and FP32
+           with 2 torch threads instead of 1; updates/s
 
 Repeats alternate the variants within one run and report medians: on a shared
 machine only ratios measured side by side mean much. Run with OMP_NUM_THREADS=1
@@ -101,6 +102,7 @@ def bench_update(env_id: str, repeats: int, updates: int, device: str) -> dict:
         "update.amp_bf16": dict(use_amp=True, amp_dtype="bfloat16"),
         "update.amp_fp16": dict(use_amp=True, amp_dtype="float16"),
         "update.compiled_fp32": dict(use_amp=False, use_torch_compile=True),
+        "update.fp32_2threads": dict(use_amp=False, num_workers=2),
     }
     learners = {}
     for name, v in variants.items():
@@ -112,6 +114,7 @@ def bench_update(env_id: str, repeats: int, updates: int, device: str) -> dict:
     for _ in range(repeats):
         for name, ppo in learners.items():
             adv, ret = ppo._gae(torch.zeros(ppo.cfg.num_envs))
+            torch.set_num_threads(ppo.cfg.optimizations.num_workers or 1)  # each variant its own thread count
             t0 = time.perf_counter()
             for _ in range(updates):
                 ppo._update(adv, ret)
