@@ -202,7 +202,8 @@ def test_checkpoint_round_trip(tmp_path):
 
 
 @pytest.mark.parametrize("env_id", ["CartPole-v1", "Pendulum-v1", "HalfCheetah-v5"])
-def test_smoke_each_env(env_id):
+def test_smoke_each_env(env_id, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # MuJoCo writes its deprecation warnings to ./MUJOCO_LOG.TXT
     kw = dict(normalize_obs=True, normalize_reward=True) if env_id != "CartPole-v1" else {}
     result = run(tiny(env_id, total_steps=128, **kw))
     assert result.env_steps == 128 and result.iterations == 4
