@@ -85,6 +85,12 @@ def test_sweep_resumes_after_a_kill(assets, tmp_path):
     assert table["bf16_pure"]["value_quant_step_median"] > table["fp32_baseline"]["value_quant_step_median"]
 
 
+def test_resuming_with_other_arguments_is_refused(assets, tmp_path):
+    sweep(assets, [CONFIGS["fp32_baseline"]], [0], tmp_path, ARGS)
+    with pytest.raises(ValueError, match="other arguments"):
+        sweep(assets, [CONFIGS["fp32_baseline"]], [0], tmp_path, SweepArgs(max_steps=3, batch=4, gen_len=8))
+
+
 def test_analyze_errors(tmp_path):
     with pytest.raises(ValueError, match="no such results directory"):
         analyze(tmp_path / "missing")

@@ -201,6 +201,7 @@ def sweep(
     """PPO with a KL penalty per configuration and seed; killed sweeps resume."""
     import dataclasses
 
+    from ..cli import fail
     from .analyze import sweep_table
     from .pretrain import single_thread
     from .probe import run_meta
@@ -223,8 +224,11 @@ def sweep(
                 bar.update(steps, completed=0)
                 bar.console.print(f"{name}: {status}")
 
-            results = run_sweep(assets, cfgs, list(range(seeds)), out, args, meta=run_meta(_command_line(ctx)),
-                                on_run=on_run, on_step=lambda n: bar.update(steps, completed=n))
+            try:
+                results = run_sweep(assets, cfgs, list(range(seeds)), out, args, meta=run_meta(_command_line(ctx)),
+                                    on_run=on_run, on_step=lambda n: bar.update(steps, completed=n))
+            except ValueError as exc:
+                raise fail(str(exc))
     table = sweep_table(results)
     _print_rows(table, list(table[0].keys()))
     _write_json(json_out, {"out": str(out), "runs": len(results), "table": table})

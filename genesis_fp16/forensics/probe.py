@@ -17,8 +17,8 @@ from typing import Callable, Optional
 
 import torch
 
-from .configs import DTYPES, PrecisionConfig
-from .metrics import accum_report, classify_failure, kl_report, masked_mean, reward_report, token_logprobs, value_report
+from .configs import PrecisionConfig
+from .metrics import accum_report, classify_failure, kl_report, reward_report, token_logprobs, value_report
 from .model import TinyLM, cast_copy
 from .pretrain import Assets
 from . import data
@@ -177,4 +177,4 @@ def probe(
     return rows
 
 
-__all__ = ["probe", "score_config", "ground_truth", "generate", "generated_mask", "Truth", "run_meta", "DTYPES", "masked_mean"]
+__all__ = ["probe", "score_config", "ground_truth", "generate", "generated_mask", "Truth", "run_meta"]

@@ -232,6 +232,14 @@ def sweep(
 ) -> list[dict]:
     """Run every (config, seed) not already on disk; return all run results."""
     runs_dir = Path(out_dir) / "runs"
+    manifest = Path(out_dir) / "sweep.json"
+    if manifest.exists():
+        previous = json.loads(manifest.read_text()).get("args")
+        if previous != asdict(args):
+            raise ValueError(
+                f"{out_dir} holds a sweep with other arguments ({previous}); "
+                "resume it with the same options, or give a new --out"
+            )
     runs_dir.mkdir(parents=True, exist_ok=True)
     atomic_write_text(Path(out_dir) / "sweep.json", json.dumps({"args": asdict(args), "configs": [c.name for c in configs], "seeds": seeds, "meta": meta or {}}, indent=2, sort_keys=True))
     results = []
