@@ -83,13 +83,15 @@ class ActorCritic(nn.Module):
         return out, F.linear(h[1], self.critic_head.weight, self.critic_head.bias).squeeze(-1)
 
 
-def log_prob_entropy(net: ActorCritic, out: torch.Tensor, actions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Log-probability of ``actions`` and the entropy, in float32."""
+def log_prob_entropy(
+    net: ActorCritic, out: torch.Tensor, actions: torch.Tensor, with_entropy: bool = True
+) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """Log-probability of ``actions`` and the entropy (None when not asked for), in float32."""
     out = out.float()
     if net.discrete:
         logp_all = torch.log_softmax(out, dim=-1)
         logp = logp_all.gather(-1, actions.long().unsqueeze(-1)).squeeze(-1)
-        entropy = -(logp_all.exp() * logp_all).sum(-1)
+        entropy = -(logp_all.exp() * logp_all).sum(-1) if with_entropy else None
         return logp, entropy
     log_std = net.log_std.float().expand_as(out)
     std = log_std.exp()
@@ -535,29 +537,32 @@ class PPO:
         return adv_t, adv_t + self.buf_val
 
     def _loss(self, net: nn.Module, mb: dict[str, torch.Tensor]) -> torch.Tensor:
+        # Written for few ops: a 64-unit network is launch-bound, so every op
+        # in the forward (and its node in the backward) shows in updates/s.
         cfg = self.cfg
+        record = bool(mb.get("record"))
         out, value = self.forward(mb["obs"])
-        newlogp, entropy = log_prob_entropy(self.net, out, mb["act"])
+        need_entropy = bool(cfg.ent_coef) or record
+        newlogp, entropy = log_prob_entropy(self.net, out, mb["act"], need_entropy)
         logratio = newlogp - mb["logp"]
         ratio = logratio.exp()
         adv = mb["adv"]
         if cfg.norm_adv:
             adv = (adv - adv.mean()) / (adv.std() + 1e-8)
-        pg_loss = torch.max(-adv * ratio, -adv * torch.clamp(ratio, 1 - cfg.clip_coef, 1 + cfg.clip_coef)).mean()
+        pg_loss = -torch.min(adv * ratio, adv * ratio.clamp(1 - cfg.clip_coef, 1 + cfg.clip_coef)).mean()
         value = value.float()
         if cfg.clip_vloss:
             v_unclipped = (value - mb["ret"]) ** 2
             v_clipped = mb["val"] + torch.clamp(value - mb["val"], -cfg.clip_coef, cfg.clip_coef)
             v_loss = 0.5 * torch.max(v_unclipped, (v_clipped - mb["ret"]) ** 2).mean()
         else:
-            v_loss = 0.5 * ((value - mb["ret"]) ** 2).mean()
-        ent = entropy.mean() if cfg.ent_coef else entropy.detach().mean()  # no graph for a zero-weighted term
+            v_loss = 0.5 * (value - mb["ret"]).square().mean()
         loss = pg_loss + cfg.vf_coef * v_loss
         if cfg.ent_coef:
-            loss = loss - cfg.ent_coef * ent
-        if mb.get("record"):  # diagnostics for the last minibatch of an epoch only: each op costs microseconds
+            loss = loss - cfg.ent_coef * entropy.mean()
+        if record:  # diagnostics for the last minibatch of an epoch only
             with torch.no_grad():
-                self._last_terms = (pg_loss.detach(), v_loss.detach(), ent.detach(), ((ratio - 1) - logratio).mean())
+                self._last_terms = (pg_loss.detach(), v_loss.detach(), entropy.detach().mean(), ((ratio - 1) - logratio).mean())
         return loss
 
     def _update(self, advantages: torch.Tensor, returns: torch.Tensor) -> dict[str, Any]:
