@@ -109,4 +109,15 @@ def test_analyze_includes_probe_json(assets, tmp_path):
     (tmp_path / "probe.json").write_text(json.dumps({"meta": {"command": "test"}, "rows": rows}))
     out = analyze(tmp_path)
     assert any(p.endswith("probe.png") for p in out["plots"])
-    assert "Static probe" in (tmp_path / "report.md").read_text()
+    report = (tmp_path / "report.md").read_text()
+    assert "Static probe" in report and "slope of accum_err_final" in report
+
+
+def test_length_slopes_recover_a_known_power():
+    from genesis_fp16.forensics.analyze import length_slopes
+
+    rows = [{"config": "c", "seq_len": L, "accum_err_final": 0.01 * (L - 8) ** 0.5, "policy_accum_err_final": 0.02 * (L - 8)}
+            for L in (16, 32, 64)]
+    (row,) = length_slopes(rows)
+    assert row["accum_err_slope_across_lengths"] == pytest.approx(0.5)
+    assert row["policy_accum_err_slope_across_lengths"] == pytest.approx(1.0)

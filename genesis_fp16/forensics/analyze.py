@@ -146,6 +146,29 @@ def _plots(results_dir: Path, runs: list[dict], probe: dict | None, replay: dict
     return made
 
 
+def length_slopes(rows: list[dict]) -> list[dict]:
+    """Per configuration: the slope of log(accum_err_final) on log(scored
+    tokens) across the probe's sequence lengths (needs two or more)."""
+    import numpy as np
+
+    from .metrics import loglog_slope
+    from .probe import PROMPT_LEN
+
+    out = []
+    for cfg in dict.fromkeys(r["config"] for r in rows):
+        rs = sorted((r for r in rows if r["config"] == cfg), key=lambda r: r["seq_len"])
+        if len(rs) < 2:
+            continue
+        scored = np.array([r["seq_len"] - PROMPT_LEN for r in rs], dtype=float)
+        out.append({
+            "config": cfg,
+            "lengths": ",".join(str(r["seq_len"]) for r in rs),
+            "accum_err_slope_across_lengths": loglog_slope(scored, np.array([r["accum_err_final"] for r in rs])),
+            "policy_accum_err_slope_across_lengths": loglog_slope(scored, np.array([r["policy_accum_err_final"] for r in rs])),
+        })
+    return out
+
+
 def analyze(results_dir: Path) -> dict:
     results_dir = Path(results_dir)
     if not results_dir.is_dir():
@@ -167,6 +190,10 @@ def analyze(results_dir: Path) -> dict:
                   markdown_table(table, list(table[0].keys())), "", "![sweep](sweep.png)", ""]
     if probe:
         parts += ["## Static probe", "", f"Command: `{probe.get('meta', {}).get('command', '?')}`", "", markdown_table(probe["rows"], PROBE_COLUMNS), "", "![probe](probe.png)", ""]
+        slopes = length_slopes(probe["rows"])
+        if slopes:
+            parts += ["### H4: log-log slope of accum_err_final against scored length, across the probe's lengths", "",
+                      markdown_table(slopes, list(slopes[0].keys())), ""]
     if replay:
         parts += ["## Replay of frozen FP32 trajectories", "", markdown_table(replay["rows"], PROBE_COLUMNS), "", "![replay](replay_mismatch.png)", ""]
     report = "\n".join(parts)
