@@ -149,7 +149,7 @@ def compare(before: Path, after: Path) -> None:
         x, y = a["results"].get(key), b["results"].get(key)
         ratio = f"{y['value'] / x['value']:.2f}x" if x and y and x["value"] else "-"
         table.add_row(key, (x or y)["unit"], f"{x['value']:,.1f}" if x else "-", f"{y['value']:,.1f}" if y else "-", ratio)
-    Console().print(table)
+    Console(width=140).print(table)
 
 
 def main() -> None:
