@@ -175,9 +175,9 @@ def choose_vec_env(
 
 class InProcessVectorEnv(gym.vector.VectorEnv):
     """In-process vector env with the ``SyncVectorEnv`` same-step autoreset
-    contract, minus its per-step overhead: actions go to each env as Python
-    scalars (gymnasium's ``Discrete.contains`` on a NumPy integer costs more
-    than a CartPole step), and results go into preallocated arrays. Measured
+    contract, minus some per-step overhead: actions go to each env as Python
+    scalars (gymnasium's ``Discrete.contains`` check is slow on NumPy integers),
+    and results go into preallocated arrays. Measured
     against ``SyncVectorEnv`` by ``scripts/diagnose_performance.py --test env``."""
 
     def __init__(self, env_fns: list[EnvFn]) -> None:

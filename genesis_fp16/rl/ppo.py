@@ -233,8 +233,8 @@ class PPO:
         if not self.discrete:
             self.act_low, self.act_high = act_space.low, act_space.high
         self.net = ActorCritic(self.obs_dim, act_dim, self.discrete, cfg.hidden_size).to(self.device)
-        # fused Adam: one kernel for all parameters; the default on CPU is a per-tensor
-        # Python loop (measured 31 -> 21 ms per PPO update, docs/PPO.md)
+        # fused Adam: one kernel over all parameters; torch's CPU default is a
+        # per-tensor Python loop, which shows in a launch-bound update
         optimizer = torch.optim.Adam(self.net.parameters(), lr=cfg.learning_rate, eps=1e-5, fused=True)
         self.trainer = self._make_trainer(optimizer)
         self.obs_rms = RunningMeanStd((self.obs_dim,)) if cfg.normalize_obs else None
@@ -345,8 +345,8 @@ class PPO:
         """NumPy views of the weights (shared storage: optimizer steps and
         checkpoint loads write in place, so the views stay current). Used for
         rollout inference on the CPU in FP32 without compile: for a batch of 8
-        observations a NumPy matmul costs about 1 us against about 5-10 us of
-        torch dispatch per op (measured in docs/PPO.md)."""
+        observations torch's per-op dispatch costs more than the arithmetic
+        (batched NumPy vs torch inference in docs/PPO.md's stage table)."""
         if self.device.type != "cpu" or isinstance(self.forward, CompiledFallback):
             return None
         net = self.net
