@@ -243,3 +243,24 @@ def test_cli_ppo_json_and_bad_input(tmp_path):
     assert bad.exit_code == 2 and "amp_dtype" in bad.output and "float16" in bad.output
     missing = runner.invoke(app, ["ppo", "--config", str(tmp_path / "nope.yaml")])
     assert missing.exit_code == 2 and "not found" in missing.output
+
+
+def test_joint_towers_equal_two_separate_mlps():
+    from genesis_fp16.rl.ppo import ActorCritic
+
+    torch.manual_seed(0)
+    net = ActorCritic(4, 3, discrete=True, hidden=16)
+    h = 16
+
+    def mlp(w1, b1, w2, b2, head):
+        return lambda x: head(torch.tanh(torch.tanh(x @ w1.t() + b1) @ w2 + b2))
+
+    actor = mlp(net.w1[:h], net.b1[:h], net.w2[0], net.b2[0, 0], net.actor_head)
+    critic = mlp(net.w1[h:], net.b1[h:], net.w2[1], net.b2[1, 0], net.critic_head)
+    x = torch.randn(5, 4)
+    out, value = net(x)
+    torch.testing.assert_close(out, actor(x))
+    torch.testing.assert_close(value, critic(x).squeeze(-1))
+    # no weight shared: the actor's loss leaves the critic's rows without gradient
+    out.sum().backward()
+    assert net.w1.grad[h:].abs().sum() == 0 and net.w2.grad[1].abs().sum() == 0 and net.w1.grad[:h].abs().sum() > 0
