@@ -25,6 +25,16 @@ REQUIRED_KEYS = ("format", "format_version", "model")
 PathLike = Union[str, os.PathLike]
 
 
+def _read_umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+# mkstemp creates files 0600; a finished file gets the mode open() would give.
+_FILE_MODE = 0o666 & ~_read_umask()
+
+
 class CheckpointError(RuntimeError):
     """A checkpoint could not be read or written; the message names the file."""
 
@@ -50,6 +60,8 @@ def atomic_write(path: PathLike, write: Callable[[io.BufferedWriter], None]) -> 
     fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as fh:
+            if hasattr(os, "fchmod"):
+                os.fchmod(fh.fileno(), _FILE_MODE)
             write(fh)
             fh.flush()
             os.fsync(fh.fileno())

@@ -191,3 +191,14 @@ def test_process_killed_while_saving_leaves_previous_checkpoint(tmp_path):
 def test_save_refuses_payload_without_header(tmp_path):
     with pytest.raises(CheckpointError, match="header"):
         save_payload(tmp_path / "x.pt", {"model": {}})
+
+
+@pytest.mark.skipif(not hasattr(os, "fchmod"), reason="POSIX file modes only")
+def test_atomic_write_gives_the_mode_open_would_give(tmp_path):
+    import stat
+
+    target = atomic_write_bytes(tmp_path / "m.bin", b"x")
+    plain = tmp_path / "plain.bin"
+    plain.write_bytes(b"x")
+    # mkstemp alone would leave 0600; other users of the state dir need to read it
+    assert stat.S_IMODE(target.stat().st_mode) == stat.S_IMODE(plain.stat().st_mode)
