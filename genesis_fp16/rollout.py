@@ -168,6 +168,15 @@ class RolloutLedger:
             conn.close()
 
     # -- reads -----------------------------------------------------------------
+    def _rows_for(self, select: str, agent: Optional[str]) -> list[Any]:
+        """``select`` (a whole table, no WHERE) for one agent or all, oldest first."""
+        args: tuple[Any, ...] = ()
+        if agent is not None:
+            select += " WHERE agent = ?"
+            args = (_check_agent(agent),)
+        with self._transaction(write=False) as conn:
+            return conn.execute(select + " ORDER BY id", args).fetchall()
+
     @_retry_locked
     def stage(self, agent: str) -> Optional[str]:
         """The agent's stage, or None when the ledger has never seen it."""
@@ -179,13 +188,7 @@ class RolloutLedger:
     @_retry_locked
     def history(self, agent: Optional[str] = None) -> list[dict[str, Any]]:
         """Every stage change, oldest first: when, actor, from_stage, to_stage, reason, severity."""
-        query = "SELECT agent, at, actor, from_stage, to_stage, reason, severity FROM history"
-        args: tuple[Any, ...] = ()
-        if agent is not None:
-            query += " WHERE agent = ?"
-            args = (_check_agent(agent),)
-        with self._transaction(write=False) as conn:
-            rows = conn.execute(query + " ORDER BY id", args).fetchall()
+        rows = self._rows_for("SELECT agent, at, actor, from_stage, to_stage, reason, severity FROM history", agent)
         return [
             {"agent": r["agent"], "when": r["at"], "actor": r["actor"], "from_stage": r["from_stage"],
              "to_stage": r["to_stage"], "reason": r["reason"], "severity": r["severity"]}
@@ -228,13 +231,7 @@ class RolloutLedger:
 
     @_retry_locked
     def recommendations(self, agent: Optional[str] = None) -> list[dict[str, Any]]:
-        query = "SELECT agent, at, severity, changes, reason FROM recommendations"
-        args: tuple[Any, ...] = ()
-        if agent is not None:
-            query += " WHERE agent = ?"
-            args = (_check_agent(agent),)
-        with self._transaction(write=False) as conn:
-            rows = conn.execute(query + " ORDER BY id", args).fetchall()
+        rows = self._rows_for("SELECT agent, at, severity, changes, reason FROM recommendations", agent)
         return [dict(r, changes=json.loads(r["changes"])) for r in rows]
 
     @_retry_locked

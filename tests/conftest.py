@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 
 import pytest
+import torch
 
 from genesis_fp16 import telemetry
 
@@ -26,3 +27,13 @@ def _isolated_state(tmp_path_factory, monkeypatch):
 def state_dir(_isolated_state):
     """The state dir the current test's settings point at."""
     return _isolated_state
+
+
+@pytest.fixture
+def one_thread():
+    """One intra-op thread: tiny tensors on a shared 2-core machine run fastest
+    and least noisy on one. Use with ``pytestmark = pytest.mark.usefixtures("one_thread")``."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

@@ -15,13 +15,7 @@ from genesis_fp16.forensics.pretrain import PretrainSpec, assets_path, build_ass
 TINY = PretrainSpec(steps=20, finetune_steps=4, reward_samples=64)
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    # one intra-op thread: much faster for a tiny model on a shared 2-core machine
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def test_cast_copy_runs_in_the_dtype_and_leaves_the_original():

@@ -16,13 +16,7 @@ from genesis_fp16.forensics.replay import freeze, load_trajectories, replay
 TINY = PretrainSpec(steps=20, finetune_steps=4, reward_samples=64)
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    # one intra-op thread: much faster for a tiny model on a shared 2-core machine
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

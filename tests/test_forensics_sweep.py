@@ -17,12 +17,7 @@ TINY = PretrainSpec(steps=20, finetune_steps=4, reward_samples=64)
 ARGS = SweepArgs(max_steps=2, batch=4, gen_len=8)
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

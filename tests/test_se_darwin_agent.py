@@ -35,12 +35,7 @@ def synthetic_imagine(params: np.ndarray) -> np.ndarray:
     return -((np.asarray(params) - OPTIMUM) ** 2).sum(axis=1)
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _cand(ret: float, full: bool = True, params=None) -> Candidate:

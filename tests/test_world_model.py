@@ -18,13 +18,7 @@ from infrastructure.replay_buffer import ReplayBuffer, Trajectory, trajectories_
 from infrastructure.world_model import NonFiniteDataError, NotTrainedError, WorldModel, features
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    # tiny tensors on a shared 2-core machine: one intra-op thread is fastest and least noisy
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _linear_trajs(n: int = 6, length: int = 100, seed: int = 0) -> list[Trajectory]:
