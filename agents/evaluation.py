@@ -1,9 +1,12 @@
-"""Real evaluations in worker processes, with a timeout.
+"""Real evaluations in worker processes, with a timeout and a memory limit.
 
 A small pool (spawn context: no forked torch/thread state) is created once and
 reused across generations. A candidate that does not finish within the
 timeout is abandoned: the pool's processes are terminated and a fresh pool
-starts, so a hanging candidate cannot hang the loop.
+starts, so a hanging candidate cannot hang the loop. Each worker's address
+space may grow at most ``memory_limit_mb`` over what it holds once started
+(``RLIMIT_AS``, where the platform has it): a runaway evaluation gets a
+``MemoryError`` in its own process instead of taking the machine's memory.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import numpy as np
 from genesis_fp16.telemetry import get_logger
 
 from . import pendulum_task
+from .worker_limits import limit_worker_memory
 
 
 class EvaluationTimeout(RuntimeError):
@@ -41,19 +45,35 @@ class Evaluator:
     """``evaluate(params, states)`` runs one real episode per start state,
     split over ``workers`` processes."""
 
-    def __init__(self, env_id: str = pendulum_task.ENV_ID, workers: int = 2, timeout_s: float = 60.0) -> None:
+    def __init__(
+        self,
+        env_id: str = pendulum_task.ENV_ID,
+        workers: int = 2,
+        timeout_s: float = 60.0,
+        memory_limit_mb: Optional[int] = 2048,
+    ) -> None:
         if workers < 1:
             raise ValueError(f"workers={workers}: expected >= 1")
+        if timeout_s <= 0:
+            raise ValueError(f"timeout_s={timeout_s}: expected > 0")
+        if memory_limit_mb is not None and memory_limit_mb < 1:
+            raise ValueError(f"memory_limit_mb={memory_limit_mb}: expected >= 1 or None (no limit)")
         self.env_id = env_id
         self.workers = workers
         self.timeout_s = timeout_s
+        self.memory_limit_mb = memory_limit_mb
         self._pool: Optional[ProcessPoolExecutor] = None
         self._lock = threading.Lock()
         self._log = get_logger("agents.evaluation")
 
     def _get_pool(self) -> ProcessPoolExecutor:
         if self._pool is None:
-            self._pool = ProcessPoolExecutor(max_workers=self.workers, mp_context=multiprocessing.get_context("spawn"))
+            self._pool = ProcessPoolExecutor(
+                max_workers=self.workers,
+                mp_context=multiprocessing.get_context("spawn"),
+                initializer=limit_worker_memory,
+                initargs=(self.memory_limit_mb,),
+            )
         return self._pool
 
     def _kill_pool(self) -> None:

@@ -61,6 +61,7 @@ class EvolveConfig:
     recombinations: int = 3
     workers: int = 2
     eval_timeout_s: float = 120.0
+    eval_memory_mb: Optional[int] = 2048  # address space an evaluation worker may add; None: no limit
     agent: str = "se_darwin"
     wm_agent: str = "world_model"
 
@@ -187,7 +188,12 @@ class SEDarwinAgent:
         self.world_model = world_model
         if self.config.use_world_model and self.world_model is None:
             self.world_model = self._make_world_model()
-        self.evaluator = evaluator or Evaluator(self.config.env_id, workers=self.config.workers, timeout_s=self.config.eval_timeout_s)
+        self.evaluator = evaluator or Evaluator(
+            self.config.env_id,
+            workers=self.config.workers,
+            timeout_s=self.config.eval_timeout_s,
+            memory_limit_mb=self.config.eval_memory_mb,
+        )
         self.on_generation = on_generation
         self.pool: list[Candidate] = []
         self.real_episodes = 0
@@ -433,7 +439,7 @@ async def run_cma_baseline(config: Optional[EvolveConfig] = None, *, evaluator: 
     cfg.validate()
     log = get_logger("agents.se_darwin", agent="cma_baseline")
     starts = task.start_states(cfg.seed)
-    evaluator = evaluator or Evaluator(cfg.env_id, workers=cfg.workers, timeout_s=cfg.eval_timeout_s)
+    evaluator = evaluator or Evaluator(cfg.env_id, workers=cfg.workers, timeout_s=cfg.eval_timeout_s, memory_limit_mb=cfg.eval_memory_mb)
     started = time.perf_counter()
     es = cma.CMAEvolutionStrategy(np.zeros(task.N_PARAMS), 0.5, {"seed": cfg.seed + 1, "verbose": -9})
     episodes, generation, reached_at = 0, 0, None

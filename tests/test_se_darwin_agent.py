@@ -5,6 +5,7 @@ interrupted loop keeping its committed generations."""
 from __future__ import annotations
 
 import asyncio
+import sys
 import time
 
 import numpy as np
@@ -88,6 +89,19 @@ def test_evaluation_timeout_does_not_hang_the_loop():
     evaluator.close()
     assert len(res.returns) == 2 and all(np.isfinite(res.returns))
     assert res.episodes[0]["obs"].shape == (pendulum_task.EPISODE_STEPS, 3)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="RLIMIT_AS with /proc/self/status: Linux")
+def test_evaluation_workers_have_a_memory_limit():
+    with Evaluator(workers=1, timeout_s=60, memory_limit_mb=256) as evaluator:
+        pool = evaluator._get_pool()
+        # a runaway allocation fails inside the worker, not on the machine
+        with pytest.raises(MemoryError):
+            pool.submit(bytearray, 512 * 1024 * 1024).result(timeout=60)
+        res = evaluator.evaluate(np.zeros(pendulum_task.N_PARAMS), [[0.0, 0.0]])  # real episodes fit
+    assert np.isfinite(res.returns[0])
+    with pytest.raises(ValueError, match="memory_limit_mb=0"):
+        Evaluator(memory_limit_mb=0)
 
 
 def test_real_evaluation_matches_in_process_episodes():
