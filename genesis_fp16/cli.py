@@ -57,7 +57,7 @@ def doctor(as_json: bool = typer.Option(False, "--json", help="Print JSON instea
     settings = load_settings_or_exit()
     import torch
 
-    from .precision import capability_report, cpu_flags, cpu_has_native_bf16
+    from .precision import capability_report, cpu_flags, cpu_has_fast_bf16, cpu_has_native_bf16
 
     devices = ["cpu"] + [f"cuda:{i}" for i in range(torch.cuda.device_count())]
     reports = [capability_report(d) for d in devices]
@@ -71,6 +71,7 @@ def doctor(as_json: bool = typer.Option(False, "--json", help="Print JSON instea
         "cuda_available": torch.cuda.is_available(),
         "cpu_flags": interesting,
         "cpu_native_bf16": cpu_has_native_bf16(),
+        "cpu_fast_bf16": cpu_has_fast_bf16(),
         "devices": reports,
         "auto_device": primary["device"],
         "auto_precision": primary["auto_precision"],

@@ -45,13 +45,13 @@ def cpu_model() -> str:
                 break
     except OSError:
         pass
-    flags = [f for f in ("avx512_bf16", "amx_bf16") if f in cpu_flags()]
+    flags = [f for f in ("avx512_bf16", "amx_bf16") if f in cpu_flags()] + (["no AMX"] if "amx_bf16" not in cpu_flags() else [])
     return f"{name} [{', '.join(flags)}]" if flags else name
 
 
-def run_mode(mode: str, seed: int, budget: int, state_dir: Path) -> dict[str, Any]:
+def run_mode(mode: str, seed: int, budget: int, state_dir: Path, wm_precision: Optional[str] = None) -> dict[str, Any]:
     settings = load_settings(state_dir=state_dir)
-    config = EvolveConfig(seed=seed, budget=budget, use_world_model=mode != "no_world_model")
+    config = EvolveConfig(seed=seed, budget=budget, use_world_model=mode != "no_world_model", precision=wm_precision)
     if mode.startswith("cma"):
         return asyncio.run(run_cma_baseline(config))
     return asyncio.run(SEDarwinAgent(config, settings=settings).evolve())
@@ -93,8 +93,8 @@ def markdown(results: dict[str, Any]) -> str:
         f"{pendulum_task.TARGET_RETURN:.0f} on {pendulum_task.N_TRAIN_STARTS} training start states; held-out: "
         f"{pendulum_task.N_HELDOUT_STARTS} start states never used by the search).",
         "",
-        "| method | reached target | median real episodes to target | median held-out return | median best train return | median wall s |",
-        "|---|---|---|---|---|---|",
+        "| method | world-model precision | reached target | median real episodes to target | median held-out return | median best train return | median wall s |",
+        "|---|---|---|---|---|---|---|",
     ]
     names = {
         "full": "SE-Darwin loop with world model",
@@ -108,8 +108,9 @@ def markdown(results: dict[str, Any]) -> str:
         med = _median([float(v) for v in to_target if v is not None]) if len(reached) * 2 > len(reports) else None
         med_text = f"{med:.0f}" if med is not None else f"not reached (> {reports[0]['budget']})"
         ho, tr = _median([r["heldout_return"] for r in reports]), _median([r["train_return"] for r in reports])
+        precisions = sorted({str(r.get("precision")) for r in reports}) if mode == "full" else ["-"]
         lines.append(
-            f"| {names.get(mode, mode)} | {len(reached)}/{len(reports)} | {med_text} | "
+            f"| {names.get(mode, mode)} | {'/'.join(precisions)} | {len(reached)}/{len(reports)} | {med_text} | "
             f"{ho:.1f} | {tr:.1f} | {_median([r['wall_s'] for r in reports]):.1f} |"
         )
     lines += ["", "Per seed, real episodes to target (- = not reached):", ""]
@@ -145,6 +146,12 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--modes", nargs="+", default=["full", "no_world_model", "cma", "cma_long"])
     parser.add_argument("--precision-steps", type=int, default=800)
     parser.add_argument("--precision-episodes", type=int, default=12)
+    parser.add_argument(
+        "--wm-precision",
+        choices=["auto", "fp32", "fp16", "bf16"],
+        default=None,
+        help="world-model precision of the loop runs (default: settings and profile, i.e. auto)",
+    )
     parser.add_argument("--out", type=Path, default=None, help="write all reports as JSON here")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
@@ -154,6 +161,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         "seeds": args.seeds,
         "budget": args.budget,
         "cma_long_budget": args.cma_long_budget,
+        "wm_precision": args.wm_precision,
         "environment": {
             "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
             "cpu": cpu_model(),
@@ -172,7 +180,7 @@ def main(argv: Optional[list[str]] = None) -> int:
             reports = []
             for seed in args.seeds:
                 t0 = time.perf_counter()
-                report = run_mode(mode, seed, budget, state / mode)
+                report = run_mode(mode, seed, budget, state / mode, args.wm_precision)
                 report["mode"] = mode
                 reports.append(report)
                 print(

