@@ -121,6 +121,17 @@ def save_payload(path: PathLike, payload: dict[str, Any]) -> Path:
         raise CheckpointError(f"{path}: could not write checkpoint: {exc}") from exc
 
 
+ZIP_MAGIC = b"PK\x03\x04"
+
+
+def _unpickling_detail(exc: BaseException) -> str:
+    """The reason in torch's weights-only error, without its advice to retry
+    with ``weights_only=False`` (which would run the file's code)."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    useful = [line for line in lines if "weights_only" not in line and not line.startswith("Check the documentation")]
+    return useful[0] if useful else type(exc).__name__
+
+
 def load_payload(path: PathLike, map_location: Union[str, torch.device, None] = "cpu") -> dict[str, Any]:
     """Load and validate a checkpoint written by :func:`save_payload`."""
     path = Path(path)
@@ -130,12 +141,21 @@ def load_payload(path: PathLike, map_location: Union[str, torch.device, None] = 
         raise CheckpointError(f"{path}: not a regular file")
     if path.stat().st_size == 0:
         raise CheckpointError(f"{path}: checkpoint is empty (0 bytes); it was probably never finished")
+    with open(path, "rb") as fh:
+        magic = fh.read(4)
+    if magic != ZIP_MAGIC:
+        # torch.save writes a zip archive; anything else is not one of ours (and
+        # is never handed to an unpickler)
+        raise CheckpointError(
+            f"{path}: checkpoint is truncated or corrupt, or not a torch checkpoint at all "
+            f"(starts with {magic!r}, expected a torch zip archive)"
+        )
     try:
         payload = torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as exc:
         raise CheckpointError(
             f"{path}: refused to load: the file holds objects outside the safe set "
-            f"(weights_only=True); it may be foreign or malicious. Detail: {str(exc).splitlines()[0]}"
+            f"(weights_only=True); it may be foreign or malicious. Detail: {_unpickling_detail(exc)}"
         ) from None
     except Exception as exc:  # torch raises many types for a torn or garbage file
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__

@@ -63,6 +63,8 @@ def test_malicious_pickle_is_refused_and_never_runs(tmp_path):
     with pytest.raises(CheckpointError, match="refused to load") as info:
         trainer.load_checkpoint(evil)
     assert str(evil) in str(info.value)
+    assert "posix.system" in str(info.value) or "os.system" in str(info.value)  # says what it refused
+    assert "weights_only` set to `False`" not in str(info.value)  # and never advises running it
     assert not marker.exists()
 
 
@@ -82,6 +84,8 @@ def test_truncated_checkpoint_names_the_file(tmp_path):
     [
         (b"", "empty"),
         (b"this is not a checkpoint at all" * 10, "truncated or corrupt"),
+        (b"garbage\n", "not a torch checkpoint"),
+        (b"\x80\x02}q\x00.", "not a torch checkpoint"),  # a bare pickle never reaches an unpickler
     ],
 )
 def test_garbage_files(tmp_path, content, fragment):
