@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# Every GPU check the issues ask for, in one command, for a machine with CUDA:
+#
+#   bash scripts/gpu_acceptance.sh [OUT_DIR]      (default: gpu_results/)
+#
+# 1. the GPU tests (pytest -m gpu: CUDA FP16 with the scaler, BF16, checkpoints, NCCL, pinned PPO)
+# 2. the benchmark matrix on CUDA (strict FP32, TF32, BF16, FP16; S, M, L, LSTM)
+# 3. the same matrix compiled (torch.compile) for sizes S and L
+# 4. NCCL runs of the distributed trainer, world size = visible GPUs (at least 1), FP16 and BF16,
+#    DDP and FSDP2, one with an injected overflow
+# 5. the PPO update step on CUDA (FP32, AMP BF16, AMP FP16, torch.compile)
+#
+# Each step writes its JSON (and a log) to OUT_DIR and the script goes on when
+# one fails; the exit code is the number of failed steps. It refuses to start
+# without CUDA: nothing here has a CPU fallback.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT_DIR="${1:-gpu_results}"
+PY="${PYTHON:-.venv/bin/python}"
+TORCHRUN="${TORCHRUN:-$(dirname "$PY")/torchrun}"
+mkdir -p "$OUT_DIR"
+
+if ! "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then
+    echo "gpu_acceptance: no CUDA device visible to $PY; nothing to run" >&2
+    exit 2
+fi
+NGPU="$("$PY" -c "import torch; print(torch.cuda.device_count())")"
+"$PY" -m genesis_fp16.cli doctor --json > "$OUT_DIR/doctor.json" 2> "$OUT_DIR/doctor.log"
+nvidia-smi > "$OUT_DIR/nvidia-smi.txt" 2>&1 || true
+
+failed=0
+step() {  # step NAME COMMAND...: run, log, count a failure, go on
+    local name="$1"; shift
+    local started; started=$(date +%s)
+    echo "== $name: $*"
+    if "$@" > "$OUT_DIR/$name.log" 2>&1; then
+        echo "   ok ($(( $(date +%s) - started )) s)"
+    else
+        echo "   FAILED (exit $?, $(( $(date +%s) - started )) s): see $OUT_DIR/$name.log"
+        failed=$((failed + 1))
+    fi
+}
+
+step pytest_gpu "$PY" -m pytest -m gpu -q -p no:cacheprovider --junitxml "$OUT_DIR/pytest_gpu.xml"
+step bench_cuda "$PY" -m genesis_fp16.cli bench --device cuda \
+    --json "$OUT_DIR/bench_cuda.json" --csv "$OUT_DIR/bench_cuda.csv" --markdown "$OUT_DIR/bench_cuda.md"
+step bench_cuda_compile "$PY" -m genesis_fp16.cli bench --device cuda --compile --sizes S,L \
+    --precisions fp32,bf16,fp16 --json "$OUT_DIR/bench_cuda_compile.json" --markdown "$OUT_DIR/bench_cuda_compile.md"
+for wrap in ddp fsdp; do
+    for prec in fp16 bf16; do
+        step "nccl_${wrap}_${prec}" "$TORCHRUN" --standalone --nproc_per_node="$NGPU" scripts/train_distributed.py \
+            --wrap "$wrap" --precision "$prec" --steps 300 --json "$OUT_DIR/nccl_${wrap}_${prec}.json"
+    done
+done
+step nccl_ddp_fp16_overflow "$TORCHRUN" --standalone --nproc_per_node="$NGPU" scripts/train_distributed.py \
+    --precision fp16 --steps 20 --inject-overflow-rank $((NGPU - 1)) --inject-step 5 \
+    --json "$OUT_DIR/nccl_ddp_fp16_overflow.json"
+step ppo_update_cuda "$PY" scripts/diagnose_performance.py --test update --device cuda \
+    --json "$OUT_DIR/ppo_update_cuda.json"
+
+echo "gpu_acceptance: $failed step(s) failed; results in $OUT_DIR/"
+exit "$failed"
