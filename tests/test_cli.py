@@ -1,7 +1,11 @@
 import json
+import os
 import subprocess
 import sys
+from pathlib import Path
 
+import pytest
+import torch
 from typer.testing import CliRunner
 
 from genesis_fp16.cli import app
@@ -44,3 +48,18 @@ def test_trainers_lists_registry():
     assert result.exit_code == 0
     names = {row["name"] for row in json.loads(result.stdout)}
     assert {"fp32", "fp16", "bf16"} <= names
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without CUDA")
+def test_gpu_acceptance_script_refuses_without_cuda(tmp_path):
+    script = Path(__file__).resolve().parents[1] / "scripts" / "gpu_acceptance.sh"
+    proc = subprocess.run(
+        ["bash", str(script), str(tmp_path / "out")],
+        env=dict(os.environ, PYTHON=sys.executable),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert "no CUDA device" in proc.stderr
+    assert not any((tmp_path / "out").iterdir())  # nothing half-written
