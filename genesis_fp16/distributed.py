@@ -26,13 +26,15 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import io
+import os
 import pickle
 import shutil
+import sys
 import warnings
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, Optional, Union
+from typing import Any, Callable, Iterable, Iterator, NoReturn, Optional, Union
 
 import torch
 import torch.distributed as dist
@@ -170,6 +172,27 @@ def destroy_distributed(barrier: bool = True) -> None:
         if barrier:
             dist.barrier()
         dist.destroy_process_group()
+
+
+def exit_without_finalizers(code: int = 0) -> NoReturn:
+    """End a worker process whose work is done and whose process group is
+    destroyed, without running the interpreter's finalizers.
+
+    Gloo's C++ worker threads can still hold work objects whose destructors need
+    the GIL while the interpreter is being torn down; the process then aborts
+    (SIGABRT, "terminate called without an active exception") after a run that
+    succeeded, and torchrun or ``mp.spawn`` report a failure. Seen once in
+    tests/test_distributed.py (FSDP2 over gloo, 2026-11-23); pytorch/pytorch
+    PR 179291 describes the mechanism. Everything this project writes is
+    already on disk by then (atomic writes, the event log opens and closes its
+    file per line); stdout and stderr are flushed here.
+    """
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(code)
 
 
 @contextlib.contextmanager

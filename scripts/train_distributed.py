@@ -38,6 +38,7 @@ from genesis_fp16.distributed import (
     DistributedEnvError,
     FSDPTrainer,
     destroy_distributed,
+    exit_without_finalizers,
     gather_json,
     init_distributed,
     inject_inf_grad,
@@ -249,4 +250,5 @@ def run(args: Args, ctx: Any) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # the process group is gone by now; skip finalizers that can abort a finished gloo run
+    exit_without_finalizers(main())
