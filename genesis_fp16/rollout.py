@@ -96,6 +96,19 @@ _retry_locked = retry(
 )
 
 
+def _real_in(value: float) -> Any:
+    """SQLite binds NaN as NULL, which the NOT NULL loss columns refuse: keep it as the text 'nan'."""
+    return "nan" if math.isnan(value) else value
+
+
+def _gap_row(row: Any) -> dict[str, Any]:
+    out = dict(row)
+    for key in ("val_loss", "fp32_val_loss"):
+        if isinstance(out.get(key), str):
+            out[key] = float(out[key])
+    return out
+
+
 def _check_agent(agent: str) -> str:
     if not isinstance(agent, str) or not agent.strip():
         raise ValueError(f"agent name {agent!r}: expected a non-empty string")
@@ -214,7 +227,7 @@ class RolloutLedger:
                         "since": r["updated_at"],
                         "actor": r["actor"],
                         "reason": r["reason"],
-                        "last_shadow_gap": dict(gap) if gap else None,
+                        "last_shadow_gap": _gap_row(gap) if gap else None,
                         "last_good_checkpoint": good["path"] if good else None,
                     }
                 )
@@ -227,7 +240,7 @@ class RolloutLedger:
                 "SELECT at, val_loss, fp32_val_loss, gap, precision FROM shadow_gaps WHERE agent = ? ORDER BY id",
                 (_check_agent(agent),),
             ).fetchall()
-        return [dict(r) for r in rows]
+        return [_gap_row(r) for r in rows]
 
     @_retry_locked
     def recommendations(self, agent: Optional[str] = None) -> list[dict[str, Any]]:
@@ -305,7 +318,7 @@ class RolloutLedger:
         with self._transaction(write=True) as conn:
             conn.execute(
                 "INSERT INTO shadow_gaps (agent, at, val_loss, fp32_val_loss, gap, precision) VALUES (?, ?, ?, ?, ?, ?)",
-                (agent, at, val_loss, fp32_val_loss, gap, str(precision)),
+                (agent, at, _real_in(val_loss), _real_in(fp32_val_loss), gap, str(precision)),
             )
         self._log.info(
             "rollout.shadow_gap", agent=agent, val_loss=val_loss, fp32_val_loss=fp32_val_loss, gap=gap, precision=str(precision)

@@ -77,6 +77,22 @@ def test_shadow_gap_recorded_and_in_status(ledger):
     assert row["last_shadow_gap"]["val_loss"] == pytest.approx(0.1)
 
 
+def test_shadow_gap_with_nan_loss_is_recorded(ledger):
+    # a reduced-precision run that diverged to NaN is exactly what shadow mode must record;
+    # SQLite binds NaN as NULL, which the NOT NULL columns refused (IntegrityError)
+    import math
+
+    ledger.enable("wm", shadow=True)
+    rec = ledger.record_shadow_gap("wm", val_loss=float("nan"), fp32_val_loss=0.25, precision="fp16")
+    assert math.isnan(rec["val_loss"]) and rec["gap"] is None
+    ledger.record_shadow_gap("wm", val_loss=0.3, fp32_val_loss=float("nan"), precision="fp16")
+    gaps = ledger.shadow_gaps("wm")
+    assert len(gaps) == 2
+    assert math.isnan(gaps[0]["val_loss"]) and gaps[0]["fp32_val_loss"] == pytest.approx(0.25)
+    assert math.isnan(gaps[1]["fp32_val_loss"]) and gaps[1]["gap"] is None
+    assert math.isnan(ledger.status()[0]["last_shadow_gap"]["fp32_val_loss"])
+
+
 def test_corrupt_ledger_is_one_clear_error(state_dir):
     (state_dir / LEDGER_FILE).write_bytes(b"this is not sqlite" * 100)
     with pytest.raises(LedgerError, match="rollout.sqlite: rollout ledger is not a usable SQLite database"):
