@@ -271,6 +271,10 @@ class WorldModel:
             self.history.append(report)
             return report
 
+    def _owns_checkpoint(self, path: Any) -> bool:
+        """Whether ``path`` is one of this model's checkpoints (in its checkpoint directory)."""
+        return path is not None and Path(path).resolve().parent == self.checkpoint_dir.resolve()
+
     def _restore_after_trip(self, reason: str, events: list[str]) -> None:
         """Rebuild the trainer through the registry (the ledger now says
         rolled_back, so it is FP32) and restore the last good checkpoint into
@@ -300,7 +304,9 @@ class WorldModel:
             self.trainer = self._build_trainer()  # e.g. the ledger rolled the agent back since the last run
         elif self.guard is not None and getattr(self.guard, "reset", None) is not None:
             self.guard.reset()  # a new training run: judge it afresh
-        if self.guard is not None and getattr(self.guard, "last_good_checkpoint", None) is None:
+        if self.guard is not None and not self._owns_checkpoint(getattr(self.guard, "last_good_checkpoint", None)):
+            # none yet, or another model's (the ledger keeps one per agent name, across
+            # runs): a rollback must never load weights trained on another run's data
             self.guard.record_good_checkpoint(self.save(self.checkpoint_dir / f"{self.agent}.initial.pt"))
         self.model.fit_normaliser(x_tr, y_tr)
         xn_tr, yn_tr = self.model.normalise_x(x_tr), self.model.normalise_y(y_tr)

@@ -274,3 +274,31 @@ async def test_ledger_change_between_runs_rebuilds_the_trainer(monkeypatch):
     monkeypatch.setattr(rollout, "current_stage", lambda agent, settings: "rolled_back")
     assert (await wm.train(20, trajectories=trajs, save=False)).precision == "fp32"
     assert wm.trainer is not first
+
+
+async def test_trip_never_restores_another_runs_checkpoint(tmp_path):
+    """The guard's last good checkpoint lives in the ledger, per agent name,
+    across processes. A fresh model with its own checkpoint directory (one
+    evolve run) must not be rolled back onto another run's weights."""
+    from genesis_fp16.guard import RollbackGuard
+    from genesis_fp16.settings import load_settings
+
+    settings = load_settings()
+    ledger = rollout.RolloutLedger.from_settings(settings)
+    ledger.enable("world_model", actor="test")
+    trajs = _linear_trajs(3, 50)
+
+    def model(run: str, seed: int) -> WorldModel:
+        guard = RollbackGuard("world_model", settings=settings, ledger=ledger)
+        return WorldModel(3, 1, guard=guard, settings=settings, precision="bf16", seed=seed, checkpoint_dir=tmp_path / run)
+
+    first = await model("run_a", 0).train(30, trajectories=trajs)
+    assert not first.rolled_back and ledger.last_good_checkpoint("world_model") is not None
+
+    def storm(step, loss):
+        return loss * float("nan") if 5 <= step < 12 else loss
+
+    hit = await model("run_b", 1).train(30, trajectories=trajs, fault=storm)
+    assert hit.rolled_back
+    restored = [e for e in hit.events if e.startswith("restored")]
+    assert restored and all(str(tmp_path / "run_b") in e for e in restored), restored
