@@ -153,8 +153,11 @@ def _where(source: Union[str, Path], agent: Optional[str]) -> str:
     return f"{source}: {section}"
 
 
-def validate_table(table: Any, source: Union[str, Path], agent: Optional[str]) -> Profile:
-    """Validate one ``[defaults]`` or ``[agents.NAME]`` table."""
+def validate_table(
+    table: Any, source: Union[str, Path], agent: Optional[str], inherited: Optional[dict[str, Any]] = None
+) -> Profile:
+    """Validate one ``[defaults]`` or ``[agents.NAME]`` table; ``inherited`` are
+    the ``[defaults.thresholds]`` an agent's table is layered over."""
     where = _where(source, agent)
     if not isinstance(table, dict):
         raise ProfileError(f"{where}: expected a table of keys, got {type(table).__name__}")
@@ -182,11 +185,16 @@ def validate_table(table: Any, source: Union[str, Path], agent: Optional[str]) -
         if not ok:
             raise ProfileError(f"{where}: {key} = {value!r} is invalid; allowed values are {allowed}")
         values[key] = parsed
-    merged = {**THRESHOLD_DEFAULTS, **thresholds}
+    inherited = inherited or {}
+    merged = {**THRESHOLD_DEFAULTS, **inherited, **thresholds}
     if merged["overflow_warn"] > merged["overflow_rollback"]:
+        def shown(key: str) -> str:
+            origin = "" if key in thresholds or key not in inherited else ", from [defaults]"
+            return f"{merged[key]}{origin}"
+
         raise ProfileError(
-            f"{where}: thresholds.overflow_warn ({merged['overflow_warn']}) must not exceed "
-            f"thresholds.overflow_rollback ({merged['overflow_rollback']})"
+            f"{where}: thresholds.overflow_warn ({shown('overflow_warn')}) must not exceed "
+            f"thresholds.overflow_rollback ({shown('overflow_rollback')})"
         )
     return Profile(agent or "*", values, thresholds)
 
@@ -224,7 +232,7 @@ def parse_profiles(data: Any, source: Union[str, Path] = "<profiles>") -> Profil
     agents_table = data.get("agents", {})
     if not isinstance(agents_table, dict):
         raise ProfileError(f"{source}: 'agents' must hold tables, one per agent: [agents.NAME]")
-    agents = {name: validate_table(table, source, name) for name, table in agents_table.items()}
+    agents = {name: validate_table(table, source, name, defaults.thresholds) for name, table in agents_table.items()}
     return ProfileFile(Path(source) if source != "<profiles>" else None, defaults, agents)
 
 

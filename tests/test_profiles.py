@@ -81,6 +81,15 @@ def test_validation_names_agent_key_and_allowed(state_dir, table, message):
     assert "profiles.toml" in str(err.value)
 
 
+def test_threshold_order_is_checked_on_the_layered_agent(state_dir):
+    # each table is fine alone, but agent 'wm' would get warn 0.25 > rollback 0.2
+    _write(state_dir, "[defaults.thresholds]\noverflow_rollback = 0.2\n[agents.wm.thresholds]\noverflow_warn = 0.25\n")
+    with pytest.raises(ProfileError) as err:
+        profile_layer("other_agent", load_settings())
+    assert "agent 'wm': thresholds.overflow_warn (0.25) must not exceed thresholds.overflow_rollback (0.2" in str(err.value)
+    assert "[defaults]" in str(err.value)
+
+
 def test_bad_toml_and_unknown_section(state_dir):
     _write(state_dir, "[agents.wm\n")
     with pytest.raises(ProfileError, match="not valid TOML"):
