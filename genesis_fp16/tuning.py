@@ -7,8 +7,9 @@ changes to each agent's profile, with reasons:
   scaler): start the scale lower (the lowest scale the scaler backed off to,
   at most half the current ``init_scale``, rounded down to a power of two)
   and double ``growth_interval`` (quadruple it over ``overflow_rollback``);
-* two or more rollbacks: leave FP16 for BF16 (FP32's exponent range, no
-  scaler); rollbacks in BF16, or three or more in all: FP32;
+* two or more rollbacks, all in FP16 (the reduced precision last seen before
+  each): leave FP16 for BF16 (FP32's exponent range, no scaler); a rollback
+  in BF16, or three or more in all: FP32;
 * a guard P2 recommendation (throughput under the threshold): its changes.
 
 The overflow rate is the one the guard last judged (``guard.decision``);
@@ -105,7 +106,8 @@ def summarise(events: list[dict[str, Any]]) -> dict[str, AgentSummary]:
                 s.judged_overflow_rate = float(ev.get("overflow_rate", 0.0))
                 s.judged_steps = ev["training_steps"]
         elif name == "rollout.stage_changed" and ev.get("to_stage") == "rolled_back":
-            s.rollbacks.append({"when": ev.get("timestamp"), "reason": ev.get("reason"), "actor": ev.get("actor")})
+            s.rollbacks.append({"when": ev.get("timestamp"), "reason": ev.get("reason"), "actor": ev.get("actor"),
+                                "precision": s.precisions[-1] if s.precisions else None})
         elif name == "guard.recommendation" and isinstance(ev.get("changes"), dict):
             s.recommendations.append({"changes": ev["changes"], "reason": ev.get("reason", "")})
     return out
@@ -161,8 +163,9 @@ def propose(
                 f"growth_interval x{factor}"
             )
         if len(s.rollbacks) >= 2:
-            last = s.precisions[-1] if s.precisions else current.get("precision")
-            if last == "fp16" and len(s.rollbacks) < 3 and "bf16" not in s.precisions:
+            # the reduced precision each rollback happened in (the last one seen before it)
+            rolled_back_in = {r.get("precision") or current.get("precision") for r in s.rollbacks}
+            if rolled_back_in == {"fp16"} and len(s.rollbacks) < 3:
                 changes["precision"] = "bf16"
                 reasons.append(f"{len(s.rollbacks)} rollbacks in FP16: try BF16 (FP32 exponent range, no loss scaling)")
             else:

@@ -83,6 +83,23 @@ def test_repeated_rollbacks_move_precision(state_dir, precisions, rollbacks, exp
         assert f"{rollbacks} rollbacks" in proposals[0].reasons[0]
 
 
+def test_rollbacks_in_fp16_do_not_push_a_healthy_bf16_agent_to_fp32(state_dir):
+    # tune moved 'a' to BF16 after two FP16 rollbacks; BF16 then trained without a
+    # rollback. The same (appended) event log must not now propose FP32.
+    (state_dir / "profiles.toml").write_text('[agents.a]\nprecision = "bf16"\n')
+    events = [_ev("trainer.step_skipped", trainer="a", precision="fp16", reason="nonfinite_loss", step=1)]
+    events += [_ev("rollout.stage_changed", agent="a", to_stage="rolled_back", reason=f"P0: storm {k}") for k in range(2)]
+    events += [_ev("trainer.scale_changed", trainer="a", precision="bf16", step=5, new_scale=None)]
+    assert propose(events) == []
+    # one rollback in FP16 and one in BF16: FP32
+    events = [_ev("trainer.step_skipped", trainer="a", precision="fp16", reason="nonfinite_loss", step=1),
+              _ev("rollout.stage_changed", agent="a", to_stage="rolled_back", reason="P0"),
+              _ev("trainer.step_skipped", trainer="a", precision="bf16", reason="nonfinite_loss", step=2),
+              _ev("rollout.stage_changed", agent="a", to_stage="rolled_back", reason="P1")]
+    (p,) = propose(events)
+    assert p.changes == {"precision": "fp32"}
+
+
 def test_throughput_recommendation_and_shadow_trainer_ignored(state_dir):
     events = [
         _ev("guard.recommendation", agent="slow", changes={"precision": "fp32"}, reason="reduced precision is slower than FP32 here"),
