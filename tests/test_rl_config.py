@@ -76,3 +76,19 @@ def test_every_field_has_a_docstring():
         for name in cls.__dataclass_fields__:
             line = next(i for i, l in enumerate(src.splitlines()) if l.strip().startswith(f"{name}:"))
             assert src.splitlines()[line + 1].strip().startswith('"""'), f"{cls.__name__}.{name} has no docstring"
+
+
+def test_yaml_file_accepts_exponent_floats_without_a_dot(tmp_path):
+    # YAML 1.1 (PyYAML) reads 3e-4 as a string; --set already coerced it, the file must too
+    path = tmp_path / "c.yaml"
+    path.write_text("training:\n  learning_rate: 3e-4\n  target_kl: 1e-2\n  ent_coef: 1e-3\n")
+    cfg = load_config(path)
+    assert cfg.learning_rate == pytest.approx(3e-4) and cfg.target_kl == pytest.approx(1e-2)
+    assert cfg.ent_coef == pytest.approx(1e-3)
+
+
+@pytest.mark.parametrize("device", ["cuda:abc", "cudax", "cuda:"])
+def test_malformed_cuda_device_is_a_config_error(device):
+    with pytest.raises(ConfigError, match="device"):
+        load_config(None, [f"device={device}"])
+    assert load_config(None, ["device=cuda:1"]).device == "cuda:1"

@@ -264,3 +264,47 @@ def test_joint_towers_equal_two_separate_mlps():
     # no weight shared: the actor's loss leaves the critic's rows without gradient
     out.sum().backward()
     assert net.w1.grad[h:].abs().sum() == 0 and net.w2.grad[1].abs().sum() == 0 and net.w1.grad[:h].abs().sum() > 0
+
+
+def test_checkpoint_restores_reward_normalisation_statistics(tmp_path):
+    ppo = PPO(tiny("Pendulum-v1", normalize_obs=True, normalize_reward=True, seed=5))
+    ppo.train()
+    path = ppo.save_checkpoint(tmp_path / "ppo.pt")
+    other = PPO(tiny("Pendulum-v1", normalize_obs=True, normalize_reward=True, seed=6))
+    other.load_checkpoint(path)
+    for a, b in ((ppo.obs_rms, other.obs_rms), (ppo.ret_rms, other.ret_rms)):
+        np.testing.assert_array_equal(a.mean, b.mean)
+        np.testing.assert_array_equal(a.var, b.var)
+        assert a.count == b.count
+    ppo.close(), other.close()
+
+
+def test_unsupported_spaces_are_a_clear_error_in_the_cli():
+    from typer.testing import CliRunner
+
+    from genesis_fp16.cli import app
+
+    res = CliRunner().invoke(app, ["ppo", "--env", "Blackjack-v1", "--set", "optimizations.vec_env=sync"])
+    assert res.exit_code == 2 and "not supported" in res.output and "Tuple" in res.output, res.output
+    res = CliRunner().invoke(app, ["ppo", "--set", "device=cuda:abc"])
+    assert res.exit_code == 2 and "device" in res.output, res.output
+
+
+def test_unsupported_action_space_is_a_value_error():
+    import gymnasium as gym
+
+    from genesis_fp16.rl.envs import make_vector_env
+
+    class MultiDiscreteEnv(gym.Env):
+        observation_space = gym.spaces.Box(-1, 1, (2,), np.float32)
+        action_space = gym.spaces.MultiDiscrete([2, 3])
+
+        def reset(self, *, seed=None, options=None):
+            return np.zeros(2, np.float32), {}
+
+        def step(self, action):
+            return np.zeros(2, np.float32), 0.0, False, False, {}
+
+    envs = make_vector_env([MultiDiscreteEnv, MultiDiscreteEnv], "sync")
+    with pytest.raises(ValueError, match="MultiDiscrete"):
+        PPO(tiny(), envs=envs)

@@ -8,6 +8,7 @@ naming the key, the value and what is allowed.
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Union
@@ -158,7 +159,7 @@ class PPOConfig:
             raise ConfigError(
                 f"training.minibatch_size={self.minibatch_size}: expected <= num_envs*num_steps={self.batch_size}"
             )
-        if not isinstance(self.device, str) or not (self.device in ("auto", "cpu") or self.device.startswith("cuda")):
+        if not isinstance(self.device, str) or not (self.device in ("auto", "cpu") or re.fullmatch(r"cuda(:\d+)?", self.device)):
             raise ConfigError(f"training.device={self.device!r}: expected auto, cpu, cuda or cuda:N")
         if not isinstance(self.env_id, str) or not self.env_id:
             raise ConfigError(f"training.env_id={self.env_id!r}: expected a gymnasium environment id")
@@ -222,8 +223,14 @@ def _apply(cfg: PPOConfig, key: str, value: Any, *, from_string: bool = False) -
     current = getattr(target, name)
     if from_string:
         value = _coerce(key, value, current)
-    elif isinstance(current, float) and isinstance(value, int) and not isinstance(value, bool):
-        value = float(value)
+    else:
+        if isinstance(value, str) and (isinstance(current, float) or current is None):
+            try:  # a YAML file's 3e-4 (no dot) reaches here as a string, as with --set
+                value = float(value)
+            except ValueError:
+                pass
+        if isinstance(current, float) and isinstance(value, int) and not isinstance(value, bool):
+            value = float(value)
     setattr(target, name, value)
 
 

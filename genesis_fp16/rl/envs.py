@@ -184,6 +184,12 @@ class InProcessVectorEnv(gym.vector.VectorEnv):
         self.envs = [fn() for fn in env_fns]
         self.num_envs = len(self.envs)
         first = self.envs[0]
+        if first.observation_space.shape is None:
+            for env in self.envs:
+                env.close()
+            raise ValueError(
+                f"observation space {first.observation_space} not supported (expected a space with a shape, e.g. Box)"
+            )
         self.single_observation_space = first.observation_space
         self.single_action_space = first.action_space
         self.observation_space = gym.vector.utils.batch_space(first.observation_space, self.num_envs)

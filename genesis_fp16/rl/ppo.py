@@ -226,6 +226,12 @@ class PPO:
         self.envs = envs
         self.vec_choice = vec_choice
         obs_space, act_space = envs.single_observation_space, envs.single_action_space
+        if obs_space.shape is None or not isinstance(act_space, (gym.spaces.Discrete, gym.spaces.Box)):
+            envs.close()
+            raise ValueError(
+                f"env {cfg.env_id!r}: observation space {obs_space} / action space {act_space} not supported "
+                "(expected an observation space with a shape and a Discrete or Box action space)"
+            )
         self.discrete = isinstance(act_space, gym.spaces.Discrete)
         self.obs_dim = int(np.prod(obs_space.shape))
         self.act_shape: tuple[int, ...] = () if self.discrete else tuple(act_space.shape)
@@ -638,6 +644,7 @@ class PPO:
             "global_step": self.global_step,
             "iteration": self.iteration,
             "obs_rms": None if self.obs_rms is None else {"mean": self.obs_rms.mean.tolist(), "var": self.obs_rms.var.tolist(), "count": self.obs_rms.count},
+            "ret_rms": None if self.ret_rms is None else {"mean": float(self.ret_rms.mean), "var": float(self.ret_rms.var), "count": self.ret_rms.count},
         }
         return self.trainer.save_checkpoint(path, extra=extra)
 
@@ -648,6 +655,9 @@ class PPO:
         rms = extra.get("obs_rms")
         if rms and self.obs_rms is not None:
             self.obs_rms.mean, self.obs_rms.var, self.obs_rms.count = np.array(rms["mean"]), np.array(rms["var"]), rms["count"]
+        rms = extra.get("ret_rms")
+        if rms and self.ret_rms is not None:
+            self.ret_rms.mean, self.ret_rms.var, self.ret_rms.count = np.array(rms["mean"]), np.array(rms["var"]), rms["count"]
         return extra
 
     def close(self) -> None:
