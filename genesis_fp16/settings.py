@@ -86,11 +86,11 @@ class Settings(BaseSettings):
         OnUnsupported.FALLBACK,
         description="What to do when the device cannot run the asked precision: fallback (log, use best supported) or error.",
     )
-    init_scale: float = Field(65536.0, gt=0, description="GradScaler initial loss scale.")
-    growth_factor: float = Field(2.0, gt=1.0, description="GradScaler growth factor.")
+    init_scale: float = Field(65536.0, gt=0, allow_inf_nan=False, description="GradScaler initial loss scale.")
+    growth_factor: float = Field(2.0, gt=1.0, allow_inf_nan=False, description="GradScaler growth factor.")
     backoff_factor: float = Field(0.5, gt=0.0, lt=1.0, description="GradScaler backoff factor.")
     growth_interval: int = Field(2000, ge=1, description="Clean steps before the scale grows.")
-    max_grad_norm: Optional[float] = Field(1.0, gt=0, description="Gradient clipping norm; 'none' disables clipping.")
+    max_grad_norm: Optional[float] = Field(1.0, gt=0, allow_inf_nan=False, description="Gradient clipping norm; 'none' disables clipping.")
     grad_accumulation_steps: int = Field(1, ge=1, description="Micro-steps per optimizer step.")
     nonfinite_streak_threshold: int = Field(
         3, ge=1, description="Consecutive non-finite losses that raise a trainer.nonfinite_streak event."
@@ -178,7 +178,8 @@ def _allowed(field: str) -> str:
             if getattr(meta, attr, None) is not None:
                 bounds.append(f"{sym} {getattr(meta, attr)}")
     kind = getattr(annotation, "__name__", str(annotation)).replace("Optional", "")
-    text = f"a number {' and '.join(bounds)}" if bounds else f"a value of type {kind}"
+    number = "an integer" if annotation is int else "a finite number"
+    text = f"{number} {' and '.join(bounds)}" if bounds else f"a value of type {kind}"
     if field == "max_grad_norm":
         text += ", or 'none' to disable clipping"
     return text

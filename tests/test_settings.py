@@ -29,6 +29,11 @@ def test_defaults(state_dir):
         ("GENESIS_FP16_LOG_FORMAT", "xml", "console, json"),
         ("GENESIS_FP16_LOG_LEVEL", "loud", "DEBUG, INFO, WARNING, ERROR"),
         ("GENESIS_FP16_DISTRIBUTED", "mpi", "none, ddp, fsdp"),
+        # infinite values passed settings and failed later (init_scale) or not at all (growth_factor)
+        ("GENESIS_FP16_INIT_SCALE", "inf", "finite"),
+        ("GENESIS_FP16_GROWTH_FACTOR", "inf", "finite"),
+        ("GENESIS_FP16_MAX_GRAD_NORM", "inf", "finite"),
+        ("GENESIS_FP16_GROWTH_INTERVAL", "1.5", "an integer >= 1"),
     ],
 )
 def test_invalid_value_names_variable_value_and_allowed(monkeypatch, var, value, allowed):
