@@ -308,3 +308,30 @@ def test_unsupported_action_space_is_a_value_error():
     envs = make_vector_env([MultiDiscreteEnv, MultiDiscreteEnv], "sync")
     with pytest.raises(ValueError, match="MultiDiscrete"):
         PPO(tiny(), envs=envs)
+
+
+def test_chunked_inference_keeps_each_chunks_values_when_compiled_outputs_are_reused(monkeypatch):
+    # torch.compile(mode="reduce-overhead") on CUDA replays CUDA graphs whose outputs live in
+    # static buffers that the next replay overwrites; simulate that: one output buffer per shape
+    def static_output_compile(fn, mode=None):
+        buffers = {}
+
+        def compiled(x):
+            out, value = fn(x)
+            if x.shape not in buffers:
+                buffers[x.shape] = (torch.empty_like(out), torch.empty_like(value))
+            b_out, b_val = buffers[x.shape]
+            b_out.copy_(out), b_val.copy_(value)
+            return b_out, b_val
+
+        return compiled
+
+    obs = torch.randn(8, 4, generator=torch.Generator().manual_seed(0))
+    values = {}
+    for name, kw in {"batched": {}, "chunk3": dict(inference_batch_size=3), "per_env": dict(batch_inference=False)}.items():
+        monkeypatch.setattr(torch, "compile", static_output_compile)
+        ppo = PPO(tiny(num_envs=8, seed=3, use_torch_compile=True, compile_mode="reduce-overhead", **kw))
+        values[name] = ppo.act(obs, ppo._draw_noise())[2]
+        ppo.close()
+    torch.testing.assert_close(values["chunk3"], values["batched"])
+    torch.testing.assert_close(values["per_env"], values["batched"])

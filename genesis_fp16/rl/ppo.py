@@ -415,7 +415,9 @@ class PPO:
             logp, _ = log_prob_entropy(self.net, out, action)
             acts.append(action)
             logps.append(logp)
-            vals.append(value.float())
+            # copied when another chunk follows: a compiled forward (CUDA graphs in
+            # reduce-overhead) may return a static buffer that its next call overwrites
+            vals.append(value.float() if chunk >= n else value.float().clone())
         if len(acts) == 1:
             return acts[0].cpu(), logps[0].cpu(), vals[0].cpu()
         return torch.cat(acts).cpu(), torch.cat(logps).cpu(), torch.cat(vals).cpu()
