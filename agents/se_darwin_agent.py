@@ -71,6 +71,11 @@ class EvolveConfig:
             problems.append(f"env {self.env_id!r}: the embedded task supports {task.ENV_ID!r} only")
         if self.budget < task.N_TRAIN_STARTS:
             problems.append(f"budget={self.budget}: expected at least {task.N_TRAIN_STARTS} real episodes (one full evaluation)")
+        if self.init_candidates > self.budget:
+            problems.append(
+                f"init_candidates={self.init_candidates}: generation 0 spends one real episode per initial candidate; "
+                f"expected at most the budget ({self.budget})"
+            )
         if self.precision not in (None, "auto", "fp32", "fp16", "bf16"):
             problems.append(f"precision={self.precision!r}: expected auto, fp32, fp16 or bf16")
         for name in ("init_candidates", "eval_top_k", "popsize", "workers", "horizon"):

@@ -180,3 +180,10 @@ def test_bad_options_are_refused():
         EvolveConfig(env_id="CartPole-v1").validate()
     with pytest.raises(ValueError, match="budget=5"):
         EvolveConfig(budget=5).validate()
+
+
+def test_seed_generation_cannot_overspend_the_budget():
+    # generation 0 spends one real episode per initial candidate, before any budget check in the loop
+    with pytest.raises(ValueError, match="init_candidates=20"):
+        EvolveConfig(budget=16, init_candidates=20).validate()
+    EvolveConfig(budget=16, init_candidates=16).validate()
