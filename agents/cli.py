@@ -48,6 +48,8 @@ def evolve(
     from genesis_fp16.checkpoint import atomic_write_text
     from genesis_fp16.cli import fail, load_settings_or_exit
 
+    from infrastructure.replay_buffer import ReplayBufferError
+
     from .se_darwin_agent import EvolveConfig, SEDarwinAgent, run_cma_baseline
 
     settings = load_settings_or_exit()
@@ -108,7 +110,7 @@ def evolve(
                 highlight=False,
             )
         raise typer.Exit(130)
-    except ValueError as exc:
+    except (ValueError, ReplayBufferError) as exc:
         raise fail(str(exc))
 
     table = Table(title=f"evolve: {report['mode']} on {report['env']}, seed {report['seed']}")

@@ -101,3 +101,11 @@ def test_ctrl_c_keeps_replay_buffer(tiny, monkeypatch, state_dir):
     assert result.exit_code == 130, result.output
     assert "interrupted" in result.output and "1 generation(s), 8 trajectories are safe" in result.output
     assert (state_dir / "replay.sqlite").is_file()
+
+
+def test_corrupt_replay_database_one_clear_error(state_dir):
+    (state_dir / "replay.sqlite").write_bytes(b"not a database at all " * 200)
+    result = runner.invoke(app, ["evolve", "--budget", "16", "--workers", "1"])
+    assert result.exit_code == 2, result.output
+    assert "replay.sqlite" in result.output and "corrupt" in result.output
+    assert "Traceback" not in result.output
