@@ -35,7 +35,9 @@ class TrainerSpec:
 
 _REGISTRY: dict[str, TrainerSpec] = {}
 _LOCK = threading.Lock()
+_LOAD_LOCK = threading.RLock()  # one thread loads the plugins; the others wait for it
 _ENTRY_POINTS_LOADED = False
+_LOADING = False  # a plugin that looks the registry up while it is imported sees what is there
 
 
 class UnknownTrainerError(KeyError):
@@ -76,20 +78,27 @@ register("bf16", _precision_factory("bf16"), "single process, BF16 autocast, no 
 
 
 def _load_entry_points() -> None:
-    global _ENTRY_POINTS_LOADED
+    global _ENTRY_POINTS_LOADED, _LOADING
     if _ENTRY_POINTS_LOADED:
         return
-    _ENTRY_POINTS_LOADED = True
-    log = get_logger("genesis_fp16.registry")
-    for ep in metadata.entry_points(group=ENTRY_POINT_GROUP):
-        if ep.name in _REGISTRY:
-            continue
+    with _LOAD_LOCK:
+        if _ENTRY_POINTS_LOADED or _LOADING:
+            return
+        _LOADING = True
         try:
-            factory = ep.load()
-        except Exception as exc:  # a broken plugin must not hide the built-ins
-            log.error("registry.plugin_failed", name=ep.name, entry_point=ep.value, error=str(exc))
-            continue
-        register(ep.name, factory, getattr(factory, "__doc__", "") or "", source=f"entry point {ep.value}")
+            log = get_logger("genesis_fp16.registry")
+            for ep in metadata.entry_points(group=ENTRY_POINT_GROUP):
+                if ep.name in _REGISTRY:
+                    continue
+                try:
+                    factory = ep.load()
+                except Exception as exc:  # a broken plugin must not hide the built-ins
+                    log.error("registry.plugin_failed", name=ep.name, entry_point=ep.value, error=str(exc))
+                    continue
+                register(ep.name, factory, getattr(factory, "__doc__", "") or "", source=f"entry point {ep.value}")
+        finally:
+            _LOADING = False
+        _ENTRY_POINTS_LOADED = True
 
 
 def _load_builtin_extensions() -> None:

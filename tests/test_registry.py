@@ -45,6 +45,37 @@ def test_entry_point_plugin_is_registered(monkeypatch):
     assert registry.create_trainer("thirdparty", *model_opt()).precision.name == "fp32"
 
 
+def test_concurrent_first_lookups_both_see_the_plugin(monkeypatch):
+    # the loaded flag was set before the plugins were registered: a second thread
+    # looking a plugin up meanwhile got UnknownTrainerError
+    import threading
+    import time
+
+    def slow_load():
+        time.sleep(0.3)
+        return lambda model, optimizer, config=None, scheduler=None, **kw: FP16Trainer(model, optimizer, config, scheduler, **kw)
+
+    fake_ep = SimpleNamespace(name="slowplugin", value="pkg:slow", load=slow_load)
+    monkeypatch.setattr(registry.metadata, "entry_points", lambda group: [fake_ep] if group == registry.ENTRY_POINT_GROUP else [])
+    monkeypatch.setattr(registry, "_ENTRY_POINTS_LOADED", False)
+    monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))
+    errors = []
+
+    def lookup():
+        try:
+            registry.get("slowplugin")
+        except Exception as exc:  # noqa: BLE001
+            errors.append(exc)
+
+    threads = [threading.Thread(target=lookup) for _ in range(2)]
+    threads[0].start()
+    time.sleep(0.05)
+    threads[1].start()
+    for t in threads:
+        t.join()
+    assert errors == []
+
+
 def test_broken_plugin_does_not_hide_builtins(monkeypatch):
     def boom():
         raise ImportError("missing dependency")
