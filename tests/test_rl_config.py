@@ -92,3 +92,9 @@ def test_malformed_cuda_device_is_a_config_error(device):
     with pytest.raises(ConfigError, match="device"):
         load_config(None, [f"device={device}"])
     assert load_config(None, ["device=cuda:1"]).device == "cuda:1"
+
+
+@pytest.mark.parametrize("override", ["ent_coef=nan", "vf_coef=nan", "ent_coef=.inf", "vf_coef=.inf", "learning_rate=.inf"])
+def test_non_finite_coefficients_are_rejected(override):
+    with pytest.raises(ConfigError, match=override.split("=")[0]):
+        load_config(None, [override])

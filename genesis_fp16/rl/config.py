@@ -143,14 +143,16 @@ class PPOConfig:
         _int("training.eval_episodes", self.eval_episodes, 0)
         for name in ("learning_rate", "clip_coef", "max_grad_norm"):
             _positive(f"training.{name}", getattr(self, name))
+        if self.learning_rate == float("inf"):
+            raise ConfigError(f"training.learning_rate={self.learning_rate!r}: expected a finite number > 0")
         for name in ("gamma", "gae_lambda"):
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0.0 <= value <= 1.0:
                 raise ConfigError(f"training.{name}={value!r}: expected a number in [0, 1]")
         for name in ("ent_coef", "vf_coef"):
             value = getattr(self, name)
-            if not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0:
-                raise ConfigError(f"training.{name}={value!r}: expected a number >= 0")
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 <= value < float("inf"):
+                raise ConfigError(f"training.{name}={value!r}: expected a finite number >= 0")
         if self.target_kl is not None:
             _positive("training.target_kl", self.target_kl)
         for name in ("anneal_lr", "clip_vloss", "norm_adv", "normalize_obs", "normalize_reward"):
