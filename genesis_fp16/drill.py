@@ -323,7 +323,6 @@ def run_drill(
     own = state_dir is None
     scratch = Path(tempfile.mkdtemp(prefix="genesis-fp16-drill-")) if own else Path(state_dir)
     scratch.mkdir(parents=True, exist_ok=True)
-    previous = telemetry.events_path()
     drill = Drill(scratch)  # the drill's events go to the scratch dir
     results: list[ScenarioResult] = []
     try:
@@ -340,8 +339,9 @@ def run_drill(
             if progress:
                 progress(name, result)
     finally:
-        if previous is not None:
-            telemetry.configure_logging(force=True)
+        # back to the real event log, also when nothing had configured logging
+        # before (the scratch dir is removed below)
+        telemetry.configure_logging(force=True)
     report = {
         "passed": all(r.passed for r in results),
         "scenarios": [asdict(r) for r in results],

@@ -47,3 +47,18 @@ def test_crashing_scenario_is_reported_not_raised(tmp_path, monkeypatch):
     (only,) = report["scenarios"]
     assert not report["passed"] and only["passed"] is False and "disk on fire" in only["detail"]
     assert report["state_dir"] == str(tmp_path / "scratch")
+
+
+def test_events_after_a_drill_go_to_the_real_log_when_logging_was_not_configured(state_dir, monkeypatch):
+    # a fresh process: nothing configured logging before the drill; afterwards the
+    # event sink stayed on the (removed) scratch dir and recreated it
+    from genesis_fp16 import telemetry
+
+    monkeypatch.setattr(drill_mod.Drill, "scenarios", lambda self: [("kill_switch", self.kill_switch)])
+    telemetry._CONFIGURED.clear()
+    report = run_drill()
+    assert report["passed"]
+    assert telemetry.events_path() == state_dir / "events.jsonl"
+    telemetry.get_logger("test").warning("after.drill")
+    events = telemetry.read_events(state_dir / "events.jsonl")
+    assert any(e.get("event") == "after.drill" for e in events)
