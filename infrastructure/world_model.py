@@ -24,6 +24,7 @@ import asyncio
 import copy
 import math
 import time
+import zlib
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence, Union
@@ -223,7 +224,7 @@ class WorldModel:
             nxt, rew = torch.from_numpy(np.array(traj.next_obs, dtype=np.float32)), torch.from_numpy(np.array(traj.reward, dtype=np.float32))
             xs.append(features(obs, act))
             ys.append(targets(obs, nxt, rew))
-            key = traj.id if traj.id is not None else hash(traj.candidate) & 0xFFFFFFFF
+            key = traj.id if traj.id is not None else zlib.crc32(traj.candidate.encode("utf-8"))  # not hash(): salted per process
             rng = np.random.default_rng([self.seed, int(key)])
             is_val.append(torch.from_numpy(rng.random(len(traj.obs)) < self.val_fraction))
         x, y, val = torch.cat(xs).float(), torch.cat(ys).float(), torch.cat(is_val)

@@ -302,3 +302,28 @@ async def test_trip_never_restores_another_runs_checkpoint(tmp_path):
     assert hit.rolled_back
     restored = [e for e in hit.events if e.startswith("restored")]
     assert restored and all(str(tmp_path / "run_b") in e for e in restored), restored
+
+
+def test_split_of_trajectories_without_ids_is_the_same_in_every_process():
+    """The validation split is seeded; trajectories given without a replay id
+    are keyed by candidate name, which must not depend on Python's per-process
+    string hash salt."""
+    import subprocess
+    import sys
+
+    code = (
+        "import numpy as np\n"
+        "from infrastructure.replay_buffer import Trajectory\n"
+        "from infrastructure.world_model import WorldModel\n"
+        "t = [Trajectory(obs=np.zeros((200, 3)), action=np.zeros((200, 1)), reward=np.zeros(200), next_obs=np.zeros((200, 3)),"
+        " done=np.zeros(200, bool), candidate=f'c{k}') for k in range(4)]\n"
+        "x_tr, _, x_val, _ = WorldModel(3, 1, precision='fp32', seed=0)._dataset(t)\n"
+        "print(len(x_tr), len(x_val))\n"
+    )
+    outs = set()
+    for salt in ("1", "2", "3"):
+        env = {**__import__("os").environ, "PYTHONHASHSEED": salt}
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+        assert out.returncode == 0, out.stderr
+        outs.add(out.stdout.strip().splitlines()[-1])
+    assert len(outs) == 1, outs
