@@ -335,3 +335,15 @@ def test_chunked_inference_keeps_each_chunks_values_when_compiled_outputs_are_re
         ppo.close()
     torch.testing.assert_close(values["chunk3"], values["batched"])
     torch.testing.assert_close(values["per_env"], values["batched"])
+
+
+def test_a_given_vector_env_must_use_same_step_autoreset():
+    # GAE and the truncation bootstrap assume SAME_STEP (final_obs in infos, reset obs returned at once);
+    # gymnasium's default NEXT_STEP would put a reward-0 reset transition into the rollout
+    import gymnasium as gym
+
+    envs = gym.vector.SyncVectorEnv([lambda: gym.make("CartPole-v1")] * 2)
+    with pytest.raises(ValueError, match="SAME_STEP"):
+        PPO(tiny(), envs=envs)
+    same = gym.vector.SyncVectorEnv([lambda: gym.make("CartPole-v1")] * 2, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+    PPO(tiny(), envs=same).close()

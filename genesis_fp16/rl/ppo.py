@@ -225,6 +225,13 @@ class PPO:
             envs, vec_choice = build_envs(cfg.env_id, cfg.num_envs, cfg.seed, opts)
         self.envs = envs
         self.vec_choice = vec_choice
+        autoreset = getattr(envs, "metadata", {}).get("autoreset_mode")
+        if autoreset is not None and autoreset != gym.vector.AutoresetMode.SAME_STEP:
+            envs.close()
+            raise ValueError(
+                f"vector env autoreset_mode={autoreset}: PPO needs AutoresetMode.SAME_STEP "
+                "(the final observation in infos['final_obs'] for the truncation bootstrap)"
+            )
         obs_space, act_space = envs.single_observation_space, envs.single_action_space
         if obs_space.shape is None or not isinstance(act_space, (gym.spaces.Discrete, gym.spaces.Box)):
             envs.close()
