@@ -347,3 +347,13 @@ def test_a_given_vector_env_must_use_same_step_autoreset():
         PPO(tiny(), envs=envs)
     same = gym.vector.SyncVectorEnv([lambda: gym.make("CartPole-v1")] * 2, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
     PPO(tiny(), envs=same).close()
+
+
+def test_cuda_device_index_beyond_the_visible_gpus_is_a_value_error(monkeypatch):
+    from genesis_fp16.rl.ppo import resolve_device
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    assert resolve_device("cuda:0") == torch.device("cuda:0")
+    with pytest.raises(ValueError, match="cuda:3"):
+        resolve_device("cuda:3")

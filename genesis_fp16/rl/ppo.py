@@ -207,6 +207,8 @@ def resolve_device(name: str) -> torch.device:
     device = torch.device(name)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"training.device={name!r}: CUDA is not available on this machine; use auto or cpu")
+    if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
+        raise ValueError(f"training.device={name!r}: this machine has {torch.cuda.device_count()} visible CUDA device(s)")
     return device
 
 
