@@ -111,6 +111,18 @@ def _is_locked(exc: BaseException) -> bool:
     return isinstance(exc, sqlite3.OperationalError) and ("locked" in str(exc) or "busy" in str(exc))
 
 
+# primary result codes: SQLITE_PERM, SQLITE_READONLY, SQLITE_IOERR, SQLITE_FULL, SQLITE_CANTOPEN
+_IO_CODES = {3, 8, 10, 13, 14}
+_IO_MESSAGES = ("disk is full", "disk I/O error", "readonly database", "unable to open")
+
+
+def _is_io(exc: BaseException) -> bool:
+    code = getattr(exc, "sqlite_errorcode", None)  # Python >= 3.11
+    if code is not None:
+        return code & 0xFF in _IO_CODES
+    return any(m in str(exc) for m in _IO_MESSAGES)
+
+
 _retry_locked = retry(
     retry=retry_if_exception(_is_locked),
     wait=wait_exponential(multiplier=0.02, max=1.0),
@@ -143,6 +155,8 @@ class ReplayBuffer:
         return conn
 
     def _corrupt(self, exc: Exception) -> ReplayBufferError:
+        if _is_io(exc):  # the file may be fine: do not advise moving it aside
+            return ReplayBufferError(f"{self.path}: cannot read or write the replay database ({exc}); nothing of this call was committed")
         return ReplayBufferError(
             f"{self.path}: the replay database is corrupt or not an SQLite file ({exc}); "
             "move it aside (the loop starts a fresh one) or restore it from a copy"
@@ -179,7 +193,8 @@ class ReplayBuffer:
                     try:
                         result = fn(conn)
                     except BaseException:
-                        conn.execute("ROLLBACK")
+                        if conn.in_transaction:  # SQLite already rolled back by itself on e.g. SQLITE_FULL
+                            conn.execute("ROLLBACK")
                         raise
                     conn.execute("COMMIT")
                     return result

@@ -150,3 +150,27 @@ async def test_async_methods_do_not_block_the_loop(tmp_path):
     assert len(ids) == 20
     got = await buf.asample("a", limit=5)
     assert len(got) == 5 and (await buf.acount("a"))["transitions"] == 4000
+
+
+def test_full_disk_is_reported_as_such_not_as_corruption(tmp_path):
+    """SQLite rolls a transaction back by itself on SQLITE_FULL; the error
+    must still name the cause (not 'cannot rollback', not 'corrupt: move it aside')."""
+    path = tmp_path / "r.sqlite"
+    buf = ReplayBuffer(path)
+    buf.append_generation("a", 0, [_traj(0)])
+    pages = sqlite3.connect(path).execute("PRAGMA page_count").fetchone()[0]
+    connect = buf._connect
+
+    def small_disk() -> sqlite3.Connection:
+        conn = connect()
+        conn.execute(f"PRAGMA max_page_count={pages + 2}")
+        return conn
+
+    buf._connect = small_disk
+    with pytest.raises(ReplayBufferError) as err:
+        buf.append_generation("a", 1, [_traj(k, 2000) for k in range(5)])
+    message = str(err.value)
+    assert str(path) in message and "full" in message, message
+    assert "corrupt" not in message and "cannot rollback" not in message, message
+    buf._connect = connect
+    assert buf.count("a") == {"trajectories": 1, "transitions": 5, "generations": 1}  # generation 0 kept
