@@ -27,8 +27,16 @@ from . import pendulum_task
 from .worker_limits import limit_worker_memory
 
 
-class EvaluationTimeout(RuntimeError):
+class EvaluationError(RuntimeError):
+    """A real evaluation failed in its worker: the candidate is charged and skipped."""
+
+
+class EvaluationTimeout(EvaluationError):
     """A real evaluation did not finish within its timeout."""
+
+
+class EvaluationMemoryError(EvaluationError):
+    """A real evaluation went over its worker's memory limit."""
 
 
 @dataclass
@@ -85,11 +93,19 @@ class Evaluator:
                 proc.terminate()
         pool.shutdown(wait=False, cancel_futures=True)
 
-    def evaluate(self, params: Sequence[float], states: Sequence[Sequence[float]], *, hang_seconds: float = 0.0) -> Evaluation:
+    def evaluate(
+        self, params: Sequence[float], states: Sequence[Sequence[float]], *, hang_seconds: float = 0.0, alloc_mb: int = 0
+    ) -> Evaluation:
         """One real episode per start state for one candidate."""
-        return self.evaluate_many([(params, states)], hang_seconds=hang_seconds)[0]
+        return self.evaluate_many([(params, states)], hang_seconds=hang_seconds, alloc_mb=alloc_mb)[0]
 
-    def evaluate_many(self, jobs: Sequence[tuple[Sequence[float], Sequence[Sequence[float]]]], *, hang_seconds: float = 0.0) -> list[Evaluation]:
+    def evaluate_many(
+        self,
+        jobs: Sequence[tuple[Sequence[float], Sequence[Sequence[float]]]],
+        *,
+        hang_seconds: float = 0.0,
+        alloc_mb: int = 0,
+    ) -> list[Evaluation]:
         """Several candidates at once: every (params, states) job is split
         into per-worker chunks and all chunks share the pool."""
         with self._lock:
@@ -102,7 +118,13 @@ class Evaluator:
                     idx = list(range(len(states)))[w :: self.workers]
                     if idx:
                         fut = pool.submit(
-                            pendulum_task.run_episodes, plist, [states[i] for i in idx], self.env_id, pendulum_task.EPISODE_STEPS, hang_seconds
+                            pendulum_task.run_episodes,
+                            plist,
+                            [states[i] for i in idx],
+                            self.env_id,
+                            pendulum_task.EPISODE_STEPS,
+                            hang_seconds,
+                            alloc_mb,
                         )
                         submitted.append((j, idx, fut))
             deadline = time.monotonic() + self.timeout_s
@@ -113,6 +135,15 @@ class Evaluator:
                 self._log.warning("evolve.evaluation_timeout", timeout_s=self.timeout_s, episodes=n)
                 self._kill_pool()
                 raise EvaluationTimeout(f"real evaluation of {n} episodes did not finish within {self.timeout_s:g} s") from None
+            except MemoryError:
+                # raised inside a worker by its RLIMIT_AS; the worker itself survives, but
+                # the other chunks of this call are abandoned with a fresh pool
+                n = sum(len(s) for _, s in jobs)
+                self._log.warning("evolve.evaluation_memory_limit", memory_limit_mb=self.memory_limit_mb, episodes=n)
+                self._kill_pool()
+                raise EvaluationMemoryError(
+                    f"real evaluation of {n} episodes went over the worker memory limit ({self.memory_limit_mb} MiB)"
+                ) from None
             except BaseException:
                 self._kill_pool()
                 raise

@@ -98,17 +98,22 @@ def run_episodes(
     env_id: str = ENV_ID,
     steps: int = EPISODE_STEPS,
     hang_seconds: float = 0.0,
+    alloc_mb: int = 0,
 ) -> dict[str, Any]:
     """Run one real episode per start state with the policy ``params``.
 
     Returns plain lists/arrays (picklable): per-episode returns and, per
     episode, the transitions (obs, action, reward, next_obs, done).
-    ``hang_seconds`` exists for the timeout test: the worker sleeps first.
+    ``hang_seconds`` and ``alloc_mb`` exist for the timeout and memory-limit
+    tests: the worker sleeps, or allocates that many MiB, first.
     """
     if hang_seconds:
         import time
 
         time.sleep(hang_seconds)
+    if alloc_mb:
+        ballast = bytearray(int(alloc_mb) * 1024 * 1024)
+        del ballast
     params = np.asarray(params, dtype=np.float64)
     env = make_env(env_id)
     returns: list[float] = []

@@ -32,7 +32,7 @@ from genesis_fp16.telemetry import get_logger
 from infrastructure.replay_buffer import ReplayBuffer, trajectories_from_episodes
 
 from . import pendulum_task as task
-from .evaluation import EvaluationTimeout, Evaluator
+from .evaluation import EvaluationError, EvaluationTimeout, Evaluator
 
 ImagineFn = Callable[[np.ndarray], np.ndarray]  # (P, D) params -> (P,) predicted mean return
 
@@ -321,10 +321,11 @@ class SEDarwinAgent:
                         break
                     try:
                         res = await self._real(cand.params, self.starts.train)
-                    except EvaluationTimeout as exc:
+                    except EvaluationError as exc:  # a timeout or the worker memory limit
                         self.real_episodes += len(self.starts.train)  # spent, even if lost
                         cand.real_return, cand.full = float("-inf"), True
-                        self._log.warning("evolve.candidate_timeout", candidate=cand.id, error=str(exc))
+                        event = "evolve.candidate_timeout" if isinstance(exc, EvaluationTimeout) else "evolve.candidate_failed"
+                        self._log.warning(event, candidate=cand.id, error=str(exc))
                         self.pool.append(cand)
                         continue
                     cand.real_return, cand.real_episodes, cand.full = res.mean_return, len(res.returns), True

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from agents import pendulum_task
-from agents.evaluation import EvaluationTimeout, Evaluator
+from agents.evaluation import EvaluationMemoryError, EvaluationTimeout, Evaluator
 from agents.se_darwin_agent import (
     Candidate,
     EvolveConfig,
@@ -99,7 +99,11 @@ def test_evaluation_workers_have_a_memory_limit():
         with pytest.raises(MemoryError):
             pool.submit(bytearray, 512 * 1024 * 1024).result(timeout=60)
         res = evaluator.evaluate(np.zeros(pendulum_task.N_PARAMS), [[0.0, 0.0]])  # real episodes fit
-    assert np.isfinite(res.returns[0])
+        # an episode over the limit is an EvaluationMemoryError the loop can charge and skip
+        with pytest.raises(EvaluationMemoryError, match="memory limit"):
+            evaluator.evaluate(np.zeros(pendulum_task.N_PARAMS), [[0.0, 0.0], [1.0, 0.0]], alloc_mb=512)
+        again = evaluator.evaluate(np.zeros(pendulum_task.N_PARAMS), [[0.0, 0.0]])
+    assert np.isfinite(res.returns[0]) and again.returns == res.returns
     with pytest.raises(ValueError, match="memory_limit_mb=0"):
         Evaluator(memory_limit_mb=0)
 
