@@ -45,6 +45,7 @@ def test_set_overrides_parse_types_and_nest():
         ("optimizations.num_workers=1.5", "num_workers"),
         ("gamma=1.5", "gamma"),
         ("minibatch_size=5000", "minibatch_size"),
+        ("minibatch_size=1", "minibatch_size"),  # with norm_adv (the default): NaN advantages
         ("device=tpu", "device"),
         ("no_such_key=1", "no_such_key"),
     ],

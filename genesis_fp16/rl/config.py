@@ -161,6 +161,11 @@ class PPOConfig:
             raise ConfigError(
                 f"training.minibatch_size={self.minibatch_size}: expected <= num_envs*num_steps={self.batch_size}"
             )
+        if self.norm_adv and self.minibatch_size < 2:
+            raise ConfigError(
+                f"training.minibatch_size={self.minibatch_size}: expected >= 2 with norm_adv=true "
+                "(the advantage standard deviation of one sample is undefined: every update would be NaN)"
+            )
         if not isinstance(self.device, str) or not (self.device in ("auto", "cpu") or re.fullmatch(r"cuda(:\d+)?", self.device)):
             raise ConfigError(f"training.device={self.device!r}: expected auto, cpu, cuda or cuda:N")
         if not isinstance(self.env_id, str) or not self.env_id:
