@@ -50,6 +50,7 @@ def evolve(
 
     from infrastructure.replay_buffer import ReplayBufferError
 
+    from .evaluation import EvaluationError
     from .se_darwin_agent import EvolveConfig, SEDarwinAgent, run_cma_baseline
 
     settings = load_settings_or_exit()
@@ -112,6 +113,14 @@ def evolve(
         raise typer.Exit(130)
     except (ValueError, ReplayBufferError) as exc:
         raise fail(str(exc))
+    except EvaluationError as exc:
+        # later generations charge and skip a failed candidate; this is one the loop
+        # cannot do without (the seed generation, the held-out evaluation, a CMA-ES batch)
+        safe = ""
+        if agent is not None:
+            counts = agent.buffer.count(agent.data_agent)
+            safe = f"; {counts['generations']} generation(s) are safe in {agent.buffer.path}"
+        raise fail(f"{exc}{safe}", code=1)
 
     table = Table(title=f"evolve: {report['mode']} on {report['env']}, seed {report['seed']}")
     table.add_column("metric")

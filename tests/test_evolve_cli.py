@@ -109,3 +109,20 @@ def test_corrupt_replay_database_one_clear_error(state_dir):
     assert result.exit_code == 2, result.output
     assert "replay.sqlite" in result.output and "corrupt" in result.output
     assert "Traceback" not in result.output
+
+
+class FailingSeedEvaluator(Evaluator):
+    """The seed generation's real episodes hang past the timeout."""
+
+    def evaluate_many(self, jobs, **kw):
+        from agents.evaluation import EvaluationTimeout
+
+        raise EvaluationTimeout("real evaluation of 8 episodes did not finish within 60 s")
+
+
+def test_seed_generation_timeout_is_one_clear_error(tiny, monkeypatch, state_dir):
+    monkeypatch.setattr(se_darwin_agent, "Evaluator", FailingSeedEvaluator)
+    result = runner.invoke(app, ["evolve", "--budget", "40", "--workers", "1"])
+    assert result.exit_code == 1, result.output
+    assert "did not finish within 60 s" in result.output and "generation(s) are safe" in result.output
+    assert "Traceback" not in result.output
