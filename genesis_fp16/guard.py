@@ -78,6 +78,7 @@ class RollbackGuard:
         self.decisions: list[GuardDecision] = []
         self.trainer: Any = None
         self._tripped_trainer: Any = None
+        self._rolled_back: Optional[tuple[Any, GuardDecision]] = None  # (trainer, decision) of the last rollback
         self._last_good: Optional[Path] = None
         self._lock = threading.Lock()
         self._log = get_logger("genesis_fp16.guard", agent=agent)
@@ -172,6 +173,8 @@ class RollbackGuard:
         findings: list[tuple[str, str, bool, Optional[dict[str, Any]]]] = []
         if self.tripped is not None and trainer is self._tripped_trainer:
             return self.tripped  # already acted on; judging it again would roll back twice
+        if self._rolled_back is not None and trainer is self._rolled_back[0]:
+            return self._rolled_back[1]  # a P1 rollback of this trainer: the same, once
         if judged and failed > th["failed_fraction"]:
             findings.append(("P0", f"{failed:.0%} of {steps} steps failed (> {th['failed_fraction']:.0%})", True, None))
         if judged and overflow > th["overflow_rollback"]:
@@ -198,6 +201,8 @@ class RollbackGuard:
         if severity == "P0" and decision.action == "rollback":
             self.tripped = decision
             self._tripped_trainer = trainer
+        if decision.action == "rollback" and trainer is not None:
+            self._rolled_back = (trainer, decision)
         return decision
 
     def _overflow_recommendation(self, trainer: Any, overflow: float) -> dict[str, Any]:
@@ -265,4 +270,5 @@ class RollbackGuard:
         with self._lock:
             self.tripped = None
             self._tripped_trainer = None
+            self._rolled_back = None
             self.decisions = []

@@ -100,6 +100,9 @@ def test_p1_overflow_storm_rolls_back(state_dir):
     assert decision.severity == "P1" and decision.action == "rollback" and not decision.restore_checkpoint
     assert "overflow rate 50%" in decision.reason
     assert ledger.stage("wm") == "rolled_back" and guard.tripped is None
+    # judging the same trainer again returns the same decision and does not roll back twice
+    assert guard.check() is decision
+    assert [h["to_stage"] for h in ledger.history("wm")].count("rolled_back") == 1
 
 
 def test_p2_overflow_warns_and_recommends(state_dir):
