@@ -10,6 +10,7 @@ Built-in commands: ``doctor`` and ``trainers``. Other commands (``evolve``,
 from __future__ import annotations
 
 import json
+import math
 import platform
 import sys
 from importlib import metadata
@@ -47,8 +48,21 @@ def load_settings_or_exit(**overrides: Any):
         raise fail(str(exc))
 
 
+def strict_json_value(data: Any) -> Any:
+    """``data`` with NaN and infinities as the strings "nan", "inf", "-inf":
+    ``json.dumps`` would write bare NaN/Infinity tokens, which strict JSON
+    parsers (jq, JavaScript) refuse."""
+    if isinstance(data, float) and not math.isfinite(data):
+        return "nan" if math.isnan(data) else ("inf" if data > 0 else "-inf")
+    if isinstance(data, dict):
+        return {k: strict_json_value(v) for k, v in data.items()}
+    if isinstance(data, (list, tuple)):
+        return [strict_json_value(v) for v in data]
+    return data
+
+
 def print_json(data: Any) -> None:
-    sys.stdout.write(json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
+    sys.stdout.write(json.dumps(strict_json_value(data), indent=2, sort_keys=True, default=str, allow_nan=False) + "\n")
 
 
 @app.command()

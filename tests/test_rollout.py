@@ -155,6 +155,20 @@ def test_cli_enable_status_rollback_history(state_dir):
     assert r.exit_code == 0 and RolloutLedger.from_settings(load_settings()).stage("wm") == "off"
 
 
+def test_cli_json_is_strict_with_a_nan_shadow_gap(state_dir):
+    ledger = RolloutLedger.from_settings(load_settings())
+    ledger.enable("wm", shadow=True)
+    ledger.record_shadow_gap("wm", val_loss=float("nan"), fp32_val_loss=0.25, precision="fp16")
+    r = runner.invoke(app, ["rollout", "status", "--json"])
+    assert r.exit_code == 0, r.output
+
+    def refuse(token):
+        raise AssertionError(f"non-standard JSON token {token}")
+
+    data = json.loads(r.stdout, parse_constant=refuse)  # jq and browsers refuse bare NaN
+    assert data["agents"][0]["last_shadow_gap"]["val_loss"] == "nan"
+
+
 def test_cli_enable_under_kill_switch_warns(state_dir, monkeypatch):
     monkeypatch.setenv("ENABLE_FP16_TRAINING", "false")
     r = runner.invoke(app, ["rollout", "enable", "wm"])
