@@ -46,7 +46,7 @@ def evolve(
     from rich.table import Table
 
     from genesis_fp16.checkpoint import atomic_write_text
-    from genesis_fp16.cli import fail, load_settings_or_exit
+    from genesis_fp16.cli import fail, load_settings_or_exit, strict_json_value
 
     from infrastructure.replay_buffer import ReplayBufferError
 
@@ -143,7 +143,8 @@ def evolve(
 
     _C().print(table)
     if json_path is not None:
-        atomic_write_text(json_path, json.dumps(report, indent=2, default=str) + "\n")
+        # strict JSON: a candidate lost to a timeout scores -inf, written as "-inf"
+        atomic_write_text(json_path, json.dumps(strict_json_value(report), indent=2, default=str, allow_nan=False) + "\n")
         console.print(f"report written to {json_path}", highlight=False)
 
 
