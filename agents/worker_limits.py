@@ -32,8 +32,8 @@ def limit_worker_memory(headroom_mb: Optional[int]) -> None:
     except ImportError:  # not POSIX: the timeout still applies
         return
     base = _vm_size_bytes()
-    if base is None:
-        base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    if base is None:  # no /proc (not Linux): no measured baseline to add the headroom to
+        return
     limit = base + int(headroom_mb) * 1024 * 1024
     _soft, hard = resource.getrlimit(resource.RLIMIT_AS)
     if hard != resource.RLIM_INFINITY:
