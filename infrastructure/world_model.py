@@ -22,9 +22,9 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import hashlib
 import math
 import time
-import zlib
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence, Union
@@ -137,6 +137,24 @@ def check_finite(trajectories: Sequence[Trajectory]) -> None:
                 )
 
 
+def data_key(traj: Trajectory) -> int:
+    """A 64-bit key from the trajectory's own transitions (BLAKE2b of the
+    little-endian float32 arrays): the same in every process and state dir,
+    whatever row id or name the trajectory has. Episodes from different start
+    states, or of different candidates, differ in their data and so in their key."""
+    digest = hashlib.blake2b(digest_size=8)
+    for name in ("obs", "action", "reward", "next_obs"):
+        digest.update(np.ascontiguousarray(getattr(traj, name), dtype="<f4").tobytes())
+    return int.from_bytes(digest.digest(), "little")
+
+
+def validation_draws(key: int, length: int, seed: int) -> np.ndarray:
+    """One uniform draw per transition from a generator seeded by (seed, key);
+    a transition validates when its draw is under the validation fraction, so
+    it stays on its side in every later training run."""
+    return np.random.default_rng([seed, key]).random(length)
+
+
 class WorldModel:
     """Learned dynamics for one environment.
 
@@ -214,24 +232,30 @@ class WorldModel:
 
     # -- data -------------------------------------------------------------------
     def _dataset(self, trajectories: Sequence[Trajectory]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Features and targets, split into train/validation. The split is
-        per transition, drawn from a generator seeded by the trajectory id, so
-        a transition stays on its side across generations."""
+        """Features and targets, split into train/validation by
+        :func:`validation_draws`. Trajectories are put in a canonical order
+        first (generation, then data key), so the data set and the batches
+        drawn from it depend on the trajectories alone: not on row ids, the
+        order the buffer returned them in, or what else the state dir holds."""
         check_finite(trajectories)
-        xs, ys, is_val = [], [], []
-        for traj in trajectories:
+        keyed = sorted(((traj.generation, data_key(traj), k) for k, traj in enumerate(trajectories)))
+        xs, ys, draws = [], [], []
+        for _, key, k in keyed:
+            traj = trajectories[k]
             obs, act = torch.from_numpy(np.array(traj.obs, dtype=np.float32)), torch.from_numpy(np.array(traj.action, dtype=np.float32))
             nxt, rew = torch.from_numpy(np.array(traj.next_obs, dtype=np.float32)), torch.from_numpy(np.array(traj.reward, dtype=np.float32))
             xs.append(features(obs, act))
             ys.append(targets(obs, nxt, rew))
-            key = traj.id if traj.id is not None else zlib.crc32(traj.candidate.encode("utf-8"))  # not hash(): salted per process
-            rng = np.random.default_rng([self.seed, int(key)])
-            is_val.append(torch.from_numpy(rng.random(len(traj.obs)) < self.val_fraction))
-        x, y, val = torch.cat(xs).float(), torch.cat(ys).float(), torch.cat(is_val)
-        if val.sum() == 0 or val.all():
-            val = torch.zeros(len(x), dtype=torch.bool)
-            val[:: max(2, int(round(1 / max(self.val_fraction, 1e-3))))] = True
-        return x[~val], y[~val], x[val], y[val]
+            draws.append(validation_draws(key, len(traj.obs), self.seed))
+        x, y, u = torch.cat(xs).float(), torch.cat(ys).float(), np.concatenate(draws)
+        val = u < self.val_fraction
+        if not 0 < val.sum() < len(val):
+            # too few transitions for the fraction to land on both sides: the k lowest draws validate
+            k = min(max(1, round(len(val) * self.val_fraction)), len(val) - 1)
+            val = np.zeros(len(val), dtype=bool)
+            val[np.argsort(u, kind="stable")[:k]] = True
+        val_t = torch.from_numpy(val)
+        return x[~val_t], y[~val_t], x[val_t], y[val_t]
 
     # -- checkpoints ------------------------------------------------------------
     @property

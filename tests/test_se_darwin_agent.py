@@ -191,3 +191,44 @@ def test_seed_generation_cannot_overspend_the_budget():
     with pytest.raises(ValueError, match="init_candidates=20"):
         EvolveConfig(budget=16, init_candidates=20).validate()
     EvolveConfig(budget=16, init_candidates=16).validate()
+
+
+class InProcessEvaluator(Evaluator):
+    """Real episodes in this process (the same numbers as the workers give,
+    see test_real_evaluation_matches_in_process_episodes), without their start-up."""
+
+    def evaluate_many(self, jobs, **kw):
+        from agents.evaluation import Evaluation
+
+        out = []
+        for params, states in jobs:
+            res = pendulum_task.run_episodes(params, states)
+            out.append(Evaluation(returns=res["returns"], episodes=res["episodes"]))
+        return out
+
+
+RUN_SPECIFIC = ("run_id", "wall_s", "elapsed_s", "wm_wall_s")
+
+
+def _comparable(report: dict) -> dict:
+    """A report without what names or times the run."""
+    out = {k: v for k, v in report.items() if k not in RUN_SPECIFIC}
+    out["generations"] = [{k: v for k, v in g.items() if k not in RUN_SPECIFIC} for g in report["generations"]]
+    return out
+
+
+async def test_same_seed_same_report_in_a_used_state_dir(state_dir):
+    """The second run in one state dir finds the first run's rows in the
+    replay database (other row ids) and its entries in the ledger; with the
+    same seed it must still give the same report."""
+    settings = load_settings()
+    reports = []
+    for _ in range(2):
+        agent = SEDarwinAgent(tiny_config(), settings=settings, evaluator=InProcessEvaluator(workers=1))
+        reports.append(await agent.evolve())
+    first, second = reports
+    assert first["run_id"] != second["run_id"]
+    assert ReplayBuffer(settings=settings).count()["trajectories"] == 2 * 24  # both runs' data is in the file
+    assert [g["wm_val_loss"] for g in first["generations"]] == [g["wm_val_loss"] for g in second["generations"]]
+    assert (first["heldout_return"], first["train_return"]) == (second["heldout_return"], second["train_return"])
+    assert _comparable(first) == _comparable(second)

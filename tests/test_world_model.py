@@ -327,3 +327,44 @@ def test_split_of_trajectories_without_ids_is_the_same_in_every_process():
         assert out.returncode == 0, out.stderr
         outs.add(out.stdout.strip().splitlines()[-1])
     assert len(outs) == 1, outs
+
+
+def _rows(x: torch.Tensor) -> list[tuple[float, ...]]:
+    return sorted(tuple(float(v) for v in row) for row in x)
+
+
+def test_split_is_the_same_whatever_row_ids_and_order_the_trajectories_got():
+    """The same data in another state dir gets other SQLite row ids and may
+    come back in another order; the train/validation split must not change."""
+    wm = WorldModel(3, 1, precision="fp32", seed=0)
+    first = _linear_trajs(6, 100)
+    again = _linear_trajs(6, 100)
+    for k, traj in enumerate(again):
+        traj.id = 1000 + 7 * k  # another state dir: other row ids
+    again.reverse()  # and another order
+    x_tr_a, _, x_val_a, _ = wm._dataset(first)
+    x_tr_b, _, x_val_b, _ = wm._dataset(again)
+    assert 0 < len(x_val_a) < len(x_tr_a)
+    assert _rows(x_val_a) == _rows(x_val_b) and _rows(x_tr_a) == _rows(x_tr_b)
+    # the same order too, so the training batches drawn from it are the same
+    assert torch.equal(x_tr_a, x_tr_b) and torch.equal(x_val_a, x_val_b)
+    unkeyed = _linear_trajs(6, 100)
+    for traj in unkeyed:
+        traj.id = None  # given directly, never stored
+    assert _rows(wm._dataset(unkeyed)[2]) == _rows(x_val_a)
+
+
+def test_split_separates_trajectories_of_one_candidate():
+    """One candidate is evaluated from several start states: its trajectories
+    share a name but not their data, and each gets its own split."""
+    trajs = _linear_trajs(4, 200)
+    for traj in trajs:
+        traj.candidate, traj.id = "g1-0-refinement", None
+    wm = WorldModel(3, 1, precision="fp32", seed=0, val_fraction=0.2)
+    masks = []
+    for traj in trajs:
+        x_tr, _, x_val, _ = wm._dataset([traj])
+        val_rows = set(_rows(x_val))
+        masks.append(tuple(tuple(float(v) for v in row) in val_rows for row in features(torch.tensor(traj.obs), torch.tensor(traj.action))))
+    assert len(set(masks)) == len(masks), "trajectories of one candidate got the same validation positions"
+    assert all(10 < sum(m) < 70 for m in masks)  # about 20% of 200 each
