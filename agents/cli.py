@@ -10,6 +10,10 @@ from typing import Any, Optional
 
 import typer
 
+from .pendulum_task import N_TRAIN_STARTS
+
+MIN_BUDGET = N_TRAIN_STARTS  # EvolveConfig.validate: one full evaluation, every training start state
+
 
 class Baseline(str, Enum):
     none = "none"
@@ -29,7 +33,9 @@ def _fmt(value: Any, spec: str = ".1f") -> str:
 
 def evolve(
     env: str = typer.Option("Pendulum-v1", "--env", help="Environment of the embedded task (Pendulum-v1)."),
-    budget: int = typer.Option(200, "--budget", min=1, help="Real episodes the search may spend."),
+    budget: int = typer.Option(
+        200, "--budget", min=MIN_BUDGET, help=f"Real episodes the search may spend (at least {MIN_BUDGET}: one full evaluation)."
+    ),
     seed: int = typer.Option(0, "--seed", help="Seed: start states, initial policies, model init."),
     precision: Optional[PrecisionChoice] = typer.Option(
         None, "--precision", help="World-model training precision; default: settings and the world_model profile."

@@ -53,7 +53,7 @@ def test_entry_point_registers_evolve():
     "args, expected",
     [
         (["--env", "CartPole-v1"], "supports 'Pendulum-v1' only"),
-        (["--budget", "5"], "budget=5"),
+        (["--budget", "5"], "--budget"),
         (["--baseline", "cma", "--no-world-model"], "exclusive"),
         (["--precision", "fp8"], "fp8"),
     ],
@@ -62,6 +62,22 @@ def test_bad_input_one_clear_error(args, expected):
     result = runner.invoke(app, ["evolve", *args])
     assert result.exit_code == 2
     assert expected in result.output
+
+
+def test_budget_minimum_in_help_is_the_real_rule():
+    import re
+
+    result = runner.invoke(app, ["evolve", "--help"], env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    shown = re.search(r"--budget\s+<int range>\s+\[x>=(\d+)\]", result.output)
+    assert shown, result.output
+    minimum = int(shown.group(1))
+    se_darwin_agent.EvolveConfig(budget=minimum, init_candidates=8).validate()  # the minimum shown is accepted
+    with pytest.raises(ValueError, match=f"budget={minimum - 1}"):
+        se_darwin_agent.EvolveConfig(budget=minimum - 1, init_candidates=8).validate()
+    refused = runner.invoke(app, ["evolve", "--budget", str(minimum - 1)])
+    assert refused.exit_code == 2 and "--budget" in refused.output and str(minimum) in refused.output
+    assert "Traceback" not in refused.output
 
 
 def test_tiny_run_writes_json_report(tiny, tmp_path, state_dir):
