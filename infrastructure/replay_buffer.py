@@ -97,6 +97,11 @@ class Trajectory:
                 f"trajectory {self.candidate or self.id!r}: inconsistent transition shapes {shapes}; "
                 "expected obs and next_obs (T, obs_dim), action (T, act_dim), reward and done (T,)"
             )
+        if n == 0:
+            raise ValueError(
+                f"trajectory {self.candidate or self.id!r}: no transitions; expected at least one "
+                "(obs, action, reward, next_obs, done) step: leave an empty episode out instead of storing it"
+            )
         if self.return_ is None:
             self.return_ = float(self.reward.sum())
 

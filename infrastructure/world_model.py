@@ -24,6 +24,7 @@ import asyncio
 import copy
 import hashlib
 import math
+import numbers
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -137,6 +138,20 @@ def check_finite(trajectories: Sequence[Trajectory]) -> None:
                 )
 
 
+def check_options(batch_size: int, val_fraction: float) -> None:
+    """Refuse training options that would fail inside torch or give a NaN loss."""
+    problems = []
+    if isinstance(batch_size, bool) or not isinstance(batch_size, numbers.Integral) or batch_size < 1:
+        problems.append(f"batch_size={batch_size!r}: expected at least 1 transition per optimizer step (e.g. 256)")
+    if not 0.0 < val_fraction < 1.0:  # NaN fails too
+        problems.append(
+            f"val_fraction={val_fraction!r}: expected a fraction strictly between 0 and 1 "
+            "(the share of transitions held out for the validation loss; e.g. 0.1)"
+        )
+    if problems:
+        raise ValueError("WorldModel: " + "; ".join(problems))
+
+
 def data_key(traj: Trajectory) -> int:
     """A 64-bit key from the trajectory's own transitions (BLAKE2b of the
     little-endian float32 arrays): the same in every process and state dir,
@@ -184,6 +199,7 @@ class WorldModel:
     ) -> None:
         from genesis_fp16.settings import load_settings
 
+        check_options(batch_size, val_fraction)
         self.settings = settings or load_settings()
         self.buffer = buffer
         self.agent = agent
@@ -284,7 +300,13 @@ class WorldModel:
         save: bool = True,
     ) -> TrainReport:
         """Train for ``steps`` optimizer steps on the replay buffer's data (or
-        on ``trajectories``) in a worker thread; returns a :class:`TrainReport`."""
+        on ``trajectories``) in a worker thread; returns a :class:`TrainReport`.
+        Bad input (``steps < 1``, trajectories whose sizes do not match the
+        model, fewer than 2 transitions) raises ``ValueError`` before anything
+        is trained or written."""
+        if isinstance(steps, bool) or not isinstance(steps, numbers.Integral) or steps < 1:
+            raise ValueError(f"WorldModel.train: steps={steps!r}: expected a positive number of optimizer steps (e.g. 800)")
+        check_options(self.batch_size, self.val_fraction)
         async with self._lock:
             if trajectories is None:
                 if self.buffer is None:
@@ -292,9 +314,29 @@ class WorldModel:
                 trajectories = await self.buffer.asample(self.data_agent, max_transitions=self.max_transitions)
             if not trajectories:
                 raise ValueError(f"WorldModel.train: no trajectories for agent {self.data_agent!r} in the replay buffer")
-            report = await asyncio.to_thread(self._train_sync, list(trajectories), steps, fault, save)
+            trajectories = list(trajectories)
+            self._check_sizes(trajectories)
+            report = await asyncio.to_thread(self._train_sync, trajectories, int(steps), fault, save)
             self.history.append(report)
             return report
+
+    def _check_sizes(self, trajectories: Sequence[Trajectory]) -> None:
+        built = (self.model.obs_dim, self.model.act_dim)
+        for traj in trajectories:
+            got = (traj.obs.shape[1], traj.action.shape[1])
+            if got != built:
+                what, size = ("observations", got[0]) if got[0] != built[0] else ("actions", got[1])
+                raise ValueError(
+                    f"WorldModel.train: {traj.label} has {what} of size {size}, but this model was built for "
+                    f"obs_dim={built[0]}, act_dim={built[1]}; train it on its own environment's trajectories, "
+                    f"or build a WorldModel({got[0]}, {got[1]}) for this one"
+                )
+        total = sum(len(traj.obs) for traj in trajectories)
+        if total < 2:
+            raise ValueError(
+                f"WorldModel.train: {total} transition in {len(trajectories)} trajectory: expected at least 2 "
+                "(one to train on, one to validate); collect more data first"
+            )
 
     def _owns_checkpoint(self, path: Any) -> bool:
         """Whether ``path`` is one of this model's checkpoints (in its checkpoint directory)."""
@@ -483,10 +525,24 @@ class WorldModel:
         """Predicted returns of P candidate policies from S start observations:
         a (P, S) tensor. One batched model forward per time step for all P*S
         rollouts. Imagination runs in FP32: errors compound over ``horizon``
-        steps, and inference is cheap next to real episodes."""
+        steps, and inference is cheap next to real episodes.
+
+        ``params`` is (P, D); ``start_obs`` is (S, obs_dim), or (obs_dim,) for
+        one start state (the result is then (P, 1))."""
         self._require_trained()
         params = torch.as_tensor(np.asarray(params), dtype=torch.float32)
         start = torch.as_tensor(np.asarray(start_obs), dtype=torch.float32)
+        obs_dim = self.model.obs_dim
+        if start.ndim not in (1, 2) or start.shape[-1] != obs_dim:
+            raise ValueError(
+                f"WorldModel.imagine: start_obs of shape {tuple(start.shape)}: expected (S, {obs_dim}) or ({obs_dim},) "
+                "for one start state, observations of the environment this model was trained on"
+            )
+        if params.ndim != 2:
+            raise ValueError(f"WorldModel.imagine: params of shape {tuple(params.shape)}: expected (P, D), one row per candidate policy")
+        if isinstance(horizon, bool) or not isinstance(horizon, numbers.Integral) or horizon < 1:
+            raise ValueError(f"WorldModel.imagine: horizon={horizon!r}: expected at least 1 time step")
+        start = start.reshape(-1, obs_dim)
         n_p, n_s = params.shape[0], start.shape[0]
         obs = start.unsqueeze(0).expand(n_p, n_s, start.shape[1]).contiguous()
         total = torch.zeros(n_p, n_s)

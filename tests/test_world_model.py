@@ -368,3 +368,93 @@ def test_split_separates_trajectories_of_one_candidate():
         masks.append(tuple(tuple(float(v) for v in row) in val_rows for row in features(torch.tensor(traj.obs), torch.tensor(traj.action))))
     assert len(set(masks)) == len(masks), "trajectories of one candidate got the same validation positions"
     assert all(10 < sum(m) < 70 for m in masks)  # about 20% of 200 each
+
+
+# -- input validation: a clear ValueError before any training or state change ------------------
+
+
+def _traj(length: int = 20, obs_dim: int = 3, act_dim: int = 1, candidate: str = "c") -> Trajectory:
+    rng = np.random.default_rng(length + obs_dim + act_dim)
+    return Trajectory(
+        obs=rng.normal(size=(length, obs_dim)), action=rng.normal(size=(length, act_dim)), reward=rng.normal(size=length),
+        next_obs=rng.normal(size=(length, obs_dim)), done=np.zeros(length, bool), candidate=candidate,
+    )
+
+
+def _untouched(wm: WorldModel) -> bool:
+    return wm.trainer is None and not wm.trained and wm.history == [] and not wm.optimizer.state
+
+
+def test_empty_trajectory_is_refused():
+    with pytest.raises(ValueError, match=r"trajectory 'empty': no transitions.*at least one"):
+        Trajectory(obs=np.zeros((0, 3)), action=np.zeros((0, 1)), reward=np.zeros(0), next_obs=np.zeros((0, 3)),
+                   done=np.zeros(0, bool), candidate="empty")
+
+
+async def test_observation_size_that_does_not_match_the_model_is_refused(tmp_path):
+    wm = WorldModel(3, 1, precision="fp32", checkpoint_dir=tmp_path)
+    with pytest.raises(ValueError, match=r"candidate='wide'.*observations of size 4.*built for obs_dim=3.*WorldModel\(4, 1\)"):
+        await wm.train(10, trajectories=[_traj(), _traj(obs_dim=4, candidate="wide")])
+    assert _untouched(wm) and not any(tmp_path.iterdir())
+
+
+async def test_action_size_that_does_not_match_the_model_is_refused(tmp_path):
+    wm = WorldModel(3, 1, precision="fp32", checkpoint_dir=tmp_path)
+    with pytest.raises(ValueError, match=r"candidate='two'.*actions of size 2.*built for obs_dim=3, act_dim=1.*WorldModel\(3, 2\)"):
+        await wm.train(10, trajectories=[_traj(act_dim=2, candidate="two")])
+    assert _untouched(wm) and not any(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("steps", [0, -10])
+async def test_non_positive_steps_are_refused(steps, tmp_path):
+    buf = ReplayBuffer(tmp_path / "r.sqlite")
+    wm = WorldModel(3, 1, buffer=buf, precision="fp32", checkpoint_dir=tmp_path / "wm")
+    with pytest.raises(ValueError, match=rf"steps={steps}: expected a positive number of optimizer steps"):
+        await wm.train(steps)  # refused before the (empty) buffer is even read
+    assert _untouched(wm)
+
+
+def test_zero_batch_size_is_refused():
+    with pytest.raises(ValueError, match=r"batch_size=0: expected at least 1"):
+        WorldModel(3, 1, precision="fp32", batch_size=0)
+
+
+async def test_batch_size_changed_to_zero_after_construction_is_refused():
+    wm = WorldModel(3, 1, precision="fp32")
+    wm.batch_size = 0
+    with pytest.raises(ValueError, match=r"batch_size=0: expected at least 1"):
+        await wm.train(10, trajectories=[_traj()], save=False)
+    assert _untouched(wm)
+
+
+@pytest.mark.parametrize("fraction", [1.5, 1.0, 0.0, -0.1, float("nan")])
+def test_val_fraction_outside_zero_one_is_refused(fraction):
+    with pytest.raises(ValueError, match=r"val_fraction=.*expected a fraction strictly between 0 and 1"):
+        WorldModel(3, 1, precision="fp32", val_fraction=fraction)
+
+
+async def test_one_transition_cannot_be_split():
+    wm = WorldModel(3, 1, precision="fp32")
+    with pytest.raises(ValueError, match=r"1 transition.*at least 2"):
+        await wm.train(10, trajectories=[_traj(length=1)], save=False)
+    assert _untouched(wm)
+
+
+async def test_imagine_takes_a_1d_start_observation_as_one_state():
+    wm = WorldModel(3, 1, precision="fp32", seed=0)
+    await wm.train(20, trajectories=_linear_trajs(3, 50), save=False)
+    params = pendulum_task.random_params(np.random.default_rng(1), 4)
+    start = pendulum_task.observation(pendulum_task.start_states(0).train[:1]).astype(np.float32)
+    one = wm.imagine(pendulum_model.batched_policy, params, start[0], 10)
+    assert one.shape == (4, 1)
+    torch.testing.assert_close(one, wm.imagine(pendulum_model.batched_policy, params, start, 10))
+
+
+async def test_imagine_refuses_start_observations_of_another_size():
+    wm = WorldModel(3, 1, precision="fp32", seed=0)
+    await wm.train(20, trajectories=_linear_trajs(3, 50), save=False)
+    params = pendulum_task.random_params(np.random.default_rng(1), 4)
+    with pytest.raises(ValueError, match=r"start_obs of shape \(5, 2\).*\(S, 3\) or \(3,\)"):
+        wm.imagine(pendulum_model.batched_policy, params, np.zeros((5, 2), np.float32), 10)
+    with pytest.raises(ValueError, match=r"horizon=0: expected at least 1"):
+        wm.imagine(pendulum_model.batched_policy, params, np.zeros((5, 3), np.float32), 0)
