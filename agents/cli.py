@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+import signal
+import threading
+from contextlib import contextmanager
 from enum import Enum
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 import typer
 
@@ -25,6 +28,33 @@ class PrecisionChoice(str, Enum):
     fp32 = "fp32"
     fp16 = "fp16"
     bf16 = "bf16"
+
+
+EXIT_SIGINT = 128 + signal.SIGINT  # 130, the shell's code for a death by the signal
+EXIT_SIGTERM = 128 + signal.SIGTERM  # 143
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised in the main thread as Ctrl-C raises KeyboardInterrupt,
+    so the loop stops the same way (event, workers terminated, what is safe)."""
+
+
+@contextmanager
+def _sigterm_as_interrupt() -> Iterator[None]:
+    """SIGTERM raises :class:`Terminated` while the run lasts. Installed by
+    the command only: a program embedding the agent keeps its own handlers."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # signal handlers can only be set from the main thread
+        return
+
+    def handler(signum: int, frame: Any) -> None:
+        raise Terminated()
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _fmt(value: Any, spec: str = ".1f") -> str:
@@ -102,13 +132,13 @@ def evolve(
 
     agent = None
     try:
-        with progress:
+        with _sigterm_as_interrupt(), progress:
             if baseline == Baseline.cma:
                 report = asyncio.run(run_cma_baseline(config, on_generation=on_generation))
             else:
                 agent = SEDarwinAgent(config, settings=settings, on_generation=on_generation)
                 report = asyncio.run(agent.evolve())
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM as Terminated
         if agent is not None:
             counts = agent.buffer.count(agent.data_agent)
             console.print(
@@ -116,7 +146,7 @@ def evolve(
                 f"in {agent.buffer.path} (agent {agent.data_agent!r})",
                 highlight=False,
             )
-        raise typer.Exit(130)
+        raise typer.Exit(EXIT_SIGTERM if isinstance(exc, Terminated) else EXIT_SIGINT)
     except (ValueError, ReplayBufferError) as exc:
         raise fail(str(exc))
     except EvaluationError as exc:

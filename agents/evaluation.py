@@ -7,14 +7,17 @@ starts, so a hanging candidate cannot hang the loop. Each worker's address
 space may grow at most ``memory_limit_mb`` over what it holds once started
 (``RLIMIT_AS``, where the platform has it): a runaway evaluation gets a
 ``MemoryError`` in its own process instead of taking the machine's memory.
+A worker dies with the process that started it (``agents.worker_limits``), so
+a ``kill -9`` of the loop leaves no worker behind.
 """
 
 from __future__ import annotations
 
 import multiprocessing
+import os
 import threading
 import time
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence
@@ -24,7 +27,7 @@ import numpy as np
 from genesis_fp16.telemetry import get_logger
 
 from . import pendulum_task
-from .worker_limits import limit_worker_memory
+from .worker_limits import init_worker
 
 
 class EvaluationError(RuntimeError):
@@ -71,6 +74,7 @@ class Evaluator:
         self.timeout_s = timeout_s
         self.memory_limit_mb = memory_limit_mb
         self._pool: Optional[ProcessPoolExecutor] = None
+        self._spawner: Optional[ThreadPoolExecutor] = None
         self._lock = threading.Lock()
         self._log = get_logger("agents.evaluation")
 
@@ -79,10 +83,20 @@ class Evaluator:
             self._pool = ProcessPoolExecutor(
                 max_workers=self.workers,
                 mp_context=multiprocessing.get_context("spawn"),
-                initializer=limit_worker_memory,
-                initargs=(self.memory_limit_mb,),
+                initializer=init_worker,
+                initargs=(self.memory_limit_mb, os.getpid()),
             )
         return self._pool
+
+    def _on_spawner(self, fn: Any, *args: Any) -> Any:
+        """Run ``fn`` on this evaluator's own thread. A process pool starts its
+        workers in the thread that submits, and Linux's parent-death signal
+        fires when that *thread* ends: a worker started from a short-lived
+        thread (``asyncio.to_thread``'s, a caller's) would be killed with it.
+        This thread lives until :meth:`close`."""
+        if self._spawner is None:
+            self._spawner = ThreadPoolExecutor(max_workers=1, thread_name_prefix="evaluator-spawner")
+        return self._spawner.submit(fn, *args).result()
 
     def _kill_pool(self) -> None:
         pool, self._pool = self._pool, None
@@ -109,24 +123,7 @@ class Evaluator:
         """Several candidates at once: every (params, states) job is split
         into per-worker chunks and all chunks share the pool."""
         with self._lock:
-            pool = self._get_pool()
-            submitted = []  # (job index, state indices, future)
-            for j, (params, states) in enumerate(jobs):
-                states = [list(map(float, s)) for s in states]
-                plist = [float(v) for v in params]
-                for w in range(self.workers):
-                    idx = list(range(len(states)))[w :: self.workers]
-                    if idx:
-                        fut = pool.submit(
-                            pendulum_task.run_episodes,
-                            plist,
-                            [states[i] for i in idx],
-                            self.env_id,
-                            pendulum_task.EPISODE_STEPS,
-                            hang_seconds,
-                            alloc_mb,
-                        )
-                        submitted.append((j, idx, fut))
+            submitted = self._on_spawner(self._submit, jobs, hang_seconds, alloc_mb)
             deadline = time.monotonic() + self.timeout_s
             try:
                 results = [(j, idx, fut.result(timeout=max(0.0, deadline - time.monotonic()))) for j, idx, fut in submitted]
@@ -160,6 +157,28 @@ class Evaluator:
             out.append(Evaluation(returns=returns, episodes=episodes))
         return out
 
+    def _submit(self, jobs: Sequence[tuple[Sequence[float], Sequence[Sequence[float]]]], hang_seconds: float, alloc_mb: int) -> list[tuple[int, list[int], Any]]:
+        """Every job split into per-worker chunks on the pool: (job index, state indices, future)."""
+        pool = self._get_pool()
+        submitted = []
+        for j, (params, states) in enumerate(jobs):
+            states = [list(map(float, s)) for s in states]
+            plist = [float(v) for v in params]
+            for w in range(self.workers):
+                idx = list(range(len(states)))[w :: self.workers]
+                if idx:
+                    fut = pool.submit(
+                        pendulum_task.run_episodes,
+                        plist,
+                        [states[i] for i in idx],
+                        self.env_id,
+                        pendulum_task.EPISODE_STEPS,
+                        hang_seconds,
+                        alloc_mb,
+                    )
+                    submitted.append((j, idx, fut))
+        return submitted
+
     def terminate(self) -> None:
         """Stop the workers now (Ctrl-C): running episodes are abandoned."""
         self._kill_pool()  # no lock: the thread holding it may be the one waiting on these workers
@@ -168,6 +187,9 @@ class Evaluator:
         pool, self._pool = self._pool, None
         if pool is not None:
             pool.shutdown(wait=True, cancel_futures=True)
+        spawner, self._spawner = self._spawner, None
+        if spawner is not None:  # after the pool: its workers are gone, so the thread may end
+            spawner.shutdown(wait=True)
 
     def __enter__(self) -> "Evaluator":
         return self

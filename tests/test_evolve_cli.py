@@ -142,3 +142,64 @@ def test_seed_generation_timeout_is_one_clear_error(tiny, monkeypatch, state_dir
     assert result.exit_code == 1, result.output
     assert "did not finish within 60 s" in result.output and "generation(s) are safe" in result.output
     assert "Traceback" not in result.output
+
+
+# A `genesis-fp16 evolve` whose real evaluations hang in their worker
+# processes, so the run is still going when the signal comes.
+SLOW_EVOLVE = """
+from agents import se_darwin_agent
+from agents.evaluation import Evaluator
+
+
+class SlowEvaluator(Evaluator):
+    def evaluate_many(self, jobs, **kw):
+        print("evaluating", flush=True)
+        return super().evaluate_many(jobs, hang_seconds=3600)
+
+
+if __name__ == "__main__":
+    se_darwin_agent.Evaluator = SlowEvaluator
+    from genesis_fp16.cli import app
+
+    app(["evolve", "--budget", "16", "--workers", "2"], prog_name="genesis-fp16")
+"""
+
+
+def test_sigterm_is_handled_like_ctrl_c(tmp_path, state_dir):
+    import os
+    import signal
+
+    import psutil
+    from process_helpers import kill_all, read_line, still_alive, wait_until
+
+    from genesis_fp16 import telemetry
+    from genesis_fp16.settings import load_settings
+
+    root = Path(__file__).resolve().parents[1]
+    stderr_path = tmp_path / "stderr.txt"
+    with stderr_path.open("w") as stderr:
+        proc = subprocess.Popen([sys.executable, "-c", SLOW_EVOLVE], cwd=root, env=os.environ.copy(),
+                                stdout=subprocess.PIPE, stderr=stderr, text=True)
+    family: list[psutil.Process] = []
+    try:
+        read_line(proc.stdout, 120, lambda line: line.startswith("evaluating"))
+        parent = psutil.Process(proc.pid)
+
+        def workers_started() -> bool:
+            family[:] = parent.children(recursive=True)
+            return sum("spawn_main" in " ".join(p.cmdline()) for p in family) >= 2
+
+        assert wait_until(workers_started, 120), "the evaluation workers never started"
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=120) == 143, stderr_path.read_text()
+        output = stderr_path.read_text()
+        assert "interrupted" in output and "are safe in" in output, output
+        assert "Traceback" not in output, output
+        events = [e["event"] for e in telemetry.read_events(load_settings().events_path)]
+        assert "evolve.interrupted" in events
+        left = still_alive(family, 10)
+        assert not left, f"alive after evolve exited: {[(p.pid, p.cmdline()) for p in left]}"
+    finally:
+        proc.kill()
+        proc.wait(timeout=120)
+        kill_all(family)
