@@ -334,7 +334,7 @@ class WorldModel:
         total = sum(len(traj.obs) for traj in trajectories)
         if total < 2:
             raise ValueError(
-                f"WorldModel.train: {total} transition in {len(trajectories)} trajectory: expected at least 2 "
+                f"WorldModel.train: only {total} transition in all: expected at least 2 "
                 "(one to train on, one to validate); collect more data first"
             )
 
