@@ -667,7 +667,11 @@ def _read_dcp_metadata(path: Path) -> Any:
         raise ckpt.CheckpointError(
             f"{path}: the DCP metadata holds a {type(metadata).__name__}, not DCP metadata; {redo}"
         )
-    for info in (metadata.storage_data or {}).values():
+    if not isinstance(metadata.storage_data, dict):
+        raise ckpt.CheckpointError(
+            f"{path}: the DCP metadata has no file table (storage_data is a {type(metadata.storage_data).__name__}); {redo}"
+        )
+    for info in metadata.storage_data.values():
         name = info.relative_path if isinstance(info, _StorageInfo) else None
         if not isinstance(name, str) or name in ("", ".", "..") or os.path.basename(name) != name or "\\" in name:
             raise ckpt.CheckpointError(

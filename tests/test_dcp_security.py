@@ -201,6 +201,10 @@ def test_metadata_pointing_outside_the_checkpoint_is_refused(genuine_shards: Pat
     shards = _copy_with_metadata(genuine_shards, tmp_path / "shards", pickle.dumps(meta))
     with pytest.raises(CheckpointError, match="outside the checkpoint directory"):
         gd._safe_reader(shards).read_metadata()
+    meta.storage_data = ["__0_0.distcp"]
+    (shards / ".metadata").write_bytes(pickle.dumps(meta))
+    with pytest.raises(CheckpointError, match="no file table"):
+        gd._safe_reader(shards).read_metadata()
 
 
 # -- FSDPTrainer.load_checkpoint and the script --------------------------------------------
