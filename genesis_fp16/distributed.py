@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import importlib
 import io
 import os
 import pickle
@@ -536,7 +537,6 @@ class FSDPTrainer(DistributedTrainer):
     def load_checkpoint(self, path: Union[str, Path], *, restore_rng: bool = True) -> dict[str, Any]:
         """Collective. Resharding to another world size is DCP's job and works
         for model and optimizer tensors; the per-rank RNG is then not restored."""
-        import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.state_dict import set_state_dict, get_state_dict
 
         path = Path(path)
@@ -549,13 +549,12 @@ class FSDPTrainer(DistributedTrainer):
         payload = ckpt.load_payload(trainer_file, map_location="cpu")
         if payload.get("layout") != FSDP_LAYOUT:
             raise ckpt.CheckpointError(f"{trainer_file}: layout {payload.get('layout')!r}, expected {FSDP_LAYOUT!r}")
+        # the metadata pickle is checked before anything else touches it (no collective needed)
+        _safe_reader(path / FSDP_SHARDS_DIR).read_metadata()
         model_sd, optim_sd = get_state_dict(self.model, self.optimizer)  # targets with the right sharding
         tensors, _ = _split_optim_state(optim_sd["state"])
         target = {"model": model_sd, "optim": tensors}
-        try:
-            dcp.load(target, storage_reader=_safe_reader(path / FSDP_SHARDS_DIR), planner=_tensor_only_planner())
-        except Exception as exc:
-            raise ckpt.CheckpointError(f"{path}: could not read the DCP shards: {exc}") from None
+        _load_shards(target, path / FSDP_SHARDS_DIR)
         saved_opt = payload.get("optimizer") or {}
         optim_sd = {
             "state": _merge_optim_state(target["optim"], saved_opt.get("scalar_state") or {}),
@@ -597,31 +596,88 @@ def _merge_optim_state(tensors: dict[str, Any], scalars: dict[str, Any]) -> dict
 
 # -- safe DCP reading -------------------------------------------------------------------
 
-_SAFE_GLOBALS_PREFIXES = ("torch.distributed.checkpoint.",)
-_SAFE_GLOBALS = {
-    ("collections", "OrderedDict"),
-    ("builtins", "set"),
-    ("builtins", "frozenset"),
-    ("torch", "Size"),
-    ("torch", "device"),
-    ("torch.serialization", "_get_layout"),  # looks a layout up by name in a fixed table
-    ("pathlib", "PosixPath"),  # StorageMeta.checkpoint_id
-    ("pathlib", "PurePosixPath"),
-    ("pathlib", "WindowsPath"),
-    ("pathlib", "PureWindowsPath"),
-}
+# Exact (module, name) pairs, resolved without walking dotted names: the globals
+# in the .metadata pickle of an FSDP2 checkpoint saved by torch 2.13's DCP
+# (recorded with a find_class that logs), plus BytesStorageMetadata, which DCP
+# writes for a non-tensor entry (the planner then refuses that entry by name).
+# A prefix such as "torch.distributed.checkpoint." would admit
+# "torch.distributed.checkpoint.filesystem" + "os.system" under pickle protocol 4.
+_SAFE_GLOBALS = frozenset(
+    {
+        ("torch.distributed.checkpoint.metadata", "Metadata"),
+        ("torch.distributed.checkpoint.metadata", "MetadataIndex"),
+        ("torch.distributed.checkpoint.metadata", "StorageMeta"),
+        ("torch.distributed.checkpoint.metadata", "TensorStorageMetadata"),
+        ("torch.distributed.checkpoint.metadata", "TensorProperties"),
+        ("torch.distributed.checkpoint.metadata", "ChunkStorageMetadata"),
+        ("torch.distributed.checkpoint.metadata", "BytesStorageMetadata"),
+        ("torch.distributed.checkpoint.metadata", "_MEM_FORMAT_ENCODING"),
+        ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
+        ("torch", "Size"),
+        ("torch.serialization", "_get_layout"),  # looks a layout up by name in a fixed table
+        ("pathlib", "PosixPath"),  # StorageMeta.checkpoint_id
+        ("pathlib", "WindowsPath"),
+    }
+)
+
+
+class _RefusedGlobal(pickle.UnpicklingError):
+    """The metadata pickle names a global outside the allow-list."""
 
 
 class _MetadataUnpickler(pickle.Unpickler):
     """DCP's ``.metadata`` file is a pickle (a torch design); unpickle only the
-    DCP metadata classes and torch's dtype/size/layout values, nothing that runs code."""
+    DCP metadata classes and torch dtypes, nothing that runs code."""
 
     def find_class(self, module: str, name: str) -> Any:
-        if module.startswith(_SAFE_GLOBALS_PREFIXES) or (module, name) in _SAFE_GLOBALS:
-            return super().find_class(module, name)
-        if module == "torch" and isinstance(getattr(torch, name, None), (torch.dtype, torch.layout, torch.memory_format)):
-            return getattr(torch, name)
-        raise pickle.UnpicklingError(f"DCP metadata refers to {module}.{name}, which is not a DCP metadata class")
+        if (module, name) in _SAFE_GLOBALS:
+            return getattr(importlib.import_module(module), name)
+        if module == "torch" and "." not in name and isinstance(getattr(torch, name, None), torch.dtype):
+            return getattr(torch, name)  # a dtype pickles as the global torch.<name>
+        raise _RefusedGlobal(f"DCP metadata refers to {module}.{name}, which is not a DCP metadata class")
+
+
+def _read_dcp_metadata(path: Path) -> Any:
+    """Unpickle ``path`` with the allow-list; every failure is one ``CheckpointError``
+    naming the file, what is wrong with it and what to do."""
+    from torch.distributed.checkpoint.filesystem import _StorageInfo
+    from torch.distributed.checkpoint.metadata import Metadata
+
+    redo = "save the checkpoint again or resume from another one"
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise ckpt.CheckpointError(f"{path}: cannot read the DCP metadata ({exc.strerror or exc}); {redo}") from None
+    if not data:
+        raise ckpt.CheckpointError(
+            f"{path}: the DCP metadata is empty (0 bytes), so the checkpoint was not written completely; {redo}"
+        )
+    try:
+        metadata = _MetadataUnpickler(io.BytesIO(data)).load()
+    except _RefusedGlobal as exc:
+        raise ckpt.CheckpointError(
+            f"{path}: refused to load: {exc}. torch writes no such global, so the file was crafted or "
+            "tampered with; do not load this checkpoint"
+        ) from None
+    except Exception as exc:
+        raise ckpt.CheckpointError(
+            f"{path}: the DCP metadata is corrupt or truncated ({type(exc).__name__}: {exc}); {redo}"
+        ) from None
+    if not isinstance(metadata, Metadata):
+        raise ckpt.CheckpointError(
+            f"{path}: the DCP metadata holds a {type(metadata).__name__}, not DCP metadata; {redo}"
+        )
+    if not isinstance(metadata.storage_data, dict):
+        raise ckpt.CheckpointError(
+            f"{path}: the DCP metadata has no file table (storage_data is a {type(metadata.storage_data).__name__}); {redo}"
+        )
+    for info in metadata.storage_data.values():
+        name = info.relative_path if isinstance(info, _StorageInfo) else None
+        if not isinstance(name, str) or name in ("", ".", "..") or os.path.basename(name) != name or "\\" in name:
+            raise ckpt.CheckpointError(
+                f"{path}: the DCP metadata points at {name!r}, outside the checkpoint directory; do not load this checkpoint"
+            )
+    return metadata
 
 
 def _safe_reader_cls() -> type:
@@ -631,9 +687,7 @@ def _safe_reader_cls() -> type:
         def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
             from torch.distributed.checkpoint.metadata import StorageMeta
 
-            path = self._get_metadata_path(kwargs.get("rank"))
-            with self.fs.create_stream(path, "rb") as fh:
-                metadata = _MetadataUnpickler(io.BytesIO(fh.read())).load()
+            metadata = _read_dcp_metadata(Path(self._get_metadata_path(kwargs.get("rank"))))
             if getattr(metadata, "storage_meta", None) is None:
                 metadata.storage_meta = StorageMeta()
             metadata.storage_meta.load_id = self.load_id
@@ -645,6 +699,28 @@ def _safe_reader_cls() -> type:
 def _safe_reader(path: Union[str, Path]) -> Any:
     """A DCP ``FileSystemReader`` whose metadata unpickling is restricted."""
     return _safe_reader_cls()(str(path))
+
+
+def _load_shards(target: dict[str, Any], shards: Path) -> None:
+    """``dcp.load`` into ``target`` through the safe reader and planner; a failure
+    is one ``CheckpointError`` (DCP's own ``CheckpointException`` is a
+    ``BaseException`` that ``except Exception`` would let through)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    reader = _safe_reader(shards)
+    # read first: DCP would log the failure with a traceback, then retry a per-rank file
+    reader.read_metadata()
+    try:
+        dcp.load(target, storage_reader=reader, planner=_tensor_only_planner())
+    except CheckpointException as exc:
+        reasons = dict.fromkeys(f"rank {rank}: {err}" for rank, (err, _) in sorted(exc.failures.items()))
+        raise ckpt.CheckpointError(
+            f"{shards}: could not read the DCP shards ({'; '.join(reasons)}); the shard files are missing or damaged, "
+            "save the checkpoint again or resume from another one"
+        ) from None
+    except Exception as exc:
+        raise ckpt.CheckpointError(f"{shards}: could not read the DCP shards: {exc}") from None
 
 
 def _tensor_only_planner() -> Any:

@@ -32,7 +32,7 @@ import torch
 from torch import nn
 
 from genesis_fp16 import FP16TrainingConfig
-from genesis_fp16.checkpoint import atomic_write_text
+from genesis_fp16.checkpoint import CheckpointError, atomic_write_text
 from genesis_fp16.distributed import (
     DDPTrainer,
     DistributedEnvError,
@@ -157,6 +157,11 @@ def main(argv: Optional[list[str]] = None) -> int:
         return 2
     try:
         code = run(args, ctx)
+    except CheckpointError as exc:  # --resume: a missing, damaged or refused checkpoint
+        if ctx.is_main:
+            print(f"error: {exc}", file=sys.stderr)
+        destroy_distributed(barrier=False)
+        return 2
     except BaseException:
         destroy_distributed(barrier=False)
         raise

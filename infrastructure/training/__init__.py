@@ -1,5 +1,7 @@
-"""The seed's import path for the trainer; the same objects as ``genesis_fp16``."""
+"""Training re-exports: ``fp16_trainer`` (FP16Trainer, FP16TrainingConfig,
+also importable from this package) and ``fp16_trainer_extended`` (DDP/FSDP2
+trainers, registry lookup); the same objects as ``genesis_fp16``."""
 
-from genesis_fp16.trainer import FP16Trainer, FP16TrainingConfig
+from .fp16_trainer import FP16Trainer, FP16TrainingConfig
 
 __all__ = ["FP16Trainer", "FP16TrainingConfig"]

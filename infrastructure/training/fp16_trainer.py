@@ -1,0 +1,7 @@
+"""``infrastructure.training.fp16_trainer``: the single-process trainer, the
+same objects as ``genesis_fp16`` (the plugin owns them; this path keeps
+agent-side code that imports it working)."""
+
+from genesis_fp16.trainer import FP16Trainer, FP16TrainingConfig
+
+__all__ = ["FP16Trainer", "FP16TrainingConfig"]

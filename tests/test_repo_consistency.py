@@ -1,0 +1,105 @@
+"""What the repository's own files promise, checked against the code: the
+example profile names only agents the code trains, and every relative link in
+the README and docs/ points at a file that exists."""
+
+from __future__ import annotations
+
+import inspect
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agents.se_darwin_agent import EvolveConfig
+from genesis_fp16 import registry
+from genesis_fp16.profiles import load_profiles
+from genesis_fp16.rl.config import load_config
+from genesis_fp16.rl.ppo import PPO
+from infrastructure.world_model import WorldModel
+
+REPO = Path(__file__).resolve().parents[1]
+EXAMPLE_PROFILES = REPO / "configs" / "profiles.example.toml"
+
+
+def _tiny_ppo(**fields: Any) -> PPO:
+    cfg = load_config(None, num_envs=1, num_steps=8, minibatch_size=8, total_steps=8, vec_env="sync", device="cpu", **fields)
+    ppo = PPO(cfg)
+    ppo.envs.close()
+    return ppo
+
+
+def _ppo_agent_name(monkeypatch: pytest.MonkeyPatch) -> str:
+    """The agent name PPO resolves its precision policy (and so its profile) under."""
+    seen: list[str] = []
+    real = registry.trainer_for
+
+    def recording(agent: str, *args: Any, **kwargs: Any) -> Any:
+        seen.append(agent)
+        return real(agent, *args, **kwargs)
+
+    monkeypatch.setattr(registry, "trainer_for", recording)
+    _tiny_ppo()
+    assert len(seen) == 1
+    return seen[0]
+
+
+def test_example_profile_names_only_agents_the_code_trains(monkeypatch: pytest.MonkeyPatch) -> None:
+    used = {
+        EvolveConfig().wm_agent,  # the world model inside `genesis-fp16 evolve`
+        inspect.signature(WorldModel).parameters["agent"].default,
+        _ppo_agent_name(monkeypatch),  # `genesis-fp16 ppo`
+    }
+    named = set(load_profiles(EXAMPLE_PROFILES).agents)
+    assert named, "the example should show at least one agent"
+    assert named <= used, f"{EXAMPLE_PROFILES.name} has [agents.X] tables no code trains: {sorted(named - used)}; used: {sorted(used)}"
+
+
+def test_example_ppo_profile_reaches_the_ppo_trainer(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GENESIS_FP16_PROFILES_FILE", str(EXAMPLE_PROFILES))
+    (ppo_table,) = [v for name, v in load_profiles(EXAMPLE_PROFILES).agents.items() if name != "world_model"]
+    config = _tiny_ppo(use_amp=True, amp_dtype="float16").trainer.config
+    assert config.loss_scale == ppo_table.values["init_scale"]
+    assert config.growth_interval == ppo_table.values["growth_interval"]
+    assert config.nonfinite_streak_threshold == ppo_table.values["nonfinite_streak_threshold"]
+
+
+# -- links ------------------------------------------------------------------------------
+
+# [text](target) and [text]: target; the target's #fragment and "title" dropped
+_INLINE = re.compile(r"!?\[[^\]]*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
+_REFERENCE = re.compile(r"^\s{0,3}\[[^\]]+\]:\s*<?(\S+?)>?(?:\s+\"[^\"]*\")?\s*$", re.MULTILINE)
+_FENCE = re.compile(r"^(```|~~~).*?^\1", re.MULTILINE | re.DOTALL)
+_CODE_SPAN = re.compile(r"`[^`\n]*`")
+_PATH_SPAN = re.compile(r"`(\.\.?/[^`\s]+)`")  # `../x.md`: a path relative to the doc, read like a link
+
+
+def relative_links(markdown: str) -> list[str]:
+    unfenced = _FENCE.sub("", markdown)
+    text = _CODE_SPAN.sub("", unfenced)  # other links inside code are examples, not links
+    targets = _INLINE.findall(text) + _REFERENCE.findall(text) + _PATH_SPAN.findall(unfenced)
+    relative = []
+    for target in targets:
+        if re.match(r"^[a-zA-Z][a-zA-Z0-9+.-]*:", target) or target.startswith(("#", "//")):
+            continue  # a URL, mailto:, or a fragment of this file
+        relative.append(target.split("#", 1)[0])
+    return [t for t in relative if t]
+
+
+def _markdown_files() -> list[Path]:
+    return [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+
+
+def test_link_extraction() -> None:
+    text = (
+        "see [a](docs/A.md#part) and ![img](plots/x.png \"title\"), [web](https://x.org/y.md), [top](#here)\n"
+        "`[not](code.md)`, `genesis_fp16/x.py` but `../up/C.md`\n```\n[nor](fenced.md) `../nor.md`\n```\n"
+        "[ref]: ../other/B.md\n"
+    )
+    assert relative_links(text) == ["docs/A.md", "plots/x.png", "../other/B.md", "../up/C.md"]
+
+
+@pytest.mark.parametrize("doc", _markdown_files(), ids=lambda p: str(p.relative_to(REPO)))
+def test_relative_links_point_at_existing_files(doc: Path) -> None:
+    missing = [t for t in relative_links(doc.read_text(encoding="utf-8")) if not (doc.parent / t).exists()]
+    assert not missing, f"{doc.relative_to(REPO)} links to files that do not exist: {missing}"
