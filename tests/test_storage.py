@@ -80,6 +80,19 @@ def test_bad_state_dir_stops_evolve_before_any_episode(bad_state_dir, monkeypatc
     assert bad_state_dir in _one_error_line(result)
 
 
+@pytest.mark.parametrize("bad_state_dir", ["file"], indirect=True)
+def test_bad_state_dir_stops_forensics_before_pretraining(bad_state_dir, monkeypatch):
+    from genesis_fp16.forensics import pretrain
+
+    def no_build(*args, **kwargs):
+        raise AssertionError("pretraining started: the state dir was checked too late")
+
+    monkeypatch.setattr(pretrain, "build_assets", no_build)
+    result = runner.invoke(app, ["forensics", "pretrain"])
+    assert result.exit_code == 2, result.output
+    assert bad_state_dir in _one_error_line(result)
+
+
 def test_prepare_dir_creates_and_checks(tmp_path):
     from genesis_fp16.storage import StorageError, prepare_dir
 
@@ -430,3 +443,29 @@ def test_bench_bad_output_path_fails_before_measuring(afile, monkeypatch, flag):
     result = runner.invoke(app, ["bench", "--quick", flag, str(afile / "out")])
     assert result.exit_code == 2, result.output
     assert f"{flag} {afile}/out" in _one_error_line(result)
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["pretrain", "--json", "{bad}/m.json"],
+        ["probe", "--json", "{bad}/p.json"],
+        ["freeze", "--out", "{bad}/t.pt"],
+        ["freeze", "--out", "{tmp}/t.pt", "--json", "{bad}/f.json"],
+        ["replay", "--trajectories", "{tmp}/t.pt", "--json", "{bad}/r.json"],
+        ["sweep", "--out", "{bad}/sweep"],
+        ["sweep", "--out", "{afile}"],
+        ["sweep", "--json", "{bad}/s.json"],
+    ],
+)
+def test_forensics_bad_output_path_fails_before_any_work(afile, tmp_path, monkeypatch, args):
+    from genesis_fp16.checkpoint import atomic_write_bytes
+    from genesis_fp16.forensics import pretrain
+
+    atomic_write_bytes(tmp_path / "t.pt", b"placeholder")  # replay checks its output before reading this
+    monkeypatch.setattr(pretrain, "ensure_assets", lambda *a, **k: pytest.fail("assets were loaded or built"))
+    args = [a.format(bad=afile, tmp=tmp_path, afile=afile) for a in args]
+    result = runner.invoke(app, ["forensics", *args])
+    assert result.exit_code == 2, result.output
+    line = _one_error_line(result)
+    assert str(afile) in line
