@@ -63,7 +63,8 @@ def evolve(
 
     from genesis_fp16.checkpoint import CheckpointError, atomic_write_text
     from genesis_fp16.cli import fail, load_settings_or_exit, strict_json_value
-    from genesis_fp16.storage import StorageError, check_output_path, full_disk
+    from genesis_fp16.settings import env_name
+    from genesis_fp16.storage import StorageError, check_output_path, full_disk, prepare_dir
 
     from .evaluation import EvaluationError
     from .se_darwin_agent import EvolveConfig, SEDarwinAgent, run_cma_baseline
@@ -81,10 +82,14 @@ def evolve(
     )
     try:
         config.validate()
-        if json_path is not None:  # before any episode: a bad path must not lose the run
+        # before any episode: a bad state dir or output path must not lose the run
+        prepare_dir(settings.state_dir, name=env_name("state_dir"))
+        if json_path is not None:
             check_output_path(json_path, "--json")
-    except (ValueError, StorageError) as exc:
+    except ValueError as exc:
         raise fail(str(exc))
+    except StorageError as exc:
+        raise fail(str(exc), code=exc.exit_code)
 
     import torch
 

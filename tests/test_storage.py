@@ -93,6 +93,15 @@ def test_bad_state_dir_stops_forensics_before_pretraining(bad_state_dir, monkeyp
     assert bad_state_dir in _one_error_line(result)
 
 
+@pytest.mark.parametrize("bad_state_dir", ["under_file"], indirect=True)
+def test_bad_state_dir_in_the_replay_buffer_names_the_variable(bad_state_dir):
+    from infrastructure.replay_buffer import ReplayBuffer, ReplayBufferError
+
+    with pytest.raises(ReplayBufferError) as err:
+        ReplayBuffer(settings=load_settings())
+    assert bad_state_dir in str(err.value) and err.value.kind == "path"
+
+
 def test_prepare_dir_creates_and_checks(tmp_path):
     from genesis_fp16.storage import StorageError, prepare_dir
 
