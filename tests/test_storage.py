@@ -478,3 +478,17 @@ def test_forensics_bad_output_path_fails_before_any_work(afile, tmp_path, monkey
     assert result.exit_code == 2, result.output
     line = _one_error_line(result)
     assert str(afile) in line
+
+
+def test_full_disk_writing_the_json_report_is_one_clear_error(tiny, monkeypatch, tmp_path):
+    from genesis_fp16 import checkpoint
+
+    def no_space(path, text):
+        raise OSError(errno.ENOSPC, "No space left on device", str(path))
+
+    monkeypatch.setattr(checkpoint, "atomic_write_text", no_space)
+    result = runner.invoke(app, ["evolve", "--budget", "16", "--workers", "1", "--json", str(tmp_path / "r.json")])
+    assert result.exit_code == 1, result.output
+    line = _one_error_line(result)
+    assert "the report could not be written" in line and "No space left on device" in line and "replay.sqlite" in line
+    assert "held-out return" in result.output  # the table was printed before
