@@ -65,24 +65,26 @@ def _existing_ancestor(path: Path) -> Path:
     return Path(".")
 
 
-def unwritable_reason(path: PathLike) -> Optional[str]:
-    """Why ``path`` (or, when it does not exist, its nearest existing
-    ancestor) cannot be written, or None when it can."""
+def _unwritable(path: PathLike) -> Optional[tuple[str, str]]:
+    """(kind, reason) when ``path`` (or, when it does not exist, its nearest
+    existing ancestor) cannot be written; None when it can."""
     target = _existing_ancestor(Path(path))
     if can_write(target):
         return None
     if _read_only_fs(target):
-        return f"{target} is on a read-only file system"
+        return "read_only", f"{target} is on a read-only file system"
     try:
         mode = stat.filemode(target.stat().st_mode)
     except OSError:
         mode = "unknown mode"
-    return f"{target} is not writable by this user ({mode})"
+    return "permission", f"{target} is not writable by this user ({mode})"
 
 
-def _reason_kind(reason: str) -> str:
-    """The fault kind of an :func:`unwritable_reason`."""
-    return "read_only" if "read-only file system" in reason else "permission"
+def unwritable_reason(path: PathLike) -> Optional[str]:
+    """Why ``path`` (or, when it does not exist, its nearest existing
+    ancestor) cannot be written, or None when it can."""
+    found = _unwritable(path)
+    return found[1] if found else None
 
 
 def _subject(path: Path, name: Optional[str]) -> str:
@@ -117,16 +119,16 @@ def prepare_dir(path: PathLike, *, name: Optional[str] = None, create: bool = Tr
         if not ancestor.is_dir():
             raise StorageError(f"{subject}: parent {ancestor} is not a directory; point it at a path under a directory", "path")
         if not create:
-            if writable and (reason := unwritable_reason(ancestor)):
-                raise StorageError(f"{subject} cannot be created: {reason}; point it at a writable place", _reason_kind(reason))
+            if writable and (found := _unwritable(ancestor)):
+                raise StorageError(f"{subject} cannot be created: {found[1]}; point it at a writable place", found[0])
             return path
         try:
             path.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             kind = fault_kind(exc) or "io"
             raise StorageError(f"{subject} cannot be created ({exc.strerror or exc}); point it at a writable place", kind) from None
-    if writable and (reason := unwritable_reason(path)):
-        raise StorageError(f"{subject} is not writable: {reason}; point it at a writable directory", _reason_kind(reason))
+    if writable and (found := _unwritable(path)):
+        raise StorageError(f"{subject} is not writable: {found[1]}; point it at a writable directory", found[0])
     return path
 
 
@@ -204,8 +206,8 @@ def fault_kind(exc: BaseException, path: Optional[PathLike] = None) -> Optional[
         if isinstance(current, sqlite3.Error):
             kind = _sqlite_kind(current)
             if kind == "io" and path is not None and "unable to open" in str(current):
-                reason = unwritable_reason(Path(path).parent)
-                return _reason_kind(reason) if reason else "io"
+                found = _unwritable(Path(path).parent)
+                return found[0] if found else "io"
             if kind is not None:
                 return kind
         if isinstance(current, OSError) and current.errno is not None:
