@@ -80,7 +80,8 @@ def _positive(flag: str, value: Optional[float], meaning: str) -> None:
     from ..cli import fail
 
     if value is not None and not (math.isfinite(value) and value > 0):
-        raise fail(f"{flag} {value:g}: expected a finite number > 0 ({meaning})")
+        kind = "an integer" if isinstance(value, int) else "a finite number"
+        raise fail(f"{flag} {value:g}: expected {kind} > 0 ({meaning})")
 
 
 def _configs(text: Optional[str]):
