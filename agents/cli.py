@@ -61,6 +61,22 @@ def _fmt(value: Any, spec: str = ".1f") -> str:
     return "-" if value is None else format(value, spec)
 
 
+def _safe_data(agent: Any) -> str:
+    """What of a failed run is kept, for its error message."""
+    from genesis_fp16.storage import StorageError
+
+    if agent is None:
+        return ""
+    try:
+        counts = agent.buffer.count(agent.data_agent)
+    except StorageError:  # the replay database itself may be what failed
+        return f"; generations committed before the failure are kept in {agent.buffer.path}"
+    return (
+        f"; {counts['generations']} generation(s) ({counts['trajectories']} trajectories) are safe in "
+        f"{agent.buffer.path} (agent {agent.data_agent!r}), and every checkpoint written before is whole (atomic writes)"
+    )
+
+
 def evolve(
     env: str = typer.Option("Pendulum-v1", "--env", help="Environment of the embedded task (Pendulum-v1)."),
     budget: int = typer.Option(
@@ -81,10 +97,10 @@ def evolve(
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
     from rich.table import Table
 
-    from genesis_fp16.checkpoint import atomic_write_text
+    from genesis_fp16.checkpoint import CheckpointError, atomic_write_text
     from genesis_fp16.cli import fail, load_settings_or_exit, strict_json_value
-
-    from infrastructure.replay_buffer import ReplayBufferError
+    from genesis_fp16.settings import env_name
+    from genesis_fp16.storage import StorageError, check_output_path, full_disk, prepare_dir
 
     from .evaluation import EvaluationError
     from .se_darwin_agent import EvolveConfig, SEDarwinAgent, run_cma_baseline
@@ -102,8 +118,14 @@ def evolve(
     )
     try:
         config.validate()
+        # before any episode: a bad state dir or output path must not lose the run
+        prepare_dir(settings.state_dir, name=env_name("state_dir"))
+        if json_path is not None:
+            check_output_path(json_path, "--json")
     except ValueError as exc:
         raise fail(str(exc))
+    except StorageError as exc:
+        raise fail(str(exc), code=exc.exit_code)
 
     import torch
 
@@ -147,16 +169,23 @@ def evolve(
                 highlight=False,
             )
         raise typer.Exit(EXIT_SIGTERM if isinstance(exc, Terminated) else EXIT_SIGINT)
-    except (ValueError, ReplayBufferError) as exc:
+    except ValueError as exc:
         raise fail(str(exc))
+    except StorageError as exc:  # the replay buffer or the ledger (ReplayBufferError, LedgerError): state dir, corrupt file, full disk
+        if agent is not None:
+            agent.evaluator.terminate()
+        raise fail(f"{exc}{_safe_data(agent)}", code=exc.exit_code)
+    except CheckpointError as exc:  # a world-model checkpoint could not be written (or restored)
+        if agent is not None:
+            agent.evaluator.terminate()
+        full = "the disk is full: " if full_disk(Path(settings.state_dir) / "world_model", exc) else ""
+        raise fail(f"{full}{exc}{_safe_data(agent)}" + ("; free space and run again" if full else ""), code=1)
     except EvaluationError as exc:
         # later generations charge and skip a failed candidate; this is one the loop
         # cannot do without (the seed generation, the held-out evaluation, a CMA-ES batch)
-        safe = ""
         if agent is not None:
-            counts = agent.buffer.count(agent.data_agent)
-            safe = f"; {counts['generations']} generation(s) are safe in {agent.buffer.path}"
-        raise fail(f"{exc}{safe}", code=1)
+            agent.evaluator.terminate()
+        raise fail(f"{exc}{_safe_data(agent)}", code=1)
 
     table = Table(title=f"evolve: {report['mode']} on {report['env']}, seed {report['seed']}")
     table.add_column("metric")
@@ -180,7 +209,10 @@ def evolve(
     _C().print(table)
     if json_path is not None:
         # strict JSON: a candidate lost to a timeout scores -inf, written as "-inf"
-        atomic_write_text(json_path, json.dumps(strict_json_value(report), indent=2, default=str, allow_nan=False) + "\n")
+        try:
+            atomic_write_text(json_path, json.dumps(strict_json_value(report), indent=2, default=str, allow_nan=False) + "\n")
+        except OSError as exc:  # e.g. the disk filled during the run: the table above is the report
+            raise fail(f"--json {json_path}: the report could not be written ({exc}); the run's data is in {report.get('replay_db') or 'the table above'}", code=1)
         console.print(f"report written to {json_path}", highlight=False)
 
 

@@ -18,9 +18,10 @@ from typing import Any, Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
-from .settings import SettingsError, describe_settings, load_settings
+from .settings import SettingsError, describe_settings, load_settings, unknown_settings
 
 COMMAND_GROUP = "genesis_fp16.commands"
 
@@ -68,7 +69,8 @@ def print_json(data: Any) -> None:
 @app.command()
 def doctor(as_json: bool = typer.Option(False, "--json", help="Print JSON instead of tables.")) -> None:
     """Torch version, devices, what each supports, what `auto` picks and why, and the settings in effect."""
-    settings = load_settings_or_exit()
+    settings = load_settings_or_exit(check_names=False)  # doctor lists the valid names: a misspelled one must not stop it
+    unknown = unknown_settings()
     import torch
 
     from .precision import capability_report, cpu_flags, cpu_has_fast_bf16, cpu_has_native_bf16
@@ -91,6 +93,7 @@ def doctor(as_json: bool = typer.Option(False, "--json", help="Print JSON instea
         "auto_precision": primary["auto_precision"],
         "auto_reason": primary["auto_reason"],
         "settings": json.loads(settings.model_dump_json()),
+        "unknown_settings": unknown,
     }
     if as_json:
         print_json(data)
@@ -112,6 +115,8 @@ def doctor(as_json: bool = typer.Option(False, "--json", help="Print JSON instea
         value = getattr(settings, row["field"])
         st.add_row(row["env"], str(getattr(value, "value", value)))
     out.print(st)
+    for problem in unknown:
+        console.print(f"[yellow]warning:[/] {escape(problem)}", highlight=False)
 
 
 @app.command()

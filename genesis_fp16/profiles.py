@@ -25,7 +25,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Optional, Union
 
-from .settings import OnUnsupported, PrecisionMode, Settings
+from .settings import OnUnsupported, PrecisionMode, Settings, read_utf8
 
 try:  # Python 3.11+
     import tomllib
@@ -236,6 +236,14 @@ def parse_profiles(data: Any, source: Union[str, Path] = "<profiles>") -> Profil
     return ProfileFile(Path(source) if source != "<profiles>" else None, defaults, agents)
 
 
+def _read_toml(path: Path) -> dict[str, Any]:
+    """The file's TOML; not UTF-8 or not TOML is a ProfileError naming the file and line."""
+    try:
+        return tomllib.loads(read_utf8(path, "profile file", ProfileError))
+    except tomllib.TOMLDecodeError as exc:
+        raise ProfileError(f"{path}: not valid TOML ({exc})") from None
+
+
 _CACHE: dict[Path, tuple[float, int, ProfileFile]] = {}
 
 
@@ -249,11 +257,7 @@ def load_profiles(path: Union[str, Path]) -> ProfileFile:
     cached = _CACHE.get(path)
     if cached and cached[0] == stat.st_mtime and cached[1] == stat.st_size:
         return cached[2]
-    try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except tomllib.TOMLDecodeError as exc:
-        raise ProfileError(f"{path}: not valid TOML ({exc})") from None
-    parsed = parse_profiles(data, path)
+    parsed = parse_profiles(_read_toml(path), path)
     _CACHE[path] = (stat.st_mtime, stat.st_size, parsed)
     return parsed
 
@@ -333,4 +337,4 @@ def raw_document(path: Union[str, Path]) -> dict[str, Any]:
     path = Path(path)
     if not path.is_file():
         return {}
-    return tomllib.loads(path.read_text(encoding="utf-8"))
+    return _read_toml(path)

@@ -9,21 +9,28 @@ The ledger is SQLite in ``<state_dir>/rollout.sqlite`` in WAL mode. Every
 write is one ``BEGIN IMMEDIATE`` transaction on a fresh connection, so
 concurrent processes serialise on SQLite's own lock; a writer that still finds
 the database locked after the busy timeout retries with backoff (tenacity).
+
+A ledger that cannot be written (a read-only file, directory or mount) is
+still read: reads open it read-only, and a write fails with one
+:class:`LedgerError` saying it is read-only, never that it is corrupt.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import sqlite3
 from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Iterator, Optional, Union
+from typing import Any, Callable, Iterator, Optional, TypeVar, Union
 
 from tenacity import retry, retry_if_exception, stop_after_attempt, wait_random_exponential
 
-from .settings import Settings, load_settings
+from . import storage
+from .settings import Settings, env_name, load_settings
+from .storage import StorageError
 from .telemetry import get_logger
 
 LEDGER_FILE = "rollout.sqlite"
@@ -73,8 +80,9 @@ CREATE TABLE IF NOT EXISTS good_checkpoints (
 """
 
 
-class LedgerError(RuntimeError):
-    """The ledger could not be read or written; the message names the file."""
+class LedgerError(StorageError):
+    """The ledger could not be read or written; the message names the file,
+    ``kind`` says why (see :data:`genesis_fp16.storage.KINDS`)."""
 
 
 def _now() -> str:
@@ -94,6 +102,23 @@ _retry_locked = retry(
     stop=stop_after_attempt(12),
     reraise=True,
 )
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def _ledger_call(fn: _F) -> _F:
+    """Retry a locked ledger (above), then turn any SQLite error left into one
+    :class:`LedgerError` that says what kind of fault it is."""
+    retried = _retry_locked(fn)
+
+    @functools.wraps(fn)
+    def call(self: "RolloutLedger", *args: Any, **kwargs: Any) -> Any:
+        try:
+            return retried(self, *args, **kwargs)
+        except sqlite3.Error as exc:
+            raise self._fault(exc) from None
+
+    return call  # type: ignore[return-value]
 
 
 def _real_in(value: float) -> Any:
@@ -120,9 +145,12 @@ class RolloutLedger:
     ``RolloutLedger(settings=...)`` / :meth:`from_settings`."""
 
     def __init__(self, path: Union[str, Path, None] = None, *, settings: Optional[Settings] = None) -> None:
+        # how messages name the directory: the variable when it came from settings
+        self._dir_name: Optional[str] = None
         if path is None:
             settings = settings or load_settings()
             path = Path(settings.state_dir) / LEDGER_FILE
+            self._dir_name = env_name("state_dir")
         self.path = Path(path)
         self._log = get_logger("genesis_fp16.rollout")
         self._initialised = False
@@ -132,18 +160,54 @@ class RolloutLedger:
         return cls(settings=settings or load_settings())
 
     # -- connection ------------------------------------------------------------
-    def _connect(self) -> sqlite3.Connection:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        conn = sqlite3.connect(self.path, timeout=10.0, isolation_level=None)
+    def _read_only_error(self, detail: object) -> LedgerError:
+        return LedgerError(
+            f"rollout ledger {self.path} is read-only: {detail}; reads (rollout status, rollout history) still work; "
+            "to change stages make the file and its directory writable",
+            "read_only",
+        )
+
+    def _fault(self, exc: sqlite3.Error) -> LedgerError:
+        kind = storage.fault_kind(exc, self.path)
+        if kind == "read_only":
+            return self._read_only_error(exc)
+        if kind in ("full", "permission", "locked", "io"):
+            return LedgerError(storage.describe(kind, "rollout ledger", self.path, exc, lost="nothing of this change was written"), kind)
+        return LedgerError(
+            f"{self.path}: rollout ledger is not a usable SQLite database ({exc}); restore it from a copy, "
+            "or move it aside to start an empty ledger (every agent unmanaged)",
+            "corrupt",
+        )
+
+    def _connect(self, write: bool) -> sqlite3.Connection:
+        """A connection for one transaction. A ledger this process cannot write
+        is opened read-only for reads and refused here for writes; without a
+        ledger file in an unwritable directory, reads see an empty ledger."""
+        try:
+            storage.prepare_dir(self.path.parent, name=self._dir_name, create=False, writable=False)
+        except StorageError as exc:
+            raise LedgerError(str(exc), exc.kind) from None
+        # WAL needs the file and its directory (the -wal and -shm files) writable
+        reason = storage.unwritable_reason(self.path) or storage.unwritable_reason(self.path.parent)
+        if reason is None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            conn = sqlite3.connect(self.path, timeout=10.0, isolation_level=None)
+            conn.execute("PRAGMA busy_timeout=10000")
+        elif write:
+            raise self._read_only_error(reason)
+        elif self.path.is_file():
+            conn = storage.connect_read_only(self.path)
+        else:
+            conn = sqlite3.connect(":memory:", isolation_level=None)
+            conn.executescript(_SCHEMA)
         conn.row_factory = sqlite3.Row
-        conn.execute("PRAGMA busy_timeout=10000")
         return conn
 
-    @_retry_locked
+    @_ledger_call
     def _init(self) -> None:
         if self._initialised:
             return
-        conn = self._connect()
+        conn = self._connect(write=False)
         try:
             # the common case (an existing ledger) needs no write lock
             names = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
@@ -155,12 +219,10 @@ class RolloutLedger:
             for statement in filter(str.strip, _SCHEMA.split(";")):
                 conn.execute(statement)
             conn.execute("COMMIT")
-        except sqlite3.DatabaseError as exc:
-            if conn.in_transaction:
+        except BaseException:
+            if conn.in_transaction:  # SQLite rolls back by itself on e.g. a full disk
                 conn.execute("ROLLBACK")
-            if _is_locked(exc):
-                raise
-            raise LedgerError(f"{self.path}: rollout ledger is not a usable SQLite database ({exc})") from None
+            raise
         finally:
             conn.close()
         self._initialised = True
@@ -168,13 +230,14 @@ class RolloutLedger:
     @contextmanager
     def _transaction(self, write: bool) -> Iterator[sqlite3.Connection]:
         self._init()
-        conn = self._connect()
+        conn = self._connect(write)
         try:
             conn.execute("BEGIN IMMEDIATE" if write else "BEGIN")
             try:
                 yield conn
             except BaseException:
-                conn.execute("ROLLBACK")
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
                 raise
             conn.execute("COMMIT")
         finally:
@@ -190,7 +253,7 @@ class RolloutLedger:
         with self._transaction(write=False) as conn:
             return conn.execute(select + " ORDER BY id", args).fetchall()
 
-    @_retry_locked
+    @_ledger_call
     def stage(self, agent: str) -> Optional[str]:
         """The agent's stage, or None when the ledger has never seen it."""
         agent = _check_agent(agent)
@@ -198,7 +261,7 @@ class RolloutLedger:
             row = conn.execute("SELECT stage FROM stages WHERE agent = ?", (agent,)).fetchone()
         return row["stage"] if row else None
 
-    @_retry_locked
+    @_ledger_call
     def history(self, agent: Optional[str] = None) -> list[dict[str, Any]]:
         """Every stage change, oldest first: when, actor, from_stage, to_stage, reason, severity."""
         rows = self._rows_for("SELECT agent, at, actor, from_stage, to_stage, reason, severity FROM history", agent)
@@ -208,7 +271,7 @@ class RolloutLedger:
             for r in rows
         ]
 
-    @_retry_locked
+    @_ledger_call
     def status(self) -> list[dict[str, Any]]:
         """One row per agent: stage, since when, who, why, and the last shadow gap."""
         with self._transaction(write=False) as conn:
@@ -233,7 +296,7 @@ class RolloutLedger:
                 )
         return out
 
-    @_retry_locked
+    @_ledger_call
     def shadow_gaps(self, agent: str) -> list[dict[str, Any]]:
         with self._transaction(write=False) as conn:
             rows = conn.execute(
@@ -242,19 +305,19 @@ class RolloutLedger:
             ).fetchall()
         return [_gap_row(r) for r in rows]
 
-    @_retry_locked
+    @_ledger_call
     def recommendations(self, agent: Optional[str] = None) -> list[dict[str, Any]]:
         rows = self._rows_for("SELECT agent, at, severity, changes, reason FROM recommendations", agent)
         return [dict(r, changes=json.loads(r["changes"])) for r in rows]
 
-    @_retry_locked
+    @_ledger_call
     def last_good_checkpoint(self, agent: str) -> Optional[Path]:
         with self._transaction(write=False) as conn:
             row = conn.execute("SELECT path FROM good_checkpoints WHERE agent = ?", (_check_agent(agent),)).fetchone()
         return Path(row["path"]) if row else None
 
     # -- writes ----------------------------------------------------------------
-    @_retry_locked
+    @_ledger_call
     def _set_stage(self, agent: str, to_stage: str, actor: str, reason: str, severity: Optional[str] = None) -> dict[str, Any]:
         agent = _check_agent(agent)
         if to_stage not in STAGES:
@@ -305,7 +368,7 @@ class RolloutLedger:
             raise ValueError("rollback needs a reason (what went wrong), e.g. --reason 'val loss 30% over FP32'")
         return self._set_stage(agent, "rolled_back", actor, reason, severity)
 
-    @_retry_locked
+    @_ledger_call
     def record_shadow_gap(self, agent: str, val_loss: float, fp32_val_loss: float, precision: str) -> dict[str, Any]:
         """Record one shadow measurement; ``gap`` is ``(val_loss - fp32) / fp32``
         (0.25 = reduced precision is 25% worse), None when the FP32 loss is 0 or not finite."""
@@ -325,7 +388,7 @@ class RolloutLedger:
         )
         return {"agent": agent, "at": at, "val_loss": val_loss, "fp32_val_loss": fp32_val_loss, "gap": gap, "precision": str(precision)}
 
-    @_retry_locked
+    @_ledger_call
     def record_recommendation(self, agent: str, changes: dict[str, Any], reason: str, severity: Optional[str] = None) -> None:
         with self._transaction(write=True) as conn:
             conn.execute(
@@ -333,7 +396,7 @@ class RolloutLedger:
                 (_check_agent(agent), _now(), severity, json.dumps(changes, sort_keys=True), reason),
             )
 
-    @_retry_locked
+    @_ledger_call
     def set_last_good_checkpoint(self, agent: str, path: Union[str, Path]) -> None:
         with self._transaction(write=True) as conn:
             conn.execute(

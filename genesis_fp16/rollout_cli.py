@@ -30,7 +30,7 @@ def _ledger(settings: Any):
         ledger._init()
         return ledger
     except LedgerError as exc:
-        raise fail(str(exc))
+        raise fail(str(exc), code=exc.exit_code)
 
 
 def _policy_or_exit(agent: str, settings: Any):
@@ -112,11 +112,14 @@ def rollout_status(as_json: bool = typer.Option(False, "--json", help="Print JSO
 
 def _change(fn_name: str, agent: str, **kwargs: Any) -> None:
     from .cli import fail
+    from .rollout import LedgerError
 
     settings = _settings()
     ledger = _ledger(settings)
     try:
         entry = getattr(ledger, fn_name)(agent, **kwargs)
+    except LedgerError as exc:  # read-only, full disk: one line, not a traceback
+        raise fail(str(exc), code=exc.exit_code)
     except ValueError as exc:
         raise fail(str(exc))
     out.print(f"{entry['agent']}: {entry['from_stage'] or 'unmanaged'} -> [bold]{entry['to_stage']}[/] ({entry['reason']})")

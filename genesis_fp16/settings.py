@@ -6,15 +6,24 @@ default ``genesis_fp16.toml`` in the working directory when it exists).
 
 This is the only module that reads the environment; everything else takes a
 ``Settings`` object.
+
+What the sources would silently skip or crash on is refused first, with the
+file and line: a ``.env`` or TOML file that is not UTF-8, an unparseable
+``.env`` line, malformed TOML, and a ``GENESIS_FP16_*`` name (environment,
+``.env``) or TOML key that is no setting (the closest valid name suggested).
 """
 
 from __future__ import annotations
 
+import difflib
+import io
 import os
+import sys
 from enum import Enum
 from pathlib import Path
 from typing import Any, Optional
 
+from dotenv.parser import parse_stream
 from pydantic import AliasChoices, Field, ValidationError, field_validator
 from pydantic_settings import (
     BaseSettings,
@@ -23,9 +32,15 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
+
 ENV_PREFIX = "GENESIS_FP16_"
 CONFIG_FILE_ENV = "GENESIS_FP16_CONFIG_FILE"
 DEFAULT_CONFIG_FILE = "genesis_fp16.toml"
+DOTENV_FILE = ".env"
 
 
 class PrecisionMode(str, Enum):
@@ -68,7 +83,7 @@ class Settings(BaseSettings):
 
     model_config = SettingsConfigDict(
         env_prefix=ENV_PREFIX,
-        env_file=".env",
+        env_file=DOTENV_FILE,
         env_file_encoding="utf-8",
         extra="ignore",
         populate_by_name=True,
@@ -128,7 +143,7 @@ class Settings(BaseSettings):
         dotenv_settings: PydanticBaseSettingsSource,
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
-        toml_path = Path(os.environ.get(CONFIG_FILE_ENV, DEFAULT_CONFIG_FILE))
+        toml_path = config_file_path()
         sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings, dotenv_settings]
         if toml_path.is_file():
             sources.append(TomlConfigSettingsSource(settings_cls, toml_file=toml_path))
@@ -199,8 +214,92 @@ def format_validation_error(err: ValidationError) -> str:
     return "; ".join(lines)
 
 
-def load_settings(**overrides: Any) -> Settings:
-    """Build settings from all sources; raise ``SettingsError`` with one clear message."""
+def config_file_path() -> Path:
+    """The TOML settings file: ``GENESIS_FP16_CONFIG_FILE`` or ``genesis_fp16.toml``."""
+    return Path(os.environ.get(CONFIG_FILE_ENV, DEFAULT_CONFIG_FILE))
+
+
+def valid_env_names() -> list[str]:
+    """Every variable the settings read (``genesis-fp16 doctor`` shows them)."""
+    return sorted({env_name(f) for f in Settings.model_fields} | {CONFIG_FILE_ENV})
+
+
+def _suggest(name: str, valid: list[str]) -> str:
+    close = difflib.get_close_matches(name, valid, n=1, cutoff=0.6)
+    return f"did you mean {close[0]}?" if close else "no setting has a similar name;"
+
+
+def _unknown_env(name: str, where: str) -> str:
+    return f"unknown setting {name} {where}; {_suggest(name.upper(), valid_env_names())} `genesis-fp16 doctor` lists the valid names"
+
+
+def read_utf8(path: Path, what: str, error: type[ValueError] = SettingsError) -> str:
+    """``path`` as UTF-8 text; a byte that is not UTF-8 raises ``error`` naming
+    the file and the line."""
+    data = path.read_bytes()
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data[: exc.start].count(b"\n") + 1
+        raise error(f"{path}:{line}: {what} is not UTF-8 text (byte {data[exc.start]:#04x}); save it as UTF-8") from None
+
+
+def _dotenv_names(path: Path) -> list[tuple[str, int]]:
+    """(name, line) of every assignment in a ``.env`` file; a line python-dotenv
+    cannot parse (which it would skip with a warning) is a SettingsError."""
+    names = []
+    for binding in parse_stream(io.StringIO(read_utf8(path, "the .env file"))):
+        raw = binding.original.string
+        line = binding.original.line + raw[: len(raw) - len(raw.lstrip())].count("\n")  # a binding starts at the blank lines before it
+        if binding.error:
+            raise SettingsError(
+                f"{path}:{line}: cannot parse {raw.strip()!r}; expected NAME=value (quote a value with spaces or '#')"
+            )
+        if binding.key is not None:
+            names.append((binding.key, line))
+    return names
+
+
+def _toml_keys(path: Path) -> list[str]:
+    try:
+        return list(tomllib.loads(read_utf8(path, "the settings file")))
+    except tomllib.TOMLDecodeError as exc:
+        raise SettingsError(f"{path}: not valid TOML ({exc})") from None
+
+
+def unknown_settings() -> list[str]:
+    """One message per ``GENESIS_FP16_*`` name in the environment or ``.env``
+    and per TOML key that is no setting. Raises SettingsError for a file that
+    cannot be read at all."""
+    valid = set(valid_env_names())
+    problems = [
+        _unknown_env(name, "in the environment")
+        for name in sorted(os.environ)
+        if name.upper().startswith(ENV_PREFIX) and name.upper() not in valid
+    ]
+    dotenv = Path(DOTENV_FILE)
+    if dotenv.is_file():
+        for name, line in _dotenv_names(dotenv):
+            if name.upper().startswith(ENV_PREFIX) and name.upper() not in valid:
+                problems.append(f"{dotenv}:{line}: " + _unknown_env(name, "in the .env file"))
+    toml_path = config_file_path()
+    if toml_path.is_file():
+        fields = list(Settings.model_fields)
+        for key in _toml_keys(toml_path):
+            if key.lower() not in fields:
+                close = difflib.get_close_matches(key.lower(), fields, n=1, cutoff=0.6)
+                hint = f"did you mean {close[0]!r}?" if close else f"the keys are the settings' names in lower case ({', '.join(fields)})"
+                problems.append(f"{toml_path}: unknown setting {key!r}; {hint}")
+    return problems
+
+
+def load_settings(*, check_names: bool = True, **overrides: Any) -> Settings:
+    """Build settings from all sources; raise ``SettingsError`` with one clear
+    message. ``check_names=False`` lets an unknown name pass (``doctor``,
+    which lists them)."""
+    problems = unknown_settings()
+    if problems and check_names:
+        raise SettingsError(problems[0])
     try:
         return Settings(**overrides)
     except ValidationError as err:

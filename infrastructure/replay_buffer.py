@@ -10,7 +10,8 @@ foreign database can never run code.
 * A locked database is retried with tenacity (exponential back-off), on top of
   SQLite's own busy timeout.
 * A file that is not an SQLite database, or whose schema is broken, raises
-  :class:`ReplayBufferError` naming the file.
+  :class:`ReplayBufferError` naming the file; a read-only file, a full disk
+  or an I/O error says so (``kind``), never that the file is corrupt.
 * The ``a*`` methods run the query in a worker thread (``asyncio.to_thread``)
   so long reads never block the event loop. Each call opens its own
   connection, so threads and processes can share one file.
@@ -29,7 +30,9 @@ from typing import Any, Iterable, Optional, Sequence, Union
 import numpy as np
 from tenacity import retry, retry_if_exception, stop_after_attempt, wait_exponential
 
+from genesis_fp16 import storage
 from genesis_fp16.checkpoint import atomic_write
+from genesis_fp16.settings import env_name
 from genesis_fp16.telemetry import get_logger
 
 SCHEMA_VERSION = 1
@@ -60,8 +63,9 @@ CREATE INDEX IF NOT EXISTS trajectories_agent_generation ON trajectories (agent,
 """
 
 
-class ReplayBufferError(RuntimeError):
-    """The replay database cannot be used; the message names the file."""
+class ReplayBufferError(storage.StorageError):
+    """The replay database cannot be used; the message names the file,
+    ``kind`` says why (see :data:`genesis_fp16.storage.KINDS`)."""
 
 
 @dataclass
@@ -113,19 +117,7 @@ class Trajectory:
 
 
 def _is_locked(exc: BaseException) -> bool:
-    return isinstance(exc, sqlite3.OperationalError) and ("locked" in str(exc) or "busy" in str(exc))
-
-
-# primary result codes: SQLITE_PERM, SQLITE_READONLY, SQLITE_IOERR, SQLITE_FULL, SQLITE_CANTOPEN
-_IO_CODES = {3, 8, 10, 13, 14}
-_IO_MESSAGES = ("disk is full", "disk I/O error", "readonly database", "unable to open")
-
-
-def _is_io(exc: BaseException) -> bool:
-    code = getattr(exc, "sqlite_errorcode", None)  # Python >= 3.11
-    if code is not None:
-        return code & 0xFF in _IO_CODES
-    return any(m in str(exc) for m in _IO_MESSAGES)
+    return isinstance(exc, sqlite3.OperationalError) and storage.fault_kind(exc) == "locked"
 
 
 _retry_locked = retry(
@@ -140,15 +132,20 @@ class ReplayBuffer:
     """Trajectory store at ``path`` (default ``<state_dir>/replay.sqlite``)."""
 
     def __init__(self, path: Union[str, Path, None] = None, *, settings: Any = None, busy_timeout_s: float = 5.0) -> None:
+        dir_name = None  # how messages name the directory: the variable when it came from settings
         if path is None:
             from genesis_fp16.settings import load_settings
 
             settings = settings or load_settings()
             path = Path(settings.state_dir) / DEFAULT_FILENAME
+            dir_name = env_name("state_dir")
         self.path = Path(path)
         self.busy_timeout_s = busy_timeout_s
         self._log = get_logger("infrastructure.replay_buffer", path=str(self.path))
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            storage.prepare_dir(self.path.parent, name=dir_name)
+        except storage.StorageError as exc:
+            raise ReplayBufferError(str(exc), exc.kind) from None
         self._init_schema()
 
     # -- connections ---------------------------------------------------------
@@ -156,15 +153,19 @@ class ReplayBuffer:
         try:
             conn = sqlite3.connect(self.path, timeout=self.busy_timeout_s, isolation_level=None)
         except sqlite3.Error as exc:
-            raise ReplayBufferError(f"{self.path}: cannot open the replay database: {exc}") from None
+            raise self._fault(exc) from None
         return conn
 
-    def _corrupt(self, exc: Exception) -> ReplayBufferError:
-        if _is_io(exc):  # the file may be fine: do not advise moving it aside
-            return ReplayBufferError(f"{self.path}: cannot read or write the replay database ({exc}); nothing of this call was committed")
+    def _fault(self, exc: Exception) -> ReplayBufferError:
+        kind = storage.fault_kind(exc, self.path)
+        if kind in ("read_only", "full", "permission", "locked", "io"):  # the file may be fine: do not advise moving it aside
+            return ReplayBufferError(
+                storage.describe(kind, "replay database", self.path, exc, lost="nothing of this call was committed"), kind
+            )
         return ReplayBufferError(
             f"{self.path}: the replay database is corrupt or not an SQLite file ({exc}); "
-            "move it aside (the loop starts a fresh one) or restore it from a copy"
+            "move it aside (the loop starts a fresh one) or restore it from a copy",
+            "corrupt",
         )
 
     @_retry_locked
@@ -178,12 +179,13 @@ class ReplayBuffer:
             row = conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
             if row is None or int(row[0]) > SCHEMA_VERSION:
                 raise ReplayBufferError(
-                    f"{self.path}: replay schema version {row and row[0]!r} is newer than this code reads ({SCHEMA_VERSION})"
+                    f"{self.path}: replay schema version {row and row[0]!r} is newer than this code reads ({SCHEMA_VERSION})",
+                    "corrupt",
                 )
         except sqlite3.DatabaseError as exc:
             if _is_locked(exc):
                 raise
-            raise self._corrupt(exc) from None
+            raise self._fault(exc) from None
         finally:
             conn.close()
 
@@ -207,7 +209,7 @@ class ReplayBuffer:
             except sqlite3.DatabaseError as exc:
                 if _is_locked(exc):
                     raise
-                raise self._corrupt(exc) from None
+                raise self._fault(exc) from None
             finally:
                 conn.close()
 

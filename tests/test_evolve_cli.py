@@ -140,7 +140,7 @@ def test_seed_generation_timeout_is_one_clear_error(tiny, monkeypatch, state_dir
     monkeypatch.setattr(se_darwin_agent, "Evaluator", FailingSeedEvaluator)
     result = runner.invoke(app, ["evolve", "--budget", "40", "--workers", "1"])
     assert result.exit_code == 1, result.output
-    assert "did not finish within 60 s" in result.output and "generation(s) are safe" in result.output
+    assert "did not finish within 60 s" in result.output and "generation(s)" in result.output and "are safe in" in result.output
     assert "Traceback" not in result.output
 
 

@@ -66,3 +66,66 @@ def test_freeze_replay_sweep_analyze(cached, tmp_path):
     bad.write_bytes(b"junk")
     res = runner.invoke(app, ["forensics", "replay", "--trajectories", str(bad)])
     assert res.exit_code != 0 and "bad.pt" in res.output
+
+
+def _error_line(result) -> str:
+    assert result.exception is None or isinstance(result.exception, SystemExit), repr(result.exception)
+    errors = [line for line in result.output.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "Traceback" not in result.output, result.output
+    return errors[0]
+
+
+@pytest.mark.parametrize(
+    "args, expected",
+    [
+        (["pretrain", "--steps", "-10"], "--steps -10"),
+        (["pretrain", "--steps", "0"], "--steps 0"),
+        (["probe", "--return-scale", "nan"], "--return-scale nan"),
+        (["probe", "--return-scale", "inf"], "--return-scale inf"),
+        (["probe", "--return-scale", "0"], "--return-scale 0"),
+        (["replay", "--trajectories", "t.pt", "--return-scale", "-5"], "--return-scale -5"),
+    ],
+)
+def test_bad_numbers_are_refused_before_any_work(state_dir, monkeypatch, args, expected):
+    from genesis_fp16.forensics import pretrain
+
+    monkeypatch.setattr(pretrain, "build_assets", lambda *a, **k: pytest.fail("pretraining started"))
+    monkeypatch.setattr(pretrain, "load_assets", lambda *a, **k: pytest.fail("assets were loaded"))
+    result = runner.invoke(app, ["forensics", *args])
+    assert result.exit_code == 2, result.output
+    assert expected in _error_line(result)
+
+
+def test_freeze_longer_than_the_model_is_one_clear_error(cached, tmp_path):
+    result = runner.invoke(app, ["forensics", "freeze", "--out", str(tmp_path / "t.pt"), "--num-prompts", "2", "--seq-len", "500"])
+    assert result.exit_code == 2, result.output
+    assert "500" in _error_line(result)
+
+
+@pytest.mark.parametrize("junk", [b"not a checkpoint at all", b""])
+def test_corrupt_cached_asset_says_rerun_with_force(cached, monkeypatch, junk):
+    from genesis_fp16.forensics import pretrain
+
+    assets_path(cached).write_bytes(junk)
+    result = runner.invoke(app, ["forensics", "pretrain"])
+    assert result.exit_code == 2, result.output
+    line = _error_line(result)
+    assert str(assets_path(cached)) in line and "--force" in line
+    result = runner.invoke(app, ["forensics", "probe", "--configs", "fp32_baseline"])
+    assert result.exit_code == 2, result.output
+    assert "genesis-fp16 forensics pretrain --force" in _error_line(result)
+    # --force rebuilds without reading the corrupt file
+    tiny = pretrain.build_assets
+    monkeypatch.setattr(pretrain, "build_assets", lambda spec, progress=None: tiny(PretrainSpec(steps=2, finetune_steps=1, reward_samples=32)))
+    result = runner.invoke(app, ["forensics", "pretrain", "--force"])
+    assert result.exit_code == 0, result.output
+    assert pretrain.load_assets(assets_path(cached)).meta["spec"]["steps"] == 2
+
+
+def test_asset_without_the_forensics_models_says_rerun_with_force(cached):
+    from genesis_fp16.checkpoint import build_payload, save_payload
+
+    save_payload(assets_path(cached), build_payload(model={}))  # a genesis-fp16 checkpoint, but not the assets
+    result = runner.invoke(app, ["forensics", "pretrain"])
+    assert result.exit_code == 2, result.output
+    assert "--force" in _error_line(result)

@@ -141,3 +141,12 @@ def test_cli_profiles_show_bad_file_is_one_error(state_dir):
     r = runner.invoke(app, ["profiles", "show", "wm"])
     assert r.exit_code == 2
     assert "precision = 'fp8' is invalid" in r.output and "Traceback" not in r.output
+
+
+def test_non_utf8_profile_file_names_file_and_line(state_dir):
+    (state_dir / "profiles.toml").write_bytes(b'[agents.wm]\nprecision = "bf16"\n# r\xe9glage\n')
+    with pytest.raises(ProfileError) as err:
+        profile_layer("wm", load_settings())
+    assert "profiles.toml:3:" in str(err.value) and "UTF-8" in str(err.value)
+    r = runner.invoke(app, ["profiles", "show", "wm"])
+    assert r.exit_code == 2 and "UTF-8" in r.output and "Traceback" not in r.output

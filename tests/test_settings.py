@@ -150,3 +150,106 @@ def test_no_getenv_outside_settings():
         if "os.getenv(" in text or "os.environ.get(" in text or "os.environ[" in text:
             offenders.append(str(path.relative_to(root)))
     assert offenders == []
+
+
+# -- files that cannot be read, lines that cannot be parsed, names that do not exist ----
+
+
+@pytest.fixture
+def cwd(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def test_non_utf8_dotenv_names_file_and_line(cwd):
+    (cwd / ".env").write_bytes(b"GENESIS_FP16_PRECISION=fp16\nGENESIS_FP16_STATE_DIR=/tmp/caf\xe9\n")
+    with pytest.raises(SettingsError) as err:
+        load_settings()
+    message = str(err.value)
+    assert ".env:2:" in message and "UTF-8" in message and "\n" not in message
+
+
+def test_unparseable_dotenv_line_names_file_and_line(cwd):
+    (cwd / ".env").write_text("# settings\nGENESIS_FP16_PRECISION=fp16\nthis line is not an assignment\n")
+    with pytest.raises(SettingsError) as err:
+        load_settings()
+    message = str(err.value)
+    assert ".env:3:" in message and "this line is not an assignment" in message and "NAME=value" in message
+
+
+def test_dotenv_with_other_programs_variables_is_fine(cwd):
+    (cwd / ".env").write_text("export DATABASE_URL=postgres://x\n\nGENESIS_FP16_PRECISION=bf16\nPATH_EXTRA=\n")
+    assert load_settings().precision == PrecisionMode.BF16
+
+
+def test_misspelled_variable_in_environment_is_refused_with_a_suggestion(monkeypatch):
+    monkeypatch.setenv("GENESIS_FP16_PRECISON", "bf16")
+    with pytest.raises(SettingsError) as err:
+        load_settings()
+    message = str(err.value)
+    assert "unknown setting GENESIS_FP16_PRECISON" in message and "environment" in message
+    assert "did you mean GENESIS_FP16_PRECISION?" in message and "genesis-fp16 doctor" in message
+
+
+def test_misspelled_variable_in_dotenv_names_file_and_line(cwd):
+    (cwd / ".env").write_text("GENESIS_FP16_PRECISION=fp16\n\nGENESIS_FP16_GROWTH_INTERVALL=10\n")
+    with pytest.raises(SettingsError) as err:
+        load_settings()
+    message = str(err.value)
+    assert ".env:3:" in message and "did you mean GENESIS_FP16_GROWTH_INTERVAL?" in message
+
+
+def test_every_valid_name_and_spelling_is_accepted(monkeypatch):
+    from genesis_fp16.settings import CONFIG_FILE_ENV
+
+    for row in describe_settings():
+        if row["field"] != "state_dir":
+            monkeypatch.setenv(row["env"], "")  # empty values are ignored (env_ignore_empty)
+    monkeypatch.setenv("genesis_fp16_precision", "bf16")  # the environment is read case-insensitively
+    monkeypatch.delenv(CONFIG_FILE_ENV, raising=False)
+    assert load_settings().precision == PrecisionMode.BF16
+    monkeypatch.setenv("GENESIS_FP16_PRECISIONS", "bf16")
+    with pytest.raises(SettingsError, match="did you mean GENESIS_FP16_PRECISION"):
+        load_settings()
+
+
+def test_kill_switch_under_the_prefix_points_at_its_real_name(monkeypatch):
+    monkeypatch.setenv("GENESIS_FP16_ENABLE_FP16_TRAINING", "false")
+    with pytest.raises(SettingsError, match="did you mean ENABLE_FP16_TRAINING"):
+        load_settings()
+
+
+@pytest.mark.parametrize(
+    "content, expected",
+    [
+        (b'precision = "bf16\n', "line 1"),
+        (b'growth_interval = 400\nprecision == "fp16"\n', "line 2"),
+        (b'precision = "bf16"\n# caf\xe9\n', ":2: "),
+    ],
+)
+def test_malformed_toml_names_file_and_line(sources, content, expected):
+    (Path.cwd() / "genesis_fp16.toml").write_bytes(content)
+    with pytest.raises(SettingsError) as err:
+        load_settings()
+    message = str(err.value)
+    assert "genesis_fp16.toml" in message and expected in message and "\n" not in message
+
+
+def test_unknown_toml_key_is_refused_with_a_suggestion(sources):
+    (Path.cwd() / "genesis_fp16.toml").write_text('precison = "bf16"\n')
+    with pytest.raises(SettingsError, match="genesis_fp16.toml: unknown setting 'precison'; did you mean 'precision'"):
+        load_settings()
+
+
+def test_cli_misspelled_variable_is_one_line_and_doctor_still_lists_names(monkeypatch):
+    from typer.testing import CliRunner
+
+    from genesis_fp16.cli import app
+
+    monkeypatch.setenv("GENESIS_FP16_LOG_LEVLE", "DEBUG")
+    result = CliRunner().invoke(app, ["rollout", "status"])
+    assert result.exit_code == 2
+    assert "did you mean GENESIS_FP16_LOG_LEVEL?" in result.output and "Traceback" not in result.output
+    result = CliRunner().invoke(app, ["doctor"])
+    assert result.exit_code == 0, result.output
+    assert "GENESIS_FP16_LOG_LEVEL" in result.stdout and "GENESIS_FP16_LOG_LEVLE" in result.output

@@ -118,10 +118,17 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Throughput, peak memory, validation loss and trainer overhead per size and precision, stamped with the device."""
         from ..cli import fail, load_settings_or_exit
+        from ..storage import StorageError, check_output_path
         from .harness import BenchOptions
         from .models import SIZES, parse_sizes
 
         load_settings_or_exit()  # a bad GENESIS_FP16_* variable fails here, clearly
+        try:  # before measuring: a bad output path must not lose the run
+            for flag, path in (("--json", json_path), ("--csv", csv_path), ("--plot", plot_path), ("--markdown", markdown_path)):
+                if path is not None:
+                    check_output_path(path, flag)
+        except StorageError as exc:
+            raise fail(str(exc))
         try:
             options = BenchOptions(
                 sizes=parse_sizes(sizes) if sizes else ([SIZES["S"]] if quick else list(SIZES.values())),

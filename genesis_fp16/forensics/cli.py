@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Optional
 
@@ -30,19 +31,57 @@ def _progress():
 
 
 def _assets(pretrain_steps: Optional[int] = None, force: bool = False):
-    from .pretrain import PretrainSpec, ensure_assets
+    from ..checkpoint import CheckpointError
+    from ..cli import fail
+    from ..settings import env_name
+    from ..storage import StorageError, fault_kind, full_disk, prepare_dir
+    from . import pretrain
 
-    settings = _settings()
-    spec = PretrainSpec() if pretrain_steps is None else PretrainSpec(steps=pretrain_steps)
-    with _progress() as bar:
-        task = bar.add_task("initial FP32 checkpoint", total=None)
+    spec = pretrain.PretrainSpec() if pretrain_steps is None else pretrain.PretrainSpec(steps=pretrain_steps)
+    state_dir = Path(_settings().state_dir)
+    path = pretrain.assets_path(state_dir, spec)
+    try:  # building writes the checkpoint: check where it goes before pretraining, not after
+        prepare_dir(state_dir, name=env_name("state_dir"), create=False, writable=force or not path.exists())
+    except StorageError as exc:
+        raise fail(str(exc), code=exc.exit_code)
+    try:
+        with _progress() as bar:
+            task = bar.add_task("initial FP32 checkpoint", total=None)
 
-        def tick(done: int, total: int) -> None:
-            bar.update(task, completed=done, total=total)
+            def tick(done: int, total: int) -> None:
+                bar.update(task, completed=done, total=total)
 
-        assets = ensure_assets(Path(settings.state_dir), spec, force=force, progress=tick)
-        bar.update(task, completed=1, total=1)
+            assets = pretrain.ensure_assets(state_dir, spec, force=force, progress=tick)
+            bar.update(task, completed=1, total=1)
+    except CheckpointError as exc:  # a corrupt cached checkpoint (says --force), or one that could not be written
+        if fault_kind(exc) is None:
+            raise fail(str(exc))
+        raise fail(("the disk is full: " if full_disk(path, exc) else "") + str(exc), code=1)
     return assets
+
+
+def _check_outputs(**paths: Optional[Path]) -> None:
+    """Check every output path before any work (a bad --json must not lose a
+    long run); ``out_dir`` is a directory, the others are files."""
+    from ..cli import fail
+    from ..storage import StorageError, check_output_path
+
+    try:
+        for key, path in paths.items():
+            if path is not None:
+                flag = "--" + key.replace("_dir", "").replace("_", "-")
+                check_output_path(path, flag, directory=key.endswith("_dir"))
+    except StorageError as exc:
+        raise fail(str(exc))
+
+
+def _positive(flag: str, value: Optional[float], meaning: str) -> None:
+    """Refuse a count or a scale that is not a finite number > 0, in one line."""
+    from ..cli import fail
+
+    if value is not None and not (math.isfinite(value) and value > 0):
+        kind = "an integer" if isinstance(value, int) else "a finite number"
+        raise fail(f"{flag} {value:g}: expected {kind} > 0 ({meaning})")
 
 
 def _configs(text: Optional[str]):
@@ -105,6 +144,8 @@ def pretrain(
     """Train (or load) the shared FP32 initial checkpoint: reference, policy, reward, value."""
     from .pretrain import single_thread
 
+    _positive("--steps", steps, "pretraining steps, default 300")
+    _check_outputs(json=json_out)
     with single_thread():
         assets = _assets(steps, force)
     _write_json(json_out, {"path": str(assets.path), **assets.meta})
@@ -126,8 +167,10 @@ def probe(
     from .probe import probe as run_probe
     from .probe import run_meta
 
+    _positive("--return-scale", return_scale, "the magnitude of the returns, default 1000")
     lengths = _lengths(seq_lengths, list(ctx.args))
     cfgs = _configs(configs)
+    _check_outputs(json=json_out)
     with single_thread():
         assets = _assets()
         with _progress() as bar:
@@ -150,9 +193,14 @@ def freeze(
     json_out: Optional[Path] = typer.Option(None, "--json"),
 ) -> None:
     """Sample FP32 policy trajectories and save them with their FP64 log-probs."""
+    from ..cli import fail
+    from .model import TinyConfig
     from .pretrain import single_thread
     from .replay import freeze as run_freeze
 
+    if seq_len > TinyConfig().max_len:  # the cached models are built with the default config
+        raise fail(f"--seq-len {seq_len}: the model takes at most {TinyConfig().max_len} tokens")
+    _check_outputs(out=out, json=json_out)
     with single_thread():
         assets = _assets()
         path = run_freeze(assets, out, num_prompts, seq_len, seed)
@@ -175,7 +223,9 @@ def replay(
     from .replay import load_trajectories
     from .replay import replay as run_replay
 
+    _positive("--return-scale", return_scale, "the magnitude of the returns, default 1000")
     cfgs = _configs(configs)
+    _check_outputs(json=json_out)
     try:
         truth = load_trajectories(trajectories)
     except (CheckpointError, ValueError, KeyError) as exc:
@@ -213,6 +263,7 @@ def sweep(
     if max_steps is not None:
         args = dataclasses.replace(args, max_steps=max_steps)
     out = out or Path(_settings().state_dir) / "forensics" / "sweep"
+    _check_outputs(out_dir=out, json=json_out)
     with single_thread():
         assets = _assets()
         with _progress() as bar:
@@ -243,6 +294,7 @@ def analyze(
     from ..cli import fail
     from .analyze import analyze as run_analyze
 
+    _check_outputs(json=json_out)
     try:
         summary = run_analyze(results)
     except ValueError as exc:

@@ -26,7 +26,7 @@ from typing import Callable, Optional
 
 import torch
 
-from ..checkpoint import build_payload, load_payload, save_payload
+from ..checkpoint import CheckpointError, build_payload, load_payload, save_payload
 from ..telemetry import get_logger
 from . import data
 from .model import ScalarModel, TinyConfig, TinyLM, lm_loss
@@ -181,27 +181,40 @@ def save_assets(assets: Assets, path: Path) -> Path:
 
 
 def load_assets(path: Path) -> Assets:
+    """Load a checkpoint written by :func:`save_assets`; anything else raises
+    :class:`CheckpointError` naming the file."""
     payload = load_payload(path)
-    extra = payload["extra"]
-    meta = json.loads(extra["meta_json"])
-    cfg = TinyConfig(**meta["model"])
-    ref, policy = TinyLM(cfg), TinyLM(cfg)
-    ref.load_state_dict(payload["model"])
-    policy.load_state_dict(extra["policy"])
-    reward = ScalarModel(TinyLM(cfg), per_token=False)
-    reward.load_state_dict(extra["reward"])
-    value = ScalarModel(TinyLM(cfg), per_token=True)
-    value.load_state_dict(extra["value"])
+    try:
+        extra = payload["extra"]
+        meta = json.loads(extra["meta_json"])
+        cfg = TinyConfig(**meta["model"])
+        ref, policy = TinyLM(cfg), TinyLM(cfg)
+        ref.load_state_dict(payload["model"])
+        policy.load_state_dict(extra["policy"])
+        reward = ScalarModel(TinyLM(cfg), per_token=False)
+        reward.load_state_dict(extra["reward"])
+        value = ScalarModel(TinyLM(cfg), per_token=True)
+        value.load_state_dict(extra["value"])
+    except (KeyError, TypeError, ValueError, RuntimeError) as exc:  # RuntimeError: load_state_dict's shape mismatch
+        raise CheckpointError(f"{path}: not a forensics initial checkpoint ({type(exc).__name__}: {exc})") from None
     for m in (ref, policy, reward, value):
         m.eval()
     return Assets(reference=ref, policy=policy, reward=reward, value=value, meta=meta, path=Path(path))
 
 
 def ensure_assets(state_dir: Path, spec: PretrainSpec = PretrainSpec(), force: bool = False, progress: Optional[Callable[[int, int], None]] = None) -> Assets:
-    """Load the cached initial checkpoint, building it first when missing."""
+    """Load the cached initial checkpoint, building it first when missing
+    (or when ``force``). A cached file that does not load is an error that
+    says to rebuild it, never silently replaced."""
     path = assets_path(state_dir, spec)
     if path.exists() and not force:
-        return load_assets(path)
+        try:
+            return load_assets(path)
+        except CheckpointError as exc:
+            steps = "" if spec.steps == PretrainSpec().steps else f" --steps {spec.steps}"
+            raise CheckpointError(
+                f"cached initial checkpoint {exc}; rebuild it with `genesis-fp16 forensics pretrain --force{steps}`"
+            ) from None
     log.info("forensics.pretrain_started", path=str(path), steps=spec.steps)
     assets = build_assets(spec, progress=progress)
     save_assets(assets, path)

@@ -27,12 +27,19 @@ def ppo(
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
     from rich.table import Table
 
-    from ..checkpoint import atomic_write_text
+    from ..checkpoint import CheckpointError, atomic_write_text
     from ..cli import fail, load_settings_or_exit
+    from ..storage import StorageError, check_output_path
     from .config import ConfigError, load_config
     from .ppo import PPO
 
     load_settings_or_exit()
+    try:  # before training: a bad output path must not lose the run
+        for flag, path in (("--checkpoint", checkpoint), ("--json", json_path)):
+            if path is not None:
+                check_output_path(path, flag)
+    except StorageError as exc:
+        raise fail(str(exc))
     console = Console(stderr=True)
     if config is None and Path("configs/base.yaml").exists():
         config = Path("configs/base.yaml")
@@ -73,7 +80,10 @@ def ppo(
             result.eval_returns = learner.evaluate()
             result.eval_return = sum(result.eval_returns) / len(result.eval_returns)
         if checkpoint is not None:
-            learner.save_checkpoint(checkpoint)
+            try:
+                learner.save_checkpoint(checkpoint)
+            except CheckpointError as exc:  # e.g. the disk filled during training
+                raise fail(f"--checkpoint: {exc}", code=1)
     finally:
         learner.close()
     split = result.time_split_s
@@ -88,5 +98,8 @@ def ppo(
         data = result.as_dict()
         data["time_split_s"] = split
         data["env_stepping_s"], data["inference_s"], data["update_s"] = split["env"], split["inference"], split["update"]
-        atomic_write_text(json_path, json.dumps(data, indent=2, default=str))
+        try:
+            atomic_write_text(json_path, json.dumps(data, indent=2, default=str))
+        except OSError as exc:  # e.g. the disk filled during training; the summary above stands
+            raise fail(f"--json {json_path}: could not write the results ({exc})", code=1)
         console.print(f"wrote {json_path}")
