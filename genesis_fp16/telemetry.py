@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import sys
 import threading
 from pathlib import Path
@@ -24,6 +25,24 @@ _CONFIGURED: dict[str, Any] = {}
 _ONCE_KEYS: set[str] = set()
 
 EventListener = Callable[[str, dict[str, Any]], None]
+
+# C0 and C1 control characters (ESC starts terminal escape sequences), DEL, and
+# the Unicode bidirectional overrides that reorder what a terminal shows
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+_SHORT_ESCAPES = {"\t": "\\t", "\n": "\\n", "\r": "\\r"}
+
+
+def _escape_control(match: "re.Match[str]") -> str:
+    char = match.group()
+    code = ord(char)
+    return _SHORT_ESCAPES.get(char) or (f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}")
+
+
+def visible_controls(text: str) -> str:
+    """``text`` with every control character written as a visible escape
+    (``\\x1b``, ``\\x07``, ``\\u202e``), so text from users or files cannot
+    move the cursor, recolour or rewrite the terminal."""
+    return _CONTROL.sub(_escape_control, text)
 
 
 def _jsonable(value: Any) -> Any:

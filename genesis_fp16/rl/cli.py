@@ -26,9 +26,10 @@ def ppo(
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
     from rich.table import Table
+    from rich.text import Text
 
     from ..checkpoint import atomic_write_text
-    from ..cli import fail, load_settings_or_exit
+    from ..cli import fail, load_settings_or_exit, safe_cells, safe_text
     from .config import ConfigError, load_config
     from .ppo import PPO
 
@@ -50,11 +51,11 @@ def ppo(
         if type(exc).__name__ in ("NameNotFound", "NamespaceNotFound", "VersionNotFound", "DependencyNotInstalled", "Error"):
             raise fail(f"--env {cfg.env_id}: {exc}")
         raise
-    table = Table(title=f"PPO {cfg.env_id}: optimizations", show_header=True)
+    table = Table(title=safe_text(f"PPO {cfg.env_id}: optimizations"), show_header=True)
     table.add_column("optimization")
     table.add_column("state")
     for name, state in learner.optimization_summary():
-        table.add_row(name, state)
+        table.add_row(*safe_cells(name, state))
     console.print(table)
     try:
         with Progress(
@@ -78,15 +79,18 @@ def ppo(
         learner.close()
     split = result.time_split_s
     total = sum(split.values()) or 1.0
-    console.print(
-        f"trained {result.env_steps} env steps in {result.wall_s:.1f} s: [bold]{result.env_steps_per_s:,.0f} env steps/s[/] "
-        + "(" + ", ".join(f"{k} {v:.1f} s ({100 * v / total:.0f}%)" for k, v in split.items()) + ")"
-    )
+    console.print(Text.assemble(
+        f"trained {result.env_steps} env steps in {result.wall_s:.1f} s: ",
+        (f"{result.env_steps_per_s:,.0f} env steps/s", "bold"),
+        " (" + ", ".join(f"{k} {v:.1f} s ({100 * v / total:.0f}%)" for k, v in split.items()) + ")",
+    ))
     if result.eval_return is not None:
-        console.print(f"evaluation: mean return [bold]{result.eval_return:.1f}[/] over {len(result.eval_returns)} deterministic episodes")
+        console.print(Text.assemble(
+            "evaluation: mean return ", (f"{result.eval_return:.1f}", "bold"), f" over {len(result.eval_returns)} deterministic episodes"
+        ))
     if json_path is not None:
         data = result.as_dict()
         data["time_split_s"] = split
         data["env_stepping_s"], data["inference_s"], data["update_s"] = split["env"], split["inference"], split["update"]
         atomic_write_text(json_path, json.dumps(data, indent=2, default=str))
-        console.print(f"wrote {json_path}")
+        console.print(safe_text(f"wrote {json_path}"))
