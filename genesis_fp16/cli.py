@@ -21,8 +21,8 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from .settings import SettingsError, describe_settings, load_settings
-from .telemetry import visible_controls
+from .settings import LogLevel, SettingsError, describe_settings, load_settings
+from .telemetry import set_console_level, visible_controls
 
 COMMAND_GROUP = "genesis_fp16.commands"
 
@@ -82,6 +82,18 @@ def strict_json_value(data: Any) -> Any:
 
 def print_json(data: Any) -> None:
     sys.stdout.write(json.dumps(strict_json_value(data), indent=2, sort_keys=True, default=str, allow_nan=False) + "\n")
+
+
+@app.callback()
+def _global_options(
+    verbose: bool = typer.Option(
+        False, "-v", "--verbose",
+        help="Show INFO events on stderr too (default: warnings and errors; GENESIS_FP16_CONSOLE_LOG_LEVEL). "
+        "<state_dir>/events.jsonl gets them either way.",
+    ),
+) -> None:
+    # set on every invocation, so one run's -v does not outlive it in a long-lived process
+    set_console_level(LogLevel.INFO if verbose else None)
 
 
 @app.command()
