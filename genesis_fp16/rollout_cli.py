@@ -186,6 +186,9 @@ def rollout_history(
 
 def tune(
     events: Path = typer.Option(..., "--events", help="JSON-lines event log, e.g. <state_dir>/events.jsonl."),
+    rotated: bool = typer.Option(
+        True, "--rotated/--no-rotated", help="Also read its rotated files EVENTS.1, EVENTS.2, ... (oldest first)."
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
     apply: bool = typer.Option(False, "--apply", help="Write the proposals into the profile file (atomically, with a backup)."),
     profiles: Optional[Path] = typer.Option(None, "--profiles", help="Profile file to read and write (default: the settings' profile file)."),
@@ -200,7 +203,7 @@ def tune(
     settings = _settings()
     path = profiles or settings.effective_profiles_file
     try:
-        proposals = propose(read_events(events), settings=settings, profiles_path=path)
+        proposals = propose(read_events(events, include_rotated=rotated), settings=settings, profiles_path=path)
     except FileNotFoundError as exc:
         raise fail(f"{exc}; expected the JSON-lines event log (default <state_dir>/events.jsonl)")
     except (ValueError, ProfileError) as exc:

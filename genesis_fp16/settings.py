@@ -110,6 +110,14 @@ class Settings(BaseSettings):
         LogLevel.WARNING,
         description="DEBUG|INFO|WARNING|ERROR: the lowest level shown on stderr (`genesis-fp16 -v` shows INFO for one command).",
     )
+    events_max_bytes: int = Field(
+        10 * 1024 * 1024,
+        ge=0,
+        description="Size in bytes at which events.jsonl is rotated to events.jsonl.1; 0 disables rotation.",
+    )
+    events_keep: int = Field(
+        3, ge=1, description="Rotated event logs kept (events.jsonl.1 is the newest); older ones are deleted."
+    )
 
     @field_validator("max_grad_norm", mode="before")
     @classmethod

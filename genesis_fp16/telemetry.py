@@ -22,6 +22,11 @@ from typing import Any, Callable, Optional
 
 import structlog
 
+try:  # POSIX: appenders in other processes and rotation exclude each other
+    import fcntl
+except ImportError:  # Windows: rotation is safe between threads of one process only
+    fcntl = None  # type: ignore[assignment]
+
 from .settings import LogFormat, LogLevel, Settings
 
 _LOCK = threading.Lock()
@@ -75,31 +80,109 @@ def _level_number(method: str, event_dict: dict[str, Any]) -> int:
     return _LEVEL_NUMBERS.get(str(event_dict.get("level", method)).lower(), logging.INFO)
 
 
+# one lock for every sink in this process: after a re-configuration old and
+# new loggers may append to the same file
+_WRITE_LOCK = threading.Lock()
+
+
+def rotated_files(path: Path) -> list[Path]:
+    """The rotated logs of ``path`` that exist (``events.jsonl.1``, ``.2``, ...), newest first."""
+    path = Path(path)
+    pattern = re.compile(re.escape(path.name) + r"\.([0-9]+)")
+    if not path.parent.is_dir():
+        return []
+    found = [(int(m.group(1)), p) for p in path.parent.iterdir() if (m := pattern.fullmatch(p.name))]
+    return [p for _, p in sorted(found)]
+
+
+def _append(path: Path, data: bytes) -> None:
+    """One ``O_APPEND`` write per line: appenders in other processes never tear it."""
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+    finally:
+        os.close(fd)
+
+
+class _RotationLock:
+    """An exclusive ``flock`` on ``<log>.lock`` around size check, rotation and
+    append, so processes sharing the log neither rotate it twice nor write to a
+    file another one is renaming, and the size cap holds exactly."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def __enter__(self) -> None:
+        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        if fcntl is not None:
+            fcntl.flock(self.fd, fcntl.LOCK_EX)
+
+    def __exit__(self, *exc: Any) -> None:
+        os.close(self.fd)  # releases the lock
+
+
 class JsonlSink:
     """A processor that appends every event at or above ``level`` as one JSON
-    line to a file, then passes the event on unchanged. Each line is written
-    with one ``write`` call under a lock, so concurrent threads never
-    interleave lines."""
+    line to a file, then passes the event on unchanged. Each line is one
+    ``O_APPEND`` write under a lock, so concurrent threads and processes never
+    interleave lines.
 
-    def __init__(self, path: Path, level: int = logging.INFO) -> None:
+    With ``max_bytes`` > 0 the file is rotated before a line would take it
+    past that size: ``events.jsonl.1`` becomes ``.2`` and so on, at most
+    ``keep`` rotated files are kept (older ones are deleted), and
+    ``events.jsonl`` becomes ``events.jsonl.1``, every step an ``os.replace``.
+    Check, rotation and append happen under ``flock`` on ``<log>.lock``
+    (POSIX; on other systems under a lock of this process only), so every
+    line lands whole in one file and only one process rotates."""
+
+    def __init__(self, path: Path, level: int = logging.INFO, *, max_bytes: int = 0, keep: int = 3) -> None:
+        if max_bytes < 0 or keep < 1:
+            raise ValueError(f"JsonlSink needs max_bytes >= 0 (0: no rotation) and keep >= 1, got {max_bytes} and {keep}")
         self.path = Path(path)
         self.level = level
-        self._lock = threading.Lock()
+        self.max_bytes = max_bytes
+        self.keep = keep
 
     def __call__(self, logger: Any, method: str, event_dict: dict[str, Any]) -> dict[str, Any]:
         if _level_number(method, event_dict) < self.level:
             return event_dict
         record = {k: _jsonable(v) for k, v in event_dict.items()}
         record.setdefault("pid", os.getpid())
-        line = json.dumps(record, sort_keys=True) + "\n"
-        with self._lock:
+        data = (json.dumps(record, sort_keys=True) + "\n").encode("utf-8")
+        with _WRITE_LOCK:
             try:
                 self.path.parent.mkdir(parents=True, exist_ok=True)
-                with open(self.path, "a", encoding="utf-8") as fh:
-                    fh.write(line)
+                if not self.max_bytes:
+                    _append(self.path, data)
+                    return event_dict
+                with _RotationLock(self.path.with_name(self.path.name + ".lock")):
+                    if self._full(len(data)):
+                        self._rotate()
+                    _append(self.path, data)
             except OSError as exc:  # the console still shows the event
                 sys.stderr.write(f"genesis-fp16: cannot write event log {self.path}: {exc}\n")
         return event_dict
+
+    def _full(self, adding: int) -> bool:
+        try:
+            size = os.stat(self.path).st_size
+        except FileNotFoundError:
+            return False
+        return size > 0 and size + adding > self.max_bytes
+
+    def _rotate(self) -> None:
+        def nth(i: int) -> Path:
+            return self.path.with_name(f"{self.path.name}.{i}")
+
+        for old in rotated_files(self.path):  # also what a larger keep left behind
+            if int(old.name.rsplit(".", 1)[1]) >= self.keep:
+                old.unlink(missing_ok=True)
+        for i in range(self.keep - 1, 0, -1):
+            if nth(i).exists():
+                os.replace(nth(i), nth(i + 1))
+        os.replace(self.path, nth(1))
 
 
 class ConsoleLevelFilter:
@@ -182,7 +265,7 @@ def configure_logging(settings: Optional[Settings] = None, *, force: bool = Fals
                 structlog.contextvars.merge_contextvars,
                 structlog.processors.add_log_level,
                 structlog.processors.TimeStamper(fmt="iso", utc=True),
-                JsonlSink(settings.events_path, level=file_level),
+                JsonlSink(settings.events_path, level=file_level, max_bytes=settings.events_max_bytes, keep=settings.events_keep),
                 ConsoleLevelFilter(screen_level),
                 *console,
             ],
@@ -220,12 +303,25 @@ def reset_once() -> None:
         _ONCE_KEYS.clear()
 
 
-def read_events(path: Path) -> list[dict[str, Any]]:
+def read_events(path: Path, *, include_rotated: bool = False) -> list[dict[str, Any]]:
     """Read a JSON-lines event log, skipping a torn last line (a process killed
-    mid-write) but failing loudly on garbage in the middle."""
+    mid-write) but failing loudly on garbage in the middle. ``include_rotated``
+    reads the rotated files first (``path.N`` ... ``path.1``, then ``path``),
+    so the events come oldest first; a rotation running meanwhile in another
+    process can make this read miss or repeat a file's worth of events."""
     path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"event log {path} does not exist")
+    files = rotated_files(path)[::-1] if include_rotated else []
+    if path.is_file():
+        files.append(path)
+    if not files:
+        raise FileNotFoundError(f"event log {path} does not exist" + (" and has no rotated files" if include_rotated else ""))
+    events: list[dict[str, Any]] = []
+    for file in files:
+        events.extend(_read_event_file(file))
+    return events
+
+
+def _read_event_file(path: Path) -> list[dict[str, Any]]:
     lines = path.read_text(encoding="utf-8").splitlines()
     events = []
     for number, line in enumerate(lines, start=1):
