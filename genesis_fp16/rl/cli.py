@@ -26,7 +26,6 @@ def ppo(
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
     from rich.table import Table
-    from rich.text import Text
 
     from ..checkpoint import atomic_write_text
     from ..cli import fail, load_settings_or_exit, safe_cells, safe_text
@@ -79,15 +78,12 @@ def ppo(
         learner.close()
     split = result.time_split_s
     total = sum(split.values()) or 1.0
-    console.print(Text.assemble(
-        f"trained {result.env_steps} env steps in {result.wall_s:.1f} s: ",
-        (f"{result.env_steps_per_s:,.0f} env steps/s", "bold"),
-        " (" + ", ".join(f"{k} {v:.1f} s ({100 * v / total:.0f}%)" for k, v in split.items()) + ")",
-    ))
+    console.print(
+        f"trained {result.env_steps} env steps in {result.wall_s:.1f} s: [bold]{result.env_steps_per_s:,.0f} env steps/s[/] "
+        + "(" + ", ".join(f"{k} {v:.1f} s ({100 * v / total:.0f}%)" for k, v in split.items()) + ")"
+    )
     if result.eval_return is not None:
-        console.print(Text.assemble(
-            "evaluation: mean return ", (f"{result.eval_return:.1f}", "bold"), f" over {len(result.eval_returns)} deterministic episodes"
-        ))
+        console.print(f"evaluation: mean return [bold]{result.eval_return:.1f}[/] over {len(result.eval_returns)} deterministic episodes")
     if json_path is not None:
         data = result.as_dict()
         data["time_split_s"] = split
