@@ -96,9 +96,10 @@ def evolve(
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
     from rich.table import Table
+    from rich.text import Text
 
     from genesis_fp16.checkpoint import CheckpointError, atomic_write_text
-    from genesis_fp16.cli import fail, load_settings_or_exit, strict_json_value
+    from genesis_fp16.cli import fail, load_settings_or_exit, safe_cells, safe_text, strict_json_value
     from genesis_fp16.settings import env_name
     from genesis_fp16.storage import StorageError, check_output_path, full_disk, prepare_dir
 
@@ -147,8 +148,8 @@ def evolve(
         progress.update(task_id, completed=min(record["real_episodes"], budget))
         ops = ",".join(e["operator"] for e in record.get("evaluated", []) if e.get("operator") != "seed") or "-"
         progress.console.print(
-            f"gen {record['generation']:>2} episodes {record['real_episodes']:>4} best {_fmt(record['best_return'])}"
-            f" wm_val {_fmt(record.get('wm_val_loss'), '.5f')} {record.get('precision')} {ops}",
+            safe_text(f"gen {record['generation']:>2} episodes {record['real_episodes']:>4} best {_fmt(record['best_return'])}"
+                      f" wm_val {_fmt(record.get('wm_val_loss'), '.5f')} {record.get('precision')} {ops}"),
             highlight=False,
         )
 
@@ -164,8 +165,9 @@ def evolve(
         if agent is not None:
             counts = agent.buffer.count(agent.data_agent)
             console.print(
-                f"[yellow]interrupted[/]: {counts['generations']} generation(s), {counts['trajectories']} trajectories are safe "
-                f"in {agent.buffer.path} (agent {agent.data_agent!r})",
+                Text.assemble(("interrupted", "yellow"), safe_text(
+                    f": {counts['generations']} generation(s), {counts['trajectories']} trajectories are safe "
+                    f"in {agent.buffer.path} (agent {agent.data_agent!r})")),
                 highlight=False,
             )
         raise typer.Exit(EXIT_SIGTERM if isinstance(exc, Terminated) else EXIT_SIGINT)
@@ -187,7 +189,7 @@ def evolve(
             agent.evaluator.terminate()
         raise fail(f"{exc}{_safe_data(agent)}", code=1)
 
-    table = Table(title=f"evolve: {report['mode']} on {report['env']}, seed {report['seed']}")
+    table = Table(title=safe_text(f"evolve: {report['mode']} on {report['env']}, seed {report['seed']}"))
     table.add_column("metric")
     table.add_column("value", justify="right")
     rows = [
@@ -203,7 +205,7 @@ def evolve(
     if report.get("replay_db"):
         rows.append(("replay buffer", report["replay_db"]))
     for name, value in rows:
-        table.add_row(name, value)
+        table.add_row(*safe_cells(name, value))
     from rich.console import Console as _C
 
     _C().print(table)
@@ -213,7 +215,7 @@ def evolve(
             atomic_write_text(json_path, json.dumps(strict_json_value(report), indent=2, default=str, allow_nan=False) + "\n")
         except OSError as exc:  # e.g. the disk filled during the run: the table above is the report
             raise fail(f"--json {json_path}: the report could not be written ({exc}); the run's data is in {report.get('replay_db') or 'the table above'}", code=1)
-        console.print(f"report written to {json_path}", highlight=False)
+        console.print(safe_text(f"report written to {json_path}"), highlight=False)
 
 
 def register(app: typer.Typer) -> None:

@@ -20,8 +20,10 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
-from .settings import SettingsError, describe_settings, load_settings, unknown_settings
+from .settings import LogLevel, SettingsError, describe_settings, load_settings, unknown_settings
+from .telemetry import set_console_level, visible_controls
 
 COMMAND_GROUP = "genesis_fp16.commands"
 
@@ -36,9 +38,26 @@ console = Console(stderr=True, soft_wrap=True)
 out = Console()
 
 
+def safe_text(value: Any, style: str = "") -> Text:
+    """``value`` as rich ``Text``, which is never parsed as markup, with control
+    characters written as visible escapes. Text from users, files or the ledger
+    is printed through this (a reason of "[/bold]" is shown, not interpreted)."""
+    return Text(visible_controls(str(value)), style=style)
+
+
+def safe_cells(*values: Any) -> list[Text]:
+    """A table row of :func:`safe_text` cells."""
+    return [safe_text(v) for v in values]
+
+
+def print_error(message: str) -> None:
+    """``error: MESSAGE`` on stderr; only the label is styled, the message is shown literally."""
+    console.print(Text.assemble(("error:", "bold red"), " ", safe_text(message)), highlight=False)
+
+
 def fail(message: str, code: int = 2) -> "typer.Exit":
     """Print one clear error and return the exit to raise."""
-    console.print(f"[bold red]error:[/] {message}", highlight=False)
+    print_error(message)
     return typer.Exit(code)
 
 
@@ -64,6 +83,18 @@ def strict_json_value(data: Any) -> Any:
 
 def print_json(data: Any) -> None:
     sys.stdout.write(json.dumps(strict_json_value(data), indent=2, sort_keys=True, default=str, allow_nan=False) + "\n")
+
+
+@app.callback()
+def _global_options(
+    verbose: bool = typer.Option(
+        False, "-v", "--verbose",
+        help="Show INFO events on stderr too (default: warnings and errors; GENESIS_FP16_CONSOLE_LOG_LEVEL). "
+        "<state_dir>/events.jsonl gets them either way.",
+    ),
+) -> None:
+    # set on every invocation, so one run's -v does not outlive it in a long-lived process
+    set_console_level(LogLevel.INFO if verbose else None)
 
 
 @app.command()
@@ -98,22 +129,22 @@ def doctor(as_json: bool = typer.Option(False, "--json", help="Print JSON instea
     if as_json:
         print_json(data)
         return
-    out.print(f"[bold]genesis-fp16[/] {data['genesis_fp16_version']}  torch {data['torch_version']}  python {data['python']}")
+    out.print(Text.assemble(("genesis-fp16", "bold"), safe_text(f" {data['genesis_fp16_version']}  torch {data['torch_version']}  python {data['python']}")))
     table = Table(title="devices and precisions")
     for col in ("device", "name", "fp32", "fp16", "bf16", "auto"):
         table.add_column(col)
     for rep in reports:
         sup = rep["support"]
-        table.add_row(rep["device"], rep["name"], sup["fp32"], sup["fp16"], sup["bf16"], rep["auto_precision"])
+        table.add_row(*safe_cells(rep["device"], rep["name"], sup["fp32"], sup["fp16"], sup["bf16"], rep["auto_precision"]))
     out.print(table)
-    out.print(f"auto picks [bold]{data['auto_precision']}[/] on {data['auto_device']}: {data['auto_reason']}")
-    out.print(f"CPU flags: {', '.join(interesting) or 'none of interest'}")
+    out.print(Text.assemble("auto picks ", safe_text(data["auto_precision"], "bold"), " on ", safe_text(f"{data['auto_device']}: {data['auto_reason']}")))
+    out.print(safe_text(f"CPU flags: {', '.join(interesting) or 'none of interest'}"))
     st = Table(title="settings in effect")
     st.add_column("variable")
     st.add_column("value")
     for row in describe_settings():
         value = getattr(settings, row["field"])
-        st.add_row(row["env"], str(getattr(value, "value", value)))
+        st.add_row(*safe_cells(row["env"], getattr(value, "value", value)))
     out.print(st)
     for problem in unknown:
         console.print(f"[yellow]warning:[/] {escape(problem)}", highlight=False)
@@ -133,7 +164,7 @@ def trainers(as_json: bool = typer.Option(False, "--json", help="Print JSON.")) 
     table.add_column("source")
     table.add_column("description")
     for spec in specs.values():
-        table.add_row(spec.name, spec.source, spec.description.strip().splitlines()[0] if spec.description else "")
+        table.add_row(*safe_cells(spec.name, spec.source, spec.description.strip().splitlines()[0] if spec.description else ""))
     out.print(table)
 
 
@@ -151,7 +182,7 @@ def _register_plugins() -> None:
             register = ep.load()
             register(app)
         except Exception as exc:  # shown, never hidden: one broken command must not take the others down
-            console.print(f"[yellow]warning:[/] command {ep.name!r} unavailable ({ep.value}): {type(exc).__name__}: {exc}")
+            console.print(Text.assemble(("warning:", "yellow"), " ", safe_text(f"command {ep.name!r} unavailable ({ep.value}): {type(exc).__name__}: {exc}")))
 
 
 _register_plugins()
@@ -161,7 +192,7 @@ def main(argv: Optional[list[str]] = None) -> None:
     try:
         app(args=argv, standalone_mode=True)
     except SettingsError as exc:
-        console.print(f"[bold red]error:[/] {exc}", highlight=False)
+        print_error(str(exc))
         sys.exit(2)
 
 

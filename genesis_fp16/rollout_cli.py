@@ -8,6 +8,7 @@ from typing import Any, Optional
 import typer
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 out = Console()
 
@@ -51,7 +52,7 @@ def profiles_show(
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
     """The effective policy (after settings, profile, ledger, kill switch) and where each value came from."""
-    from .cli import fail, print_json
+    from .cli import fail, print_json, safe_cells, safe_text
     from .profiles import ProfileError, profiles_for
 
     settings = _settings()
@@ -72,26 +73,27 @@ def profiles_show(
     if as_json:
         print_json({"profiles_file": str(settings.effective_profiles_file) if pf else None, "agents": policies})
         return
-    out.print(f"profiles file: {settings.effective_profiles_file if pf else '(none)'}")
+    out.print(safe_text(f"profiles file: {settings.effective_profiles_file if pf else '(none)'}"))
     if not policies:
         out.print("no agents in the profile file or the ledger; name one: genesis-fp16 profiles show AGENT")
     for pol in policies:
-        table = Table(title=f"{pol['agent']}: {pol['precision']} (stage {pol['stage'] or 'unmanaged'}; {pol['reason']})")
+        table = Table(title=safe_text(f"{pol['agent']}: {pol['precision']} (stage {pol['stage'] or 'unmanaged'}; {pol['reason']})"))
         table.add_column("key")
         table.add_column("value")
         table.add_column("from")
         for key, value in pol["config"].items():
             if key in pol["sources"]:
-                table.add_row(key, str(value), pol["sources"][key])
+                table.add_row(*safe_cells(key, value, pol["sources"][key]))
         for key, value in pol["thresholds"].items():
-            table.add_row(f"thresholds.{key}", str(value), "profile" if key in (pf.layer(pol["agent"]).thresholds if pf else {}) else "default")
+            source = "profile" if key in (pf.layer(pol["agent"]).thresholds if pf else {}) else "default"
+            table.add_row(*safe_cells(f"thresholds.{key}", value, source))
         out.print(table)
 
 
 @rollout_app.command("status")
 def rollout_status(as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
     """Every agent's stage, since when, who and why; the last shadow gap."""
-    from .cli import print_json
+    from .cli import print_json, safe_cells, safe_text
 
     settings = _settings()
     rows = _ledger(settings).status()
@@ -100,18 +102,18 @@ def rollout_status(as_json: bool = typer.Option(False, "--json", help="Print JSO
         return
     if not settings.enable_fp16_training:
         out.print("[bold red]kill switch on[/] (ENABLE_FP16_TRAINING=false): every agent trains in FP32 whatever its stage")
-    table = Table(title=f"rollout ledger {Path(settings.state_dir) / 'rollout.sqlite'}")
+    table = Table(title=safe_text(f"rollout ledger {Path(settings.state_dir) / 'rollout.sqlite'}"))
     for col in ("agent", "stage", "since", "actor", "reason", "last shadow gap"):
         table.add_column(col)
     for row in rows:
         gap = row["last_shadow_gap"]
         shown = f"{gap['gap']:+.1%} ({gap['precision']})" if gap and gap.get("gap") is not None else "-"
-        table.add_row(row["agent"], row["stage"], row["since"], row["actor"], row["reason"], shown)
+        table.add_row(*safe_cells(row["agent"], row["stage"], row["since"], row["actor"], row["reason"], shown))
     out.print(table if rows else "no agents in the ledger yet: genesis-fp16 rollout enable AGENT --shadow")
 
 
 def _change(fn_name: str, agent: str, **kwargs: Any) -> None:
-    from .cli import fail
+    from .cli import fail, safe_text
     from .rollout import LedgerError
 
     settings = _settings()
@@ -122,7 +124,11 @@ def _change(fn_name: str, agent: str, **kwargs: Any) -> None:
         raise fail(str(exc), code=exc.exit_code)
     except ValueError as exc:
         raise fail(str(exc))
-    out.print(f"{entry['agent']}: {entry['from_stage'] or 'unmanaged'} -> [bold]{entry['to_stage']}[/] ({entry['reason']})")
+    out.print(Text.assemble(
+        safe_text(f"{entry['agent']}: {entry['from_stage'] or 'unmanaged'} -> "),
+        safe_text(entry["to_stage"], "bold"),
+        safe_text(f" ({entry['reason']})"),
+    ))
     if not settings.enable_fp16_training and entry["to_stage"] in ("on", "shadow"):
         out.print("[yellow]note:[/] the kill switch ENABLE_FP16_TRAINING=false is on; it wins: this agent still trains in FP32")
 
@@ -164,7 +170,7 @@ def rollout_history(
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
     """Every stage change: when, who or what, from, to, why."""
-    from .cli import fail, print_json
+    from .cli import fail, print_json, safe_cells
 
     try:
         rows = _ledger(_settings()).history(agent)
@@ -177,18 +183,21 @@ def rollout_history(
     for col in ("when", "agent", "actor", "from", "to", "severity", "reason"):
         table.add_column(col)
     for r in rows:
-        table.add_row(r["when"], r["agent"], r["actor"], r["from_stage"] or "-", r["to_stage"], r["severity"] or "-", r["reason"])
+        table.add_row(*safe_cells(r["when"], r["agent"], r["actor"], r["from_stage"] or "-", r["to_stage"], r["severity"] or "-", r["reason"]))
     out.print(table)
 
 
 def tune(
     events: Path = typer.Option(..., "--events", help="JSON-lines event log, e.g. <state_dir>/events.jsonl."),
+    rotated: bool = typer.Option(
+        True, "--rotated/--no-rotated", help="Also read its rotated files EVENTS.1, EVENTS.2, ... (oldest first)."
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
     apply: bool = typer.Option(False, "--apply", help="Write the proposals into the profile file (atomically, with a backup)."),
     profiles: Optional[Path] = typer.Option(None, "--profiles", help="Profile file to read and write (default: the settings' profile file)."),
 ) -> None:
     """Propose per-agent profile changes from the event log (loss scale, growth interval, precision)."""
-    from .cli import fail, print_json
+    from .cli import fail, print_json, safe_text
     from .profiles import ProfileError
     from .telemetry import read_events
     from .tuning import apply as apply_proposals
@@ -197,7 +206,7 @@ def tune(
     settings = _settings()
     path = profiles or settings.effective_profiles_file
     try:
-        proposals = propose(read_events(events), settings=settings, profiles_path=path)
+        proposals = propose(read_events(events, include_rotated=rotated), settings=settings, profiles_path=path)
     except FileNotFoundError as exc:
         raise fail(f"{exc}; expected the JSON-lines event log (default <state_dir>/events.jsonl)")
     except (ValueError, ProfileError) as exc:
@@ -212,15 +221,16 @@ def tune(
         print_json({"events": str(events), "profiles_file": str(path), "proposals": [p.as_dict() for p in proposals], "applied": applied})
         return
     if not proposals:
-        out.print(f"no profile changes proposed from {events}")
+        out.print(safe_text(f"no profile changes proposed from {events}"))
     for p in proposals:
-        out.print(f"[bold]{p.agent}[/]: " + ", ".join(f"{k} {p.current.get(k)!r} -> {v!r}" for k, v in p.changes.items()))
+        changes = ", ".join(f"{k} {p.current.get(k)!r} -> {v!r}" for k, v in p.changes.items())
+        out.print(Text.assemble(safe_text(p.agent, "bold"), safe_text(f": {changes}")))
         for reason in p.reasons:
-            out.print(f"  because {reason}")
+            out.print(safe_text(f"  because {reason}"))
     if applied:
-        out.print(f"wrote {applied['path']}" + (f" (backup {applied['backup']})" if applied["backup"] else ""))
+        out.print(safe_text(f"wrote {applied['path']}" + (f" (backup {applied['backup']})" if applied["backup"] else "")))
     elif proposals and not apply:
-        out.print(f"dry run: add --apply to write {path}")
+        out.print(safe_text(f"dry run: add --apply to write {path}"))
 
 
 def drill(
@@ -229,7 +239,7 @@ def drill(
 ) -> None:
     """Rehearse the rollback plan in a scratch state dir; exit 1 if any scenario fails."""
     from .checkpoint import atomic_write_text
-    from .cli import console
+    from .cli import console, safe_text
     from .drill import run_drill
 
     import json
@@ -240,15 +250,15 @@ def drill(
             if result is None:
                 status.update(f"drill: {name}")
             else:
-                mark = "[green]PASS[/]" if result.passed else "[bold red]FAIL[/]"
-                out.print(f"{mark} {name} ({result.seconds:.1f}s): {result.detail}", highlight=False)
+                mark = Text("PASS", "green") if result.passed else Text("FAIL", "bold red")
+                out.print(Text.assemble(mark, safe_text(f" {name} ({result.seconds:.1f}s): {result.detail}")), highlight=False)
 
         report = run_drill(keep=keep, progress=progress)
     if json_path is not None:
         atomic_write_text(json_path, json.dumps(report, indent=2, default=str) + "\n")
     failed = [s["name"] for s in report["scenarios"] if not s["passed"]]
-    out.print(f"drill {'passed' if not failed else 'FAILED: ' + ', '.join(failed)} in {report['seconds']:.1f}s"
-              + (f"; scratch dir {report['state_dir']}" if report["state_dir"] else ""))
+    out.print(safe_text(f"drill {'passed' if not failed else 'FAILED: ' + ', '.join(failed)} in {report['seconds']:.1f}s"
+                        + (f"; scratch dir {report['state_dir']}" if report["state_dir"] else "")))
     if failed:
         raise typer.Exit(1)
 

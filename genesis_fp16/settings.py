@@ -118,7 +118,21 @@ class Settings(BaseSettings):
         DistributedWrap.NONE, description="none|ddp|fsdp: how trainers wrap models under torchrun."
     )
     log_format: LogFormat = Field(LogFormat.CONSOLE, description="console (people) or json (machines) on stderr.")
-    log_level: LogLevel = Field(LogLevel.INFO, description="DEBUG|INFO|WARNING|ERROR")
+    log_level: LogLevel = Field(
+        LogLevel.INFO, description="DEBUG|INFO|WARNING|ERROR: the lowest level written to <state_dir>/events.jsonl."
+    )
+    console_log_level: LogLevel = Field(
+        LogLevel.WARNING,
+        description="DEBUG|INFO|WARNING|ERROR: the lowest level shown on stderr (`genesis-fp16 -v` shows INFO for one command).",
+    )
+    events_max_bytes: int = Field(
+        10 * 1024 * 1024,
+        ge=0,
+        description="Size in bytes at which events.jsonl is rotated to events.jsonl.1; 0 disables rotation.",
+    )
+    events_keep: int = Field(
+        3, ge=1, description="Rotated event logs kept (events.jsonl.1 is the newest); older ones are deleted."
+    )
 
     @field_validator("max_grad_norm", mode="before")
     @classmethod
@@ -127,7 +141,7 @@ class Settings(BaseSettings):
             return None
         return value
 
-    @field_validator("log_level", mode="before")
+    @field_validator("log_level", "console_log_level", mode="before")
     @classmethod
     def _upper_level(cls, value: Any) -> Any:
         if isinstance(value, str) and value.upper() in LogLevel.__members__:

@@ -63,3 +63,29 @@ def test_gpu_acceptance_script_refuses_without_cuda(tmp_path):
     assert proc.returncode == 2, proc.stderr
     assert "no CUDA device" in proc.stderr
     assert not any((tmp_path / "out").iterdir())  # nothing half-written
+
+
+def test_fail_prints_markup_like_text_literally(capsys):
+    from genesis_fp16.cli import fail
+
+    exit_ = fail("no such file [/bold] [red]x\x1b[31m")
+    assert exit_.exit_code == 2
+    err = capsys.readouterr().err
+    assert "error: no such file [/bold] [red]x\\x1b[31m" in err
+    assert "\x1b" not in err
+
+
+def test_doctor_shows_a_markup_like_state_dir_literally(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # a short relative path fits an 80-column table cell
+    monkeypatch.setenv("GENESIS_FP16_STATE_DIR", "[b]s")
+    result = runner.invoke(app, ["doctor"])
+    assert result.exit_code == 0, result.output
+    assert "[b]s" in result.stdout
+
+
+def test_safe_text_makes_control_characters_visible():
+    from genesis_fp16.cli import safe_text
+
+    text = safe_text("a\x1b[31mb\x00c\x9bd\u202ee\tf\ng [i]")
+    assert text.plain == "a\\x1b[31mb\\x00c\\x9bd\\u202ee\\tf\\ng [i]"
+    assert not text.spans  # never parsed as markup

@@ -189,3 +189,38 @@ def test_concurrent_cli_commands(state_dir):
     hist = led.history("wm")
     assert len(hist) == 2 and led.stage("wm") == hist[-1]["to_stage"]
     assert hist[1]["from_stage"] == hist[0]["to_stage"]  # serialised: the second saw the first's write
+
+
+def test_cli_prints_markup_like_reason_literally_and_keeps_working(state_dir):
+    # a reason that is not valid rich markup used to be saved, then crash every later status/history
+    r = runner.invoke(app, ["rollout", "rollback", "a", "--reason", "[/bold]"])
+    assert r.exit_code == 0, r.output
+    assert "a: unmanaged -> rolled_back ([/bold])" in r.stdout
+    for command in (["rollout", "status"], ["rollout", "history"]):
+        r = runner.invoke(app, command)
+        assert r.exit_code == 0, r.output
+        assert "[/bold]" in r.stdout, command
+
+
+def test_cli_shows_markup_like_agent_name_literally(state_dir):
+    r = runner.invoke(app, ["rollout", "enable", "[red]x", "--reason", "[b]why"])
+    assert r.exit_code == 0, r.output
+    assert "[red]x: unmanaged -> on ([b]why)" in r.stdout
+    for command in (["rollout", "status"], ["rollout", "history"], ["profiles", "show", "[red]x"]):
+        r = runner.invoke(app, command)
+        assert r.exit_code == 0, r.output
+        assert "[red]x" in r.stdout, command
+    assert "[b]why" in runner.invoke(app, ["rollout", "history"]).stdout
+
+
+def test_cli_never_prints_raw_control_characters_from_the_ledger(state_dir):
+    r = runner.invoke(app, ["rollout", "rollback", "a", "--reason", "\x1b[31m\x07"])
+    assert r.exit_code == 0, r.output
+    outputs = [r.output]
+    for command in (["rollout", "status"], ["rollout", "history"]):
+        r = runner.invoke(app, command)
+        assert r.exit_code == 0, r.output
+        outputs.append(r.output)
+        assert "\\x1b[31m\\x07" in r.stdout, command
+    for text in outputs:
+        assert "\x1b" not in text and "\x07" not in text

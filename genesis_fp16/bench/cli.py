@@ -47,8 +47,9 @@ def run_and_write(
     print the table and the acceptance checks. Shared by the CLI and
     scripts/benchmark_fp16_training.py."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.text import Text
 
-    from ..cli import console, out
+    from ..cli import console, out, safe_text
     from .report import markdown_table, write_csv, write_json, write_plot
     from .runner import run_benchmark
 
@@ -57,7 +58,7 @@ def run_and_write(
         BarColumn(),
         MofNCompleteColumn(),
         TimeElapsedColumn(),
-        TextColumn("{task.description}"),
+        TextColumn("{task.description}", markup=False),
         console=console,
         transient=False,
     ) as progress:
@@ -91,10 +92,10 @@ def run_and_write(
             "other processes shared the machine, so timings are noisy (ratios are taken side by side, but re-run when quiet)"
         )
     for check in result["summary"]["checks"]:
-        mark = "[green]pass[/]" if check["passed"] else "[red]FAIL[/]"
-        out.print(f"{mark} {check['check']}: {check['value']:.4g} (goal {check['goal']})")
+        mark = Text("pass", "green") if check["passed"] else Text("FAIL", "red")
+        out.print(Text.assemble(mark, safe_text(f" {check['check']}: {check['value']:.4g} (goal {check['goal']})")))
     for path in written:
-        console.print(f"wrote {path}")
+        console.print(safe_text(f"wrote {path}"))
     return result
 
 

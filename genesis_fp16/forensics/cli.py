@@ -27,7 +27,7 @@ def _settings():
 def _progress():
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), transient=False)
+    return Progress(TextColumn("{task.description}", markup=False), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), transient=False)
 
 
 def _assets(pretrain_steps: Optional[int] = None, force: bool = False):
@@ -96,13 +96,13 @@ def _configs(text: Optional[str]):
 
 def _write_json(path: Optional[Path], data: dict) -> None:
     from ..checkpoint import atomic_write_text
-    from ..cli import print_json
+    from ..cli import console, print_json, safe_text
 
     if path is None:
         print_json(data)
     else:
         atomic_write_text(path, json.dumps(data, indent=1, sort_keys=True, default=str))
-        typer.echo(f"wrote {path}", err=True)
+        console.print(safe_text(f"wrote {path}"))
 
 
 def _lengths(first: str, extra: list[str]) -> list[int]:
@@ -122,13 +122,14 @@ def _print_rows(rows: list[dict], columns: list[str]) -> None:
     from rich.console import Console
     from rich.table import Table
 
+    from ..cli import safe_cells
     from .analyze import _fmt
 
     table = Table()
     for c in columns:
         table.add_column(c)
     for r in rows:
-        table.add_row(*[_fmt(r.get(c)) for c in columns])
+        table.add_row(*safe_cells(*[_fmt(r.get(c)) for c in columns]))
     Console(stderr=True).print(table)
 
 
@@ -251,7 +252,7 @@ def sweep(
     """PPO with a KL penalty per configuration and seed; killed sweeps resume."""
     import dataclasses
 
-    from ..cli import fail
+    from ..cli import fail, safe_text
     from .analyze import sweep_table
     from .pretrain import single_thread
     from .probe import run_meta
@@ -273,7 +274,7 @@ def sweep(
             def on_run(name: str, status: str) -> None:
                 bar.advance(runs)
                 bar.update(steps, completed=0)
-                bar.console.print(f"{name}: {status}")
+                bar.console.print(safe_text(f"{name}: {status}"))
 
             try:
                 results = run_sweep(assets, cfgs, list(range(seeds)), out, args, meta=run_meta(_command_line(ctx)),
@@ -291,7 +292,7 @@ def analyze(
     json_out: Optional[Path] = typer.Option(None, "--json"),
 ) -> None:
     """PNG plots and report.md from a results directory."""
-    from ..cli import fail
+    from ..cli import console, fail, safe_text
     from .analyze import analyze as run_analyze
 
     _check_outputs(json=json_out)
@@ -299,7 +300,7 @@ def analyze(
         summary = run_analyze(results)
     except ValueError as exc:
         raise fail(str(exc))
-    typer.echo(f"report: {summary['report']}", err=True)
+    console.print(safe_text(f"report: {summary['report']}"))
     _write_json(json_out, summary)
 
 

@@ -28,7 +28,7 @@ def ppo(
     from rich.table import Table
 
     from ..checkpoint import CheckpointError, atomic_write_text
-    from ..cli import fail, load_settings_or_exit
+    from ..cli import fail, load_settings_or_exit, safe_cells, safe_text
     from ..storage import StorageError, check_output_path
     from .config import ConfigError, load_config
     from .ppo import PPO
@@ -57,11 +57,11 @@ def ppo(
         if type(exc).__name__ in ("NameNotFound", "NamespaceNotFound", "VersionNotFound", "DependencyNotInstalled", "Error"):
             raise fail(f"--env {cfg.env_id}: {exc}")
         raise
-    table = Table(title=f"PPO {cfg.env_id}: optimizations", show_header=True)
+    table = Table(title=safe_text(f"PPO {cfg.env_id}: optimizations"), show_header=True)
     table.add_column("optimization")
     table.add_column("state")
     for name, state in learner.optimization_summary():
-        table.add_row(name, state)
+        table.add_row(*safe_cells(name, state))
     console.print(table)
     try:
         with Progress(
@@ -102,4 +102,4 @@ def ppo(
             atomic_write_text(json_path, json.dumps(data, indent=2, default=str))
         except OSError as exc:  # e.g. the disk filled during training; the summary above stands
             raise fail(f"--json {json_path}: could not write the results ({exc})", code=1)
-        console.print(f"wrote {json_path}")
+        console.print(safe_text(f"wrote {json_path}"))
