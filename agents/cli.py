@@ -28,6 +28,7 @@ def _fmt(value: Any, spec: str = ".1f") -> str:
 
 
 def evolve(
+    ctx: typer.Context,
     env: str = typer.Option("Pendulum-v1", "--env", help="Environment of the embedded task (Pendulum-v1)."),
     budget: int = typer.Option(200, "--budget", min=1, help="Real episodes the search may spend."),
     seed: int = typer.Option(0, "--seed", help="Seed: start states, initial policies, model init."),
@@ -39,6 +40,10 @@ def evolve(
     workers: int = typer.Option(2, "--workers", min=1, help="Worker processes for real episodes."),
     torch_threads: int = typer.Option(1, "--torch-threads", min=1, help="torch intra-op threads (tiny tensors run best on 1)."),
     json_path: Optional[Path] = typer.Option(None, "--json", help="Write the report as JSON to this file."),
+    resume: Optional[str] = typer.Option(
+        None, "--resume", metavar="RUN_ID",
+        help="Continue an interrupted run (ids: genesis-fp16 state list) with its own options; --budget may change its budget.",
+    ),
 ) -> None:
     """Evolve a Pendulum policy: the SE-Darwin loop with an FP16/BF16 world model (or a baseline)."""
     from rich.console import Console
@@ -51,6 +56,7 @@ def evolve(
     from infrastructure.replay_buffer import ReplayBufferError
 
     from .evaluation import EvaluationError
+    from .runs import RunStorageError
     from .se_darwin_agent import EvolveConfig, SEDarwinAgent, run_cma_baseline
 
     settings = load_settings_or_exit()
@@ -68,6 +74,12 @@ def evolve(
         config.validate()
     except ValueError as exc:
         raise fail(str(exc))
+
+    agent = None
+    if resume is not None:
+        agent = _resumed_agent(ctx, resume, settings, baseline=baseline, env=env, seed=seed, precision=precision,
+                               no_world_model=no_world_model, budget=budget, workers=workers)
+        budget, seed, no_world_model = agent.config.budget, agent.config.seed, not agent.config.use_world_model
 
     import torch
 
@@ -94,13 +106,15 @@ def evolve(
             highlight=False,
         )
 
-    agent = None
     try:
         with progress:
             if baseline == Baseline.cma:
                 report = asyncio.run(run_cma_baseline(config, on_generation=on_generation))
             else:
-                agent = SEDarwinAgent(config, settings=settings, on_generation=on_generation)
+                if agent is None:
+                    agent = SEDarwinAgent(config, settings=settings, on_generation=on_generation)
+                agent.on_generation = on_generation
+                progress.update(task_id, completed=min(agent.real_episodes, budget))
                 report = asyncio.run(agent.evolve())
     except KeyboardInterrupt:
         if agent is not None:
@@ -110,9 +124,12 @@ def evolve(
                 f"in {agent.buffer.path} (agent {agent.data_agent!r})",
                 highlight=False,
             )
+            console.print(f"continue it with: genesis-fp16 evolve --resume {agent.run_id}", highlight=False)
         raise typer.Exit(130)
     except (ValueError, ReplayBufferError) as exc:
         raise fail(str(exc))
+    except RunStorageError as exc:
+        raise fail(str(exc), code=1)
     except EvaluationError as exc:
         # later generations charge and skip a failed candidate; this is one the loop
         # cannot do without (the seed generation, the held-out evaluation, a CMA-ES batch)
@@ -137,6 +154,11 @@ def evolve(
     ]
     if report.get("replay_db"):
         rows.append(("replay buffer", report["replay_db"]))
+    if report.get("run_id"):
+        rows.append(("run", report["run_id"]))
+    if report.get("resumed"):
+        origin = report["resumed_from"]
+        rows.append(("resumed after", f"generation {origin['generation']}, {origin['real_episodes']} real episodes"))
     for name, value in rows:
         table.add_row(name, value)
     from rich.console import Console as _C
@@ -146,6 +168,31 @@ def evolve(
         # strict JSON: a candidate lost to a timeout scores -inf, written as "-inf"
         atomic_write_text(json_path, json.dumps(strict_json_value(report), indent=2, default=str, allow_nan=False) + "\n")
         console.print(f"report written to {json_path}", highlight=False)
+
+
+def _resumed_agent(ctx: typer.Context, run_id: str, settings: Any, *, baseline: Baseline, **given: Any) -> Any:
+    """The run ``run_id`` ready to continue; an option given on the command
+    line must match the run's own (budget and workers may change)."""
+    from genesis_fp16.cli import fail
+
+    from infrastructure.replay_buffer import ReplayBufferError
+
+    from .runs import RunError
+    from .se_darwin_agent import SEDarwinAgent
+
+    if baseline == Baseline.cma:
+        raise fail("--resume continues an SE-Darwin run; a --baseline cma run keeps no state to resume")
+    explicit = {name: value for name, value in given.items() if ctx.get_parameter_source(name).name != "DEFAULT"}
+    as_config = {"env": "env_id", "seed": "seed", "precision": "precision", "no_world_model": "use_world_model"}
+    options = {as_config[k]: v for k, v in explicit.items() if k in as_config}
+    if "precision" in options:
+        options["precision"] = options["precision"].value
+    if "use_world_model" in options:
+        options["use_world_model"] = not options["use_world_model"]
+    try:
+        return SEDarwinAgent.resume(run_id, settings=settings, budget=explicit.get("budget"), workers=explicit.get("workers"), options=options)
+    except (RunError, ValueError, ReplayBufferError) as exc:
+        raise fail(str(exc))
 
 
 def register(app: typer.Typer) -> None:
