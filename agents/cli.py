@@ -78,6 +78,7 @@ def _safe_data(agent: Any) -> str:
 
 
 def evolve(
+    ctx: typer.Context,
     env: str = typer.Option("Pendulum-v1", "--env", help="Environment of the embedded task (Pendulum-v1)."),
     budget: int = typer.Option(
         200, "--budget", min=MIN_BUDGET, help=f"Real episodes the search may spend (at least {MIN_BUDGET}: one full evaluation)."
@@ -91,6 +92,10 @@ def evolve(
     workers: int = typer.Option(2, "--workers", min=1, help="Worker processes for real episodes."),
     torch_threads: int = typer.Option(1, "--torch-threads", min=1, help="torch intra-op threads (tiny tensors run best on 1)."),
     json_path: Optional[Path] = typer.Option(None, "--json", help="Write the report as JSON to this file."),
+    resume: Optional[str] = typer.Option(
+        None, "--resume", metavar="RUN_ID",
+        help="Continue an interrupted run (ids: genesis-fp16 state list) with its own options; --budget may change its budget.",
+    ),
 ) -> None:
     """Evolve a Pendulum policy: the SE-Darwin loop with an FP16/BF16 world model (or a baseline)."""
     from rich.console import Console
@@ -104,6 +109,7 @@ def evolve(
     from genesis_fp16.storage import StorageError, check_output_path, full_disk, prepare_dir
 
     from .evaluation import EvaluationError
+    from .runs import RunStorageError
     from .se_darwin_agent import EvolveConfig, SEDarwinAgent, run_cma_baseline
 
     settings = load_settings_or_exit()
@@ -127,6 +133,12 @@ def evolve(
         raise fail(str(exc))
     except StorageError as exc:
         raise fail(str(exc), code=exc.exit_code)
+
+    agent = None
+    if resume is not None:
+        agent = _resumed_agent(ctx, resume, settings, baseline=baseline, env=env, seed=seed, precision=precision,
+                               no_world_model=no_world_model, budget=budget, workers=workers)
+        budget, seed, no_world_model = agent.config.budget, agent.config.seed, not agent.config.use_world_model
 
     import torch
 
@@ -153,13 +165,15 @@ def evolve(
             highlight=False,
         )
 
-    agent = None
     try:
         with _sigterm_as_interrupt(), progress:
             if baseline == Baseline.cma:
                 report = asyncio.run(run_cma_baseline(config, on_generation=on_generation))
             else:
-                agent = SEDarwinAgent(config, settings=settings, on_generation=on_generation)
+                if agent is None:
+                    agent = SEDarwinAgent(config, settings=settings, on_generation=on_generation)
+                agent.on_generation = on_generation
+                progress.update(task_id, completed=min(agent.real_episodes, budget))
                 report = asyncio.run(agent.evolve())
     except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM as Terminated
         if agent is not None:
@@ -170,6 +184,7 @@ def evolve(
                     f"in {agent.buffer.path} (agent {agent.data_agent!r})")),
                 highlight=False,
             )
+            console.print(safe_text(f"continue it with: genesis-fp16 evolve --resume {agent.run_id}"), highlight=False)
         raise typer.Exit(EXIT_SIGTERM if isinstance(exc, Terminated) else EXIT_SIGINT)
     except ValueError as exc:
         raise fail(str(exc))
@@ -177,10 +192,10 @@ def evolve(
         if agent is not None:
             agent.evaluator.terminate()
         raise fail(f"{exc}{_safe_data(agent)}", code=exc.exit_code)
-    except CheckpointError as exc:  # a world-model checkpoint could not be written (or restored)
+    except (CheckpointError, RunStorageError) as exc:  # a world-model checkpoint or the run manifest could not be written
         if agent is not None:
             agent.evaluator.terminate()
-        full = "the disk is full: " if full_disk(Path(settings.state_dir) / "world_model", exc) else ""
+        full = "the disk is full: " if full_disk(Path(settings.state_dir) / "runs", exc) else ""
         raise fail(f"{full}{exc}{_safe_data(agent)}" + ("; free space and run again" if full else ""), code=1)
     except EvaluationError as exc:
         # later generations charge and skip a failed candidate; this is one the loop
@@ -204,6 +219,11 @@ def evolve(
     ]
     if report.get("replay_db"):
         rows.append(("replay buffer", report["replay_db"]))
+    if report.get("run_id"):
+        rows.append(("run", report["run_id"]))
+    if report.get("resumed"):
+        origin = report["resumed_from"]
+        rows.append(("resumed after", f"generation {origin['generation']}, {origin['real_episodes']} real episodes"))
     for name, value in rows:
         table.add_row(*safe_cells(name, value))
     from rich.console import Console as _C
@@ -216,6 +236,31 @@ def evolve(
         except OSError as exc:  # e.g. the disk filled during the run: the table above is the report
             raise fail(f"--json {json_path}: the report could not be written ({exc}); the run's data is in {report.get('replay_db') or 'the table above'}", code=1)
         console.print(safe_text(f"report written to {json_path}"), highlight=False)
+
+
+def _resumed_agent(ctx: typer.Context, run_id: str, settings: Any, *, baseline: Baseline, **given: Any) -> Any:
+    """The run ``run_id`` ready to continue; an option given on the command
+    line must match the run's own (budget and workers may change)."""
+    from genesis_fp16.cli import fail
+
+    from infrastructure.replay_buffer import ReplayBufferError
+
+    from .runs import RunError
+    from .se_darwin_agent import SEDarwinAgent
+
+    if baseline == Baseline.cma:
+        raise fail("--resume continues an SE-Darwin run; a --baseline cma run keeps no state to resume")
+    explicit = {name: value for name, value in given.items() if ctx.get_parameter_source(name).name != "DEFAULT"}
+    as_config = {"env": "env_id", "seed": "seed", "precision": "precision", "no_world_model": "use_world_model"}
+    options = {as_config[k]: v for k, v in explicit.items() if k in as_config}
+    if "precision" in options:
+        options["precision"] = options["precision"].value
+    if "use_world_model" in options:
+        options["use_world_model"] = not options["use_world_model"]
+    try:
+        return SEDarwinAgent.resume(run_id, settings=settings, budget=explicit.get("budget"), workers=explicit.get("workers"), options=options)
+    except (RunError, ValueError, ReplayBufferError) as exc:
+        raise fail(str(exc))
 
 
 def register(app: typer.Typer) -> None:

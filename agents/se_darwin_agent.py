@@ -20,9 +20,10 @@ from __future__ import annotations
 
 import asyncio
 import math
+import os
 import time
 import uuid
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
@@ -32,6 +33,7 @@ from genesis_fp16.telemetry import get_logger
 from infrastructure.replay_buffer import ReplayBuffer, trajectories_from_episodes
 
 from . import pendulum_task as task
+from . import runs
 from .evaluation import EvaluationError, EvaluationTimeout, Evaluator
 
 ImagineFn = Callable[[np.ndarray], np.ndarray]  # (P, D) params -> (P,) predicted mean return
@@ -95,6 +97,13 @@ class Candidate:
     real_return: Optional[float] = None  # mean over the training start states
     real_episodes: int = 0
     full: bool = False  # evaluated on every training start state
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "params": [float(v) for v in self.params]}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "Candidate":
+        return cls(**{**data, "params": np.asarray(data["params"], dtype=float)})
 
 
 # -- operators -----------------------------------------------------------------------
@@ -168,7 +177,8 @@ def cma_in_model(x0: np.ndarray, sigma: float, imagine: ImagineFn, *, iters: int
 
 class SEDarwinAgent:
     """Runs :meth:`evolve`. ``on_generation(record)`` is called after each
-    generation (the CLI's progress display)."""
+    committed generation (the CLI's progress display). :meth:`resume`
+    continues an interrupted run from its manifest (see ``agents.runs``)."""
 
     def __init__(
         self,
@@ -179,13 +189,14 @@ class SEDarwinAgent:
         world_model: Any = None,
         evaluator: Optional[Evaluator] = None,
         on_generation: Optional[Callable[[dict[str, Any]], None]] = None,
+        run_id: Optional[str] = None,
     ) -> None:
         from genesis_fp16.settings import load_settings
 
         self.config = config or EvolveConfig()
         self.config.validate()
         self.settings = settings or load_settings()
-        self.run_id = f"seed{self.config.seed}-{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:6]}"
+        self.run_id = run_id or f"seed{self.config.seed}-{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:6]}"
         self.data_agent = f"{self.config.agent}:{self.run_id}"  # one run's data never trains another run's model
         self.buffer = buffer or ReplayBuffer(settings=self.settings)
         self.starts = task.start_states(self.config.seed)
@@ -203,6 +214,15 @@ class SEDarwinAgent:
         self.pool: list[Candidate] = []
         self.real_episodes = 0
         self.generations: list[dict[str, Any]] = []
+        self.generation = -1  # the last committed generation
+        self.reached_at: Optional[int] = None  # real episodes spent when the target was met
+        self.resumed_from: Optional[dict[str, Any]] = None
+        self._lock = runs.RunLock(Path(self.settings.state_dir), self.run_id)
+        self._manifest: dict[str, Any] = {
+            "run_id": self.run_id, "data_agent": self.data_agent, "status": "new", "started": time.time(),
+            "pid": os.getpid(), "sessions": [],
+        }
+        self._prior_wall_s = 0.0  # wall time of earlier sessions of this run
         self._log = get_logger("agents.se_darwin", agent=self.config.agent, run_id=self.run_id)
 
     def _make_world_model(self) -> Any:
@@ -296,63 +316,70 @@ class SEDarwinAgent:
         return out
 
     async def evolve(self) -> dict[str, Any]:
-        cfg = self.config
+        """Run (or, after :meth:`resume`, continue) the loop, then the held-out
+        evaluation of the best candidate; returns the report."""
         started = time.perf_counter()
-        reached_at: Optional[int] = None
-        interrupted = False
-        generation = 0
-        stop_reason = "budget"
+        self._begin_session()
         try:
-            # generation 0: exploratory policies to seed the model
-            seeded = await self._seed_generation()
-            await self._commit(0, seeded)
-            record = await self._after_generation(0, [c for c, _ in seeded], started)
-            if self.config.init_candidates >= 1 and any(c.full and (c.real_return or -1e9) >= cfg.target for c, _ in seeded):
-                reached_at = self.real_episodes
-            while reached_at is None:
-                generation += 1
-                if self.real_episodes + len(self.starts.train) > cfg.budget:
-                    stop_reason = "budget"
-                    break
-                cands = await asyncio.to_thread(self._propose, generation)
-                evaluated = []
-                for cand in cands[: cfg.eval_top_k]:
-                    if self.real_episodes + len(self.starts.train) > cfg.budget:
-                        break
-                    try:
-                        res = await self._real(cand.params, self.starts.train)
-                    except EvaluationError as exc:  # a timeout or the worker memory limit
-                        self.real_episodes += len(self.starts.train)  # spent, even if lost
-                        cand.real_return, cand.full = float("-inf"), True
-                        event = "evolve.candidate_timeout" if isinstance(exc, EvaluationTimeout) else "evolve.candidate_failed"
-                        self._log.warning(event, candidate=cand.id, error=str(exc))
-                        self.pool.append(cand)
-                        continue
-                    cand.real_return, cand.real_episodes, cand.full = res.mean_return, len(res.returns), True
-                    self.real_episodes += len(res.returns)
-                    evaluated.append((cand, res))
-                    if cand.real_return >= cfg.target and reached_at is None:
-                        reached_at = self.real_episodes
-                await self._commit(generation, evaluated)
-                record = await self._after_generation(generation, [c for c, _ in evaluated], started, proposals=cands)
-                if reached_at is not None:
-                    stop_reason = "target"
+            stop_reason = await self._loop(started)
+            best = best_of([c for c in self.pool if c.full]) or best_of(self.pool)
+            heldout = await self._real(best.params, self.starts.heldout) if best is not None else None
         except (asyncio.CancelledError, KeyboardInterrupt):
-            interrupted = True
-            stop_reason = "interrupted"
-            self._log.warning("evolve.interrupted", generation=generation, real_episodes=self.real_episodes, replay_db=str(self.buffer.path))
+            self._log.warning(
+                "evolve.interrupted", generation=self.generation + 1, real_episodes=self.real_episodes, replay_db=str(self.buffer.path)
+            )
+            self.evaluator.terminate()
+            self._end_session("interrupted", started)
             raise
-        finally:
-            if interrupted:
-                self.evaluator.terminate()
-        best = best_of([c for c in self.pool if c.full]) or best_of(self.pool)
-        heldout = await self._real(best.params, self.starts.heldout) if best is not None else None
+        except BaseException as exc:
+            self._end_session("interrupted", started, error=f"{type(exc).__name__}: {exc}")
+            raise
         self.evaluator.close()
-        report = self._report(best, heldout, reached_at, stop_reason, time.perf_counter() - started)
+        report = self._report(best, heldout, self.reached_at, stop_reason, self._wall_s(started))
+        self._end_session("finished", started, report=report)
         self._log.info(
             "evolve.finished", **{k: report[k] for k in ("real_episodes", "train_return", "heldout_return", "target_reached", "precision", "wall_s")}
         )
         return report
+
+    async def _loop(self, started: float) -> str:
+        """Generations after the last committed one until the target or the
+        budget; returns the stop reason."""
+        cfg = self.config
+        if self.generation < 0:
+            # generation 0: exploratory policies to seed the model
+            seeded = await self._seed_generation()
+            if any(c.full and (c.real_return or -1e9) >= cfg.target for c, _ in seeded):
+                self.reached_at = self.real_episodes
+            await self._commit(0, seeded)
+            await self._after_generation(0, [c for c, _ in seeded], started)
+        generation = self.generation
+        while self.reached_at is None:
+            generation += 1
+            if self.real_episodes + len(self.starts.train) > cfg.budget:
+                return "budget"
+            cands = await asyncio.to_thread(self._propose, generation)
+            evaluated = []
+            for cand in cands[: cfg.eval_top_k]:
+                if self.real_episodes + len(self.starts.train) > cfg.budget:
+                    break
+                try:
+                    res = await self._real(cand.params, self.starts.train)
+                except EvaluationError as exc:  # a timeout or the worker memory limit
+                    self.real_episodes += len(self.starts.train)  # spent, even if lost
+                    cand.real_return, cand.full = float("-inf"), True
+                    event = "evolve.candidate_timeout" if isinstance(exc, EvaluationTimeout) else "evolve.candidate_failed"
+                    self._log.warning(event, candidate=cand.id, error=str(exc))
+                    self.pool.append(cand)
+                    continue
+                cand.real_return, cand.real_episodes, cand.full = res.mean_return, len(res.returns), True
+                self.real_episodes += len(res.returns)
+                evaluated.append((cand, res))
+                if cand.real_return >= cfg.target and self.reached_at is None:
+                    self.reached_at = self.real_episodes
+            await self._commit(generation, evaluated)
+            await self._after_generation(generation, [c for c, _ in evaluated], started, proposals=cands)
+        return "target"
 
     async def _commit(self, generation: int, evaluated: Sequence[tuple[Candidate, Any]]) -> None:
         """Outcomes to the replay buffer (one transaction per generation), then
@@ -388,6 +415,7 @@ class SEDarwinAgent:
             "elapsed_s": time.perf_counter() - started,
         }
         self.generations.append(record)
+        self._save_progress(generation, started)  # committed: a resume continues after this generation
         self._log.info(
             "evolve.generation",
             generation=generation,
@@ -400,6 +428,145 @@ class SEDarwinAgent:
         if self.on_generation is not None:
             self.on_generation(record)
         return record
+
+    # -- the run manifest (agents.runs): resume and retention ----------------------------
+    @property
+    def manifest_path(self) -> Path:
+        return runs.manifest_path(Path(self.settings.state_dir), self.run_id)
+
+    def _wall_s(self, started: float) -> float:
+        """Wall time of every session of this run so far."""
+        return self._prior_wall_s + time.perf_counter() - started
+
+    def _write_manifest(self, **fields: Any) -> None:
+        self._manifest.update(fields)
+        runs.write_manifest(Path(self.settings.state_dir), {**self._manifest, "config": asdict(self.config)})
+
+    def _progress(self) -> dict[str, Any]:
+        return {
+            "generation": self.generation,
+            "real_episodes": self.real_episodes,
+            "reached_at": self.reached_at,
+            "rng": self.rng.bit_generator.state,
+            "pool": [c.as_dict() for c in self.pool],
+            "generations": self.generations,
+        }
+
+    def _begin_session(self) -> None:
+        if not self._lock.acquire():
+            raise runs.RunError(f"run {self.run_id!r} is running in another process; wait for it to end, then resume it")
+        self._manifest["sessions"].append(
+            {"started": time.time(), "pid": os.getpid(), "from_generation": self.generation, "real_episodes": self.real_episodes}
+        )
+        try:
+            self._write_manifest(status="running", pid=os.getpid(), wall_s=self._prior_wall_s, **self._progress())
+        except BaseException:
+            self._lock.release()
+            raise
+
+    def _save_progress(self, generation: int, started: float) -> None:
+        """After a committed generation: a world-model snapshot named after
+        it (so the manifest never points at weights of a later, uncommitted
+        generation), then the manifest, then the previous snapshot goes."""
+        self.generation = generation
+        previous = self._manifest.get("world_model_checkpoint")
+        snapshot = previous
+        if self.world_model is not None and self.world_model.trained:
+            snapshot = f"resume-g{generation:04d}.pt"
+            self.world_model.save(runs.world_model_dir(Path(self.settings.state_dir), self.run_id) / snapshot)
+        self._write_manifest(world_model_checkpoint=snapshot, wall_s=self._wall_s(started), **self._progress())
+        if previous and previous != snapshot:
+            (runs.world_model_dir(Path(self.settings.state_dir), self.run_id) / previous).unlink(missing_ok=True)
+
+    def _end_session(self, status: str, started: float, *, error: Optional[str] = None, report: Optional[dict[str, Any]] = None) -> None:
+        """Record how the session ended and let go of the run; never raises
+        (it runs on the way out of a failure too)."""
+        update: dict[str, Any] = {"status": status, "ended": time.time(), "wall_s": self._wall_s(started), "error": error}
+        snapshot = self._manifest.get("world_model_checkpoint")
+        if report is not None:
+            update.update(report={k: report[k] for k in _SUMMARY_KEYS}, world_model_checkpoint=None)
+        try:
+            self._write_manifest(**update)
+            if report is not None and snapshot:  # a finished run is never resumed: its snapshot is dead weight
+                (runs.world_model_dir(Path(self.settings.state_dir), self.run_id) / snapshot).unlink(missing_ok=True)
+        except (runs.RunStorageError, OSError) as exc:
+            self._log.warning("evolve.manifest_unwritten", status=status, error=str(exc))
+        finally:
+            self._lock.release()
+
+    @classmethod
+    def resume(
+        cls,
+        run_id: str,
+        *,
+        settings: Any = None,
+        budget: Optional[int] = None,
+        workers: Optional[int] = None,
+        options: Optional[dict[str, Any]] = None,
+        buffer: Optional[ReplayBuffer] = None,
+        evaluator: Optional[Evaluator] = None,
+        on_generation: Optional[Callable[[dict[str, Any]], None]] = None,
+    ) -> "SEDarwinAgent":
+        """The interrupted run ``run_id``, ready to :meth:`evolve` on from its
+        last committed generation: its own config (``budget`` may change it,
+        ``workers`` too; every other option in ``options``, keyed as in
+        :class:`EvolveConfig`, must equal the run's), pool, generator state,
+        episodes spent and world-model snapshot. Replay rows of a generation
+        that was cut off are deleted: that generation runs again. Raises
+        :class:`agents.runs.RunError` when the run cannot be resumed."""
+        from genesis_fp16.settings import load_settings
+
+        settings = settings or load_settings()
+        state_dir = Path(settings.state_dir)
+        manifest = runs.read_manifest(state_dir, run_id)  # unknown id: an error, and no lock file made
+        lock = runs.RunLock(state_dir, run_id)
+        if not lock.acquire():
+            raise runs.RunError(f"run {run_id!r} is running (pid {manifest.get('pid')}); wait for it to end or stop it, then resume it")
+        try:
+            manifest = runs.read_manifest(state_dir, run_id)  # as it is now that no one else writes it
+            if manifest.get("status") == "finished":
+                summary = ", ".join(f"{k} {v:.1f}" if isinstance(v, float) else f"{k} {v}" for k, v in (manifest.get("report") or {}).items())
+                raise runs.RunError(f"run {run_id!r} already finished ({summary}); nothing to resume. Start a new run without --resume")
+            config = _resumed_config(manifest, budget=budget, workers=workers, options=options or {})
+            agent = cls(config, settings=settings, buffer=buffer, evaluator=evaluator, on_generation=on_generation, run_id=run_id)
+            agent._lock = lock
+            agent._restore(manifest)
+        except BaseException:
+            lock.release()
+            raise
+        return agent
+
+    def _restore(self, manifest: dict[str, Any]) -> None:
+        from genesis_fp16.checkpoint import CheckpointError
+
+        self.generation = int(manifest["generation"])
+        self.real_episodes = int(manifest["real_episodes"])
+        self.reached_at = manifest.get("reached_at")
+        self.pool = [Candidate.from_dict(c) for c in manifest["pool"]]
+        self.generations = list(manifest["generations"])
+        self.rng.bit_generator.state = manifest["rng"]
+        self._manifest.update({k: manifest[k] for k in ("started", "sessions", "world_model_checkpoint") if k in manifest})
+        self._prior_wall_s = float(manifest.get("wall_s") or 0.0)
+        if self.generation >= 0 and self.buffer.count(self.data_agent)["trajectories"] == 0:
+            raise runs.RunError(
+                f"run {self.run_id!r}: its replay data is gone from {self.buffer.path} (pruned, or another state dir); it cannot be resumed"
+            )
+        discarded = self.buffer.delete_generations_after(self.data_agent, self.generation)
+        snapshot = manifest.get("world_model_checkpoint")
+        if self.world_model is not None and snapshot:
+            path = runs.world_model_dir(Path(self.settings.state_dir), self.run_id) / snapshot
+            try:
+                self.world_model.load(path)
+            except CheckpointError as exc:
+                raise runs.RunError(f"run {self.run_id!r}: its world-model snapshot cannot be loaded ({exc}); the run cannot be resumed") from None
+            self.world_model.save()  # the model's own checkpoint (a rollback may restore it) matches the committed generation again
+        self.resumed_from = {
+            "generation": self.generation,
+            "real_episodes": self.real_episodes,
+            "discarded_trajectories": discarded,
+            "session": len(self._manifest["sessions"]) + 1,
+        }
+        self._log.info("evolve.resumed", **self.resumed_from)
 
     def _precision(self) -> str:
         if self.world_model is None:
@@ -427,8 +594,37 @@ class SEDarwinAgent:
             "generations": self.generations,
             "run_id": self.run_id,
             "replay_db": str(self.buffer.path),
+            "run_manifest": str(self.manifest_path),
+            "resumed": self.resumed_from is not None,
+            "resumed_from": self.resumed_from,
             "config": asdict(cfg),
         }
+
+
+_CONFIG_FIELDS = {f.name for f in fields(EvolveConfig)}
+_SUMMARY_KEYS = ("real_episodes", "target_reached", "episodes_to_target", "train_return", "heldout_return", "stop_reason")
+
+
+def _resumed_config(manifest: dict[str, Any], *, budget: Optional[int], workers: Optional[int], options: dict[str, Any]) -> EvolveConfig:
+    """The run's own config, with the budget and workers the caller may change."""
+    run_id, saved = manifest["run_id"], dict(manifest["config"])
+    unknown = sorted(set(saved) - _CONFIG_FIELDS)
+    if unknown:
+        raise runs.RunError(f"run {run_id!r}: its manifest has options this version does not know ({', '.join(unknown)}); resume it with the version that started it")
+    mismatched = [f"{k}={v!r} (the run has {saved.get(k)!r})" for k, v in options.items() if saved.get(k) != v]
+    if mismatched:
+        raise runs.RunError(
+            f"run {run_id!r} was started with other options: {'; '.join(mismatched)}. A resumed run keeps its own options "
+            "(only --budget and --workers may change); resume it without these, or start a new run"
+        )
+    if budget is not None:
+        spent = int(manifest["real_episodes"])
+        if budget < spent:
+            raise runs.RunError(f"budget={budget}: run {run_id!r} has already spent {spent} real episodes; expected a budget of at least {spent}")
+        saved["budget"] = budget
+    if workers is not None:
+        saved["workers"] = workers
+    return EvolveConfig(**saved)
 
 
 # -- the plain CMA-ES baseline -----------------------------------------------------------

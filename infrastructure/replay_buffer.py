@@ -365,6 +365,59 @@ class ReplayBuffer:
     async def acount(self, agent: Optional[str] = None) -> dict[str, int]:
         return await asyncio.to_thread(self.count, agent)
 
+    # -- retention (genesis-fp16 state, evolve --resume) -----------------------------
+    ROW_OVERHEAD_BYTES = 64  # SQLite record header, the other columns and the index entries, roughly
+
+    def usage(self) -> dict[str, dict[str, Any]]:
+        """Per agent: trajectories, generations, approximate bytes (array
+        blobs plus :attr:`ROW_OVERHEAD_BYTES` a row) and the first and last
+        ``created`` time."""
+
+        def read(conn: sqlite3.Connection) -> dict[str, dict[str, Any]]:
+            rows = conn.execute(
+                "SELECT agent, COUNT(*), COUNT(DISTINCT generation),"
+                " SUM(length(obs) + length(action) + length(reward) + length(next_obs) + length(done) + length(candidate)),"
+                " MIN(created), MAX(created) FROM trajectories GROUP BY agent"
+            )
+            return {
+                agent: {"trajectories": int(n), "generations": int(g), "bytes": int(b or 0) + n * self.ROW_OVERHEAD_BYTES,
+                        "first_created": first, "last_created": last}
+                for agent, n, g, b, first, last in rows
+            }
+
+        return self._run(read)
+
+    def delete_agents(self, agents: Sequence[str]) -> int:
+        """Delete every trajectory of ``agents`` in one transaction; returns
+        the number of rows deleted. The file keeps its size (free pages are
+        reused) until :meth:`vacuum`."""
+        names = list(agents)
+
+        def write(conn: sqlite3.Connection) -> int:
+            return sum(conn.execute("DELETE FROM trajectories WHERE agent = ?", (name,)).rowcount for name in names)
+
+        deleted = self._run(write, write=True) if names else 0
+        self._log.info("replay.deleted", agents=len(names), trajectories=deleted)
+        return deleted
+
+    def delete_generations_after(self, agent: str, generation: int) -> int:
+        """Delete ``agent``'s trajectories of generations after ``generation``
+        (one transaction); returns the number of rows deleted."""
+
+        def write(conn: sqlite3.Connection) -> int:
+            return conn.execute("DELETE FROM trajectories WHERE agent = ? AND generation > ?", (agent, int(generation))).rowcount
+
+        return self._run(write, write=True)
+
+    def vacuum(self) -> None:
+        """Give free pages back to the file system: VACUUM, then truncate the WAL."""
+
+        def run(conn: sqlite3.Connection) -> None:
+            conn.execute("VACUUM")
+            conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+
+        self._run(run)
+
 
 def trajectories_from_episodes(episodes: Iterable[dict[str, np.ndarray]], candidate: str, outcome: str = "") -> list[Trajectory]:
     """Episodes as returned by ``agents.pendulum_task.run_episodes`` -> trajectories."""

@@ -281,13 +281,17 @@ class WorldModel:
     def save(self, path: Union[str, Path, None] = None) -> Path:
         if self.trainer is None:
             self.trainer = self._build_trainer()
-        return self.trainer.save_checkpoint(path or self.checkpoint_path, extra={"trained": self.trained, "agent": self.agent})
+        # the batch sampler's state too, so a loaded model trains on as this one would
+        extra = {"trained": self.trained, "agent": self.agent, "sampler_state": self._generator.get_state()}
+        return self.trainer.save_checkpoint(path or self.checkpoint_path, extra=extra)
 
     def load(self, path: Union[str, Path, None] = None) -> dict[str, Any]:
         if self.trainer is None:
             self.trainer = self._build_trainer()
         extra = self.trainer.load_checkpoint(path or self.checkpoint_path, restore_rng=False)
         self.trained = bool(extra.get("trained", True))
+        if isinstance(extra.get("sampler_state"), torch.Tensor):
+            self._generator.set_state(extra["sampler_state"])
         return extra
 
     # -- training ---------------------------------------------------------------

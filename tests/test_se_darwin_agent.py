@@ -207,7 +207,7 @@ class InProcessEvaluator(Evaluator):
         return out
 
 
-RUN_SPECIFIC = ("run_id", "wall_s", "elapsed_s", "wm_wall_s")
+RUN_SPECIFIC = ("run_id", "run_manifest", "wall_s", "elapsed_s", "wm_wall_s")  # names, paths and times of the run
 
 
 def _comparable(report: dict) -> dict:

@@ -1,0 +1,264 @@
+"""`evolve --resume`: an interrupted run continues from its manifest, replay
+data and world-model snapshot; the episodes it spent count against the
+budget; a cut-off generation runs again; unknown, finished, running and
+mismatched runs are clear errors."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import numpy as np
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from agents import pendulum_task, se_darwin_agent
+from agents.evaluation import Evaluation, Evaluator
+from agents.runs import RunError, RunLock, manifest_path, read_manifest
+from agents.se_darwin_agent import EvolveConfig, SEDarwinAgent
+from genesis_fp16 import telemetry
+from genesis_fp16.cli import app
+from genesis_fp16.settings import load_settings
+from infrastructure.replay_buffer import ReplayBuffer
+from infrastructure.world_model import WorldModel
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+# wall times, and the run's identity, are all that may differ between an
+# interrupted-and-resumed run and an uninterrupted one
+VOLATILE = {"wall_s", "run_id", "replay_db", "run_manifest", "resumed", "resumed_from", "generations"}
+VOLATILE_GENERATION = {"elapsed_s", "wm_wall_s"}
+
+
+class InProcessEvaluator(Evaluator):
+    """Real episodes in this process: the same returns as the worker pool,
+    without its start-up time."""
+
+    def evaluate_many(self, jobs, **kw):
+        out = []
+        for params, states in jobs:
+            res = pendulum_task.run_episodes([float(v) for v in params], [list(map(float, s)) for s in states])
+            out.append(Evaluation(returns=res["returns"], episodes=res["episodes"]))
+        return out
+
+
+class InterruptOnEvaluation(InProcessEvaluator):
+    """KeyboardInterrupt at the n-th full (16-state) evaluation, or at the held-out one (20 states)."""
+
+    def __init__(self, *, full: int = 0, heldout: bool = False) -> None:
+        super().__init__(workers=1)
+        self.full, self.heldout, self.seen = full, heldout, 0
+
+    def evaluate_many(self, jobs, **kw):
+        n_states = len(jobs[0][1])
+        if n_states == pendulum_task.N_TRAIN_STARTS:
+            self.seen += 1
+            if self.seen == self.full:
+                raise KeyboardInterrupt
+        if n_states == pendulum_task.N_HELDOUT_STARTS and self.heldout:
+            raise KeyboardInterrupt
+        return super().evaluate_many(jobs, **kw)
+
+
+def config(**kw) -> EvolveConfig:
+    base = dict(
+        budget=40, init_candidates=8, wm_steps=30, refine_iters=2, revision_iters=2, revision_samples=8,
+        popsize=6, horizon=15, extra_imagined_starts=4, workers=1, eval_timeout_s=60,
+    )
+    base.update(kw)
+    return EvolveConfig(**base)
+
+
+def interrupt_after(generation: int):
+    def on_generation(record):
+        if record["generation"] == generation:
+            raise KeyboardInterrupt
+
+    return on_generation
+
+
+def rows_per_generation(settings, data_agent: str) -> dict[int, int]:
+    out: dict[int, int] = {}
+    for traj in ReplayBuffer(settings=settings).sample(data_agent):
+        out[traj.generation] = out.get(traj.generation, 0) + 1
+    return out
+
+
+def comparable(report: dict) -> dict:
+    data = {k: v for k, v in report.items() if k not in VOLATILE}
+    data["generations"] = [{k: v for k, v in g.items() if k not in VOLATILE_GENERATION} for g in report["generations"]]
+    return data
+
+
+async def test_resume_after_a_generation_gives_the_uninterrupted_result(tmp_path):
+    whole = load_settings(state_dir=tmp_path / "whole")
+    expected = await SEDarwinAgent(config(), settings=whole, evaluator=InProcessEvaluator(workers=1)).evolve()
+
+    settings = load_settings(state_dir=tmp_path / "cut")
+    first = SEDarwinAgent(config(), settings=settings, evaluator=InProcessEvaluator(workers=1), on_generation=interrupt_after(1))
+    with pytest.raises(KeyboardInterrupt):
+        await first.evolve()
+    manifest = read_manifest(settings.state_dir, first.run_id)
+    assert manifest["status"] == "interrupted" and manifest["generation"] == 1 and manifest["real_episodes"] == 24
+
+    agent = SEDarwinAgent.resume(first.run_id, settings=settings, evaluator=InProcessEvaluator(workers=1))
+    report = await agent.evolve()
+    assert report["resumed"] is True and report["run_id"] == first.run_id
+    assert report["resumed_from"] == {"generation": 1, "real_episodes": 24, "discarded_trajectories": 0, "session": 2}
+    assert report["real_episodes"] == 40 == expected["real_episodes"]  # the 24 spent before count against the budget
+    assert [g["generation"] for g in report["generations"]] == [0, 1, 2]
+    assert rows_per_generation(settings, first.data_agent) == {0: 8, 1: 16, 2: 16}  # nothing evaluated twice
+    assert comparable(report) == comparable(expected)
+    assert expected["resumed"] is False and expected["resumed_from"] is None
+    done = read_manifest(settings.state_dir, first.run_id)
+    assert done["status"] == "finished" and len(done["sessions"]) == 2 and done["report"]["real_episodes"] == 40
+
+
+class CommitThenInterrupt(ReplayBuffer):
+    """Commits generation ``at``'s rows, then is interrupted before the
+    generation is recorded as committed in the run manifest."""
+
+    at = 2
+
+    async def aappend_generation(self, agent, generation, trajectories):
+        ids = await super().aappend_generation(agent, generation, trajectories)
+        if generation == self.at:
+            raise KeyboardInterrupt
+        return ids
+
+
+async def test_a_cut_off_generation_runs_again(state_dir):
+    settings = load_settings()
+    first = SEDarwinAgent(config(), settings=settings, buffer=CommitThenInterrupt(settings=settings), evaluator=InProcessEvaluator(workers=1))
+    with pytest.raises(KeyboardInterrupt):
+        await first.evolve()
+    assert rows_per_generation(settings, first.data_agent) == {0: 8, 1: 16, 2: 16}
+    assert read_manifest(state_dir, first.run_id)["generation"] == 1
+
+    agent = SEDarwinAgent.resume(first.run_id, settings=settings, evaluator=InProcessEvaluator(workers=1))
+    assert agent.resumed_from["discarded_trajectories"] == 16
+    report = await agent.evolve()
+    assert report["real_episodes"] == 40  # the cut-off generation's 16 episodes are not charged twice
+    assert rows_per_generation(settings, first.data_agent) == {0: 8, 1: 16, 2: 16}
+
+
+async def test_resume_may_raise_the_budget(state_dir):
+    settings = load_settings()
+    first = SEDarwinAgent(config(budget=24), settings=settings, evaluator=InterruptOnEvaluation(heldout=True))
+    with pytest.raises(KeyboardInterrupt):  # the loop spent its 24 episodes; the held-out evaluation is cut off
+        await first.evolve()
+    with pytest.raises(RunError, match="budget=16: .* already spent 24 real episodes"):
+        SEDarwinAgent.resume(first.run_id, settings=settings, budget=16)
+    report = await SEDarwinAgent.resume(first.run_id, settings=settings, budget=40, evaluator=InProcessEvaluator(workers=1)).evolve()
+    assert report["budget"] == 40 and report["real_episodes"] == 40 and report["resumed"]
+    assert [g["generation"] for g in report["generations"]] == [0, 1, 2]
+
+
+async def test_a_run_that_failed_is_recorded_and_resumable(state_dir):
+    class SeedFails(InProcessEvaluator):
+        def evaluate_many(self, jobs, **kw):
+            raise RuntimeError("worker pool broke")
+
+    settings = load_settings()
+    first = SEDarwinAgent(config(budget=24), settings=settings, evaluator=SeedFails(workers=1))
+    with pytest.raises(RuntimeError):
+        await first.evolve()
+    manifest = read_manifest(state_dir, first.run_id)
+    assert manifest["status"] == "interrupted" and "worker pool broke" in manifest["error"] and manifest["generation"] == -1
+    report = await SEDarwinAgent.resume(first.run_id, settings=settings, evaluator=InProcessEvaluator(workers=1)).evolve()
+    assert report["real_episodes"] == 24 and report["resumed_from"]["generation"] == -1
+
+
+def test_unknown_run_is_one_clear_error(state_dir):
+    with pytest.raises(RunError, match=r"no run 'seed0-nope' in .*runs; `genesis-fp16 state list` lists the runs"):
+        SEDarwinAgent.resume("seed0-nope", settings=load_settings())
+    with pytest.raises(RunError, match="letters, digits"):
+        SEDarwinAgent.resume("../../etc", settings=load_settings())
+    assert not (state_dir / "runs").exists()  # looking up an unknown id creates nothing
+
+
+async def test_finished_run_is_not_run_again(state_dir):
+    settings = load_settings()
+    agent = SEDarwinAgent(config(budget=24), settings=settings, evaluator=InProcessEvaluator(workers=1))
+    await agent.evolve()
+    before = ReplayBuffer(settings=settings).count(agent.data_agent)
+    with pytest.raises(RunError, match=f"run '{agent.run_id}' already finished .*real_episodes 24.*nothing to resume"):
+        SEDarwinAgent.resume(agent.run_id, settings=settings)
+    assert ReplayBuffer(settings=settings).count(agent.data_agent) == before
+
+
+async def test_other_options_and_a_running_run_are_refused(state_dir):
+    settings = load_settings()
+    first = SEDarwinAgent(config(), settings=settings, evaluator=InProcessEvaluator(workers=1), on_generation=interrupt_after(0))
+    with pytest.raises(KeyboardInterrupt):
+        await first.evolve()
+    with pytest.raises(RunError, match=r"seed=3 \(the run has 0\).*precision='bf16' \(the run has None\)"):
+        SEDarwinAgent.resume(first.run_id, settings=settings, options={"seed": 3, "precision": "bf16", "env_id": "Pendulum-v1"})
+    holder = RunLock(state_dir, first.run_id)  # another process running it
+    assert holder.acquire()
+    try:
+        with pytest.raises(RunError, match="is running"):
+            SEDarwinAgent.resume(first.run_id, settings=settings)
+    finally:
+        holder.release()
+    SEDarwinAgent.resume(first.run_id, settings=settings, options={"seed": 0})._lock.release()
+
+
+async def test_world_model_snapshot_keeps_the_batch_sampler(tmp_path):
+    rng = np.random.default_rng(0)
+    trajs = [
+        pendulum_task.run_episodes(pendulum_task.random_params(rng, 1)[0], [[0.5, 0.0]], steps=40)["episodes"][0] for _ in range(2)
+    ]
+    from infrastructure.replay_buffer import trajectories_from_episodes
+
+    data = trajectories_from_episodes(trajs, "c")
+    wm = WorldModel(3, 1, precision="fp32", checkpoint_dir=tmp_path, settings=load_settings(state_dir=tmp_path))
+    await wm.train(20, trajectories=data)
+    other = WorldModel(3, 1, precision="fp32", checkpoint_dir=tmp_path, settings=load_settings(state_dir=tmp_path))
+    other.load()
+    await wm.train(20, trajectories=data, save=False)
+    await other.train(20, trajectories=data, save=False)
+    for a, b in zip(wm.model.parameters(), other.model.parameters()):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)  # the same batches, so the same weights
+
+
+def test_cli_resume_end_to_end(monkeypatch, tmp_path, state_dir):
+    runner = CliRunner()
+    original = se_darwin_agent.EvolveConfig
+    monkeypatch.setattr(se_darwin_agent, "EvolveConfig", lambda **kw: original(**{**config().__dict__, **kw}))
+    monkeypatch.setattr(se_darwin_agent, "Evaluator", lambda *a, **kw: InterruptOnEvaluation(full=2))
+    cut = runner.invoke(app, ["evolve", "--budget", "40", "--workers", "1"])
+    assert cut.exit_code == 130, cut.output
+    (run_id,) = [p.name for p in (state_dir / "runs").iterdir()]
+    assert f"genesis-fp16 evolve --resume {run_id}" in cut.output
+
+    refused = runner.invoke(app, ["evolve", "--resume", run_id, "--seed", "5"])
+    assert refused.exit_code == 2 and "seed=5 (the run has 0)" in refused.output
+
+    monkeypatch.setattr(se_darwin_agent, "Evaluator", lambda *a, **kw: InProcessEvaluator(workers=1))
+    out = tmp_path / "report.json"
+    result = runner.invoke(app, ["evolve", "--resume", run_id, "--json", str(out)])
+    assert result.exit_code == 0, result.output
+    report = json.loads(out.read_text())
+    assert report["resumed"] is True and report["resumed_from"]["generation"] == 1 and report["real_episodes"] == 40
+    assert "resumed after" in result.output and "generation 1, 24 real episodes" in result.output
+    again = runner.invoke(app, ["evolve", "--resume", run_id])
+    assert again.exit_code == 2 and "already finished" in again.output and "Traceback" not in again.output
+    assert json.loads(manifest_path(state_dir, run_id).read_text())["status"] == "finished"
+
+
+async def test_a_run_whose_data_is_gone_or_unreadable_is_one_clear_error(state_dir):
+    settings = load_settings()
+    first = SEDarwinAgent(config(), settings=settings, evaluator=InProcessEvaluator(workers=1), on_generation=interrupt_after(0))
+    with pytest.raises(KeyboardInterrupt):
+        await first.evolve()
+    ReplayBuffer(settings=settings).delete_agents([first.data_agent])
+    with pytest.raises(RunError, match="its replay data is gone"):
+        SEDarwinAgent.resume(first.run_id, settings=settings)
+    manifest_path(state_dir, first.run_id).write_text("{not json")
+    with pytest.raises(RunError, match="not valid JSON"):
+        SEDarwinAgent.resume(first.run_id, settings=settings)
+    manifest_path(state_dir, first.run_id).unlink()  # as a run from before manifests were kept
+    with pytest.raises(RunError, match="no manifest .* cannot be resumed"):
+        SEDarwinAgent.resume(first.run_id, settings=settings)
