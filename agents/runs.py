@@ -30,7 +30,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from genesis_fp16.checkpoint import atomic_write_text
+from genesis_fp16.checkpoint import atomic_write_text, strict_json_value
 from genesis_fp16.rollout import LEDGER_FILE
 from infrastructure.replay_buffer import DEFAULT_FILENAME as REPLAY_FILE
 from infrastructure.replay_buffer import ReplayBuffer
@@ -78,17 +78,6 @@ def check_run_id(run_id: str) -> str:
 # -- the manifest ---------------------------------------------------------------------
 
 
-def _encode(value: Any) -> Any:
-    """Non-finite floats as the strings "nan", "inf", "-inf" (strict JSON)."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
-    if isinstance(value, dict):
-        return {k: _encode(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_encode(v) for v in value]
-    return value
-
-
 def _decode(value: Any) -> Any:
     if isinstance(value, str) and value in _NON_FINITE:
         return _NON_FINITE[value]
@@ -103,7 +92,7 @@ def write_manifest(state_dir: Path, manifest: dict[str, Any]) -> Path:
     path = manifest_path(state_dir, manifest["run_id"])
     data = {"format": MANIFEST_FORMAT, "version": MANIFEST_VERSION, **manifest, "updated": time.time()}
     try:
-        return atomic_write_text(path, json.dumps(_encode(data), indent=1, allow_nan=False) + "\n")
+        return atomic_write_text(path, json.dumps(strict_json_value(data), indent=1, allow_nan=False) + "\n")
     except OSError as exc:
         # the cause stays chained: callers tell a full disk from other faults by it
         raise RunStorageError(f"{path}: cannot write the run manifest ({exc})") from exc

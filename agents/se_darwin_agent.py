@@ -230,14 +230,10 @@ class SEDarwinAgent:
 
         from infrastructure.world_model import WorldModel
 
-        torch.manual_seed(self.config.seed)
-        guard = None
-        try:
-            from genesis_fp16.guard import RollbackGuard  # the rollout issue's guard, when present
+        from genesis_fp16.guard import RollbackGuard
 
-            guard = RollbackGuard(self.config.wm_agent, settings=self.settings)
-        except ImportError:
-            guard = None
+        torch.manual_seed(self.config.seed)
+        guard = RollbackGuard(self.config.wm_agent, settings=self.settings)
         return WorldModel(
             task.OBS_DIM, task.ACT_DIM, buffer=self.buffer, agent=self.config.wm_agent, data_agent=self.data_agent,
             guard=guard, settings=self.settings, precision=self.config.precision, seed=self.config.seed,

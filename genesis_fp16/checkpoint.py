@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import io
+import math
 import os
 import pickle
 import tempfile
@@ -82,6 +83,19 @@ def atomic_write_bytes(path: PathLike, data: bytes) -> Path:
 
 def atomic_write_text(path: PathLike, text: str) -> Path:
     return atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def strict_json_value(data: Any) -> Any:
+    """``data`` with NaN and infinities as the strings "nan", "inf", "-inf":
+    ``json.dumps`` would write bare NaN/Infinity tokens, which strict JSON
+    parsers (jq, JavaScript) refuse."""
+    if isinstance(data, float) and not math.isfinite(data):
+        return "nan" if math.isnan(data) else ("inf" if data > 0 else "-inf")
+    if isinstance(data, dict):
+        return {k: strict_json_value(v) for k, v in data.items()}
+    if isinstance(data, (list, tuple)):
+        return [strict_json_value(v) for v in data]
+    return data
 
 
 def build_payload(

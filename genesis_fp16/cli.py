@@ -10,7 +10,6 @@ Built-in commands: ``doctor`` and ``trainers``. Other commands (``evolve``,
 from __future__ import annotations
 
 import json
-import math
 import platform
 import sys
 from importlib import metadata
@@ -23,6 +22,7 @@ from rich.table import Table
 from rich.text import Text
 
 from .settings import LogLevel, SettingsError, describe_settings, load_settings, unknown_settings
+from .checkpoint import strict_json_value  # re-exported: the CLIs import it from here
 from .telemetry import set_console_level, visible_controls
 
 COMMAND_GROUP = "genesis_fp16.commands"
@@ -66,19 +66,6 @@ def load_settings_or_exit(**overrides: Any):
         return load_settings(**overrides)
     except SettingsError as exc:
         raise fail(str(exc))
-
-
-def strict_json_value(data: Any) -> Any:
-    """``data`` with NaN and infinities as the strings "nan", "inf", "-inf":
-    ``json.dumps`` would write bare NaN/Infinity tokens, which strict JSON
-    parsers (jq, JavaScript) refuse."""
-    if isinstance(data, float) and not math.isfinite(data):
-        return "nan" if math.isnan(data) else ("inf" if data > 0 else "-inf")
-    if isinstance(data, dict):
-        return {k: strict_json_value(v) for k, v in data.items()}
-    if isinstance(data, (list, tuple)):
-        return [strict_json_value(v) for v in data]
-    return data
 
 
 def print_json(data: Any) -> None:
