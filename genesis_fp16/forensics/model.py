@@ -24,10 +24,20 @@ class TinyConfig:
     d_model: int = 64
     n_layers: int = 2
     n_heads: int = 4
-    max_len: int = 160
+    max_len: int = 512  # longest sequence (prompt + generation) the probe and freeze take
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+def sinusoids(length: int, dim: int) -> torch.Tensor:
+    """``[length, dim]`` sine/cosine position codes (Vaswani et al., 2017)."""
+    pos = torch.arange(length, dtype=torch.float64).unsqueeze(1)
+    freq = torch.exp(torch.arange(0, dim, 2, dtype=torch.float64) * (-math.log(10000.0) / dim))
+    out = torch.zeros(length, dim, dtype=torch.float64)
+    out[:, 0::2] = torch.sin(pos * freq)
+    out[:, 1::2] = torch.cos(pos * freq)
+    return out.float()
 
 
 class Block(nn.Module):
@@ -59,7 +69,12 @@ class TinyLM(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.tok = nn.Embedding(cfg.vocab_size, cfg.d_model)
-        self.pos = nn.Embedding(cfg.max_len, cfg.d_model)
+        # Fixed sinusoidal positions (a non-persistent buffer, not weights):
+        # pretraining stays at short windows to stay quick, and a learned
+        # table would leave every position past them at its random init.
+        # Sinusoids give each position up to max_len a defined, smooth code,
+        # and the checkpoint does not depend on max_len.
+        self.register_buffer("pos", sinusoids(cfg.max_len, cfg.d_model), persistent=False)
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
         self.ln_f = nn.LayerNorm(cfg.d_model)
         self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
@@ -68,8 +83,7 @@ class TinyLM(nn.Module):
         t = tokens.shape[1]
         if t > self.cfg.max_len:
             raise ValueError(f"sequence length {t} exceeds the model's max_len {self.cfg.max_len}")
-        pos = torch.arange(t, device=tokens.device)
-        x = self.tok(tokens) + self.pos(pos)
+        x = self.tok(tokens) + self.pos[:t]
         for block in self.blocks:
             x = block(x)
         return self.ln_f(x)
