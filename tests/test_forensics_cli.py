@@ -152,3 +152,25 @@ def test_probe_runs_at_length_512_and_refuses_longer(cached, tmp_path, monkeypat
     assert res.exit_code == 2, res.output
     line = _error_line(res)
     assert "513" in line and "512" in line
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error on a machine without CUDA")
+@pytest.mark.parametrize("command", [["probe"], ["freeze", "--out", "t.pt"], ["replay", "--trajectories", "t.pt"], ["sweep", "--quick"]])
+def test_device_cuda_without_cuda_is_one_clear_error(cached, tmp_path, command):
+    result = runner.invoke(app, ["forensics", *command, "--device", "cuda:0"])
+    assert result.exit_code == 2, result.output
+    line = _error_line(result)
+    assert "--device cuda:0" in line and "CUDA" in line and "--device cpu" in line
+
+
+def test_device_must_be_cpu_or_cuda(cached):
+    result = runner.invoke(app, ["forensics", "probe", "--device", "tpu"])
+    assert result.exit_code == 2, result.output
+    assert "--device tpu" in _error_line(result) and "cuda[:N]" in _error_line(result)
+
+
+def test_probe_device_cpu_records_the_device(cached, tmp_path):
+    out = tmp_path / "p.json"
+    res = runner.invoke(app, ["forensics", "probe", "--configs", "fp32_baseline", "--num-prompts", "2", "--seq-lengths", "16", "--device", "cpu", "--json", str(out)])
+    assert res.exit_code == 0, res.output
+    assert json.loads(out.read_text())["meta"]["device"] == "cpu"

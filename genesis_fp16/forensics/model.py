@@ -80,6 +80,8 @@ class TinyLM(nn.Module):
         self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
 
     def hidden(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Final hidden states ``[B, T, D]`` on the model's device."""
+        tokens = tokens.to(self.tok.weight.device)
         t = tokens.shape[1]
         if t > self.cfg.max_len:
             raise ValueError(f"sequence length {t} exceeds the model's max_len {self.cfg.max_len}")
@@ -89,14 +91,20 @@ class TinyLM(nn.Module):
         return self.ln_f(x)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        """Logits ``[B, T, V]`` in the module's dtype."""
-        return self.head(self.hidden(tokens))
+        """Logits ``[B, T, V]`` in the module's dtype, on the tokens' device
+        (the model's arithmetic runs on its own device; see ``ScalarModel``)."""
+        return self.head(self.hidden(tokens)).to(tokens.device)
 
 
 class ScalarModel(nn.Module):
     """A trunk plus a scalar head, scaled by ``scale`` (a buffer, so the
     multiply runs in the model's dtype). ``per_token`` gives ``[B, T]``
-    (value model), otherwise the mean-pooled ``[B]`` (reward model)."""
+    (value model), otherwise the mean-pooled ``[B]`` (reward model).
+
+    Like ``TinyLM``, it takes tokens on any device, runs on its own (CPU or
+    a GPU) and returns its output on the tokens' device: the forensics data,
+    sampling and FP64 metrics stay on the CPU while the models' arithmetic
+    runs where ``--device`` puts them (gradients flow back across the copy)."""
 
     def __init__(self, trunk: TinyLM, per_token: bool, scale: float = 1.0) -> None:
         super().__init__()
@@ -111,9 +119,9 @@ class ScalarModel(nn.Module):
             if mask is None:
                 h = h.mean(dim=1)
             else:
-                m = mask.to(h.dtype).unsqueeze(-1)
+                m = mask.to(h.device, h.dtype).unsqueeze(-1)
                 h = (h * m).sum(dim=1) / m.sum(dim=1).clamp_min(1)
-        return self.score(h).squeeze(-1) * self.scale
+        return (self.score(h).squeeze(-1) * self.scale).to(tokens.device)
 
 
 def cast_copy(module: nn.Module, dtype: torch.dtype) -> nn.Module:

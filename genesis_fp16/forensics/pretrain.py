@@ -71,6 +71,12 @@ class Assets:
     meta: dict
     path: Optional[Path] = None
 
+    def to(self, device: torch.device | str) -> "Assets":
+        """Move the four models to ``device`` (in place); returns self."""
+        for m in (self.reference, self.policy, self.reward, self.value):
+            m.to(device)
+        return self
+
     def value_model(self, return_scale: float) -> ScalarModel:
         v = copy.deepcopy(self.value)
         v.scale.fill_(float(return_scale))

@@ -75,13 +75,14 @@ def run_name(cfg: PrecisionConfig, seed: int) -> str:
 
 
 def _trainer(model: torch.nn.Module, lr: float, precision: str, args: SweepArgs, name: str) -> FP16Trainer:
+    device = next(model.parameters()).device
     cfg = FP16TrainingConfig(
         enabled=precision != "fp32",
         precision=precision,
         max_grad_norm=1.0,
         growth_interval=args.growth_interval,
         on_unsupported="error",  # a forensic run must measure what it names
-        device="cpu",
+        device=str(device),  # the masters live where Assets.to put them
     )
     return FP16Trainer(model, torch.optim.Adam(model.parameters(), lr=lr), cfg, name=name)
 
