@@ -9,6 +9,9 @@
 # 4. NCCL runs of the distributed trainer, world size = visible GPUs (at least 1), FP16 and BF16,
 #    DDP and FSDP2, one with an injected overflow
 # 5. the PPO update step on CUDA (FP32, AMP BF16, AMP FP16, torch.compile)
+# 6. the RLHF forensics on CUDA: the static probe at length 512 (fp16_pure, bf16_pure,
+#    fp32_baseline) and a quick PPO sweep (one seed per configuration); the first
+#    forensics command builds the FP32 initial checkpoint on the CPU (about 15 s) if missing
 #
 # Each step writes its JSON (and a log) to OUT_DIR and the script goes on when
 # one fails; the exit code is the number of failed steps. It refuses to start
@@ -57,6 +60,10 @@ step nccl_ddp_fp16_overflow "$TORCHRUN" --standalone --nproc_per_node="$NGPU" sc
     --json "$OUT_DIR/nccl_ddp_fp16_overflow.json"
 step ppo_update_cuda "$PY" scripts/diagnose_performance.py --test update --device cuda \
     --json "$OUT_DIR/ppo_update_cuda.json"
+step forensics_probe_cuda "$PY" -m genesis_fp16.cli forensics probe --device cuda \
+    --configs fp16_pure,bf16_pure,fp32_baseline --seq-lengths 512 --json "$OUT_DIR/forensics_probe_cuda.json"
+step forensics_sweep_cuda "$PY" -m genesis_fp16.cli forensics sweep --device cuda --quick --seeds 1 \
+    --out "$OUT_DIR/forensics_sweep_cuda" --json "$OUT_DIR/forensics_sweep_cuda.json"
 
 echo "gpu_acceptance: $failed step(s) failed; results in $OUT_DIR/"
 exit "$failed"

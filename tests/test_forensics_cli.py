@@ -97,9 +97,10 @@ def test_bad_numbers_are_refused_before_any_work(state_dir, monkeypatch, args, e
 
 
 def test_freeze_longer_than_the_model_is_one_clear_error(cached, tmp_path):
-    result = runner.invoke(app, ["forensics", "freeze", "--out", str(tmp_path / "t.pt"), "--num-prompts", "2", "--seq-len", "500"])
+    result = runner.invoke(app, ["forensics", "freeze", "--out", str(tmp_path / "t.pt"), "--num-prompts", "2", "--seq-len", "600"])
     assert result.exit_code == 2, result.output
-    assert "500" in _error_line(result)
+    line = _error_line(result)
+    assert "600" in line and "512" in line
 
 
 @pytest.mark.parametrize("junk", [b"not a checkpoint at all", b""])
@@ -116,7 +117,7 @@ def test_corrupt_cached_asset_says_rerun_with_force(cached, monkeypatch, junk):
     assert "genesis-fp16 forensics pretrain --force" in _error_line(result)
     # --force rebuilds without reading the corrupt file
     tiny = pretrain.build_assets
-    monkeypatch.setattr(pretrain, "build_assets", lambda spec, progress=None: tiny(PretrainSpec(steps=2, finetune_steps=1, reward_samples=32)))
+    monkeypatch.setattr(pretrain, "build_assets", lambda spec, cfg=None, progress=None: tiny(PretrainSpec(steps=2, finetune_steps=1, reward_samples=32)))
     result = runner.invoke(app, ["forensics", "pretrain", "--force"])
     assert result.exit_code == 0, result.output
     assert pretrain.load_assets(assets_path(cached)).meta["spec"]["steps"] == 2
@@ -129,3 +130,47 @@ def test_asset_without_the_forensics_models_says_rerun_with_force(cached):
     result = runner.invoke(app, ["forensics", "pretrain"])
     assert result.exit_code == 2, result.output
     assert "--force" in _error_line(result)
+
+
+def test_probe_runs_at_length_512_and_refuses_longer(cached, tmp_path, monkeypatch):
+    from genesis_fp16.forensics import data, probe
+
+    # sampling 504 tokens one forward at a time takes seconds; held-out text
+    # stands in for the samples so the test exercises scoring at length 512
+    def text(model, prompts, total_len, generator, temperature=1.0):
+        rest = data.sample_windows("heldout", prompts.shape[0], total_len - prompts.shape[1], generator)
+        return torch.cat([prompts, rest], dim=1)
+
+    monkeypatch.setattr(probe, "generate", text)
+    out = tmp_path / "p512.json"
+    res = runner.invoke(app, ["forensics", "probe", "--configs", "fp32_baseline", "--num-prompts", "2", "--seq-lengths", "512", "--json", str(out)])
+    assert res.exit_code == 0, res.output
+    rows = json.loads(out.read_text())["rows"]
+    assert [(r["config"], r["seq_len"]) for r in rows] == [("fp32_baseline", 512)]
+    assert rows[0]["kl_fp64"] == rows[0]["kl_fp64"]  # finite, not NaN
+    res = runner.invoke(app, ["forensics", "probe", "--configs", "fp32_baseline", "--num-prompts", "2", "--seq-lengths", "513"])
+    assert res.exit_code == 2, res.output
+    line = _error_line(res)
+    assert "513" in line and "512" in line
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error on a machine without CUDA")
+@pytest.mark.parametrize("command", [["probe"], ["freeze", "--out", "t.pt"], ["replay", "--trajectories", "t.pt"], ["sweep", "--quick"]])
+def test_device_cuda_without_cuda_is_one_clear_error(cached, tmp_path, command):
+    result = runner.invoke(app, ["forensics", *command, "--device", "cuda:0"])
+    assert result.exit_code == 2, result.output
+    line = _error_line(result)
+    assert "--device cuda:0" in line and "CUDA" in line and "--device cpu" in line
+
+
+def test_device_must_be_cpu_or_cuda(cached):
+    result = runner.invoke(app, ["forensics", "probe", "--device", "tpu"])
+    assert result.exit_code == 2, result.output
+    assert "--device tpu" in _error_line(result) and "cuda[:N]" in _error_line(result)
+
+
+def test_probe_device_cpu_records_the_device(cached, tmp_path):
+    out = tmp_path / "p.json"
+    res = runner.invoke(app, ["forensics", "probe", "--configs", "fp32_baseline", "--num-prompts", "2", "--seq-lengths", "16", "--device", "cpu", "--json", str(out)])
+    assert res.exit_code == 0, res.output
+    assert json.loads(out.read_text())["meta"]["device"] == "cpu"

@@ -45,7 +45,7 @@ def test_scalar_model_shapes_and_scale():
 
 def test_too_long_sequence_is_a_clear_error():
     with pytest.raises(ValueError, match="max_len"):
-        TinyLM()(torch.zeros(1, 161, dtype=torch.long))
+        TinyLM()(torch.zeros(1, 513, dtype=torch.long))
 
 
 def test_data_is_ascii_and_deterministic():
@@ -95,3 +95,26 @@ def test_corrupt_asset_file_names_the_file(tmp_path):
     path.write_bytes(b"not a checkpoint")
     with pytest.raises(CheckpointError, match=str(path.name)):
         load_assets(path)
+
+
+def test_positions_up_to_512_are_fixed_sinusoids_not_weights():
+    cfg = TinyConfig()
+    assert cfg.max_len == 512
+    lm = TinyLM(cfg)
+    # nothing position-shaped in the checkpoint: positions past the training length are defined, not untrained
+    assert not any("pos" in k for k in lm.state_dict())
+    torch.manual_seed(0)
+    assert torch.isfinite(lm(torch.randint(0, 128, (1, 512)))).all()
+    with pytest.raises(ValueError, match="512"):
+        lm(torch.randint(0, 128, (1, 513)))
+
+
+def test_cached_asset_with_another_model_config_is_rebuilt(state_dir):
+    from genesis_fp16.forensics import pretrain
+
+    small = TinyConfig(max_len=64)
+    stale = build_assets(PretrainSpec(steps=2, finetune_steps=1, reward_samples=32), cfg=small)
+    pretrain.save_assets(stale, assets_path(state_dir, TINY))  # as if cached before the model config changed
+    assets = ensure_assets(state_dir, TINY)
+    assert assets.reference.cfg == TinyConfig() and assets.meta["spec"]["steps"] == TINY.steps
+    assert load_assets(assets_path(state_dir, TINY)).meta["model"] == TinyConfig().to_dict()

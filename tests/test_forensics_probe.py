@@ -46,7 +46,7 @@ def test_probe_rows_and_precision_ordering(assets):
 
 def test_probe_rejects_bad_length(assets):
     with pytest.raises(ValueError, match="sequence length"):
-        probe(assets, [CONFIGS["fp32_baseline"]], num_prompts=2, seq_lengths=(500,))
+        probe(assets, [CONFIGS["fp32_baseline"]], num_prompts=2, seq_lengths=(600,))
 
 
 def test_ground_truth_refuses_policy_equal_reference(assets):

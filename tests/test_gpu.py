@@ -1,5 +1,7 @@
 """CUDA paths. Skipped without a GPU; run them on a GPU machine with `pytest -m gpu`."""
 
+import math
+
 import pytest
 import torch
 
@@ -70,3 +72,27 @@ def test_cuda_checkpoint_round_trip(tmp_path):
     for a, b in zip(trainer.model.parameters(), other.model.parameters()):
         assert a.device.type == "cuda" and torch.equal(a, b)
     assert other.current_scale == trainer.current_scale
+
+
+def test_forensics_probe_runs_on_cuda():
+    from genesis_fp16.forensics.configs import parse_configs
+    from genesis_fp16.forensics.pretrain import PretrainSpec, build_assets
+    from genesis_fp16.forensics.probe import probe
+
+    assets = build_assets(PretrainSpec(steps=2, finetune_steps=1, reward_samples=32)).to("cuda")
+    assert next(assets.policy.parameters()).device.type == "cuda"
+    rows = probe(assets, parse_configs("fp32_baseline,bf16_pure,fp16_pure"), num_prompts=2, seq_lengths=(24,))
+    assert [r["config"] for r in rows] == ["fp32_baseline", "bf16_pure", "fp16_pure"]
+    for r in rows:
+        assert math.isfinite(r["kl_fp64"]) and math.isfinite(r["accum_err_final"])
+
+
+def test_forensics_sweep_step_runs_on_cuda():
+    from genesis_fp16.forensics.configs import parse_configs
+    from genesis_fp16.forensics.pretrain import PretrainSpec, build_assets
+    from genesis_fp16.forensics.sweep import SweepArgs, run_one
+
+    assets = build_assets(PretrainSpec(steps=2, finetune_steps=1, reward_samples=32)).to("cuda")
+    for cfg in parse_configs("fp16_pure,bf16_pure,fp32_baseline"):
+        result = run_one(assets, cfg, 0, SweepArgs(max_steps=2, batch=4, gen_len=8))
+        assert result["summary"]["steps_done"] >= 1, result

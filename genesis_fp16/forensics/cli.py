@@ -60,6 +60,41 @@ def _assets(pretrain_steps: Optional[int] = None, force: bool = False):
     return assets
 
 
+DEVICE_HELP = "Where the models run: cpu, cuda or cuda:N (data, sampling and the FP64 metrics stay on the CPU)."
+
+
+def _device(text: str):
+    """``cpu``, ``cuda`` or ``cuda:N`` as a ``torch.device``; anything else,
+    or a CUDA device this machine lacks, is one error (exit 2)."""
+    import re
+
+    import torch
+
+    from ..cli import fail
+
+    match = re.fullmatch(r"cpu|cuda(?::(\d+))?", text.strip().lower())
+    if match is None:
+        raise fail(f"--device {text}: expected cpu, cuda or cuda[:N] (e.g. --device cuda:0)")
+    device = torch.device(match.group(0))
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise fail(f"--device {text}: no CUDA device is available on this machine (torch {torch.__version__}); use --device cpu or run on a GPU host")
+        count = torch.cuda.device_count()
+        if (device.index or 0) >= count:
+            raise fail(f"--device {text}: this machine has {count} CUDA device(s), cuda:0 to cuda:{count - 1}")
+    return device
+
+
+def _device_meta(meta: dict, device) -> dict:
+    """The run's device (and GPU name) in its metadata."""
+    import torch
+
+    meta["device"] = str(device)
+    if device.type == "cuda":
+        meta["gpu"] = torch.cuda.get_device_name(device)
+    return meta
+
+
 def _check_outputs(**paths: Optional[Path]) -> None:
     """Check every output path before any work (a bad --json must not lose a
     long run); ``out_dir`` is a directory, the others are files."""
@@ -160,6 +195,7 @@ def probe(
     seq_lengths: str = typer.Option("32 64", help="Total sequence lengths: --seq-lengths 32 64 (or 32,64)."),
     seed: int = typer.Option(0),
     return_scale: float = typer.Option(1000.0, help="Magnitude of the returns the value model predicts (H3)."),
+    device: str = typer.Option("cpu", help=DEVICE_HELP),
     json_out: Optional[Path] = typer.Option(None, "--json", help="Write {meta, rows} here (default: stdout)."),
 ) -> None:
     """Static KL probe: FP32-policy samples scored by each configuration against FP64."""
@@ -168,19 +204,20 @@ def probe(
     from .probe import probe as run_probe
     from .probe import run_meta
 
+    dev = _device(device)
     _positive("--return-scale", return_scale, "the magnitude of the returns, default 1000")
     lengths = _lengths(seq_lengths, list(ctx.args))
     cfgs = _configs(configs)
     _check_outputs(json=json_out)
     with single_thread():
-        assets = _assets()
+        assets = _assets().to(dev)
         with _progress() as bar:
             task = bar.add_task("probe", total=len(cfgs) * len(lengths))
             try:
                 rows = run_probe(assets, cfgs, num_prompts, tuple(lengths), seed, return_scale, progress=lambda _: bar.advance(task))
             except ValueError as exc:
                 raise fail(str(exc))
-        meta = run_meta(_command_line(ctx))
+        meta = _device_meta(run_meta(_command_line(ctx)), dev)
     _print_rows(rows, SHORT)
     _write_json(json_out, {"meta": meta, "rows": rows})
 
@@ -191,6 +228,7 @@ def freeze(
     num_prompts: int = typer.Option(16, min=2),
     seq_len: int = typer.Option(96, min=10),
     seed: int = typer.Option(0),
+    device: str = typer.Option("cpu", help=DEVICE_HELP),
     json_out: Optional[Path] = typer.Option(None, "--json"),
 ) -> None:
     """Sample FP32 policy trajectories and save them with their FP64 log-probs."""
@@ -199,13 +237,14 @@ def freeze(
     from .pretrain import single_thread
     from .replay import freeze as run_freeze
 
+    dev = _device(device)
     if seq_len > TinyConfig().max_len:  # the cached models are built with the default config
         raise fail(f"--seq-len {seq_len}: the model takes at most {TinyConfig().max_len} tokens")
     _check_outputs(out=out, json=json_out)
     with single_thread():
-        assets = _assets()
+        assets = _assets().to(dev)
         path = run_freeze(assets, out, num_prompts, seq_len, seed)
-    _write_json(json_out, {"path": str(path), "num_prompts": num_prompts, "seq_len": seq_len, "seed": seed})
+    _write_json(json_out, {"path": str(path), "num_prompts": num_prompts, "seq_len": seq_len, "seed": seed, "device": str(dev)})
 
 
 @forensics_app.command()
@@ -214,6 +253,7 @@ def replay(
     trajectories: Path = typer.Option(..., help="File written by `forensics freeze`."),
     configs: str = typer.Option("all"),
     return_scale: float = typer.Option(1000.0),
+    device: str = typer.Option("cpu", help=DEVICE_HELP),
     json_out: Optional[Path] = typer.Option(None, "--json", help="Write {meta, rows} here (rows carry the mismatch curve)."),
 ) -> None:
     """Re-score frozen trajectories under each configuration (policy != reference)."""
@@ -224,6 +264,7 @@ def replay(
     from .replay import load_trajectories
     from .replay import replay as run_replay
 
+    dev = _device(device)
     _positive("--return-scale", return_scale, "the magnitude of the returns, default 1000")
     cfgs = _configs(configs)
     _check_outputs(json=json_out)
@@ -232,9 +273,9 @@ def replay(
     except (CheckpointError, ValueError, KeyError) as exc:
         raise fail(f"cannot replay {trajectories}: {exc}")
     with single_thread():
-        assets = _assets()
+        assets = _assets().to(dev)
         rows = run_replay(assets, truth, cfgs, return_scale)
-        meta = run_meta(_command_line(ctx))
+        meta = _device_meta(run_meta(_command_line(ctx)), dev)
     _print_rows(rows, SHORT)
     _write_json(json_out, {"meta": meta, "rows": rows})
 
@@ -247,6 +288,7 @@ def sweep(
     seeds: int = typer.Option(2, min=1, help="Seeds 0..N-1 per configuration."),
     quick: bool = typer.Option(False, help="15 steps, 8 prompts, 24 generated tokens."),
     max_steps: Optional[int] = typer.Option(None, min=1, help="PPO steps per run (default 60, 15 with --quick)."),
+    device: str = typer.Option("cpu", help=DEVICE_HELP),
     json_out: Optional[Path] = typer.Option(None, "--json", help="Write the per-configuration summary here."),
 ) -> None:
     """PPO with a KL penalty per configuration and seed; killed sweeps resume."""
@@ -259,6 +301,7 @@ def sweep(
     from .sweep import SweepArgs
     from .sweep import sweep as run_sweep
 
+    dev = _device(device)
     cfgs = _configs(configs)
     args = SweepArgs.quick() if quick else SweepArgs()
     if max_steps is not None:
@@ -266,7 +309,7 @@ def sweep(
     out = out or Path(_settings().state_dir) / "forensics" / "sweep"
     _check_outputs(out_dir=out, json=json_out)
     with single_thread():
-        assets = _assets()
+        assets = _assets().to(dev)
         with _progress() as bar:
             runs = bar.add_task("runs", total=len(cfgs) * seeds)
             steps = bar.add_task("steps", total=args.max_steps)
@@ -277,7 +320,7 @@ def sweep(
                 bar.console.print(safe_text(f"{name}: {status}"))
 
             try:
-                results = run_sweep(assets, cfgs, list(range(seeds)), out, args, meta=run_meta(_command_line(ctx)),
+                results = run_sweep(assets, cfgs, list(range(seeds)), out, args, meta=_device_meta(run_meta(_command_line(ctx)), dev),
                                     on_run=on_run, on_step=lambda n: bar.update(steps, completed=n))
             except ValueError as exc:
                 raise fail(str(exc))

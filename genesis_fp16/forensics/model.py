@@ -24,10 +24,20 @@ class TinyConfig:
     d_model: int = 64
     n_layers: int = 2
     n_heads: int = 4
-    max_len: int = 160
+    max_len: int = 512  # longest sequence (prompt + generation) the probe and freeze take
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+def sinusoids(length: int, dim: int) -> torch.Tensor:
+    """``[length, dim]`` sine/cosine position codes (Vaswani et al., 2017)."""
+    pos = torch.arange(length, dtype=torch.float64).unsqueeze(1)
+    freq = torch.exp(torch.arange(0, dim, 2, dtype=torch.float64) * (-math.log(10000.0) / dim))
+    out = torch.zeros(length, dim, dtype=torch.float64)
+    out[:, 0::2] = torch.sin(pos * freq)
+    out[:, 1::2] = torch.cos(pos * freq)
+    return out.float()
 
 
 class Block(nn.Module):
@@ -59,30 +69,42 @@ class TinyLM(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.tok = nn.Embedding(cfg.vocab_size, cfg.d_model)
-        self.pos = nn.Embedding(cfg.max_len, cfg.d_model)
+        # Fixed sinusoidal positions (a non-persistent buffer, not weights):
+        # pretraining stays at short windows to stay quick, and a learned
+        # table would leave every position past them at its random init.
+        # Sinusoids give each position up to max_len a defined, smooth code,
+        # and the checkpoint does not depend on max_len.
+        self.register_buffer("pos", sinusoids(cfg.max_len, cfg.d_model), persistent=False)
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
         self.ln_f = nn.LayerNorm(cfg.d_model)
         self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
 
     def hidden(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Final hidden states ``[B, T, D]`` on the model's device."""
+        tokens = tokens.to(self.tok.weight.device)
         t = tokens.shape[1]
         if t > self.cfg.max_len:
             raise ValueError(f"sequence length {t} exceeds the model's max_len {self.cfg.max_len}")
-        pos = torch.arange(t, device=tokens.device)
-        x = self.tok(tokens) + self.pos(pos)
+        x = self.tok(tokens) + self.pos[:t]
         for block in self.blocks:
             x = block(x)
         return self.ln_f(x)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        """Logits ``[B, T, V]`` in the module's dtype."""
-        return self.head(self.hidden(tokens))
+        """Logits ``[B, T, V]`` in the module's dtype, on the tokens' device
+        (the model's arithmetic runs on its own device; see ``ScalarModel``)."""
+        return self.head(self.hidden(tokens)).to(tokens.device)
 
 
 class ScalarModel(nn.Module):
     """A trunk plus a scalar head, scaled by ``scale`` (a buffer, so the
     multiply runs in the model's dtype). ``per_token`` gives ``[B, T]``
-    (value model), otherwise the mean-pooled ``[B]`` (reward model)."""
+    (value model), otherwise the mean-pooled ``[B]`` (reward model).
+
+    Like ``TinyLM``, it takes tokens on any device, runs on its own (CPU or
+    a GPU) and returns its output on the tokens' device: the forensics data,
+    sampling and FP64 metrics stay on the CPU while the models' arithmetic
+    runs where ``--device`` puts them (gradients flow back across the copy)."""
 
     def __init__(self, trunk: TinyLM, per_token: bool, scale: float = 1.0) -> None:
         super().__init__()
@@ -97,9 +119,9 @@ class ScalarModel(nn.Module):
             if mask is None:
                 h = h.mean(dim=1)
             else:
-                m = mask.to(h.dtype).unsqueeze(-1)
+                m = mask.to(h.device, h.dtype).unsqueeze(-1)
                 h = (h * m).sum(dim=1) / m.sum(dim=1).clamp_min(1)
-        return self.score(h).squeeze(-1) * self.scale
+        return (self.score(h).squeeze(-1) * self.scale).to(tokens.device)
 
 
 def cast_copy(module: nn.Module, dtype: torch.dtype) -> nn.Module:

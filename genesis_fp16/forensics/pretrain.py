@@ -58,7 +58,7 @@ class PretrainSpec:
     seed: int = 0
 
     def key(self, cfg: TinyConfig) -> str:
-        blob = json.dumps({"spec": self.__dict__, "model": cfg.to_dict(), "v": 1}, sort_keys=True)
+        blob = json.dumps({"spec": self.__dict__, "model": cfg.to_dict(), "v": 2}, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
 
@@ -70,6 +70,12 @@ class Assets:
     value: ScalarModel
     meta: dict
     path: Optional[Path] = None
+
+    def to(self, device: torch.device | str) -> "Assets":
+        """Move the four models to ``device`` (in place); returns self."""
+        for m in (self.reference, self.policy, self.reward, self.value):
+            m.to(device)
+        return self
 
     def value_model(self, return_scale: float) -> ScalarModel:
         v = copy.deepcopy(self.value)
@@ -202,21 +208,30 @@ def load_assets(path: Path) -> Assets:
     return Assets(reference=ref, policy=policy, reward=reward, value=value, meta=meta, path=Path(path))
 
 
-def ensure_assets(state_dir: Path, spec: PretrainSpec = PretrainSpec(), force: bool = False, progress: Optional[Callable[[int, int], None]] = None) -> Assets:
+def ensure_assets(state_dir: Path, spec: PretrainSpec = PretrainSpec(), force: bool = False, progress: Optional[Callable[[int, int], None]] = None,
+                  cfg: TinyConfig = TinyConfig()) -> Assets:
     """Load the cached initial checkpoint, building it first when missing
     (or when ``force``). A cached file that does not load is an error that
-    says to rebuild it, never silently replaced."""
-    path = assets_path(state_dir, spec)
+    says to rebuild it, never silently replaced; one that loads but was built
+    for another model config or spec is rebuilt, with a log line saying so."""
+    path = assets_path(state_dir, spec, cfg)
+    reason = "forced" if force else "missing"
     if path.exists() and not force:
         try:
-            return load_assets(path)
+            cached = load_assets(path)
         except CheckpointError as exc:
             steps = "" if spec.steps == PretrainSpec().steps else f" --steps {spec.steps}"
             raise CheckpointError(
                 f"cached initial checkpoint {exc}; rebuild it with `genesis-fp16 forensics pretrain --force{steps}`"
             ) from None
-    log.info("forensics.pretrain_started", path=str(path), steps=spec.steps)
-    assets = build_assets(spec, progress=progress)
+        if cached.meta.get("model") == cfg.to_dict():
+            return cached
+        # a valid checkpoint of another model config (e.g. a shorter
+        # max_len): the models are ours and rebuilding takes well under a
+        # minute, so rebuild rather than make the user run --force
+        reason = "cached config differs"
+    log.info("forensics.pretrain_started", path=str(path), steps=spec.steps, reason=reason)
+    assets = build_assets(spec, cfg, progress=progress)
     save_assets(assets, path)
     log.info("forensics.pretrain_done", path=str(path), **{k: v for k, v in assets.meta.items() if isinstance(v, (int, float))})
     assets.path = path

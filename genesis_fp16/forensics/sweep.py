@@ -75,13 +75,14 @@ def run_name(cfg: PrecisionConfig, seed: int) -> str:
 
 
 def _trainer(model: torch.nn.Module, lr: float, precision: str, args: SweepArgs, name: str) -> FP16Trainer:
+    device = next(model.parameters()).device
     cfg = FP16TrainingConfig(
         enabled=precision != "fp32",
         precision=precision,
         max_grad_norm=1.0,
         growth_interval=args.growth_interval,
         on_unsupported="error",  # a forensic run must measure what it names
-        device="cpu",
+        device=str(device),  # the masters live where Assets.to put them
     )
     return FP16Trainer(model, torch.optim.Adam(model.parameters(), lr=lr), cfg, name=name)
 
@@ -162,19 +163,22 @@ def run_one(assets: Assets, cfg: PrecisionConfig, seed: int, args: SweepArgs, pr
         returns = adv + v32
         norm_adv = (adv - adv[mask].mean()) / (adv[mask].std() + 1e-8) * mask
         old32 = old_lp.float()
+        # the update's loss and its gradient scaler live on the models' device
+        dev = next(policy.parameters()).device
+        tokens_d, mask_d, norm_adv, old32, returns = (t.to(dev) for t in (tokens, mask, norm_adv, old32, returns))
 
         def policy_loss(model, batch):
             new_lp = token_logprobs(model(batch), batch, dtype=torch.float32 if cfg.kl == "fp32" else None).float()
             ratio = torch.exp(new_lp - old32)
             surr = torch.minimum(ratio * norm_adv, ratio.clamp(1 - args.clip, 1 + args.clip) * norm_adv)
-            return -(surr * mask).sum() / mask.sum()
+            return -(surr * mask_d).sum() / mask_d.sum()
 
         def value_loss(model, batch):
             v = model(batch)[:, :-1].float()
-            return (((v - returns) / args.return_scale).pow(2) * mask).sum() / mask.sum()
+            return (((v - returns) / args.return_scale).pow(2) * mask_d).sum() / mask_d.sum()
 
-        p_ok = ptrain.backward_and_step(ptrain.training_step(tokens, policy_loss))
-        v_ok = vtrain.backward_and_step(vtrain.training_step(tokens, value_loss))
+        p_ok = ptrain.backward_and_step(ptrain.training_step(tokens_d, policy_loss))
+        v_ok = vtrain.backward_and_step(vtrain.training_step(tokens_d, value_loss))
         with torch.no_grad():
             probe_after = cast_copy(value, cfg.dtype("value"))(probe_tokens)[:, :-1]
         record.update(
