@@ -120,6 +120,7 @@ def score_config(assets: Assets, cfg: PrecisionConfig, truth: Truth, return_scal
         exact_zero_frac=row["log_ratio_exact_zero_frac"],
         values=before,
         value_dtype=cfg.dtype("value"),
+        values_after=after[mask],
     )
     row["failure"] = failure["kind"] if failure else None
     row["failure_detail"] = failure["detail"] if failure else None
