@@ -82,3 +82,25 @@ def test_replay_refuses_reference_equal_policy(assets, tmp_path):
     save_payload(path, payload)
     with pytest.raises(ValueError, match="reference different from the policy"):
         load_trajectories(path)
+
+
+@pytest.mark.parametrize("return_scale", [1000.0, 30000.0])
+def test_fp16_pure_value_step_moves_weights_by_the_learning_rate(assets, return_scale):
+    from genesis_fp16.forensics.probe import VALUE_LR, value_update
+
+    g = torch.Generator().manual_seed(3)
+    seq_len = min(128, assets.reference.cfg.max_len)
+    tokens = torch.randint(0, assets.reference.cfg.vocab_size, (32, seq_len), generator=g)
+    mask = generated_mask(tokens, 8)
+    targets = torch.full(mask.shape, 0.9 * return_scale)
+    vm = assets.value_model(return_scale).to(torch.float16).train()
+    w0 = [p.detach().double().clone() for p in vm.parameters()]
+    value_update(vm, tokens, mask, targets, return_scale)
+    deltas = [(p.detach().double() - w).abs() for p, w in zip(vm.parameters(), w0)]
+    assert all(p.dtype == torch.float16 for p in vm.parameters())  # weights stay FP16
+    # the step is of the order of lr (Adam: |update| <= ~lr), not lr*g/eps
+    assert max(float(d.max()) for d in deltas) <= 10 * VALUE_LR
+    # the gradient did not underflow: the FP16 weights (the head's among them) moved
+    names = [n for n, _ in vm.named_parameters()]
+    assert float(deltas[names.index("score.weight")].max()) > 0
+    assert sum(int((d > 0).sum()) for d in deltas) > 0.1 * sum(d.numel() for d in deltas)
