@@ -104,3 +104,9 @@ def test_fp16_pure_value_step_moves_weights_by_the_learning_rate(assets, return_
     names = [n for n, _ in vm.named_parameters()]
     assert float(deltas[names.index("score.weight")].max()) > 0
     assert sum(int((d > 0).sum()) for d in deltas) > 0.1 * sum(d.numel() for d in deltas)
+
+
+def test_reward_truth_is_fp64(assets):
+    tokens = torch.randint(0, 128, (4, 20), generator=torch.Generator().manual_seed(1))
+    truth = ground_truth(assets, tokens, generated_mask(tokens, 8))
+    assert truth.rewards64.dtype == torch.float64

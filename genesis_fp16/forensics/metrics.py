@@ -102,13 +102,14 @@ def kendall_tau(a: np.ndarray, b: np.ndarray) -> float:
     return float((da * db).sum() / denom) if denom > 0 else float("nan")
 
 
-def reward_report(rewards: torch.Tensor, rewards_fp32: torch.Tensor) -> dict[str, float]:
+def reward_report(rewards: torch.Tensor, rewards_truth: torch.Tensor) -> dict[str, float]:
     """H2 on a batch of sequence rewards (in the reward model's dtype) against
-    the FP32 reward model's rewards on the same sequences. Resolution is the
+    the reference reward model's rewards on the same sequences (FP64 in the
+    probe and replay; FP32 in the sweep, whose masters are FP32). Resolution is the
     ULP of each reward, not the gap between sorted values (which is spread)."""
     u = ulp(rewards)
     r64 = rewards.to(torch.float64)
-    f = rewards_fp32.to(torch.float64)
+    f = rewards_truth.to(torch.float64)
     i, j = np.triu_indices(len(r64), k=1)
     r_np, f_np = r64.numpy(), f.numpy()
     new_ties = (r_np[i] == r_np[j]) & (f_np[i] != f_np[j])

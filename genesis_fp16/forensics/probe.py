@@ -48,13 +48,13 @@ def generated_mask(tokens: torch.Tensor, prompt_len: int) -> torch.Tensor:
 
 @dataclass
 class Truth:
-    """FP64 (and FP32-reward) ground truth on one batch of tokens."""
+    """FP64 ground truth (log-probs and rewards) on one batch of tokens."""
 
     tokens: torch.Tensor
     mask: torch.Tensor
     lp64: torch.Tensor
     lr64: torch.Tensor
-    rewards_fp32: torch.Tensor
+    rewards64: torch.Tensor
 
     @property
     def x64(self) -> torch.Tensor:
@@ -69,8 +69,8 @@ def ground_truth(assets: Assets, tokens: torch.Tensor, mask: torch.Tensor) -> Tr
     lr64 = token_logprobs(ref64(tokens), tokens)
     if not bool((lp64 - lr64)[mask].abs().gt(0).any()):
         raise RuntimeError("policy and reference give identical log-probs: the probe needs two different models")
-    rewards = assets.reward.eval()(tokens)
-    return Truth(tokens, mask, lp64, lr64, rewards.detach())
+    rewards64 = cast_copy(assets.reward, torch.float64)(tokens)
+    return Truth(tokens, mask, lp64, lr64, rewards64)
 
 
 def value_update(vm: ScalarModel, tokens: torch.Tensor, mask: torch.Tensor, targets: torch.Tensor, return_scale: float) -> torch.Tensor:
@@ -147,8 +147,8 @@ def score_config(assets: Assets, cfg: PrecisionConfig, truth: Truth, return_scal
     seq_x64 = (truth.x64 * mask).sum(1)
     row["seq_log_ratio_fp64_mean"] = float(seq_x64.mean())
     row["seq_log_ratio_abs_err_mean"] = float((seq_x - seq_x64).abs().mean())
-    row.update(reward_report(rewards, truth.rewards_fp32))
-    targets = (truth.rewards_fp32.float() * return_scale).unsqueeze(1).expand_as(mask).contiguous()
+    row.update(reward_report(rewards, truth.rewards64))
+    targets = (truth.rewards64.float() * return_scale).unsqueeze(1).expand_as(mask).contiguous()
     before, after = value_step(assets, cfg.dtype("value"), tokens, mask, targets, return_scale)
     row.update(value_report(before, after, mask))
     failure = classify_failure(

@@ -1,7 +1,7 @@
 """Freeze FP32 trajectories to disk, then replay them under each configuration.
 
 ``freeze`` samples prompts from held-out text and continues them with the FP32
-policy; the tokens, the mask, the FP32 rewards and the FP64 log-probs of
+policy; the tokens, the mask, the FP64 rewards and the FP64 log-probs of
 policy and reference are written atomically (weights-only payload).
 ``replay`` re-scores the frozen tokens under each configuration with the
 policy and the reference as two different models (it refuses a file whose
@@ -37,7 +37,7 @@ def freeze(assets: Assets, path: Path, num_prompts: int = 16, seq_len: int = 96,
             "kind": "forensics-trajectories",
             "tokens": tokens,
             "mask": truth.mask,
-            "rewards_fp32": truth.rewards_fp32,
+            "rewards_fp64": truth.rewards64,
             "logp_policy_fp64": truth.lp64,
             "logp_ref_fp64": truth.lr64,
             "prompt_len": PROMPT_LEN,
@@ -52,7 +52,9 @@ def load_trajectories(path: Path) -> Truth:
     extra = load_payload(path)["extra"]
     if extra.get("kind") != "forensics-trajectories":
         raise ValueError(f"{path}: not a frozen trajectory file (made by `genesis-fp16 forensics freeze`)")
-    truth = Truth(extra["tokens"], extra["mask"], extra["logp_policy_fp64"], extra["logp_ref_fp64"], extra["rewards_fp32"])
+    truth = Truth(extra["tokens"], extra["mask"], extra["logp_policy_fp64"], extra["logp_ref_fp64"],
+                  # files frozen before the reward truth was FP64 carry FP32 rewards
+                  extra["rewards_fp64"] if "rewards_fp64" in extra else extra["rewards_fp32"])
     if not bool(truth.x64[truth.mask].abs().gt(0).any()):
         raise ValueError(f"{path}: the policy and reference log-probs are identical; replay needs a reference different from the policy")
     return truth
