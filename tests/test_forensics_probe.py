@@ -10,7 +10,7 @@ import torch
 from genesis_fp16.checkpoint import load_payload, save_payload
 from genesis_fp16.forensics.configs import CONFIGS, parse_configs
 from genesis_fp16.forensics.pretrain import PretrainSpec, build_assets
-from genesis_fp16.forensics.probe import generated_mask, ground_truth, probe
+from genesis_fp16.forensics.probe import Truth, generated_mask, ground_truth, probe
 from genesis_fp16.forensics.replay import freeze, load_trajectories, replay
 
 TINY = PretrainSpec(steps=20, finetune_steps=4, reward_samples=64)
@@ -110,3 +110,19 @@ def test_reward_truth_is_fp64(assets):
     tokens = torch.randint(0, 128, (4, 20), generator=torch.Generator().manual_seed(1))
     truth = ground_truth(assets, tokens, generated_mask(tokens, 8))
     assert truth.rewards64.dtype == torch.float64
+
+
+def test_replay_refuses_trajectories_from_another_checkpoint(assets, tmp_path):
+    path = freeze(assets, tmp_path / "traj.pt", num_prompts=3, seq_len=16)
+    truth = load_trajectories(path)
+    assert truth.assets_sha256
+    other = copy.copy(assets)
+    other.policy = copy.deepcopy(assets.policy)
+    with torch.no_grad():
+        next(other.policy.parameters()).add_(1e-3)
+    with pytest.raises(ValueError, match="different checkpoint"):
+        replay(other, truth, parse_configs("fp32_baseline"))
+    assert replay(assets, truth, parse_configs("fp32_baseline"))  # the same checkpoint works
+    legacy = Truth(truth.tokens, truth.mask, truth.lp64, truth.lr64, truth.rewards64)  # no hash: warned
+    with pytest.warns(UserWarning, match="cannot check"):
+        replay(other, legacy, parse_configs("fp32_baseline"))

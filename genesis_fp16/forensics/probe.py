@@ -55,6 +55,7 @@ class Truth:
     lp64: torch.Tensor
     lr64: torch.Tensor
     rewards64: torch.Tensor
+    assets_sha256: Optional[str] = None  # of the models the truth was computed with
 
     @property
     def x64(self) -> torch.Tensor:

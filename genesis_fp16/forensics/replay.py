@@ -11,6 +11,8 @@ the mean |sequence log-prob error| of the policy against length.
 
 from __future__ import annotations
 
+import hashlib
+import warnings
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -23,6 +25,17 @@ from .model import cast_copy
 from .pretrain import Assets
 from .probe import PROMPT_LEN, Truth, generate, generated_mask, ground_truth, score_config
 from . import data
+
+
+def assets_sha256(assets: Assets) -> str:
+    """sha256 over the names, dtypes, shapes and bytes of every tensor of the
+    four models: identifies the checkpoint the frozen log-probs came from."""
+    h = hashlib.sha256()
+    for part, module in (("policy", assets.policy), ("reference", assets.reference), ("reward", assets.reward), ("value", assets.value)):
+        for name, t in module.state_dict().items():
+            h.update(f"{part}.{name}:{t.dtype}:{tuple(t.shape)}".encode())
+            h.update(t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
 
 
 def freeze(assets: Assets, path: Path, num_prompts: int = 16, seq_len: int = 96, seed: int = 0) -> Path:
@@ -43,6 +56,7 @@ def freeze(assets: Assets, path: Path, num_prompts: int = 16, seq_len: int = 96,
             "prompt_len": PROMPT_LEN,
             "seed": seed,
             "assets": str(assets.path or ""),
+            "assets_sha256": assets_sha256(assets),
         },
     )
     return save_payload(path, payload)
@@ -54,7 +68,8 @@ def load_trajectories(path: Path) -> Truth:
         raise ValueError(f"{path}: not a frozen trajectory file (made by `genesis-fp16 forensics freeze`)")
     truth = Truth(extra["tokens"], extra["mask"], extra["logp_policy_fp64"], extra["logp_ref_fp64"],
                   # files frozen before the reward truth was FP64 carry FP32 rewards
-                  extra["rewards_fp64"] if "rewards_fp64" in extra else extra["rewards_fp32"])
+                  extra["rewards_fp64"] if "rewards_fp64" in extra else extra["rewards_fp32"],
+                  extra.get("assets_sha256"))
     if not bool(truth.x64[truth.mask].abs().gt(0).any()):
         raise ValueError(f"{path}: the policy and reference log-probs are identical; replay needs a reference different from the policy")
     return truth
@@ -81,6 +96,10 @@ def mismatch_curve(assets: Assets, cfg: PrecisionConfig, truth: Truth) -> dict[s
 
 
 def replay(assets: Assets, truth: Truth, configs: list[PrecisionConfig], return_scale: float = 1000.0, progress: Optional[Callable[[str], None]] = None) -> list[dict]:
+    if truth.assets_sha256 is None:
+        warnings.warn("the trajectory file carries no checkpoint hash (frozen by an older version): cannot check that its FP64 log-probs came from these models; re-run `forensics freeze` to get one", UserWarning, stacklevel=2)
+    elif truth.assets_sha256 != assets_sha256(assets):
+        raise ValueError("the trajectories were frozen from a different checkpoint than the loaded models (sha256 differs); re-run `forensics freeze` with these models, or load the models they were frozen from")
     rows = []
     for cfg in configs:
         row = {"config": cfg.name, "seq_len": int(truth.tokens.shape[1]), "num_prompts": int(truth.tokens.shape[0]), "return_scale": return_scale}
