@@ -160,3 +160,29 @@ def test_failure_taxonomy():
     assert danger["kind"] == "value_overflow_danger"
     assert M.classify_failure(tensors={}, values=torch.tensor([20000.0], dtype=torch.bfloat16)) is None
     assert M.classify_failure(tensors={"a": torch.ones(3)}, kl=0.01, kl_fp64=0.0101, exact_zero_frac=0.0) is None
+
+
+def test_nan_after_value_step_is_a_diverged_failure():
+    from genesis_fp16.forensics.metrics import classify_failure, stagnation_rate
+
+    before = torch.tensor([1.0, 2.0, 3.0])
+    after = torch.tensor([1.0, float("nan"), float("inf")])
+    # a non-finite value did not "move": stagnation counts finite pairs only
+    assert stagnation_rate(before, after) == 1.0
+    failure = classify_failure(tensors={"values": before}, values=before, values_after=after)
+    assert failure is not None and failure["kind"] == "diverged"
+    assert "2 of 3" in failure["detail"]
+    assert classify_failure(tensors={"values": before}, values=before, values_after=before + 1) is None
+    assert math.isnan(stagnation_rate(before, torch.full((3,), float("nan"))))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("value", [500.0, 1000.0, 1e4, 3e4])
+def test_ulp_matches_exponent_arithmetic(dtype, value):
+    # spacing = 2^(floor(log2 |v|) - mantissa bits) for normal numbers
+    mant = {torch.bfloat16: 7, torch.float16: 10, torch.float32: 23}[dtype]
+    v = float(torch.tensor(value).to(dtype))
+    expected = 2.0 ** (math.floor(math.log2(v)) - mant)
+    assert float(M.ulp(torch.tensor([value]), dtype)[0]) == expected
+    assert float(M.ulp(torch.tensor([500.0]), torch.bfloat16)[0]) == 2.0  # not 4
+    assert math.ulp(500.0) == 2.0 ** (8 - 52)  # the same rule for FP64

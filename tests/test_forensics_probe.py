@@ -10,7 +10,7 @@ import torch
 from genesis_fp16.checkpoint import load_payload, save_payload
 from genesis_fp16.forensics.configs import CONFIGS, parse_configs
 from genesis_fp16.forensics.pretrain import PretrainSpec, build_assets
-from genesis_fp16.forensics.probe import generated_mask, ground_truth, probe
+from genesis_fp16.forensics.probe import Truth, generated_mask, ground_truth, probe
 from genesis_fp16.forensics.replay import freeze, load_trajectories, replay
 
 TINY = PretrainSpec(steps=20, finetune_steps=4, reward_samples=64)
@@ -82,3 +82,47 @@ def test_replay_refuses_reference_equal_policy(assets, tmp_path):
     save_payload(path, payload)
     with pytest.raises(ValueError, match="reference different from the policy"):
         load_trajectories(path)
+
+
+@pytest.mark.parametrize("return_scale", [1000.0, 30000.0])
+def test_fp16_pure_value_step_moves_weights_by_the_learning_rate(assets, return_scale):
+    from genesis_fp16.forensics.probe import VALUE_LR, value_update
+
+    g = torch.Generator().manual_seed(3)
+    seq_len = min(128, assets.reference.cfg.max_len)
+    tokens = torch.randint(0, assets.reference.cfg.vocab_size, (32, seq_len), generator=g)
+    mask = generated_mask(tokens, 8)
+    targets = torch.full(mask.shape, 0.9 * return_scale)
+    vm = assets.value_model(return_scale).to(torch.float16).train()
+    w0 = [p.detach().double().clone() for p in vm.parameters()]
+    value_update(vm, tokens, mask, targets, return_scale)
+    deltas = [(p.detach().double() - w).abs() for p, w in zip(vm.parameters(), w0)]
+    assert all(p.dtype == torch.float16 for p in vm.parameters())  # weights stay FP16
+    # the step is of the order of lr (Adam: |update| <= ~lr), not lr*g/eps
+    assert max(float(d.max()) for d in deltas) <= 10 * VALUE_LR
+    # the gradient did not underflow: the FP16 weights (the head's among them) moved
+    names = [n for n, _ in vm.named_parameters()]
+    assert float(deltas[names.index("score.weight")].max()) > 0
+    assert sum(int((d > 0).sum()) for d in deltas) > 0.1 * sum(d.numel() for d in deltas)
+
+
+def test_reward_truth_is_fp64(assets):
+    tokens = torch.randint(0, 128, (4, 20), generator=torch.Generator().manual_seed(1))
+    truth = ground_truth(assets, tokens, generated_mask(tokens, 8))
+    assert truth.rewards64.dtype == torch.float64
+
+
+def test_replay_refuses_trajectories_from_another_checkpoint(assets, tmp_path):
+    path = freeze(assets, tmp_path / "traj.pt", num_prompts=3, seq_len=16)
+    truth = load_trajectories(path)
+    assert truth.assets_sha256
+    other = copy.copy(assets)
+    other.policy = copy.deepcopy(assets.policy)
+    with torch.no_grad():
+        next(other.policy.parameters()).add_(1e-3)
+    with pytest.raises(ValueError, match="different checkpoint"):
+        replay(other, truth, parse_configs("fp32_baseline"))
+    assert replay(assets, truth, parse_configs("fp32_baseline"))  # the same checkpoint works
+    legacy = Truth(truth.tokens, truth.mask, truth.lp64, truth.lr64, truth.rewards64)  # no hash: warned
+    with pytest.warns(UserWarning, match="cannot check"):
+        replay(other, legacy, parse_configs("fp32_baseline"))

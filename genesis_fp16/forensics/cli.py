@@ -274,7 +274,10 @@ def replay(
         raise fail(f"cannot replay {trajectories}: {exc}")
     with single_thread():
         assets = _assets().to(dev)
-        rows = run_replay(assets, truth, cfgs, return_scale)
+        try:
+            rows = run_replay(assets, truth, cfgs, return_scale)
+        except ValueError as exc:
+            raise fail(f"cannot replay {trajectories}: {exc}")
         meta = _device_meta(run_meta(_command_line(ctx)), dev)
     _print_rows(rows, SHORT)
     _write_json(json_out, {"meta": meta, "rows": rows})

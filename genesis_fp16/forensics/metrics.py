@@ -102,13 +102,14 @@ def kendall_tau(a: np.ndarray, b: np.ndarray) -> float:
     return float((da * db).sum() / denom) if denom > 0 else float("nan")
 
 
-def reward_report(rewards: torch.Tensor, rewards_fp32: torch.Tensor) -> dict[str, float]:
+def reward_report(rewards: torch.Tensor, rewards_truth: torch.Tensor) -> dict[str, float]:
     """H2 on a batch of sequence rewards (in the reward model's dtype) against
-    the FP32 reward model's rewards on the same sequences. Resolution is the
+    the reference reward model's rewards on the same sequences (FP64 in the
+    probe and replay; FP32 in the sweep, whose masters are FP32). Resolution is the
     ULP of each reward, not the gap between sorted values (which is spread)."""
     u = ulp(rewards)
     r64 = rewards.to(torch.float64)
-    f = rewards_fp32.to(torch.float64)
+    f = rewards_truth.to(torch.float64)
     i, j = np.triu_indices(len(r64), k=1)
     r_np, f_np = r64.numpy(), f.numpy()
     new_ties = (r_np[i] == r_np[j]) & (f_np[i] != f_np[j])
@@ -128,8 +129,12 @@ def stagnation_rate(before: torch.Tensor, after: torch.Tensor, mask: Optional[to
     if before.shape != after.shape:
         raise ValueError(f"before {tuple(before.shape)} and after {tuple(after.shape)}: stagnation needs the same probe batch")
     same = before == after
+    finite = torch.isfinite(before) & torch.isfinite(after)
     if mask is not None:
-        same = same[mask.bool()]
+        same, finite = same[mask.bool()], finite[mask.bool()]
+    # a value that became NaN/inf did not "move" (NaN != NaN): it diverged, which
+    # classify_failure reports; stagnation is over finite pairs only
+    same = same[finite]
     return float(same.double().mean()) if same.numel() else float("nan")
 
 
@@ -184,7 +189,7 @@ def accum_report(logp: torch.Tensor, logp64: torch.Tensor, mask: torch.Tensor, p
 
 # -- failure taxonomy ---------------------------------------------------------------
 
-FAILURES = ("nan", "kl_collapse", "value_overflow_danger")
+FAILURES = ("nan", "diverged", "kl_collapse", "value_overflow_danger")
 
 
 def classify_failure(
@@ -195,10 +200,13 @@ def classify_failure(
     exact_zero_frac: Optional[float] = None,
     values: Optional[torch.Tensor] = None,
     value_dtype: Optional[torch.dtype] = None,
+    values_after: Optional[torch.Tensor] = None,
 ) -> Optional[dict[str, str]]:
     """The first failure that applies, or None.
 
     * ``nan``: any named tensor holds a NaN or an infinity.
+    * ``diverged``: the values after the optimizer step (``values_after``) hold
+      a NaN or an infinity although the values before were finite.
     * ``kl_collapse``: the FP64 KL is material (> 1e-4) but the configuration's
       estimate is under a tenth of it, or 90% of log ratios are exactly zero.
     * ``value_overflow_danger``: the largest |value| is within 4x of the value
@@ -207,6 +215,10 @@ def classify_failure(
     for name, t in tensors.items():
         if t is not None and not bool(torch.isfinite(t).all()):
             return {"kind": "nan", "detail": f"{name} holds non-finite values"}
+    if values_after is not None:
+        bad = int((~torch.isfinite(values_after)).sum())
+        if bad:
+            return {"kind": "diverged", "detail": f"{bad} of {values_after.numel()} values are non-finite after one optimizer step"}
     if kl is not None and kl_fp64 is not None and kl_fp64 > 1e-4 and kl < 0.1 * kl_fp64:
         return {"kind": "kl_collapse", "detail": f"kl estimate {kl:.3g} < 0.1 x fp64 kl {kl_fp64:.3g}"}
     if exact_zero_frac is not None and exact_zero_frac > 0.9:

@@ -19,13 +19,13 @@ import torch
 
 from .configs import PrecisionConfig
 from .metrics import accum_report, classify_failure, kl_report, reward_report, token_logprobs, value_report
-from .model import TinyLM, cast_copy
+from .model import ScalarModel, TinyLM, cast_copy
 from .pretrain import Assets
 from . import data
 
 PROMPT_LEN = 8
 VALUE_LR = 1e-4  # one Adam step of the value model on the probe batch (H3)
-VALUE_EPS = 1e-6  # representable in FP16 (1e-8 would round to 0)
+VALUE_EPS = 1e-6  # Adam eps; the moments are FP32 (value_update)
 
 
 @torch.no_grad()
@@ -48,13 +48,14 @@ def generated_mask(tokens: torch.Tensor, prompt_len: int) -> torch.Tensor:
 
 @dataclass
 class Truth:
-    """FP64 (and FP32-reward) ground truth on one batch of tokens."""
+    """FP64 ground truth (log-probs and rewards) on one batch of tokens."""
 
     tokens: torch.Tensor
     mask: torch.Tensor
     lp64: torch.Tensor
     lr64: torch.Tensor
-    rewards_fp32: torch.Tensor
+    rewards64: torch.Tensor
+    assets_sha256: Optional[str] = None  # of the models the truth was computed with
 
     @property
     def x64(self) -> torch.Tensor:
@@ -69,21 +70,59 @@ def ground_truth(assets: Assets, tokens: torch.Tensor, mask: torch.Tensor) -> Tr
     lr64 = token_logprobs(ref64(tokens), tokens)
     if not bool((lp64 - lr64)[mask].abs().gt(0).any()):
         raise RuntimeError("policy and reference give identical log-probs: the probe needs two different models")
-    rewards = assets.reward.eval()(tokens)
-    return Truth(tokens, mask, lp64, lr64, rewards.detach())
+    rewards64 = cast_copy(assets.reward, torch.float64)(tokens)
+    return Truth(tokens, mask, lp64, lr64, rewards64)
+
+
+def value_update(vm: ScalarModel, tokens: torch.Tensor, mask: torch.Tensor, targets: torch.Tensor, return_scale: float) -> torch.Tensor:
+    """One Adam step of ``vm`` on a fixed batch; returns the values before it.
+
+    "Pure" means the weights and activations stay in the model's dtype: no FP32
+    master weights survive the step, so an update below half a spacing of a
+    weight is lost when the new weight is rounded back (the H3 mechanism). The
+    two parts of the optimizer arithmetic that would otherwise underflow are
+    kept out of the low dtype, as mixed-precision practice does:
+
+    * Adam's moments live in FP32: in FP16 ``(1 - beta2) * g^2`` underflows to
+      0 for almost every parameter and the step becomes ``lr * g / eps``
+      (jumps of ~0.5 for an intended ~1e-4).
+    * The loss is scaled dynamically (largest power of two <= 2^24 whose
+      gradients are all finite) and the gradient unscaled in FP32: with a
+      return scale of 3e4 over 32x128 tokens ``dL/dvalue`` (~1e-8) is below
+      FP16's smallest subnormal and would be exactly 0.
+
+    The step is computed in FP32 from the current (exactly representable)
+    weights and rounded back to the model's dtype.
+    """
+    params = list(vm.parameters())
+    masters = [p.detach().float().clone() for p in params]  # this step only
+    opt = torch.optim.Adam(masters, lr=VALUE_LR, eps=VALUE_EPS)
+    scale = 2.0**24 if params[0].dtype == torch.float16 else 1.0
+    while True:
+        vm.zero_grad(set_to_none=True)
+        values = vm(tokens)[:, :-1]
+        err = (values.float() - targets) / return_scale  # loss in FP32, scale-free
+        loss = (err.pow(2) * mask).sum() / mask.sum()
+        (loss * scale).backward()
+        grads = [torch.zeros_like(m) if p.grad is None else p.grad.float() / scale for p, m in zip(params, masters)]
+        if scale <= 1.0 or all(bool(torch.isfinite(g).all()) for g in grads):
+            break
+        scale /= 2  # an overflow in the scaled backward: retry smaller
+    for m, g in zip(masters, grads):
+        m.grad = g
+    opt.step()
+    with torch.no_grad():
+        for p, m in zip(params, masters):
+            p.copy_(m)  # rounds to the model's dtype
+    vm.zero_grad(set_to_none=True)
+    return values.detach().clone()
 
 
 def value_step(assets: Assets, dtype: torch.dtype, tokens: torch.Tensor, mask: torch.Tensor, targets: torch.Tensor, return_scale: float) -> tuple[torch.Tensor, torch.Tensor]:
     """Values of one FIXED probe batch before and after one Adam step of a
-    value model whose weights are in ``dtype`` (pure, no FP32 master)."""
+    value model whose weights are in ``dtype`` (pure: see ``value_update``)."""
     vm = assets.value_model(return_scale).to(dtype).train()
-    opt = torch.optim.Adam(vm.parameters(), lr=VALUE_LR, eps=VALUE_EPS)
-    values = vm(tokens)[:, :-1]
-    before = values.detach().clone()
-    err = (values.float() - targets) / return_scale  # loss in FP32, scale-free
-    loss = (err.pow(2) * mask).sum() / mask.sum()
-    loss.backward()
-    opt.step()
+    before = value_update(vm, tokens, mask, targets, return_scale)
     with torch.no_grad():
         after = vm(tokens)[:, :-1]
     return before, after
@@ -109,8 +148,8 @@ def score_config(assets: Assets, cfg: PrecisionConfig, truth: Truth, return_scal
     seq_x64 = (truth.x64 * mask).sum(1)
     row["seq_log_ratio_fp64_mean"] = float(seq_x64.mean())
     row["seq_log_ratio_abs_err_mean"] = float((seq_x - seq_x64).abs().mean())
-    row.update(reward_report(rewards, truth.rewards_fp32))
-    targets = (truth.rewards_fp32.float() * return_scale).unsqueeze(1).expand_as(mask).contiguous()
+    row.update(reward_report(rewards, truth.rewards64))
+    targets = (truth.rewards64.float() * return_scale).unsqueeze(1).expand_as(mask).contiguous()
     before, after = value_step(assets, cfg.dtype("value"), tokens, mask, targets, return_scale)
     row.update(value_report(before, after, mask))
     failure = classify_failure(
@@ -120,6 +159,7 @@ def score_config(assets: Assets, cfg: PrecisionConfig, truth: Truth, return_scal
         exact_zero_frac=row["log_ratio_exact_zero_frac"],
         values=before,
         value_dtype=cfg.dtype("value"),
+        values_after=after[mask],
     )
     row["failure"] = failure["kind"] if failure else None
     row["failure_detail"] = failure["detail"] if failure else None

@@ -1,7 +1,7 @@
 """Freeze FP32 trajectories to disk, then replay them under each configuration.
 
 ``freeze`` samples prompts from held-out text and continues them with the FP32
-policy; the tokens, the mask, the FP32 rewards and the FP64 log-probs of
+policy; the tokens, the mask, the FP64 rewards and the FP64 log-probs of
 policy and reference are written atomically (weights-only payload).
 ``replay`` re-scores the frozen tokens under each configuration with the
 policy and the reference as two different models (it refuses a file whose
@@ -11,6 +11,8 @@ the mean |sequence log-prob error| of the policy against length.
 
 from __future__ import annotations
 
+import hashlib
+import warnings
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -25,6 +27,17 @@ from .probe import PROMPT_LEN, Truth, generate, generated_mask, ground_truth, sc
 from . import data
 
 
+def assets_sha256(assets: Assets) -> str:
+    """sha256 over the names, dtypes, shapes and bytes of every tensor of the
+    four models: identifies the checkpoint the frozen log-probs came from."""
+    h = hashlib.sha256()
+    for part, module in (("policy", assets.policy), ("reference", assets.reference), ("reward", assets.reward), ("value", assets.value)):
+        for name, t in module.state_dict().items():
+            h.update(f"{part}.{name}:{t.dtype}:{tuple(t.shape)}".encode())
+            h.update(t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
 def freeze(assets: Assets, path: Path, num_prompts: int = 16, seq_len: int = 96, seed: int = 0) -> Path:
     g = torch.Generator().manual_seed(10_000 + seed)
     prompts = data.sample_windows("heldout", num_prompts, PROMPT_LEN, g)
@@ -37,12 +50,13 @@ def freeze(assets: Assets, path: Path, num_prompts: int = 16, seq_len: int = 96,
             "kind": "forensics-trajectories",
             "tokens": tokens,
             "mask": truth.mask,
-            "rewards_fp32": truth.rewards_fp32,
+            "rewards_fp64": truth.rewards64,
             "logp_policy_fp64": truth.lp64,
             "logp_ref_fp64": truth.lr64,
             "prompt_len": PROMPT_LEN,
             "seed": seed,
             "assets": str(assets.path or ""),
+            "assets_sha256": assets_sha256(assets),
         },
     )
     return save_payload(path, payload)
@@ -52,7 +66,10 @@ def load_trajectories(path: Path) -> Truth:
     extra = load_payload(path)["extra"]
     if extra.get("kind") != "forensics-trajectories":
         raise ValueError(f"{path}: not a frozen trajectory file (made by `genesis-fp16 forensics freeze`)")
-    truth = Truth(extra["tokens"], extra["mask"], extra["logp_policy_fp64"], extra["logp_ref_fp64"], extra["rewards_fp32"])
+    truth = Truth(extra["tokens"], extra["mask"], extra["logp_policy_fp64"], extra["logp_ref_fp64"],
+                  # files frozen before the reward truth was FP64 carry FP32 rewards
+                  extra["rewards_fp64"] if "rewards_fp64" in extra else extra["rewards_fp32"],
+                  extra.get("assets_sha256"))
     if not bool(truth.x64[truth.mask].abs().gt(0).any()):
         raise ValueError(f"{path}: the policy and reference log-probs are identical; replay needs a reference different from the policy")
     return truth
@@ -79,6 +96,10 @@ def mismatch_curve(assets: Assets, cfg: PrecisionConfig, truth: Truth) -> dict[s
 
 
 def replay(assets: Assets, truth: Truth, configs: list[PrecisionConfig], return_scale: float = 1000.0, progress: Optional[Callable[[str], None]] = None) -> list[dict]:
+    if truth.assets_sha256 is None:
+        warnings.warn("the trajectory file carries no checkpoint hash (frozen by an older version): cannot check that its FP64 log-probs came from these models; re-run `forensics freeze` to get one", UserWarning, stacklevel=2)
+    elif truth.assets_sha256 != assets_sha256(assets):
+        raise ValueError("the trajectories were frozen from a different checkpoint than the loaded models (sha256 differs); re-run `forensics freeze` with these models, or load the models they were frozen from")
     rows = []
     for cfg in configs:
         row = {"config": cfg.name, "seq_len": int(truth.tokens.shape[1]), "num_prompts": int(truth.tokens.shape[0]), "return_scale": return_scale}
