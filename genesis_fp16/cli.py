@@ -17,7 +17,6 @@ from typing import Any, Optional
 
 import typer
 from rich.console import Console
-from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
@@ -134,7 +133,7 @@ def doctor(as_json: bool = typer.Option(False, "--json", help="Print JSON instea
         st.add_row(*safe_cells(row["env"], getattr(value, "value", value)))
     out.print(st)
     for problem in unknown:
-        console.print(f"[yellow]warning:[/] {escape(problem)}", highlight=False)
+        console.print(Text.assemble(("warning:", "yellow"), " ", safe_text(problem)), highlight=False)
 
 
 @app.command()

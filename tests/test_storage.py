@@ -371,40 +371,34 @@ def test_full_disk_in_the_replay_buffer_is_one_clear_error(tiny, monkeypatch, st
     assert "corrupt" not in line
 
 
-def test_full_disk_writing_a_checkpoint_is_one_clear_error(tiny, monkeypatch, state_dir):
-    """The world model's checkpoint cannot be written (ENOSPC from the atomic write)."""
+def _evolve_with_no_space_for(monkeypatch, full) -> str:
+    """``evolve`` where every atomic write of a path ``full(path)`` accepts
+    fails with ENOSPC; the one error line it prints."""
     from genesis_fp16 import checkpoint
 
     original = checkpoint.atomic_write
 
     def no_space(path, write):
-        if "world_model" not in str(path):  # the run manifest has its own test
+        if not full(Path(path)):
             return original(path, write)
         raise OSError(errno.ENOSPC, "No space left on device", str(path))
 
     monkeypatch.setattr(checkpoint, "atomic_write", no_space)
     result = runner.invoke(app, ["evolve", "--budget", "40", "--workers", "1"])
     assert result.exit_code == 1, result.output
-    line = _one_error_line(result)
+    return _one_error_line(result)
+
+
+def test_full_disk_writing_a_checkpoint_is_one_clear_error(tiny, monkeypatch, state_dir):
+    """The world model's checkpoint cannot be written (ENOSPC from the atomic write)."""
+    line = _evolve_with_no_space_for(monkeypatch, lambda path: "world_model" in str(path))
     assert "disk is full" in line and "No space left on device" in line
     assert "1 generation(s) (8 trajectories) are safe" in line and "replay.sqlite" in line
 
 
 def test_full_disk_writing_the_run_manifest_is_one_clear_error(tiny, monkeypatch, state_dir):
     """The run manifest cannot be written at all (ENOSPC): the run stops before any episode."""
-    from genesis_fp16 import checkpoint
-
-    original = checkpoint.atomic_write
-
-    def no_space(path, write):
-        if Path(path).name != "run.json":
-            return original(path, write)
-        raise OSError(errno.ENOSPC, "No space left on device", str(path))
-
-    monkeypatch.setattr(checkpoint, "atomic_write", no_space)
-    result = runner.invoke(app, ["evolve", "--budget", "40", "--workers", "1"])
-    assert result.exit_code == 1, result.output
-    line = _one_error_line(result)
+    line = _evolve_with_no_space_for(monkeypatch, lambda path: path.name == "run.json")
     assert "disk is full" in line and "run.json" in line and "run again" in line
     assert "0 generation(s)" in line
 

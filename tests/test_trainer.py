@@ -327,7 +327,7 @@ def test_unsupported_precision_fallback_logs_reason(monkeypatch):
     assert len(fallback) == 1
     assert fallback[0]["requested"] == "bf16" and fallback[0]["precision"] == trainer.precision.name
     assert "not supported" in fallback[0]["reason"]
-    # never silently FP16 in place of BF16 (the seed's bug): the fallback is the best supported mode
+    # never silently FP16 in place of BF16: the fallback is the best supported mode
     assert trainer.precision.name == "fp32"
 
 
