@@ -21,6 +21,7 @@ from rich.table import Table
 from rich.text import Text
 
 from .settings import LogLevel, SettingsError, describe_settings, load_settings, unknown_settings
+from .extras import MissingExtraError
 from .checkpoint import strict_json_value  # re-exported: the CLIs import it from here
 from .telemetry import set_console_level, visible_controls
 
@@ -177,7 +178,7 @@ _register_plugins()
 def main(argv: Optional[list[str]] = None) -> None:
     try:
         app(args=argv, standalone_mode=True)
-    except SettingsError as exc:
+    except (SettingsError, MissingExtraError) as exc:
         print_error(str(exc))
         sys.exit(2)
 

@@ -9,6 +9,8 @@ from typing import Any, Optional
 
 import typer
 
+from ..extras import require
+
 
 def canonical_command(prog: str, options: Any, **paths: Optional[Path]) -> str:
     """The command that reproduces this run, with every default spelled out
@@ -53,6 +55,8 @@ def run_and_write(
     from .report import markdown_table, write_csv, write_json, write_plot
     from .runner import run_benchmark
 
+    if plot_path:  # before the run, not after minutes of measuring
+        require("matplotlib", "the bench plot (--plot)")
     with Progress(
         TextColumn("[bold]bench[/]"),
         BarColumn(),

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any, Union
 
 from ..checkpoint import atomic_write_bytes, atomic_write_text
+from ..extras import require
 
 PathLike = Union[str, Path]
 
@@ -72,7 +73,7 @@ def markdown_table(result: dict[str, Any]) -> str:
 
 def write_plot(path: PathLike, result: dict[str, Any]) -> Path:
     """Three panels: throughput (log scale), speed-up vs fp32, overhead vs raw."""
-    import matplotlib
+    matplotlib = require("matplotlib", "the bench plot (--plot)")
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

@@ -12,6 +12,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from ..checkpoint import atomic_write_text
+from ..extras import require
 
 
 def _load(path: Path):
@@ -83,7 +84,7 @@ def markdown_table(rows: list[dict], columns: list[str]) -> str:
 
 
 def _plots(results_dir: Path, runs: list[dict], probe: dict | None, replay: dict | None) -> list[str]:
-    import matplotlib
+    matplotlib = require("matplotlib", "genesis-fp16 forensics analyze")
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
