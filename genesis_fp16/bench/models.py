@@ -39,7 +39,7 @@ class WorldModelMLP(nn.Module):
 
 class OutcomeLSTM(nn.Module):
     """A trajectory (sequence of per-step features) -> its outcome (a scalar
-    return), the shape of the seed system's LSTM outcome model."""
+    return): the recurrent case of the bench, beside the MLP sizes."""
 
     def __init__(self, features: int, hidden: int) -> None:
         super().__init__()
