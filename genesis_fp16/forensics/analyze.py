@@ -90,7 +90,14 @@ def _plots(results_dir: Path, runs: list[dict], probe: dict | None, replay: dict
     import matplotlib.pyplot as plt
     import matplotlib.ticker
 
-    made = []
+    made: list[str] = []
+
+    def save(fig: "matplotlib.figure.Figure", name: str) -> None:
+        fig.tight_layout()
+        fig.savefig(results_dir / name, dpi=100)
+        plt.close(fig)
+        made.append(name)
+
     if runs:
         fig, axes = plt.subplots(1, 3, figsize=(15, 4))
         by_cfg: dict[str, list[dict]] = defaultdict(list)
@@ -106,10 +113,7 @@ def _plots(results_dir: Path, runs: list[dict], probe: dict | None, replay: dict
             ax.set_xlabel("PPO step")
         axes[1].set_yscale("symlog", linthresh=1e-10)
         axes[2].legend(fontsize=7)
-        fig.tight_layout()
-        fig.savefig(results_dir / "sweep.png", dpi=100)
-        plt.close(fig)
-        made.append("sweep.png")
+        save(fig, "sweep.png")
     if probe:
         rows = probe["rows"]
         lengths = sorted({r["seq_len"] for r in rows})
@@ -126,10 +130,7 @@ def _plots(results_dir: Path, runs: list[dict], probe: dict | None, replay: dict
             ax.set_xticks(lengths, [str(x) for x in lengths])
             ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
         axes[1].legend(fontsize=7)
-        fig.tight_layout()
-        fig.savefig(results_dir / "probe.png", dpi=100)
-        plt.close(fig)
-        made.append("probe.png")
+        save(fig, "probe.png")
     if replay:
         fig, ax = plt.subplots(figsize=(6, 4))
         for r in replay["rows"]:
@@ -140,10 +141,7 @@ def _plots(results_dir: Path, runs: list[dict], probe: dict | None, replay: dict
         ax.set_xlabel("generated tokens")
         ax.set_title("policy |seq log-prob - fp64| (mismatch)")
         ax.legend(fontsize=7)
-        fig.tight_layout()
-        fig.savefig(results_dir / "replay_mismatch.png", dpi=100)
-        plt.close(fig)
-        made.append("replay_mismatch.png")
+        save(fig, "replay_mismatch.png")
     return made
 
 
