@@ -1,7 +1,9 @@
 """Trainer registry: names map to factories.
 
-Built-in names: ``fp32``, ``fp16``, ``bf16`` (force that precision) and
-``auto`` (use the config's precision). Other packages register through the
+Built-in names: ``fp32``, ``fp16``, ``bf16`` (force that precision),
+``auto`` (use the config's precision), and ``ddp`` / ``fsdp`` (under torchrun),
+which name their factories as ``"module:attr"`` and import them on first use:
+the registry never imports ``genesis_fp16.distributed``. Other packages register through the
 entry-point group ``genesis_fp16.trainers``; an entry point names a callable
 ``factory(model, optimizer, config, scheduler, **kwargs) -> FP16Trainer``.
 """
@@ -9,6 +11,7 @@ entry-point group ``genesis_fp16.trainers``; an entry point names a callable
 from __future__ import annotations
 
 import dataclasses
+import pkgutil
 import threading
 from dataclasses import dataclass
 from importlib import metadata
@@ -52,6 +55,23 @@ def register(name: str, factory: TrainerFactory, description: str = "", *, sourc
         _REGISTRY[name] = TrainerSpec(name, factory, description, source)
 
 
+@dataclass(frozen=True)
+class LazyFactory:
+    """A factory named ``"module:attr"``, imported when first called, so that
+    listing the trainers imports neither the module nor ``torch.distributed``."""
+
+    target: str
+
+    def resolve(self) -> TrainerFactory:
+        try:
+            return pkgutil.resolve_name(self.target)
+        except (ImportError, AttributeError) as exc:
+            raise ImportError(f"trainer factory {self.target} could not be loaded: {exc}") from exc
+
+    def __call__(self, *args: Any, **kwargs: Any) -> FP16Trainer:
+        return self.resolve()(*args, **kwargs)
+
+
 def _precision_factory(precision: str) -> TrainerFactory:
     def factory(
         model: torch.nn.Module,
@@ -75,6 +95,16 @@ register("auto", _auto_factory, "single process; precision from the config (auto
 register("fp32", _precision_factory("fp32"), "single process, FP32 (disabled scaler, no autocast)")
 register("fp16", _precision_factory("fp16"), "single process, FP16 autocast + GradScaler")
 register("bf16", _precision_factory("bf16"), "single process, BF16 autocast, no scaler")
+register(
+    "ddp",
+    LazyFactory("genesis_fp16.distributed.ddp:create_ddp_trainer"),
+    "DDP under torchrun; precision from the config (fp16: GradScaler)",
+)
+register(
+    "fsdp",
+    LazyFactory("genesis_fp16.distributed.fsdp:create_fsdp_trainer"),
+    "FSDP2 fully_shard under torchrun; fp16 uses ShardedGradScaler; DCP checkpoints",
+)
 
 
 def _load_entry_points() -> None:
@@ -101,16 +131,7 @@ def _load_entry_points() -> None:
         _ENTRY_POINTS_LOADED = True
 
 
-def _load_builtin_extensions() -> None:
-    # the distributed trainers live in their own module (torch.distributed imports)
-    try:
-        from . import distributed  # noqa: F401  (registers ddp / fsdp)
-    except ImportError:
-        pass
-
-
 def available() -> dict[str, TrainerSpec]:
-    _load_builtin_extensions()
     _load_entry_points()
     with _LOCK:
         return dict(sorted(_REGISTRY.items()))

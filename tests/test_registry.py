@@ -115,3 +115,28 @@ def test_trainer_for_passes_scaler_settings(monkeypatch):
     trainer = registry.trainer_for("agent-a", *model_opt(), settings=settings)
     assert trainer.current_scale == 1024.0
     assert trainer.scaler.get_growth_interval() == 7
+
+
+def test_ddp_and_fsdp_are_listed_without_importing_torch_distributed_trainers():
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; from genesis_fp16 import registry; names = registry.available(); "
+        "print('ddp' in names and 'fsdp' in names, any(m.startswith('genesis_fp16.distributed') for m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert out.stdout.split() == ["True", "False"], out.stderr
+
+
+def test_lazy_builtin_resolves_on_first_use():
+    from genesis_fp16 import distributed
+
+    assert registry.get("ddp").factory.resolve() is distributed.create_ddp_trainer
+    assert registry.get("fsdp").factory.resolve() is distributed.create_fsdp_trainer
+
+
+def test_lazy_factory_that_cannot_load_says_which():
+    factory = registry.LazyFactory("genesis_fp16.no_such_module:create")
+    with pytest.raises(ImportError, match="genesis_fp16.no_such_module:create"):
+        factory(*model_opt())

@@ -1,0 +1,73 @@
+"""DDP and FSDP2 under ``torchrun``.
+
+* :mod:`.launch`: the torchrun environment, the process group's lifetime, a
+  clean worker exit, a JSON all-gather;
+* :mod:`.base`: what the distributed trainers share (agreed skip decisions,
+  gradient sync on the last micro-step, per-rank RNG);
+* :mod:`.ddp`: ``DDPTrainer``; :mod:`.fsdp`: ``FSDPTrainer`` (FSDP2) and its
+  scaler; :mod:`.dcp_io`: FSDP2 checkpoint I/O with a restricted unpickler;
+* :mod:`.faults`: an injected non-finite gradient, for drills and tests.
+
+The registry names ``ddp`` and ``fsdp`` point at :func:`create_ddp_trainer`
+and :func:`create_fsdp_trainer` by name; this package never imports the registry.
+"""
+
+from .base import DistributedTrainer, with_precision
+from .dcp_io import (
+    _SAFE_GLOBALS,
+    FSDP_LAYOUT,
+    FSDP_SHARDS_DIR,
+    FSDP_TRAINER_FILE,
+    SafeFileSystemReader,
+    TensorOnlyLoadPlanner,
+    _load_shards,
+    _MetadataUnpickler,
+    _read_dcp_metadata,
+    _safe_reader,
+)
+from .ddp import DDPTrainer, create_ddp_trainer
+from .faults import inject_inf_grad
+from .fsdp import FSDPTrainer, QuietShardedGradScaler, create_fsdp_trainer
+from .launch import (
+    LAUNCH_HINT,
+    TORCHRUN_VARS,
+    DistContext,
+    DistributedEnvError,
+    TorchrunEnv,
+    _default_device,
+    default_backend,
+    destroy_distributed,
+    distributed_session,
+    exit_without_finalizers,
+    gather_json,
+    init_distributed,
+    read_torchrun_env,
+)
+
+__all__ = [
+    "DDPTrainer",
+    "DistContext",
+    "DistributedEnvError",
+    "DistributedTrainer",
+    "FSDPTrainer",
+    "FSDP_LAYOUT",
+    "FSDP_SHARDS_DIR",
+    "FSDP_TRAINER_FILE",
+    "LAUNCH_HINT",
+    "QuietShardedGradScaler",
+    "SafeFileSystemReader",
+    "TORCHRUN_VARS",
+    "TensorOnlyLoadPlanner",
+    "TorchrunEnv",
+    "create_ddp_trainer",
+    "create_fsdp_trainer",
+    "default_backend",
+    "destroy_distributed",
+    "distributed_session",
+    "exit_without_finalizers",
+    "gather_json",
+    "init_distributed",
+    "inject_inf_grad",
+    "read_torchrun_env",
+    "with_precision",
+]

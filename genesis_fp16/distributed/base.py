@@ -1,0 +1,102 @@
+"""What the DDP and FSDP2 trainers share.
+
+A distributed trainer is :class:`~genesis_fp16.trainer.FP16Trainer` plus a
+wrapper; it overrides only the base trainer's hooks:
+
+* ``_set_gradient_sync``: gradient accumulation all-reduces (DDP) or
+  reduce-scatters (FSDP2) only on the last micro-step of an optimizer step.
+* ``_all_finite``: the non-finite-loss decision is agreed across ranks (one
+  rank skipping backward while the others wait in the all-reduce would hang).
+* the scaler: DDP keeps ``torch.amp.GradScaler``; an infinite gradient on one
+  rank reaches every rank through the gradient all-reduce, so every rank finds
+  it and skips. FSDP2 uses ``ShardedGradScaler`` (see :mod:`.fsdp`).
+* checkpoints: DDP writes one file (:mod:`.ddp`), FSDP2 a directory of DCP
+  shards (:mod:`.dcp_io`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Optional
+
+import torch
+import torch.distributed as dist
+
+from ..telemetry import EventListener
+from ..trainer import FP16Trainer, FP16TrainingConfig
+from .launch import DistContext, init_distributed
+
+
+def with_precision(config: Optional[FP16TrainingConfig], precision: Optional[str]) -> FP16TrainingConfig:
+    """``config`` (or the defaults) with ``precision`` forced when given; the
+    registry's factories take ``precision=`` like the single-process ones."""
+    base = config or FP16TrainingConfig()
+    if precision is None:
+        return base
+    return dataclasses.replace(base, precision=precision, enabled=precision != "fp32" or base.enabled)
+
+
+class DistributedTrainer(FP16Trainer):
+    """What DDP and FSDP2 share: the process group, agreed skip decisions,
+    rank-tagged events. Subclasses wrap the model."""
+
+    wrap_name = "distributed"
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        config: Optional[FP16TrainingConfig] = None,
+        scheduler: Optional[Any] = None,
+        *,
+        name: str = "trainer",
+        listeners: Optional[list[EventListener]] = None,
+        context: Optional[DistContext] = None,
+    ) -> None:
+        config = dataclasses.replace(config) if config is not None else FP16TrainingConfig()
+        self.ctx = context or init_distributed(config.device)
+        if config.device is None:
+            config = dataclasses.replace(config, device=str(self.ctx.device))
+        self.module = model.to(torch.device(config.device))
+        wrapped = self._wrap(self.module, optimizer)
+        super().__init__(wrapped, optimizer, config, scheduler, name=name, listeners=listeners)
+        self._log = self._log.bind(rank=self.ctx.rank, world_size=self.ctx.world_size, wrap=self.wrap_name)
+
+    def _wrap(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> torch.nn.Module:
+        raise NotImplementedError
+
+    @property
+    def rank(self) -> int:
+        return self.ctx.rank
+
+    @property
+    def world_size(self) -> int:
+        return self.ctx.world_size
+
+    def _emit(self, event: str, level: str = "info", **fields: Any) -> None:
+        fields.setdefault("rank", self.ctx.rank)
+        super()._emit(event, level, **fields)
+
+    def _all_finite(self, loss: torch.Tensor) -> bool:
+        # One small all-reduce per micro-step: every rank skips backward together.
+        flag = torch.isfinite(loss.detach()).all().to(device=self.device, dtype=torch.float32).reshape(1)
+        dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+        return bool(flag.item() > 0.5)
+
+    def get_stats(self) -> dict[str, Any]:
+        stats = super().get_stats()
+        stats.update(rank=self.ctx.rank, world_size=self.ctx.world_size, wrap=self.wrap_name, backend=self.ctx.backend)
+        return stats
+
+    # per-rank RNG: each rank resumes its own stream (dropout, sampling)
+    def _gather_rng(self) -> torch.Tensor:
+        state = torch.get_rng_state()
+        comm_state = state.to(self.device)
+        gathered = [torch.empty_like(comm_state) for _ in range(self.ctx.world_size)]
+        dist.all_gather(gathered, comm_state)
+        return torch.stack([g.cpu() for g in gathered])
+
+    def _restore_rank_rng(self, payload: dict[str, Any]) -> None:
+        per_rank = (payload.get("rng") or {}).get("torch_cpu_ranks")
+        if isinstance(per_rank, torch.Tensor) and per_rank.dim() == 2 and per_rank.shape[0] == self.ctx.world_size:
+            torch.set_rng_state(per_rank[self.ctx.rank].clone())
