@@ -339,6 +339,7 @@ def fsdp_scenarios(ctx: gd.DistContext, out: Path, res: dict[str, Any]) -> None:
         if scaler == "plain":
             trainer.scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
         res[f"{scaler}_scaler_type"] = [c.__name__ for c in type(trainer.scaler).__mro__]
+        res[f"{scaler}_plugin"] = type(trainer.precision).__name__
         seen: list[bool] = []  # per optimizer step: were this rank's own gradient shards finite?
         unscale = trainer.scaler.unscale_
 
@@ -390,6 +391,7 @@ def test_fsdp2_two_ranks(tmp_path: Path) -> None:
     # ShardedGradScaler: the overflow lives in rank 1's shard, both ranks skip and halve
     for r in (r0, r1):
         assert "ShardedGradScaler" in r["sharded_scaler_type"]
+        assert r["sharded_plugin"] == "ShardedFP16Mixed"  # the precision plugin supplies the sharded scaler
         assert r["sharded_stats"] == {"skipped_steps": 1, "overflow_steps": 1, "current_scale": 512.0}
     # the overflow really was in rank 1's shard alone: rank 0's own gradients were finite at step 3
     assert r0["sharded_local_finite"] == [True] * 8
@@ -516,6 +518,20 @@ def test_registry_lists_ddp_and_fsdp() -> None:
     names = registry.available()
     assert {"ddp", "fsdp"} <= set(names)
     assert "FSDP2" in names["fsdp"].description
+
+
+def test_sharded_fp16_plugin_makes_a_sharded_scaler_from_its_options() -> None:
+    from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+
+    from genesis_fp16.precision import FP16Mixed, ScalerOptions
+
+    options = ScalerOptions(init_scale=8.0, growth_factor=4.0, backoff_factor=0.25, growth_interval=3)
+    plugin = gd.ShardedFP16Mixed("cpu", options)
+    assert isinstance(plugin, FP16Mixed) and plugin.name == "fp16"
+    scaler = plugin.make_scaler()
+    assert isinstance(scaler, ShardedGradScaler) and scaler.is_enabled()
+    got = (scaler.get_scale(), scaler.get_growth_factor(), scaler.get_backoff_factor(), scaler.get_growth_interval())
+    assert got == (8.0, 4.0, 0.25, 3)
 
 
 def test_inject_inf_grad_only_in_the_chosen_features() -> None:

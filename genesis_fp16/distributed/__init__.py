@@ -4,8 +4,9 @@
   clean worker exit, a JSON all-gather;
 * :mod:`.base`: what the distributed trainers share (agreed skip decisions,
   gradient sync on the last micro-step, per-rank RNG);
-* :mod:`.ddp`: ``DDPTrainer``; :mod:`.fsdp`: ``FSDPTrainer`` (FSDP2) and its
-  scaler; :mod:`.dcp_io`: FSDP2 checkpoint I/O with a restricted unpickler;
+* :mod:`.ddp`: ``DDPTrainer``;
+* :mod:`.fsdp`: ``FSDPTrainer`` (FSDP2) and its FP16 plugin ``ShardedFP16Mixed``;
+* :mod:`.dcp_io`: FSDP2 checkpoint I/O with a restricted unpickler;
 * :mod:`.faults`: an injected non-finite gradient, for drills and tests.
 
 The registry names ``ddp`` and ``fsdp`` point at :func:`create_ddp_trainer`
@@ -27,7 +28,7 @@ from .dcp_io import (
 )
 from .ddp import DDPTrainer, create_ddp_trainer
 from .faults import inject_inf_grad
-from .fsdp import FSDPTrainer, QuietShardedGradScaler, create_fsdp_trainer
+from .fsdp import FSDPTrainer, QuietShardedGradScaler, ShardedFP16Mixed, create_fsdp_trainer
 from .launch import (
     LAUNCH_HINT,
     TORCHRUN_VARS,
@@ -56,6 +57,7 @@ __all__ = [
     "LAUNCH_HINT",
     "QuietShardedGradScaler",
     "SafeFileSystemReader",
+    "ShardedFP16Mixed",
     "TORCHRUN_VARS",
     "TensorOnlyLoadPlanner",
     "TorchrunEnv",

@@ -12,7 +12,7 @@ from __future__ import annotations
 import shutil
 import warnings
 from pathlib import Path
-from typing import Any, Callable, Iterable, Optional, Union
+from typing import Any, Callable, ClassVar, Iterable, Mapping, Optional, Union
 
 import torch
 import torch.distributed as dist
@@ -23,9 +23,20 @@ from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 from torch.distributed.tensor import DTensor
 
 from .. import checkpoint as ckpt
+from ..precision import MODES, FP16Mixed, Precision, parse_mode
+from ..settings import PrecisionMode
 from ..trainer import FP16TrainingConfig
 from .base import DistributedTrainer, with_precision
-from .dcp_io import FSDP_LAYOUT, FSDP_SHARDS_DIR, FSDP_TRAINER_FILE, load_sharded, partial_dir, read_trainer_file, replace_dir, save_sharded
+from .dcp_io import (
+    FSDP_LAYOUT,
+    FSDP_SHARDS_DIR,
+    FSDP_TRAINER_FILE,
+    load_sharded,
+    partial_dir,
+    read_trainer_file,
+    replace_dir,
+    save_sharded,
+)
 
 
 class QuietShardedGradScaler(ShardedGradScaler):
@@ -39,9 +50,27 @@ class QuietShardedGradScaler(ShardedGradScaler):
             super().unscale_(optimizer)
 
 
+class ShardedFP16Mixed(FP16Mixed):
+    """FP16 under FSDP2: the scaler is a ``ShardedGradScaler``, which all-reduces
+    ``found_inf`` so that an overflow in one rank's gradient shard makes every
+    rank skip the step."""
+
+    def make_scaler(self) -> torch.amp.GradScaler:
+        opts = self.scaler_options
+        return QuietShardedGradScaler(
+            self.device.type,
+            init_scale=opts.init_scale,
+            growth_factor=opts.growth_factor,
+            backoff_factor=opts.backoff_factor,
+            growth_interval=opts.growth_interval,
+            enabled=True,
+        )
+
+
 class FSDPTrainer(DistributedTrainer):
     """FSDP2 (``torch.distributed.fsdp.fully_shard``): parameters, gradients and
-    optimizer state sharded across ranks; FP16 uses ``ShardedGradScaler``.
+    optimizer state sharded across ranks; FP16 uses ``ShardedGradScaler``
+(through the :class:`ShardedFP16Mixed` precision plugin).
 
     ``fully_shard`` replaces the model's parameters with sharded DTensors, so an
     optimizer built on the plain model is re-pointed at them (it must not hold
@@ -54,6 +83,7 @@ class FSDPTrainer(DistributedTrainer):
     """
 
     wrap_name = "fsdp"
+    precision_plugins: ClassVar[Mapping[PrecisionMode, type[Precision]]] = {**MODES, PrecisionMode.FP16: ShardedFP16Mixed}
 
     def __init__(
         self,
@@ -65,20 +95,13 @@ class FSDPTrainer(DistributedTrainer):
         self._shard = shard
         self._reshard_after_forward = reshard_after_forward
         super().__init__(*args, **kwargs)
-        if self.precision.uses_scaler:
-            self.scaler = self._sharded_scaler()
-            self._last_scale = self.scaler.get_scale()
-
-    def _sharded_scaler(self) -> torch.amp.GradScaler:
-        opts = self.config.scaler_options()
-        return QuietShardedGradScaler(
-            self.device.type,
-            init_scale=opts.init_scale,
-            growth_factor=opts.growth_factor,
-            backoff_factor=opts.backoff_factor,
-            growth_interval=opts.growth_interval,
-            enabled=True,
-        )
+        # FP16Trainer resolved the mode with the single-process plugins; use this
+        # trainer's variant of the same mode (fp16: ShardedFP16Mixed)
+        plugin = self.precision_plugins[parse_mode(self.precision.name)]
+        if type(self.precision) is not plugin:
+            self.precision = plugin(self.device, self.precision.scaler_options)
+            self.scaler = self.precision.make_scaler()
+            self._last_scale = self.scaler.get_scale() if self.scaler.is_enabled() else 1.0
 
     def _wrap(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> torch.nn.Module:
         if isinstance(model, FSDPModule):
