@@ -1,10 +1,11 @@
 """Trainer registry: names map to factories.
 
 Built-in names: ``fp32``, ``fp16``, ``bf16`` (force that precision),
-``auto`` (use the config's precision), and ``ddp`` / ``fsdp`` (under torchrun),
-which name their factories as ``"module:attr"`` and import them on first use:
-the registry never imports ``genesis_fp16.distributed``. Other packages register through the
-entry-point group ``genesis_fp16.trainers``; an entry point names a callable
+``auto`` (use the config's precision), and ``ddp`` / ``fsdp`` (under
+torchrun), which name their factories as ``"module:attr"`` and import them on
+first use: the registry never imports ``genesis_fp16.distributed``. Other
+packages register through the entry-point group ``genesis_fp16.trainers``; an
+entry point names a callable
 ``factory(model, optimizer, config, scheduler, **kwargs) -> FP16Trainer``.
 """
 
@@ -66,7 +67,10 @@ class LazyFactory:
         try:
             return pkgutil.resolve_name(self.target)
         except (ImportError, AttributeError) as exc:
-            raise ImportError(f"trainer factory {self.target} could not be loaded: {exc}") from exc
+            raise ImportError(
+                f"trainer factory {self.target} could not be loaded ({exc}); "
+                "check that its module and that module's dependencies (e.g. torch.distributed) are installed"
+            ) from exc
 
     def __call__(self, *args: Any, **kwargs: Any) -> FP16Trainer:
         return self.resolve()(*args, **kwargs)
@@ -97,12 +101,12 @@ register("fp16", _precision_factory("fp16"), "single process, FP16 autocast + Gr
 register("bf16", _precision_factory("bf16"), "single process, BF16 autocast, no scaler")
 register(
     "ddp",
-    LazyFactory("genesis_fp16.distributed.ddp:create_ddp_trainer"),
+    LazyFactory("genesis_fp16.distributed.ddp:DDPTrainer.create"),
     "DDP under torchrun; precision from the config (fp16: GradScaler)",
 )
 register(
     "fsdp",
-    LazyFactory("genesis_fp16.distributed.fsdp:create_fsdp_trainer"),
+    LazyFactory("genesis_fp16.distributed.fsdp:FSDPTrainer.create"),
     "FSDP2 fully_shard under torchrun; fp16 uses ShardedGradScaler; DCP checkpoints",
 )
 

@@ -132,8 +132,8 @@ def test_ddp_and_fsdp_are_listed_without_importing_torch_distributed_trainers():
 def test_lazy_builtin_resolves_on_first_use():
     from genesis_fp16 import distributed
 
-    assert registry.get("ddp").factory.resolve() is distributed.create_ddp_trainer
-    assert registry.get("fsdp").factory.resolve() is distributed.create_fsdp_trainer
+    assert registry.get("ddp").factory.resolve() == distributed.DDPTrainer.create
+    assert registry.get("fsdp").factory.resolve() == distributed.FSDPTrainer.create
 
 
 def test_lazy_factory_that_cannot_load_says_which():

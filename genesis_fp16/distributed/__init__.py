@@ -9,11 +9,11 @@
 * :mod:`.dcp_io`: FSDP2 checkpoint I/O with a restricted unpickler;
 * :mod:`.faults`: an injected non-finite gradient, for drills and tests.
 
-The registry names ``ddp`` and ``fsdp`` point at :func:`create_ddp_trainer`
-and :func:`create_fsdp_trainer` by name; this package never imports the registry.
+The registry names ``ddp`` and ``fsdp`` point at ``DDPTrainer.create`` and
+``FSDPTrainer.create`` by name; this package never imports the registry.
 """
 
-from .base import DistributedTrainer, with_precision
+from .base import DistributedTrainer
 from .dcp_io import (
     _SAFE_GLOBALS,
     FSDP_LAYOUT,
@@ -26,9 +26,9 @@ from .dcp_io import (
     _read_dcp_metadata,
     _safe_reader,
 )
-from .ddp import DDPTrainer, create_ddp_trainer
+from .ddp import DDPTrainer
 from .faults import inject_inf_grad
-from .fsdp import FSDPTrainer, QuietShardedGradScaler, ShardedFP16Mixed, create_fsdp_trainer
+from .fsdp import FSDPTrainer, QuietShardedGradScaler, ShardedFP16Mixed
 from .launch import (
     LAUNCH_HINT,
     TORCHRUN_VARS,
@@ -61,8 +61,6 @@ __all__ = [
     "TORCHRUN_VARS",
     "TensorOnlyLoadPlanner",
     "TorchrunEnv",
-    "create_ddp_trainer",
-    "create_fsdp_trainer",
     "default_backend",
     "destroy_distributed",
     "distributed_session",
@@ -71,5 +69,4 @@ __all__ = [
     "init_distributed",
     "inject_inf_grad",
     "read_torchrun_env",
-    "with_precision",
 ]

@@ -27,15 +27,6 @@ from ..trainer import FP16Trainer, FP16TrainingConfig
 from .launch import DistContext, init_distributed
 
 
-def with_precision(config: Optional[FP16TrainingConfig], precision: Optional[str]) -> FP16TrainingConfig:
-    """``config`` (or the defaults) with ``precision`` forced when given; the
-    registry's factories take ``precision=`` like the single-process ones."""
-    base = config or FP16TrainingConfig()
-    if precision is None:
-        return base
-    return dataclasses.replace(base, precision=precision, enabled=precision != "fp32" or base.enabled)
-
-
 class DistributedTrainer(FP16Trainer):
     """What DDP and FSDP2 share: the process group, agreed skip decisions,
     rank-tagged events. Subclasses wrap the model."""
@@ -61,6 +52,24 @@ class DistributedTrainer(FP16Trainer):
         wrapped = self._wrap(self.module, optimizer)
         super().__init__(wrapped, optimizer, config, scheduler, name=name, listeners=listeners)
         self._log = self._log.bind(rank=self.ctx.rank, world_size=self.ctx.world_size, wrap=self.wrap_name)
+
+    @classmethod
+    def create(
+        cls,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        config: Optional[FP16TrainingConfig] = None,
+        scheduler: Any = None,
+        *,
+        precision: Optional[str] = None,
+        **kwargs: Any,
+    ) -> DistributedTrainer:
+        """The registry's factory (``ddp``, ``fsdp``): ``precision`` forces a mode
+        over the config's, as for the single-process names."""
+        config = config or FP16TrainingConfig()
+        if precision is not None:
+            config = dataclasses.replace(config, precision=precision, enabled=precision != "fp32" or config.enabled)
+        return cls(model, optimizer, config, scheduler, **kwargs)
 
     def _wrap(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> torch.nn.Module:
         raise NotImplementedError

@@ -11,8 +11,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from .. import checkpoint as ckpt
-from ..trainer import FP16TrainingConfig
-from .base import DistributedTrainer, with_precision
+from .base import DistributedTrainer
 
 
 class DDPTrainer(DistributedTrainer):
@@ -68,17 +67,3 @@ class DDPTrainer(DistributedTrainer):
         if restore_rng:
             self._restore_rank_rng(payload)
         return payload.get("extra") or {}
-
-
-def create_ddp_trainer(
-    model: torch.nn.Module,
-    optimizer: torch.optim.Optimizer,
-    config: Optional[FP16TrainingConfig] = None,
-    scheduler: Any = None,
-    *,
-    precision: Optional[str] = None,
-    **kwargs: Any,
-) -> DDPTrainer:
-    """The registry's ``ddp`` factory: DDP under torchrun, precision from the config
-    (fp16: GradScaler) unless ``precision`` forces one."""
-    return DDPTrainer(model, optimizer, with_precision(config, precision), scheduler, **kwargs)

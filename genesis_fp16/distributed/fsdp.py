@@ -25,8 +25,7 @@ from torch.distributed.tensor import DTensor
 from .. import checkpoint as ckpt
 from ..precision import MODES, FP16Mixed, Precision, parse_mode
 from ..settings import PrecisionMode
-from ..trainer import FP16TrainingConfig
-from .base import DistributedTrainer, with_precision
+from .base import DistributedTrainer
 from .dcp_io import (
     FSDP_LAYOUT,
     FSDP_SHARDS_DIR,
@@ -198,17 +197,3 @@ class FSDPTrainer(DistributedTrainer):
         if restore_rng:
             self._restore_rank_rng(payload)
         return payload.get("extra") or {}
-
-
-def create_fsdp_trainer(
-    model: torch.nn.Module,
-    optimizer: torch.optim.Optimizer,
-    config: Optional[FP16TrainingConfig] = None,
-    scheduler: Any = None,
-    *,
-    precision: Optional[str] = None,
-    **kwargs: Any,
-) -> FSDPTrainer:
-    """The registry's ``fsdp`` factory: FSDP2 under torchrun, precision from the
-    config (fp16: ShardedGradScaler) unless ``precision`` forces one; DCP checkpoints."""
-    return FSDPTrainer(model, optimizer, with_precision(config, precision), scheduler, **kwargs)
