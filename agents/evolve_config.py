@@ -7,6 +7,9 @@ from typing import Any, Optional
 
 import numpy as np
 
+from genesis_fp16.precision import parse_mode
+from genesis_fp16.settings import PrecisionMode
+
 from . import pendulum_task as task
 from .runs import RunError
 
@@ -50,8 +53,11 @@ class EvolveConfig:
                 f"init_candidates={self.init_candidates}: generation 0 spends one real episode per initial candidate; "
                 f"expected at most the budget ({self.budget})"
             )
-        if self.precision not in (None, "auto", "fp32", "fp16", "bf16"):
-            problems.append(f"precision={self.precision!r}: expected auto, fp32, fp16 or bf16")
+        if self.precision is not None:
+            try:
+                parse_mode(self.precision)
+            except ValueError:
+                problems.append(f"precision={self.precision!r}: expected one of {', '.join(m.value for m in PrecisionMode)}")
         for name in ("init_candidates", "eval_top_k", "popsize", "workers", "horizon"):
             if getattr(self, name) < 1:
                 problems.append(f"{name}={getattr(self, name)}: expected >= 1")
