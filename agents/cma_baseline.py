@@ -10,21 +10,22 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 
+from genesis_fp16.extras import require
 from genesis_fp16.telemetry import get_logger
 
 from . import pendulum_task as task
 from .evaluation import Evaluator
-from .evolve_config import EvolveConfig
+from .evolve_config import EVOLVE, EvolveConfig
 
 async def run_cma_baseline(config: Optional[EvolveConfig] = None, *, evaluator: Optional[Evaluator] = None,
                            on_generation: Optional[Callable[[dict[str, Any]], None]] = None) -> dict[str, Any]:
     """Plain CMA-ES (the ``cma`` package) on real returns under the same
     real-episode budget: each candidate is scored on all training start
     states, exactly the objective the loop's target is defined on."""
-    import cma
-
     cfg = config or EvolveConfig()
     cfg.validate()
+    cma = require("cma", EVOLVE)
+    require("gymnasium", EVOLVE)
     log = get_logger("agents.se_darwin", agent="cma_baseline")
     starts = task.start_states(cfg.seed)
     evaluator = evaluator or Evaluator(cfg.env_id, workers=cfg.workers, timeout_s=cfg.eval_timeout_s, memory_limit_mb=cfg.eval_memory_mb)

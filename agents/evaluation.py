@@ -24,6 +24,7 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
+from genesis_fp16.extras import require
 from genesis_fp16.telemetry import get_logger
 
 from . import pendulum_task
@@ -69,6 +70,7 @@ class Evaluator:
             raise ValueError(f"timeout_s={timeout_s}: expected > 0")
         if memory_limit_mb is not None and memory_limit_mb < 1:
             raise ValueError(f"memory_limit_mb={memory_limit_mb}: expected >= 1 or None (no limit)")
+        require("gymnasium", "real episodes of the embedded task")  # here, not in the workers: they never import torch
         self.env_id = env_id
         self.workers = workers
         self.timeout_s = timeout_s

@@ -13,6 +13,9 @@ from genesis_fp16.settings import PrecisionMode
 from . import pendulum_task as task
 from .runs import RunError
 
+# what needs the optional packages, in a missing extra's error
+EVOLVE = "genesis-fp16 evolve"
+
 
 @dataclass
 class EvolveConfig:

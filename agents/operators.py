@@ -11,8 +11,10 @@ from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
+from genesis_fp16.extras import require
+
 from . import pendulum_task as task
-from .evolve_config import Candidate, EvolveConfig
+from .evolve_config import EVOLVE, Candidate, EvolveConfig
 
 ImagineFn = Callable[[np.ndarray], np.ndarray]  # (P, D) params -> (P,) predicted mean return
 
@@ -65,8 +67,7 @@ def refinement(
 
 
 def cma_in_model(x0: np.ndarray, sigma: float, imagine: ImagineFn, *, iters: int, popsize: int, seed: int) -> np.ndarray:
-    import cma
-
+    cma = require("cma", EVOLVE)
     es = cma.CMAEvolutionStrategy(np.asarray(x0, dtype=float), sigma, {"popsize": popsize, "seed": seed + 1, "verbose": -9})
     for _ in range(iters):
         xs = es.ask()

@@ -85,6 +85,8 @@ def random_params(rng: np.random.Generator, n: int, scale: float = 1.0) -> np.nd
 
 
 def make_env(env_id: str = ENV_ID) -> Any:
+    # a plain import: this runs in torch-free worker processes, and importing
+    # genesis_fp16.extras would import torch; Evaluator checks the extra first
     import gymnasium as gym
 
     if env_id != ENV_ID:

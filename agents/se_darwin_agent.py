@@ -28,6 +28,7 @@ from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
+from genesis_fp16.extras import require
 from genesis_fp16.telemetry import get_logger
 from infrastructure.replay_buffer import ReplayBuffer, trajectories_from_episodes
 
@@ -35,7 +36,7 @@ from . import pendulum_task as task
 from . import runs
 from .cma_baseline import run_cma_baseline
 from .evaluation import EvaluationError, EvaluationTimeout, Evaluator
-from .evolve_config import Candidate, EvolveConfig, resumed_config
+from .evolve_config import EVOLVE, Candidate, EvolveConfig, resumed_config
 from .evolve_report import SUMMARY_KEYS, generation_record, run_report
 from .operators import ImagineFn, best_of, make_imagine, pool_failing, propose, recombination, refinement, revision
 
@@ -65,6 +66,9 @@ class SEDarwinAgent:
 
         self.config = config or EvolveConfig()
         self.config.validate()
+        require("gymnasium", EVOLVE)  # real episodes
+        if self.config.use_world_model:
+            require("cma", EVOLVE)  # the operators' search inside the model
         self.settings = settings or load_settings()
         self.run_id = run_id or f"seed{self.config.seed}-{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:6]}"
         self.data_agent = f"{self.config.agent}:{self.run_id}"  # one run's data never trains another run's model
