@@ -61,9 +61,9 @@ class EvolveConfig:
                 parse_mode(self.precision)
             except ValueError:
                 problems.append(f"precision={self.precision!r}: expected one of {', '.join(m.value for m in PrecisionMode)}")
-        for name in ("init_candidates", "eval_top_k", "popsize", "workers", "horizon"):
-            if getattr(self, name) < 1:
-                problems.append(f"{name}={getattr(self, name)}: expected >= 1")
+        counts = {"init_candidates": self.init_candidates, "eval_top_k": self.eval_top_k, "popsize": self.popsize,
+                  "workers": self.workers, "horizon": self.horizon}
+        problems += [f"{name}={value}: expected >= 1" for name, value in counts.items() if value < 1]
         if problems:
             raise ValueError("invalid evolve options: " + "; ".join(problems))
 

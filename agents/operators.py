@@ -7,7 +7,7 @@ can run them on a synthetic objective.
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Optional, Sequence
+from typing import TYPE_CHECKING, Callable, Optional, Sequence
 
 import numpy as np
 
@@ -15,6 +15,9 @@ from genesis_fp16.extras import require
 
 from . import pendulum_task as task
 from .evolve_config import EVOLVE, Candidate, EvolveConfig
+
+if TYPE_CHECKING:
+    from infrastructure.world_model import WorldModel
 
 ImagineFn = Callable[[np.ndarray], np.ndarray]  # (P, D) params -> (P,) predicted mean return
 
@@ -110,7 +113,7 @@ def propose(pool: Sequence[Candidate], rng: np.random.Generator, cfg: EvolveConf
     return cands
 
 
-def make_imagine(world_model: Any, train_starts: np.ndarray, *, seed: int, generation: int, extra_starts: int, horizon: int) -> ImagineFn:
+def make_imagine(world_model: WorldModel, train_starts: np.ndarray, *, seed: int, generation: int, extra_starts: int, horizon: int) -> ImagineFn:
     """The objective the operators search on: a policy's mean imagined return
     over the training start states plus ``extra_starts`` random ones that only
     the model sees, drawn per generation (they regularise the search)."""

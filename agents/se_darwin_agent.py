@@ -24,21 +24,25 @@ import time
 import uuid
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Callable, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
 
 import numpy as np
 
 from genesis_fp16.extras import require
+from genesis_fp16.settings import Settings
 from genesis_fp16.telemetry import get_logger
 from infrastructure.replay_buffer import ReplayBuffer, trajectories_from_episodes
 
 from . import pendulum_task as task
 from . import runs
 from .cma_baseline import run_cma_baseline
-from .evaluation import EvaluationError, EvaluationTimeout, Evaluator
+from .evaluation import Evaluation, EvaluationError, EvaluationTimeout, Evaluator
 from .evolve_config import EVOLVE, Candidate, EvolveConfig, resumed_config
 from .evolve_report import SUMMARY_KEYS, generation_record, run_report
 from .operators import ImagineFn, best_of, make_imagine, pool_failing, propose, recombination, refinement, revision
+
+if TYPE_CHECKING:  # torch and the model load only when a run uses one
+    from infrastructure.world_model import WorldModel
 
 __all__ = [
     "Candidate", "EvolveConfig", "ImagineFn", "SEDarwinAgent", "best_of", "pool_failing", "propose", "recombination", "refinement",
@@ -55,9 +59,9 @@ class SEDarwinAgent:
         self,
         config: Optional[EvolveConfig] = None,
         *,
-        settings: Any = None,
+        settings: Optional[Settings] = None,
         buffer: Optional[ReplayBuffer] = None,
-        world_model: Any = None,
+        world_model: Optional[WorldModel] = None,
         evaluator: Optional[Evaluator] = None,
         on_generation: Optional[Callable[[dict[str, Any]], None]] = None,
         run_id: Optional[str] = None,
@@ -99,7 +103,7 @@ class SEDarwinAgent:
         self._prior_wall_s = 0.0  # wall time of earlier sessions of this run
         self._log = get_logger("agents.se_darwin", agent=self.config.agent, run_id=self.run_id)
 
-    def _make_world_model(self) -> Any:
+    def _make_world_model(self) -> WorldModel:
         import torch
 
         from infrastructure.world_model import WorldModel
@@ -128,10 +132,10 @@ class SEDarwinAgent:
         return propose(self.pool, self.rng, self.config, generation, self._imagine_fn(generation))
 
     # -- the loop ------------------------------------------------------------------------------
-    async def _real(self, params: np.ndarray, states: np.ndarray) -> Any:
+    async def _real(self, params: np.ndarray, states: np.ndarray) -> Evaluation:
         return await asyncio.to_thread(self.evaluator.evaluate, params, states)
 
-    async def _seed_generation(self) -> list[tuple[Candidate, Any]]:
+    async def _seed_generation(self) -> list[tuple[Candidate, Evaluation]]:
         cfg = self.config
         params = task.random_params(self.rng, cfg.init_candidates, 1.0)
         n_train = len(self.starts.train)
@@ -215,7 +219,7 @@ class SEDarwinAgent:
             await self._after_generation(generation, [c for c, _ in evaluated], started, proposals=cands)
         return "target"
 
-    async def _commit(self, generation: int, evaluated: Sequence[tuple[Candidate, Any]]) -> None:
+    async def _commit(self, generation: int, evaluated: Sequence[tuple[Candidate, Evaluation]]) -> None:
         """Outcomes to the replay buffer (one transaction per generation), then
         the pool; then the world model learns from everything so far."""
         trajs = []
@@ -320,7 +324,7 @@ class SEDarwinAgent:
         cls,
         run_id: str,
         *,
-        settings: Any = None,
+        settings: Optional[Settings] = None,
         budget: Optional[int] = None,
         workers: Optional[int] = None,
         options: Optional[dict[str, Any]] = None,
@@ -392,9 +396,9 @@ class SEDarwinAgent:
     def _precision(self) -> str:
         if self.world_model is None:
             return "none"
-        return getattr(self.world_model, "precision", "unknown")
+        return self.world_model.precision
 
-    def _report(self, best: Optional[Candidate], heldout: Any, reached_at: Optional[int], stop_reason: str, wall_s: float) -> dict[str, Any]:
+    def _report(self, best: Optional[Candidate], heldout: Optional[Evaluation], reached_at: Optional[int], stop_reason: str, wall_s: float) -> dict[str, Any]:
         return run_report(
             self.config, best=best, heldout=heldout, heldout_episodes=len(self.starts.heldout), real_episodes=self.real_episodes,
             reached_at=reached_at, precision=self._precision(), wall_s=wall_s, stop_reason=stop_reason,

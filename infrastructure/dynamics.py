@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import hashlib
 import numbers
-from typing import Any, Callable, Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import numpy as np
+import numpy.typing as npt
 import torch
 from torch import nn
 
@@ -151,8 +152,8 @@ def training_data(
 def imagined_returns(
     model: DynamicsMLP,
     policy: PolicyFn,
-    params: Any,
-    start_obs: Any,
+    params: npt.ArrayLike,
+    start_obs: npt.ArrayLike,
     horizon: int,
     *,
     project: Optional[ProjectFn] = None,

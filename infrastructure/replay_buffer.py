@@ -32,7 +32,7 @@ from tenacity import retry, retry_if_exception, stop_after_attempt, wait_exponen
 
 from genesis_fp16 import storage
 from genesis_fp16.checkpoint import atomic_write
-from genesis_fp16.settings import env_name
+from genesis_fp16.settings import Settings, env_name
 from genesis_fp16.telemetry import get_logger
 
 SCHEMA_VERSION = 1
@@ -131,7 +131,7 @@ _retry_locked = retry(
 class ReplayBuffer:
     """Trajectory store at ``path`` (default ``<state_dir>/replay.sqlite``)."""
 
-    def __init__(self, path: Union[str, Path, None] = None, *, settings: Any = None, busy_timeout_s: float = 5.0) -> None:
+    def __init__(self, path: Union[str, Path, None] = None, *, settings: Optional[Settings] = None, busy_timeout_s: float = 5.0) -> None:
         dir_name = None  # how messages name the directory: the variable when it came from settings
         if path is None:
             from genesis_fp16.settings import load_settings

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional, Protocol, Sequence, Union
 
 import numpy as np
+import numpy.typing as npt
 import torch
 
 from genesis_fp16 import registry
@@ -81,7 +82,7 @@ class GuardVerdict(Protocol):
 class ShadowGapLedger(Protocol):
     """Where shadow-stage measurements go (``genesis_fp16.rollout.RolloutLedger``)."""
 
-    def record_shadow_gap(self, agent: str, val_loss: float, fp32_val_loss: float, precision: str) -> Any: ...
+    def record_shadow_gap(self, agent: str, val_loss: float, fp32_val_loss: float, precision: str) -> object: ...
 
 
 class Guard(Protocol):
@@ -445,7 +446,7 @@ class WorldModel:
         if not self.trained:
             raise NotTrainedError("WorldModel: call `await train()` (or load a checkpoint) before predict/imagine")
 
-    def predict_sync(self, obs: torch.Tensor, action: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def predict_sync(self, obs: npt.ArrayLike, action: npt.ArrayLike) -> tuple[torch.Tensor, torch.Tensor]:
         """(next_obs, reward) for batches of observations and actions (FP32)."""
         self._require_trained()
         obs, action = torch.as_tensor(obs, dtype=torch.float32), torch.as_tensor(action, dtype=torch.float32)
@@ -454,15 +455,15 @@ class WorldModel:
             out = self.model.predict_raw(features(obs, action))
         return obs + out[..., :-1], out[..., -1]
 
-    async def predict(self, obs: Any, action: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    async def predict(self, obs: npt.ArrayLike, action: npt.ArrayLike) -> tuple[torch.Tensor, torch.Tensor]:
         async with self._lock:
             return await asyncio.to_thread(self.predict_sync, obs, action)
 
     def imagine(
         self,
         policy: PolicyFn,
-        params: Any,
-        start_obs: Any,
+        params: npt.ArrayLike,
+        start_obs: npt.ArrayLike,
         horizon: int,
         *,
         project: Optional[ProjectFn] = None,
@@ -478,7 +479,10 @@ class WorldModel:
         self._require_trained()
         return imagined_returns(self.model, policy, params, start_obs, horizon, project=project, discount=discount)
 
-    async def aimagine(self, policy: PolicyFn, params: Any, start_obs: Any, horizon: int, **kwargs: Any) -> torch.Tensor:
+    async def aimagine(
+        self, policy: PolicyFn, params: npt.ArrayLike, start_obs: npt.ArrayLike, horizon: int, *,
+        project: Optional[ProjectFn] = None, discount: float = 1.0,
+    ) -> torch.Tensor:
         async with self._lock:
-            return await asyncio.to_thread(self.imagine, policy, params, start_obs, horizon, **kwargs)
+            return await asyncio.to_thread(self.imagine, policy, params, start_obs, horizon, project=project, discount=discount)
 

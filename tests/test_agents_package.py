@@ -1,9 +1,11 @@
-"""gymnasium and cma are optional (the ``agents`` extra): every agents/ and
-infrastructure/ module imports without them, and ``evolve`` without them
-stops with one line naming the extra to install."""
+"""The agents and infrastructure packages: gymnasium and cma are optional
+(the ``agents`` extra), so every module imports without them and ``evolve``
+without them stops with one line naming the extra to install; our own objects
+have declared types, never probed ones."""
 
 from __future__ import annotations
 
+import ast
 import subprocess
 import sys
 from pathlib import Path
@@ -57,3 +59,36 @@ def test_evolve_without_the_extra_is_one_line(missing, args, tmp_path, state_dir
     assert f"genesis-fp16 evolve needs {missing}" in errors[0] and "pip install 'genesis-fp16[agents]'" in errors[0]
     assert "Traceback" not in proc.stderr
     assert not any(state_dir.iterdir()), "nothing may be written before the extra is checked"
+
+
+SOURCES = sorted([*ROOT.joinpath("agents").rglob("*.py"), *ROOT.joinpath("infrastructure").rglob("*.py")])
+OUR_PACKAGES = ("agents", "infrastructure", "genesis_fp16")
+
+
+def _probes(path: Path) -> list[str]:
+    """hasattr(...), getattr with a default, and ``try: import`` of our own
+    modules guarded by ``except ImportError``."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
+            if node.func.id == "hasattr" or (node.func.id == "getattr" and len(node.args) == 3):
+                found.append(f"{path.name}:{node.lineno} {node.func.id}")
+        if isinstance(node, ast.Try):
+            catches_import_error = any(
+                isinstance(h.type, ast.Name) and h.type.id in ("ImportError", "ModuleNotFoundError") for h in node.handlers
+            )
+            for stmt in node.body:
+                modules = [a.name for a in stmt.names] if isinstance(stmt, ast.Import) else (
+                    [stmt.module or "."] if isinstance(stmt, ast.ImportFrom) and stmt.level == 0 else
+                    ["."] if isinstance(stmt, ast.ImportFrom) else [])
+                ours = [m for m in modules if m == "." or m.split(".")[0] in OUR_PACKAGES]
+                if catches_import_error and ours:
+                    found.append(f"{path.name}:{stmt.lineno} try-import {ours[0]}")
+    return found
+
+
+def test_no_probing_of_our_own_objects():
+    assert SOURCES
+    found = [probe for path in SOURCES for probe in _probes(path)]
+    assert found == [], f"say the type (a Protocol) instead of probing: {found}"
+
