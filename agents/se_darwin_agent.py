@@ -220,8 +220,8 @@ class SEDarwinAgent:
         return "target"
 
     async def _commit(self, generation: int, evaluated: Sequence[tuple[Candidate, Evaluation]]) -> None:
-        """Outcomes to the replay buffer (one transaction per generation), then
-        the pool; then the world model learns from everything so far."""
+        """Outcomes to the replay buffer (one transaction per generation) and
+        the candidates to the pool."""
         trajs = []
         for cand, res in evaluated:
             outcome = "target" if cand.full and (cand.real_return or -1e18) >= self.config.target else ("full" if cand.full else "probe")
@@ -230,7 +230,9 @@ class SEDarwinAgent:
         if trajs:
             await self.buffer.aappend_generation(self.data_agent, generation, trajs)
 
-    async def _after_generation(self, generation: int, evaluated: Sequence[Candidate], started: float, proposals: Sequence[Candidate] = ()) -> dict[str, Any]:
+    async def _after_generation(self, generation: int, evaluated: Sequence[Candidate], started: float, proposals: Sequence[Candidate] = ()) -> None:
+        """The world model learns from everything so far (unless the target is
+        met), then the generation's record is committed to the manifest."""
         wm_report = None
         reached = not pool_failing(self.pool, self.config.target)
         if self.world_model is not None and not reached:
@@ -252,7 +254,6 @@ class SEDarwinAgent:
         )
         if self.on_generation is not None:
             self.on_generation(record)
-        return record
 
     # -- the run manifest (agents.runs): resume and retention ----------------------------
     @property
