@@ -13,7 +13,7 @@ import numpy.typing as npt
 import torch
 from torch import nn
 
-from .replay_buffer import Trajectory
+from .trajectory import Trajectory
 
 PolicyFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (params [P,D], obs [P,S,obs]) -> actions [P,S,act]
 ProjectFn = Callable[[torch.Tensor], torch.Tensor]
@@ -86,6 +86,26 @@ def check_finite(trajectories: Sequence[Trajectory]) -> None:
                     "refusing to train on it (fix the source, or delete the trajectory from the replay buffer)"
                 )
 
+
+def check_sizes(trajectories: Sequence[Trajectory], obs_dim: int, act_dim: int) -> None:
+    """Every trajectory matches a model built for ``obs_dim`` and ``act_dim``,
+    and there are at least 2 transitions (one to train on, one to validate)."""
+    built = (obs_dim, act_dim)
+    for traj in trajectories:
+        got = (traj.obs.shape[1], traj.action.shape[1])
+        if got != built:
+            what, size = ("observations", got[0]) if got[0] != built[0] else ("actions", got[1])
+            raise ValueError(
+                f"WorldModel.train: {traj.label} has {what} of size {size}, but this model was built for "
+                f"obs_dim={built[0]}, act_dim={built[1]}; train it on its own environment's trajectories, "
+                f"or build a WorldModel({got[0]}, {got[1]}) for this one"
+            )
+    total = sum(len(traj.obs) for traj in trajectories)
+    if total < 2:
+        raise ValueError(
+            f"WorldModel.train: only {total} transition in all: expected at least 2 "
+            "(one to train on, one to validate); collect more data first"
+        )
 
 def check_options(batch_size: int, val_fraction: float) -> None:
     """Refuse training options that would fail inside torch or give a NaN loss."""

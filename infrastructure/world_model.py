@@ -26,9 +26,9 @@ import copy
 import math
 import numbers
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Optional, Protocol, Sequence, Union
+from typing import Any, Callable, Optional, Sequence, Union
 
 import numpy as np
 import numpy.typing as npt
@@ -47,12 +47,15 @@ from .dynamics import (
     PolicyFn,
     ProjectFn,
     check_options,
+    check_sizes,
     features,
     imagined_returns,
     mse_loss,
     training_data,
 )
-from .replay_buffer import ReplayBuffer, Trajectory
+from .replay_buffer import ReplayBuffer
+from .trajectory import Trajectory
+from .world_model_types import Guard, GuardVerdict, ShadowGapLedger, TrainReport
 
 __all__ = [
     "DynamicsMLP", "Guard", "GuardVerdict", "NonFiniteDataError", "NotTrainedError", "ShadowGapLedger",
@@ -64,67 +67,6 @@ FaultFn = Callable[[int, torch.Tensor], torch.Tensor]
 
 class NotTrainedError(RuntimeError):
     """predict/imagine before the first train()."""
-
-
-# -- what the world model needs of the rollback guard and the rollout ledger ----------
-
-
-class GuardVerdict(Protocol):
-    """A guard's decision (``genesis_fp16.guard.GuardDecision``)."""
-
-    severity: Optional[str]
-    action: str  # "none", "warn" or "rollback"
-    reason: str
-
-    def as_dict(self) -> dict[str, Any]: ...
-
-
-class ShadowGapLedger(Protocol):
-    """Where shadow-stage measurements go (``genesis_fp16.rollout.RolloutLedger``)."""
-
-    def record_shadow_gap(self, agent: str, val_loss: float, fp32_val_loss: float, precision: str) -> object: ...
-
-
-class Guard(Protocol):
-    """A rollback guard (``genesis_fp16.guard.RollbackGuard``): it watches the
-    trainer it is attached to, sets :attr:`tripped` on a live P0 trigger and
-    judges a finished run in :meth:`check`."""
-
-    tripped: Optional[GuardVerdict]
-    ledger: ShadowGapLedger
-
-    @property
-    def last_good_checkpoint(self) -> Union[str, Path, None]: ...
-
-    def attach(self, trainer: FP16Trainer) -> None: ...
-
-    def check(self, trainer: FP16Trainer, *, val_loss: Optional[float] = None, fp32_val_loss: Optional[float] = None) -> GuardVerdict: ...
-
-    def record_good_checkpoint(self, path: Union[str, Path]) -> None: ...
-
-    def reset(self) -> None: ...
-
-
-@dataclass
-class TrainReport:
-    train_loss: float
-    val_loss: float
-    precision: str
-    steps: int
-    skipped_steps: int
-    wall_s: float
-    transitions: int
-    trajectories: int
-    fp32_val_loss: Optional[float] = None
-    shadow_gap: Optional[float] = None
-    rolled_back: bool = False
-    rollback_reason: Optional[str] = None
-    checkpoint: Optional[str] = None
-    guard_decision: Optional[dict[str, Any]] = None
-    events: list[str] = field(default_factory=list)
-
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 @dataclass
@@ -271,28 +213,10 @@ class WorldModel:
             if not trajectories:
                 raise ValueError(f"WorldModel.train: no trajectories for agent {self.data_agent!r} in the replay buffer")
             trajectories = list(trajectories)
-            self._check_sizes(trajectories)
+            check_sizes(trajectories, self.model.obs_dim, self.model.act_dim)
             report = await asyncio.to_thread(self._train_sync, trajectories, int(steps), fault, save)
             self.history.append(report)
             return report
-
-    def _check_sizes(self, trajectories: Sequence[Trajectory]) -> None:
-        built = (self.model.obs_dim, self.model.act_dim)
-        for traj in trajectories:
-            got = (traj.obs.shape[1], traj.action.shape[1])
-            if got != built:
-                what, size = ("observations", got[0]) if got[0] != built[0] else ("actions", got[1])
-                raise ValueError(
-                    f"WorldModel.train: {traj.label} has {what} of size {size}, but this model was built for "
-                    f"obs_dim={built[0]}, act_dim={built[1]}; train it on its own environment's trajectories, "
-                    f"or build a WorldModel({got[0]}, {got[1]}) for this one"
-                )
-        total = sum(len(traj.obs) for traj in trajectories)
-        if total < 2:
-            raise ValueError(
-                f"WorldModel.train: only {total} transition in all: expected at least 2 "
-                "(one to train on, one to validate); collect more data first"
-            )
 
     def _train_sync(self, trajectories: list[Trajectory], steps: int, fault: Optional[FaultFn], save: bool) -> TrainReport:
         started = time.perf_counter()

@@ -1,7 +1,7 @@
 """The agents and infrastructure packages: gymnasium and cma are optional
 (the ``agents`` extra), so every module imports without them and ``evolve``
 without them stops with one line naming the extra to install; our own objects
-have declared types, never probed ones."""
+have declared types, never probed ones; modules stay small."""
 
 from __future__ import annotations
 
@@ -92,3 +92,9 @@ def test_no_probing_of_our_own_objects():
     found = [probe for path in SOURCES for probe in _probes(path)]
     assert found == [], f"say the type (a Protocol) instead of probing: {found}"
 
+
+
+def test_modules_stay_small():
+    """About 400 lines at most, so a module can be read in one sitting."""
+    sizes = {str(p.relative_to(ROOT)): len(p.read_text().splitlines()) for p in SOURCES}
+    assert {name: n for name, n in sizes.items() if n > 420} == {}
