@@ -17,17 +17,20 @@ import multiprocessing
 import os
 import threading
 import time
-from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
+from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence, TypeVar
 
 import numpy as np
 
+from genesis_fp16.extras import require
 from genesis_fp16.telemetry import get_logger
 
 from . import pendulum_task
 from .worker_limits import init_worker
+
+T = TypeVar("T")
 
 
 class EvaluationError(RuntimeError):
@@ -69,6 +72,7 @@ class Evaluator:
             raise ValueError(f"timeout_s={timeout_s}: expected > 0")
         if memory_limit_mb is not None and memory_limit_mb < 1:
             raise ValueError(f"memory_limit_mb={memory_limit_mb}: expected >= 1 or None (no limit)")
+        require("gymnasium", "real episodes of the embedded task")  # here, not in the workers: they never import torch
         self.env_id = env_id
         self.workers = workers
         self.timeout_s = timeout_s
@@ -88,7 +92,7 @@ class Evaluator:
             )
         return self._pool
 
-    def _on_spawner(self, fn: Any, *args: Any) -> Any:
+    def _on_spawner(self, fn: Callable[..., T], *args: Any) -> T:
         """Run ``fn`` on this evaluator's own thread. A process pool starts its
         workers in the thread that submits, and Linux's parent-death signal
         fires when that *thread* ends: a worker started from a short-lived
@@ -102,7 +106,7 @@ class Evaluator:
         pool, self._pool = self._pool, None
         if pool is None:
             return
-        for proc in list(getattr(pool, "_processes", {}).values()):  # the executor has no public kill
+        for proc in list((pool._processes or {}).values()):  # the executor has no public kill
             if proc.is_alive():
                 proc.terminate()
         pool.shutdown(wait=False, cancel_futures=True)
@@ -146,8 +150,8 @@ class Evaluator:
                 raise
         out = []
         for j, (_, states) in enumerate(jobs):
-            returns: list[Any] = [None] * len(states)
-            episodes: list[Any] = [None] * len(states)
+            returns: list[float] = [0.0] * len(states)
+            episodes: list[dict[str, np.ndarray]] = [{} for _ in states]
             for jj, idx, res in results:
                 if jj != j:
                     continue
@@ -157,7 +161,7 @@ class Evaluator:
             out.append(Evaluation(returns=returns, episodes=episodes))
         return out
 
-    def _submit(self, jobs: Sequence[tuple[Sequence[float], Sequence[Sequence[float]]]], hang_seconds: float, alloc_mb: int) -> list[tuple[int, list[int], Any]]:
+    def _submit(self, jobs: Sequence[tuple[Sequence[float], Sequence[Sequence[float]]]], hang_seconds: float, alloc_mb: int) -> list[tuple[int, list[int], Future[dict[str, Any]]]]:
         """Every job split into per-worker chunks on the pool: (job index, state indices, future)."""
         pool = self._get_pool()
         submitted = []

@@ -14,9 +14,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
+
+if TYPE_CHECKING:
+    import gymnasium as gym
 
 ENV_ID = "Pendulum-v1"
 OBS_DIM = 3
@@ -84,7 +87,9 @@ def random_params(rng: np.random.Generator, n: int, scale: float = 1.0) -> np.nd
     return rng.normal(0.0, scale, size=(n, N_PARAMS))
 
 
-def make_env(env_id: str = ENV_ID) -> Any:
+def make_env(env_id: str = ENV_ID) -> gym.Env:
+    # a plain import: this runs in torch-free worker processes, and importing
+    # genesis_fp16.extras would import torch; Evaluator checks the extra first
     import gymnasium as gym
 
     if env_id != ENV_ID:

@@ -6,9 +6,13 @@ from __future__ import annotations
 
 import time
 from datetime import datetime
-from typing import Any, Optional
+from pathlib import Path
+from typing import TYPE_CHECKING, Optional
 
 import typer
+
+if TYPE_CHECKING:
+    from .runs import RunInfo
 
 state_app = typer.Typer(help="Runs in the state dir: list them with their size, prune old ones.", no_args_is_help=True)
 
@@ -25,13 +29,13 @@ def _when(ts: Optional[float]) -> str:
     return "-" if ts is None else datetime.fromtimestamp(ts).strftime("%Y-%m-%d %H:%M")
 
 
-def _state_dir() -> Any:
+def _state_dir() -> Path:
     from genesis_fp16.cli import load_settings_or_exit
 
     return load_settings_or_exit().state_dir
 
 
-def _runs_or_exit(state_dir: Any) -> list[Any]:
+def _runs_or_exit(state_dir: Path) -> list[RunInfo]:
     from genesis_fp16.cli import fail
     from infrastructure.replay_buffer import ReplayBufferError
 

@@ -23,21 +23,25 @@ import asyncio
 import json
 import sqlite3
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Optional, Sequence, Union
+from typing import Any, Optional, Sequence, Union
 
 import numpy as np
 from tenacity import retry, retry_if_exception, stop_after_attempt, wait_exponential
 
 from genesis_fp16 import storage
 from genesis_fp16.checkpoint import atomic_write
-from genesis_fp16.settings import env_name
+from genesis_fp16.settings import Settings, env_name
 from genesis_fp16.telemetry import get_logger
+
+from .trajectory import Trajectory, trajectories_from_episodes
+
+__all__ = [
+    "DEFAULT_FILENAME", "SCHEMA_VERSION", "ReplayBuffer", "ReplayBufferError", "Trajectory", "trajectories_from_episodes",
+]
 
 SCHEMA_VERSION = 1
 DEFAULT_FILENAME = "replay.sqlite"
-ARRAY_FIELDS = ("obs", "action", "reward", "next_obs", "done")
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -68,54 +72,6 @@ class ReplayBufferError(storage.StorageError):
     ``kind`` says why (see :data:`genesis_fp16.storage.KINDS`)."""
 
 
-@dataclass
-class Trajectory:
-    """One episode. Arrays: obs (T, obs_dim), action (T, act_dim), reward (T,),
-    next_obs (T, obs_dim), done (T,)."""
-
-    obs: np.ndarray
-    action: np.ndarray
-    reward: np.ndarray
-    next_obs: np.ndarray
-    done: np.ndarray
-    candidate: str = ""
-    return_: Optional[float] = None
-    outcome: str = ""
-    agent: str = ""
-    generation: int = 0
-    id: Optional[int] = None
-    created: float = field(default=0.0)
-
-    def __post_init__(self) -> None:
-        self.obs = np.asarray(self.obs, dtype=np.float32)
-        self.next_obs = np.asarray(self.next_obs, dtype=np.float32)
-        self.action = np.asarray(self.action, dtype=np.float32)
-        if self.action.ndim == 1:
-            self.action = self.action.reshape(-1, 1)
-        self.reward = np.asarray(self.reward, dtype=np.float32).reshape(-1)
-        self.done = np.asarray(self.done, dtype=bool).reshape(-1)
-        n = self.obs.shape[0]
-        shapes = {k: getattr(self, k).shape for k in ARRAY_FIELDS}
-        if self.obs.ndim != 2 or self.next_obs.shape != self.obs.shape or any(getattr(self, k).shape[0] != n for k in ARRAY_FIELDS):
-            raise ValueError(
-                f"trajectory {self.candidate or self.id!r}: inconsistent transition shapes {shapes}; "
-                "expected obs and next_obs (T, obs_dim), action (T, act_dim), reward and done (T,)"
-            )
-        if n == 0:
-            raise ValueError(
-                f"trajectory {self.candidate or self.id!r}: no transitions; expected at least one "
-                "(obs, action, reward, next_obs, done) step: leave an empty episode out instead of storing it"
-            )
-        if self.return_ is None:
-            self.return_ = float(self.reward.sum())
-
-    @property
-    def label(self) -> str:
-        """How errors name this trajectory."""
-        parts = [f"id={self.id}" if self.id is not None else None, f"candidate={self.candidate!r}" if self.candidate else None]
-        return "trajectory " + " ".join(p for p in parts if p) + f" (agent {self.agent!r}, generation {self.generation})"
-
-
 def _is_locked(exc: BaseException) -> bool:
     return isinstance(exc, sqlite3.OperationalError) and storage.fault_kind(exc) == "locked"
 
@@ -131,7 +87,7 @@ _retry_locked = retry(
 class ReplayBuffer:
     """Trajectory store at ``path`` (default ``<state_dir>/replay.sqlite``)."""
 
-    def __init__(self, path: Union[str, Path, None] = None, *, settings: Any = None, busy_timeout_s: float = 5.0) -> None:
+    def __init__(self, path: Union[str, Path, None] = None, *, settings: Optional[Settings] = None, busy_timeout_s: float = 5.0) -> None:
         dir_name = None  # how messages name the directory: the variable when it came from settings
         if path is None:
             from genesis_fp16.settings import load_settings
@@ -417,14 +373,3 @@ class ReplayBuffer:
             conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
 
         self._run(run)
-
-
-def trajectories_from_episodes(episodes: Iterable[dict[str, np.ndarray]], candidate: str, outcome: str = "") -> list[Trajectory]:
-    """Episodes as returned by ``agents.pendulum_task.run_episodes`` -> trajectories."""
-    return [
-        Trajectory(
-            obs=ep["obs"], action=ep["action"], reward=ep["reward"], next_obs=ep["next_obs"], done=ep["done"],
-            candidate=candidate, outcome=outcome,
-        )
-        for ep in episodes
-    ]

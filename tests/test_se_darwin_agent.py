@@ -186,6 +186,18 @@ def test_bad_options_are_refused():
         EvolveConfig(budget=5).validate()
 
 
+def test_precision_option_uses_the_precision_vocabulary():
+    from genesis_fp16.settings import PrecisionMode
+
+    for mode in PrecisionMode:  # every mode the trainer knows, and nothing hard-coded here
+        EvolveConfig(precision=mode.value).validate()
+    EvolveConfig(precision=None).validate()  # settings and the profile decide
+    with pytest.raises(ValueError) as err:
+        EvolveConfig(precision="fp8").validate()
+    assert "precision='fp8'" in str(err.value)
+    assert ", ".join(m.value for m in PrecisionMode) in str(err.value)  # the allowed values, listed from the enum
+
+
 def test_seed_generation_cannot_overspend_the_budget():
     # generation 0 spends one real episode per initial candidate, before any budget check in the loop
     with pytest.raises(ValueError, match="init_candidates=20"):

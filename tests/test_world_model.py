@@ -14,6 +14,8 @@ import torch
 
 from agents import pendulum_model, pendulum_task
 from genesis_fp16 import rollout
+from genesis_fp16.guard import GuardDecision
+from infrastructure.dynamics import training_data
 from infrastructure.replay_buffer import ReplayBuffer, Trajectory, trajectories_from_episodes
 from infrastructure.world_model import NonFiniteDataError, NotTrainedError, WorldModel, features
 
@@ -60,7 +62,8 @@ def test_features_hold_no_label_and_are_shared():
     wm = WorldModel(3, 1, precision="fp32")
     assert wm.model.net[0].in_features == 4  # obs (3) + action (1), nothing else
     # ... and both training and prediction call it
-    src_train, src_predict = inspect.getsource(WorldModel._dataset), inspect.getsource(WorldModel.predict_sync)
+    src_train, src_predict = inspect.getsource(training_data), inspect.getsource(WorldModel.predict_sync)
+    assert "training_data(" in inspect.getsource(WorldModel._dataset)
     assert "features(obs, act)" in src_train and "features(obs, action)" in src_predict
 
 
@@ -195,15 +198,27 @@ async def test_checkpoint_round_trip(tmp_path):
     torch.testing.assert_close(other.predict_sync(obs, act)[0], wm.predict_sync(obs, act)[0])
 
 
+class FakeLedger:
+    def __init__(self) -> None:
+        self.shadow_gaps = []
+
+    def record_shadow_gap(self, agent, val_loss, fp32_val_loss, precision):
+        self.shadow_gaps.append((agent, val_loss, fp32_val_loss, precision))
+
+
 class FakeGuard:
-    """The RollbackGuard contract of the rollout issue, minimal: trips on the
-    trainer's non-finite streak event."""
+    """A minimal rollback guard (the ``infrastructure.world_model.Guard``
+    protocol): trips on the trainer's non-finite streak event; ``check``
+    answers ``verdict`` (healthy unless a test sets another)."""
 
     def __init__(self) -> None:
         self.tripped = None
         self.last_good_checkpoint = None
+        self.ledger = FakeLedger()
         self.attached = []
         self.checked = []
+        self.resets = 0
+        self.verdict = GuardDecision(reason="healthy")
 
     def attach(self, trainer) -> None:
         self.attached.append(trainer)
@@ -211,14 +226,17 @@ class FakeGuard:
 
     def _on_event(self, event, fields) -> None:
         if event == "trainer.nonfinite_streak" and self.tripped is None:
-            self.tripped = type("Decision", (), {"severity": "P0", "reason": "nonfinite streak", "action": "rollback"})()
+            self.tripped = GuardDecision(severity="P0", action="rollback", reason="nonfinite streak", restore_checkpoint=True)
 
-    def check(self, trainer, val_loss=None, fp32_val_loss=None, throughput_ratio=None):
+    def check(self, trainer, *, val_loss=None, fp32_val_loss=None):
         self.checked.append(val_loss)
-        return type("Decision", (), {"severity": None, "reason": "healthy", "action": "none"})()
+        return self.verdict
 
     def record_good_checkpoint(self, path) -> None:
         self.last_good_checkpoint = str(path)
+
+    def reset(self) -> None:
+        self.resets += 1
 
 
 async def test_guard_trip_restores_checkpoint_and_continues(tmp_path, monkeypatch):
@@ -248,20 +266,37 @@ async def test_guard_trip_restores_checkpoint_and_continues(tmp_path, monkeypatc
 
 async def test_shadow_mode_reports_fp32_gap(monkeypatch):
     monkeypatch.setattr(rollout, "current_stage", lambda agent, settings: "shadow")
-    recorded = []
-
-    class Ledger:
-        def record_shadow_gap(self, agent, val_loss, fp32_val_loss, precision):
-            recorded.append((agent, val_loss, fp32_val_loss, precision))
-
     guard = FakeGuard()
-    guard.ledger = Ledger()
     wm = WorldModel(3, 1, precision="bf16", guard=guard)
     report = await wm.train(100, trajectories=_linear_trajs(3, 50), save=False)
     assert report.fp32_val_loss is not None and report.shadow_gap is not None
     assert abs(report.shadow_gap) < 0.2
+    recorded = guard.ledger.shadow_gaps
     assert recorded and recorded[0][0] == "world_model" and recorded[0][3] == "bf16"
     assert wm._shadow is not None and wm._shadow[1].precision.name == "fp32"
+
+
+async def test_a_rollback_decision_after_the_run_restores_the_last_good_checkpoint(tmp_path, monkeypatch):
+    """P1 (a whole run's statistics): the run finishes, then the guard's
+    check says roll back. The trainer is rebuilt in FP32 with the last good
+    weights, the validation loss is theirs, and the new checkpoint is not
+    recorded as good."""
+    guard = FakeGuard()
+    wm = WorldModel(3, 1, precision="bf16", guard=guard, checkpoint_dir=tmp_path)
+    trajs = _linear_trajs(3, 50)
+    first = await wm.train(50, trajectories=trajs)
+    good = {k: v.clone() for k, v in wm.model.state_dict().items()}
+    guard.verdict = GuardDecision(severity="P1", action="rollback", reason="val loss 1.5x FP32")
+    monkeypatch.setattr(rollout, "current_stage", lambda agent, settings: "rolled_back")
+    resets = guard.resets
+    report = await wm.train(30, trajectories=trajs)
+    assert report.rolled_back and report.rollback_reason == "P1: val loss 1.5x FP32"
+    assert report.precision == "fp32" and report.guard_decision["severity"] == "P1"
+    assert f"restored {first.checkpoint}" in report.events
+    assert all(torch.equal(good[k], v) for k, v in wm.model.state_dict().items())
+    assert report.val_loss == pytest.approx(first.val_loss, rel=0.05)
+    assert guard.last_good_checkpoint == first.checkpoint  # the rolled-back run's checkpoint is not good
+    assert guard.resets == resets + 1 and guard.attached[-1] is wm.trainer
 
 
 async def test_ledger_change_between_runs_rebuilds_the_trainer(monkeypatch):

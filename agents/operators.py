@@ -1,0 +1,130 @@
+"""The search operators and the imagined objective they search on.
+
+Each operator takes plain arrays and an optional imagine function, so tests
+can run them on a synthetic objective.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Callable, Optional, Sequence
+
+import numpy as np
+
+from genesis_fp16.extras import require
+
+from . import pendulum_task as task
+from .evolve_config import EVOLVE, Candidate, EvolveConfig
+
+if TYPE_CHECKING:
+    from infrastructure.world_model import WorldModel
+
+ImagineFn = Callable[[np.ndarray], np.ndarray]  # (P, D) params -> (P,) predicted mean return
+
+
+def pool_failing(pool: Sequence[Candidate], target: float) -> bool:
+    """The pool is failing while no fully evaluated candidate meets the target."""
+    return not any(c.full and c.real_return is not None and c.real_return >= target for c in pool)
+
+
+def best_of(pool: Sequence[Candidate]) -> Optional[Candidate]:
+    scored = [c for c in pool if c.real_return is not None]
+    if not scored:
+        return None
+    # a full evaluation outranks a single-episode score of the same value
+    return max(scored, key=lambda c: (c.full, c.real_return))
+
+
+def revision(
+    pool: Sequence[Candidate], rng: np.random.Generator, *, target: float, imagine: Optional[ImagineFn] = None,
+    samples: int = 64, iters: int = 40, sigma: float = 1.0, popsize: int = 16, seed: int = 0,
+) -> list[np.ndarray]:
+    """New candidates where the pool is failing: a fresh start away from the
+    pool's optimum. With a model: the best of ``samples`` random policies by
+    imagined return, then CMA-ES inside the model from there. Without: one
+    random policy. Returns [] when the pool already meets the target."""
+    if not pool_failing(pool, target):
+        return []
+    starts = rng.normal(0.0, 0.5, size=(samples if imagine is not None else 1, task.N_PARAMS))
+    if imagine is None:
+        return [starts[0]]
+    x0 = starts[int(np.argmax(imagine(starts)))]
+    return [cma_in_model(x0, sigma, imagine, iters=iters, popsize=popsize, seed=seed)]
+
+
+def recombination(a: np.ndarray, b: np.ndarray, rng: np.random.Generator, n: int = 3) -> list[np.ndarray]:
+    """Blends of two good candidates: a + w (b - a), w uniform in [0.2, 0.8]."""
+    weights = rng.uniform(0.2, 0.8, size=n)
+    return [a + w * (b - a) for w in weights]
+
+
+def refinement(
+    x0: np.ndarray, rng: np.random.Generator, *, imagine: Optional[ImagineFn] = None, sigma: float = 0.3,
+    iters: int = 30, popsize: int = 16, seed: int = 0,
+) -> list[np.ndarray]:
+    """Search around a good candidate: CMA-ES inside the world model over
+    imagined returns; without a model, one Gaussian step."""
+    if imagine is None:
+        return [x0 + rng.normal(0.0, sigma, size=x0.shape)]
+    return [cma_in_model(x0, sigma, imagine, iters=iters, popsize=popsize, seed=seed)]
+
+
+def cma_in_model(x0: np.ndarray, sigma: float, imagine: ImagineFn, *, iters: int, popsize: int, seed: int) -> np.ndarray:
+    cma = require("cma", EVOLVE)
+    es = cma.CMAEvolutionStrategy(np.asarray(x0, dtype=float), sigma, {"popsize": popsize, "seed": seed + 1, "verbose": -9})
+    for _ in range(iters):
+        xs = es.ask()
+        scores = imagine(np.asarray(xs))
+        es.tell(xs, [-float(s) for s in scores])
+    best = np.asarray(es.result.xbest, dtype=float)
+    # CMA-ES never scores its own start point; keep it when the search found nothing better
+    start_score = float(imagine(np.asarray(x0, dtype=float)[None])[0])
+    return best if -float(es.result.fbest) >= start_score else np.asarray(x0, dtype=float)
+
+
+def propose(pool: Sequence[Candidate], rng: np.random.Generator, cfg: EvolveConfig, generation: int, imagine: Optional[ImagineFn]) -> list[Candidate]:
+    """One generation's proposals from the pool: refinement of the best,
+    recombination of the two best fully evaluated, revision while the pool is
+    failing; ranked by imagined return, or shuffled without a model."""
+    seed = cfg.seed * 1000 + generation * 10
+    proposals: list[tuple[str, np.ndarray]] = []
+    best = best_of(pool)
+    if best is not None:
+        for x in refinement(best.params, rng, imagine=imagine, sigma=cfg.refine_sigma, iters=cfg.refine_iters, popsize=cfg.popsize, seed=seed):
+            proposals.append(("refinement", x))
+    full = sorted([c for c in pool if c.full], key=lambda c: -(c.real_return or -1e9))
+    if len(full) >= 2:
+        for x in recombination(full[0].params, full[1].params, rng, n=cfg.recombinations):
+            proposals.append(("recombination", x))
+    for x in revision(
+        pool, rng, target=cfg.target, imagine=imagine, samples=cfg.revision_samples,
+        iters=cfg.revision_iters, sigma=cfg.revision_sigma, popsize=cfg.popsize, seed=seed + 1,
+    ):
+        proposals.append(("revision", x))
+    cands = [Candidate(f"g{generation}-{k}-{op}", x, op, generation) for k, (op, x) in enumerate(proposals)]
+    if imagine is not None and cands:
+        scores = imagine(np.stack([c.params for c in cands]))
+        for c, s in zip(cands, scores):
+            c.imagined = float(s)
+        cands.sort(key=lambda c: -(c.imagined or -1e18))
+    else:
+        order = rng.permutation(len(cands))  # nothing to rank by: the ablation picks at random
+        cands = [cands[i] for i in order]
+    return cands
+
+
+def make_imagine(world_model: WorldModel, train_starts: np.ndarray, *, seed: int, generation: int, extra_starts: int, horizon: int) -> ImagineFn:
+    """The objective the operators search on: a policy's mean imagined return
+    over the training start states plus ``extra_starts`` random ones that only
+    the model sees, drawn per generation (they regularise the search)."""
+    from . import pendulum_model
+
+    g = np.random.default_rng([seed, generation, 7])
+    extra = np.stack([g.uniform(-math.pi, math.pi, extra_starts), g.uniform(-1, 1, extra_starts)], axis=1)
+    start_obs = task.observation(np.concatenate([train_starts, extra])).astype(np.float32)
+
+    def imagine(params: np.ndarray) -> np.ndarray:
+        returns = world_model.imagine(pendulum_model.batched_policy, params, start_obs, horizon, project=pendulum_model.project)
+        return returns.mean(dim=1).numpy().astype(float)
+
+    return imagine

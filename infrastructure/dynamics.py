@@ -1,0 +1,211 @@
+"""The world model's data and network: the features it reads, the targets it
+learns, the MLP with its normaliser, and the checks and the seeded
+train/validation split applied to replay trajectories before training."""
+
+from __future__ import annotations
+
+import hashlib
+import numbers
+from typing import Callable, Optional, Sequence
+
+import numpy as np
+import numpy.typing as npt
+import torch
+from torch import nn
+
+from .trajectory import Trajectory
+
+PolicyFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (params [P,D], obs [P,S,obs]) -> actions [P,S,act]
+ProjectFn = Callable[[torch.Tensor], torch.Tensor]
+
+
+class NonFiniteDataError(ValueError):
+    """A trajectory holds NaN or inf; the message names it."""
+
+
+def features(obs: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
+    """The model's raw inputs: observation and action, nothing else. Training
+    and prediction both go through this function (and then the same
+    normaliser inside :class:`DynamicsMLP`)."""
+    return torch.cat([obs, action], dim=-1)
+
+
+def targets(obs: torch.Tensor, next_obs: torch.Tensor, reward: torch.Tensor) -> torch.Tensor:
+    """What the model learns to predict: the observation delta and the reward."""
+    return torch.cat([next_obs - obs, reward.reshape(*obs.shape[:-1], 1)], dim=-1)
+
+
+class DynamicsMLP(nn.Module):
+    """MLP on normalised features; the normaliser statistics are buffers, so
+    they travel with every checkpoint."""
+
+    def __init__(self, obs_dim: int, act_dim: int, hidden: int = 64) -> None:
+        super().__init__()
+        self.obs_dim, self.act_dim = obs_dim, act_dim
+        n_in, n_out = obs_dim + act_dim, obs_dim + 1
+        self.net = nn.Sequential(nn.Linear(n_in, hidden), nn.SiLU(), nn.Linear(hidden, hidden), nn.SiLU(), nn.Linear(hidden, n_out))
+        self.register_buffer("x_mean", torch.zeros(n_in))
+        self.register_buffer("x_std", torch.ones(n_in))
+        self.register_buffer("y_mean", torch.zeros(n_out))
+        self.register_buffer("y_std", torch.ones(n_out))
+
+    def fit_normaliser(self, x: torch.Tensor, y: torch.Tensor) -> None:
+        with torch.no_grad():
+            self.x_mean.copy_(x.mean(0))
+            self.x_std.copy_(x.std(0).clamp_min(1e-6))
+            self.y_mean.copy_(y.mean(0))
+            self.y_std.copy_(y.std(0).clamp_min(1e-6))
+
+    def forward(self, x_norm: torch.Tensor) -> torch.Tensor:
+        return self.net(x_norm)
+
+    def normalise_x(self, x: torch.Tensor) -> torch.Tensor:
+        return (x - self.x_mean) / self.x_std
+
+    def normalise_y(self, y: torch.Tensor) -> torch.Tensor:
+        return (y - self.y_mean) / self.y_std
+
+    def predict_raw(self, x: torch.Tensor) -> torch.Tensor:
+        """Un-normalised prediction (delta obs, reward) for raw features."""
+        return self.net(self.normalise_x(x)).float() * self.y_std + self.y_mean
+
+
+def mse_loss(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    x, y = batch
+    return ((model(x).float() - y) ** 2).mean()  # loss in float32, as the AMP docs advise
+
+
+def check_finite(trajectories: Sequence[Trajectory]) -> None:
+    for traj in trajectories:
+        for name in ("obs", "action", "reward", "next_obs"):
+            values = getattr(traj, name)
+            if not np.isfinite(values).all():
+                bad = int(np.argwhere(~np.isfinite(values))[0][0])
+                raise NonFiniteDataError(
+                    f"{traj.label}: non-finite {name} at transition {bad}; "
+                    "refusing to train on it (fix the source, or delete the trajectory from the replay buffer)"
+                )
+
+
+def check_sizes(trajectories: Sequence[Trajectory], obs_dim: int, act_dim: int) -> None:
+    """Every trajectory matches a model built for ``obs_dim`` and ``act_dim``,
+    and there are at least 2 transitions (one to train on, one to validate)."""
+    built = (obs_dim, act_dim)
+    for traj in trajectories:
+        got = (traj.obs.shape[1], traj.action.shape[1])
+        if got != built:
+            what, size = ("observations", got[0]) if got[0] != built[0] else ("actions", got[1])
+            raise ValueError(
+                f"WorldModel.train: {traj.label} has {what} of size {size}, but this model was built for "
+                f"obs_dim={built[0]}, act_dim={built[1]}; train it on its own environment's trajectories, "
+                f"or build a WorldModel({got[0]}, {got[1]}) for this one"
+            )
+    total = sum(len(traj.obs) for traj in trajectories)
+    if total < 2:
+        raise ValueError(
+            f"WorldModel.train: only {total} transition in all: expected at least 2 "
+            "(one to train on, one to validate); collect more data first"
+        )
+
+def check_options(batch_size: int, val_fraction: float) -> None:
+    """Refuse training options that would fail inside torch or give a NaN loss."""
+    problems = []
+    if isinstance(batch_size, bool) or not isinstance(batch_size, numbers.Integral) or batch_size < 1:
+        problems.append(f"batch_size={batch_size!r}: expected at least 1 transition per optimizer step (e.g. 256)")
+    if not 0.0 < val_fraction < 1.0:  # NaN fails too
+        problems.append(
+            f"val_fraction={val_fraction!r}: expected a fraction strictly between 0 and 1 "
+            "(the share of transitions held out for the validation loss; e.g. 0.1)"
+        )
+    if problems:
+        raise ValueError("WorldModel: " + "; ".join(problems))
+
+
+def data_key(traj: Trajectory) -> int:
+    """A 64-bit key from the trajectory's own transitions (BLAKE2b of the
+    little-endian float32 arrays): the same in every process and state dir,
+    whatever row id or name the trajectory has. Episodes from different start
+    states, or of different candidates, differ in their data and so in their key."""
+    digest = hashlib.blake2b(digest_size=8)
+    for name in ("obs", "action", "reward", "next_obs"):
+        digest.update(np.ascontiguousarray(getattr(traj, name), dtype="<f4").tobytes())
+    return int.from_bytes(digest.digest(), "little")
+
+
+def validation_draws(key: int, length: int, seed: int) -> np.ndarray:
+    """One uniform draw per transition from a generator seeded by (seed, key);
+    a transition validates when its draw is under the validation fraction, so
+    it stays on its side in every later training run."""
+    return np.random.default_rng([seed, key]).random(length)
+
+
+def training_data(
+    trajectories: Sequence[Trajectory], *, seed: int, val_fraction: float
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Features and targets, split into train/validation by
+    :func:`validation_draws`: ``(x_train, y_train, x_val, y_val)``.
+    Trajectories are put in a canonical order first (generation, then data
+    key), so the data set and the batches drawn from it depend on the
+    trajectories alone: not on row ids, the order the buffer returned them
+    in, or what else the state dir holds."""
+    check_finite(trajectories)
+    keyed = sorted(((traj.generation, data_key(traj), k) for k, traj in enumerate(trajectories)))
+    xs, ys, draws = [], [], []
+    for _, key, k in keyed:
+        traj = trajectories[k]
+        obs, act = torch.from_numpy(np.array(traj.obs, dtype=np.float32)), torch.from_numpy(np.array(traj.action, dtype=np.float32))
+        nxt, rew = torch.from_numpy(np.array(traj.next_obs, dtype=np.float32)), torch.from_numpy(np.array(traj.reward, dtype=np.float32))
+        xs.append(features(obs, act))
+        ys.append(targets(obs, nxt, rew))
+        draws.append(validation_draws(key, len(traj.obs), seed))
+    x, y, u = torch.cat(xs).float(), torch.cat(ys).float(), np.concatenate(draws)
+    val = u < val_fraction
+    if not 0 < val.sum() < len(val):
+        # too few transitions for the fraction to land on both sides: the k lowest draws validate
+        k = min(max(1, round(len(val) * val_fraction)), len(val) - 1)
+        val = np.zeros(len(val), dtype=bool)
+        val[np.argsort(u, kind="stable")[:k]] = True
+    val_t = torch.from_numpy(val)
+    return x[~val_t], y[~val_t], x[val_t], y[val_t]
+
+
+def imagined_returns(
+    model: DynamicsMLP,
+    policy: PolicyFn,
+    params: npt.ArrayLike,
+    start_obs: npt.ArrayLike,
+    horizon: int,
+    *,
+    project: Optional[ProjectFn] = None,
+    discount: float = 1.0,
+) -> torch.Tensor:
+    """Predicted returns (P, S) of P policies from S start observations,
+    in FP32, one batched forward per time step (see ``WorldModel.imagine``)."""
+    params = torch.as_tensor(np.asarray(params), dtype=torch.float32)
+    start = torch.as_tensor(np.asarray(start_obs), dtype=torch.float32)
+    obs_dim = model.obs_dim
+    if start.ndim not in (1, 2) or start.shape[-1] != obs_dim:
+        raise ValueError(
+            f"WorldModel.imagine: start_obs of shape {tuple(start.shape)}: expected (S, {obs_dim}) or ({obs_dim},) "
+            "for one start state, observations of the environment this model was trained on"
+        )
+    if params.ndim != 2:
+        raise ValueError(f"WorldModel.imagine: params of shape {tuple(params.shape)}: expected (P, D), one row per candidate policy")
+    if isinstance(horizon, bool) or not isinstance(horizon, numbers.Integral) or horizon < 1:
+        raise ValueError(f"WorldModel.imagine: horizon={horizon!r}: expected at least 1 time step")
+    start = start.reshape(-1, obs_dim)
+    n_p, n_s = params.shape[0], start.shape[0]
+    obs = start.unsqueeze(0).expand(n_p, n_s, start.shape[1]).contiguous()
+    total = torch.zeros(n_p, n_s)
+    weight = 1.0
+    model.eval()
+    with torch.no_grad():
+        for _ in range(horizon):
+            action = policy(params, obs)
+            out = model.predict_raw(features(obs, action))
+            obs = obs + out[..., :-1]
+            if project is not None:
+                obs = project(obs)
+            total += weight * out[..., -1]
+            weight *= discount
+    return total

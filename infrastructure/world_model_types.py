@@ -1,0 +1,69 @@
+"""What the world model reports after training, and what it needs of the
+rollback guard and the rollout ledger (typed, so any object with these
+methods will do; ``genesis_fp16.guard.RollbackGuard`` is the real one)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Optional, Protocol, Union
+
+from genesis_fp16.trainer import FP16Trainer
+
+
+class GuardVerdict(Protocol):
+    """A guard's decision (``genesis_fp16.guard.GuardDecision``)."""
+
+    severity: Optional[str]
+    action: str  # "none", "warn" or "rollback"
+    reason: str
+
+    def as_dict(self) -> dict[str, Any]: ...
+
+
+class ShadowGapLedger(Protocol):
+    """Where shadow-stage measurements go (``genesis_fp16.rollout.RolloutLedger``)."""
+
+    def record_shadow_gap(self, agent: str, val_loss: float, fp32_val_loss: float, precision: str) -> object: ...
+
+
+class Guard(Protocol):
+    """A rollback guard (``genesis_fp16.guard.RollbackGuard``): it watches the
+    trainer it is attached to, sets :attr:`tripped` on a live P0 trigger and
+    judges a finished run in :meth:`check`."""
+
+    tripped: Optional[GuardVerdict]
+    ledger: ShadowGapLedger
+
+    @property
+    def last_good_checkpoint(self) -> Union[str, Path, None]: ...
+
+    def attach(self, trainer: FP16Trainer) -> None: ...
+
+    def check(self, trainer: FP16Trainer, *, val_loss: Optional[float] = None, fp32_val_loss: Optional[float] = None) -> GuardVerdict: ...
+
+    def record_good_checkpoint(self, path: Union[str, Path]) -> None: ...
+
+    def reset(self) -> None: ...
+
+
+@dataclass
+class TrainReport:
+    train_loss: float
+    val_loss: float
+    precision: str
+    steps: int
+    skipped_steps: int
+    wall_s: float
+    transitions: int
+    trajectories: int
+    fp32_val_loss: Optional[float] = None
+    shadow_gap: Optional[float] = None
+    rolled_back: bool = False
+    rollback_reason: Optional[str] = None
+    checkpoint: Optional[str] = None
+    guard_decision: Optional[dict[str, Any]] = None
+    events: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
