@@ -104,11 +104,13 @@ def evolve(
     from rich.text import Text
 
     from genesis_fp16.checkpoint import CheckpointError, atomic_write_text
+    from genesis_fp16.extras import require
     from genesis_fp16.cli import fail, load_settings_or_exit, safe_cells, safe_text, strict_json_value
     from genesis_fp16.settings import env_name
     from genesis_fp16.storage import StorageError, check_output_path, full_disk, prepare_dir
 
     from .evaluation import EvaluationError
+    from .evolve_config import EVOLVE
     from .runs import RunStorageError
     from .se_darwin_agent import EvolveConfig, SEDarwinAgent, run_cma_baseline
 
@@ -123,6 +125,9 @@ def evolve(
         use_world_model=not no_world_model,
         workers=workers,
     )
+    require("gymnasium", EVOLVE)  # before any output: a missing extra is one error line
+    if baseline == Baseline.cma or not no_world_model:
+        require("cma", EVOLVE)
     try:
         config.validate()
         # before any episode: a bad state dir or output path must not lose the run

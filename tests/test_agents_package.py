@@ -58,6 +58,7 @@ def test_evolve_without_the_extra_is_one_line(missing, args, tmp_path, state_dir
     assert len(errors) == 1, proc.stderr
     assert f"genesis-fp16 evolve needs {missing}" in errors[0] and "pip install 'genesis-fp16[agents]'" in errors[0]
     assert "Traceback" not in proc.stderr
+    assert "real episodes" not in proc.stderr, "checked before the progress bar starts"
     assert not any(state_dir.iterdir()), "nothing may be written before the extra is checked"
 
 
