@@ -33,7 +33,7 @@ sys.path.insert(0, str(ROOT))
 
 
 def _cfg(env_id: str, **kw):
-    from genesis_fp16.rl.config import load_config
+    from agents.ppo.config import load_config
 
     base = dict(env_id=env_id, device=kw.pop("device", "auto"), eval_episodes=0)
     return load_config(ROOT / "configs" / "base.yaml", **base, **kw)
@@ -42,7 +42,7 @@ def _cfg(env_id: str, **kw):
 def bench_env(env_id: str, repeats: int, steps: int) -> dict:
     import numpy as np
 
-    from genesis_fp16.rl.envs import make_env_fn, make_vector_env
+    from agents.ppo.envs import make_env_fn, make_vector_env
 
     fns = [make_env_fn(env_id, i) for i in range(8)]
     envs = {mode: make_vector_env(fns, mode) for mode in ("sync", "sync_gymnasium", "async")}
@@ -67,7 +67,7 @@ def bench_env(env_id: str, repeats: int, steps: int) -> dict:
 def bench_inference(env_id: str, repeats: int, steps: int) -> dict:
     import torch
 
-    from genesis_fp16.rl.ppo import PPO
+    from agents.ppo.ppo import PPO
 
     variants = {
         "inference.batched": dict(batch_inference=True),
@@ -95,7 +95,7 @@ def bench_inference(env_id: str, repeats: int, steps: int) -> dict:
 def bench_update(env_id: str, repeats: int, updates: int, device: str) -> dict:
     import torch
 
-    from genesis_fp16.rl.ppo import PPO
+    from agents.ppo.ppo import PPO
 
     variants = {
         "update.fp32": dict(use_amp=False),

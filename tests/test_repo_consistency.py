@@ -14,8 +14,8 @@ import pytest
 from agents.se_darwin_agent import EvolveConfig
 from genesis_fp16 import registry
 from genesis_fp16.profiles import load_profiles
-from genesis_fp16.rl.config import load_config
-from genesis_fp16.rl.ppo import PPO
+from agents.ppo.config import load_config
+from agents.ppo.ppo import PPO
 from infrastructure.world_model import WorldModel
 
 REPO = Path(__file__).resolve().parents[1]

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from genesis_fp16.rl.config import ConfigError, Optimizations, PPOConfig, load_config
+from agents.ppo.config import ConfigError, Optimizations, PPOConfig, load_config
 
 BASE = Path(__file__).resolve().parents[1] / "configs" / "base.yaml"
 
@@ -99,3 +99,32 @@ def test_malformed_cuda_device_is_a_config_error(device):
 def test_non_finite_coefficients_are_rejected(override):
     with pytest.raises(ConfigError, match=override.split("=")[0]):
         load_config(None, [override])
+
+
+def test_agents_ppo_imports_without_the_agents_extra_and_training_names_it():
+    """``import agents.ppo`` needs neither gymnasium nor yaml; the modules that do
+    raise MissingExtraError naming the extra, which the CLI prints as one line."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "sys.modules['gymnasium'] = None\n"
+        "sys.modules['yaml'] = None\n"
+        "import agents.ppo\n"
+        "from genesis_fp16.extras import MissingExtraError\n"
+        "try:\n"
+        "    import agents.ppo.ppo\n"
+        "except MissingExtraError as exc:\n"
+        "    print(exc)\n"
+        "try:\n"
+        "    agents.ppo.load_config(None, ['seed=2'])\n"
+        "except MissingExtraError as exc:\n"
+        "    print(exc)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert len(lines) == 2, proc.stdout
+    assert "needs gymnasium" in lines[0] and "genesis-fp16[agents]" in lines[0]
+    assert "needs yaml" in lines[1] and "genesis-fp16[agents]" in lines[1]

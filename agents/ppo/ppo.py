@@ -22,19 +22,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-import gymnasium as gym
 import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ..telemetry import get_logger
+from genesis_fp16.extras import require
+from genesis_fp16.telemetry import get_logger
+
 from .config import PPOConfig, as_dict
 from .envs import ActionRepeat, VecEnvChoice, build_envs
 
+gym = require("gymnasium", "genesis-fp16 ppo")
+
 def _log():
     # looked up per call: the telemetry configuration (sinks) may change after import
-    return get_logger("genesis_fp16.rl")
+    return get_logger("agents.ppo")
 
 
 # -- network -------------------------------------------------------------------
@@ -270,7 +273,7 @@ class PPO:
 
     # -- setup -----------------------------------------------------------------
     def _make_trainer(self, optimizer: torch.optim.Optimizer):
-        from ..registry import trainer_for
+        from genesis_fp16.registry import trainer_for
 
         opts = self.cfg.optimizations
         precision = ("fp16" if opts.amp_dtype == "float16" else "bf16") if opts.use_amp else "fp32"

@@ -27,9 +27,9 @@ def ppo(
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
     from rich.table import Table
 
-    from ..checkpoint import CheckpointError, atomic_write_text
-    from ..cli import fail, load_settings_or_exit, safe_cells, safe_text
-    from ..storage import StorageError, check_output_path
+    from genesis_fp16.checkpoint import CheckpointError, atomic_write_text
+    from genesis_fp16.cli import fail, load_settings_or_exit, safe_cells, safe_text
+    from genesis_fp16.storage import StorageError, check_output_path
     from .config import ConfigError, load_config
     from .ppo import PPO
 

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 import torch
 
-from genesis_fp16.rl.config import load_config
+from agents.ppo.config import load_config
 from genesis_fp16.telemetry import read_events
-from genesis_fp16.rl.ppo import PPO, CompiledFallback, run
+from agents.ppo.ppo import PPO, CompiledFallback, run
 
 
 def tiny(env_id="CartPole-v1", **kw):
@@ -246,7 +246,7 @@ def test_cli_ppo_json_and_bad_input(tmp_path):
 
 
 def test_joint_towers_equal_two_separate_mlps():
-    from genesis_fp16.rl.ppo import ActorCritic
+    from agents.ppo.ppo import ActorCritic
 
     torch.manual_seed(0)
     net = ActorCritic(4, 3, discrete=True, hidden=16)
@@ -293,7 +293,7 @@ def test_unsupported_spaces_are_a_clear_error_in_the_cli():
 def test_unsupported_action_space_is_a_value_error():
     import gymnasium as gym
 
-    from genesis_fp16.rl.envs import make_vector_env
+    from agents.ppo.envs import make_vector_env
 
     class MultiDiscreteEnv(gym.Env):
         observation_space = gym.spaces.Box(-1, 1, (2,), np.float32)
@@ -350,7 +350,7 @@ def test_a_given_vector_env_must_use_same_step_autoreset():
 
 
 def test_cuda_device_index_beyond_the_visible_gpus_is_a_value_error(monkeypatch):
-    from genesis_fp16.rl.ppo import resolve_device
+    from agents.ppo.ppo import resolve_device
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)

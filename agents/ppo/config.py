@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Union
 
-import yaml
+from genesis_fp16.extras import require
 
 
 class ConfigError(ValueError):
@@ -200,6 +200,7 @@ _OPT_FIELDS = {f.name for f in dataclasses.fields(Optimizations)}
 
 def _coerce(key: str, raw: str, current: Any) -> Any:
     """Parse a ``--set`` string with YAML (so 1e-3, true, null work) and check its type against the default."""
+    yaml = require("yaml", "the PPO config")
     try:
         value = yaml.safe_load(raw)
     except yaml.YAMLError as exc:
@@ -258,6 +259,7 @@ def load_config(
     """Defaults < YAML file (``training:`` section) < ``key=value`` overrides < keyword fields."""
     cfg = PPOConfig()
     if path is not None:
+        yaml = require("yaml", "the PPO config")
         path = Path(path)
         try:
             data = yaml.safe_load(path.read_text()) or {}

@@ -18,11 +18,14 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
-import gymnasium as gym
 import numpy as np
 
-from ..telemetry import get_logger
+from genesis_fp16.extras import require
+from genesis_fp16.telemetry import get_logger
+
 from .config import Optimizations
+
+gym = require("gymnasium", "genesis-fp16 ppo")
 
 EnvFn = Callable[[], gym.Env]
 
@@ -249,7 +252,7 @@ def build_envs(env_id: str, num_envs: int, seed: int, opts: Optimizations, **env
     """The vector env for training and the choice made (logged with its reason)."""
     fns = [make_env_fn(env_id, seed + i, opts.action_repeat, **env_kwargs) for i in range(num_envs)]
     choice = choose_vec_env(opts, fns[0], num_envs)
-    get_logger("genesis_fp16.rl").info(
+    get_logger("agents.ppo").info(
         "ppo.vec_env_selected", env=env_id, mode=choice.mode, num_envs=num_envs, reason=choice.reason
     )
     return make_vector_env(fns, choice.mode), choice
