@@ -75,8 +75,6 @@ def bench_inference(env_id: str, repeats: int, steps: int) -> dict:
         "inference.per_env": dict(batch_inference=False),
     }
     learners = {k: PPO(_cfg(env_id, vec_env="sync", **v)) for k, v in variants.items()}
-    learners["inference.batched_torch"] = PPO(_cfg(env_id, vec_env="sync"))
-    learners["inference.batched_torch"]._np = None  # the torch path (what CUDA / compile use)
     first = next(iter(learners.values()))
     obs = torch.randn(first.cfg.num_envs, first.obs_dim)
     samples = {k: [] for k in learners}
@@ -113,7 +111,7 @@ def bench_update(env_id: str, repeats: int, updates: int, device: str) -> dict:
     samples = {k: [] for k in learners}
     for _ in range(repeats):
         for name, ppo in learners.items():
-            adv, ret = ppo._gae(torch.zeros(ppo.cfg.num_envs))
+            adv, ret = ppo.buffer.gae(torch.zeros(ppo.cfg.num_envs), ppo.cfg.gamma, ppo.cfg.gae_lambda)
             torch.set_num_threads(ppo.cfg.optimizations.num_workers or 1)  # each variant its own thread count
             t0 = time.perf_counter()
             for _ in range(updates):

@@ -256,3 +256,22 @@ def build_envs(env_id: str, num_envs: int, seed: int, opts: Optimizations, **env
         "ppo.vec_env_selected", env=env_id, mode=choice.mode, num_envs=num_envs, reason=choice.reason
     )
     return make_vector_env(fns, choice.mode), choice
+
+
+def check_spaces(envs: gym.vector.VectorEnv, env_id: str) -> None:
+    """Raise ValueError (closing ``envs``) unless PPO can train on them: same-step
+    autoreset, an observation space with a shape, a Discrete or Box action space."""
+    autoreset = envs.metadata.get("autoreset_mode")
+    if autoreset is not None and autoreset != gym.vector.AutoresetMode.SAME_STEP:
+        envs.close()
+        raise ValueError(
+            f"vector env autoreset_mode={autoreset}: PPO needs AutoresetMode.SAME_STEP "
+            "(the final observation in infos['final_obs'] for the truncation bootstrap)"
+        )
+    obs_space, act_space = envs.single_observation_space, envs.single_action_space
+    if obs_space.shape is None or not isinstance(act_space, (gym.spaces.Discrete, gym.spaces.Box)):
+        envs.close()
+        raise ValueError(
+            f"env {env_id!r}: observation space {obs_space} / action space {act_space} not supported "
+            "(expected an observation space with a shape and a Discrete or Box action space)"
+        )
