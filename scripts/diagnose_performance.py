@@ -96,11 +96,11 @@ def bench_update(env_id: str, repeats: int, updates: int, device: str) -> dict:
     from agents.ppo.ppo import PPO
 
     variants = {
-        "update.fp32": dict(use_amp=False),
-        "update.amp_bf16": dict(use_amp=True, amp_dtype="bfloat16"),
-        "update.amp_fp16": dict(use_amp=True, amp_dtype="float16"),
-        "update.compiled_fp32": dict(use_amp=False, use_torch_compile=True),
-        "update.fp32_2threads": dict(use_amp=False, num_workers=2),
+        "update.fp32": dict(precision="fp32"),
+        "update.amp_bf16": dict(precision="bf16"),
+        "update.amp_fp16": dict(precision="fp16"),
+        "update.compiled_fp32": dict(precision="fp32", use_torch_compile=True),
+        "update.fp32_2threads": dict(precision="fp32", num_workers=2),
     }
     learners = {}
     for name, v in variants.items():

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import warnings
+
 import pytest
 
 from agents.ppo.config import ConfigError, Optimizations, PPOConfig, load_config
@@ -11,7 +13,7 @@ from agents.ppo.config import ConfigError, Optimizations, PPOConfig, load_config
 BASE = Path(__file__).resolve().parents[1] / "configs" / "base.yaml"
 
 SEED_KEYS = {
-    "use_subproc_vec_env", "force_dummy_vec_env", "use_amp", "amp_dtype", "use_torch_compile", "compile_mode",
+    "use_subproc_vec_env", "force_dummy_vec_env", "precision", "use_torch_compile", "compile_mode",
     "use_pinned_memory", "num_workers", "batch_inference", "inference_batch_size", "action_repeat", "vec_env",
 }
 
@@ -21,14 +23,16 @@ def test_base_yaml_has_every_seed_key_and_loads():
 
     data = yaml.safe_load(BASE.read_text())
     assert set(data["training"]["optimizations"]) == SEED_KEYS
-    cfg = load_config(BASE)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # base.yaml uses no deprecated key
+        cfg = load_config(BASE)
     assert (cfg.num_envs, cfg.num_steps, cfg.update_epochs, cfg.minibatch_size) == (8, 128, 4, 256)
     assert cfg.optimizations.vec_env == "auto"
 
 
 def test_set_overrides_parse_types_and_nest():
-    cfg = load_config(BASE, ["optimizations.use_amp=true", "amp_dtype=bfloat16", "training.learning_rate=1e-3", "action_repeat=3"])
-    assert cfg.optimizations.use_amp is True and cfg.optimizations.amp_dtype == "bfloat16"
+    cfg = load_config(BASE, ["optimizations.precision=BF16", "training.learning_rate=1e-3", "action_repeat=3"])
+    assert cfg.optimizations.precision == "bf16"
     assert cfg.learning_rate == pytest.approx(1e-3) and cfg.optimizations.action_repeat == 3
     assert load_config(None, ["learning_rate=1"]).learning_rate == 1.0  # int -> float for float fields
 
@@ -36,6 +40,9 @@ def test_set_overrides_parse_types_and_nest():
 @pytest.mark.parametrize(
     "override, key",
     [
+        ("optimizations.precision=float16", "precision"),
+        ("optimizations.precision=fp16-true", "precision"),
+        ("optimizations.precision=auto", "precision"),
         ("optimizations.amp_dtype=float8", "amp_dtype"),
         ("optimizations.compile_mode=fast", "compile_mode"),
         ("optimizations.vec_env=threads", "vec_env"),
@@ -55,6 +62,49 @@ def test_invalid_values_name_the_key(override, key):
         load_config(BASE, [override])
 
 
+def test_precision_takes_the_modes_the_update_runs_in():
+    for mode in ("fp32", "fp16", "bf16"):
+        assert load_config(None, [f"precision={mode}"]).optimizations.precision == mode
+    assert load_config(None).optimizations.precision == "fp32"
+    with pytest.raises(ConfigError, match="expected one of fp32, fp16, bf16"):
+        load_config(None, ["precision=tf32"])
+
+
+@pytest.mark.parametrize(
+    "legacy, expected",
+    [
+        ({"use_amp": True}, "fp16"),
+        ({"use_amp": True, "amp_dtype": "bfloat16"}, "bf16"),
+        ({"use_amp": True, "amp_dtype": "float16"}, "fp16"),
+        ({"use_amp": False, "amp_dtype": "bfloat16"}, "fp32"),
+        ({"amp_dtype": "bfloat16"}, "fp32"),
+    ],
+)
+def test_old_amp_keys_load_as_precision_with_one_deprecation_warning(tmp_path, legacy, expected):
+    import yaml
+
+    old = tmp_path / "old.yaml"
+    old.write_text(yaml.safe_dump({"training": {"seed": 2, "optimizations": legacy}}))
+    with pytest.warns(FutureWarning) as caught:
+        cfg = load_config(old)
+    assert cfg.optimizations.precision == expected
+    assert len(caught) == 1
+    message = str(caught[0].message)
+    assert "training.optimizations.precision" in message and all(k in message for k in legacy)
+    assert f"precision={expected}" in message
+
+
+def test_old_amp_keys_through_set_and_keywords_and_precision_wins_after_them():
+    with pytest.warns(FutureWarning, match="use_amp"):
+        assert load_config(None, ["optimizations.use_amp=true", "amp_dtype=bfloat16"]).optimizations.precision == "bf16"
+    with pytest.warns(FutureWarning, match="amp_dtype"):
+        assert load_config(None, use_amp=True, amp_dtype="float16").optimizations.precision == "fp16"
+    with pytest.warns(FutureWarning):
+        assert load_config(None, ["use_amp=true", "precision=bf16"]).optimizations.precision == "bf16"
+    with pytest.warns(FutureWarning):  # amp_dtype after an explicit bf16 keeps the precision on
+        assert load_config(None, ["precision=bf16", "amp_dtype=float16"]).optimizations.precision == "fp16"
+
+
 def test_conflicting_vec_env_flags_are_one_error():
     with pytest.raises(ConfigError, match="force_dummy_vec_env"):
         load_config(None, ["force_dummy_vec_env=true", "vec_env=async"])
@@ -66,7 +116,7 @@ def test_bad_file_and_missing_equals(tmp_path):
     with pytest.raises(ConfigError, match="training"):
         load_config(bad)
     with pytest.raises(ConfigError, match="key=value"):
-        load_config(None, ["use_amp"])
+        load_config(None, ["precision"])
 
 
 def test_every_field_has_a_docstring():

@@ -84,7 +84,7 @@ def test_loss_returns_its_diagnostics():
 
 
 def test_amp_fp16_update_goes_through_the_scaler():
-    ppo = PPO(tiny(use_amp=True, amp_dtype="float16"))
+    ppo = PPO(tiny(precision="fp16"))
     scaled, stepped = [], []
     scaler = ppo.trainer.scaler
     orig_scale, orig_step = scaler.scale, scaler.step
@@ -104,7 +104,7 @@ def test_amp_fp16_update_goes_through_the_scaler():
 
 def test_amp_off_is_fp32_without_scaler_and_bf16_has_no_scaler():
     fp32 = PPO(tiny())
-    bf16 = PPO(tiny(use_amp=True, amp_dtype="bfloat16"))
+    bf16 = PPO(tiny(precision="bf16"))
     assert fp32.trainer.precision.name == "fp32" and not fp32.trainer.scaler.is_enabled()
     assert bf16.trainer.precision.name == "bf16" and not bf16.trainer.scaler.is_enabled()
     assert dict(fp32.optimization_summary())["AMP"] == "off"
@@ -114,7 +114,7 @@ def test_amp_off_is_fp32_without_scaler_and_bf16_has_no_scaler():
 
 def test_kill_switch_keeps_amp_off(monkeypatch):
     monkeypatch.setenv("ENABLE_FP16_TRAINING", "false")
-    ppo = PPO(tiny(use_amp=True))
+    ppo = PPO(tiny(precision="fp16"))
     assert ppo.trainer.precision.name == "fp32"
     assert "kill switch" in dict(ppo.optimization_summary())["AMP"]
     ppo.close()
@@ -161,7 +161,7 @@ def test_pinned_memory_only_applies_on_cuda():
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_pinned_memory_on_cuda_trains():
-    ppo = PPO(tiny(use_pinned_memory=True, device="cuda", use_amp=True))
+    ppo = PPO(tiny(use_pinned_memory=True, device="cuda", precision="fp16"))
     assert ppo.pin and ppo.buffer.obs.is_pinned() and ppo.trainer.precision.name == "fp16"
     ppo.train()
     ppo.close()
@@ -232,9 +232,11 @@ def test_cli_ppo_json_and_bad_input(tmp_path):
     runner = CliRunner()
     args = ["ppo", "--env", "CartPole-v1", "--total-steps", "128", "--seed", "2", "--json", str(out),
             "--set", "num_envs=2", "--set", "num_steps=32", "--set", "minibatch_size=32", "--set", "eval_episodes=2",
-            "--set", "optimizations.vec_env=sync"]
+            "--set", "optimizations.vec_env=sync", "--set", "use_amp=false"]
     res = runner.invoke(app, args)
     assert res.exit_code == 0, res.output
+    warning = [line for line in res.output.splitlines() if "deprecated" in line]
+    assert len(warning) == 1 and warning[0].startswith("warning:") and "optimizations.precision" in warning[0]
     for line in ("vectorized envs", "AMP", "torch.compile", "pinned memory", "batched inference", "action repeat"):
         assert line in res.output
     assert "evaluation: mean return" in res.output
@@ -242,8 +244,9 @@ def test_cli_ppo_json_and_bad_input(tmp_path):
     for key in ("env_steps_per_s", "eval_return", "wall_s", "optimizations", "env_stepping_s", "inference_s", "update_s"):
         assert key in data
     assert data["optimizations"]["vec_env_resolved"] == "sync" and len(data["eval_returns"]) == 2
-    bad = runner.invoke(app, ["ppo", "--set", "optimizations.amp_dtype=float8"])
-    assert bad.exit_code == 2 and "amp_dtype" in bad.output and "float16" in bad.output
+    assert data["optimizations"]["precision"] == data["optimizations"]["precision_requested"] == "fp32"
+    bad = runner.invoke(app, ["ppo", "--set", "optimizations.precision=float8"])
+    assert bad.exit_code == 2 and "precision" in bad.output and "fp32, fp16, bf16" in bad.output
     missing = runner.invoke(app, ["ppo", "--config", str(tmp_path / "nope.yaml")])
     assert missing.exit_code == 2 and "not found" in missing.output
 

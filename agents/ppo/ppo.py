@@ -71,8 +71,7 @@ class PPO:
         # fused Adam: one kernel over all parameters; torch's CPU default is a
         # per-tensor Python loop, which shows in a launch-bound update
         optimizer = torch.optim.Adam(self.net.parameters(), lr=cfg.learning_rate, eps=1e-5, fused=True)
-        precision = ("fp16" if opts.amp_dtype == "float16" else "bf16") if opts.use_amp else "fp32"
-        self.trainer = registry.trainer_for("ppo", self.net, optimizer, precision=precision, overrides={"max_grad_norm": cfg.max_grad_norm})
+        self.trainer = registry.trainer_for("ppo", self.net, optimizer, precision=opts.precision, overrides={"max_grad_norm": cfg.max_grad_norm})
         self.obs_rms = RunningMeanStd((self.obs_dim,)) if cfg.normalize_obs else None
         self.ret_rms = RunningMeanStd(()) if cfg.normalize_reward else None
         self._ret_acc = np.zeros(cfg.num_envs)
@@ -352,7 +351,7 @@ class PPO:
                 f"on: {self.trainer.precision.name} autocast"
                 + (", gradient scaler" if self.trainer.scaler.is_enabled() else "")
                 if self.trainer.precision.name != "fp32"
-                else ("off" if not o.use_amp else "off (resolved to fp32 by policy/kill switch)"),
+                else ("off" if o.precision == "fp32" else "off (resolved to fp32 by policy/kill switch)"),
             ),
             ("torch.compile", self._compile_state()),
             (
@@ -379,6 +378,7 @@ class PPO:
         o = as_dict(self.cfg)["optimizations"]
         o["resolved"] = {name: state for name, state in self.optimization_summary()}
         o["vec_env_resolved"] = self.vec_choice.mode if self.vec_choice else None
+        o["precision_requested"] = o["precision"]
         o["precision"] = self.trainer.precision.name
         o["compile_active"] = isinstance(self.forward, CompiledFallback) and self.forward.active
         o["pinned_active"] = self.pin
