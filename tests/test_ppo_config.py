@@ -12,17 +12,17 @@ from agents.ppo.config import ConfigError, Optimizations, PPOConfig, load_config
 
 BASE = Path(__file__).resolve().parents[1] / "configs" / "base.yaml"
 
-SEED_KEYS = {
+OPTIMIZATION_KEYS = {
     "use_subproc_vec_env", "force_dummy_vec_env", "precision", "use_torch_compile", "compile_mode",
     "use_pinned_memory", "num_workers", "batch_inference", "inference_batch_size", "action_repeat", "vec_env",
 }
 
 
-def test_base_yaml_has_every_seed_key_and_loads():
+def test_base_yaml_has_every_optimization_key_and_loads():
     import yaml
 
     data = yaml.safe_load(BASE.read_text())
-    assert set(data["training"]["optimizations"]) == SEED_KEYS
+    assert set(data["training"]["optimizations"]) == OPTIMIZATION_KEYS
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # base.yaml uses no deprecated key
         cfg = load_config(BASE)

@@ -39,9 +39,9 @@ class Optimizations:
     vec_env: str = "auto"
     """auto | sync | async. auto times one env step against a subprocess round trip at start-up and picks the faster."""
     use_subproc_vec_env: bool = False
-    """Seed key: true asks for subprocess (async) envs when vec_env is auto."""
+    """true asks for subprocess (async) envs without measuring when vec_env is auto."""
     force_dummy_vec_env: bool = False
-    """Seed key: true forces in-process (sync) envs whatever vec_env says (conflicts with vec_env: async)."""
+    """true forces in-process (sync) envs whatever vec_env says (conflicts with vec_env: async)."""
     precision: str = "fp32"
     """fp32 | fp16 | bf16: the precision of the PPO update through FP16Trainer (fp16 and bf16
     autocast; fp16 adds the gradient scaler). Rollout inference stays FP32. Replaces the
@@ -79,7 +79,7 @@ class Optimizations:
 
 @dataclass
 class PPOConfig:
-    """PPO hyperparameters (defaults: the CartPole settings of the acceptance test)."""
+    """PPO hyperparameters (defaults: CartPole-v1 settings that reach a return of 500 within 100k steps, docs/PPO.md)."""
 
     env_id: str = "CartPole-v1"
     """gymnasium environment id (CartPole-v1, Pendulum-v1, HalfCheetah-v5, ...)."""

@@ -4,8 +4,8 @@
 environment step in this process and one round trip to a subprocess, and
 picks subprocesses only when the step is slow enough that running envs in
 parallel pays for the pipe traffic. On CartPole (about 10 us a step) the round
-trip alone costs 10x the step, which is why the seed's "subprocess on Linux"
-default was a regression on small machines.
+trip alone costs 10x the step, so in-process envs win there whatever the
+platform.
 """
 
 from __future__ import annotations
