@@ -15,6 +15,7 @@ from types import ModuleType
 EXTRAS = {
     "gymnasium": "agents",
     "cma": "agents",
+    "yaml": "agents",
     "matplotlib": "plots",
 }
 

@@ -27,14 +27,14 @@ SHARED = dict(num_envs=8, num_steps=128, update_epochs=4, minibatch_size=256)
 
 
 def _ours_config(env_id: str, steps: int, seed: int):
-    from genesis_fp16.rl.config import load_config
+    from agents.ppo.config import load_config
 
     return load_config(ROOT / "configs" / "base.yaml", env_id=env_id, total_steps=steps, seed=seed,
                        vec_env="sync", device="cpu", **SHARED)
 
 
 def worker_ours(env_id: str, steps: int, seed: int) -> dict:
-    from genesis_fp16.rl.ppo import run
+    from agents.ppo.ppo import run
 
     result = run(_ours_config(env_id, steps, seed))
     return {"impl": "ours", "env_steps": result.env_steps, "wall_s": result.wall_s,

@@ -29,8 +29,8 @@ def main() -> None:
 
     import torch
 
-    from genesis_fp16.rl.config import load_config
-    from genesis_fp16.rl.ppo import run
+    from agents.ppo.config import load_config
+    from agents.ppo.ppo import run
 
     rows = []
     for seed in args.seeds:

@@ -33,7 +33,7 @@ sys.path.insert(0, str(ROOT))
 
 
 def _cfg(env_id: str, **kw):
-    from genesis_fp16.rl.config import load_config
+    from agents.ppo.config import load_config
 
     base = dict(env_id=env_id, device=kw.pop("device", "auto"), eval_episodes=0)
     return load_config(ROOT / "configs" / "base.yaml", **base, **kw)
@@ -42,7 +42,7 @@ def _cfg(env_id: str, **kw):
 def bench_env(env_id: str, repeats: int, steps: int) -> dict:
     import numpy as np
 
-    from genesis_fp16.rl.envs import make_env_fn, make_vector_env
+    from agents.ppo.envs import make_env_fn, make_vector_env
 
     fns = [make_env_fn(env_id, i) for i in range(8)]
     envs = {mode: make_vector_env(fns, mode) for mode in ("sync", "sync_gymnasium", "async")}
@@ -67,7 +67,7 @@ def bench_env(env_id: str, repeats: int, steps: int) -> dict:
 def bench_inference(env_id: str, repeats: int, steps: int) -> dict:
     import torch
 
-    from genesis_fp16.rl.ppo import PPO
+    from agents.ppo.ppo import PPO
 
     variants = {
         "inference.batched": dict(batch_inference=True),
@@ -75,8 +75,6 @@ def bench_inference(env_id: str, repeats: int, steps: int) -> dict:
         "inference.per_env": dict(batch_inference=False),
     }
     learners = {k: PPO(_cfg(env_id, vec_env="sync", **v)) for k, v in variants.items()}
-    learners["inference.batched_torch"] = PPO(_cfg(env_id, vec_env="sync"))
-    learners["inference.batched_torch"]._np = None  # the torch path (what CUDA / compile use)
     first = next(iter(learners.values()))
     obs = torch.randn(first.cfg.num_envs, first.obs_dim)
     samples = {k: [] for k in learners}
@@ -95,14 +93,14 @@ def bench_inference(env_id: str, repeats: int, steps: int) -> dict:
 def bench_update(env_id: str, repeats: int, updates: int, device: str) -> dict:
     import torch
 
-    from genesis_fp16.rl.ppo import PPO
+    from agents.ppo.ppo import PPO
 
     variants = {
-        "update.fp32": dict(use_amp=False),
-        "update.amp_bf16": dict(use_amp=True, amp_dtype="bfloat16"),
-        "update.amp_fp16": dict(use_amp=True, amp_dtype="float16"),
-        "update.compiled_fp32": dict(use_amp=False, use_torch_compile=True),
-        "update.fp32_2threads": dict(use_amp=False, num_workers=2),
+        "update.fp32": dict(precision="fp32"),
+        "update.amp_bf16": dict(precision="bf16"),
+        "update.amp_fp16": dict(precision="fp16"),
+        "update.compiled_fp32": dict(precision="fp32", use_torch_compile=True),
+        "update.fp32_2threads": dict(precision="fp32", num_workers=2),
     }
     learners = {}
     for name, v in variants.items():
@@ -113,7 +111,7 @@ def bench_update(env_id: str, repeats: int, updates: int, device: str) -> dict:
     samples = {k: [] for k in learners}
     for _ in range(repeats):
         for name, ppo in learners.items():
-            adv, ret = ppo._gae(torch.zeros(ppo.cfg.num_envs))
+            adv, ret = ppo.buffer.gae(torch.zeros(ppo.cfg.num_envs), ppo.cfg.gamma, ppo.cfg.gae_lambda)
             torch.set_num_threads(ppo.cfg.optimizations.num_workers or 1)  # each variant its own thread count
             t0 = time.perf_counter()
             for _ in range(updates):

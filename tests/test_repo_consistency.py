@@ -14,8 +14,8 @@ import pytest
 from agents.se_darwin_agent import EvolveConfig
 from genesis_fp16 import registry
 from genesis_fp16.profiles import load_profiles
-from genesis_fp16.rl.config import load_config
-from genesis_fp16.rl.ppo import PPO
+from agents.ppo.config import load_config
+from agents.ppo.ppo import PPO
 from infrastructure.world_model import WorldModel
 
 REPO = Path(__file__).resolve().parents[1]
@@ -58,7 +58,7 @@ def test_example_profile_names_only_agents_the_code_trains(monkeypatch: pytest.M
 def test_example_ppo_profile_reaches_the_ppo_trainer(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("GENESIS_FP16_PROFILES_FILE", str(EXAMPLE_PROFILES))
     (ppo_table,) = [v for name, v in load_profiles(EXAMPLE_PROFILES).agents.items() if name != "world_model"]
-    config = _tiny_ppo(use_amp=True, amp_dtype="float16").trainer.config
+    config = _tiny_ppo(precision="fp16").trainer.config
     assert config.loss_scale == ppo_table.values["init_scale"]
     assert config.growth_interval == ppo_table.values["growth_interval"]
     assert config.nonfinite_streak_threshold == ppo_table.values["nonfinite_streak_threshold"]

@@ -428,7 +428,7 @@ def test_check_output_path(tmp_path, afile, monkeypatch):
 
 @pytest.mark.parametrize("flag", ["--checkpoint", "--json"])
 def test_ppo_bad_output_path_fails_before_training(afile, monkeypatch, flag):
-    from genesis_fp16.rl import ppo
+    from agents.ppo import ppo
 
     def no_training(*args, **kwargs):
         raise AssertionError("PPO was built: the output path was checked too late")
@@ -441,7 +441,7 @@ def test_ppo_bad_output_path_fails_before_training(afile, monkeypatch, flag):
 
 
 def test_ppo_output_path_that_is_a_directory(tmp_path, monkeypatch):
-    from genesis_fp16.rl import ppo
+    from agents.ppo import ppo
 
     monkeypatch.setattr(ppo, "PPO", lambda *a, **k: pytest.fail("PPO was built"))
     result = runner.invoke(app, ["ppo", "--checkpoint", str(tmp_path)])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
 from typing import Optional
 
@@ -16,7 +17,7 @@ def register(app: typer.Typer) -> None:
 def ppo(
     env: Optional[str] = typer.Option(None, "--env", help="gymnasium env id (CartPole-v1, Pendulum-v1, HalfCheetah-v5, ...)."),
     config: Optional[Path] = typer.Option(None, "--config", help="YAML config (default: configs/base.yaml when present)."),
-    set_: list[str] = typer.Option([], "--set", help="Override a config key: --set optimizations.use_amp=true (repeatable)."),
+    set_: list[str] = typer.Option([], "--set", help="Override a config key: --set optimizations.precision=bf16 (repeatable)."),
     total_steps: Optional[int] = typer.Option(None, "--total-steps", help="Environment steps to train for."),
     seed: Optional[int] = typer.Option(None, "--seed", help="Random seed."),
     json_path: Optional[Path] = typer.Option(None, "--json", help="Write results (throughput, eval return, time split) here."),
@@ -26,10 +27,11 @@ def ppo(
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
     from rich.table import Table
+    from rich.text import Text
 
-    from ..checkpoint import CheckpointError, atomic_write_text
-    from ..cli import fail, load_settings_or_exit, safe_cells, safe_text
-    from ..storage import StorageError, check_output_path
+    from genesis_fp16.checkpoint import CheckpointError, atomic_write_text
+    from genesis_fp16.cli import fail, load_settings_or_exit, safe_cells, safe_text
+    from genesis_fp16.storage import StorageError, check_output_path
     from .config import ConfigError, load_config
     from .ppo import PPO
 
@@ -46,9 +48,13 @@ def ppo(
     if config is not None and not config.exists():
         raise fail(f"--config {config}: file not found (expected a YAML file with a 'training:' section)")
     try:
-        cfg = load_config(config, set_, env_id=env, total_steps=total_steps, seed=seed)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", FutureWarning)
+            cfg = load_config(config, set_, env_id=env, total_steps=total_steps, seed=seed)
     except ConfigError as exc:
         raise fail(str(exc))
+    for warning in caught:  # e.g. a deprecated key: one line each, not a source-line dump
+        console.print(Text.assemble(("warning:", "yellow"), " ", safe_text(str(warning.message))), soft_wrap=True)
     try:
         learner = PPO(cfg)
     except ValueError as exc:

@@ -4,8 +4,8 @@
 environment step in this process and one round trip to a subprocess, and
 picks subprocesses only when the step is slow enough that running envs in
 parallel pays for the pipe traffic. On CartPole (about 10 us a step) the round
-trip alone costs 10x the step, which is why the seed's "subprocess on Linux"
-default was a regression on small machines.
+trip alone costs 10x the step, so in-process envs win there whatever the
+platform.
 """
 
 from __future__ import annotations
@@ -18,11 +18,14 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
-import gymnasium as gym
 import numpy as np
 
-from ..telemetry import get_logger
+from genesis_fp16.extras import require
+from genesis_fp16.telemetry import get_logger
+
 from .config import Optimizations
+
+gym = require("gymnasium", "genesis-fp16 ppo")
 
 EnvFn = Callable[[], gym.Env]
 
@@ -249,7 +252,26 @@ def build_envs(env_id: str, num_envs: int, seed: int, opts: Optimizations, **env
     """The vector env for training and the choice made (logged with its reason)."""
     fns = [make_env_fn(env_id, seed + i, opts.action_repeat, **env_kwargs) for i in range(num_envs)]
     choice = choose_vec_env(opts, fns[0], num_envs)
-    get_logger("genesis_fp16.rl").info(
+    get_logger("agents.ppo").info(
         "ppo.vec_env_selected", env=env_id, mode=choice.mode, num_envs=num_envs, reason=choice.reason
     )
     return make_vector_env(fns, choice.mode), choice
+
+
+def check_spaces(envs: gym.vector.VectorEnv, env_id: str) -> None:
+    """Raise ValueError (closing ``envs``) unless PPO can train on them: same-step
+    autoreset, an observation space with a shape, a Discrete or Box action space."""
+    autoreset = envs.metadata.get("autoreset_mode")
+    if autoreset is not None and autoreset != gym.vector.AutoresetMode.SAME_STEP:
+        envs.close()
+        raise ValueError(
+            f"vector env autoreset_mode={autoreset}: PPO needs AutoresetMode.SAME_STEP "
+            "(the final observation in infos['final_obs'] for the truncation bootstrap)"
+        )
+    obs_space, act_space = envs.single_observation_space, envs.single_action_space
+    if obs_space.shape is None or not isinstance(act_space, (gym.spaces.Discrete, gym.spaces.Box)):
+        envs.close()
+        raise ValueError(
+            f"env {env_id!r}: observation space {obs_space} / action space {act_space} not supported "
+            "(expected an observation space with a shape and a Discrete or Box action space)"
+        )

@@ -8,8 +8,8 @@ import gymnasium as gym
 import numpy as np
 import pytest
 
-from genesis_fp16.rl.config import Optimizations
-from genesis_fp16.rl.envs import ActionRepeat, choose_vec_env, estimate_costs, make_env_fn, time_subprocess_round_trip
+from agents.ppo.config import Optimizations
+from agents.ppo.envs import ActionRepeat, choose_vec_env, estimate_costs, make_env_fn, time_subprocess_round_trip
 
 
 class CountingEnv(gym.Env):
@@ -94,7 +94,7 @@ def test_explicit_flags_override_measurement(opts, mode):
 
 @pytest.mark.parametrize("env_id", ["CartPole-v1", "Pendulum-v1"])
 def test_in_process_vector_env_matches_gymnasium_sync(env_id):
-    from genesis_fp16.rl.envs import make_vector_env
+    from agents.ppo.envs import make_vector_env
 
     fns = [make_env_fn(env_id, i) for i in range(3)]
     ours, ref = make_vector_env(fns, "sync"), make_vector_env(fns, "sync_gymnasium")

@@ -9,9 +9,10 @@ import numpy as np
 import pytest
 import torch
 
-from genesis_fp16.rl.config import load_config
+from agents.ppo.config import load_config
+from agents.ppo.policy import CompiledFallback
+from agents.ppo.ppo import PPO, run
 from genesis_fp16.telemetry import read_events
-from genesis_fp16.rl.ppo import PPO, CompiledFallback, run
 
 
 def tiny(env_id="CartPole-v1", **kw):
@@ -28,24 +29,17 @@ def _restore_threads():
     torch.set_num_threads(n)
 
 
-@pytest.mark.parametrize("path", ["numpy", "torch"])
 @pytest.mark.parametrize("env_id", ["CartPole-v1", "Pendulum-v1"])
-def test_batched_inference_picks_the_same_actions_as_per_env(env_id, path):
+def test_batched_inference_picks_the_same_actions_as_per_env(env_id):
     obs = torch.randn(8, 4 if env_id == "CartPole-v1" else 3, generator=torch.Generator().manual_seed(0))
     results = {}
     for name, kw in {"batched": dict(batch_inference=True), "chunk3": dict(batch_inference=True, inference_batch_size=3),
                      "per_env": dict(batch_inference=False)}.items():
         torch.manual_seed(0)
         ppo = PPO(tiny(env_id, num_envs=8, num_steps=16, minibatch_size=16, seed=3, **kw))
-        assert ppo._np is not None  # CPU, FP32, no compile: the NumPy fast path
         calls = []
-        if path == "torch":
-            ppo._np = None
-            original = ppo.forward
-            ppo.forward = lambda x, _f=original: (calls.append(x.shape[0]), _f(x))[1]
-        else:
-            original = ppo._act_numpy
-            ppo._act_numpy = lambda x, z, _f=original: (calls.append(x.shape[0]), _f(x, z))[1]
+        original = ppo.forward
+        ppo.forward = lambda x, _f=original: (calls.append(x.shape[0]), _f(x))[1]
         acts = [ppo.act(obs, ppo._draw_noise())[0] for _ in range(5)]
         results[name] = (torch.stack(acts), calls)
         ppo.close()
@@ -61,27 +55,36 @@ def test_batched_inference_picks_the_same_actions_as_per_env(env_id, path):
 
 
 @pytest.mark.parametrize("env_id", ["CartPole-v1", "Pendulum-v1"])
-def test_numpy_fast_path_matches_torch(env_id):
+def test_rollout_log_probs_are_the_losss_log_probs(env_id):
+    """The rollout and the update use one policy: the log-probability stored
+    with an action equals the one the loss computes for it before any update."""
     ppo = PPO(tiny(env_id, num_envs=8, seed=4))
     obs = torch.randn(8, ppo.obs_dim)
-    noise = ppo._draw_noise()
-    a_np, lp_np, v_np = ppo.act(obs, noise.clone())
-    a_t, lp_t, v_t = ppo._act_torch(obs, noise.clone())
-    if ppo.discrete:
-        assert torch.equal(a_np, a_t)
-    torch.testing.assert_close(a_np.float(), a_t.float(), rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(lp_np, lp_t, rtol=1e-4, atol=1e-5)
-    torch.testing.assert_close(v_np, v_t, rtol=1e-4, atol=1e-5)
-    # the views follow the weights after an update
+    action, logp, value = ppo.act(obs, ppo._draw_noise())
+    with torch.inference_mode():
+        out, v = ppo.net(obs)
+        torch.testing.assert_close(ppo.net.log_prob_entropy(out, action)[0], logp)
+    torch.testing.assert_close(v, value)
+    ppo.close()
+
+
+def test_loss_returns_its_diagnostics():
+    ppo = PPO(tiny(ent_coef=0.01, seed=4))
     ppo.train()
-    a_np, lp_np, v_np = ppo.act(obs, noise.clone())
-    a_t, lp_t, v_t = ppo._act_torch(obs, noise.clone())
-    torch.testing.assert_close(v_np, v_t, rtol=1e-4, atol=1e-5)
+    adv, ret = ppo.buffer.gae(torch.zeros(ppo.cfg.num_envs), ppo.cfg.gamma, ppo.cfg.gae_lambda)
+    mb = ppo.buffer.flat(adv, ret)
+    loss, diagnostics = ppo._loss(ppo.net, mb)
+    assert set(mb) == {"obs", "act", "logp", "adv", "ret", "val"}
+    assert set(diagnostics) == {"pg_loss", "v_loss", "entropy", "approx_kl"}
+    assert all(not d.requires_grad and d.dim() == 0 for d in diagnostics.values())
+    expected = diagnostics["pg_loss"] + 0.5 * diagnostics["v_loss"] - 0.01 * diagnostics["entropy"]
+    torch.testing.assert_close(loss.detach(), expected)
+    assert loss.requires_grad
     ppo.close()
 
 
 def test_amp_fp16_update_goes_through_the_scaler():
-    ppo = PPO(tiny(use_amp=True, amp_dtype="float16"))
+    ppo = PPO(tiny(precision="fp16"))
     scaled, stepped = [], []
     scaler = ppo.trainer.scaler
     orig_scale, orig_step = scaler.scale, scaler.step
@@ -101,7 +104,7 @@ def test_amp_fp16_update_goes_through_the_scaler():
 
 def test_amp_off_is_fp32_without_scaler_and_bf16_has_no_scaler():
     fp32 = PPO(tiny())
-    bf16 = PPO(tiny(use_amp=True, amp_dtype="bfloat16"))
+    bf16 = PPO(tiny(precision="bf16"))
     assert fp32.trainer.precision.name == "fp32" and not fp32.trainer.scaler.is_enabled()
     assert bf16.trainer.precision.name == "bf16" and not bf16.trainer.scaler.is_enabled()
     assert dict(fp32.optimization_summary())["AMP"] == "off"
@@ -111,7 +114,7 @@ def test_amp_off_is_fp32_without_scaler_and_bf16_has_no_scaler():
 
 def test_kill_switch_keeps_amp_off(monkeypatch):
     monkeypatch.setenv("ENABLE_FP16_TRAINING", "false")
-    ppo = PPO(tiny(use_amp=True))
+    ppo = PPO(tiny(precision="fp16"))
     assert ppo.trainer.precision.name == "fp32"
     assert "kill switch" in dict(ppo.optimization_summary())["AMP"]
     ppo.close()
@@ -150,7 +153,7 @@ def test_compile_wraps_the_forward_when_it_works(monkeypatch):
 
 def test_pinned_memory_only_applies_on_cuda():
     ppo = PPO(tiny(use_pinned_memory=True))
-    assert not ppo.pin and not ppo.buf_obs.is_pinned()
+    assert not ppo.pin and not ppo.buffer.obs.is_pinned()
     assert "CPU device" in dict(ppo.optimization_summary())["pinned memory"]
     ppo.close()
 
@@ -158,8 +161,8 @@ def test_pinned_memory_only_applies_on_cuda():
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_pinned_memory_on_cuda_trains():
-    ppo = PPO(tiny(use_pinned_memory=True, device="cuda", use_amp=True))
-    assert ppo.pin and ppo.buf_obs.is_pinned() and ppo.trainer.precision.name == "fp16"
+    ppo = PPO(tiny(use_pinned_memory=True, device="cuda", precision="fp16"))
+    assert ppo.pin and ppo.buffer.obs.is_pinned() and ppo.trainer.precision.name == "fp16"
     ppo.train()
     ppo.close()
 
@@ -179,10 +182,10 @@ def test_action_repeat_counts_every_env_step():
 
 def test_gae_matches_a_hand_computation():
     ppo = PPO(tiny(num_envs=1, num_steps=3, minibatch_size=3, gamma=0.5, gae_lambda=0.5))
-    ppo.buf_rew[:, 0] = torch.tensor([1.0, 1.0, 1.0])
-    ppo.buf_val[:, 0] = torch.tensor([0.0, 0.0, 0.0])
-    ppo.buf_done[:, 0] = torch.tensor([0.0, 1.0, 0.0])
-    adv, ret = ppo._gae(torch.tensor([2.0]))
+    ppo.buffer.rew[:, 0] = torch.tensor([1.0, 1.0, 1.0])
+    ppo.buffer.val[:, 0] = torch.tensor([0.0, 0.0, 0.0])
+    ppo.buffer.done[:, 0] = torch.tensor([0.0, 1.0, 0.0])
+    adv, ret = ppo.buffer.gae(torch.tensor([2.0]), 0.5, 0.5)
     # t=2: 1 + 0.5*2 = 2; t=1: done -> 1; t=0: 1 + 0.25*1 = 1.25
     torch.testing.assert_close(adv[:, 0], torch.tensor([1.25, 1.0, 2.0]))
     torch.testing.assert_close(ret, adv)
@@ -229,9 +232,11 @@ def test_cli_ppo_json_and_bad_input(tmp_path):
     runner = CliRunner()
     args = ["ppo", "--env", "CartPole-v1", "--total-steps", "128", "--seed", "2", "--json", str(out),
             "--set", "num_envs=2", "--set", "num_steps=32", "--set", "minibatch_size=32", "--set", "eval_episodes=2",
-            "--set", "optimizations.vec_env=sync"]
+            "--set", "optimizations.vec_env=sync", "--set", "use_amp=false"]
     res = runner.invoke(app, args)
     assert res.exit_code == 0, res.output
+    warning = [line for line in res.output.splitlines() if "deprecated" in line]
+    assert len(warning) == 1 and warning[0].startswith("warning:") and "optimizations.precision" in warning[0]
     for line in ("vectorized envs", "AMP", "torch.compile", "pinned memory", "batched inference", "action repeat"):
         assert line in res.output
     assert "evaluation: mean return" in res.output
@@ -239,14 +244,15 @@ def test_cli_ppo_json_and_bad_input(tmp_path):
     for key in ("env_steps_per_s", "eval_return", "wall_s", "optimizations", "env_stepping_s", "inference_s", "update_s"):
         assert key in data
     assert data["optimizations"]["vec_env_resolved"] == "sync" and len(data["eval_returns"]) == 2
-    bad = runner.invoke(app, ["ppo", "--set", "optimizations.amp_dtype=float8"])
-    assert bad.exit_code == 2 and "amp_dtype" in bad.output and "float16" in bad.output
+    assert data["optimizations"]["precision"] == data["optimizations"]["precision_requested"] == "fp32"
+    bad = runner.invoke(app, ["ppo", "--set", "optimizations.precision=float8"])
+    assert bad.exit_code == 2 and "precision" in bad.output and "fp32, fp16, bf16" in bad.output
     missing = runner.invoke(app, ["ppo", "--config", str(tmp_path / "nope.yaml")])
     assert missing.exit_code == 2 and "not found" in missing.output
 
 
 def test_joint_towers_equal_two_separate_mlps():
-    from genesis_fp16.rl.ppo import ActorCritic
+    from agents.ppo.policy import ActorCritic
 
     torch.manual_seed(0)
     net = ActorCritic(4, 3, discrete=True, hidden=16)
@@ -293,7 +299,7 @@ def test_unsupported_spaces_are_a_clear_error_in_the_cli():
 def test_unsupported_action_space_is_a_value_error():
     import gymnasium as gym
 
-    from genesis_fp16.rl.envs import make_vector_env
+    from agents.ppo.envs import make_vector_env
 
     class MultiDiscreteEnv(gym.Env):
         observation_space = gym.spaces.Box(-1, 1, (2,), np.float32)
@@ -350,7 +356,7 @@ def test_a_given_vector_env_must_use_same_step_autoreset():
 
 
 def test_cuda_device_index_beyond_the_visible_gpus_is_a_value_error(monkeypatch):
-    from genesis_fp16.rl.ppo import resolve_device
+    from agents.ppo.ppo import resolve_device
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)

@@ -9,18 +9,25 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Union
 
-import yaml
+from genesis_fp16.extras import require
+from genesis_fp16.precision import parse_mode
+from genesis_fp16.settings import PrecisionMode
 
 
 class ConfigError(ValueError):
     """An invalid PPO config value: names the key, the value and what is allowed."""
 
 
-AMP_DTYPES = ("float16", "bfloat16")
+# the modes the PPO update runs in: FP32, or autocast to FP16 (with the gradient scaler) or BF16
+PRECISIONS = (PrecisionMode.FP32, PrecisionMode.FP16, PrecisionMode.BF16)
+# deprecated keys, read into ``precision``: use_amp (bool) and amp_dtype (float16 | bfloat16)
+LEGACY_AMP_KEYS = ("use_amp", "amp_dtype")
+LEGACY_AMP_DTYPES = {"float16": PrecisionMode.FP16, "bfloat16": PrecisionMode.BF16}
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune")
 VEC_ENV_MODES = ("auto", "sync", "async")
 
@@ -32,13 +39,13 @@ class Optimizations:
     vec_env: str = "auto"
     """auto | sync | async. auto times one env step against a subprocess round trip at start-up and picks the faster."""
     use_subproc_vec_env: bool = False
-    """Seed key: true asks for subprocess (async) envs when vec_env is auto."""
+    """true asks for subprocess (async) envs without measuring when vec_env is auto."""
     force_dummy_vec_env: bool = False
-    """Seed key: true forces in-process (sync) envs whatever vec_env says (conflicts with vec_env: async)."""
-    use_amp: bool = False
-    """Run the PPO update under autocast through FP16Trainer (FP16 adds the gradient scaler)."""
-    amp_dtype: str = "float16"
-    """float16 | bfloat16: the autocast dtype when use_amp is true."""
+    """true forces in-process (sync) envs whatever vec_env says (conflicts with vec_env: async)."""
+    precision: str = "fp32"
+    """fp32 | fp16 | bf16: the precision of the PPO update through FP16Trainer (fp16 and bf16
+    autocast; fp16 adds the gradient scaler). Rollout inference stays FP32. Replaces the
+    deprecated use_amp / amp_dtype, which still load."""
     use_torch_compile: bool = False
     """torch.compile the policy/value network; a failure falls back to eager with a logged reason."""
     compile_mode: str = "default"
@@ -56,9 +63,9 @@ class Optimizations:
 
     def validate(self) -> None:
         _choice("training.optimizations.vec_env", self.vec_env, VEC_ENV_MODES)
-        _choice("training.optimizations.amp_dtype", self.amp_dtype, AMP_DTYPES)
+        self.precision = _precision("training.optimizations.precision", self.precision).value
         _choice("training.optimizations.compile_mode", self.compile_mode, COMPILE_MODES)
-        for name in ("use_subproc_vec_env", "force_dummy_vec_env", "use_amp", "use_torch_compile", "use_pinned_memory", "batch_inference"):
+        for name in ("use_subproc_vec_env", "force_dummy_vec_env", "use_torch_compile", "use_pinned_memory", "batch_inference"):
             _bool(f"training.optimizations.{name}", getattr(self, name))
         _int("training.optimizations.num_workers", self.num_workers, 0)
         _int("training.optimizations.inference_batch_size", self.inference_batch_size, 0)
@@ -72,7 +79,7 @@ class Optimizations:
 
 @dataclass
 class PPOConfig:
-    """PPO hyperparameters (defaults: the CartPole settings of the acceptance test)."""
+    """PPO hyperparameters (defaults: CartPole-v1 settings that reach a return of 500 within 100k steps, docs/PPO.md)."""
 
     env_id: str = "CartPole-v1"
     """gymnasium environment id (CartPole-v1, Pendulum-v1, HalfCheetah-v5, ...)."""
@@ -179,6 +186,16 @@ def _choice(key: str, value: Any, allowed: tuple[str, ...]) -> None:
         raise ConfigError(f"{key}={value!r}: expected one of {', '.join(allowed)}")
 
 
+def _precision(key: str, value: Any) -> PrecisionMode:
+    try:
+        mode = parse_mode(value)
+    except ValueError:
+        mode = None
+    if mode not in PRECISIONS:
+        raise ConfigError(f"{key}={value!r}: expected one of {', '.join(m.value for m in PRECISIONS)}")
+    return mode
+
+
 def _bool(key: str, value: Any) -> None:
     if not isinstance(value, bool):
         raise ConfigError(f"{key}={value!r}: expected true or false")
@@ -200,6 +217,7 @@ _OPT_FIELDS = {f.name for f in dataclasses.fields(Optimizations)}
 
 def _coerce(key: str, raw: str, current: Any) -> Any:
     """Parse a ``--set`` string with YAML (so 1e-3, true, null work) and check its type against the default."""
+    yaml = require("yaml", "the PPO config")
     try:
         value = yaml.safe_load(raw)
     except yaml.YAMLError as exc:
@@ -214,10 +232,26 @@ def _coerce(key: str, raw: str, current: Any) -> Any:
     return value
 
 
-def _apply(cfg: PPOConfig, key: str, value: Any, *, from_string: bool = False) -> None:
+@dataclass
+class _LegacyAmp:
+    """The deprecated AMP keys met while loading: their values since the last
+    explicit ``precision`` (which wins over them), and every name seen (for the warning)."""
+
+    values: dict[str, Any] = field(default_factory=dict)
+    seen: set[str] = field(default_factory=set)
+
+
+def _apply(cfg: PPOConfig, key: str, value: Any, legacy: _LegacyAmp, *, from_string: bool = False) -> None:
     parts = key.split(".")
     if parts[0] == "training":
         parts = parts[1:]
+    if parts[-1] in LEGACY_AMP_KEYS and (parts[:-1] in ([], ["optimizations"])):
+        if from_string:
+            value = _coerce(key, value, None)
+        _apply_legacy_amp(cfg, key, parts[-1], value, legacy)
+        return
+    if parts[-1] == "precision":
+        legacy.values.clear()
     if len(parts) == 2 and parts[0] == "optimizations" and parts[1] in _OPT_FIELDS:
         target, name = cfg.optimizations, parts[1]
     elif len(parts) == 1 and parts[0] in _OPT_FIELDS:
@@ -241,6 +275,20 @@ def _apply(cfg: PPOConfig, key: str, value: Any, *, from_string: bool = False) -
     setattr(target, name, value)
 
 
+def _apply_legacy_amp(cfg: PPOConfig, key: str, name: str, value: Any, legacy: _LegacyAmp) -> None:
+    """Read the deprecated ``use_amp`` / ``amp_dtype`` into ``optimizations.precision``."""
+    if name == "use_amp":
+        _bool(key, value)
+    elif value not in LEGACY_AMP_DTYPES:
+        raise ConfigError(f"{key}={value!r}: expected one of {', '.join(LEGACY_AMP_DTYPES)} (or use precision: fp32, fp16 or bf16)")
+    legacy.values[name] = value
+    legacy.seen.add(name)
+    current = _precision("training.optimizations.precision", cfg.optimizations.precision)
+    use_amp = legacy.values.get("use_amp", current != PrecisionMode.FP32)
+    dtype = legacy.values.get("amp_dtype", "bfloat16" if current == PrecisionMode.BF16 else "float16")
+    cfg.optimizations.precision = (LEGACY_AMP_DTYPES[dtype] if use_amp else PrecisionMode.FP32).value
+
+
 def _flatten(prefix: str, data: Any) -> list[tuple[str, Any]]:
     if isinstance(data, dict):
         items = []
@@ -257,7 +305,9 @@ def load_config(
 ) -> PPOConfig:
     """Defaults < YAML file (``training:`` section) < ``key=value`` overrides < keyword fields."""
     cfg = PPOConfig()
+    legacy = _LegacyAmp()
     if path is not None:
+        yaml = require("yaml", "the PPO config")
         path = Path(path)
         try:
             data = yaml.safe_load(path.read_text()) or {}
@@ -268,15 +318,22 @@ def load_config(
         if not isinstance(data, dict) or not isinstance(data.get("training", {}), dict):
             raise ConfigError(f"config file {path}: expected a mapping with a 'training:' section")
         for key, value in _flatten("training", data.get("training") or {}):
-            _apply(cfg, key, value)
+            _apply(cfg, key, value, legacy)
     for item in overrides or []:
         if "=" not in item:
-            raise ConfigError(f"--set {item!r}: expected key=value, e.g. --set optimizations.use_amp=true")
+            raise ConfigError(f"--set {item!r}: expected key=value, e.g. --set optimizations.precision=bf16")
         key, raw = item.split("=", 1)
-        _apply(cfg, key.strip(), raw.strip(), from_string=True)
+        _apply(cfg, key.strip(), raw.strip(), legacy, from_string=True)
     for key, value in fields.items():
         if value is not None:
-            _apply(cfg, key, value)
+            _apply(cfg, key, value, legacy)
+    if legacy.seen:
+        warnings.warn(
+            f"deprecated PPO config key(s) {', '.join(sorted(legacy.seen))}: use training.optimizations.precision "
+            f"(fp32, fp16 or bf16) instead (read as precision={cfg.optimizations.precision})",
+            FutureWarning,
+            stacklevel=2,
+        )
     return cfg.validate()
 
 

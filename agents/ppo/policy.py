@@ -1,0 +1,131 @@
+"""The actor-critic policy: one network, its action distribution, and the
+optional ``torch.compile`` wrapper of its forward.
+
+Sampling uses noise drawn for all envs at once from one generator
+(Gumbel-max for discrete actions, ``mean + std * eps`` for continuous), so
+chunked or per-env inference picks exactly the actions batched inference
+picks. There are no ``torch.distributions`` objects: their argument
+validation costs more than the forward of a 64-unit MLP.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, Optional
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from genesis_fp16.telemetry import get_logger
+
+Forward = Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+
+
+def _layer(inp: int, out: int, std: float = math.sqrt(2)) -> nn.Linear:
+    layer = nn.Linear(inp, out)
+    nn.init.orthogonal_(layer.weight, std)
+    nn.init.constant_(layer.bias, 0.0)
+    return layer
+
+
+class ActorCritic(nn.Module):
+    """Separate actor and critic MLPs (two tanh layers each, orthogonal init),
+    the shape of SB3's default ``MlpPolicy`` so the benchmark compares like
+    with like. The two towers are computed together: one matmul for both first
+    layers (weights stacked) and one batched matmul for both second layers.
+    That is exactly two independent MLPs (no weight is shared), with about
+    half the kernel launches: a 64-unit MLP is launch-bound, not FLOP-bound
+    (measured in docs/PPO.md)."""
+
+    def __init__(self, obs_dim: int, act_dim: int, discrete: bool, hidden: int = 64) -> None:
+        super().__init__()
+        self.discrete = discrete
+        self.hidden = hidden
+        # rows [0:hidden] are the actor's first layer, rows [hidden:] the critic's
+        self.w1 = nn.Parameter(torch.empty(2 * hidden, obs_dim))
+        self.b1 = nn.Parameter(torch.zeros(2 * hidden))
+        self.w2 = nn.Parameter(torch.empty(2, hidden, hidden))  # [actor, critic], (in, out)
+        self.b2 = nn.Parameter(torch.zeros(2, 1, hidden))
+        self.actor_head = _layer(hidden, act_dim, 0.01)
+        self.critic_head = _layer(hidden, 1, 1.0)
+        for block in (self.w1[:hidden], self.w1[hidden:]):
+            nn.init.orthogonal_(block, math.sqrt(2))
+        for i in range(2):
+            nn.init.orthogonal_(self.w2.data[i], math.sqrt(2))
+        self.log_std = nn.Parameter(torch.zeros(act_dim), requires_grad=not discrete)
+
+    def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(actor output: logits or mean, value)."""
+        h = torch.tanh(torch.addmm(self.b1, obs, self.w1.t()))  # (B, 2H)
+        h = h.view(-1, 2, self.hidden).transpose(0, 1)  # (2, B, H)
+        h = torch.tanh(torch.baddbmm(self.b2, h, self.w2))
+        # F.linear, not the modules' __call__: hook dispatch costs more than these matmuls
+        out = F.linear(h[0], self.actor_head.weight, self.actor_head.bias)
+        return out, F.linear(h[1], self.critic_head.weight, self.critic_head.bias).squeeze(-1)
+
+    def log_prob_entropy(
+        self, out: torch.Tensor, actions: torch.Tensor, with_entropy: bool = True
+    ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+        """Log-probability of ``actions`` under the actor output ``out`` and the
+        entropy (None when not asked for), in float32."""
+        out = out.float()
+        if self.discrete:
+            logp_all = torch.log_softmax(out, dim=-1)
+            logp = logp_all.gather(-1, actions.long().unsqueeze(-1)).squeeze(-1)
+            entropy = -(logp_all.exp() * logp_all).sum(-1) if with_entropy else None
+            return logp, entropy
+        log_std = self.log_std.float().expand_as(out)
+        std = log_std.exp()
+        logp = (-((actions - out) ** 2) / (2 * std * std) - log_std - 0.5 * math.log(2 * math.pi)).sum(-1)
+        entropy = (0.5 + 0.5 * math.log(2 * math.pi) + log_std).sum(-1) if with_entropy else None
+        return logp, entropy
+
+    def sample(self, out: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
+        """Actions from the actor output and pre-drawn noise (uniform for discrete,
+        standard normal for continuous): deterministic given the noise."""
+        out = out.float()
+        if self.discrete:
+            gumbel = -torch.log(-torch.log(noise.clamp(1e-20, 1.0 - 1e-7)))
+            return torch.argmax(out + gumbel, dim=-1)
+        return out + self.log_std.float().exp() * noise
+
+    def act(self, forward: Forward, obs: torch.Tensor, noise: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(actions, log-probs, values) for ``obs`` through ``forward`` (this
+        network's forward, eager or compiled)."""
+        out, value = forward(obs)
+        action = self.sample(out, noise)
+        logp, _ = self.log_prob_entropy(out, action, with_entropy=False)
+        return action, logp, value.float()
+
+
+class CompiledFallback:
+    """Calls ``torch.compile(fn)``; if compiling or running it raises, logs the
+    reason once and runs ``fn`` eagerly from then on."""
+
+    def __init__(self, fn: Callable[..., Any], mode: str, name: str) -> None:
+        self.eager = fn
+        self.name = name
+        self.mode = mode
+        self.failed_reason: Optional[str] = None
+        try:
+            self.compiled: Optional[Callable[..., Any]] = torch.compile(fn, mode=mode)
+        except Exception as exc:  # noqa: BLE001 - any failure means: run eagerly
+            self._fail(exc)
+
+    def _fail(self, exc: BaseException) -> None:
+        self.compiled = None
+        self.failed_reason = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
+        get_logger("agents.ppo").warning("ppo.compile_fallback", function=self.name, mode=self.mode, reason=self.failed_reason)
+
+    @property
+    def active(self) -> bool:
+        return self.compiled is not None
+
+    def __call__(self, *args: Any) -> Any:
+        if self.compiled is not None:
+            try:
+                return self.compiled(*args)
+            except Exception as exc:  # noqa: BLE001
+                self._fail(exc)
+        return self.eager(*args)

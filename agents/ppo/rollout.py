@@ -1,0 +1,84 @@
+"""Rollout storage: preallocated buffers, generalised advantage estimation,
+and the running statistics behind observation and reward normalisation."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+
+class RolloutBuffer:
+    """``num_steps x num_envs`` tensors for one rollout. On CUDA they are
+    pinned (``pin=True``) so the copy to the device once per rollout can be
+    ``non_blocking``. ``rows`` holds NumPy views of the same storage: a NumPy
+    row write costs well under a microsecond, a torch ``copy_`` several."""
+
+    FIELDS = ("obs", "act", "logp", "val", "rew", "done")
+
+    def __init__(self, num_steps: int, num_envs: int, obs_dim: int, act_shape: tuple[int, ...], discrete: bool, pin: bool) -> None:
+        def buf(*shape: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+            return torch.zeros(shape, dtype=dtype, pin_memory=pin)
+
+        t, n = num_steps, num_envs
+        self.obs = buf(t, n, obs_dim)
+        self.act = buf(t, n, *act_shape, dtype=torch.long if discrete else torch.float32)
+        self.logp = buf(t, n)
+        self.val = buf(t, n)
+        self.rew = buf(t, n)
+        self.done = buf(t, n)
+        self.obs_stage = buf(n, obs_dim)  # staging for per-step host->device copies
+        self.rows = {k: getattr(self, k).numpy() for k in self.FIELDS}
+
+    def gae(self, next_value: torch.Tensor, gamma: float, gae_lambda: float) -> tuple[torch.Tensor, torch.Tensor]:
+        """(advantages, returns) by generalised advantage estimation.
+        ``done[t]`` marks that the episode ended at step t (the stored obs at
+        t+1 is a reset one); ``next_value`` is the value of the obs after the
+        last step."""
+        rew, val, done = self.rows["rew"], self.rows["val"], self.rows["done"]
+        num_steps = rew.shape[0]
+        adv = np.zeros_like(rew)
+        last = np.zeros(rew.shape[1], dtype=np.float32)
+        nv = next_value.numpy()
+        for t in reversed(range(num_steps)):
+            next_v = nv if t == num_steps - 1 else val[t + 1]
+            nonterminal = 1.0 - done[t]
+            delta = rew[t] + gamma * next_v * nonterminal - val[t]
+            last = delta + gamma * gae_lambda * nonterminal * last
+            adv[t] = last
+        adv_t = torch.from_numpy(adv)
+        return adv_t, adv_t + self.val
+
+    def flat(self, advantages: torch.Tensor, returns: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The rollout as one batch of ``num_steps * num_envs`` samples."""
+        b = self.logp.numel()
+        return {
+            "obs": self.obs.reshape(b, -1),
+            "act": self.act.reshape(b, *self.act.shape[2:]),
+            "logp": self.logp.reshape(b),
+            "adv": advantages.reshape(b),
+            "ret": returns.reshape(b),
+            "val": self.val.reshape(b),
+        }
+
+
+class RunningMeanStd:
+    """Running mean/variance (parallel algorithm), as gymnasium's normalisers."""
+
+    def __init__(self, shape: tuple[int, ...] = ()) -> None:
+        self.mean = np.zeros(shape, np.float64)
+        self.var = np.ones(shape, np.float64)
+        self.count = 1e-4
+
+    def update(self, x: np.ndarray) -> None:
+        batch_mean, batch_var, n = x.mean(0), x.var(0), x.shape[0]
+        delta = batch_mean - self.mean
+        total = self.count + n
+        self.mean = self.mean + delta * n / total
+        self.var = (self.var * self.count + batch_var * n + delta**2 * self.count * n / total) / total
+        self.count = total
+
+    def state_dict(self) -> dict:
+        return {"mean": np.asarray(self.mean).tolist(), "var": np.asarray(self.var).tolist(), "count": self.count}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.mean, self.var, self.count = np.array(state["mean"]), np.array(state["var"]), state["count"]
