@@ -228,14 +228,17 @@ def env_name(field: str) -> str:
     return ENV_PREFIX + field.upper()
 
 
-def _allowed(field: str) -> str:
-    info = Settings.model_fields[field]
+def allowed_values(model: type[BaseModel], field: str) -> str:
+    """What ``field`` of ``model`` accepts, in words, from its type and bounds
+    (error messages of settings, trainer configs and profiles)."""
+    info = model.model_fields[field]
     annotation = info.annotation
     for candidate in getattr(annotation, "__args__", (annotation,)):
         if isinstance(candidate, type) and issubclass(candidate, Enum):
             return ", ".join(str(m.value) for m in candidate)
     if annotation is bool:
-        return "true, false (also 1/0, yes/no, on/off)"
+        strict = any(getattr(meta, "strict", False) for meta in info.metadata)
+        return "true or false" if strict else "true, false (also 1/0, yes/no, on/off)"
     bounds = []
     for meta in info.metadata:
         for attr, sym in (("gt", ">"), ("ge", ">="), ("lt", "<"), ("le", "<=")):
@@ -258,7 +261,7 @@ def format_validation_error(err: ValidationError) -> str:
             # aliases come back as the alias name
             field = {"ENABLE_FP16_TRAINING": "enable_fp16_training"}.get(field, field)
         name = env_name(field) if field in Settings.model_fields else field
-        allowed = _allowed(field) if field in Settings.model_fields else item.get("msg", "")
+        allowed = allowed_values(Settings, field) if field in Settings.model_fields else item.get("msg", "")
         lines.append(f"invalid setting {name}={item.get('input')!r}: allowed values are {allowed}")
     return "; ".join(lines)
 
