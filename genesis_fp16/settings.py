@@ -77,6 +77,14 @@ class SettingsError(ValueError):
     """An invalid setting: names the variable, the value given and what is allowed."""
 
 
+def no_bool(value: Any) -> Any:
+    """A before-validator for number fields: pydantic would read True as 1,
+    but a number written as true/false is a mistake."""
+    if isinstance(value, bool):
+        raise ValueError("expected a number, got a boolean")
+    return value
+
+
 class PrecisionConfig(BaseModel):
     """The precision and gradient-scaler knobs, named as torch names them.
 
@@ -113,10 +121,7 @@ class PrecisionConfig(BaseModel):
     )
     @classmethod
     def _no_bool_numbers(cls, value: Any) -> Any:
-        # pydantic would read True as 1; a number written as true/false is a mistake
-        if isinstance(value, bool):
-            raise ValueError("expected a number, got a boolean")
-        return value
+        return no_bool(value)
 
     @field_validator("max_grad_norm", mode="before")
     @classmethod
