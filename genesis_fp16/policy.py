@@ -12,7 +12,7 @@ where it came from, for ``genesis-fp16 profiles show``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Optional
 
 from .config import PRECISION_FIELDS, FP16TrainingConfig, precision_name, validate_precision
@@ -37,18 +37,8 @@ class EffectivePolicy:
         return self.stage == "shadow" and self.config.enabled
 
     def as_dict(self) -> dict[str, Any]:
-        from dataclasses import asdict
-
-        return {
-            "agent": self.agent,
-            "precision": self.precision,
-            "stage": self.stage,
-            "shadow": self.shadow,
-            "reason": self.reason,
-            "config": asdict(self.config),
-            "sources": dict(self.sources),
-            "thresholds": dict(self.thresholds),
-        }
+        """The fields as plain data (copies), with the derived ``precision`` and ``shadow``."""
+        return {"agent": self.agent, "precision": self.precision, "stage": self.stage, "shadow": self.shadow, **asdict(self)}
 
 
 def resolve_policy(

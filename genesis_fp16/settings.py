@@ -51,23 +51,37 @@ class PrecisionMode(str, Enum):
 
 
 class OnUnsupported(str, Enum):
+    """What a trainer does with a precision its device cannot run: fallback
+    (log it and train in the best supported one) or error."""
+
     FALLBACK = "fallback"
     ERROR = "error"
 
 
 class LogFormat(str, Enum):
+    """How events are written to stderr."""
+
     CONSOLE = "console"
     JSON = "json"
 
 
 class LogLevel(str, Enum):
+    """The lowest level of the events written or shown (upper case, as logging names them)."""
+
     DEBUG = "DEBUG"
     INFO = "INFO"
     WARNING = "WARNING"
     ERROR = "ERROR"
 
+    @classmethod
+    def _missing_(cls, value: object) -> Optional["LogLevel"]:
+        # any case is accepted: "debug" is DEBUG
+        return cls.__members__.get(value.upper()) if isinstance(value, str) else None
+
 
 class DistributedWrap(str, Enum):
+    """How trainers wrap their model under torchrun."""
+
     NONE = "none"
     DDP = "ddp"
     FSDP = "fsdp"
@@ -184,13 +198,6 @@ class Settings(PrecisionConfig, BaseSettings):
     events_keep: int = Field(
         3, ge=1, description="Rotated event logs kept (events.jsonl.1 is the newest); older ones are deleted."
     )
-
-    @field_validator("log_level", "console_log_level", mode="before")
-    @classmethod
-    def _upper_level(cls, value: Any) -> Any:
-        if isinstance(value, str) and value.upper() in LogLevel.__members__:
-            return value.upper()
-        return value
 
     @classmethod
     def settings_customise_sources(
