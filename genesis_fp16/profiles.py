@@ -64,8 +64,6 @@ class ProfileTable(PrecisionConfig):
 THRESHOLD_DEFAULTS: dict[str, float | int] = GuardThresholds().model_dump()
 # profile keys in the order error messages list them
 PROFILE_KEYS = ("enabled", *PrecisionConfig.model_fields)
-# profile key -> FP16TrainingConfig field
-TRAINER_KEYS = {key: trainer_name(key) for key in PROFILE_KEYS}
 SECTION_KEYS = ("defaults", "agents")
 
 
@@ -223,8 +221,8 @@ def profile_layer(agent: str, settings: Settings) -> dict[str, Any]:
     if pf is None:
         return {"trainer": {}, "thresholds": {}, "source": None, "sources": {}}
     layer = pf.layer(agent)
-    trainer = {TRAINER_KEYS[k]: v for k, v in layer.values.items()}
-    sources = {TRAINER_KEYS[k]: pf.source_of(agent, k) for k in layer.values}
+    trainer = {trainer_name(k): v for k, v in layer.values.items()}
+    sources = {trainer_name(k): pf.source_of(agent, k) for k in layer.values}
     return {"trainer": trainer, "thresholds": dict(layer.thresholds), "source": str(pf.path), "sources": sources}
 
 
