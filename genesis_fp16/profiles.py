@@ -15,8 +15,8 @@ Keys use the settings' names (``init_scale``, not the trainer's
 ``loss_scale``): a table is validated by :class:`ProfileTable` (the settings'
 :class:`~genesis_fp16.settings.PrecisionConfig` plus ``enabled``), its
 ``thresholds`` by :class:`GuardThresholds`. A bad key or value fails with the
-agent, the key and what is allowed. Precedence: settings < ``[defaults]`` < ``[agents.NAME]`` < explicit
-argument (see :mod:`genesis_fp16.policy`).
+agent, the key and what is allowed. Precedence: settings < ``[defaults]`` <
+``[agents.NAME]`` < explicit argument (see :mod:`genesis_fp16.policy`).
 """
 
 from __future__ import annotations

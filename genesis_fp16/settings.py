@@ -108,7 +108,7 @@ class PrecisionConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", validate_default=True)
 
-    precision: PrecisionMode = Field(PrecisionMode.AUTO, description="auto|fp16|bf16|fp32")
+    precision: PrecisionMode = Field(PrecisionMode.AUTO, description="|".join(mode.value for mode in PrecisionMode))
     on_unsupported: OnUnsupported = Field(
         OnUnsupported.FALLBACK,
         description="What to do when the device cannot run the asked precision: fallback (log, use best supported) or error.",
