@@ -5,31 +5,18 @@ argument; then the rollout ledger (a rolled-back or ``off`` agent trains in
 FP32; ``shadow`` or ``on`` switches reduced precision on unless an explicit
 argument says ``enabled=False``) and, over everything, the kill switch
 ``ENABLE_FP16_TRAINING=false``.
-Each value records where it came from, for ``genesis-fp16 profiles show``.
+The precision fields of the layers are merged as one dict and validated once
+as a :class:`~genesis_fp16.settings.PrecisionConfig`. Each value records
+where it came from, for ``genesis-fp16 profiles show``.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Optional
 
+from .config import PRECISION_FIELDS, FP16TrainingConfig, precision_name, validate_precision
 from .settings import Settings, load_settings
-from .trainer import FP16TrainingConfig
-
-# trainer-config field <- settings field
-_SETTINGS_FIELDS = {
-    "enabled": "enable_fp16_training",
-    "precision": "precision",
-    "loss_scale": "init_scale",
-    "growth_factor": "growth_factor",
-    "backoff_factor": "backoff_factor",
-    "growth_interval": "growth_interval",
-    "max_grad_norm": "max_grad_norm",
-    "grad_accumulation_steps": "grad_accumulation_steps",
-    "on_unsupported": "on_unsupported",
-    "nonfinite_streak_threshold": "nonfinite_streak_threshold",
-}
-
 
 @dataclass
 class EffectivePolicy:
@@ -50,26 +37,8 @@ class EffectivePolicy:
         return self.stage == "shadow" and self.config.enabled
 
     def as_dict(self) -> dict[str, Any]:
-        from dataclasses import asdict
-
-        return {
-            "agent": self.agent,
-            "precision": self.precision,
-            "stage": self.stage,
-            "shadow": self.shadow,
-            "reason": self.reason,
-            "config": asdict(self.config),
-            "sources": dict(self.sources),
-            "thresholds": dict(self.thresholds),
-        }
-
-
-def _settings_values(settings: Settings) -> dict[str, Any]:
-    values = {}
-    for cfg_key, settings_key in _SETTINGS_FIELDS.items():
-        value = getattr(settings, settings_key)
-        values[cfg_key] = getattr(value, "value", value)
-    return values
+        """The fields as plain data (copies), with the derived ``precision`` and ``shadow``."""
+        return {"agent": self.agent, "precision": self.precision, "stage": self.stage, "shadow": self.shadow, **asdict(self)}
 
 
 def resolve_policy(
@@ -82,30 +51,37 @@ def resolve_policy(
     """The policy ``agent`` trains under now. ``precision`` and ``overrides``
     are explicit arguments (highest layer below ledger and kill switch)."""
     settings = settings or load_settings()
-    values = _settings_values(settings)
-    sources = {key: "settings" for key in values}
-    thresholds: dict[str, Any] = {}
-
-    from . import profiles as _profiles  # layered per-agent profile (may be empty)
-
-    profile = _profiles.profile_layer(agent, settings)
-    profile_sources = profile.get("sources", {})
-    for key, value in profile.get("trainer", {}).items():
-        values[key] = value
-        sources[key] = f"profile:{profile_sources.get(key, profile.get('source', 'profiles'))}"
-    thresholds.update(_profiles.THRESHOLD_DEFAULTS)
-    thresholds.update(profile.get("thresholds", {}))
-
     explicit = dict(overrides or {})
     if precision is not None:
         explicit["precision"] = precision
         if precision != "fp32":
             explicit.setdefault("enabled", True)
-    for key, value in explicit.items():
-        values[key] = value
-        sources[key] = "argument"
+    allowed = [f.name for f in fields(FP16TrainingConfig)]
+    unknown = sorted(set(explicit) - set(allowed))
+    if unknown:
+        raise ValueError(
+            f"agent {agent!r}: unknown trainer option(s) {', '.join(unknown)} in overrides; allowed are {', '.join(allowed)}"
+        )
 
-    stage = None
+    from . import profiles as _profiles  # layered per-agent profile (may be empty)
+
+    profile = _profiles.profile_layer(agent, settings)
+    thresholds = {**_profiles.THRESHOLD_DEFAULTS, **profile["thresholds"]}
+    sources = {key: "settings" for key in ("enabled", *PRECISION_FIELDS)}
+    sources.update({key: f"profile:{origin}" for key, origin in profile["sources"].items()})
+    sources.update({key: "argument" for key in explicit})
+
+    # trainer-config names, lowest layer first; the precision fields are merged
+    # and validated as one PrecisionConfig, the rest (enabled, device, ...) taken as they are
+    layered = {"enabled": settings.enable_fp16_training, **profile["trainer"], **explicit}
+    update = {precision_name(key): value for key, value in layered.items() if key in PRECISION_FIELDS}
+    values = {key: value for key, value in layered.items() if key not in PRECISION_FIELDS}
+    try:
+        merged = validate_precision({**settings.precision_config.model_dump(), **update})
+    except ValueError as exc:
+        origin = ", ".join(f"{k} from {v}" for k, v in sources.items() if v != "settings")
+        raise ValueError(f"agent {agent!r}: {exc}" + (f" (non-default layers: {origin})" if origin else "")) from None
+
     reason = "settings and profile"
     from . import rollout as _rollout  # the persistent ledger
 
@@ -127,13 +103,5 @@ def resolve_policy(
         reason = "kill switch ENABLE_FP16_TRAINING=false"
     if not values["enabled"]:
         sources["precision"] = sources["enabled"]
-    unknown = sorted(set(values) - {f.name for f in fields(FP16TrainingConfig)})
-    if unknown:
-        allowed = ", ".join(f.name for f in fields(FP16TrainingConfig))
-        raise ValueError(f"agent {agent!r}: unknown trainer option(s) {', '.join(unknown)} in overrides; allowed are {allowed}")
-    try:
-        config = FP16TrainingConfig(**values)
-    except ValueError as exc:
-        origin = ", ".join(f"{k} from {v}" for k, v in sources.items() if v != "settings")
-        raise ValueError(f"agent {agent!r}: {exc}" + (f" (non-default layers: {origin})" if origin else "")) from None
+    config = FP16TrainingConfig.from_precision_config(merged, **values)
     return EffectivePolicy(agent=agent, config=config, sources=sources, stage=stage, thresholds=thresholds, reason=reason)

@@ -12,49 +12,58 @@ File (default ``<state_dir>/profiles.toml``, or ``GENESIS_FP16_PROFILES_FILE``):
     overflow_rollback = 0.25
 
 Keys use the settings' names (``init_scale``, not the trainer's
-``loss_scale``). A bad key or value fails with the agent, the key and what is
-allowed. Precedence: settings < ``[defaults]`` < ``[agents.NAME]`` < explicit
-argument (see :mod:`genesis_fp16.policy`).
+``loss_scale``): a table is validated by :class:`ProfileTable` (the settings'
+:class:`~genesis_fp16.settings.PrecisionConfig` plus ``enabled``), its
+``thresholds`` by :class:`GuardThresholds`. A bad key or value fails with the
+agent, the key and what is allowed. Precedence: settings < ``[defaults]`` <
+``[agents.NAME]`` < explicit argument (see :mod:`genesis_fp16.policy`).
 """
 
 from __future__ import annotations
 
-import math
+import difflib
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Callable, Optional, Union
+from typing import Any, Optional, Union
 
-from .settings import OnUnsupported, PrecisionMode, Settings, read_utf8
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError, field_validator
+
+from .config import trainer_name
+from .settings import PrecisionConfig, Settings, allowed_values, no_bool, read_utf8
 
 try:  # Python 3.11+
     import tomllib
 except ModuleNotFoundError:  # pragma: no cover - Python 3.10
     import tomli as tomllib  # type: ignore[no-redef]
 
-# guard thresholds and their defaults (docs/ROLLBACK_PLAN.md explains each)
-THRESHOLD_DEFAULTS: dict[str, float | int] = {
-    "failed_fraction": 0.5,  # P0: more than this fraction of steps skipped
-    "overflow_rollback": 0.30,  # P1: overflow rate above this rolls back
-    "overflow_warn": 0.10,  # P2: overflow rate above this warns
-    "val_loss_ratio": 1.20,  # P1: val loss above this multiple of the FP32 reference rolls back
-    "throughput_ratio": 0.80,  # P2: throughput below this fraction of FP32 warns
-    "min_steps": 10,  # rates are judged only after this many optimizer steps
-}
 
-# profile key -> FP16TrainingConfig field
-TRAINER_KEYS = {
-    "enabled": "enabled",
-    "precision": "precision",
-    "on_unsupported": "on_unsupported",
-    "init_scale": "loss_scale",
-    "growth_factor": "growth_factor",
-    "backoff_factor": "backoff_factor",
-    "growth_interval": "growth_interval",
-    "max_grad_norm": "max_grad_norm",
-    "grad_accumulation_steps": "grad_accumulation_steps",
-    "nonfinite_streak_threshold": "nonfinite_streak_threshold",
-}
+class GuardThresholds(BaseModel):
+    """The rollback guard's thresholds (docs/ROLLBACK_PLAN.md explains each)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    failed_fraction: float = Field(0.5, gt=0, le=1, description="P0: more than this fraction of steps skipped")
+    overflow_rollback: float = Field(0.30, gt=0, le=1, description="P1: overflow rate above this rolls back")
+    overflow_warn: float = Field(0.10, gt=0, le=1, description="P2: overflow rate above this warns")
+    val_loss_ratio: float = Field(
+        1.20, ge=1, allow_inf_nan=False, description="P1: val loss above this multiple of the FP32 reference rolls back"
+    )
+    throughput_ratio: float = Field(0.80, gt=0, le=1, description="P2: throughput below this fraction of FP32 warns")
+    min_steps: int = Field(10, ge=1, description="rates are judged only after this many optimizer steps")
+
+    _no_bool = field_validator("*", mode="before")(no_bool)
+
+
+class ProfileTable(PrecisionConfig):
+    """The trainer keys of one ``[defaults]`` or ``[agents.NAME]`` table."""
+
+    enabled: StrictBool = Field(True, description="false trains this agent in FP32")
+
+
+THRESHOLD_DEFAULTS: dict[str, float | int] = GuardThresholds().model_dump()
+# profile keys in the order error messages list them
+PROFILE_KEYS = ("enabled", *PrecisionConfig.model_fields)
 SECTION_KEYS = ("defaults", "agents")
 
 
@@ -62,81 +71,25 @@ class ProfileError(ValueError):
     """An invalid profile file: names the file, the agent, the key and what is allowed."""
 
 
-def _number(value: Any) -> Optional[float]:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    value = float(value)
-    return value if math.isfinite(value) else None
-
-
-def _integer(value: Any) -> Optional[int]:
-    if isinstance(value, bool) or not isinstance(value, int):
-        return None
-    return value
-
-
-def _check(pred: Callable[[Any], Any], allowed: str) -> Callable[[Any], tuple[bool, Any, str]]:
-    def check(value: Any) -> tuple[bool, Any, str]:
-        result = pred(value)
-        return (result is not None, result, allowed)
-
-    return check
-
-
-def _enum(enum: Any) -> Callable[[Any], tuple[bool, Any, str]]:
-    allowed = ", ".join(m.value for m in enum)
-    return _check(lambda v: v.lower() if isinstance(v, str) and v.lower() in {m.value for m in enum} else None, allowed)
-
-
-def _grad_norm(value: Any) -> tuple[bool, Any, str]:
-    allowed = "a number > 0, or \"none\" to disable clipping"
-    if isinstance(value, str) and value.strip().lower() in {"none", "off", "null"}:
-        return True, None, allowed
-    num = _number(value)
-    return (num is not None and num > 0, num, allowed)
-
-
-def _bounded(lo: float, hi: Optional[float], *, lo_open: bool = True, hi_open: bool = True, integer: bool = False):
-    parts = [f"{'>' if lo_open else '>='} {lo:g}"]
-    if hi is not None:
-        parts.append(f"{'<' if hi_open else '<='} {hi:g}")
-    allowed = f"{'an integer' if integer else 'a number'} {' and '.join(parts)}"
-
-    def pred(value: Any) -> Any:
-        num = _integer(value) if integer else _number(value)
-        if num is None:
-            return None
-        if (num <= lo) if lo_open else (num < lo):
-            return None
-        if hi is not None and ((num >= hi) if hi_open else (num > hi)):
-            return None
-        return num
-
-    return _check(pred, allowed)
-
-
-_BOOL = _check(lambda v: v if isinstance(v, bool) else None, "true or false")
-
-TRAINER_VALIDATORS = {
-    "enabled": _BOOL,
-    "precision": _enum(PrecisionMode),
-    "on_unsupported": _enum(OnUnsupported),
-    "init_scale": _bounded(0, None),
-    "growth_factor": _bounded(1, None),
-    "backoff_factor": _bounded(0, 1),
-    "growth_interval": _bounded(1, None, lo_open=False, integer=True),
-    "max_grad_norm": _grad_norm,
-    "grad_accumulation_steps": _bounded(1, None, lo_open=False, integer=True),
-    "nonfinite_streak_threshold": _bounded(1, None, lo_open=False, integer=True),
-}
-THRESHOLD_VALIDATORS = {
-    "failed_fraction": _bounded(0, 1, hi_open=False),
-    "overflow_rollback": _bounded(0, 1, hi_open=False),
-    "overflow_warn": _bounded(0, 1, hi_open=False),
-    "val_loss_ratio": _bounded(1, None, lo_open=False),
-    "throughput_ratio": _bounded(0, 1, hi_open=False),
-    "min_steps": _bounded(1, None, lo_open=False, integer=True),
-}
+def _validated(model: type[BaseModel], table: dict[str, Any], where: str, kind: str, names: list[str]) -> dict[str, Any]:
+    """The keys ``table`` sets, validated by ``model``; a ProfileError (one
+    line) names every bad key and what it allows."""
+    try:
+        parsed = model.model_validate(table)
+    except ValidationError as err:
+        prefix = "thresholds." if kind == "threshold" else ""
+        problems = []
+        for item in err.errors():
+            key = str(item["loc"][0])
+            if item["type"] == "extra_forbidden":
+                close = difflib.get_close_matches(key, names, n=1, cutoff=0.6)
+                hint = f" (did you mean {close[0]!r}?)" if close else ""
+                problems.append(f"unknown {kind} {key!r}; allowed {kind}s are {', '.join(names)}{hint}")
+            else:
+                allowed = allowed_values(model, key)
+                problems.append(f"{prefix}{key} = {item['input']!r} is invalid; allowed values are {allowed}")
+        raise ProfileError(f"{where}: " + "; ".join(problems)) from None
+    return parsed.model_dump(mode="json", include=parsed.model_fields_set)
 
 
 @dataclass
@@ -161,30 +114,12 @@ def validate_table(
     where = _where(source, agent)
     if not isinstance(table, dict):
         raise ProfileError(f"{where}: expected a table of keys, got {type(table).__name__}")
-    values: dict[str, Any] = {}
-    thresholds: dict[str, Any] = {}
-    for key, value in table.items():
-        if key == "thresholds":
-            if not isinstance(value, dict):
-                raise ProfileError(f"{where}: key 'thresholds' must be a table, e.g. [agents.NAME.thresholds]")
-            for tkey, tvalue in value.items():
-                if tkey not in THRESHOLD_VALIDATORS:
-                    raise ProfileError(
-                        f"{where}: unknown threshold {tkey!r}; allowed thresholds are {', '.join(THRESHOLD_VALIDATORS)}"
-                    )
-                ok, parsed, allowed = THRESHOLD_VALIDATORS[tkey](tvalue)
-                if not ok:
-                    raise ProfileError(f"{where}: thresholds.{tkey} = {tvalue!r} is invalid; allowed values are {allowed}")
-                thresholds[tkey] = parsed
-            continue
-        if key not in TRAINER_VALIDATORS:
-            raise ProfileError(
-                f"{where}: unknown key {key!r}; allowed keys are {', '.join(TRAINER_VALIDATORS)}, thresholds"
-            )
-        ok, parsed, allowed = TRAINER_VALIDATORS[key](value)
-        if not ok:
-            raise ProfileError(f"{where}: {key} = {value!r} is invalid; allowed values are {allowed}")
-        values[key] = parsed
+    values = dict(table)
+    thresholds = values.pop("thresholds", {})
+    if not isinstance(thresholds, dict):
+        raise ProfileError(f"{where}: key 'thresholds' must be a table, e.g. [agents.NAME.thresholds]")
+    values = _validated(ProfileTable, values, where, "key", [*PROFILE_KEYS, "thresholds"])
+    thresholds = _validated(GuardThresholds, thresholds, where, "threshold", list(GuardThresholds.model_fields))
     inherited = inherited or {}
     merged = {**THRESHOLD_DEFAULTS, **inherited, **thresholds}
     if merged["overflow_warn"] > merged["overflow_rollback"]:
@@ -286,8 +221,8 @@ def profile_layer(agent: str, settings: Settings) -> dict[str, Any]:
     if pf is None:
         return {"trainer": {}, "thresholds": {}, "source": None, "sources": {}}
     layer = pf.layer(agent)
-    trainer = {TRAINER_KEYS[k]: v for k, v in layer.values.items()}
-    sources = {TRAINER_KEYS[k]: pf.source_of(agent, k) for k in layer.values}
+    trainer = {trainer_name(k): v for k, v in layer.values.items()}
+    sources = {trainer_name(k): pf.source_of(agent, k) for k in layer.values}
     return {"trainer": trainer, "thresholds": dict(layer.thresholds), "source": str(pf.path), "sources": sources}
 
 

@@ -341,16 +341,9 @@ class RolloutLedger:
         entry = {"agent": agent, "when": at, "actor": actor, "from_stage": from_stage, "to_stage": to_stage,
                  "reason": reason, "severity": severity}
         level = "warning" if to_stage == "rolled_back" else "info"
-        getattr(self._log, level)(
-            "rollout.stage_changed",
-            agent=agent,
-            from_stage=from_stage,
-            to_stage=to_stage,
-            actor=actor,
-            reason=reason,
-            severity=severity,
-            ledger=str(self.path),
-        )
+        # the event carries the history row (its own timestamp stands for "when")
+        fields = {key: value for key, value in entry.items() if key != "when"}
+        getattr(self._log, level)("rollout.stage_changed", **fields, ledger=str(self.path))
         return entry
 
     def enable(self, agent: str, shadow: bool = False, actor: str = "cli", reason: str = "") -> dict[str, Any]:

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from dotenv.parser import parse_stream
-from pydantic import AliasChoices, Field, ValidationError, field_validator
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError, field_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -51,23 +51,37 @@ class PrecisionMode(str, Enum):
 
 
 class OnUnsupported(str, Enum):
+    """What a trainer does with a precision its device cannot run: fallback
+    (log it and train in the best supported one) or error."""
+
     FALLBACK = "fallback"
     ERROR = "error"
 
 
 class LogFormat(str, Enum):
+    """How events are written to stderr."""
+
     CONSOLE = "console"
     JSON = "json"
 
 
 class LogLevel(str, Enum):
+    """The lowest level of the events written or shown (upper case, as logging names them)."""
+
     DEBUG = "DEBUG"
     INFO = "INFO"
     WARNING = "WARNING"
     ERROR = "ERROR"
 
+    @classmethod
+    def _missing_(cls, value: object) -> Optional["LogLevel"]:
+        # any case is accepted: "debug" is DEBUG
+        return cls.__members__.get(value.upper()) if isinstance(value, str) else None
+
 
 class DistributedWrap(str, Enum):
+    """How trainers wrap their model under torchrun."""
+
     NONE = "none"
     DDP = "ddp"
     FSDP = "fsdp"
@@ -77,9 +91,74 @@ class SettingsError(ValueError):
     """An invalid setting: names the variable, the value given and what is allowed."""
 
 
-class Settings(BaseSettings):
+def no_bool(value: Any) -> Any:
+    """A before-validator for number fields: pydantic would read True as 1,
+    but a number written as true/false is a mistake."""
+    if isinstance(value, bool):
+        raise ValueError("expected a number, got a boolean")
+    return value
+
+
+class PrecisionConfig(BaseModel):
+    """The precision and gradient-scaler knobs, named as torch names them.
+
+    ``Settings`` inherits these fields (``GENESIS_FP16_<NAME>``); a profile
+    table is validated by it (``extra="forbid"``: an unknown key is an error);
+    the policy merges its layers as dicts validated by it."""
+
+    model_config = ConfigDict(extra="forbid", validate_default=True)
+
+    precision: PrecisionMode = Field(PrecisionMode.AUTO, description="|".join(mode.value for mode in PrecisionMode))
+    on_unsupported: OnUnsupported = Field(
+        OnUnsupported.FALLBACK,
+        description="What to do when the device cannot run the asked precision: fallback (log, use best supported) or error.",
+    )
+    init_scale: float = Field(65536.0, gt=0, allow_inf_nan=False, description="GradScaler initial loss scale.")
+    growth_factor: float = Field(2.0, gt=1.0, allow_inf_nan=False, description="GradScaler growth factor.")
+    backoff_factor: float = Field(0.5, gt=0.0, lt=1.0, description="GradScaler backoff factor.")
+    growth_interval: int = Field(2000, ge=1, description="Clean steps before the scale grows.")
+    max_grad_norm: Optional[float] = Field(1.0, gt=0, allow_inf_nan=False, description="Gradient clipping norm; 'none' disables clipping.")
+    grad_accumulation_steps: int = Field(1, ge=1, description="Micro-steps per optimizer step.")
+    nonfinite_streak_threshold: int = Field(
+        3, ge=1, description="Consecutive non-finite losses that raise a trainer.nonfinite_streak event."
+    )
+
+    @field_validator("precision", "on_unsupported", mode="before")
+    @classmethod
+    def _lower_case(cls, value: Any) -> Any:
+        return value.lower() if isinstance(value, str) else value
+
+    @field_validator(
+        "init_scale", "growth_factor", "backoff_factor", "growth_interval",
+        "max_grad_norm", "grad_accumulation_steps", "nonfinite_streak_threshold",
+        mode="before",
+    )
+    @classmethod
+    def _no_bool_numbers(cls, value: Any) -> Any:
+        return no_bool(value)
+
+    @field_validator("max_grad_norm", mode="before")
+    @classmethod
+    def _none_disables(cls, value: Any) -> Any:
+        if isinstance(value, str) and value.strip().lower() in {"", "none", "null", "off"}:
+            return None
+        return value
+
+    def scaler_kwargs(self) -> dict[str, float | int]:
+        """Scaler options exactly as ``torch.amp.GradScaler`` names them."""
+        return {
+            "init_scale": self.init_scale,
+            "growth_factor": self.growth_factor,
+            "backoff_factor": self.backoff_factor,
+            "growth_interval": self.growth_interval,
+        }
+
+
+class Settings(PrecisionConfig, BaseSettings):
     """Global genesis-fp16 settings. Every field maps to ``GENESIS_FP16_<NAME>``
-    except the kill switch, which keeps the seed's name ``ENABLE_FP16_TRAINING``."""
+    except the kill switch, which is read from ``ENABLE_FP16_TRAINING``. The
+    precision fields are inherited from :class:`PrecisionConfig`
+    (:attr:`precision_config` gives them as one)."""
 
     model_config = SettingsConfigDict(
         env_prefix=ENV_PREFIX,
@@ -95,20 +174,6 @@ class Settings(BaseSettings):
         True,
         validation_alias=AliasChoices("ENABLE_FP16_TRAINING", "enable_fp16_training"),
         description="Global switch for reduced precision. false is the kill switch: every agent trains in FP32.",
-    )
-    precision: PrecisionMode = Field(PrecisionMode.AUTO, description="auto|fp16|bf16|fp32")
-    on_unsupported: OnUnsupported = Field(
-        OnUnsupported.FALLBACK,
-        description="What to do when the device cannot run the asked precision: fallback (log, use best supported) or error.",
-    )
-    init_scale: float = Field(65536.0, gt=0, allow_inf_nan=False, description="GradScaler initial loss scale.")
-    growth_factor: float = Field(2.0, gt=1.0, allow_inf_nan=False, description="GradScaler growth factor.")
-    backoff_factor: float = Field(0.5, gt=0.0, lt=1.0, description="GradScaler backoff factor.")
-    growth_interval: int = Field(2000, ge=1, description="Clean steps before the scale grows.")
-    max_grad_norm: Optional[float] = Field(1.0, gt=0, allow_inf_nan=False, description="Gradient clipping norm; 'none' disables clipping.")
-    grad_accumulation_steps: int = Field(1, ge=1, description="Micro-steps per optimizer step.")
-    nonfinite_streak_threshold: int = Field(
-        3, ge=1, description="Consecutive non-finite losses that raise a trainer.nonfinite_streak event."
     )
     state_dir: Path = Field(Path(".genesis_fp16"), description="Where ledgers, event logs and checkpoints go.")
     profiles_file: Optional[Path] = Field(
@@ -133,20 +198,6 @@ class Settings(BaseSettings):
     events_keep: int = Field(
         3, ge=1, description="Rotated event logs kept (events.jsonl.1 is the newest); older ones are deleted."
     )
-
-    @field_validator("max_grad_norm", mode="before")
-    @classmethod
-    def _none_disables(cls, value: Any) -> Any:
-        if isinstance(value, str) and value.strip().lower() in {"", "none", "null", "off"}:
-            return None
-        return value
-
-    @field_validator("log_level", "console_log_level", mode="before")
-    @classmethod
-    def _upper_level(cls, value: Any) -> Any:
-        if isinstance(value, str) and value.upper() in LogLevel.__members__:
-            return value.upper()
-        return value
 
     @classmethod
     def settings_customise_sources(
@@ -176,14 +227,10 @@ class Settings(BaseSettings):
     def effective_profiles_file(self) -> Path:
         return self.profiles_file if self.profiles_file is not None else self.state_dir / "profiles.toml"
 
-    def scaler_kwargs(self) -> dict[str, float | int]:
-        """Scaler options exactly as ``torch.amp.GradScaler`` names them."""
-        return {
-            "init_scale": self.init_scale,
-            "growth_factor": self.growth_factor,
-            "backoff_factor": self.backoff_factor,
-            "growth_interval": self.growth_interval,
-        }
+    @property
+    def precision_config(self) -> PrecisionConfig:
+        """The precision fields alone, as a :class:`PrecisionConfig`."""
+        return PrecisionConfig.model_validate(self.model_dump(include=set(PrecisionConfig.model_fields)))
 
 
 def env_name(field: str) -> str:
@@ -193,14 +240,17 @@ def env_name(field: str) -> str:
     return ENV_PREFIX + field.upper()
 
 
-def _allowed(field: str) -> str:
-    info = Settings.model_fields[field]
+def allowed_values(model: type[BaseModel], field: str) -> str:
+    """What ``field`` of ``model`` accepts, in words, from its type and bounds
+    (error messages of settings, trainer configs and profiles)."""
+    info = model.model_fields[field]
     annotation = info.annotation
     for candidate in getattr(annotation, "__args__", (annotation,)):
         if isinstance(candidate, type) and issubclass(candidate, Enum):
             return ", ".join(str(m.value) for m in candidate)
     if annotation is bool:
-        return "true, false (also 1/0, yes/no, on/off)"
+        strict = any(getattr(meta, "strict", False) for meta in info.metadata)
+        return "true or false" if strict else "true, false (also 1/0, yes/no, on/off)"
     bounds = []
     for meta in info.metadata:
         for attr, sym in (("gt", ">"), ("ge", ">="), ("lt", "<"), ("le", "<=")):
@@ -223,7 +273,7 @@ def format_validation_error(err: ValidationError) -> str:
             # aliases come back as the alias name
             field = {"ENABLE_FP16_TRAINING": "enable_fp16_training"}.get(field, field)
         name = env_name(field) if field in Settings.model_fields else field
-        allowed = _allowed(field) if field in Settings.model_fields else item.get("msg", "")
+        allowed = allowed_values(Settings, field) if field in Settings.model_fields else item.get("msg", "")
         lines.append(f"invalid setting {name}={item.get('input')!r}: allowed values are {allowed}")
     return "; ".join(lines)
 

@@ -12,103 +12,18 @@ once per optimizer step ``unscale_`` -> ``clip_grad_norm_`` -> ``step`` ->
 from __future__ import annotations
 
 import dataclasses
-import math
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, ContextManager, Iterator, Optional, Union
 
 import torch
 
 from . import checkpoint as ckpt
-from .precision import HalfTrue, Precision, ScalerOptions, parse_mode, parse_on_unsupported, resolve_precision
-from .settings import OnUnsupported, PrecisionMode
+from .config import FP16TrainingConfig
+from .precision import HalfTrue, Precision, resolve_precision
 from .telemetry import EventListener, get_logger
 
 CHECKPOINT_WARNING_EVENT = "checkpoint.fresh_scaler"
-
-
-@dataclass
-class FP16TrainingConfig:
-    """Trainer configuration. The first five fields are the seed's.
-
-    enabled: False trains in FP32 whatever ``precision`` says.
-    loss_scale: the scaler's initial scale (torch's ``init_scale``).
-    growth_factor / backoff_factor / growth_interval: as torch names them.
-    precision: auto | fp16 | bf16 | fp32.
-    max_grad_norm: clip the (unscaled) gradient norm to this; None disables.
-    grad_accumulation_steps: micro-steps per optimizer step; the loss is divided by it.
-    on_unsupported: fallback | error, for a precision the device cannot run.
-    device: where the model lives; None infers it from the model's parameters.
-    nonfinite_streak_threshold: consecutive non-finite losses that raise an event.
-    check_finite_loss: test each loss for NaN/inf before backward (one host sync per step).
-    """
-
-    enabled: bool = True
-    loss_scale: float = 65536.0
-    growth_factor: float = 2.0
-    backoff_factor: float = 0.5
-    growth_interval: int = 2000
-    precision: str = "auto"
-    max_grad_norm: Optional[float] = 1.0
-    grad_accumulation_steps: int = 1
-    on_unsupported: str = "fallback"
-    device: Optional[str] = None
-    nonfinite_streak_threshold: int = 3
-    check_finite_loss: bool = True
-
-    def __post_init__(self) -> None:
-        self.validate()
-
-    def validate(self) -> None:
-        parse_mode(self.precision)
-        parse_on_unsupported(self.on_unsupported)
-        problems = []
-        if not (self.loss_scale > 0 and math.isfinite(self.loss_scale)):
-            problems.append(f"loss_scale={self.loss_scale!r}: expected a finite number > 0")
-        if not self.growth_factor > 1.0:
-            problems.append(f"growth_factor={self.growth_factor!r}: expected > 1.0")
-        if not 0.0 < self.backoff_factor < 1.0:
-            problems.append(f"backoff_factor={self.backoff_factor!r}: expected 0 < value < 1")
-        if not (isinstance(self.growth_interval, int) and self.growth_interval >= 1):
-            problems.append(f"growth_interval={self.growth_interval!r}: expected an integer >= 1")
-        if self.max_grad_norm is not None and not self.max_grad_norm > 0:
-            problems.append(f"max_grad_norm={self.max_grad_norm!r}: expected > 0 or None")
-        if not (isinstance(self.grad_accumulation_steps, int) and self.grad_accumulation_steps >= 1):
-            problems.append(f"grad_accumulation_steps={self.grad_accumulation_steps!r}: expected an integer >= 1")
-        if not (isinstance(self.nonfinite_streak_threshold, int) and self.nonfinite_streak_threshold >= 1):
-            problems.append(f"nonfinite_streak_threshold={self.nonfinite_streak_threshold!r}: expected an integer >= 1")
-        if problems:
-            raise ValueError("invalid FP16TrainingConfig: " + "; ".join(problems))
-
-    @property
-    def requested_precision(self) -> PrecisionMode:
-        return parse_mode(self.precision) if self.enabled else PrecisionMode.FP32
-
-    def scaler_options(self) -> ScalerOptions:
-        return ScalerOptions(
-            init_scale=self.loss_scale,
-            growth_factor=self.growth_factor,
-            backoff_factor=self.backoff_factor,
-            growth_interval=self.growth_interval,
-        )
-
-    @classmethod
-    def from_settings(cls, settings: Any, **overrides: Any) -> "FP16TrainingConfig":
-        values = dict(
-            enabled=settings.enable_fp16_training,
-            loss_scale=settings.init_scale,
-            growth_factor=settings.growth_factor,
-            backoff_factor=settings.backoff_factor,
-            growth_interval=settings.growth_interval,
-            precision=settings.precision.value,
-            max_grad_norm=settings.max_grad_norm,
-            grad_accumulation_steps=settings.grad_accumulation_steps,
-            on_unsupported=settings.on_unsupported.value,
-            nonfinite_streak_threshold=settings.nonfinite_streak_threshold,
-        )
-        values.update(overrides)
-        return cls(**values)
 
 
 def _infer_device(model: torch.nn.Module) -> torch.device:

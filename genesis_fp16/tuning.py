@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Union
 
-from .profiles import THRESHOLD_DEFAULTS, TRAINER_KEYS, raw_document, write_profiles
+from .profiles import THRESHOLD_DEFAULTS, raw_document, write_profiles
 from .settings import Settings, load_settings
 from .telemetry import get_logger, read_events
 
@@ -115,8 +115,7 @@ def summarise(events: list[dict[str, Any]]) -> dict[str, AgentSummary]:
 
 def _current(agent: str, doc: dict[str, Any], settings: Settings) -> dict[str, Any]:
     """The agent's values as the profile file (or else the settings) has them."""
-    values: dict[str, Any] = {key: getattr(settings, key) for key in TRAINER_KEYS if key != "enabled"}
-    values = {k: getattr(v, "value", v) for k, v in values.items()}
+    values: dict[str, Any] = settings.precision_config.model_dump(mode="json")
     values.update(doc.get("defaults", {}) or {})
     values.update((doc.get("agents", {}) or {}).get(agent, {}) or {})
     values.pop("thresholds", None)

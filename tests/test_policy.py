@@ -100,3 +100,16 @@ def test_bad_explicit_arguments_name_the_agent(state_dir):
         resolve_policy("wm", overrides={"scale": 2.0})
     with pytest.raises(ValueError, match="agent 'wm'.*precision"):
         resolve_policy("wm", precision="fp8")
+
+
+def test_layers_merge_into_one_precision_config(state_dir, monkeypatch):
+    from genesis_fp16.settings import PrecisionConfig
+
+    monkeypatch.setenv("GENESIS_FP16_GROWTH_FACTOR", "4")
+    _profile(state_dir, '[defaults]\ngrowth_interval = 50\n[agents.wm]\nprecision = "BF16"\ninit_scale = 256\n')
+    pol = resolve_policy("wm", overrides={"loss_scale": 128, "device": "cpu"})
+    expected = PrecisionConfig(growth_factor=4.0, growth_interval=50, precision="bf16", init_scale=128.0)
+    assert pol.config.precision_config == expected
+    assert pol.config.precision == "bf16" and pol.config.device == "cpu" and pol.config.enabled
+    assert [pol.sources[k] for k in ("growth_factor", "loss_scale", "device")] == ["settings", "argument", "argument"]
+    assert pol.sources["growth_interval"].endswith("[defaults]") and pol.sources["precision"].endswith("[agents.wm]")

@@ -64,11 +64,11 @@ overflow_rollback = 0.25
     "table, message",
     [
         ('precision = "fp8"', "agent 'wm': precision = 'fp8' is invalid; allowed values are auto, fp16, bf16, fp32"),
-        ("init_scale = -1.0", "agent 'wm': init_scale = -1.0 is invalid; allowed values are a number > 0"),
+        ("init_scale = -1.0", "agent 'wm': init_scale = -1.0 is invalid; allowed values are a finite number > 0"),
         ("growth_interval = 1.5", "agent 'wm': growth_interval = 1.5 is invalid; allowed values are an integer >= 1"),
         ('enabled = "yes"', "agent 'wm': enabled = 'yes' is invalid; allowed values are true or false"),
         ("loss_scale = 8.0", "agent 'wm': unknown key 'loss_scale'; allowed keys are enabled, precision"),
-        ("[agents.wm.thresholds]\noverflow_rollback = 1.5", "agent 'wm': thresholds.overflow_rollback = 1.5 is invalid; allowed values are a number > 0 and <= 1"),
+        ("[agents.wm.thresholds]\noverflow_rollback = 1.5", "agent 'wm': thresholds.overflow_rollback = 1.5 is invalid; allowed values are a finite number > 0 and <= 1"),
         ("[agents.wm.thresholds]\nspeed = 1", "agent 'wm': unknown threshold 'speed'; allowed thresholds are failed_fraction"),
         ("[agents.wm.thresholds]\noverflow_warn = 0.5", "overflow_warn (0.5) must not exceed thresholds.overflow_rollback (0.3)"),
     ],
@@ -79,6 +79,31 @@ def test_validation_names_agent_key_and_allowed(state_dir, table, message):
         profile_layer("other_agent", load_settings())  # the whole file is validated
     assert message in str(err.value)
     assert "profiles.toml" in str(err.value)
+
+
+@pytest.mark.parametrize("key, value", [("growth_factor", "1.0"), ("backoff_factor", "1.0"), ("init_scale", "true"), ("max_grad_norm", "0")])
+def test_profile_and_settings_allow_the_same_values(state_dir, monkeypatch, key, value):
+    # a profile table is checked by the model that checks the settings, so both say the same
+    from genesis_fp16.settings import PrecisionConfig, SettingsError, allowed_values
+
+    _write(state_dir, f"[agents.wm]\n{key} = {value}\n")
+    with pytest.raises(ProfileError) as err:
+        profile_layer("wm", load_settings())
+    assert f"allowed values are {allowed_values(PrecisionConfig, key)}" in str(err.value)
+    (state_dir / "profiles.toml").unlink()
+    monkeypatch.setenv(f"GENESIS_FP16_{key.upper()}", value)
+    with pytest.raises(SettingsError, match=f"allowed values are {allowed_values(PrecisionConfig, key)}"):
+        load_settings()
+
+
+def test_every_bad_key_is_named_on_one_line(state_dir):
+    _write(state_dir, "[defaults]\ngrowth_interval = 0\nprecison = 'bf16'\n")
+    with pytest.raises(ProfileError) as err:
+        profile_layer("wm", load_settings())
+    message = str(err.value)
+    assert "[defaults]: " in message and "\n" not in message
+    assert "growth_interval = 0 is invalid" in message and "unknown key 'precison'" in message
+    assert "(did you mean 'precision'?)" in message
 
 
 def test_threshold_order_is_checked_on_the_layered_agent(state_dir):

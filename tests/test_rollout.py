@@ -224,3 +224,13 @@ def test_cli_never_prints_raw_control_characters_from_the_ledger(state_dir):
         assert "\\x1b[31m\\x07" in r.stdout, command
     for text in outputs:
         assert "\x1b" not in text and "\x07" not in text
+
+
+def test_stage_changed_event_carries_the_history_row(state_dir):
+    from genesis_fp16 import telemetry
+
+    ledger = RolloutLedger.from_settings(load_settings())
+    entry = ledger.rollback("wm", "too many overflows", actor="guard", severity="P1")
+    events = [e for e in telemetry.read_events(state_dir / "events.jsonl") if e["event"] == "rollout.stage_changed"]
+    fields = {k: events[-1][k] for k in ("agent", "from_stage", "to_stage", "actor", "reason", "severity")}
+    assert fields == {k: entry[k] for k in fields} and events[-1]["ledger"] == str(ledger.path)

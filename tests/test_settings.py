@@ -253,3 +253,13 @@ def test_cli_misspelled_variable_is_one_line_and_doctor_still_lists_names(monkey
     result = CliRunner().invoke(app, ["doctor"])
     assert result.exit_code == 0, result.output
     assert "GENESIS_FP16_LOG_LEVEL" in result.stdout and "GENESIS_FP16_LOG_LEVLE" in result.output
+
+
+def test_log_levels_in_any_case(monkeypatch):
+    from genesis_fp16.settings import LogLevel
+
+    monkeypatch.setenv("GENESIS_FP16_LOG_LEVEL", "debug")
+    monkeypatch.setenv("GENESIS_FP16_CONSOLE_LOG_LEVEL", "Error")
+    s = load_settings()
+    assert s.log_level is LogLevel.DEBUG and s.console_log_level is LogLevel.ERROR
+    assert LogLevel("warning") is LogLevel.WARNING

@@ -1,0 +1,113 @@
+"""The trainer's configuration.
+
+``FP16TrainingConfig`` is a plain dataclass (its field names and defaults are
+public API); its precision fields are validated by
+:class:`genesis_fp16.settings.PrecisionConfig`, the same model that checks
+settings and profiles. The one name that differs is the trainer's
+``loss_scale``, which is PrecisionConfig's (and torch's) ``init_scale``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any, Optional
+
+from pydantic import ValidationError
+
+from .precision import ScalerOptions, parse_mode
+from .settings import PrecisionConfig, PrecisionMode, allowed_values
+
+# FP16TrainingConfig field -> PrecisionConfig field, where the names differ
+_PRECISION_NAME = {"loss_scale": "init_scale"}
+_TRAINER_NAME = {v: k for k, v in _PRECISION_NAME.items()}
+
+
+def precision_name(trainer_field: str) -> str:
+    """The PrecisionConfig field a trainer-config field is checked as."""
+    return _PRECISION_NAME.get(trainer_field, trainer_field)
+
+
+def trainer_name(precision_field: str) -> str:
+    """The trainer-config field a PrecisionConfig field is stored in."""
+    return _TRAINER_NAME.get(precision_field, precision_field)
+
+
+# the trainer-config fields PrecisionConfig validates, in trainer names
+PRECISION_FIELDS = tuple(trainer_name(name) for name in PrecisionConfig.model_fields)
+
+
+def validate_precision(values: dict[str, Any]) -> PrecisionConfig:
+    """``values`` (PrecisionConfig names) as a PrecisionConfig; a ValueError
+    naming every bad field by its trainer-config name, its value and what is
+    allowed."""
+    try:
+        return PrecisionConfig.model_validate(values)
+    except ValidationError as err:
+        problems = []
+        for item in err.errors():
+            field = str(item["loc"][0]) if item["loc"] else "?"
+            if field in PrecisionConfig.model_fields:
+                allowed = allowed_values(PrecisionConfig, field)
+                problems.append(f"{trainer_name(field)}={item['input']!r}: allowed values are {allowed}")
+            else:
+                problems.append(f"{trainer_name(field)}: {item['msg']}")
+        raise ValueError("invalid FP16TrainingConfig: " + "; ".join(problems)) from None
+
+
+@dataclass
+class FP16TrainingConfig:
+    """Trainer configuration.
+
+    enabled: False trains in FP32 whatever ``precision`` says.
+    loss_scale: the scaler's initial scale (torch's ``init_scale``).
+    growth_factor / backoff_factor / growth_interval: as torch names them.
+    precision: auto | fp16 | bf16 | fp32 (any :class:`PrecisionMode`).
+    max_grad_norm: clip the (unscaled) gradient norm to this; None disables.
+    grad_accumulation_steps: micro-steps per optimizer step; the loss is divided by it.
+    on_unsupported: fallback | error, for a precision the device cannot run.
+    device: where the model lives; None infers it from the model's parameters.
+    nonfinite_streak_threshold: consecutive non-finite losses that raise an event.
+    check_finite_loss: test each loss for NaN/inf before backward (one host sync per step).
+
+    Construction validates the precision fields and stores them normalised
+    (``precision="FP16"`` becomes ``"fp16"``, ``loss_scale=1024`` becomes ``1024.0``).
+    """
+
+    enabled: bool = True
+    loss_scale: float = 65536.0
+    growth_factor: float = 2.0
+    backoff_factor: float = 0.5
+    growth_interval: int = 2000
+    precision: str = "auto"
+    max_grad_norm: Optional[float] = 1.0
+    grad_accumulation_steps: int = 1
+    on_unsupported: str = "fallback"
+    device: Optional[str] = None
+    nonfinite_streak_threshold: int = 3
+    check_finite_loss: bool = True
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        """Raise ValueError naming each bad precision field; store the validated values."""
+        for name, value in self.precision_config:
+            setattr(self, trainer_name(name), value.value if isinstance(value, Enum) else value)
+
+    @property
+    def precision_config(self) -> PrecisionConfig:
+        return validate_precision({precision_name(f): getattr(self, f) for f in PRECISION_FIELDS})
+
+    @property
+    def requested_precision(self) -> PrecisionMode:
+        return parse_mode(self.precision) if self.enabled else PrecisionMode.FP32
+
+    def scaler_options(self) -> ScalerOptions:
+        return ScalerOptions(**self.precision_config.scaler_kwargs())
+
+    @classmethod
+    def from_precision_config(cls, config: PrecisionConfig, **fields: Any) -> "FP16TrainingConfig":
+        """A trainer config with ``config``'s precision fields; ``fields`` sets
+        the others (``enabled``, ``device``, ``check_finite_loss``)."""
+        return cls(**{**{trainer_name(name): value for name, value in config}, **fields})

@@ -1,0 +1,93 @@
+"""PrecisionConfig: one typed set of precision knobs, inherited by Settings."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from genesis_fp16.settings import OnUnsupported, PrecisionConfig, PrecisionMode, Settings, load_settings
+
+
+def test_settings_inherits_the_precision_fields_once():
+    assert issubclass(Settings, PrecisionConfig)
+    for name, info in PrecisionConfig.model_fields.items():
+        assert Settings.model_fields[name].description == info.description
+
+
+def test_precision_config_from_flat_environment_names(monkeypatch):
+    monkeypatch.setenv("GENESIS_FP16_PRECISION", "bf16")
+    monkeypatch.setenv("GENESIS_FP16_INIT_SCALE", "1024")
+    monkeypatch.setenv("GENESIS_FP16_MAX_GRAD_NORM", "none")
+    monkeypatch.setenv("GENESIS_FP16_ON_UNSUPPORTED", "error")
+    cfg = load_settings().precision_config
+    assert type(cfg) is PrecisionConfig
+    assert cfg == PrecisionConfig(precision="bf16", init_scale=1024.0, max_grad_norm=None, on_unsupported="error")
+    assert cfg.precision is PrecisionMode.BF16 and cfg.on_unsupported is OnUnsupported.ERROR
+
+
+def test_precision_config_refuses_unknown_keys_and_bad_values():
+    with pytest.raises(ValidationError, match="loss_scale"):
+        PrecisionConfig.model_validate({"loss_scale": 8.0})
+    with pytest.raises(ValidationError, match="growth_interval"):
+        PrecisionConfig(growth_interval=0)
+    with pytest.raises(ValidationError, match="boolean"):
+        PrecisionConfig(init_scale=True)  # would otherwise be read as 1.0
+
+
+def test_precision_config_spellings():
+    assert PrecisionConfig(precision="FP16").precision is PrecisionMode.FP16
+    assert PrecisionConfig(max_grad_norm="off").max_grad_norm is None
+    assert PrecisionConfig().scaler_kwargs() == load_settings().scaler_kwargs()
+
+
+# -- FP16TrainingConfig: the trainer's dataclass, validated by PrecisionConfig ----
+
+
+def test_training_config_is_one_object_on_every_import_path():
+    from genesis_fp16 import FP16TrainingConfig as top
+    from genesis_fp16.config import FP16TrainingConfig
+    from genesis_fp16.trainer import FP16TrainingConfig as from_trainer
+    from infrastructure.training import FP16TrainingConfig as infra
+
+    assert top is FP16TrainingConfig is from_trainer is infra
+
+
+def test_training_config_defaults_match_precision_config():
+    from genesis_fp16.config import FP16TrainingConfig
+
+    cfg = FP16TrainingConfig()
+    assert cfg.loss_scale == 65536.0 and cfg.precision == "auto" and cfg.on_unsupported == "fallback"
+    assert cfg.enabled is True and cfg.device is None and cfg.check_finite_loss is True
+    assert cfg.precision_config == PrecisionConfig()
+
+
+def test_training_config_names_every_bad_field_in_one_error():
+    from genesis_fp16.config import FP16TrainingConfig
+
+    with pytest.raises(ValueError) as err:
+        FP16TrainingConfig(loss_scale=0.0, growth_interval=0, precision="fp8")
+    message = str(err.value)
+    assert message.startswith("invalid FP16TrainingConfig: ") and "\n" not in message
+    assert "loss_scale=0.0: allowed values are a finite number > 0" in message  # the trainer's name, not init_scale
+    assert "growth_interval=0: allowed values are an integer >= 1" in message
+    assert "precision='fp8': allowed values are auto, fp16, bf16, fp32" in message
+    with pytest.raises(ValueError, match="invalid FP16TrainingConfig: growth_interval=True"):
+        FP16TrainingConfig(growth_interval=True)
+
+
+def test_training_config_stores_validated_values():
+    from genesis_fp16.config import FP16TrainingConfig
+
+    cfg = FP16TrainingConfig(precision=PrecisionMode.BF16, on_unsupported="ERROR", loss_scale=1024, max_grad_norm="none")
+    assert cfg.precision == "bf16" and type(cfg.precision) is str and cfg.on_unsupported == "error"
+    assert cfg.loss_scale == 1024.0 and type(cfg.loss_scale) is float and cfg.max_grad_norm is None
+    assert cfg.scaler_options().init_scale == 1024.0
+
+
+def test_training_config_from_precision_config():
+    from genesis_fp16.config import FP16TrainingConfig
+
+    pc = PrecisionConfig(precision="fp16", init_scale=256.0, growth_interval=7)
+    cfg = FP16TrainingConfig.from_precision_config(pc, enabled=False, device="cpu")
+    assert cfg.loss_scale == 256.0 and cfg.growth_interval == 7 and cfg.precision == "fp16"
+    assert cfg.enabled is False and cfg.device == "cpu" and cfg.precision_config == pc
