@@ -10,7 +10,7 @@ import torch
 from structlog.testing import capture_logs
 
 from genesis_fp16 import FP16Trainer, FP16TrainingConfig
-from genesis_fp16 import precision as precision_mod
+from genesis_fp16.precision import capability as capability_mod
 from genesis_fp16.precision import Support, UnsupportedPrecisionError
 from genesis_fp16.settings import PrecisionMode
 
@@ -308,7 +308,7 @@ def test_checkpoint_mid_accumulation_is_refused(tmp_path):
 
 
 def test_caller_config_is_never_mutated(monkeypatch):
-    monkeypatch.setattr(precision_mod, "device_support", lambda d, m: Support.NONE if m == PrecisionMode.BF16 else Support.NATIVE)
+    monkeypatch.setattr(capability_mod, "device_support", lambda d, m: Support.NONE if m == PrecisionMode.BF16 else Support.NATIVE)
     cfg = FP16TrainingConfig(precision="bf16")
     snapshot = dataclasses.asdict(cfg)
     model, opt = make()
@@ -319,7 +319,7 @@ def test_caller_config_is_never_mutated(monkeypatch):
 
 
 def test_unsupported_precision_fallback_logs_reason(monkeypatch):
-    monkeypatch.setattr(precision_mod, "device_support", lambda d, m: Support.NONE if m == PrecisionMode.BF16 else Support.NATIVE)
+    monkeypatch.setattr(capability_mod, "device_support", lambda d, m: Support.NONE if m == PrecisionMode.BF16 else Support.NATIVE)
     model, opt = make()
     with capture_logs() as logs:
         trainer = FP16Trainer(model, opt, FP16TrainingConfig(precision="bf16", on_unsupported="fallback"))
@@ -332,7 +332,7 @@ def test_unsupported_precision_fallback_logs_reason(monkeypatch):
 
 
 def test_unsupported_precision_error_policy(monkeypatch):
-    monkeypatch.setattr(precision_mod, "device_support", lambda d, m: Support.NONE if m == PrecisionMode.BF16 else Support.NATIVE)
+    monkeypatch.setattr(capability_mod, "device_support", lambda d, m: Support.NONE if m == PrecisionMode.BF16 else Support.NATIVE)
     model, opt = make()
     with pytest.raises(UnsupportedPrecisionError, match="bf16.*not supported"):
         FP16Trainer(model, opt, FP16TrainingConfig(precision="bf16", on_unsupported="error"))
