@@ -412,8 +412,7 @@ class FSDPTrainer(DistributedTrainer):
         self._reshard_after_forward = reshard_after_forward
         super().__init__(*args, **kwargs)
         if self.precision.uses_scaler:
-            self.scaler = self._sharded_scaler()
-            self._last_scale = self.scaler.get_scale()
+            self.precision.scaler = self._sharded_scaler()  # same options, so the same starting scale
 
     def _sharded_scaler(self) -> torch.amp.GradScaler:
         from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
