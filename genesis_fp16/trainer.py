@@ -14,9 +14,9 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from collections.abc import Mapping
 from typing import Any, Callable, ClassVar, ContextManager, Iterator, Optional, Union
 
 import torch
