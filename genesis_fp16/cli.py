@@ -91,7 +91,7 @@ def doctor(as_json: bool = typer.Option(False, "--json", help="Print JSON instea
     unknown = unknown_settings()
     import torch
 
-    from .precision import capability_report, cpu_flags, cpu_has_fast_bf16, cpu_has_native_bf16
+    from .precision import MODES, capability_report, cpu_flags, cpu_has_fast_bf16, cpu_has_native_bf16
 
     devices = ["cpu"] + [f"cuda:{i}" for i in range(torch.cuda.device_count())]
     reports = [capability_report(d) for d in devices]
@@ -118,11 +118,12 @@ def doctor(as_json: bool = typer.Option(False, "--json", help="Print JSON instea
         return
     out.print(Text.assemble(("genesis-fp16", "bold"), safe_text(f" {data['genesis_fp16_version']}  torch {data['torch_version']}  python {data['python']}")))
     table = Table(title="devices and precisions")
-    for col in ("device", "name", "fp32", "fp16", "bf16", "auto"):
+    modes = [m.value for m in MODES]
+    for col in ("device", "name", *modes, "auto"):
         table.add_column(col)
     for rep in reports:
         sup = rep["support"]
-        table.add_row(*safe_cells(rep["device"], rep["name"], sup["fp32"], sup["fp16"], sup["bf16"], rep["auto_precision"]))
+        table.add_row(*safe_cells(rep["device"], rep["name"], *(sup[m] for m in modes), rep["auto_precision"]))
     out.print(table)
     out.print(Text.assemble("auto picks ", safe_text(data["auto_precision"], "bold"), " on ", safe_text(f"{data['auto_device']}: {data['auto_reason']}")))
     out.print(safe_text(f"CPU flags: {', '.join(interesting) or 'none of interest'}"))

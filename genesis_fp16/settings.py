@@ -44,10 +44,15 @@ DOTENV_FILE = ".env"
 
 
 class PrecisionMode(str, Enum):
+    """The one precision vocabulary (trainer, PPO, forensics, bench, agents).
+    ``auto`` never picks ``tf32`` or ``fp16-true``: they are asked for by name."""
+
     AUTO = "auto"
     FP16 = "fp16"
     BF16 = "bf16"
     FP32 = "fp32"
+    TF32 = "tf32"
+    FP16_TRUE = "fp16-true"
 
 
 class OnUnsupported(str, Enum):

@@ -1,26 +1,28 @@
 """The trainer: one loop path for every precision.
 
-FP32 runs the same code as FP16: a null autocast context and a disabled
-``GradScaler`` (whose ``scale``/``unscale_``/``step``/``update`` are then plain
-pass-throughs), as in nanoGPT's ``train.py``. The order of operations is
-PyTorch's AMP recipe ("Automatic Mixed Precision examples", gradient clipping
-and accumulation sections): ``scale(loss/N).backward()`` per micro-step, then
-once per optimizer step ``unscale_`` -> ``clip_grad_norm_`` -> ``step`` ->
-``update``.
+The loop calls the precision plugin's hooks and never branches on the mode
+(Lightning Fabric's precision plugins; nanoGPT's one loop for every dtype).
+The order of operations is PyTorch's AMP recipe ("Automatic Mixed Precision
+examples", gradient clipping and accumulation sections): ``backward(loss/N)``
+per micro-step (FP16: ``scaler.scale(loss/N).backward()``), then once per
+optimizer step ``unscale_`` -> ``clip_grad_norm_`` -> ``optimizer_step``
+(FP16: ``scaler.step`` -> ``scaler.update``).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Callable, ContextManager, Iterator, Optional, Union
+from typing import Any, Callable, ClassVar, ContextManager, Iterator, Optional, Union
 
 import torch
 
 from . import checkpoint as ckpt
 from .config import FP16TrainingConfig
-from .precision import HalfTrue, Precision, resolve_precision
+from .precision import MODES, Precision, resolve_precision
+from .settings import PrecisionMode
 from .telemetry import EventListener, get_logger
 
 CHECKPOINT_WARNING_EVENT = "checkpoint.fresh_scaler"
@@ -34,7 +36,12 @@ def _infer_device(model: torch.nn.Module) -> torch.device:
 
 class FP16Trainer:
     """Mixed-precision trainer around a model, an optimizer and an optional
-    LR scheduler. See :class:`FP16TrainingConfig` for the options."""
+    LR scheduler. See :class:`FP16TrainingConfig` for the options.
+
+    ``precision_plugins`` maps each mode to its plugin class; a subclass
+    swaps variants there (the FSDP trainer's FP16 uses a sharded scaler)."""
+
+    precision_plugins: ClassVar[Mapping[PrecisionMode, type[Precision]]] = MODES
 
     def __init__(
         self,
@@ -58,8 +65,9 @@ class FP16Trainer:
             self.device,
             self.config.on_unsupported,
             self.config.scaler_options(),
+            plugins=self.precision_plugins,
         )
-        self.scaler = self.precision.make_scaler()
+        self.model = self.precision.convert_module(model)  # fp16-true casts the weights; others return it as is
         self.listeners: list[EventListener] = list(listeners or [])
         self._log = get_logger("genesis_fp16.trainer", trainer=name)
         self.training_steps = 0  # optimizer steps attempted (skipped ones included)
@@ -69,9 +77,8 @@ class FP16Trainer:
         self.micro_steps = 0
         self.samples_seen = 0
         self._micro_in_window = 0
-        self._window_poisoned = False
         self._started = time.perf_counter()
-        self._last_scale = self.scaler.get_scale() if self.scaler.is_enabled() else 1.0
+        self._last_scale = self.precision.scale
 
     # -- events ------------------------------------------------------------
     def add_listener(self, listener: EventListener) -> None:
@@ -101,9 +108,16 @@ class FP16Trainer:
     def is_last_micro_step(self) -> bool:
         return self._micro_in_window + 1 >= self.config.grad_accumulation_steps
 
+    @property
+    def scaler(self) -> torch.amp.GradScaler:
+        """The precision plugin's gradient scaler (a disabled one for modes
+        without a scaler). Read-only: a variant scaler comes from the plugin's
+        ``make_scaler``."""
+        return self.precision.scaler
+
     def autocast(self) -> ContextManager[Any]:
         """The forward context of this trainer's precision (null for FP32)."""
-        return self.precision.autocast()
+        return self.precision.forward_context()
 
     def training_step(self, batch: Any, compute_loss_fn: Callable[[torch.nn.Module, Any], torch.Tensor]) -> torch.Tensor:
         """Run ``compute_loss_fn(model, batch)`` under autocast and return the loss."""
@@ -134,7 +148,7 @@ class FP16Trainer:
             return self._skip_nonfinite(loss)
         self.nonfinite_streak = 0
         accum = self.config.grad_accumulation_steps
-        self.scaler.scale(loss / accum if accum > 1 else loss).backward()
+        self.precision.backward(loss / accum if accum > 1 else loss)
         self._micro_in_window += 1
         if self._micro_in_window < self.config.grad_accumulation_steps:
             return True
@@ -144,25 +158,21 @@ class FP16Trainer:
         self._micro_in_window = 0
         self.training_steps += 1
         if self.config.max_grad_norm is not None:
-            self.scaler.unscale_(self.optimizer)  # clip the true gradients, not the scaled ones
+            self.precision.unscale_(self.optimizer)  # clip the true gradients, not the scaled ones
             self._clip_gradients(self.config.max_grad_norm)
-        self.scaler.step(self.optimizer)
-        self.scaler.update()
+        stepped = self.precision.optimizer_step(self.optimizer)
         self.optimizer.zero_grad(set_to_none=True)
-        skipped = False
-        if self.scaler.is_enabled():
-            new_scale = self.scaler.get_scale()
-            skipped = new_scale < self._last_scale
-            if new_scale != self._last_scale:
-                self._emit(
-                    "trainer.scale_changed",
-                    "info" if not skipped else "warning",
-                    old_scale=self._last_scale,
-                    new_scale=new_scale,
-                    step=self.training_steps,
-                )
+        new_scale = self.precision.scale
+        if new_scale != self._last_scale:
+            self._emit(
+                "trainer.scale_changed",
+                "info" if stepped else "warning",
+                old_scale=self._last_scale,
+                new_scale=new_scale,
+                step=self.training_steps,
+            )
             self._last_scale = new_scale
-        if skipped:
+        if not stepped:
             self.overflow_steps += 1
             self._emit(
                 "trainer.step_skipped",
@@ -221,7 +231,7 @@ class FP16Trainer:
 
     @property
     def current_scale(self) -> float:
-        return float(self.scaler.get_scale()) if self.scaler.is_enabled() else 1.0
+        return self.precision.scale
 
     def get_stats(self) -> dict[str, Any]:
         elapsed = time.perf_counter() - self._started
@@ -248,9 +258,9 @@ class FP16Trainer:
     def cast_model_to_fp16(self) -> torch.nn.Module:
         """Cast the weights themselves to FP16 (inference / deployment). Training
         afterwards runs without master weights and without a scaler."""
-        self.precision = HalfTrue(self.device, self.config.scaler_options())
+        self.precision = self.precision_plugins[PrecisionMode.FP16_TRUE](self.device, self.config.scaler_options())
         self.model = self.precision.convert_module(self.model)
-        self.scaler = self.precision.make_scaler()
+        self._last_scale = self.precision.scale
         self._emit("trainer.cast_to_fp16", "warning", reason="weights now FP16; no FP32 master copy, no scaler")
         return self.model
 
@@ -279,7 +289,7 @@ class FP16Trainer:
         return ckpt.build_payload(
             model=self._model_state(),
             optimizer=self.optimizer.state_dict(),
-            scaler=self.scaler.state_dict() if self.scaler.is_enabled() else {},
+            scaler=self.precision.state_dict(),
             scheduler=self.scheduler.state_dict() if self.scheduler is not None else None,
             counters=self._counters(),
             precision=self.precision.name,
@@ -307,17 +317,15 @@ class FP16Trainer:
         except (RuntimeError, KeyError, ValueError) as exc:
             raise ckpt.CheckpointError(f"{source}: checkpoint does not fit this model/optimizer: {exc}") from None
         scaler_state = payload.get("scaler") or {}
-        if self.scaler.is_enabled():
-            if scaler_state:
-                self.scaler.load_state_dict(scaler_state)
-            else:
-                self._emit(
-                    CHECKPOINT_WARNING_EVENT,
-                    "warning",
-                    path=source,
-                    saved_precision=payload.get("precision"),
-                    reason="checkpoint has no scaler state (saved without a scaler); starting a fresh scaler",
-                )
+        self.precision.load_state_dict(scaler_state)
+        if self.precision.uses_scaler and not scaler_state:
+            self._emit(
+                CHECKPOINT_WARNING_EVENT,
+                "warning",
+                path=source,
+                saved_precision=payload.get("precision"),
+                reason="checkpoint has no scaler state (saved without a scaler); starting a fresh scaler",
+            )
         if self.scheduler is not None and payload.get("scheduler") is not None:
             self.scheduler.load_state_dict(payload["scheduler"])
         counters = payload.get("counters") or {}
@@ -328,7 +336,7 @@ class FP16Trainer:
         self.samples_seen = int(counters.get("samples_seen", 0))
         self.nonfinite_streak = 0
         self._micro_in_window = 0
-        self._last_scale = self.scaler.get_scale() if self.scaler.is_enabled() else 1.0
+        self._last_scale = self.precision.scale
         rng = payload.get("rng") or {}
         if restore_rng and isinstance(rng.get("torch_cpu"), torch.Tensor):
             torch.set_rng_state(rng["torch_cpu"].cpu())

@@ -23,11 +23,19 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Union
 
+from .precision import MODES, REDUCED_MODES
 from .profiles import THRESHOLD_DEFAULTS, raw_document, write_profiles
-from .settings import Settings, load_settings
+from .settings import PrecisionMode, Settings, load_settings
 from .telemetry import get_logger, read_events
 
 SHADOW_SUFFIX = ".fp32_shadow"
+REDUCED = frozenset(m.value for m in REDUCED_MODES)  # the precisions whose trouble a proposal answers
+FP16, BF16, FP32 = PrecisionMode.FP16.value, PrecisionMode.BF16.value, PrecisionMode.FP32.value
+
+
+def _without_scaler(precision: Optional[str]) -> bool:
+    """True for a mode with no loss scaler, where init_scale/growth_interval mean nothing."""
+    return precision in {m.value for m, cls in MODES.items() if not cls.uses_scaler}
 
 
 @dataclass
@@ -86,7 +94,7 @@ def summarise(events: list[dict[str, Any]]) -> dict[str, AgentSummary]:
         s = out.setdefault(agent, AgentSummary(agent))
         name = ev.get("event", "")
         precision = ev.get("precision")
-        if name.startswith("trainer.") and precision in ("fp16", "bf16") and (not s.precisions or s.precisions[-1] != precision):
+        if name.startswith("trainer.") and precision in REDUCED and (not s.precisions or s.precisions[-1] != precision):
             s.precisions.append(precision)
         if isinstance(ev.get("step"), int) and name.startswith("trainer."):
             s.max_step = max(s.max_step, ev["step"])
@@ -102,7 +110,7 @@ def summarise(events: list[dict[str, Any]]) -> dict[str, AgentSummary]:
             if isinstance(new, (int, float)) and new > 0:
                 s.min_scale = new if s.min_scale is None else min(s.min_scale, new)
         elif name == "guard.decision":
-            if ev.get("precision") in ("fp16", "bf16") and isinstance(ev.get("training_steps"), int) and ev["training_steps"] > 0:
+            if ev.get("precision") in REDUCED and isinstance(ev.get("training_steps"), int) and ev["training_steps"] > 0:
                 s.judged_overflow_rate = float(ev.get("overflow_rate", 0.0))
                 s.judged_steps = ev["training_steps"]
         elif name == "rollout.stage_changed" and ev.get("to_stage") == "rolled_back":
@@ -164,20 +172,20 @@ def propose(
         if len(s.rollbacks) >= 2:
             # the reduced precision each rollback happened in (the last one seen before it)
             rolled_back_in = {r.get("precision") or current.get("precision") for r in s.rollbacks}
-            if rolled_back_in == {"fp16"} and len(s.rollbacks) < 3:
-                changes["precision"] = "bf16"
+            if rolled_back_in == {FP16} and len(s.rollbacks) < 3:
+                changes["precision"] = BF16
                 reasons.append(f"{len(s.rollbacks)} rollbacks in FP16: try BF16 (FP32 exponent range, no loss scaling)")
             else:
-                changes["precision"] = "fp32"
+                changes["precision"] = FP32
                 reasons.append(f"{len(s.rollbacks)} rollbacks (precisions tried: {', '.join(s.precisions) or 'unknown'}): train in FP32")
-            if changes["precision"] != "fp16":
+            if _without_scaler(changes["precision"]):
                 changes.pop("init_scale", None)
                 changes.pop("growth_interval", None)
         for rec in s.recommendations:
             for key, value in rec["changes"].items():
-                if key == "precision" and changes.get("precision") == "fp32":
+                if key == "precision" and changes.get("precision") == FP32:
                     continue
-                if key in ("init_scale", "growth_interval") and changes.get("precision") in ("bf16", "fp32"):
+                if key in ("init_scale", "growth_interval") and _without_scaler(changes.get("precision")):
                     continue
                 changes.setdefault(key, value)
             reasons.append(f"guard recommendation: {rec['reason']}")

@@ -17,9 +17,15 @@ import torch
 from typer.testing import CliRunner
 
 from genesis_fp16 import FP16Trainer
-from genesis_fp16.bench import harness, models, runner
-from genesis_fp16.bench.harness import BenchOptions, CellFlags, PeakMemory, RawLoop
+from genesis_fp16 import precision as P
+from genesis_fp16.bench import PRECISIONS, harness, measure, models, options, runner
+from genesis_fp16.bench.harness import CellFlags
+from genesis_fp16.bench.loops import RawLoop, trainer_config
+from genesis_fp16.bench.measure import PeakMemory
 from genesis_fp16.bench.models import SIZES, make_task
+from genesis_fp16.bench.options import BenchOptions
+from genesis_fp16.precision import capability
+from genesis_fp16.settings import PrecisionMode
 from genesis_fp16.telemetry import get_logger, read_events
 
 REPO = Path(__file__).resolve().parents[1]
@@ -92,7 +98,7 @@ def test_raw_loop_does_the_same_work_as_the_trainer(precision):
     """The overhead ratio is only fair if both loops compute the same thing:
     from the same weights and batches they must end bit-identical."""
     task = make_task(SIZES["S"], 3, CPU, n_train_batches=2)
-    config = harness._trainer_config(precision, CPU)
+    config = trainer_config(precision, CPU)
     m1, m2 = task.make_model(3, CPU), task.make_model(3, CPU)
     trainer = FP16Trainer(m1, torch.optim.Adam(m1.parameters(), lr=1e-3), config)
     raw = RawLoop(m2, torch.optim.Adam(m2.parameters(), lr=1e-3), config, trainer.precision)
@@ -111,7 +117,7 @@ def test_raw_loop_skips_a_nonfinite_loss_like_the_trainer():
     task = make_task(SIZES["S"], 0, CPU, n_train_batches=1)
     model = task.make_model(0, CPU)
     before = [p.detach().clone() for p in model.parameters()]
-    raw = RawLoop(model, torch.optim.Adam(model.parameters()), harness._trainer_config("fp32", CPU), harness.resolve_precision("fp32", CPU))
+    raw = RawLoop(model, torch.optim.Adam(model.parameters()), trainer_config("fp32", CPU), P.resolve_precision("fp32", CPU))
     nan_loss = lambda m, b: m(b[0]).float().sum() * float("nan")  # noqa: E731
     assert raw.step(task.train[0], nan_loss) is False
     assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
@@ -157,12 +163,13 @@ def test_bad_input_gives_one_clear_error(args, message):
 
 
 def test_tf32_is_cuda_only_and_bf16_needs_support(monkeypatch):
-    assert "not applicable" in harness.not_applicable_reason("tf32", CPU)
-    assert harness.not_applicable_reason("bf16", CPU) is None
+    assert "not applicable" in options.not_applicable_reason("tf32", CPU)
+    assert options.not_applicable_reason("bf16", CPU) is None
     cuda = torch.device("cuda")
-    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: False)
-    assert harness.not_applicable_reason("tf32", cuda) is None
-    assert "BF16" in harness.not_applicable_reason("bf16", cuda)
+    monkeypatch.setattr(capability, "cuda_supports_tf32", lambda d: True)
+    monkeypatch.setattr(capability, "cuda_supports_bf16", lambda d: False)
+    assert options.not_applicable_reason("tf32", cuda) is None
+    assert "BF16" in options.not_applicable_reason("bf16", cuda)
     cells, skipped = runner.plan(BenchOptions(sizes=[SIZES["S"]]), CPU)
     assert [p for _, p in cells] == ["fp32", "bf16", "fp16"] and skipped[0]["precision"] == "tf32"
 
@@ -231,19 +238,19 @@ def test_cuda_graph_capture_runs_under_autocast_without_weight_cache(monkeypatch
 
     monkeypatch.setattr(torch.cuda, "make_graphed_callables", fake_graphed)
     model = torch.nn.Linear(4, 4)
-    precision = harness.resolve_precision("bf16", CPU)
-    assert harness.graph_model(model, torch.randn(2, 4), precision) is model
+    precision = P.resolve_precision("bf16", CPU)
+    assert measure.graph_model(model, torch.randn(2, 4), precision) is model
     assert seen == {"autocast": True, "cache": False, "dtype": torch.bfloat16}
     # only on CUDA, only small sizes, only when asked
     cuda = torch.device("cuda")
-    assert harness.should_graph(SIZES["S"], cuda, True) and harness.should_graph(SIZES["M"], cuda, True)
-    assert not harness.should_graph(SIZES["L"], cuda, True)
-    assert not harness.should_graph(SIZES["S"], cuda, False)
-    assert not harness.should_graph(SIZES["S"], CPU, True)
+    assert measure.should_graph(SIZES["S"], cuda, True) and measure.should_graph(SIZES["M"], cuda, True)
+    assert not measure.should_graph(SIZES["L"], cuda, True)
+    assert not measure.should_graph(SIZES["S"], cuda, False)
+    assert not measure.should_graph(SIZES["S"], CPU, True)
 
 
 def test_cuda_graph_failure_runs_ungraphed_and_says_why(monkeypatch, state_dir):
-    monkeypatch.setattr(harness, "should_graph", lambda spec, device, enabled: True)
+    monkeypatch.setattr(measure, "should_graph", lambda spec, device, enabled: True)
 
     def boom(module, sample):
         raise RuntimeError("capture failed (simulated)")
@@ -300,10 +307,57 @@ def test_trainer_switches_back_to_train_mode_only_when_needed():
     semantics; kept here beside the measurement that motivated it.)"""
     task = make_task(SIZES["S"], 0, CPU, n_train_batches=1)
     model = task.make_model(0, CPU)
-    trainer = FP16Trainer(model, torch.optim.SGD(model.parameters(), lr=0.01), harness._trainer_config("fp32", CPU))
+    trainer = FP16Trainer(model, torch.optim.SGD(model.parameters(), lr=0.01), trainer_config("fp32", CPU))
     model.eval()  # e.g. a validation pass
     trainer.training_step(task.train[0], task.loss_fn)
     assert all(m.training for m in model.modules())
     model.net[1].eval()  # a submodule the caller froze on purpose stays frozen
     trainer.training_step(task.train[0], task.loss_fn)
     assert model.training and not model.net[1].training
+
+
+def test_precisions_come_from_the_vocabulary():
+    assert PRECISIONS == tuple(m.value for m in P.MODES if P.MODES[m].keeps_fp32_weights)
+    assert PRECISIONS == ("fp32", "tf32", "bf16", "fp16") and set(PRECISIONS) <= {m.value for m in PrecisionMode}
+    config = trainer_config("tf32", CPU)
+    assert config.precision == "tf32" and config.on_unsupported == "error"
+
+
+class _RecordMatmulPrecision(torch.autograd.Function):
+    seen: list = []
+
+    @staticmethod
+    def forward(ctx, x):
+        _RecordMatmulPrecision.seen.append(("forward", torch.backends.cuda.matmul.fp32_precision))
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        _RecordMatmulPrecision.seen.append(("backward", torch.backends.cuda.matmul.fp32_precision))
+        return grad
+
+
+def test_raw_loop_runs_tf32_forward_and_backward_through_the_plugin():
+    """The tf32 row's raw loop gets TF32 switches from the plugin for both passes,
+    as the trainer does (the switches are CUDA's; recorded here on any machine)."""
+    model = torch.nn.Linear(3, 1)
+    raw = RawLoop(model, torch.optim.SGD(model.parameters(), lr=0.1), trainer_config("fp32", CPU), P.TF32(CPU))
+    _RecordMatmulPrecision.seen = []
+    loss_fn = lambda m, b: _RecordMatmulPrecision.apply(m(b)).float().sum()  # noqa: E731
+    assert raw.step(torch.ones(2, 3), loss_fn) is True
+    assert _RecordMatmulPrecision.seen == [("forward", "tf32"), ("backward", "tf32")]
+    assert torch.backends.cuda.matmul.fp32_precision != "tf32"
+
+
+def test_cuda_graph_capture_for_tf32_has_the_switches_and_no_autocast(monkeypatch):
+    seen = {}
+
+    def fake_graphed(module, sample):
+        seen["autocast"] = torch.is_autocast_enabled("cpu")
+        seen["matmul"] = torch.backends.cuda.matmul.fp32_precision
+        return module
+
+    monkeypatch.setattr(torch.cuda, "make_graphed_callables", fake_graphed)
+    model = torch.nn.Linear(4, 4)
+    assert measure.graph_model(model, torch.randn(2, 4), P.TF32(CPU)) is model
+    assert seen == {"autocast": False, "matmul": "tf32"}

@@ -337,7 +337,7 @@ def fsdp_scenarios(ctx: gd.DistContext, out: Path, res: dict[str, Any]) -> None:
         model, opt = make_model()
         trainer = gd.FSDPTrainer(model, opt, config("fp16"), context=ctx)
         if scaler == "plain":
-            trainer.scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
+            trainer.precision.scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
         res[f"{scaler}_scaler_type"] = [c.__name__ for c in type(trainer.scaler).__mro__]
         res[f"{scaler}_plugin"] = type(trainer.precision).__name__
         seen: list[bool] = []  # per optimizer step: were this rank's own gradient shards finite?

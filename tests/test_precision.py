@@ -3,6 +3,7 @@ import torch
 from structlog.testing import capture_logs
 
 from genesis_fp16 import precision as P
+from genesis_fp16.precision import capability as C
 from genesis_fp16.settings import PrecisionMode
 
 
@@ -12,18 +13,18 @@ def test_auto_on_cuda_is_fp16_with_scaler_reason():
 
 
 def test_auto_on_cpu_with_native_bf16(monkeypatch):
-    monkeypatch.setattr(P, "cpu_flags", lambda: frozenset({"avx512_bf16", "amx_bf16"}))
+    monkeypatch.setattr(C, "cpu_flags", lambda: frozenset({"avx512_bf16", "amx_bf16"}))
     assert P.auto_precision("cpu")[0] == PrecisionMode.BF16
 
 
 def test_auto_on_cpu_without_native_bf16_is_fp32(monkeypatch):
-    monkeypatch.setattr(P, "cpu_flags", lambda: frozenset({"avx2"}))
+    monkeypatch.setattr(C, "cpu_flags", lambda: frozenset({"avx2"}))
     mode, reason = P.auto_precision("cpu")
     assert mode == PrecisionMode.FP32 and reason
 
 
 def test_auto_logs_its_reason_once(monkeypatch):
-    monkeypatch.setattr(P, "cpu_flags", lambda: frozenset({"avx512_bf16", "amx_bf16"}))
+    monkeypatch.setattr(C, "cpu_flags", lambda: frozenset({"avx512_bf16", "amx_bf16"}))
     with capture_logs() as logs:
         for _ in range(3):
             chosen = P.resolve_precision("auto", "cpu")
@@ -33,7 +34,7 @@ def test_auto_logs_its_reason_once(monkeypatch):
 
 
 def test_cpu_support_table(monkeypatch):
-    monkeypatch.setattr(P, "cpu_flags", lambda: frozenset({"avx2"}))
+    monkeypatch.setattr(C, "cpu_flags", lambda: frozenset({"avx2"}))
     assert P.device_support("cpu", PrecisionMode.BF16) == P.Support.SLOW
     assert P.device_support("cpu", PrecisionMode.FP16) == P.Support.SLOW
     assert P.device_support("cpu", PrecisionMode.FP32) == P.Support.NATIVE
@@ -41,7 +42,7 @@ def test_cpu_support_table(monkeypatch):
 
 def test_avx512_bf16_without_amx_is_slow_and_auto_stays_fp32(monkeypatch):
     # measured on such a CPU: BF16 autocast 0.66-0.74x FP32 at every bench size
-    monkeypatch.setattr(P, "cpu_flags", lambda: frozenset({"avx512f", "avx512_bf16", "avx512_fp16"}))
+    monkeypatch.setattr(C, "cpu_flags", lambda: frozenset({"avx512f", "avx512_bf16", "avx512_fp16"}))
     assert P.cpu_has_native_bf16() and not P.cpu_has_fast_bf16()
     assert P.device_support("cpu", PrecisionMode.BF16) == P.Support.SLOW
     mode, reason = P.auto_precision("cpu")
@@ -54,7 +55,7 @@ def test_avx512_bf16_without_amx_is_slow_and_auto_stays_fp32(monkeypatch):
 
 
 def test_cuda_without_bf16_is_unsupported(monkeypatch):
-    monkeypatch.setattr(P, "cuda_supports_bf16", lambda d: False)
+    monkeypatch.setattr(C, "cuda_supports_bf16", lambda d: False)
     assert P.device_support("cuda", PrecisionMode.BF16) == P.Support.NONE
     assert P.device_support("cuda", PrecisionMode.FP16) == P.Support.NATIVE
 
@@ -87,5 +88,146 @@ def test_bad_mode_string_lists_choices():
 
 def test_capability_report_shape():
     rep = P.capability_report("cpu")
-    assert set(rep["support"]) == {"fp32", "fp16", "bf16"}
+    assert set(rep["support"]) == {"fp32", "tf32", "fp16", "bf16", "fp16-true"}
+    assert rep["support"]["tf32"] == "none" and "tf32" not in P.supported_modes("cpu")
     assert rep["auto_precision"] in {"fp32", "bf16"} and rep["auto_reason"]
+
+
+# -- one vocabulary ------------------------------------------------------------
+
+
+def test_modes_cover_the_vocabulary_and_auto_never_picks_tf32_or_fp16_true(monkeypatch):
+    assert set(P.MODES) == set(PrecisionMode) - {PrecisionMode.AUTO}
+    assert {cls.name for cls in P.MODES.values()} == {m.value for m in P.MODES}
+    assert [m.value for m in P.FP32_WEIGHT_MODES] == ["fp32", "tf32", "bf16", "fp16"]
+    monkeypatch.setattr(C, "cuda_supports_tf32", lambda d: True)
+    for flags in (frozenset(), frozenset({"avx512_bf16"}), frozenset({"amx_bf16"})):
+        monkeypatch.setattr(C, "cpu_flags", lambda flags=flags: flags)
+        for device in ("cpu", "cuda", "meta"):
+            assert P.auto_precision(device)[0] not in (PrecisionMode.TF32, PrecisionMode.FP16_TRUE)
+
+
+def test_resolve_precision_builds_from_the_given_plugins():
+    class Custom(P.FP16Mixed):
+        pass
+
+    plugins = dict(P.MODES, **{PrecisionMode.FP16: Custom})
+    assert type(P.resolve_precision("fp16", "cpu", plugins=plugins)) is Custom
+    assert type(P.resolve_precision("bf16", "cpu", plugins=plugins)) is P.BF16Mixed
+
+
+# -- plugin hooks -------------------------------------------------------------------
+
+
+def _linear_step(precision, grad_scale=1.0):
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with precision.forward_context():
+        loss = model(torch.ones(2, 3)).float().sum() * grad_scale
+    precision.backward(loss)
+    precision.unscale_(opt)
+    before = [p.detach().clone() for p in model.parameters()]
+    stepped = precision.optimizer_step(opt)
+    changed = any(not torch.equal(a, b) for a, b in zip(before, model.parameters()))
+    return model, stepped, changed
+
+
+@pytest.mark.parametrize("mode", [PrecisionMode.FP32, PrecisionMode.BF16])
+def test_modes_without_a_scaler_are_plain_torch(mode):
+    precision = P.MODES[mode]("cpu")
+    model, stepped, changed = _linear_step(precision)
+    assert stepped and changed
+    assert precision.scale == 1.0 and precision.state_dict() == {}
+    assert not precision.uses_scaler and not precision.scaler.is_enabled()
+    precision.load_state_dict({})
+
+
+def test_fp16_owns_its_scaler_and_detects_overflow():
+    precision = P.FP16Mixed("cpu", P.ScalerOptions(init_scale=1024.0))
+    model, stepped, changed = _linear_step(precision)
+    assert stepped and changed and precision.scale == 1024.0
+    # the unscaled gradient is the true gradient: d(sum(Wx+b))/db = batch size
+    assert model.bias.grad.item() == pytest.approx(2.0)
+    _, stepped, changed = _linear_step(precision, grad_scale=float("inf"))
+    assert stepped is False and not changed and precision.scale == 512.0
+    state = precision.state_dict()
+    restored = P.FP16Mixed("cpu")
+    restored.load_state_dict(state)
+    assert restored.scale == 512.0 and restored.scaler.get_scale() == 512.0
+    fresh = P.FP16Mixed("cpu", P.ScalerOptions(init_scale=64.0))
+    fresh.load_state_dict({})  # a checkpoint saved without a scaler keeps the fresh one
+    assert fresh.scale == 64.0
+
+
+def test_make_scaler_is_the_override_point():
+    class Quiet(torch.amp.GradScaler):
+        pass
+
+    class Variant(P.FP16Mixed):
+        def make_scaler(self):
+            return Quiet(self.device.type, init_scale=self.scaler_options.init_scale)
+
+    precision = Variant("cpu", P.ScalerOptions(init_scale=8.0))
+    assert isinstance(precision.scaler, Quiet) and precision.scale == 8.0
+
+
+def test_autocast_is_an_alias_of_forward_context():
+    x = torch.randn(2, 2)
+    with P.FP16Mixed("cpu").autocast():
+        assert (x @ x).dtype == torch.float16
+
+
+class _RecordMatmulPrecision(torch.autograd.Function):
+    seen: list = []
+
+    @staticmethod
+    def forward(ctx, x):
+        _RecordMatmulPrecision.seen.append(("forward", torch.backends.cuda.matmul.fp32_precision))
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        _RecordMatmulPrecision.seen.append(("backward", torch.backends.cuda.matmul.fp32_precision))
+        return grad
+
+
+def test_tf32_switches_are_on_for_forward_and_backward_only():
+    precision = P.TF32("cuda")
+    before = (torch.backends.cuda.matmul.fp32_precision, torch.backends.cudnn.fp32_precision)
+    _RecordMatmulPrecision.seen = []
+    x = torch.ones(2, requires_grad=True)
+    with precision.forward_context():
+        loss = _RecordMatmulPrecision.apply(x).sum()
+    assert (torch.backends.cuda.matmul.fp32_precision, torch.backends.cudnn.fp32_precision) == before
+    precision.backward(loss)
+    assert _RecordMatmulPrecision.seen == [("forward", "tf32"), ("backward", "tf32")]
+    assert (torch.backends.cuda.matmul.fp32_precision, torch.backends.cudnn.fp32_precision) == before
+    assert precision.compute_dtype == torch.float32 and not precision.uses_scaler
+
+
+def test_tf32_is_unsupported_on_cpu_and_follows_on_unsupported(monkeypatch):
+    assert P.device_support("cpu", PrecisionMode.TF32) == P.Support.NONE
+    with capture_logs() as logs:
+        chosen = P.resolve_precision("tf32", "cpu")
+    assert chosen.name == "fp32"
+    fallback = [log for log in logs if log["event"] == "precision.fallback"]
+    assert fallback and fallback[0]["requested"] == "tf32" and "CUDA" in fallback[0]["reason"]
+    with pytest.raises(P.UnsupportedPrecisionError, match="tf32.*not supported on cpu.*CUDA"):
+        P.resolve_precision("tf32", "cpu", on_unsupported="error")
+    monkeypatch.setattr(C, "cuda_supports_tf32", lambda d: True)
+    assert P.device_support("cuda", PrecisionMode.TF32) == P.Support.NATIVE
+    monkeypatch.setattr(C, "cuda_supports_tf32", lambda d: False)
+    assert "compute capability" in P.unsupported_reason("cuda", PrecisionMode.TF32)
+
+
+def test_fp16_true_converts_the_weights_and_trains_without_a_scaler():
+    precision = P.resolve_precision("fp16-true", "cpu")
+    assert isinstance(precision, P.HalfTrue) and not precision.scaler.is_enabled()
+    model = precision.convert_module(torch.nn.Linear(3, 1))
+    assert all(p.dtype == torch.float16 for p in model.parameters())
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with precision.forward_context():  # FP32 inputs meet FP16 weights
+        loss = model(torch.ones(2, 3)).float().sum()
+    precision.backward(loss)
+    assert precision.optimizer_step(opt) is True and precision.state_dict() == {}

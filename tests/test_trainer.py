@@ -10,7 +10,7 @@ import torch
 from structlog.testing import capture_logs
 
 from genesis_fp16 import FP16Trainer, FP16TrainingConfig
-from genesis_fp16 import precision as precision_mod
+from genesis_fp16.precision import capability as capability_mod
 from genesis_fp16.precision import Support, UnsupportedPrecisionError
 from genesis_fp16.settings import PrecisionMode
 
@@ -308,7 +308,7 @@ def test_checkpoint_mid_accumulation_is_refused(tmp_path):
 
 
 def test_caller_config_is_never_mutated(monkeypatch):
-    monkeypatch.setattr(precision_mod, "device_support", lambda d, m: Support.NONE if m == PrecisionMode.BF16 else Support.NATIVE)
+    monkeypatch.setattr(capability_mod, "device_support", lambda d, m: Support.NONE if m == PrecisionMode.BF16 else Support.NATIVE)
     cfg = FP16TrainingConfig(precision="bf16")
     snapshot = dataclasses.asdict(cfg)
     model, opt = make()
@@ -319,7 +319,7 @@ def test_caller_config_is_never_mutated(monkeypatch):
 
 
 def test_unsupported_precision_fallback_logs_reason(monkeypatch):
-    monkeypatch.setattr(precision_mod, "device_support", lambda d, m: Support.NONE if m == PrecisionMode.BF16 else Support.NATIVE)
+    monkeypatch.setattr(capability_mod, "device_support", lambda d, m: Support.NONE if m == PrecisionMode.BF16 else Support.NATIVE)
     model, opt = make()
     with capture_logs() as logs:
         trainer = FP16Trainer(model, opt, FP16TrainingConfig(precision="bf16", on_unsupported="fallback"))
@@ -332,7 +332,7 @@ def test_unsupported_precision_fallback_logs_reason(monkeypatch):
 
 
 def test_unsupported_precision_error_policy(monkeypatch):
-    monkeypatch.setattr(precision_mod, "device_support", lambda d, m: Support.NONE if m == PrecisionMode.BF16 else Support.NATIVE)
+    monkeypatch.setattr(capability_mod, "device_support", lambda d, m: Support.NONE if m == PrecisionMode.BF16 else Support.NATIVE)
     model, opt = make()
     with pytest.raises(UnsupportedPrecisionError, match="bf16.*not supported"):
         FP16Trainer(model, opt, FP16TrainingConfig(precision="bf16", on_unsupported="error"))
@@ -380,3 +380,67 @@ def test_seed_import_paths_give_same_objects():
 
     assert seed.FP16Trainer is genesis_fp16.FP16Trainer
     assert seed.FP16TrainingConfig is genesis_fp16.FP16TrainingConfig
+
+
+# -- precision plugins ------------------------------------------------------------------
+
+
+def test_fp16_true_from_the_config_casts_the_model_at_construction():
+    data = batches(4)
+    model, _ = make(adam=False)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-2)
+    trainer = FP16Trainer(model, opt, FP16TrainingConfig(precision="fp16-true"))
+    assert trainer.precision.name == "fp16-true" and trainer.model is model
+    assert all(p.dtype == torch.float16 for p in model.parameters())
+    assert all(run_trainer(trainer, data))  # FP32 batches meet FP16 weights under autocast
+    stats = trainer.get_stats()
+    assert stats["precision"] == "fp16-true" and stats["training_steps"] == 4
+    assert stats["scaler_enabled"] is False and stats["current_scale"] == 1.0
+
+
+def test_scaler_is_the_plugins_and_read_only():
+    model, opt = make()
+    trainer = FP16Trainer(model, opt, FP16TrainingConfig(precision="fp16"))
+    assert trainer.scaler is trainer.precision.scaler
+    with pytest.raises(AttributeError):
+        trainer.scaler = torch.amp.GradScaler("cpu")
+
+
+def test_subclass_chooses_plugin_variants():
+    from genesis_fp16.precision import MODES, FP16Mixed, HalfTrue
+
+    made = []
+
+    class CountingFP16(FP16Mixed):
+        def make_scaler(self):
+            made.append(self)
+            return super().make_scaler()
+
+    class TaggedHalf(HalfTrue):
+        pass
+
+    class Variant(FP16Trainer):
+        precision_plugins = dict(MODES, **{PrecisionMode.FP16: CountingFP16, PrecisionMode.FP16_TRUE: TaggedHalf})
+
+    model, opt = make()
+    trainer = Variant(model, opt, FP16TrainingConfig(precision="fp16"))
+    assert type(trainer.precision) is CountingFP16 and made == [trainer.precision]
+    trainer.cast_model_to_fp16()  # goes through the FP16_TRUE plugin
+    assert type(trainer.precision) is TaggedHalf
+
+
+def test_checkpoint_scaler_key_is_the_plugins_state_and_old_fp32_checkpoints_load_into_fp16(tmp_path):
+    model, opt = make()
+    fp16 = FP16Trainer(model, opt, FP16TrainingConfig(precision="fp16", loss_scale=256.0))
+    run_trainer(fp16, batches(3), inject_at=1)
+    payload = fp16.state_payload()
+    assert payload["scaler"] == fp16.precision.state_dict() and payload["scaler"]["scale"] == 128.0
+    model32, opt32 = make()
+    fp32 = FP16Trainer(model32, opt32, FP16TrainingConfig(precision="fp32"))
+    assert fp32.state_payload()["scaler"] == {}
+    path = fp32.save_checkpoint(tmp_path / "fp32.pt")
+    model2, opt2 = make()
+    seen = []
+    resumed = FP16Trainer(model2, opt2, FP16TrainingConfig(precision="fp16", loss_scale=512.0), listeners=[lambda e, f: seen.append(e)])
+    resumed.load_checkpoint(path)
+    assert "checkpoint.fresh_scaler" in seen and resumed.current_scale == 512.0

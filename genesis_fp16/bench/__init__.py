@@ -6,8 +6,9 @@ number of steps, overflow rate and peak memory; writes a device-stamped JSON,
 CSV and plot. See docs/PERFORMANCE.md.
 """
 
-from .harness import PRECISIONS, BenchOptions, RawLoop
+from .loops import RawLoop
 from .models import SIZES, SizeSpec, parse_sizes
+from .options import PRECISIONS, BenchOptions
 from .runner import run_benchmark
 
 __all__ = ["PRECISIONS", "SIZES", "BenchOptions", "RawLoop", "SizeSpec", "parse_sizes", "run_benchmark"]

@@ -10,6 +10,7 @@ from typing import Any, Optional
 import typer
 
 from ..extras import require
+from .options import PRECISIONS
 
 
 def canonical_command(prog: str, options: Any, **paths: Optional[Path]) -> str:
@@ -107,7 +108,7 @@ def register(app: typer.Typer) -> None:
     @app.command("bench")
     def bench(
         sizes: Optional[str] = typer.Option(None, "--sizes", help="Comma list of S,M,L,LSTM (default all; S with --quick)."),
-        precisions: str = typer.Option("fp32,tf32,bf16,fp16", "--precisions", help="Comma list of fp32,tf32,bf16,fp16."),
+        precisions: str = typer.Option(",".join(PRECISIONS), "--precisions", help=f"Comma list of {','.join(PRECISIONS)}."),
         compile_: bool = typer.Option(False, "--compile", help="torch.compile the model (a failure is logged; the cell runs eager)."),
         cuda_graphs: bool = typer.Option(True, "--cuda-graphs/--no-cuda-graphs", help="On CUDA, capture small sizes in CUDA graphs."),
         repeats: Optional[int] = typer.Option(None, "--repeats", help="Timed raw/ours pairs per cell (default 11; 3 with --quick)."),
@@ -124,8 +125,8 @@ def register(app: typer.Typer) -> None:
         """Throughput, peak memory, validation loss and trainer overhead per size and precision, stamped with the device."""
         from ..cli import fail, load_settings_or_exit
         from ..storage import StorageError, check_output_path
-        from .harness import BenchOptions
         from .models import SIZES, parse_sizes
+        from .options import BenchOptions, pick_device
 
         load_settings_or_exit()  # a bad GENESIS_FP16_* variable fails here, clearly
         try:  # before measuring: a bad output path must not lose the run
@@ -150,8 +151,6 @@ def register(app: typer.Typer) -> None:
             options.command = canonical_command(
                 "genesis-fp16 bench", options, json=json_path, csv=csv_path, plot=plot_path, markdown=markdown_path
             )
-            from .harness import pick_device
-
             pick_device(options.device)
         except (ValueError, RuntimeError) as exc:
             raise fail(str(exc))

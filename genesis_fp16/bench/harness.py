@@ -1,358 +1,33 @@
-"""The benchmark: one precision matrix, measured within one run.
+"""The benchmark's cells: one (size, precision) pair, measured within one run.
 
 For each size, every precision first trains a fresh copy of the same student
 for a fixed number of steps through :class:`FP16Trainer` (validation loss,
 overflow rate, peak memory). The same model and optimizer are then timed two
 ways, alternated within each repeat: through our trainer ("ours") and through
-:class:`RawLoop`, a hand-written torch loop doing the same work. Precisions are
-rotated inside a repeat and raw/ours swap order every repeat, so load on a
-shared machine lands on all of them; every ratio is a median over repeats of
-numbers taken side by side.
+:class:`~.loops.RawLoop`, a hand-written torch loop doing the same work.
+Precisions are rotated inside a repeat and raw/ours swap order every repeat,
+so load on a shared machine lands on all of them; every ratio is a median
+over repeats of numbers taken side by side.
 """
 
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import dataclasses
-import gc
 import math
-import os
-import platform
-import sys
-import threading
 import time
 import warnings
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
-from typing import Any, Callable, ContextManager, Iterator, Optional
+from typing import Any, ContextManager
 
 import torch
 
-from .. import __version__
-from ..precision import cpu_flags, resolve_precision
-from ..trainer import FP16Trainer, FP16TrainingConfig
-from .models import QUICK_STEPS, SIZES, SizeSpec, Task, validation_loss
-
-PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
-INTERESTING_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_fp16", "amx_bf16", "amx_tile", "amx_int8", "f16c")
-
-RAW_LOOP_WORK = (
-    "torch.autocast (same dtype; none for fp32) -> loss.float() -> finite-loss check "
-    "(bool(isfinite(loss).all()), skip if not) -> GradScaler(enabled=fp16).scale(loss).backward() -> "
-    "unscale_ -> clip_grad_norm_(max_grad_norm) -> scaler.step -> scaler.update -> zero_grad(set_to_none=True)"
-)
-
-Progress = Callable[[str], None]
-
-
-@dataclass
-class BenchOptions:
-    """What to measure.
-
-    sizes / precisions: the matrix (see ``models.SIZES`` and ``PRECISIONS``).
-    repeats: timed raw/ours pairs per cell; the median is reported.
-    quick: CI smoke budget (few steps, short chunks).
-    compile: torch.compile the model (a failure is logged and the cell runs eager).
-    cuda_graphs: on CUDA, capture forward+backward of the small sizes in CUDA graphs.
-    chunk_s: target seconds per timed chunk (steps per chunk are calibrated to it).
-    warmup_steps: untimed steps before calibration, per loop.
-    threads: torch intra-op threads (None: torch's default, one per core).
-    """
-
-    sizes: list[SizeSpec] = field(default_factory=lambda: [SIZES["S"], SIZES["M"], SIZES["L"], SIZES["LSTM"]])
-    precisions: list[str] = field(default_factory=lambda: list(PRECISIONS))
-    repeats: int = 11
-    quick: bool = False
-    compile: bool = False
-    cuda_graphs: bool = True
-    device: Optional[str] = None
-    seed: int = 0
-    chunk_s: float = 0.25
-    warmup_steps: int = 3
-    threads: Optional[int] = None
-    command: str = ""
-
-    def __post_init__(self) -> None:
-        self.precisions = parse_precisions(self.precisions)
-        if not (isinstance(self.repeats, int) and self.repeats >= 1):
-            raise ValueError(f"repeats={self.repeats!r}: expected an integer >= 1")
-        if self.threads is not None and not (isinstance(self.threads, int) and self.threads >= 1):
-            raise ValueError(f"threads={self.threads!r}: expected an integer >= 1")
-        if not self.chunk_s > 0:
-            raise ValueError(f"chunk_s={self.chunk_s!r}: expected seconds > 0")
-
-    def quality_steps(self, spec: SizeSpec) -> int:
-        return QUICK_STEPS[spec.name] if self.quick else spec.quality_steps
-
-
-def parse_precisions(values: Any) -> list[str]:
-    if isinstance(values, str):
-        values = values.split(",")
-    names = [str(v).strip().lower() for v in values if str(v).strip()]
-    unknown = [n for n in names if n not in PRECISIONS]
-    if unknown or not names:
-        raise ValueError(
-            f"--precisions: unknown precision(s) {', '.join(unknown) or '(none given)'}; expected some of {', '.join(PRECISIONS)}"
-        )
-    return list(dict.fromkeys(names))
-
-
-def pick_device(requested: Optional[str]) -> torch.device:
-    if requested:
-        device = torch.device(requested)
-        if device.type == "cuda" and not torch.cuda.is_available():
-            raise ValueError(f"--device {requested}: CUDA is not available on this machine; use cpu")
-        return device
-    return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
-
-
-def not_applicable_reason(precision: str, device: torch.device) -> Optional[str]:
-    """Why ``precision`` is not measured on ``device`` (None: it is measured)."""
-    if precision == "tf32" and device.type != "cuda":
-        return "TF32 is a CUDA tensor-core mode; not applicable on this device"
-    if precision == "bf16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
-        return "this CUDA device does not support BF16"
-    return None
-
-
-# -- device stamp ---------------------------------------------------------------
-
-
-def _cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as fh:
-            for line in fh:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
-
-
-def _cpu_name(flags: list[str]) -> str:
-    """CPU model, cores and the reduced-precision features that matter here."""
-    features = [name for flag, name in (("avx512_bf16", "AVX512-BF16"), ("amx_bf16", "AMX-BF16"), ("avx512_fp16", "AVX512-FP16")) if flag in flags]
-    return f"{_cpu_model()}, {os.cpu_count()} cores" + (f" ({', '.join(features)})" if features else "")
-
-
-def _git_commit() -> Optional[str]:
-    import subprocess
-
-    try:
-        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=5)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return out.stdout.strip() or None
-
-
-def device_header(options: BenchOptions, device: torch.device) -> dict[str, Any]:
-    flags = sorted(f for f in cpu_flags() if f in INTERESTING_FLAGS)
-    cuda_name = torch.cuda.get_device_name(device) if device.type == "cuda" else None
-    return {
-        "tool": "genesis-fp16 bench",
-        "genesis_fp16_version": __version__,
-        "date": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "command": options.command or " ".join(sys.argv),
-        "device": str(device),
-        "device_name": cuda_name or _cpu_name(flags),
-        "cpu_model": _cpu_model(),
-        "cpu_count": os.cpu_count(),
-        "cpu_flags": flags,
-        "torch_threads": torch.get_num_threads(),
-        "torch_version": torch.__version__,
-        "cuda_version": torch.version.cuda,
-        "cuda_available": torch.cuda.is_available(),
-        "python": platform.python_version(),
-        "platform": platform.platform(),
-        "git_commit": _git_commit(),
-        "load_avg_start": list(os.getloadavg()),
-        "quick": options.quick,
-        "repeats": options.repeats,
-        "seed": options.seed,
-        "compile": options.compile,
-        "cuda_graphs": options.cuda_graphs and device.type == "cuda",
-        "chunk_s": options.chunk_s,
-        "trainer_config": dataclasses.asdict(_trainer_config("fp32", device)),
-        "raw_loop": RAW_LOOP_WORK,
-        "timing": "median over repeats; raw and ours alternated within each repeat; gc disabled inside a timed chunk",
-        "peak_mem": (
-            "torch.cuda.max_memory_allocated increase during the quality run"
-            if device.type == "cuda"
-            else "peak resident-memory (RSS) increase during the quality run, sampled every 1 ms with psutil after malloc_trim"
-        ),
-    }
-
-
-# -- the two loops ----------------------------------------------------------------
-
-
-def _trainer_config(precision: str, device: torch.device) -> FP16TrainingConfig:
-    return FP16TrainingConfig(
-        enabled=True,
-        precision="fp32" if precision == "tf32" else precision,
-        on_unsupported="error",  # the bench measures what was asked or says why not
-        device=str(device),
-    )
-
-
-class RawLoop:
-    """What a careful hand-written mixed-precision loop does per step: PyTorch's
-    AMP recipe (autocast, GradScaler, unscale before clipping) plus the
-    finite-loss guard any serious training script has. This is "the same work"
-    our trainer does; what ours adds on top (counters, events, ``model.train()``
-    per step, scale bookkeeping) is the overhead measured."""
-
-    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, config: FP16TrainingConfig, precision: Any) -> None:
-        self.model = model
-        self.optimizer = optimizer
-        self.max_grad_norm = config.max_grad_norm
-        self.device_type = precision.device.type
-        self.dtype = None if precision.name == "fp32" else precision.compute_dtype
-        self.scaler = torch.amp.GradScaler(
-            self.device_type,
-            init_scale=config.loss_scale,
-            growth_factor=config.growth_factor,
-            backoff_factor=config.backoff_factor,
-            growth_interval=config.growth_interval,
-            enabled=precision.uses_scaler,
-        )
-        model.train()
-
-    def step(self, batch: Any, loss_fn: Callable[[torch.nn.Module, Any], torch.Tensor]) -> bool:
-        ctx = torch.autocast(self.device_type, dtype=self.dtype) if self.dtype is not None else contextlib.nullcontext()
-        with ctx:
-            loss = loss_fn(self.model, batch)
-        if not bool(torch.isfinite(loss.detach()).all()):
-            self.optimizer.zero_grad(set_to_none=True)
-            return False
-        self.scaler.scale(loss).backward()
-        if self.max_grad_norm is not None:
-            self.scaler.unscale_(self.optimizer)
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.max_grad_norm)
-        self.scaler.step(self.optimizer)
-        self.scaler.update()
-        self.optimizer.zero_grad(set_to_none=True)
-        return True
-
-
-# -- measurement helpers ------------------------------------------------------------
-
-
-@contextlib.contextmanager
-def tf32_mode(device: torch.device, enabled: bool) -> Iterator[None]:
-    """On CUDA: TF32 matmuls on (the tf32 row) or off (strict FP32 for every
-    other row). Elsewhere: nothing."""
-    if device.type != "cuda":
-        yield
-        return
-    matmul = torch.backends.cuda.matmul
-    if hasattr(matmul, "fp32_precision"):
-        old = (matmul.fp32_precision, torch.backends.cudnn.fp32_precision)
-        matmul.fp32_precision = "tf32" if enabled else "ieee"
-        torch.backends.cudnn.fp32_precision = "tf32" if enabled else "ieee"
-        try:
-            yield
-        finally:
-            matmul.fp32_precision, torch.backends.cudnn.fp32_precision = old
-    else:  # older torch
-        old = (matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
-        matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = enabled
-        try:
-            yield
-        finally:
-            matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = old
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def _malloc_trim() -> None:
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
-
-
-class PeakMemory:
-    """Peak memory increase over a block: CUDA ``max_memory_allocated``; on the
-    CPU the resident set size, sampled every ``interval`` seconds in a thread."""
-
-    def __init__(self, device: torch.device, interval: float = 0.001) -> None:
-        self.device = device
-        self.interval = interval
-        self.peak_mb = 0.0
-        self._stop = threading.Event()
-
-    def __enter__(self) -> "PeakMemory":
-        gc.collect()
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-            torch.cuda.reset_peak_memory_stats(self.device)
-            self._base = torch.cuda.memory_allocated(self.device)
-        else:
-            import psutil
-
-            _malloc_trim()
-            self._proc = psutil.Process()
-            self._base = self._proc.memory_info().rss
-            self._peak = self._base
-            self._thread = threading.Thread(target=self._sample, daemon=True)
-            self._thread.start()
-        return self
-
-    def _sample(self) -> None:
-        while not self._stop.is_set():
-            rss = self._proc.memory_info().rss
-            if rss > self._peak:
-                self._peak = rss
-            time.sleep(self.interval)
-
-    def __exit__(self, *exc: Any) -> None:
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-            peak = torch.cuda.max_memory_allocated(self.device)
-        else:
-            self._stop.set()
-            self._thread.join()
-            peak = max(self._peak, self._proc.memory_info().rss)
-        self.peak_mb = max(0.0, (peak - self._base) / 2**20)
-
-
-def time_chunk(step: Callable[[int], Any], steps: int, device: torch.device) -> float:
-    gc.collect()
-    gc.disable()
-    try:
-        _sync(device)
-        start = time.perf_counter()
-        for i in range(steps):
-            step(i)
-        _sync(device)
-        return time.perf_counter() - start
-    finally:
-        gc.enable()
-
-
-def should_graph(spec: SizeSpec, device: torch.device, enabled: bool) -> bool:
-    """CUDA-graph capture is tried only on CUDA, for the small sizes where
-    launch overhead dominates, and when asked."""
-    return enabled and device.type == "cuda" and spec.graphable
-
-
-def graph_model(model: torch.nn.Module, sample: torch.Tensor, precision: Any) -> torch.nn.Module:
-    """Capture forward and backward of ``model`` in CUDA graphs
-    (``torch.cuda.make_graphed_callables``). Autocast must run with its weight
-    cache off during capture (PyTorch CUDA-graphs docs); the loss, scaler and
-    optimizer stay eager, so our trainer and the raw loop are unchanged."""
-    ctx = (
-        torch.autocast(precision.device.type, dtype=precision.compute_dtype, cache_enabled=False)
-        if precision.name != "fp32"
-        else contextlib.nullcontext()
-    )
-    with ctx:
-        return torch.cuda.make_graphed_callables(model, (sample,))
+from ..precision import resolve_precision
+from ..trainer import FP16Trainer
+from . import measure
+from .loops import RawLoop, trainer_config
+from .measure import PeakMemory, time_chunk
+from .models import SizeSpec, Task, validation_loss
+from .options import BenchOptions
 
 
 # -- one cell of the matrix -----------------------------------------------------------
@@ -387,7 +62,6 @@ class Cell:
 
     def context(self) -> ContextManager[Any]:
         stack = contextlib.ExitStack()
-        stack.enter_context(tf32_mode(self.device, self.precision == "tf32"))
         if self.flags.mkldnn_off:
             stack.enter_context(warnings.catch_warnings())
             warnings.filterwarnings("ignore", message="TF32 acceleration on top of oneDNN")
@@ -409,15 +83,14 @@ def build_cell(
     trainer and the raw loop, both driving the same model and optimizer."""
     model = task.make_model(options.seed, device)
     optimizer = torch.optim.Adam(model.parameters(), lr=spec.lr)
-    config = _trainer_config(precision, device)
+    config = trainer_config(precision, device)
     mode = resolve_precision(config.requested_precision, device, config.on_unsupported, config.scaler_options())
     train_model: torch.nn.Module = model
     graphed = False
     # torch.compile brings its own CUDA-graph mode (mode="reduce-overhead"); never both
-    if not flags.compile and should_graph(spec, device, options.cuda_graphs):
+    if not flags.compile and measure.should_graph(spec, device, options.cuda_graphs):
         try:
-            with tf32_mode(device, precision == "tf32"):
-                train_model = graph_model(model, task.train[0][0], mode)
+            train_model = measure.graph_model(model, task.train[0][0], mode)
             graphed = True
         except Exception as exc:  # logged and kept in the row's notes, never hidden
             reason = f"{type(exc).__name__}: {exc}"
@@ -495,13 +168,13 @@ def calibrate(cell: Cell, chunk_s: float, warmup_steps: int) -> None:
         for i in range(warmup_steps):
             cell.raw_step(i)
             cell.ours_step(i)
-        _sync(cell.device)
+        measure.sync_device(cell.device)
         start = time.perf_counter()
         n = 0
         while n < 2 or (time.perf_counter() - start < chunk_s / 4 and n < 1000):
             cell.raw_step(n)
             n += 1
-        _sync(cell.device)
+        measure.sync_device(cell.device)
         per_step = max((time.perf_counter() - start) / n, 1e-6)
     cell.steps = int(min(5000, max(3, math.ceil(chunk_s / per_step))))
 

@@ -8,20 +8,14 @@ from typing import Any, Callable, Optional
 
 import torch
 
+from ..precision import REDUCED_MODES
 from ..telemetry import get_logger
-from .harness import (
-    BenchOptions,
-    Cell,
-    build_cell,
-    calibrate,
-    device_header,
-    not_applicable_reason,
-    pick_device,
-    prime_cell,
-    run_quality,
-    time_pair,
-)
+from .harness import Cell, build_cell, calibrate, prime_cell, run_quality, time_pair
 from .models import make_task
+from .options import BenchOptions, not_applicable_reason, pick_device
+from .stamp import device_header
+
+REDUCED = {m.value for m in REDUCED_MODES}
 
 # (description, done, total) -> None
 ProgressFn = Callable[[str, int, int], None]
@@ -126,7 +120,7 @@ def _row(cell: Cell) -> dict[str, Any]:
         "hidden": spec.hidden,
         "batch": spec.batch,
         "precision": cell.precision,
-        "precision_run": q["precision_run"] + ("+tf32" if cell.precision == "tf32" else ""),
+        "precision_run": q["precision_run"],
         "samples_per_s": spec.batch * cell.steps / ours,
         "raw_samples_per_s": spec.batch * cell.steps / raw,
         "ms_per_step": 1000.0 * ours / cell.steps,
@@ -167,7 +161,7 @@ def summarize(result: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {"device": device}
     if rows:
         out["max_overhead_vs_raw"] = max(r["overhead_vs_raw"] for r in rows)
-        deltas = [abs(r["val_loss_delta_vs_fp32"]) for r in rows if r["val_loss_delta_vs_fp32"] is not None and r["precision"] in ("bf16", "fp16")]
+        deltas = [abs(r["val_loss_delta_vs_fp32"]) for r in rows if r["val_loss_delta_vs_fp32"] is not None and r["precision"] in REDUCED]
         if deltas:
             out["max_abs_val_loss_delta_reduced"] = max(deltas)
     speed = {f"{r['size']}/{r['precision']}": r["speedup_vs_fp32"] for r in rows if r["speedup_vs_fp32"] is not None}

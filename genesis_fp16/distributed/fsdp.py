@@ -23,7 +23,7 @@ from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 from torch.distributed.tensor import DTensor
 
 from .. import checkpoint as ckpt
-from ..precision import MODES, FP16Mixed, Precision, parse_mode
+from ..precision import MODES, FP16Mixed, Precision
 from ..settings import PrecisionMode
 from .base import DistributedTrainer
 from .dcp_io import (
@@ -94,13 +94,6 @@ class FSDPTrainer(DistributedTrainer):
         self._shard = shard
         self._reshard_after_forward = reshard_after_forward
         super().__init__(*args, **kwargs)
-        # FP16Trainer resolved the mode with the single-process plugins; use this
-        # trainer's variant of the same mode (fp16: ShardedFP16Mixed)
-        plugin = self.precision_plugins[parse_mode(self.precision.name)]
-        if type(self.precision) is not plugin:
-            self.precision = plugin(self.device, self.precision.scaler_options)
-            self.scaler = self.precision.make_scaler()
-            self._last_scale = self.scaler.get_scale() if self.scaler.is_enabled() else 1.0
 
     def _wrap(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> torch.nn.Module:
         if isinstance(model, FSDPModule):
@@ -167,7 +160,7 @@ class FSDPTrainer(DistributedTrainer):
             payload = ckpt.build_payload(
                 model={},  # in shards/
                 optimizer=optimizer_rest,
-                scaler=self.scaler.state_dict() if self.scaler.is_enabled() else {},
+                scaler=self.precision.state_dict(),
                 scheduler=self.scheduler.state_dict() if self.scheduler is not None else None,
                 counters=self._counters(),
                 precision=self.precision.name,

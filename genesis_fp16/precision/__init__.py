@@ -1,0 +1,177 @@
+"""Precision: the plugins, device capability, and the choice between them.
+
+``genesis_fp16.settings.PrecisionMode`` is the one vocabulary; :data:`MODES`
+maps each mode (``auto`` aside) to its plugin class, and
+:func:`resolve_precision` turns a requested mode into a plugin for a device.
+Capability lives in :mod:`.capability` (tests patch it there), the plugins in
+:mod:`.plugins`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Optional, Union
+
+import torch
+
+from ..settings import OnUnsupported, PrecisionMode
+from ..telemetry import get_logger, log_once
+from . import capability
+from .capability import (
+    SUPPORT_REASONS,
+    Support,
+    auto_precision,
+    cpu_flags,
+    cpu_has_fast_bf16,
+    cpu_has_native_bf16,
+    cuda_supports_bf16,
+    cuda_supports_tf32,
+    device_support,
+    slow_reason,
+    unsupported_reason,
+)
+from .plugins import TF32, BF16Mixed, FP16Mixed, HalfTrue, Precision, ScalerOptions, tf32_matmuls
+
+
+class UnsupportedPrecisionError(RuntimeError):
+    pass
+
+
+MODES: dict[PrecisionMode, type[Precision]] = {
+    PrecisionMode.FP32: Precision,
+    PrecisionMode.TF32: TF32,
+    PrecisionMode.BF16: BF16Mixed,
+    PrecisionMode.FP16: FP16Mixed,
+    PrecisionMode.FP16_TRUE: HalfTrue,
+}
+
+# modes that keep FP32 master weights (every mode but fp16-true), in MODES order:
+# what the benchmark compares
+FP32_WEIGHT_MODES: tuple[PrecisionMode, ...] = tuple(m for m, cls in MODES.items() if cls.keeps_fp32_weights)
+# modes that compute in a 16-bit dtype
+REDUCED_MODES: tuple[PrecisionMode, ...] = tuple(m for m, cls in MODES.items() if cls.compute_dtype != torch.float32)
+
+
+def parse_mode(value: Union[str, PrecisionMode]) -> PrecisionMode:
+    try:
+        return PrecisionMode(value.value if isinstance(value, PrecisionMode) else str(value).lower())
+    except ValueError:
+        allowed = ", ".join(m.value for m in PrecisionMode)
+        raise ValueError(f"unknown precision {value!r}: allowed values are {allowed}") from None
+
+
+def parse_on_unsupported(value: Union[str, OnUnsupported]) -> OnUnsupported:
+    try:
+        return OnUnsupported(value.value if isinstance(value, OnUnsupported) else str(value).lower())
+    except ValueError:
+        allowed = ", ".join(m.value for m in OnUnsupported)
+        raise ValueError(f"unknown on_unsupported {value!r}: allowed values are {allowed}") from None
+
+
+def best_supported(device: torch.device) -> PrecisionMode:
+    mode, _ = capability.auto_precision(device)
+    return mode
+
+
+def resolve_precision(
+    requested: Union[str, PrecisionMode],
+    device: Union[str, torch.device],
+    on_unsupported: Union[str, OnUnsupported] = OnUnsupported.FALLBACK,
+    scaler: Optional[ScalerOptions] = None,
+    *,
+    plugins: Mapping[PrecisionMode, type[Precision]] = MODES,
+) -> Precision:
+    """Turn a requested mode into a plugin from ``plugins`` for ``device``.
+
+    ``auto`` picks by :func:`auto_precision` and logs why, once. A mode the
+    device cannot run follows ``on_unsupported``; a mode that runs but is slow
+    here runs as asked and warns once. Nothing is substituted silently.
+    """
+    log = get_logger("genesis_fp16.precision")
+    device = torch.device(device)
+    mode = parse_mode(requested)
+    policy = parse_on_unsupported(on_unsupported)
+    if mode == PrecisionMode.AUTO:
+        mode, reason = capability.auto_precision(device)
+        log_once(log, f"auto:{device}", "info", "precision.auto_selected", device=str(device), precision=mode.value, reason=reason)
+        return plugins[mode](device, scaler)
+    support = capability.device_support(device, mode)
+    if support == Support.NONE:
+        why = capability.unsupported_reason(device, mode) or f"{mode.value} is not supported on {device}"
+        if policy == OnUnsupported.ERROR:
+            raise UnsupportedPrecisionError(
+                f"precision {mode.value!r} is not supported on {device} ({why}); "
+                f"set GENESIS_FP16_PRECISION to one of {supported_modes(device)} or GENESIS_FP16_ON_UNSUPPORTED=fallback"
+            )
+        fallback = best_supported(device)
+        log_once(
+            log,
+            f"fallback:{device}:{mode.value}",
+            "warning",
+            "precision.fallback",
+            device=str(device),
+            requested=mode.value,
+            precision=fallback.value,
+            reason=f"{mode.value} is not supported on {device} ({why}); on_unsupported=fallback",
+        )
+        return plugins[fallback](device, scaler)
+    if support == Support.SLOW:
+        log_once(
+            log,
+            f"slow:{device}:{mode.value}",
+            "warning",
+            "precision.slow_on_device",
+            device=str(device),
+            precision=mode.value,
+            reason=f"{mode.value} runs on {device.type} but is not faster than fp32 here: {capability.slow_reason(device, mode)}",
+        )
+    return plugins[mode](device, scaler)
+
+
+def supported_modes(device: Union[str, torch.device]) -> list[str]:
+    return [m.value for m in MODES if capability.device_support(device, m) != Support.NONE]
+
+
+def capability_report(device: Union[str, torch.device]) -> dict[str, Any]:
+    device = torch.device(device)
+    auto, reason = capability.auto_precision(device)
+    return {
+        "device": str(device),
+        "name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "support": {m.value: capability.device_support(device, m).value for m in MODES},
+        "fast": [m.value for m in MODES if capability.device_support(device, m) == Support.NATIVE],
+        "auto_precision": auto.value,
+        "auto_reason": reason,
+    }
+
+
+__all__ = [
+    "FP32_WEIGHT_MODES",
+    "MODES",
+    "REDUCED_MODES",
+    "SUPPORT_REASONS",
+    "TF32",
+    "BF16Mixed",
+    "FP16Mixed",
+    "HalfTrue",
+    "Precision",
+    "ScalerOptions",
+    "Support",
+    "UnsupportedPrecisionError",
+    "auto_precision",
+    "best_supported",
+    "capability_report",
+    "cpu_flags",
+    "cpu_has_fast_bf16",
+    "cpu_has_native_bf16",
+    "cuda_supports_bf16",
+    "cuda_supports_tf32",
+    "device_support",
+    "parse_mode",
+    "parse_on_unsupported",
+    "resolve_precision",
+    "slow_reason",
+    "supported_modes",
+    "tf32_matmuls",
+    "unsupported_reason",
+]

@@ -1,0 +1,207 @@
+"""Precision plugins: one small class per mode on a base with no-op hooks
+(Lightning Fabric's ``plugins/precision``). The trainer holds one and calls
+its hooks in PyTorch's AMP order ("Automatic Mixed Precision examples"):
+``backward`` per micro-step, then once per optimizer step ``unscale_`` (only
+before clipping) -> clip -> ``optimizer_step``. The trainer never branches on
+the mode; a mode's behaviour lives here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import Any, ContextManager, Iterator, Optional, Union
+
+import torch
+
+
+@dataclass(frozen=True)
+class ScalerOptions:
+    """The gradient scaler's options, named as ``torch.amp.GradScaler`` names them."""
+
+    init_scale: float = 65536.0
+    growth_factor: float = 2.0
+    backoff_factor: float = 0.5
+    growth_interval: int = 2000
+
+
+class Precision:
+    """FP32: no autocast, no scaler; every hook is the plain torch call.
+
+    ``scaler`` is a disabled ``GradScaler`` for modes without one, so code that
+    reads ``scaler.is_enabled()`` or ``scaler.get_scale()`` works for every mode.
+    """
+
+    name = "fp32"
+    compute_dtype = torch.float32
+    uses_scaler = False
+    keeps_fp32_weights = True  # False only where convert_module casts the weights themselves
+
+    def __init__(self, device: Union[str, torch.device], scaler: Optional[ScalerOptions] = None) -> None:
+        self.device = torch.device(device)
+        self.scaler_options = scaler or ScalerOptions()
+        self.scaler = self.make_scaler()
+
+    def make_scaler(self) -> torch.amp.GradScaler:
+        """The gradient scaler (disabled unless the mode ``uses_scaler``); the
+        FSDP variant of FP16 overrides this to return a ``ShardedGradScaler``."""
+        opts = self.scaler_options
+        return torch.amp.GradScaler(
+            self.device.type,
+            init_scale=opts.init_scale,
+            growth_factor=opts.growth_factor,
+            backoff_factor=opts.backoff_factor,
+            growth_interval=opts.growth_interval,
+            enabled=self.uses_scaler,
+        )
+
+    def forward_context(self) -> ContextManager[Any]:
+        """Where the forward pass (and the loss) runs: autocast, or nothing."""
+        return contextlib.nullcontext()
+
+    def autocast(self) -> ContextManager[Any]:
+        """Alias of :meth:`forward_context`."""
+        return self.forward_context()
+
+    def math_context(self) -> ContextManager[Any]:
+        """The matmul math mode for forward and backward (TF32 switches for
+        ``tf32``; nothing otherwise). Hand-written loops that must do the same
+        work as :meth:`backward` wrap their own backward in it."""
+        return contextlib.nullcontext()
+
+    def convert_module(self, module: torch.nn.Module) -> torch.nn.Module:
+        return module
+
+    def backward(self, loss: torch.Tensor) -> None:
+        loss.backward()
+
+    def unscale_(self, optimizer: torch.optim.Optimizer) -> None:
+        """Make the gradients true gradients before clipping (a no-op without a scaler)."""
+
+    def optimizer_step(self, optimizer: torch.optim.Optimizer) -> bool:
+        """Step the optimizer; False when the step was skipped (FP16 overflow)."""
+        optimizer.step()
+        return True
+
+    @property
+    def scale(self) -> float:
+        """The loss scale after the last optimizer step (1.0 without a scaler)."""
+        return 1.0
+
+    def state_dict(self) -> dict[str, Any]:
+        """What a checkpoint keeps under its "scaler" key ({} without a scaler)."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict` (nothing to restore without a scaler)."""
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(device={self.device})"
+
+
+class FP16Mixed(Precision):
+    """FP16 autocast with a dynamic loss scaler that it owns. An overflow is
+    seen as a drop of the scale in ``update()``: that step was skipped."""
+
+    name = "fp16"
+    compute_dtype = torch.float16
+    uses_scaler = True
+
+    def __init__(self, device: Union[str, torch.device], scaler: Optional[ScalerOptions] = None) -> None:
+        super().__init__(device, scaler)
+        # before the first step get_scale() is init_scale without a device sync
+        self._scale = float(self.scaler.get_scale())
+
+    def forward_context(self) -> ContextManager[Any]:
+        return torch.autocast(self.device.type, dtype=torch.float16)
+
+    def backward(self, loss: torch.Tensor) -> None:
+        self.scaler.scale(loss).backward()
+
+    def unscale_(self, optimizer: torch.optim.Optimizer) -> None:
+        self.scaler.unscale_(optimizer)
+
+    def optimizer_step(self, optimizer: torch.optim.Optimizer) -> bool:
+        self.scaler.step(optimizer)  # skips optimizer.step() when a gradient is inf/NaN
+        self.scaler.update()  # ... and then backs the scale off
+        before, self._scale = self._scale, float(self.scaler.get_scale())
+        return not self._scale < before
+
+    @property
+    def scale(self) -> float:
+        return self._scale
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.scaler.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state:
+            self.scaler.load_state_dict(state)
+        self._scale = float(self.scaler.get_scale())
+
+
+class BF16Mixed(Precision):
+    """BF16 autocast; BF16 has FP32's exponent range, so no scaler."""
+
+    name = "bf16"
+    compute_dtype = torch.bfloat16
+
+    def forward_context(self) -> ContextManager[Any]:
+        return torch.autocast(self.device.type, dtype=torch.bfloat16)
+
+
+@contextlib.contextmanager
+def tf32_matmuls(enabled: bool = True) -> Iterator[None]:
+    """CUDA matmuls and cuDNN (convolutions, RNNs) in TF32 (``enabled``) or
+    strict IEEE FP32 inside the block; the previous switches come back after."""
+    value = "tf32" if enabled else "ieee"
+    matmul, cudnn = torch.backends.cuda.matmul, torch.backends.cudnn
+    if hasattr(matmul, "fp32_precision"):  # torch >= 2.9; mixing it with allow_tf32 raises
+        old = (matmul.fp32_precision, cudnn.fp32_precision)
+        matmul.fp32_precision = cudnn.fp32_precision = value
+        try:
+            yield
+        finally:
+            matmul.fp32_precision, cudnn.fp32_precision = old
+    else:
+        old_flags = (matmul.allow_tf32, cudnn.allow_tf32)
+        matmul.allow_tf32 = cudnn.allow_tf32 = enabled
+        try:
+            yield
+        finally:
+            matmul.allow_tf32, cudnn.allow_tf32 = old_flags
+
+
+class TF32(Precision):
+    """FP32 weights and activations, matmuls on TF32 tensor cores (CUDA,
+    compute capability 8.0+). The switches are on for the forward and the
+    backward only, so nothing else in the process changes precision."""
+
+    name = "tf32"
+
+    def forward_context(self) -> ContextManager[Any]:
+        return tf32_matmuls()
+
+    def math_context(self) -> ContextManager[Any]:
+        return tf32_matmuls()
+
+    def backward(self, loss: torch.Tensor) -> None:
+        with tf32_matmuls():
+            loss.backward()
+
+
+class HalfTrue(Precision):
+    """Weights themselves in FP16: for inference and memory-bound deployment.
+    The forward runs under FP16 autocast so FP32 inputs meet FP16 weights.
+    There are no FP32 master weights, and ``GradScaler`` refuses to unscale
+    FP16 gradients, so no scaler."""
+
+    name = "fp16-true"
+    compute_dtype = torch.float16
+    keeps_fp32_weights = False
+
+    def forward_context(self) -> ContextManager[Any]:
+        return torch.autocast(self.device.type, dtype=torch.float16)
+
+    def convert_module(self, module: torch.nn.Module) -> torch.nn.Module:
+        return module.to(dtype=torch.float16)
