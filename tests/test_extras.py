@@ -45,3 +45,34 @@ def test_forensics_analyze_without_matplotlib(tmp_path):
     assert proc.returncode == 2, proc.stderr
     assert "genesis-fp16 forensics analyze needs matplotlib" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+CORE_WITHOUT_EXTRAS = """
+import importlib, pkgutil, sys
+for blocked in ("gymnasium", "cma", "matplotlib", "yaml"):
+    sys.modules[blocked] = None  # an import of it now raises ImportError
+import genesis_fp16
+names = ["genesis_fp16"] + [m.name for m in pkgutil.walk_packages(genesis_fp16.__path__, "genesis_fp16.")]
+for name in names:
+    importlib.import_module(name)
+print(len(names))
+"""
+
+
+def test_every_core_module_imports_without_the_extras(tmp_path):
+    """The plugin package needs torch, pydantic, structlog and typer only."""
+    proc = subprocess.run([sys.executable, "-c", CORE_WITHOUT_EXTRAS], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert int(proc.stdout.split()[-1]) > 30  # every module, subpackages included
+
+
+def test_cli_help_without_the_extras(tmp_path):
+    """Every subcommand registers (its entry point loads) with no extra installed."""
+    code = (
+        "import sys\nfor m in ('gymnasium', 'cma', 'matplotlib', 'yaml'): sys.modules[m] = None\n"
+        "from genesis_fp16.cli import main\nmain(['--help'])"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    for command in ("evolve", "ppo", "bench", "forensics", "rollout", "state"):
+        assert command in proc.stdout, (command, proc.stdout)
