@@ -13,6 +13,8 @@ from typing import Any, Iterator, Optional
 
 import typer
 
+from genesis_fp16.settings import PrecisionMode
+
 from .pendulum_task import N_TRAIN_STARTS
 
 MIN_BUDGET = N_TRAIN_STARTS  # EvolveConfig.validate: one full evaluation, every training start state
@@ -21,13 +23,6 @@ MIN_BUDGET = N_TRAIN_STARTS  # EvolveConfig.validate: one full evaluation, every
 class Baseline(str, Enum):
     none = "none"
     cma = "cma"
-
-
-class PrecisionChoice(str, Enum):
-    auto = "auto"
-    fp32 = "fp32"
-    fp16 = "fp16"
-    bf16 = "bf16"
 
 
 EXIT_SIGINT = 128 + signal.SIGINT  # 130, the shell's code for a death by the signal
@@ -84,7 +79,7 @@ def evolve(
         200, "--budget", min=MIN_BUDGET, help=f"Real episodes the search may spend (at least {MIN_BUDGET}: one full evaluation)."
     ),
     seed: int = typer.Option(0, "--seed", help="Seed: start states, initial policies, model init."),
-    precision: Optional[PrecisionChoice] = typer.Option(
+    precision: Optional[PrecisionMode] = typer.Option(
         None, "--precision", help="World-model training precision; default: settings and the world_model profile."
     ),
     baseline: Baseline = typer.Option(Baseline.none, "--baseline", help="cma: plain CMA-ES on real returns instead of the loop."),

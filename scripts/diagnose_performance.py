@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Measure each PPO stage on its own (the seed's script name).
+"""Measure each PPO stage on its own: environment stepping, batched inference, the update.
 
     .venv/bin/python scripts/diagnose_performance.py --test all|env|inference|update [--env CartPole-v1] [--json PATH]
     .venv/bin/python scripts/diagnose_performance.py --compare BEFORE.json AFTER.json

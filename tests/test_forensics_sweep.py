@@ -116,3 +116,17 @@ def test_length_slopes_recover_a_known_power():
     (row,) = length_slopes(rows)
     assert row["accum_err_slope_across_lengths"] == pytest.approx(0.5)
     assert row["policy_accum_err_slope_across_lengths"] == pytest.approx(1.0)
+
+
+def test_component_dtypes_speak_the_precision_vocabulary():
+    from genesis_fp16.forensics.configs import CONFIGS, DTYPES, ComponentPrecisions
+    from genesis_fp16.precision import MODES
+    from genesis_fp16.settings import PrecisionMode
+
+    for name in ("fp32", "bf16", "fp16"):
+        assert DTYPES[name] == MODES[PrecisionMode(name)].compute_dtype
+    for cfg in CONFIGS.values():  # what a sweep trains with is a mode the trainer accepts
+        for part in ("policy", "value"):
+            PrecisionMode(getattr(cfg, part))
+    with pytest.raises(ValueError, match="unknown dtype.*'kl': 'fp8'.*expected one of fp64, fp32, bf16, fp16"):
+        ComponentPrecisions(name="x", policy="bf16", reference="bf16", reward="bf16", value="bf16", kl="fp8")

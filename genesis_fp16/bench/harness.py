@@ -79,7 +79,7 @@ class Cell:
 def build_cell(
     spec: SizeSpec, precision: str, task: Task, options: BenchOptions, device: torch.device, flags: CellFlags, log: Any
 ) -> Cell:
-    """A fresh student at the seed's initial weights, its optimizer, our
+    """A fresh student at the initial weights ``options.seed`` draws, its optimizer, our
     trainer and the raw loop, both driving the same model and optimizer."""
     model = task.make_model(options.seed, device)
     optimizer = torch.optim.Adam(model.parameters(), lr=spec.lr)
@@ -142,7 +142,7 @@ def prime_cell(spec: SizeSpec, precision: str, task: Task, options: BenchOptions
 
 
 def run_quality(cell: Cell, steps: int) -> None:
-    """Train from the seed's initial weights for ``steps`` optimizer steps
+    """Train from the initial weights ``options.seed`` draws for ``steps`` optimizer steps
     through our trainer; record validation loss, overflow rate and peak memory."""
     with cell.context():
         with PeakMemory(cell.device) as mem:

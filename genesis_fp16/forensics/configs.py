@@ -19,11 +19,20 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-DTYPES = {"fp64": torch.float64, "fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+from ..precision import MODES
+from ..settings import PrecisionMode
+
+# a component runs in one of the trainer's mixed-precision modes (by its compute
+# dtype), or in FP64 for the ground truth
+DTYPES: dict[str, torch.dtype] = {
+    "fp64": torch.float64,
+    **{mode.value: MODES[mode].compute_dtype for mode in (PrecisionMode.FP32, PrecisionMode.BF16, PrecisionMode.FP16)},
+}
+COMPONENTS = ("policy", "reference", "reward", "value", "kl")
 
 
 @dataclass(frozen=True)
-class PrecisionConfig:
+class ComponentPrecisions:
     name: str
     policy: str
     reference: str
@@ -32,6 +41,11 @@ class PrecisionConfig:
     kl: str
     description: str = ""
 
+    def __post_init__(self) -> None:
+        bad = {c: getattr(self, c) for c in COMPONENTS if getattr(self, c) not in DTYPES}
+        if bad:
+            raise ValueError(f"{self.name}: unknown dtype(s) {bad}; expected one of {', '.join(DTYPES)}")
+
     def dtype(self, component: str) -> torch.dtype:
         return DTYPES[getattr(self, component)]
 
@@ -39,13 +53,13 @@ class PrecisionConfig:
         return asdict(self)
 
 
-def _cfg(name: str, low: str, description: str, **fp32_parts: str) -> PrecisionConfig:
-    parts = {c: low for c in ("policy", "reference", "reward", "value", "kl")}
+def _cfg(name: str, low: str, description: str, **fp32_parts: str) -> ComponentPrecisions:
+    parts = {c: low for c in COMPONENTS}
     parts.update(fp32_parts)
-    return PrecisionConfig(name=name, description=description, **parts)
+    return ComponentPrecisions(name=name, description=description, **parts)
 
 
-CONFIGS: dict[str, PrecisionConfig] = {
+CONFIGS: dict[str, ComponentPrecisions] = {
     c.name: c
     for c in [
         _cfg("fp32_baseline", "fp32", "everything FP32"),
@@ -62,7 +76,7 @@ CONFIGS: dict[str, PrecisionConfig] = {
 }
 
 
-def parse_configs(text: str | None) -> list[PrecisionConfig]:
+def parse_configs(text: str | None) -> list[ComponentPrecisions]:
     """``"a,b"`` -> configs; ``None``/``"all"`` -> all. Unknown names raise
     ``ValueError`` listing the valid ones."""
     if text is None or text.strip() in ("", "all"):

@@ -17,7 +17,7 @@ from typing import Callable, Optional
 
 import torch
 
-from .configs import PrecisionConfig
+from .configs import ComponentPrecisions
 from .metrics import accum_report, classify_failure, kl_report, reward_report, token_logprobs, value_report
 from .model import ScalarModel, TinyLM, cast_copy
 from .pretrain import Assets
@@ -128,7 +128,7 @@ def value_step(assets: Assets, dtype: torch.dtype, tokens: torch.Tensor, mask: t
     return before, after
 
 
-def score_config(assets: Assets, cfg: PrecisionConfig, truth: Truth, return_scale: float) -> dict:
+def score_config(assets: Assets, cfg: ComponentPrecisions, truth: Truth, return_scale: float) -> dict:
     """Every H1-H4 metric of one configuration on the truth's tokens."""
     tokens, mask = truth.tokens, truth.mask
     kl_dtype = cfg.dtype("kl")
@@ -190,7 +190,7 @@ def cpu_model() -> str:
 
 def probe(
     assets: Assets,
-    configs: list[PrecisionConfig],
+    configs: list[ComponentPrecisions],
     num_prompts: int = 8,
     seq_lengths: tuple[int, ...] = (32, 64),
     seed: int = 0,

@@ -19,7 +19,7 @@ from typing import Callable, Optional
 import torch
 
 from ..checkpoint import build_payload, load_payload, save_payload
-from .configs import PrecisionConfig
+from .configs import ComponentPrecisions
 from .metrics import token_logprobs
 from .model import cast_copy
 from .pretrain import Assets
@@ -76,7 +76,7 @@ def load_trajectories(path: Path) -> Truth:
 
 
 @torch.no_grad()
-def mismatch_curve(assets: Assets, cfg: PrecisionConfig, truth: Truth) -> dict[str, list[float]]:
+def mismatch_curve(assets: Assets, cfg: ComponentPrecisions, truth: Truth) -> dict[str, list[float]]:
     """Mean over sequences of |sum of (logp_policy_cfg - logp_policy_fp64)| over
     the first L generated tokens, and of the config's sequence log ratio."""
     pol = cast_copy(assets.policy, cfg.dtype("policy"))
@@ -95,7 +95,7 @@ def mismatch_curve(assets: Assets, cfg: PrecisionConfig, truth: Truth) -> dict[s
     }
 
 
-def replay(assets: Assets, truth: Truth, configs: list[PrecisionConfig], return_scale: float = 1000.0, progress: Optional[Callable[[str], None]] = None) -> list[dict]:
+def replay(assets: Assets, truth: Truth, configs: list[ComponentPrecisions], return_scale: float = 1000.0, progress: Optional[Callable[[str], None]] = None) -> list[dict]:
     if truth.assets_sha256 is None:
         warnings.warn("the trajectory file carries no checkpoint hash (frozen by an older version): cannot check that its FP64 log-probs came from these models; re-run `forensics freeze` to get one", UserWarning, stacklevel=2)
     elif truth.assets_sha256 != assets_sha256(assets):

@@ -37,7 +37,7 @@ import torch
 from ..checkpoint import atomic_write_text
 from ..telemetry import get_logger
 from ..trainer import FP16Trainer, FP16TrainingConfig
-from .configs import PrecisionConfig
+from .configs import ComponentPrecisions
 from .metrics import classify_failure, kl_k3, masked_mean, reward_report, stagnation_rate, token_logprobs, ulp
 from .model import cast_copy
 from .pretrain import Assets, reward_target
@@ -70,7 +70,7 @@ class SweepArgs:
         return cls(max_steps=15, batch=8, gen_len=24)
 
 
-def run_name(cfg: PrecisionConfig, seed: int) -> str:
+def run_name(cfg: ComponentPrecisions, seed: int) -> str:
     return f"{cfg.name}__seed{seed}"
 
 
@@ -98,7 +98,7 @@ def _gae(rewards: torch.Tensor, values: torch.Tensor, lam: float = 0.95) -> torc
     return adv
 
 
-def run_one(assets: Assets, cfg: PrecisionConfig, seed: int, args: SweepArgs, progress: Optional[Callable[[int], None]] = None) -> dict:
+def run_one(assets: Assets, cfg: ComponentPrecisions, seed: int, args: SweepArgs, progress: Optional[Callable[[int], None]] = None) -> dict:
     torch.manual_seed(seed)
     g = torch.Generator().manual_seed(seed)
     started = time.perf_counter()
@@ -226,7 +226,7 @@ def _mean(xs: list) -> float:
 
 def sweep(
     assets: Assets,
-    configs: list[PrecisionConfig],
+    configs: list[ComponentPrecisions],
     seeds: list[int],
     out_dir: Path,
     args: SweepArgs,
