@@ -20,12 +20,15 @@ import math
 import threading
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Optional, Union
+from typing import TYPE_CHECKING, Any, Optional, Union
 
 from .profiles import THRESHOLD_DEFAULTS, thresholds_for
 from .rollout import RolloutLedger
 from .settings import Settings, load_settings
 from .telemetry import get_logger
+
+if TYPE_CHECKING:
+    from .trainer import FP16Trainer
 
 ACTIONS = ("none", "warn", "rollback")
 
@@ -76,9 +79,9 @@ class RollbackGuard:
         self.thresholds: dict[str, Any] = {**base, **(thresholds or {})}
         self.tripped: Optional[GuardDecision] = None
         self.decisions: list[GuardDecision] = []
-        self.trainer: Any = None
-        self._tripped_trainer: Any = None
-        self._rolled_back: Optional[tuple[Any, GuardDecision]] = None  # (trainer, decision) of the last rollback
+        self.trainer: Optional[FP16Trainer] = None
+        self._tripped_trainer: Optional[FP16Trainer] = None
+        self._rolled_back: Optional[tuple[FP16Trainer, GuardDecision]] = None  # (trainer, decision) of the last rollback
         self._last_good: Optional[Path] = None
         self._lock = threading.Lock()
         self._log = get_logger("genesis_fp16.guard", agent=agent)
@@ -99,14 +102,14 @@ class RollbackGuard:
         return self._last_good
 
     # -- live events (P0) -----------------------------------------------------------
-    def attach(self, trainer: Any) -> None:
+    def attach(self, trainer: FP16Trainer) -> None:
         """Listen to ``trainer``'s events. Events from a trainer attached
         earlier are ignored once another one is attached."""
         self.trainer = trainer
         trainer.add_listener(lambda event, fields, t=trainer: self._on_event(t, event, fields))
-        self._log.debug("guard.attached", trainer=getattr(trainer, "name", None), precision=trainer.precision.name)
+        self._log.debug("guard.attached", trainer=trainer.name, precision=trainer.precision.name)
 
-    def _on_event(self, trainer: Any, event: str, fields: dict[str, Any]) -> None:
+    def _on_event(self, trainer: FP16Trainer, event: str, fields: dict[str, Any]) -> None:
         if trainer is not self.trainer or self.tripped is not None:
             return
         if event == "trainer.nonfinite_streak":
@@ -126,7 +129,7 @@ class RollbackGuard:
                     {"failed_steps": failed, "training_steps": steps},
                 )
 
-    def _trip(self, trainer: Any, reason: str, metrics: dict[str, Any]) -> None:
+    def _trip(self, trainer: FP16Trainer, reason: str, metrics: dict[str, Any]) -> None:
         with self._lock:
             if self.tripped is not None:
                 return
@@ -138,7 +141,7 @@ class RollbackGuard:
     # -- whole-run statistics (P1, P2) ------------------------------------------------
     def check(
         self,
-        trainer: Any = None,
+        trainer: Optional[FP16Trainer] = None,
         *,
         val_loss: Optional[float] = None,
         fp32_val_loss: Optional[float] = None,
@@ -184,7 +187,7 @@ class RollbackGuard:
             findings.append(("P1", f"validation loss {shown} the FP32 reference (> {th['val_loss_ratio']:.2f}x)", False, None))
         if judged and th["overflow_warn"] < overflow <= th["overflow_rollback"]:
             findings.append(("P2", f"overflow rate {overflow:.0%} over {steps} steps (> {th['overflow_warn']:.0%})", False,
-                             self._overflow_recommendation(trainer, overflow)))
+                             self._overflow_recommendation(trainer, overflow) if trainer is not None else None))
         if throughput_ratio is not None and float(throughput_ratio) < th["throughput_ratio"]:
             findings.append(("P2", f"throughput {float(throughput_ratio):.2f}x FP32 (< {th['throughput_ratio']:.2f}x)", False,
                              {"changes": {"precision": "fp32"}, "reason": "reduced precision is slower than FP32 here"}))
@@ -205,11 +208,8 @@ class RollbackGuard:
             self._rolled_back = (trainer, decision)
         return decision
 
-    def _overflow_recommendation(self, trainer: Any, overflow: float) -> dict[str, Any]:
-        config = getattr(trainer, "config", None)
-        scale = float(getattr(trainer, "current_scale", 0.0) or 0.0)
-        init = float(getattr(config, "loss_scale", 65536.0))
-        interval = int(getattr(config, "growth_interval", 2000))
+    def _overflow_recommendation(self, trainer: FP16Trainer, overflow: float) -> dict[str, Any]:
+        scale, init, interval = trainer.current_scale, trainer.config.loss_scale, trainer.config.growth_interval
         new_init = min(init / 2, scale) if scale >= 1 else init / 2
         return {
             "changes": {"init_scale": max(1.0, 2.0 ** math.floor(math.log2(max(new_init, 1.0)))), "growth_interval": interval * 2},
@@ -219,7 +219,7 @@ class RollbackGuard:
     # -- acting -------------------------------------------------------------------------
     def _decide(
         self,
-        trainer: Any,
+        trainer: Optional[FP16Trainer],
         severity: str,
         reason: str,
         metrics: dict[str, Any],
@@ -227,7 +227,7 @@ class RollbackGuard:
         restore: bool,
         recommendation: Optional[dict[str, Any]] = None,
     ) -> GuardDecision:
-        precision = getattr(getattr(trainer, "precision", None), "name", None) or metrics.get("precision")
+        precision = trainer.precision.name if trainer is not None else metrics.get("precision")
         metrics = dict(metrics, precision=precision)
         action = "rollback" if severity in ("P0", "P1") else "warn"
         if action == "rollback" and precision == "fp32":

@@ -129,10 +129,9 @@ class FP16Trainer:
         self._set_gradient_sync(self.is_last_micro_step)
         with self.autocast():
             loss = compute_loss_fn(self.model, batch)
-        if isinstance(batch, (tuple, list)) and batch and hasattr(batch[0], "shape") and batch[0].dim() > 0:
-            self.samples_seen += int(batch[0].shape[0])
-        elif hasattr(batch, "shape") and getattr(batch, "dim", lambda: 0)() > 0:
-            self.samples_seen += int(batch.shape[0])
+        first = batch[0] if isinstance(batch, (tuple, list)) and batch else batch
+        if isinstance(first, torch.Tensor) and first.dim() > 0:  # a batch, or a tuple led by one
+            self.samples_seen += int(first.shape[0])
         return loss
 
     def backward_and_step(self, loss: torch.Tensor) -> bool:

@@ -10,7 +10,8 @@ Capability lives in :mod:`.capability` (tests patch it there), the plugins in
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Optional, Union
+from enum import Enum
+from typing import Any, Optional, TypeVar, Union
 
 import torch
 
@@ -33,6 +34,9 @@ from .capability import (
 from .plugins import TF32, BF16Mixed, FP16Mixed, HalfTrue, Precision, ScalerOptions, tf32_matmuls
 
 
+E = TypeVar("E", bound=Enum)
+
+
 class UnsupportedPrecisionError(RuntimeError):
     pass
 
@@ -52,20 +56,20 @@ FP32_WEIGHT_MODES: tuple[PrecisionMode, ...] = tuple(m for m, cls in MODES.items
 REDUCED_MODES: tuple[PrecisionMode, ...] = tuple(m for m, cls in MODES.items() if cls.compute_dtype != torch.float32)
 
 
-def parse_mode(value: Union[str, PrecisionMode]) -> PrecisionMode:
+def _parse(enum: type[E], value: Union[str, E], what: str) -> E:
     try:
-        return PrecisionMode(value.value if isinstance(value, PrecisionMode) else str(value).lower())
+        return enum(value.value if isinstance(value, enum) else str(value).lower())
     except ValueError:
-        allowed = ", ".join(m.value for m in PrecisionMode)
-        raise ValueError(f"unknown precision {value!r}: allowed values are {allowed}") from None
+        allowed = ", ".join(m.value for m in enum)
+        raise ValueError(f"unknown {what} {value!r}: allowed values are {allowed}") from None
+
+
+def parse_mode(value: Union[str, PrecisionMode]) -> PrecisionMode:
+    return _parse(PrecisionMode, value, "precision")
 
 
 def parse_on_unsupported(value: Union[str, OnUnsupported]) -> OnUnsupported:
-    try:
-        return OnUnsupported(value.value if isinstance(value, OnUnsupported) else str(value).lower())
-    except ValueError:
-        allowed = ", ".join(m.value for m in OnUnsupported)
-        raise ValueError(f"unknown on_unsupported {value!r}: allowed values are {allowed}") from None
+    return _parse(OnUnsupported, value, "on_unsupported")
 
 
 def best_supported(device: torch.device) -> PrecisionMode:

@@ -14,15 +14,20 @@ from typing import Any, ContextManager, Iterator, Optional, Union
 
 import torch
 
+from ..settings import PrecisionConfig
+
+_DEFAULTS = PrecisionConfig()
+
 
 @dataclass(frozen=True)
 class ScalerOptions:
-    """The gradient scaler's options, named as ``torch.amp.GradScaler`` names them."""
+    """The gradient scaler's options, named as ``torch.amp.GradScaler`` names
+    them; the defaults are :class:`~genesis_fp16.settings.PrecisionConfig`'s."""
 
-    init_scale: float = 65536.0
-    growth_factor: float = 2.0
-    backoff_factor: float = 0.5
-    growth_interval: int = 2000
+    init_scale: float = _DEFAULTS.init_scale
+    growth_factor: float = _DEFAULTS.growth_factor
+    backoff_factor: float = _DEFAULTS.backoff_factor
+    growth_interval: int = _DEFAULTS.growth_interval
 
 
 class Precision:
@@ -154,22 +159,19 @@ class BF16Mixed(Precision):
 def tf32_matmuls(enabled: bool = True) -> Iterator[None]:
     """CUDA matmuls and cuDNN (convolutions, RNNs) in TF32 (``enabled``) or
     strict IEEE FP32 inside the block; the previous switches come back after."""
-    value = "tf32" if enabled else "ieee"
     matmul, cudnn = torch.backends.cuda.matmul, torch.backends.cudnn
     if hasattr(matmul, "fp32_precision"):  # torch >= 2.9; mixing it with allow_tf32 raises
-        old = (matmul.fp32_precision, cudnn.fp32_precision)
-        matmul.fp32_precision = cudnn.fp32_precision = value
-        try:
-            yield
-        finally:
-            matmul.fp32_precision, cudnn.fp32_precision = old
+        switch, value = "fp32_precision", ("tf32" if enabled else "ieee")
     else:
-        old_flags = (matmul.allow_tf32, cudnn.allow_tf32)
-        matmul.allow_tf32 = cudnn.allow_tf32 = enabled
-        try:
-            yield
-        finally:
-            matmul.allow_tf32, cudnn.allow_tf32 = old_flags
+        switch, value = "allow_tf32", enabled
+    old = (getattr(matmul, switch), getattr(cudnn, switch))
+    setattr(matmul, switch, value)
+    setattr(cudnn, switch, value)
+    try:
+        yield
+    finally:
+        setattr(matmul, switch, old[0])
+        setattr(cudnn, switch, old[1])
 
 
 class TF32(Precision):
