@@ -6,6 +6,11 @@
 | P1 | overflow rate over ``overflow_rollback``, or val loss over ``val_loss_ratio`` x FP32 | roll back |
 | P2 | overflow rate over ``overflow_warn``, or throughput under ``throughput_ratio`` x FP32 | warn and record a recommendation |
 
+In stage ``on`` the FP32 reference is a canary (every ``canary_every``-th
+training call): its gap rolls back only when ``canary_confirm`` of the last
+``canary_window`` canaries alarmed (``check(..., reference="canary")``;
+PPO's policy canary: :meth:`check_policy_canary`).
+
 P0 is caught as it happens, from the trainer's events (:meth:`attach`):
 :attr:`tripped` is set and the ledger says ``rolled_back`` before the next
 step. P1 and P2 need a whole run's statistics and are judged by :meth:`check`.
@@ -18,6 +23,7 @@ from __future__ import annotations
 
 import math
 import threading
+from collections import deque
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional, Union
@@ -83,6 +89,8 @@ class RollbackGuard:
         self._tripped_trainer: Optional[FP16Trainer] = None
         self._rolled_back: Optional[tuple[FP16Trainer, GuardDecision]] = None  # (trainer, decision) of the last rollback
         self._last_good: Optional[Path] = None
+        # the last canary_window canary outcomes (True: an alarm); kept across runs, cleared by a rollback
+        self._canaries: deque[bool] = deque(maxlen=int(self.thresholds["canary_window"]))
         self._lock = threading.Lock()
         self._log = get_logger("genesis_fp16.guard", agent=agent)
 
@@ -138,6 +146,57 @@ class RollbackGuard:
                 self.tripped = decision
                 self._tripped_trainer = trainer
 
+    # -- canaries (stage on) --------------------------------------------------------------
+    @property
+    def canary_every(self) -> int:
+        """Stage ``on``: compare with an FP32 canary every Nth training call (0: never)."""
+        return int(self.thresholds["canary_every"])
+
+    def _canary(self, alarm: bool, metrics: dict[str, Any]) -> bool:
+        """Record one canary outcome; True when this one alarmed and so did
+        ``canary_confirm`` of the last ``canary_window`` (a confirmed gap, not
+        one noisy sample)."""
+        with self._lock:
+            self._canaries.append(bool(alarm))
+            alarms = sum(self._canaries)
+        confirmed = bool(alarm) and alarms >= int(self.thresholds["canary_confirm"])
+        level = "warning" if alarm else "info"
+        getattr(self._log, level)(
+            "guard.canary", alarm=bool(alarm), alarms=alarms, window=len(self._canaries),
+            confirm=int(self.thresholds["canary_confirm"]), confirmed=confirmed, **metrics,
+        )
+        kind = "policy_canary" if metrics.get("kind") == "policy" else "canary"
+        numbers = {k: v for k, v in metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+        self.ledger.record_quality_check(
+            self.agent, kind, dict(numbers, alarms=alarms, confirmed=confirmed), precision=metrics.get("precision"), alarm=bool(alarm)
+        )
+        return confirmed
+
+    def check_policy_canary(
+        self, trainer: Optional[FP16Trainer] = None, *, kl: float, max_logp_delta: float, max_value_delta: float
+    ) -> GuardDecision:
+        """A policy canary (PPO): the held batch's log-probabilities and values
+        in reduced precision against FP32. An alarm is ``kl`` over ``canary_kl``,
+        ``max_logp_delta`` over ``canary_logp_delta`` or ``max_value_delta``
+        (relative: over max(1, max |FP32 value|)) over ``canary_value_delta``; a
+        confirmed alarm is P1 (rollback)."""
+        trainer = trainer if trainer is not None else self.trainer
+        th = self.thresholds
+        values = {"kl": float(kl), "max_logp_delta": float(max_logp_delta), "max_value_delta": float(max_value_delta)}
+        limits = {"kl": th["canary_kl"], "max_logp_delta": th["canary_logp_delta"], "max_value_delta": th["canary_value_delta"]}
+        over = [k for k, v in values.items() if not (math.isfinite(v) and v <= limits[k])]
+        precision = trainer.precision.name if trainer is not None else None
+        metrics: dict[str, Any] = {**values, "precision": precision, "kind": "policy"}
+        if not self._canary(bool(over), metrics):
+            decision = GuardDecision(None, "none", "healthy", False, None, metrics)
+            self.decisions.append(decision)
+            return decision
+        reason = "policy canary: " + ", ".join(f"{k} {values[k]:.3g} (> {limits[k]:g})" for k in over)
+        decision = self._decide(trainer, "P1", f"{reason}, confirmed", metrics, restore=True)
+        if decision.action == "rollback":
+            self._canaries.clear()
+        return decision
+
     # -- whole-run statistics (P1, P2) ------------------------------------------------
     def check(
         self,
@@ -146,9 +205,16 @@ class RollbackGuard:
         val_loss: Optional[float] = None,
         fp32_val_loss: Optional[float] = None,
         throughput_ratio: Optional[float] = None,
+        reference: str = "shadow",
     ) -> GuardDecision:
         """Judge ``trainer``'s statistics (default: the attached one) and the
-        given validation losses / throughput ratio; act on the most severe finding."""
+        given validation losses / throughput ratio; act on the most severe finding.
+        ``reference`` says where ``fp32_val_loss`` comes from: ``shadow`` (an FP32
+        copy trained beside it all along: one gap over ``val_loss_ratio`` rolls
+        back) or ``canary`` (stage on: the gap rolls back only when confirmed,
+        see :meth:`_canary`)."""
+        if reference not in ("shadow", "canary"):
+            raise ValueError(f"RollbackGuard.check: reference={reference!r}; expected 'shadow' or 'canary'")
         trainer = trainer if trainer is not None else self.trainer
         stats = trainer.get_stats() if trainer is not None else {}
         th = self.thresholds
@@ -182,9 +248,16 @@ class RollbackGuard:
             findings.append(("P0", f"{failed:.0%} of {steps} steps failed (> {th['failed_fraction']:.0%})", True, None))
         if judged and overflow > th["overflow_rollback"]:
             findings.append(("P1", f"overflow rate {overflow:.0%} over {steps} steps (> {th['overflow_rollback']:.0%})", False, None))
-        if ratio is not None and ratio > th["val_loss_ratio"]:
+        gap = ratio is not None and ratio > th["val_loss_ratio"]
+        if reference == "canary" and ratio is not None:
+            canary_metrics = {k: metrics.get(k) for k in ("val_loss", "fp32_val_loss", "val_loss_ratio", "precision")}
+            confirmed = self._canary(gap, dict(canary_metrics, kind="val_loss"))
+            metrics["canary_confirmed"] = confirmed
+            gap = gap and confirmed
+        if gap and ratio is not None:
             shown = f"{ratio:.2f}x" if math.isfinite(ratio) else "non-finite"
-            findings.append(("P1", f"validation loss {shown} the FP32 reference (> {th['val_loss_ratio']:.2f}x)", False, None))
+            where = "the FP32 canary, confirmed" if reference == "canary" else "the FP32 reference"
+            findings.append(("P1", f"validation loss {shown} {where} (> {th['val_loss_ratio']:.2f}x)", False, None))
         if judged and th["overflow_warn"] < overflow <= th["overflow_rollback"]:
             findings.append(("P2", f"overflow rate {overflow:.0%} over {steps} steps (> {th['overflow_warn']:.0%})", False,
                              self._overflow_recommendation(trainer, overflow) if trainer is not None else None))
@@ -206,6 +279,8 @@ class RollbackGuard:
             self._tripped_trainer = trainer
         if decision.action == "rollback" and trainer is not None:
             self._rolled_back = (trainer, decision)
+        if decision.action == "rollback":
+            self._canaries.clear()  # the next trainer starts a new confirmation window
         return decision
 
     def _overflow_recommendation(self, trainer: FP16Trainer, overflow: float) -> dict[str, Any]:

@@ -51,6 +51,18 @@ class GuardThresholds(BaseModel):
     )
     throughput_ratio: float = Field(0.80, gt=0, le=1, description="P2: throughput below this fraction of FP32 warns")
     min_steps: int = Field(10, ge=1, description="rates are judged only after this many optimizer steps")
+    canary_every: int = Field(5, ge=0, description="stage on: an FP32 canary every Nth training call (0: never)")
+    canary_confirm: int = Field(2, ge=1, description="canary alarms among the last canary_window that roll back")
+    canary_window: int = Field(3, ge=1, description="how many recent canaries the confirmation counts over")
+    canary_kl: float = Field(
+        0.1, gt=0, allow_inf_nan=False, description="PPO canary: KL(FP32 || reduced) of the held batch's policy above this alarms"
+    )
+    canary_logp_delta: float = Field(
+        1.0, gt=0, allow_inf_nan=False, description="PPO canary: max |log-prob delta| on the held batch above this alarms"
+    )
+    canary_value_delta: float = Field(
+        0.1, gt=0, allow_inf_nan=False, description="PPO canary: max |value delta| / max(1, max |FP32 value|) above this alarms"
+    )
 
     _no_bool = field_validator("*", mode="before")(no_bool)
 
@@ -130,6 +142,11 @@ def validate_table(
         raise ProfileError(
             f"{where}: thresholds.overflow_warn ({shown('overflow_warn')}) must not exceed "
             f"thresholds.overflow_rollback ({shown('overflow_rollback')})"
+        )
+    if merged["canary_confirm"] > merged["canary_window"]:
+        raise ProfileError(
+            f"{where}: thresholds.canary_confirm ({merged['canary_confirm']}) must not exceed "
+            f"thresholds.canary_window ({merged['canary_window']}): a rollback needs that many alarms among that many canaries"
         )
     return Profile(agent or "*", values, thresholds)
 

@@ -36,6 +36,9 @@ from .telemetry import get_logger
 LEDGER_FILE = "rollout.sqlite"
 STAGES = ("off", "shadow", "on", "rolled_back")
 SEVERITIES = ("P0", "P1", "P2")
+# quality checks beside the shadow gaps: an FP32 canary's val-loss gap (stage on),
+# a policy canary's KL / deltas (PPO), the inference-side gap (val loss with and without autocast)
+QUALITY_KINDS = ("canary", "policy_canary", "inference_gap")
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS stages (
@@ -71,6 +74,15 @@ CREATE TABLE IF NOT EXISTS recommendations (
     severity TEXT,
     changes TEXT NOT NULL,
     reason TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS quality_checks (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    agent TEXT NOT NULL,
+    at TEXT NOT NULL,
+    kind TEXT NOT NULL,
+    precision TEXT,
+    alarm INTEGER,
+    metrics TEXT NOT NULL
 );
 CREATE TABLE IF NOT EXISTS good_checkpoints (
     agent TEXT PRIMARY KEY,
@@ -211,7 +223,7 @@ class RolloutLedger:
         try:
             # the common case (an existing ledger) needs no write lock
             names = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
-            if {"stages", "history", "shadow_gaps", "recommendations", "good_checkpoints"} <= names:
+            if {"stages", "history", "shadow_gaps", "recommendations", "good_checkpoints", "quality_checks"} <= names:
                 self._initialised = True
                 return
             conn.execute("PRAGMA journal_mode=WAL")
@@ -306,6 +318,13 @@ class RolloutLedger:
         return [_gap_row(r) for r in rows]
 
     @_ledger_call
+    def quality_checks(self, agent: Optional[str] = None, kind: Optional[str] = None) -> list[dict[str, Any]]:
+        """Recorded quality checks, oldest first: agent, at, kind, precision, alarm (bool or None), metrics."""
+        rows = self._rows_for("SELECT agent, at, kind, precision, alarm, metrics FROM quality_checks", agent)
+        out = [dict(r, alarm=None if r["alarm"] is None else bool(r["alarm"]), metrics=json.loads(r["metrics"])) for r in rows]
+        return [r for r in out if kind is None or r["kind"] == kind]
+
+    @_ledger_call
     def recommendations(self, agent: Optional[str] = None) -> list[dict[str, Any]]:
         rows = self._rows_for("SELECT agent, at, severity, changes, reason FROM recommendations", agent)
         return [dict(r, changes=json.loads(r["changes"])) for r in rows]
@@ -380,6 +399,25 @@ class RolloutLedger:
             "rollout.shadow_gap", agent=agent, val_loss=val_loss, fp32_val_loss=fp32_val_loss, gap=gap, precision=str(precision)
         )
         return {"agent": agent, "at": at, "val_loss": val_loss, "fp32_val_loss": fp32_val_loss, "gap": gap, "precision": str(precision)}
+
+    @_ledger_call
+    def record_quality_check(
+        self, agent: str, kind: str, metrics: dict[str, Any], precision: Optional[str] = None, alarm: Optional[bool] = None
+    ) -> dict[str, Any]:
+        """Record one quality check (``kind`` in :data:`QUALITY_KINDS`); ``metrics``
+        are JSON numbers (a non-finite one is stored as null)."""
+        agent = _check_agent(agent)
+        if kind not in QUALITY_KINDS:
+            raise ValueError(f"quality check kind {kind!r}: allowed values are {', '.join(QUALITY_KINDS)}")
+        clean = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in metrics.items()}
+        at = _now()
+        with self._transaction(write=True) as conn:
+            conn.execute(
+                "INSERT INTO quality_checks (agent, at, kind, precision, alarm, metrics) VALUES (?, ?, ?, ?, ?, ?)",
+                (agent, at, kind, precision, None if alarm is None else int(bool(alarm)), json.dumps(clean, sort_keys=True)),
+            )
+        self._log.info("rollout.quality_check", agent=agent, kind=kind, precision=precision, alarm=alarm, **clean)
+        return {"agent": agent, "at": at, "kind": kind, "precision": precision, "alarm": alarm, "metrics": clean}
 
     @_ledger_call
     def record_recommendation(self, agent: str, changes: dict[str, Any], reason: str, severity: Optional[str] = None) -> None:

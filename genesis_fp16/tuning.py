@@ -23,12 +23,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Union
 
+from .canary import CANARY_SUFFIX, SHADOW_SUFFIX
 from .precision import MODES, REDUCED_MODES
 from .profiles import THRESHOLD_DEFAULTS, raw_document, write_profiles
 from .settings import PrecisionMode, Settings, load_settings
 from .telemetry import get_logger, read_events
 
-SHADOW_SUFFIX = ".fp32_shadow"
 REDUCED = frozenset(m.value for m in REDUCED_MODES)  # the precisions whose trouble a proposal answers
 FP16, BF16, FP32 = PrecisionMode.FP16.value, PrecisionMode.BF16.value, PrecisionMode.FP32.value
 
@@ -79,7 +79,7 @@ class Proposal:
 
 def _agent_of(event: dict[str, Any]) -> Optional[str]:
     name = event.get("agent") or event.get("trainer")
-    if not isinstance(name, str) or not name or name.endswith(SHADOW_SUFFIX):
+    if not isinstance(name, str) or not name or name.endswith((SHADOW_SUFFIX, CANARY_SUFFIX)):
         return None
     return name
 

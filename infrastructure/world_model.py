@@ -13,6 +13,10 @@ delta, reward).
 * A :class:`Guard` (``genesis_fp16.guard.RollbackGuard``) watches each
   trainer; when it says roll back, the trainer is rebuilt (FP32 now, the
   ledger says so) and the last good checkpoint is restored.
+* An FP32 reference trains beside the model on the same batches from the
+  same weights: all along in rollout stage ``shadow``, and every
+  ``guard.canary_every``-th call in stage ``on`` (the canary); the guard
+  compares the validation losses (a canary gap must be confirmed).
 * Non-finite data is refused with an error naming the trajectory.
 
 Imagined rollouts (:meth:`WorldModel.imagine`) run many candidate policies
@@ -22,7 +26,6 @@ from many start states at once: one batched forward per time step.
 from __future__ import annotations
 
 import asyncio
-import copy
 import math
 import numbers
 import time
@@ -35,6 +38,7 @@ import numpy.typing as npt
 import torch
 
 from genesis_fp16 import registry
+from genesis_fp16.canary import CANARY_SUFFIX, SHADOW_SUFFIX, canary_due, fp32_reference
 from genesis_fp16.policy import resolve_policy
 from genesis_fp16.rollout import RolloutLedger
 from genesis_fp16.settings import Settings, load_settings
@@ -71,15 +75,16 @@ class NotTrainedError(RuntimeError):
 
 @dataclass
 class _Run:
-    """One training run's shadow and rollback bookkeeping. A rollback replaces the
-    trainer, whose skipped-step counter then starts from the restored
-    checkpoint's: the steps skipped before are kept in ``skipped_before``."""
+    """One training run's FP32 reference and rollback bookkeeping. A rollback
+    replaces the trainer, whose skipped-step counter then starts from the
+    restored checkpoint's: the steps skipped before are kept in ``skipped_before``."""
 
     skipped_from: int
     skipped_before: int = 0
     rollback_reason: Optional[str] = None
     events: list[str] = field(default_factory=list)
-    shadow: Optional[tuple[DynamicsMLP, FP16Trainer]] = None  # the FP32 copy, in rollout stage shadow
+    reference: Optional[tuple[DynamicsMLP, FP16Trainer]] = None  # the FP32 copy trained beside the model
+    reference_kind: Optional[str] = None  # "shadow" (stage shadow) or "canary" (stage on)
 
     @property
     def rolled_back(self) -> bool:
@@ -134,6 +139,7 @@ class WorldModel:
         self._lock = asyncio.Lock()
         self._handled_trip: Optional[GuardVerdict] = None
         self._shadow: Optional[tuple[DynamicsMLP, FP16Trainer]] = None
+        self._on_calls = 0  # training calls in rollout stage on, in reduced precision: the canary's schedule
         self._generator = torch.Generator().manual_seed(seed)
         self._log = get_logger("infrastructure.world_model", agent=agent)
         self.history: list[TrainReport] = []
@@ -228,13 +234,16 @@ class WorldModel:
         train_loss = float(np.mean(finite)) if finite else float("nan")
         val_loss = self._val_loss(self.model, self._current_trainer(), x_val, y_val)
         fp32_val_loss = shadow_gap = None
-        if run.shadow is not None:
-            fp32_val_loss = self._val_loss(*run.shadow, x_val, y_val)
+        if run.reference is not None:
+            fp32_val_loss = self._val_loss(*run.reference, x_val, y_val)
             shadow_gap = (val_loss - fp32_val_loss) / fp32_val_loss if fp32_val_loss > 0 else None
-            self._record_shadow_gap(val_loss, fp32_val_loss)
+            if run.reference_kind == "shadow":
+                self._record_shadow_gap(val_loss, fp32_val_loss)  # a canary's gap the guard records
         decision = None
         if self.guard is not None:
-            decision = self.guard.check(self._current_trainer(), val_loss=val_loss, fp32_val_loss=fp32_val_loss)
+            decision = self.guard.check(
+                self._current_trainer(), val_loss=val_loss, fp32_val_loss=fp32_val_loss, reference=run.reference_kind or "shadow"
+            )
             if decision.action == "rollback" and not run.rolled_back:
                 self._roll_back(run, decision, self.guard)
                 val_loss = self._val_loss(self.model, self._current_trainer(), x_val, y_val)  # the restored weights'
@@ -255,6 +264,7 @@ class WorldModel:
             trajectories=len(trajectories),
             fp32_val_loss=fp32_val_loss,
             shadow_gap=shadow_gap,
+            reference=run.reference_kind if fp32_val_loss is not None else None,
             rolled_back=run.rolled_back,
             rollback_reason=run.rollback_reason,
             checkpoint=checkpoint,
@@ -271,6 +281,7 @@ class WorldModel:
             wall_s=round(report.wall_s, 3),
             transitions=report.transitions,
             fp32_val_loss=fp32_val_loss,
+            reference=report.reference,
             rolled_back=report.rolled_back,
         )
         return report
@@ -284,6 +295,8 @@ class WorldModel:
             self.trainer = self._build_trainer()
         elif self.guard is not None:
             self.guard.reset()
+        if self.trainer.policy.stage == "on" and self.trainer.precision.name != "fp32":
+            self._on_calls += 1
         if self.guard is not None and not self._owns_checkpoint(self.guard.last_good_checkpoint):
             # none yet, or another model's (the ledger keeps one per agent name, across
             # runs): a rollback must never load weights trained on another run's data
@@ -291,14 +304,14 @@ class WorldModel:
         return self.trainer
 
     def _optimise(self, run: _Run, x_tr: torch.Tensor, y_tr: torch.Tensor, steps: int, fault: Optional[FaultFn]) -> list[torch.Tensor]:
-        """``steps`` optimizer steps on random batches; the shadow (rollout
-        stage ``shadow``) takes the same batches. A guard trip rolls back at
+        """``steps`` optimizer steps on random batches; the FP32 reference
+        (shadow or canary) takes the same batches. A guard trip rolls back at
         once and training goes on from the restored weights."""
         self.model.fit_normaliser(x_tr, y_tr)
         xn_tr, yn_tr = self.model.normalise_x(x_tr), self.model.normalise_y(y_tr)
-        run.shadow = self._shadow_pair()
-        if run.shadow is not None:
-            run.shadow[0].fit_normaliser(x_tr, y_tr)  # same statistics, so both see the same normalised batches
+        run.reference_kind, run.reference = self._reference_pair()
+        if run.reference is not None:
+            run.reference[0].fit_normaliser(x_tr, y_tr)  # same statistics, so both see the same normalised batches
         losses: list[torch.Tensor] = []
         n = len(xn_tr)
         for step in range(steps):
@@ -314,15 +327,15 @@ class WorldModel:
             # switch: with tiny tensors this thread is mostly Python overhead,
             # and the event loop should not wait for it.
             time.sleep(0)
-            if run.shadow is not None:
-                shadow_trainer = run.shadow[1]
-                shadow_trainer.backward_and_step(shadow_trainer.training_step(batch, mse_loss))
+            if run.reference is not None:
+                reference_trainer = run.reference[1]
+                reference_trainer.backward_and_step(reference_trainer.training_step(batch, mse_loss))
             trip = self.guard.tripped if self.guard is not None else None
             if self.guard is not None and trip is not None and trip is not self._handled_trip:
                 self._handled_trip = trip
                 self._roll_back(run, trip, self.guard)
                 self.model.fit_normaliser(x_tr, y_tr)  # the restored weights train on this run's batches
-                run.shadow = None  # the main model is FP32 now; a shadow adds nothing
+                run.reference = run.reference_kind = None  # the main model is FP32 now; a reference adds nothing
         return losses
 
     def _roll_back(self, run: _Run, decision: GuardVerdict, guard: Guard) -> None:
@@ -347,19 +360,22 @@ class WorldModel:
         with torch.no_grad(), trainer.autocast():
             return float(mse_loss(model, (model.normalise_x(x), model.normalise_y(y))))
 
-    # -- shadow mode --------------------------------------------------------------
-    def _shadow_pair(self) -> Optional[tuple[DynamicsMLP, FP16Trainer]]:
-        """In rollout stage ``shadow`` an FP32 copy trains on the same batches."""
+    # -- FP32 references: shadow and canary ------------------------------------------
+    def _reference_pair(self) -> tuple[Optional[str], Optional[tuple[DynamicsMLP, FP16Trainer]]]:
+        """``(kind, (model, trainer))`` of this call's FP32 reference, trained on
+        the same batches: in rollout stage ``shadow`` one copy kept for the whole
+        stage; in stage ``on`` a fresh copy of the current weights and optimizer
+        state every ``guard.canary_every``-th call (the canary; needs a guard,
+        which judges it); else ``(None, None)``."""
         trainer = self._current_trainer()
-        if trainer.policy.stage != "shadow":
-            return None
-        if self._shadow is None:
-            model = copy.deepcopy(self.model)
-            optimizer = torch.optim.Adam(model.parameters(), lr=self.lr)
-            optimizer.load_state_dict(self.optimizer.state_dict())
-            shadow = registry.create_trainer("fp32", model, optimizer, trainer.config, name=f"{self.agent}.fp32_shadow")
-            self._shadow = (model, shadow)
-        return self._shadow
+        stage = trainer.policy.stage
+        if stage == "shadow":
+            if self._shadow is None:
+                self._shadow = fp32_reference(self.model, self.optimizer, trainer, f"{self.agent}{SHADOW_SUFFIX}")
+            return "shadow", self._shadow
+        if stage == "on" and self.guard is not None and trainer.precision.name != "fp32" and canary_due(self._on_calls, self.guard.canary_every):
+            return "canary", fp32_reference(self.model, self.optimizer, trainer, f"{self.agent}{CANARY_SUFFIX}")
+        return None, None
 
     def _record_shadow_gap(self, val_loss: float, fp32_val_loss: float) -> None:
         ledger: ShadowGapLedger = self.guard.ledger if self.guard is not None else RolloutLedger(settings=self.settings)

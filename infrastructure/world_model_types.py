@@ -36,11 +36,16 @@ class Guard(Protocol):
     ledger: ShadowGapLedger
 
     @property
+    def canary_every(self) -> int: ...
+
+    @property
     def last_good_checkpoint(self) -> Union[str, Path, None]: ...
 
     def attach(self, trainer: FP16Trainer) -> None: ...
 
-    def check(self, trainer: FP16Trainer, *, val_loss: Optional[float] = None, fp32_val_loss: Optional[float] = None) -> GuardVerdict: ...
+    def check(
+        self, trainer: FP16Trainer, *, val_loss: Optional[float] = None, fp32_val_loss: Optional[float] = None, reference: str = "shadow"
+    ) -> GuardVerdict: ...
 
     def record_good_checkpoint(self, path: Union[str, Path]) -> None: ...
 
@@ -58,7 +63,8 @@ class TrainReport:
     transitions: int
     trajectories: int
     fp32_val_loss: Optional[float] = None
-    shadow_gap: Optional[float] = None
+    shadow_gap: Optional[float] = None  # (val_loss - fp32_val_loss) / fp32_val_loss, from the shadow or the canary
+    reference: Optional[str] = None  # where fp32_val_loss comes from: "shadow", "canary" or None (no FP32 reference)
     rolled_back: bool = False
     rollback_reason: Optional[str] = None
     checkpoint: Optional[str] = None

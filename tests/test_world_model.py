@@ -219,6 +219,7 @@ class FakeGuard:
         self.checked = []
         self.resets = 0
         self.verdict = GuardDecision(reason="healthy")
+        self.canary_every = 0
 
     def attach(self, trainer) -> None:
         self.attached.append(trainer)
@@ -228,7 +229,7 @@ class FakeGuard:
         if event == "trainer.nonfinite_streak" and self.tripped is None:
             self.tripped = GuardDecision(severity="P0", action="rollback", reason="nonfinite streak", restore_checkpoint=True)
 
-    def check(self, trainer, *, val_loss=None, fp32_val_loss=None):
+    def check(self, trainer, *, val_loss=None, fp32_val_loss=None, reference="shadow"):
         self.checked.append(val_loss)
         return self.verdict
 
