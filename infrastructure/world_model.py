@@ -26,6 +26,7 @@ from many start states at once: one batched forward per time step.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import numbers
 import time
@@ -247,6 +248,7 @@ class WorldModel:
             if decision.action == "rollback" and not run.rolled_back:
                 self._roll_back(run, decision, self.guard)
                 val_loss = self._val_loss(self.model, self._current_trainer(), x_val, y_val)  # the restored weights'
+        inference_fp32, inference_gap = self._inference_gap(val_loss, x_val, y_val)
         self.trained = True
         checkpoint = str(self.save()) if save else None
         healthy = decision is None or decision.action != "rollback"
@@ -265,6 +267,8 @@ class WorldModel:
             fp32_val_loss=fp32_val_loss,
             shadow_gap=shadow_gap,
             reference=run.reference_kind if fp32_val_loss is not None else None,
+            inference_val_loss_fp32=inference_fp32,
+            inference_gap=inference_gap,
             rolled_back=run.rolled_back,
             rollback_reason=run.rollback_reason,
             checkpoint=checkpoint,
@@ -282,6 +286,8 @@ class WorldModel:
             transitions=report.transitions,
             fp32_val_loss=fp32_val_loss,
             reference=report.reference,
+            inference_val_loss_fp32=inference_fp32,
+            inference_gap=inference_gap,
             rolled_back=report.rolled_back,
         )
         return report
@@ -355,10 +361,29 @@ class WorldModel:
         self._log.warning("world_model.rolled_back", reason=run.rollback_reason, precision=precision, checkpoint=str(last_good))
         run.events.append(f"rolled back to {precision}: {run.rollback_reason}")
 
-    def _val_loss(self, model: DynamicsMLP, trainer: FP16Trainer, x: torch.Tensor, y: torch.Tensor) -> float:
+    def _val_loss(
+        self, model: DynamicsMLP, trainer: FP16Trainer, x: torch.Tensor, y: torch.Tensor, *, autocast: bool = True
+    ) -> float:
         model.eval()
-        with torch.no_grad(), trainer.autocast():
+        with torch.no_grad(), (trainer.autocast() if autocast else contextlib.nullcontext()):
             return float(mse_loss(model, (model.normalise_x(x), model.normalise_y(y))))
+
+    def _inference_gap(self, val_loss: float, x_val: torch.Tensor, y_val: torch.Tensor) -> tuple[float, Optional[float]]:
+        """The inference-side precision gap of the current weights: their
+        validation loss without autocast, and ``(val_loss - that) / that``
+        (None when undefined). Cheap (one forward over the validation set), so
+        every call measures it; with a guard it is recorded in its ledger."""
+        trainer = self._current_trainer()
+        if trainer.precision.name == "fp32":
+            return val_loss, 0.0
+        fp32_eval = self._val_loss(self.model, trainer, x_val, y_val, autocast=False)
+        gap = (val_loss - fp32_eval) / fp32_eval if fp32_eval > 0 and math.isfinite(val_loss) else None
+        if self.guard is not None:
+            self.guard.ledger.record_quality_check(
+                self.agent, "inference_gap", {"val_loss": val_loss, "fp32_val_loss": fp32_eval, "gap": gap},
+                precision=trainer.precision.name,
+            )
+        return fp32_eval, gap
 
     # -- FP32 references: shadow and canary ------------------------------------------
     def _reference_pair(self) -> tuple[Optional[str], Optional[tuple[DynamicsMLP, FP16Trainer]]]:

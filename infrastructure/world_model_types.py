@@ -26,6 +26,10 @@ class ShadowGapLedger(Protocol):
 
     def record_shadow_gap(self, agent: str, val_loss: float, fp32_val_loss: float, precision: str) -> object: ...
 
+    def record_quality_check(
+        self, agent: str, kind: str, metrics: dict[str, Any], precision: Optional[str] = None, alarm: Optional[bool] = None
+    ) -> object: ...
+
 
 class Guard(Protocol):
     """A rollback guard (``genesis_fp16.guard.RollbackGuard``): it watches the
@@ -65,6 +69,8 @@ class TrainReport:
     fp32_val_loss: Optional[float] = None
     shadow_gap: Optional[float] = None  # (val_loss - fp32_val_loss) / fp32_val_loss, from the shadow or the canary
     reference: Optional[str] = None  # where fp32_val_loss comes from: "shadow", "canary" or None (no FP32 reference)
+    inference_val_loss_fp32: Optional[float] = None  # val loss of the same weights without autocast
+    inference_gap: Optional[float] = None  # (val_loss - inference_val_loss_fp32) / inference_val_loss_fp32
     rolled_back: bool = False
     rollback_reason: Optional[str] = None
     checkpoint: Optional[str] = None

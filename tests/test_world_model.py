@@ -201,9 +201,13 @@ async def test_checkpoint_round_trip(tmp_path):
 class FakeLedger:
     def __init__(self) -> None:
         self.shadow_gaps = []
+        self.quality_checks = []
 
     def record_shadow_gap(self, agent, val_loss, fp32_val_loss, precision):
         self.shadow_gaps.append((agent, val_loss, fp32_val_loss, precision))
+
+    def record_quality_check(self, agent, kind, metrics, precision=None, alarm=None):
+        self.quality_checks.append((agent, kind, metrics, precision))
 
 
 class FakeGuard:
