@@ -26,11 +26,9 @@ from many start states at once: one batched forward per time step.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import math
 import numbers
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence, Union
 
@@ -60,7 +58,7 @@ from .dynamics import (
 )
 from .replay_buffer import ReplayBuffer
 from .trajectory import Trajectory
-from .world_model_types import Guard, GuardVerdict, ShadowGapLedger, TrainReport
+from .world_model_types import Guard, GuardVerdict, ShadowGapLedger, TrainReport, TrainRun, inference_gap_of, val_loss_of
 
 __all__ = [
     "DynamicsMLP", "Guard", "GuardVerdict", "NonFiniteDataError", "NotTrainedError", "ShadowGapLedger",
@@ -72,24 +70,6 @@ FaultFn = Callable[[int, torch.Tensor], torch.Tensor]
 
 class NotTrainedError(RuntimeError):
     """predict/imagine before the first train()."""
-
-
-@dataclass
-class _Run:
-    """One training run's FP32 reference and rollback bookkeeping. A rollback
-    replaces the trainer, whose skipped-step counter then starts from the
-    restored checkpoint's: the steps skipped before are kept in ``skipped_before``."""
-
-    skipped_from: int
-    skipped_before: int = 0
-    rollback_reason: Optional[str] = None
-    events: list[str] = field(default_factory=list)
-    reference: Optional[tuple[DynamicsMLP, FP16Trainer]] = None  # the FP32 copy trained beside the model
-    reference_kind: Optional[str] = None  # "shadow" (stage shadow) or "canary" (stage on)
-
-    @property
-    def rolled_back(self) -> bool:
-        return self.rollback_reason is not None
 
 
 class WorldModel:
@@ -229,14 +209,14 @@ class WorldModel:
         started = time.perf_counter()
         x_tr, y_tr, x_val, y_val = self._dataset(trajectories)
         trainer = self._begin_run()
-        run = _Run(skipped_from=trainer.skipped_steps)
+        run = TrainRun(skipped_from=trainer.skipped_steps)
         losses = self._optimise(run, x_tr, y_tr, steps, fault)
         finite = [float(v) for v in losses[-50:] if math.isfinite(float(v))]
         train_loss = float(np.mean(finite)) if finite else float("nan")
-        val_loss = self._val_loss(self.model, self._current_trainer(), x_val, y_val)
+        val_loss = val_loss_of(self.model, self._current_trainer(), x_val, y_val)
         fp32_val_loss = shadow_gap = None
         if run.reference is not None:
-            fp32_val_loss = self._val_loss(*run.reference, x_val, y_val)
+            fp32_val_loss = val_loss_of(*run.reference, x_val, y_val)
             shadow_gap = (val_loss - fp32_val_loss) / fp32_val_loss if fp32_val_loss > 0 else None
             if run.reference_kind == "shadow":
                 self._record_shadow_gap(val_loss, fp32_val_loss)  # a canary's gap the guard records
@@ -247,8 +227,11 @@ class WorldModel:
             )
             if decision.action == "rollback" and not run.rolled_back:
                 self._roll_back(run, decision, self.guard)
-                val_loss = self._val_loss(self.model, self._current_trainer(), x_val, y_val)  # the restored weights'
-        inference_fp32, inference_gap = self._inference_gap(val_loss, x_val, y_val)
+                val_loss = val_loss_of(self.model, self._current_trainer(), x_val, y_val)  # the restored weights'
+        inference_fp32, inference_gap = inference_gap_of(self.model, self._current_trainer(), val_loss, x_val, y_val)
+        if self.guard is not None and self._current_trainer().precision.name != "fp32":  # recorded where the canaries are
+            gap = {"val_loss": val_loss, "fp32_val_loss": inference_fp32, "gap": inference_gap}
+            self.guard.ledger.record_quality_check(self.agent, "inference_gap", gap, precision=self._current_trainer().precision.name)
         self.trained = True
         checkpoint = str(self.save()) if save else None
         healthy = decision is None or decision.action != "rollback"
@@ -309,7 +292,7 @@ class WorldModel:
             self.guard.record_good_checkpoint(self.save(self.checkpoint_dir / f"{self.agent}.initial.pt"))
         return self.trainer
 
-    def _optimise(self, run: _Run, x_tr: torch.Tensor, y_tr: torch.Tensor, steps: int, fault: Optional[FaultFn]) -> list[torch.Tensor]:
+    def _optimise(self, run: TrainRun, x_tr: torch.Tensor, y_tr: torch.Tensor, steps: int, fault: Optional[FaultFn]) -> list[torch.Tensor]:
         """``steps`` optimizer steps on random batches; the FP32 reference
         (shadow or canary) takes the same batches. A guard trip rolls back at
         once and training goes on from the restored weights."""
@@ -344,7 +327,7 @@ class WorldModel:
                 run.reference = run.reference_kind = None  # the main model is FP32 now; a reference adds nothing
         return losses
 
-    def _roll_back(self, run: _Run, decision: GuardVerdict, guard: Guard) -> None:
+    def _roll_back(self, run: TrainRun, decision: GuardVerdict, guard: Guard) -> None:
         """Rebuild the trainer through the registry (the ledger now says
         rolled_back, so it is FP32) and restore the last good checkpoint into
         it (weights and optimizer state); the guard then watches the new trainer."""
@@ -360,30 +343,6 @@ class WorldModel:
         precision = self.trainer.precision.name
         self._log.warning("world_model.rolled_back", reason=run.rollback_reason, precision=precision, checkpoint=str(last_good))
         run.events.append(f"rolled back to {precision}: {run.rollback_reason}")
-
-    def _val_loss(
-        self, model: DynamicsMLP, trainer: FP16Trainer, x: torch.Tensor, y: torch.Tensor, *, autocast: bool = True
-    ) -> float:
-        model.eval()
-        with torch.no_grad(), (trainer.autocast() if autocast else contextlib.nullcontext()):
-            return float(mse_loss(model, (model.normalise_x(x), model.normalise_y(y))))
-
-    def _inference_gap(self, val_loss: float, x_val: torch.Tensor, y_val: torch.Tensor) -> tuple[float, Optional[float]]:
-        """The inference-side precision gap of the current weights: their
-        validation loss without autocast, and ``(val_loss - that) / that``
-        (None when undefined). Cheap (one forward over the validation set), so
-        every call measures it; with a guard it is recorded in its ledger."""
-        trainer = self._current_trainer()
-        if trainer.precision.name == "fp32":
-            return val_loss, 0.0
-        fp32_eval = self._val_loss(self.model, trainer, x_val, y_val, autocast=False)
-        gap = (val_loss - fp32_eval) / fp32_eval if fp32_eval > 0 and math.isfinite(val_loss) else None
-        if self.guard is not None:
-            self.guard.ledger.record_quality_check(
-                self.agent, "inference_gap", {"val_loss": val_loss, "fp32_val_loss": fp32_eval, "gap": gap},
-                precision=trainer.precision.name,
-            )
-        return fp32_eval, gap
 
     # -- FP32 references: shadow and canary ------------------------------------------
     def _reference_pair(self) -> tuple[Optional[str], Optional[tuple[DynamicsMLP, FP16Trainer]]]:

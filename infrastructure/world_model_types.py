@@ -1,14 +1,21 @@
-"""What the world model reports after training, and what it needs of the
+"""What the world model reports after training, what it needs of the
 rollback guard and the rollout ledger (typed, so any object with these
-methods will do; ``genesis_fp16.guard.RollbackGuard`` is the real one)."""
+methods will do; ``genesis_fp16.guard.RollbackGuard`` is the real one), one
+run's bookkeeping and its validation measurements."""
 
 from __future__ import annotations
 
+import contextlib
+import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Protocol, Union
 
+import torch
+
 from genesis_fp16.trainer import FP16Trainer
+
+from .dynamics import DynamicsMLP, mse_loss
 
 
 class GuardVerdict(Protocol):
@@ -79,3 +86,42 @@ class TrainReport:
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+@dataclass
+class TrainRun:
+    """One training run's FP32 reference and rollback bookkeeping. A rollback
+    replaces the trainer, whose skipped-step counter then starts from the
+    restored checkpoint's: the steps skipped before are kept in ``skipped_before``."""
+
+    skipped_from: int
+    skipped_before: int = 0
+    rollback_reason: Optional[str] = None
+    events: list[str] = field(default_factory=list)
+    reference: Optional[tuple[DynamicsMLP, FP16Trainer]] = None  # the FP32 copy trained beside the model
+    reference_kind: Optional[str] = None  # "shadow" (stage shadow) or "canary" (stage on)
+
+    @property
+    def rolled_back(self) -> bool:
+        return self.rollback_reason is not None
+
+
+def val_loss_of(model: DynamicsMLP, trainer: FP16Trainer, x: torch.Tensor, y: torch.Tensor, *, autocast: bool = True) -> float:
+    """Validation loss of ``model`` on raw ``(x, y)``, under ``trainer``'s autocast unless ``autocast`` is False."""
+    model.eval()
+    with torch.no_grad(), (trainer.autocast() if autocast else contextlib.nullcontext()):
+        return float(mse_loss(model, (model.normalise_x(x), model.normalise_y(y))))
+
+
+def inference_gap_of(
+    model: DynamicsMLP, trainer: FP16Trainer, val_loss: float, x: torch.Tensor, y: torch.Tensor
+) -> tuple[float, Optional[float]]:
+    """The inference-side precision gap of the current weights: their
+    validation loss without autocast, and ``(val_loss - that) / that`` (None
+    when undefined; 0 for FP32, which has no autocast). One forward over the
+    validation set: cheap enough for every call."""
+    if trainer.precision.name == "fp32":
+        return val_loss, 0.0
+    fp32_eval = val_loss_of(model, trainer, x, y, autocast=False)
+    gap = (val_loss - fp32_eval) / fp32_eval if fp32_eval > 0 and math.isfinite(val_loss) else None
+    return fp32_eval, gap

@@ -16,11 +16,12 @@ import numpy as np
 import torch
 
 from genesis_fp16.extras import require
-from genesis_fp16 import registry
 from genesis_fp16.telemetry import get_logger
+from genesis_fp16.trainer import FP16Trainer
 
 from .config import PPOConfig, as_dict
 from .envs import ActionRepeat, VecEnvChoice, build_envs, check_spaces
+from .guarding import PPOGuard
 from .policy import ActorCritic, CompiledFallback
 from .results import TrainResult
 from .rollout import RolloutBuffer, RunningMeanStd
@@ -71,7 +72,9 @@ class PPO:
         # fused Adam: one kernel over all parameters; torch's CPU default is a
         # per-tensor Python loop, which shows in a launch-bound update
         optimizer = torch.optim.Adam(self.net.parameters(), lr=cfg.learning_rate, eps=1e-5, fused=True)
-        self.trainer = registry.trainer_for("ppo", self.net, optimizer, precision=opts.precision, overrides={"max_grad_norm": cfg.max_grad_norm})
+        overrides = {"max_grad_norm": cfg.max_grad_norm}
+        self.guard = PPOGuard("ppo", self.net, optimizer, opts.precision, overrides, self.save_checkpoint, self._restore, seed=cfg.seed)
+        self.trainer = self.guard.build_trainer()  # rebuilt by the guard (FP32) on a rollback
         self.obs_rms = RunningMeanStd((self.obs_dim,)) if cfg.normalize_obs else None
         self.ret_rms = RunningMeanStd(()) if cfg.normalize_reward else None
         self._ret_acc = np.zeros(cfg.num_envs)
@@ -163,6 +166,7 @@ class PPO:
         ep_ret = np.zeros(n)
         split = self.time_split
         rows = self.buffer.rows
+        self.guard.watch(self.trainer)
         for iteration in range(1, cfg.num_iterations + 1):
             if cfg.anneal_lr:
                 for group in self.trainer.optimizer.param_groups:
@@ -205,6 +209,7 @@ class PPO:
             split["other"] += time.perf_counter() - t0
             t0 = time.perf_counter()
             metrics = self._update(advantages, returns)
+            self.trainer = self.guard.after_iteration(self.trainer, iteration)
             split["update"] += time.perf_counter() - t0
             self.iteration = iteration
             elapsed = time.perf_counter() - t_start
@@ -269,6 +274,7 @@ class PPO:
         cfg = self.cfg
         b = cfg.batch_size
         data = self.buffer.flat(advantages, returns)
+        self.guard.hold(data)
         if self.device.type != "cpu":
             data = {k: v.to(self.device, non_blocking=self.pin) for k, v in data.items()}
         skipped = 0
@@ -283,6 +289,7 @@ class PPO:
                 mb = {k: v[start : start + cfg.minibatch_size] for k, v in shuffled.items()}
                 loss, diagnostics = self.trainer.training_step(mb, self._loss)
                 ok = self.trainer.backward_and_step(loss)
+                self.trainer = self.guard.after_step(self.trainer)  # a new FP32 trainer after a P0 rollback
                 steps += 1
                 skipped += 0 if ok else 1
             if cfg.target_kl is not None and float(diagnostics["approx_kl"]) > cfg.target_kl:
@@ -331,9 +338,14 @@ class PPO:
         return self.trainer.save_checkpoint(path, extra=extra)
 
     def load_checkpoint(self, path: str | Path) -> dict[str, Any]:
-        extra = self.trainer.load_checkpoint(path)
+        extra = self._restore(path, restore_rng=True)
         self.global_step = int(extra.get("global_step", 0))
         self.iteration = int(extra.get("iteration", 0))
+        return extra
+
+    def _restore(self, path: str | Path, restore_rng: bool = False, trainer: Optional[FP16Trainer] = None) -> dict[str, Any]:
+        """Weights, optimizer and normalisation statistics into ``trainer`` (default: the current one); the counters stay."""
+        extra = (trainer or self.trainer).load_checkpoint(path, restore_rng=restore_rng)
         for key, rms in (("obs_rms", self.obs_rms), ("ret_rms", self.ret_rms)):
             if extra.get(key) and rms is not None:
                 rms.load_state_dict(extra[key])
