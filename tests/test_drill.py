@@ -13,7 +13,7 @@ from genesis_fp16.drill import ScenarioResult, run_drill
 
 runner = CliRunner()
 NAMES = {"nan_storm", "overflow_storm", "overflow_warning", "killed_while_saving",
-         "rollback_survives_restart", "kill_switch", "events_recorded"}
+         "rollback_survives_restart", "kill_switch", "silent_degradation", "healthy_control", "events_recorded"}
 
 
 def test_drill_command_passes_and_writes_json(state_dir, tmp_path, monkeypatch):
@@ -25,6 +25,12 @@ def test_drill_command_passes_and_writes_json(state_dir, tmp_path, monkeypatch):
     assert report["passed"] is True
     assert {s["name"] for s in report["scenarios"]} == NAMES
     assert all(s["passed"] is True for s in report["scenarios"])
+    by_name = {s["name"]: s["checks"] for s in report["scenarios"]}
+    silent = by_name["silent_degradation"]
+    assert silent["detection_delay_calls"] <= 2 * silent["canary_every"] and silent["precision_after"] == "fp32"
+    assert silent["ledger_stage"] == "rolled_back" and silent["weights_restored"] and silent["nonfinite"] == 0
+    healthy = by_name["healthy_control"]
+    assert healthy["canaries"] == 50 and healthy["rollbacks"] == 0 and healthy["false_alarms"] == 0
     assert report["seconds"] < 120
     assert not (state_dir / "rollout.sqlite").exists()  # nothing in the real state dir's ledger
 

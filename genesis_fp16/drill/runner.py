@@ -1,12 +1,4 @@
-"""The rollback drill: rehearse the rollback plan in a scratch state dir.
-
-Each scenario runs the real code (ledger, guard, trainer, checkpoints, policy)
-on a tiny model defined here, and reports ``passed`` with what it saw. The
-drill forces ``enable_fp16_training=True`` in its scratch settings, so it
-rehearses rollback even where the kill switch is on in the real environment,
-and it never touches the real state dir: its ledger, checkpoints and event
-log live in the scratch dir.
-"""
+"""The drill's scenarios and :func:`run_drill` (see the package docstring)."""
 
 from __future__ import annotations
 
@@ -19,57 +11,21 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Callable, Optional, Union
 
 import torch
 from torch import nn
 
-from . import telemetry
-from .checkpoint import load_payload
-from .guard import RollbackGuard
-from .registry import trainer_for
-from .rollout import RolloutLedger
-from .settings import Settings, load_settings
-
-REDUCED = "fp16" if torch.cuda.is_available() else "bf16"
-
-
-@dataclass
-class ScenarioResult:
-    name: str
-    passed: bool
-    detail: str
-    seconds: float
-    checks: dict[str, Any] = field(default_factory=dict)
-
-
-class TinyModel(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.net = nn.Sequential(nn.Linear(8, 32), nn.Tanh(), nn.Linear(32, 1))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.net(x)
-
-
-def _mse(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-    x, y = batch
-    return ((model(x).float() - y) ** 2).mean()  # loss in FP32, as the AMP docs advise
-
-
-def _data(seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(64, 8, generator=g)
-    y = (x[:, :1] * 0.5 - x[:, 1:2] * 0.25).tanh()
-    return x, y
-
-
-def _model_and_optimizer(seed: int = 0) -> tuple[nn.Module, torch.optim.Optimizer]:
-    torch.manual_seed(seed)
-    model = TinyModel()
-    return model, torch.optim.Adam(model.parameters(), lr=1e-2)
+from .. import telemetry
+from ..checkpoint import load_payload
+from ..guard import RollbackGuard
+from ..registry import trainer_for
+from ..rollout import RolloutLedger
+from ..settings import Settings, load_settings
+from . import canary
+from .common import REDUCED, ScenarioResult, drill_data, model_and_optimizer, mse
 
 
 class Drill:
@@ -82,7 +38,7 @@ class Drill:
         # event log at the scratch dir before the ledger makes its logger
         telemetry.configure_logging(self.settings, force=True)
         self.ledger = RolloutLedger.from_settings(self.settings)
-        self.batch = _data()
+        self.batch = drill_data()
 
     def _settings(self) -> Settings:
         profiles = self.state_dir / "profiles.toml"
@@ -106,19 +62,19 @@ class Drill:
         """P0: NaN losses -> guard rolls back at once, last good checkpoint restored, training goes on in FP32."""
         agent = "drill_nan_storm"
         self.ledger.enable(agent, actor="drill", reason="drill: nan storm")
-        model, opt = _model_and_optimizer()
+        model, opt = model_and_optimizer()
         trainer = self._trainer(agent, model, opt)
         guard = RollbackGuard(agent, settings=self.settings, ledger=self.ledger)
         guard.attach(trainer)
         checks: dict[str, Any] = {"precision_before": trainer.precision.name}
         for _ in range(8):
-            trainer.backward_and_step(trainer.training_step(self.batch, _mse))
+            trainer.backward_and_step(trainer.training_step(self.batch, mse))
         good = trainer.save_checkpoint(self.state_dir / f"{agent}.good.pt")
         guard.record_good_checkpoint(good)
         good_weights = {k: v.clone() for k, v in model.state_dict().items()}
         storm_steps = 0
         for _ in range(20):  # the storm: every loss NaN, until the guard trips
-            loss = trainer.training_step(self.batch, _mse) * float("nan")
+            loss = trainer.training_step(self.batch, mse) * float("nan")
             trainer.backward_and_step(loss)
             storm_steps += 1
             if guard.tripped is not None:
@@ -136,9 +92,9 @@ class Drill:
         checks["weights_restored"] = all(torch.equal(good_weights[k], v) for k, v in model.state_dict().items())
         guard.attach(trainer)
         guard.reset()
-        oks = [trainer.backward_and_step(trainer.training_step(self.batch, _mse)) for _ in range(10)]
+        oks = [trainer.backward_and_step(trainer.training_step(self.batch, mse)) for _ in range(10)]
         with torch.no_grad():
-            final = float(_mse(model, self.batch))
+            final = float(mse(model, self.batch))
         checks.update(steps_after=sum(oks), final_loss=final)
         passed = (
             trip is not None and trip.severity == "P0" and trip.action == "rollback" and trip.restore_checkpoint
@@ -156,7 +112,7 @@ class Drill:
         """FP16 with a scaler; every ``every``-th backward puts inf in a gradient
         (what an FP16 overflow is to the scaler)."""
         self.ledger.enable(agent, actor="drill", reason="drill: overflow")
-        model, opt = _model_and_optimizer()
+        model, opt = model_and_optimizer()
         trainer = self._trainer(agent, model, opt, precision="fp16")
         guard = RollbackGuard(agent, settings=self.settings, ledger=self.ledger)
         guard.attach(trainer)
@@ -169,7 +125,7 @@ class Drill:
         handle = model.net[0].weight.register_hook(poison)
         try:
             for _ in range(steps):
-                trainer.backward_and_step(trainer.training_step(self.batch, _mse))
+                trainer.backward_and_step(trainer.training_step(self.batch, mse))
         finally:
             handle.remove()
         return trainer, guard, guard.check(trainer)
@@ -179,7 +135,7 @@ class Drill:
         agent = "drill_overflow_storm"
         trainer, guard, decision = self._overflow_run(agent, every=2)
         stats = trainer.get_stats()
-        after = self._trainer(agent, *_model_and_optimizer())
+        after = self._trainer(agent, *model_and_optimizer())
         checks = {"precision": stats["precision"], "overflow_rate": stats["overflow_rate"], "severity": decision.severity,
                   "action": decision.action, "ledger_stage": self.ledger.stage(agent), "precision_after": after.precision.name}
         passed = (stats["precision"] == "fp16" and stats["overflow_rate"] > 0.30 and decision.severity == "P1"
@@ -206,9 +162,9 @@ class Drill:
     def killed_while_saving(self) -> ScenarioResult:
         """A process killed (SIGKILL) in the middle of writing a checkpoint leaves the previous one loadable."""
         path = self.state_dir / "drill_kill.pt"
-        model, opt = _model_and_optimizer(seed=1)
+        model, opt = model_and_optimizer(seed=1)
         trainer = self._trainer("drill_kill", model, opt, precision="fp32")
-        trainer.backward_and_step(trainer.training_step(self.batch, _mse))
+        trainer.backward_and_step(trainer.training_step(self.batch, mse))
         trainer.save_checkpoint(path)
         before = path.read_bytes()
         code = (
@@ -235,7 +191,7 @@ class Drill:
         try:
             payload = load_payload(path)
             checks["loads"] = True
-            fresh, fresh_opt = _model_and_optimizer(seed=2)
+            fresh, fresh_opt = model_and_optimizer(seed=2)
             self._trainer("drill_kill", fresh, fresh_opt, precision="fp32").apply_payload(payload, source=str(path))
             checks["weights_match"] = all(torch.equal(a, b) for a, b in zip(fresh.state_dict().values(), model.state_dict().values()))
         except Exception as exc:
@@ -281,21 +237,30 @@ class Drill:
         agent = "drill_kill_switch"
         self.ledger.enable(agent, actor="drill", reason="drill: kill switch")
         off = self.settings.model_copy(update={"enable_fp16_training": False})
-        trainer = trainer_for(agent, *_model_and_optimizer(), settings=off, precision=REDUCED)
-        on = self._trainer(agent, *_model_and_optimizer())
+        trainer = trainer_for(agent, *model_and_optimizer(), settings=off, precision=REDUCED)
+        on = self._trainer(agent, *model_and_optimizer())
         checks = {"with_switch": trainer.precision.name, "source": trainer.policy.sources["enabled"], "without_switch": on.precision.name}
         passed = checks["with_switch"] == "fp32" and "kill switch" in checks["source"] and checks["without_switch"] == REDUCED
         detail = f"stage on + precision={REDUCED}: kill switch -> {checks['with_switch']}; without it -> {checks['without_switch']}"
         return ScenarioResult("kill_switch", bool(passed), detail, 0.0, checks)
+
+    def silent_degradation(self) -> ScenarioResult:
+        """Stage on: a quietly worse reduced-precision path is caught by the FP32 canary (drill/canary.py)."""
+        return canary.silent_degradation(self)
+
+    def healthy_control(self) -> ScenarioResult:
+        """Stage on: a healthy model through 50 canaries, no rollback (drill/canary.py)."""
+        return canary.healthy_control(self)
 
     def events_recorded(self) -> ScenarioResult:
         """Every rollback above is a structured event in the scratch event log."""
         events = telemetry.read_events(self.settings.events_path)
         names = {e.get("event") for e in events}
         rollbacks = [e for e in events if e.get("event") == "guard.rollback"]
-        needed = {"guard.decision", "guard.rollback", "rollout.stage_changed", "trainer.nonfinite_streak", "guard.recommendation"}
+        needed = {"guard.decision", "guard.rollback", "rollout.stage_changed", "trainer.nonfinite_streak", "guard.recommendation",
+                  "guard.canary"}
         checks = {"events": len(events), "missing": sorted(needed - names), "guard_rollbacks": len(rollbacks)}
-        passed = not checks["missing"] and len(rollbacks) >= 2
+        passed = not checks["missing"] and len(rollbacks) >= 3
         detail = f"{len(events)} events in {self.settings.events_path.name}; missing: {checks['missing'] or 'none'}"
         return ScenarioResult("events_recorded", bool(passed), detail, 0.0, checks)
 
@@ -307,6 +272,8 @@ class Drill:
             ("killed_while_saving", self.killed_while_saving),
             ("rollback_survives_restart", self.rollback_survives_restart),
             ("kill_switch", self.kill_switch),
+            ("silent_degradation", self.silent_degradation),
+            ("healthy_control", self.healthy_control),
             ("events_recorded", self.events_recorded),
         ]
 
@@ -325,6 +292,10 @@ def run_drill(
     scratch.mkdir(parents=True, exist_ok=True)
     drill = Drill(scratch)  # the drill's events go to the scratch dir
     results: list[ScenarioResult] = []
+    threads = torch.get_num_threads()
+    # the scenarios' tensors are tiny: one intra-op thread runs them fastest, and
+    # on a loaded machine many times faster than several threads contending
+    torch.set_num_threads(1)
     try:
         for name, fn in drill.scenarios():
             if progress:
@@ -339,6 +310,7 @@ def run_drill(
             if progress:
                 progress(name, result)
     finally:
+        torch.set_num_threads(threads)
         # back to the real event log, also when nothing had configured logging
         # before (the scratch dir is removed below)
         telemetry.configure_logging(force=True)
