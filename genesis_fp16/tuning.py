@@ -10,7 +10,13 @@ changes to each agent's profile, with reasons:
 * two or more rollbacks, all in FP16 (the reduced precision last seen before
   each): leave FP16 for BF16 (FP32's exponent range, no scaler); a rollback
   in BF16, or three or more in all: FP32;
-* a guard P2 recommendation (throughput under the threshold): its changes.
+* a guard P2 recommendation (throughput under the threshold): its changes;
+* FP32 canaries (``guard.canary``, stage on) whose gap rose at each of the
+  last ``RISING_CANARIES`` canaries, the last one over half the
+  ``val_loss_ratio`` margin: FP32 (the gap is growing; do not wait for the
+  rollback);
+* a rollback a canary caught: halve ``canary_every`` (thresholds), so a
+  degradation is caught sooner next time.
 
 The overflow rate is the one the guard last judged (``guard.decision``);
 without one it is the count of overflow skips over the highest step seen.
@@ -31,6 +37,7 @@ from .telemetry import get_logger, read_events
 
 REDUCED = frozenset(m.value for m in REDUCED_MODES)  # the precisions whose trouble a proposal answers
 FP16, BF16, FP32 = PrecisionMode.FP16.value, PrecisionMode.BF16.value, PrecisionMode.FP32.value
+RISING_CANARIES = 3  # canary gaps rising this many times in a row call for FP32
 
 
 def _without_scaler(precision: Optional[str]) -> bool:
@@ -51,6 +58,7 @@ class AgentSummary:
     judged_steps: Optional[int] = None
     rollbacks: list[dict[str, Any]] = field(default_factory=list)
     recommendations: list[dict[str, Any]] = field(default_factory=list)
+    canary_ratios: list[float] = field(default_factory=list)  # val_loss / fp32_val_loss of each FP32 canary, in order
 
     @property
     def overflow_rate(self) -> Optional[float]:
@@ -116,6 +124,8 @@ def summarise(events: list[dict[str, Any]]) -> dict[str, AgentSummary]:
         elif name == "rollout.stage_changed" and ev.get("to_stage") == "rolled_back":
             s.rollbacks.append({"when": ev.get("timestamp"), "reason": ev.get("reason"), "actor": ev.get("actor"),
                                 "precision": s.precisions[-1] if s.precisions else None})
+        elif name == "guard.canary" and ev.get("kind") == "val_loss" and isinstance(ev.get("val_loss_ratio"), (int, float)):
+            s.canary_ratios.append(float(ev["val_loss_ratio"]))
         elif name == "guard.recommendation" and isinstance(ev.get("changes"), dict):
             s.recommendations.append({"changes": ev["changes"], "reason": ev.get("reason", "")})
     return out
@@ -189,6 +199,7 @@ def propose(
                     continue
                 changes.setdefault(key, value)
             reasons.append(f"guard recommendation: {rec['reason']}")
+        _canary_rules(s, th, changes, reasons)
         changes = {k: v for k, v in changes.items() if current.get(k) != v}
         if not changes:
             continue
@@ -206,10 +217,31 @@ def propose(
                     "rollbacks": len(s.rollbacks),
                     "precisions": s.precisions,
                     "min_scale": s.min_scale,
+                    "canary_ratios": s.canary_ratios[-RISING_CANARIES - 1:],
                 },
             )
         )
     return proposals
+
+
+def _canary_rules(s: AgentSummary, th: dict[str, Any], changes: dict[str, Any], reasons: list[str]) -> None:
+    """The canary's proposals (see the module docstring), added to ``changes``."""
+    recent = s.canary_ratios[-(RISING_CANARIES + 1):]
+    margin = (float(th["val_loss_ratio"]) - 1.0) / 2
+    rising = len(recent) == RISING_CANARIES + 1 and all(b > a for a, b in zip(recent, recent[1:]))
+    if rising and recent[-1] > 1.0 + margin and changes.get("precision") != FP32:
+        changes["precision"] = FP32
+        changes.pop("init_scale", None)
+        changes.pop("growth_interval", None)
+        shown = " -> ".join(f"{r:.3f}" for r in recent)
+        reasons.append(f"FP32 canary gap rising at each of the last {RISING_CANARIES} canaries ({shown}x FP32): train in FP32")
+    caught = [r for r in s.rollbacks if "canary" in (r.get("reason") or "")]
+    every = int(th["canary_every"])
+    if caught and every > 1:
+        changes["thresholds"] = {"canary_every": max(1, every // 2)}
+        reasons.append(
+            f"{len(caught)} rollback(s) caught by a canary: canary_every {every} -> {every // 2}, to catch the next one sooner"
+        )
 
 
 def tune_from_file(events_path: Union[str, Path], **kwargs: Any) -> list[Proposal]:
@@ -223,7 +255,12 @@ def apply(proposals: list[Proposal], profiles_path: Union[str, Path]) -> dict[st
     doc = raw_document(path)
     agents = doc.setdefault("agents", {})
     for p in proposals:
-        agents.setdefault(p.agent, {}).update(p.changes)
+        table = agents.setdefault(p.agent, {})
+        for key, value in p.changes.items():
+            if key == "thresholds":  # a nested table: merged, not replaced
+                table.setdefault("thresholds", {}).update(value)
+            else:
+                table[key] = value
     written = write_profiles(path, doc, backup=True)
     get_logger("genesis_fp16.tuning").info(
         "tuning.applied",

@@ -116,6 +116,35 @@ def test_proposal_already_in_profile_is_dropped(state_dir):
     assert propose(events) == []
 
 
+def _canary(agent, ratio):
+    return _ev("guard.canary", agent=agent, kind="val_loss", val_loss_ratio=ratio, alarm=ratio > 1.2, precision="bf16")
+
+
+def test_a_rising_canary_gap_proposes_fp32(state_dir):
+    events = [_canary("drifting", r) for r in (1.01, 1.03, 1.08, 1.15)]  # rising, last over half the 1.2x margin
+    (p,) = propose(events)
+    assert p.agent == "drifting" and p.changes == {"precision": "fp32"}
+    assert any("canary gap rising" in r for r in p.reasons) and p.evidence["canary_ratios"] == [1.01, 1.03, 1.08, 1.15]
+
+
+@pytest.mark.parametrize("ratios", [(1.01, 1.03, 1.02, 1.15), (1.01, 1.02, 1.03, 1.04), (1.15,)])
+def test_a_noisy_or_small_canary_gap_proposes_nothing(state_dir, ratios):
+    assert propose([_canary("fine", r) for r in ratios]) == []
+
+
+def test_a_rollback_caught_by_a_canary_halves_canary_every_and_applies(state_dir):
+    events = [_canary("wm", 1.5), _canary("wm", 1.6),
+              _ev("rollout.stage_changed", agent="wm", to_stage="rolled_back",
+                  reason="P1: validation loss 1.60x the FP32 canary, confirmed (> 1.20x)")]
+    (p,) = propose(events)
+    assert p.changes == {"thresholds": {"canary_every": 2}}
+    path = state_dir / "profiles.toml"
+    path.write_text('[agents.wm]\nprecision = "bf16"\n[agents.wm.thresholds]\nmin_steps = 5\n')
+    apply([p], path)
+    layer = load_profiles(path).layer("wm")
+    assert layer.thresholds == {"min_steps": 5, "canary_every": 2} and layer.values == {"precision": "bf16"}
+
+
 def test_apply_writes_valid_profile_with_backup(state_dir):
     path = state_dir / "profiles.toml"
     path.write_text('[agents.keep]\nprecision = "fp32"\n')
