@@ -117,14 +117,14 @@ def test_proposal_already_in_profile_is_dropped(state_dir):
 
 
 def _canary(agent, ratio):
-    return _ev("guard.canary", agent=agent, kind="val_loss", val_loss_ratio=ratio, alarm=ratio > 1.2, precision="bf16")
+    return _ev("guard.canary", agent=agent, kind="val_loss", val_loss_ratio=ratio, alarm=ratio > 1.3, precision="bf16")
 
 
 def test_a_rising_canary_gap_proposes_fp32(state_dir):
-    events = [_canary("drifting", r) for r in (1.01, 1.03, 1.08, 1.15)]  # rising, last over half the 1.2x margin
+    events = [_canary("drifting", r) for r in (1.01, 1.05, 1.12, 1.2)]  # rising, last over half the 1.3x margin
     (p,) = propose(events)
     assert p.agent == "drifting" and p.changes == {"precision": "fp32"}
-    assert any("canary gap rising" in r for r in p.reasons) and p.evidence["canary_ratios"] == [1.01, 1.03, 1.08, 1.15]
+    assert any("canary gap rising" in r for r in p.reasons) and p.evidence["canary_ratios"] == [1.01, 1.05, 1.12, 1.2]
 
 
 @pytest.mark.parametrize("ratios", [(1.01, 1.03, 1.02, 1.15), (1.01, 1.02, 1.03, 1.04), (1.15,)])
@@ -135,7 +135,7 @@ def test_a_noisy_or_small_canary_gap_proposes_nothing(state_dir, ratios):
 def test_a_rollback_caught_by_a_canary_halves_canary_every_and_applies(state_dir):
     events = [_canary("wm", 1.5), _canary("wm", 1.6),
               _ev("rollout.stage_changed", agent="wm", to_stage="rolled_back",
-                  reason="P1: validation loss 1.60x the FP32 canary, confirmed (> 1.20x)")]
+                  reason="P1: validation loss 1.60x the FP32 canary, confirmed (> 1.30x)")]
     (p,) = propose(events)
     assert p.changes == {"thresholds": {"canary_every": 2}}
     path = state_dir / "profiles.toml"
