@@ -51,11 +51,12 @@ def test_fp32_ppo_writes_no_checkpoints_and_no_rollback(state_dir):
     assert not (state_dir / "ppo").exists() and ppo.guard.rollbacks == []
 
 
-def test_policy_canary_on_a_held_batch(monkeypatch, state_dir):
+@pytest.mark.parametrize("env_id", ["CartPole-v1", "Pendulum-v1"])
+def test_policy_canary_on_a_held_batch(monkeypatch, state_dir, env_id):
     profiles = state_dir / "profiles.toml"
     profiles.write_text("[agents.ppo.thresholds]\ncanary_every = 1\n", encoding="utf-8")
     monkeypatch.setenv("GENESIS_FP16_PROFILES_FILE", str(profiles))
-    ppo = PPO(tiny(precision="bf16", total_steps=96))
+    ppo = PPO(tiny(env_id, precision="bf16", total_steps=96))
     ppo.train()
     ppo.close()
     assert len(ppo.guard.canaries) == 3 and ppo.guard.held["obs"].shape[0] == 32

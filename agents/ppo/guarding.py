@@ -88,14 +88,16 @@ class PPOGuard:
     # -- after an iteration ------------------------------------------------------------
     def after_iteration(self, trainer: FP16Trainer, iteration: int) -> FP16Trainer:
         """P1/P2 on the run's statistics, the policy canary when due; a healthy
-        reduced-precision iteration becomes the last good checkpoint."""
+        reduced-precision iteration becomes the last good checkpoint. An FP32
+        trainer has nothing to roll back: nothing is judged or written."""
+        if trainer.precision.name == "fp32":
+            return trainer
         decision = self.guard.check(trainer)
-        if decision.action != "rollback" and trainer.precision.name != "fp32" and canary_due(iteration, self.guard.canary_every):
+        if decision.action != "rollback" and canary_due(iteration, self.guard.canary_every):
             decision = self._policy_canary(trainer)
         if decision.action == "rollback":
             return self._roll_back(decision)
-        if trainer.precision.name != "fp32":
-            self.guard.record_good_checkpoint(self._save(self.checkpoint))
+        self.guard.record_good_checkpoint(self._save(self.checkpoint))
         return trainer
 
     def _policy_canary(self, trainer: FP16Trainer) -> GuardDecision:
