@@ -102,7 +102,8 @@ class PPOGuard:
 
     def _policy_canary(self, trainer: FP16Trainer) -> GuardDecision:
         """Log-probs and values of the held batch with and without autocast."""
-        assert self.held is not None, "hold() is called with the first rollout before the first iteration ends"
+        if self.held is None:
+            raise RuntimeError("PPOGuard: the policy canary needs a held batch; call hold(data) with the first rollout's data first")
         obs, act = self.held["obs"], self.held["act"]
         was_training = self.net.training
         self.net.eval()
