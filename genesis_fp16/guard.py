@@ -3,7 +3,7 @@
 | severity | trigger | action |
 |---|---|---|
 | P0 | ``trainer.nonfinite_streak``, or more than ``failed_fraction`` of the steps skipped | roll back now; restore the last good checkpoint |
-| P1 | overflow rate over ``overflow_rollback``, or val loss over ``val_loss_ratio`` x FP32 | roll back |
+| P1 | overflow rate over ``overflow_rollback``, or val loss over ``val_loss_ratio`` x the FP32 shadow (``canary_val_loss_ratio`` x the canary) | roll back |
 | P2 | overflow rate over ``overflow_warn``, or throughput under ``throughput_ratio`` x FP32 | warn and record a recommendation |
 
 In stage ``on`` the FP32 reference is a canary (every ``canary_every``-th
@@ -211,7 +211,7 @@ class RollbackGuard:
         given validation losses / throughput ratio; act on the most severe finding.
         ``reference`` says where ``fp32_val_loss`` comes from: ``shadow`` (an FP32
         copy trained beside it all along: one gap over ``val_loss_ratio`` rolls
-        back) or ``canary`` (stage on: the gap rolls back only when confirmed,
+        back) or ``canary`` (stage on: a gap over ``canary_val_loss_ratio`` rolls back only when confirmed,
         see :meth:`_canary`)."""
         if reference not in ("shadow", "canary"):
             raise ValueError(f"RollbackGuard.check: reference={reference!r}; expected 'shadow' or 'canary'")
@@ -248,7 +248,8 @@ class RollbackGuard:
             findings.append(("P0", f"{failed:.0%} of {steps} steps failed (> {th['failed_fraction']:.0%})", True, None))
         if judged and overflow > th["overflow_rollback"]:
             findings.append(("P1", f"overflow rate {overflow:.0%} over {steps} steps (> {th['overflow_rollback']:.0%})", False, None))
-        gap = ratio is not None and ratio > th["val_loss_ratio"]
+        limit = th["canary_val_loss_ratio"] if reference == "canary" else th["val_loss_ratio"]
+        gap = ratio is not None and ratio > limit
         if reference == "canary" and ratio is not None:
             canary_metrics = {k: metrics.get(k) for k in ("val_loss", "fp32_val_loss", "val_loss_ratio", "precision")}
             confirmed = self._canary(gap, dict(canary_metrics, kind="val_loss"))
@@ -257,7 +258,7 @@ class RollbackGuard:
         if gap and ratio is not None:
             shown = f"{ratio:.2f}x" if math.isfinite(ratio) else "non-finite"
             where = "the FP32 canary, confirmed" if reference == "canary" else "the FP32 reference"
-            findings.append(("P1", f"validation loss {shown} {where} (> {th['val_loss_ratio']:.2f}x)", False, None))
+            findings.append(("P1", f"validation loss {shown} {where} (> {limit:.2f}x)", False, None))
         if judged and th["overflow_warn"] < overflow <= th["overflow_rollback"]:
             findings.append(("P2", f"overflow rate {overflow:.0%} over {steps} steps (> {th['overflow_warn']:.0%})", False,
                              self._overflow_recommendation(trainer, overflow) if trainer is not None else None))

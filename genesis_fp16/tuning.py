@@ -227,7 +227,7 @@ def propose(
 def _canary_rules(s: AgentSummary, th: dict[str, Any], changes: dict[str, Any], reasons: list[str]) -> None:
     """The canary's proposals (see the module docstring), added to ``changes``."""
     recent = s.canary_ratios[-(RISING_CANARIES + 1):]
-    margin = (float(th["val_loss_ratio"]) - 1.0) / 2
+    margin = (float(th["canary_val_loss_ratio"]) - 1.0) / 2
     rising = len(recent) == RISING_CANARIES + 1 and all(b > a for a, b in zip(recent, recent[1:]))
     if rising and recent[-1] > 1.0 + margin and changes.get("precision") != FP32:
         changes["precision"] = FP32

@@ -44,7 +44,8 @@ def test_threshold_defaults():
     assert THRESHOLD_DEFAULTS["canary_confirm"] == 2 and THRESHOLD_DEFAULTS["canary_window"] == 3
     assert THRESHOLD_DEFAULTS["canary_kl"] == 0.1  # VeRL's rollout-correction alarm
     # over the 95th percentile of FP32's seed-to-seed gap on every workload measured (docs/ROLLBACK_PLAN.md)
-    assert THRESHOLD_DEFAULTS["val_loss_ratio"] == 1.30
+    assert THRESHOLD_DEFAULTS["canary_val_loss_ratio"] == 1.30
+    assert THRESHOLD_DEFAULTS["val_loss_ratio"] == 1.20  # stage shadow: an FP32 copy trained beside it all along
     with pytest.raises(ValueError):
         GuardThresholds(canary_every=-1)
 

@@ -76,7 +76,7 @@ class CanaryRun:
             return self.guard.check(self.trainer, val_loss=val_loss)
         self.canaries += 1
         fp32_val_loss = self._val_loss(*reference)
-        self.alarms += val_loss > self.guard.thresholds["val_loss_ratio"] * fp32_val_loss  # what the guard calls an alarm
+        self.alarms += val_loss > self.guard.thresholds["canary_val_loss_ratio"] * fp32_val_loss  # what the guard calls an alarm
         return self.guard.check(self.trainer, val_loss=val_loss, fp32_val_loss=fp32_val_loss, reference="canary")
 
     def save_good(self) -> None:
