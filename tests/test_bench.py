@@ -10,6 +10,7 @@ import json
 import math
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -152,6 +153,8 @@ def test_relative_figures_and_checks():
         (["--precisions", "fp8"], "unknown precision(s) fp8"),
         (["--repeats", "0"], "repeats=0"),
         (["--threads", "0"], "threads=0"),
+        (["--clock", "cpu"], "add --threads 1"),
+        (["--clock", "sundial", "--threads", "1"], "clock='sundial'"),
         (["--device", "cuda:0"] if not torch.cuda.is_available() else ["--device", "nonsense"], "--device" if not torch.cuda.is_available() else "device"),
     ],
 )
@@ -361,3 +364,25 @@ def test_cuda_graph_capture_for_tf32_has_the_switches_and_no_autocast(monkeypatc
     model = torch.nn.Linear(4, 4)
     assert measure.graph_model(model, torch.randn(2, 4), P.TF32(CPU)) is model
     assert seen == {"autocast": False, "matmul": "tf32"}
+
+
+def test_cpu_clock_counts_this_threads_time_only():
+    """Sleeping costs wall time but no CPU time: the cpu clock is blind to waiting
+    (and so to other processes' load), the wall clock is not."""
+    from genesis_fp16.bench.measure import time_chunk
+
+    def nap(i):
+        time.sleep(0.02)
+
+    assert time_chunk(nap, 3, CPU, "wall") >= 0.05
+    assert time_chunk(nap, 3, CPU, "cpu") < 0.03
+    with pytest.raises(ValueError, match="use --clock wall"):
+        options.check_clock("cpu", torch.device("cuda"))
+
+
+def test_cpu_clock_run_is_stamped(tmp_path):
+    result = CliRunner().invoke(_app(), ["bench", "--quick", "--threads", "1", "--clock", "cpu", "--json", str(tmp_path / "r.json")])
+    assert result.exit_code == 0, result.output
+    data = json.loads((tmp_path / "r.json").read_text())
+    assert data["header"]["clock"] == "cpu" and "--clock cpu" in data["header"]["command"]
+    assert all(row["overhead_vs_raw"] > 0 for row in data["rows"])

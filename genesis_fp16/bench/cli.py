@@ -33,6 +33,8 @@ def canonical_command(prog: str, options: Any, **paths: Optional[Path]) -> str:
         parts += ["--device", options.device]
     if options.threads:
         parts += ["--threads", str(options.threads)]
+    if options.clock != "wall":
+        parts += ["--clock", options.clock]
     for flag, path in paths.items():
         if path:
             parts += [f"--{flag}", str(path)]
@@ -116,6 +118,7 @@ def register(app: typer.Typer) -> None:
         device: Optional[str] = typer.Option(None, "--device", help="cpu or cuda[:N] (default: cuda if available)."),
         seed: int = typer.Option(0, "--seed", help="Seed for data and initial weights."),
         threads: Optional[int] = typer.Option(None, "--threads", help="torch intra-op threads (default: torch's, one per core)."),
+        clock: str = typer.Option("wall", "--clock", help="wall, or cpu: the thread's CPU time, robust to other load (needs --threads 1)."),
         chunk_s: Optional[float] = typer.Option(None, "--chunk-s", help="Seconds per timed chunk (default 0.25; 0.05 with --quick)."),
         json_path: Optional[Path] = typer.Option(None, "--json", help="Write header + rows as JSON here."),
         csv_path: Optional[Path] = typer.Option(None, "--csv", help="Write device-stamped rows as CSV here."),
@@ -126,7 +129,7 @@ def register(app: typer.Typer) -> None:
         from ..cli import fail, load_settings_or_exit
         from ..storage import StorageError, check_output_path
         from .models import SIZES, parse_sizes
-        from .options import BenchOptions, pick_device
+        from .options import BenchOptions, check_clock, pick_device
 
         load_settings_or_exit()  # a bad GENESIS_FP16_* variable fails here, clearly
         try:  # before measuring: a bad output path must not lose the run
@@ -146,12 +149,13 @@ def register(app: typer.Typer) -> None:
                 device=device,
                 seed=seed,
                 threads=threads,
+                clock=clock,
                 chunk_s=chunk_s if chunk_s is not None else (0.05 if quick else 0.25),
             )
             options.command = canonical_command(
                 "genesis-fp16 bench", options, json=json_path, csv=csv_path, plot=plot_path, markdown=markdown_path
             )
-            pick_device(options.device)
+            check_clock(options.clock, pick_device(options.device))
         except (ValueError, RuntimeError) as exc:
             raise fail(str(exc))
         result = run_and_write(options, json_path, csv_path, plot_path, markdown_path)

@@ -179,11 +179,11 @@ def calibrate(cell: Cell, chunk_s: float, warmup_steps: int) -> None:
     cell.steps = int(min(5000, max(3, math.ceil(chunk_s / per_step))))
 
 
-def time_pair(cell: Cell, ours_first: bool) -> None:
+def time_pair(cell: Cell, ours_first: bool, clock: str = "wall") -> None:
     order = ("ours", "raw") if ours_first else ("raw", "ours")
     with cell.context():
         for which in order:
             if which == "raw":
-                cell.raw_times.append(time_chunk(cell.raw_step, cell.steps, cell.device))
+                cell.raw_times.append(time_chunk(cell.raw_step, cell.steps, cell.device, clock))
             else:
-                cell.ours_times.append(time_chunk(cell.ours_step, cell.steps, cell.device))
+                cell.ours_times.append(time_chunk(cell.ours_step, cell.steps, cell.device, clock))

@@ -13,6 +13,7 @@ from .models import QUICK_STEPS, SIZES, SizeSpec
 # the modes that keep FP32 master weights, in the vocabulary's order
 # (fp16-true has none, so its quality and speed are not comparable here)
 PRECISIONS: tuple[str, ...] = tuple(m.value for m in FP32_WEIGHT_MODES)
+CLOCKS = ("wall", "cpu")
 
 
 @dataclass
@@ -27,6 +28,9 @@ class BenchOptions:
     chunk_s: target seconds per timed chunk (steps per chunk are calibrated to it).
     warmup_steps: untimed steps before calibration, per loop.
     threads: torch intra-op threads (None: torch's default, one per core).
+    clock: ``wall`` (elapsed time) or ``cpu`` (the measuring thread's CPU time:
+        on a shared machine other processes' load does not count; needs
+        ``threads=1`` on a CPU device, where every kernel runs in that thread).
     """
 
     sizes: list[SizeSpec] = field(default_factory=lambda: [SIZES["S"], SIZES["M"], SIZES["L"], SIZES["LSTM"]])
@@ -40,6 +44,7 @@ class BenchOptions:
     chunk_s: float = 0.25
     warmup_steps: int = 3
     threads: Optional[int] = None
+    clock: str = "wall"
     command: str = ""
 
     def __post_init__(self) -> None:
@@ -48,6 +53,12 @@ class BenchOptions:
             raise ValueError(f"repeats={self.repeats!r}: expected an integer >= 1")
         if self.threads is not None and not (isinstance(self.threads, int) and self.threads >= 1):
             raise ValueError(f"threads={self.threads!r}: expected an integer >= 1")
+        if self.clock not in CLOCKS:
+            raise ValueError(f"clock={self.clock!r}: expected one of {', '.join(CLOCKS)}")
+        if self.clock == "cpu" and self.threads != 1:
+            raise ValueError(
+                "--clock cpu counts the measuring thread's CPU time, so every kernel must run in that thread: add --threads 1"
+            )
         if not self.chunk_s > 0:
             raise ValueError(f"chunk_s={self.chunk_s!r}: expected seconds > 0")
 
@@ -65,6 +76,11 @@ def parse_precisions(values: Any) -> list[str]:
             f"--precisions: unknown precision(s) {', '.join(unknown) or '(none given)'}; expected some of {', '.join(PRECISIONS)}"
         )
     return list(dict.fromkeys(names))
+
+
+def check_clock(clock: str, device: torch.device) -> None:
+    if clock == "cpu" and device.type != "cpu":
+        raise ValueError(f"--clock cpu measures CPU time, which misses the {device.type} kernels' time: use --clock wall on {device}")
 
 
 def pick_device(requested: Optional[str]) -> torch.device:

@@ -12,7 +12,7 @@ from ..precision import REDUCED_MODES
 from ..telemetry import get_logger
 from .harness import Cell, build_cell, calibrate, prime_cell, run_quality, time_pair
 from .models import make_task
-from .options import BenchOptions, not_applicable_reason, pick_device
+from .options import BenchOptions, check_clock, not_applicable_reason, pick_device
 from .stamp import device_header
 
 REDUCED = {m.value for m in REDUCED_MODES}
@@ -38,6 +38,7 @@ def run_benchmark(options: BenchOptions, progress: Optional[ProgressFn] = None) 
     """Measure every cell; returns ``{"header", "rows", "not_applicable", "failed", "summary"}``."""
     log = get_logger("genesis_fp16.bench")
     device = pick_device(options.device)
+    check_clock(options.clock, device)
     threads_before = torch.get_num_threads()
     if options.threads:
         torch.set_num_threads(options.threads)
@@ -93,7 +94,7 @@ def _run(options: BenchOptions, device: torch.device, progress: Optional[Progres
             # rotate the precision order and swap raw/ours every repeat
             for k in range(len(cells)):
                 cell = cells[(k + r) % len(cells)]
-                time_pair(cell, ours_first=bool(r % 2))
+                time_pair(cell, ours_first=bool(r % 2), clock=options.clock)
                 tick(f"{spec.name} {cell.precision}: repeat {r + 1}/{options.repeats}")
         size_rows = [_row(cell) for cell in cells]
         _relative_to_fp32(size_rows)

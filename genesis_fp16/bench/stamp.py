@@ -60,6 +60,7 @@ def device_header(options: BenchOptions, device: torch.device) -> dict[str, Any]
         "cpu_count": os.cpu_count(),
         "cpu_flags": flags,
         "torch_threads": torch.get_num_threads(),
+        "clock": options.clock,
         "torch_version": torch.__version__,
         "cuda_version": torch.version.cuda,
         "cuda_available": torch.cuda.is_available(),
