@@ -133,6 +133,7 @@ def make_imagine(
 
     def imagine(params: np.ndarray) -> np.ndarray:
         returns = world_model.imagine(policy, params, start_obs, horizon, project=project, terminated=task.task.termination)
-        return returns.mean(dim=1).numpy().astype(float)
+        scores = returns.mean(dim=1).numpy().astype(float)
+        return np.where(np.isfinite(scores), scores, -1e30)  # a diverged imagined rollout ranks last
 
     return imagine

@@ -226,7 +226,8 @@ def imagined_returns(
             obs = obs + out[..., :obs_dim]
             if project is not None:
                 obs = project(obs)
-            total += weight * alive * out[..., obs_dim]
+            # a terminated rollout adds nothing, even where its imagined state has diverged (0 * inf)
+            total += weight * torch.where(alive > 0, alive * out[..., obs_dim], torch.zeros_like(alive))
             weight *= discount
             if terminated is not None:
                 alive = alive * (~terminated(obs)).float()

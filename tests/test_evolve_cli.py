@@ -206,3 +206,10 @@ def test_sigterm_is_handled_like_ctrl_c(tmp_path, state_dir):
         proc.kill()
         proc.wait(timeout=120)
         kill_all(family)
+
+
+def test_list_tasks():
+    result = runner.invoke(app, ["evolve", "--list-tasks"])
+    assert result.exit_code == 0, result.output
+    assert "InvertedPendulum-v5" in result.output and "MountainCarContinuous-v0" in result.output
+    assert "any other gymnasium id" in result.output

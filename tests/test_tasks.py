@@ -102,3 +102,20 @@ async def test_failing_candidates_are_charged_and_reported(state_dir):
     assert failed and all("raised in step" in f["error"] for f in failed)
     assert report["real_episodes"] <= 12 and report["env_steps"] <= 5 * report["real_episodes"]
     assert report["env"] == "ExplodingDrift" and report["config"]["policy"] == "linear"
+
+
+def test_pyproject_lists_the_builtins_in_the_entry_point_group():
+    import sys
+    from pathlib import Path
+
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:
+        import tomli as tomllib
+    from agents.tasks.builtin import BUILTIN
+
+    group = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())["project"]["entry-points"][GROUP]
+    assert set(group) == set(BUILTIN)
+    for name, target in group.items():
+        module, _, attr = target.partition(":")
+        assert module == "agents.tasks.builtin" and BUILTIN[name].__name__ == attr
