@@ -117,8 +117,8 @@ class SEDarwinAgent(RunRecord):
         torch.manual_seed(self.config.seed)
         guard = RollbackGuard(self.config.wm_agent, settings=self.settings)
         return WorldModel(
-            self.task.policy.obs_dim, self.task.policy.act_dim, done_head=self.task.learns_termination, buffer=self.buffer, agent=self.config.wm_agent, data_agent=self.data_agent,
-            guard=guard, settings=self.settings, precision=self.config.precision, seed=self.config.seed,
+            self.task.policy.obs_dim, self.task.policy.act_dim, done_head=self.task.learns_termination, buffer=self.buffer,
+            agent=self.config.wm_agent, data_agent=self.data_agent, guard=guard, settings=self.settings, precision=self.config.precision, seed=self.config.seed,
             checkpoint_dir=Path(self.settings.state_dir) / "world_model" / self.run_id,
         )
 
@@ -129,7 +129,8 @@ class SEDarwinAgent(RunRecord):
         cfg = self.config
         if self._imagined_starts is None:
             self._imagined_starts = ImaginedStarts(self.task, self.starts.train, cfg.seed, cfg.extra_imagined_starts)
-        return make_imagine(self.world_model, self.task, self._imagined_starts, generation=generation, horizon=cfg.horizon or self.task.episode_steps)
+        horizon = cfg.horizon or self.task.episode_steps
+        return make_imagine(self.world_model, self.task, self._imagined_starts, generation=generation, horizon=horizon)
 
     def _propose(self, generation: int) -> list[Candidate]:
         return propose(self.pool, self.rng, self.config, generation, self._imagine_fn(generation), n_params=self.task.n_params)

@@ -119,3 +119,12 @@ def test_pyproject_lists_the_builtins_in_the_entry_point_group():
     for name, target in group.items():
         module, _, attr = target.partition(":")
         assert module == "agents.tasks.builtin" and BUILTIN[name].__name__ == attr
+
+
+async def test_cma_baseline_takes_the_task():
+    from agents.cma_baseline import run_cma_baseline
+
+    task = Task(env_id="Drift", env_factory=task_envs.drift, target=10.0, n_train=2, n_heldout=2)  # -|x| never reaches 10
+    report = await run_cma_baseline(EvolveConfig(budget=6, init_candidates=2, workers=1, eval_timeout_s=60), task=task)
+    assert report["env"] == "Drift" and report["real_episodes"] == 6 and report["env_steps"] == 6 * 5
+    assert report["heldout_episodes"] == 2 and report["failed_candidates"] == [] and not report["target_reached"]
