@@ -79,11 +79,13 @@ class SEDarwinAgent(RunRecord):
         self.data_agent = f"{self.config.agent}:{self.run_id}"  # one run's data never trains another run's model
         self.buffer = buffer or ReplayBuffer(settings=self.settings)
         self.starts = self.task.start_states(self.config.seed)
-        self._imagined_starts: Optional[ImaginedStarts] = None
         self.rng = np.random.default_rng(self.config.seed)
         self.world_model = world_model
         if self.config.use_world_model and self.world_model is None:
             self.world_model = self._make_world_model()
+        self._imagined_starts: Optional[ImaginedStarts] = None
+        if self.world_model is not None:  # resets only, no real episode; an env failing there fails here, before any
+            self._imagined_starts = ImaginedStarts(self.task, self.starts.train, self.config.seed, self.config.extra_imagined_starts)
         self.evaluator = evaluator or Evaluator(
             self.task,
             workers=self.config.workers,
@@ -124,11 +126,9 @@ class SEDarwinAgent(RunRecord):
 
     # -- model-side helpers ---------------------------------------------------------------
     def _imagine_fn(self, generation: int) -> Optional[ImagineFn]:
-        if self.world_model is None:
+        if self.world_model is None or self._imagined_starts is None:
             return None
         cfg = self.config
-        if self._imagined_starts is None:
-            self._imagined_starts = ImaginedStarts(self.task, self.starts.train, cfg.seed, cfg.extra_imagined_starts)
         horizon = cfg.horizon or self.task.episode_steps
         return make_imagine(self.world_model, self.task, self._imagined_starts, generation=generation, horizon=horizon)
 

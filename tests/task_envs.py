@@ -45,3 +45,16 @@ class Camera(Drift):
 
 def camera() -> gym.Env:
     return Camera()
+
+
+class BrokenReset(Drift):
+    def reset(self, *, seed=None, options=None):
+        raise OSError("simulator license server unreachable")
+
+
+def broken_reset() -> gym.Env:
+    return BrokenReset()
+
+
+def broken_make() -> gym.Env:
+    raise ConnectionError("no simulator on port 7000")

@@ -128,3 +128,15 @@ async def test_cma_baseline_takes_the_task():
     report = await run_cma_baseline(EvolveConfig(budget=6, init_candidates=2, workers=1, eval_timeout_s=60), task=task)
     assert report["env"] == "Drift" and report["real_episodes"] == 6 and report["env_steps"] == 6 * 5
     assert report["heldout_episodes"] == 2 and report["failed_candidates"] == [] and not report["target_reached"]
+
+
+async def test_env_raising_in_reset_or_make(state_dir):
+    with pytest.raises(TaskError, match="'Broken' raised when made: ConnectionError: no simulator"):
+        Task(env_id="Broken", env_factory=task_envs.broken_make, target=0.0).resolve()
+    task = Task(env_id="BrokenReset", env_factory=task_envs.broken_reset, target=0.0, n_train=2, n_heldout=2)
+    with pytest.raises(TaskError, match="raised in reset: OSError: simulator license"):  # the world model's start states: before any episode
+        SEDarwinAgent(EvolveConfig(budget=4, init_candidates=2, workers=1), task=task, settings=load_settings())
+    agent = SEDarwinAgent(EvolveConfig(budget=4, init_candidates=2, workers=1, use_world_model=False), task=task, settings=load_settings())
+    report = await agent.evolve()  # every candidate charged and skipped, the report says why
+    assert report["real_episodes"] == 4 and report["heldout_return"] is None
+    assert len(report["failed_candidates"]) == 3 and all("raised in reset" in f["error"] for f in report["failed_candidates"])

@@ -77,17 +77,18 @@ class Task:
     description: str = ""
 
     def make_env(self) -> "gym.Env":
-        if self.env_factory is not None:
-            return self.env_factory()
+        """The env, in this process; TaskError when it cannot be made."""
         import gymnasium as gym
 
         try:
-            return gym.make(self.env_id, **dict(self.env_kwargs))
-        except gym.error.Error as exc:  # unknown id, missing dependency (e.g. mujoco), bad kwargs
+            return self.env_factory() if self.env_factory is not None else gym.make(self.env_id, **dict(self.env_kwargs))
+        except gym.error.Error as exc:  # unknown id, missing dependency (e.g. mujoco)
             raise TaskError(
                 f"env {self.env_id!r} cannot be made ({type(exc).__name__}: {exc}); expected a gymnasium id such as "
                 "'InvertedPendulum-v5' (genesis-fp16 evolve --list-tasks lists the built-in tasks)"
             ) from None
+        except Exception as exc:  # bad kwargs, or the factory itself failed
+            raise TaskError(f"env {self.env_id!r} raised when made: {type(exc).__name__}: {exc}") from None
 
     def resolve(self, *, target: Optional[float] = None, policy: Optional[str] = None, episode_steps: Optional[int] = None) -> "ResolvedTask":
         """Open the env once and check it; arguments override the task's own."""
