@@ -403,8 +403,7 @@ class WorldModel:
 
         ``params`` is (P, D); ``start_obs`` is (S, obs_dim), or (obs_dim,) for
         one start state (the result is then (P, 1)). A rollout stops at
-        termination: ``terminated(obs)`` where given, else the done head of a
-        model built with ``done_head=True``."""
+        ``terminated(obs)``, else a ``done_head`` model's survival probability weighs it."""
         self._require_trained()
         return imagined_returns(self.model, policy, params, start_obs, horizon, project=project, discount=discount, terminated=terminated)
 
@@ -413,7 +412,5 @@ class WorldModel:
         project: Optional[ProjectFn] = None, discount: float = 1.0, terminated: Optional[TerminationFn] = None,
     ) -> torch.Tensor:
         async with self._lock:
-            return await asyncio.to_thread(
-                self.imagine, policy, params, start_obs, horizon, project=project, discount=discount, terminated=terminated
-            )
+            return await asyncio.to_thread(self.imagine, policy, params, start_obs, horizon, project=project, discount=discount, terminated=terminated)
 
