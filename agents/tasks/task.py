@@ -105,7 +105,7 @@ class Task:
             env.close()
         for role, space in (("observation", obs_space), ("action", act_space)):
             if not isinstance(space, gym.spaces.Box) or len(space.shape) != 1:
-                kind = "an image" if isinstance(space, gym.spaces.Box) and len(space.shape) >= 2 else type(space).__name__
+                kind = "an image" if isinstance(space, gym.spaces.Box) and len(space.shape) >= 2 else f"a {type(space).__name__} space"
                 raise TaskError(
                     f"env {self.env_id!r}: its {role} space {space} is {kind}; expected a flat Box (a vector of floats): "
                     "the loop's policies map an observation vector to an action vector. Pick a continuous-control task, "
