@@ -1,4 +1,4 @@
-"""``genesis-fp16 evolve``: the evolution loop on the embedded Pendulum task."""
+"""``genesis-fp16 evolve``: the evolution loop on a task (Pendulum-v1 by default)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import typer
 
 from genesis_fp16.settings import PrecisionMode
 
-from .pendulum_task import N_TRAIN_STARTS
+from .tasks.pendulum import N_TRAIN_STARTS
 
 MIN_BUDGET = N_TRAIN_STARTS  # EvolveConfig.validate: one full evaluation, every training start state
 
@@ -72,9 +72,40 @@ def _safe_data(agent: Any) -> str:
     )
 
 
+def _list_tasks(value: bool) -> None:
+    """--list-tasks: the registered task names, then exit."""
+    if not value:
+        return
+    from genesis_fp16.cli import fail, safe_text
+    from genesis_fp16.extras import require
+
+    from .evolve_config import EVOLVE
+    from .tasks import TaskError, task_names
+
+    require("gymnasium", EVOLVE)
+    try:
+        names = task_names()
+    except TaskError as exc:
+        raise fail(str(exc))
+    for name, description in names.items():
+        typer.echo(safe_text(f"{name:<28} {description}"))
+    typer.echo("any other gymnasium id with a flat Box observation and a Box action works too (--target R where its spec has no reward_threshold)")
+    raise typer.Exit(0)
+
+
 def evolve(
     ctx: typer.Context,
-    env: str = typer.Option("Pendulum-v1", "--env", help="Environment of the embedded task (Pendulum-v1)."),
+    env: str = typer.Option(
+        "Pendulum-v1", "--env", help="Task name (--list-tasks) or any gymnasium id with Box observations and actions."
+    ),
+    target: Optional[float] = typer.Option(
+        None, "--target", help="Mean training return that counts as solved; default: the task's, else the env spec's reward_threshold."
+    ),
+    policy: Optional[str] = typer.Option(None, "--policy", help="Policy family: linear or mlp:H (e.g. mlp:8); default: the task's."),
+    episode_steps: Optional[int] = typer.Option(
+        None, "--episode-steps", min=1, help="Steps per real episode; default: the task's, else the env spec's max_episode_steps."
+    ),
+    list_tasks: bool = typer.Option(False, "--list-tasks", is_eager=True, callback=_list_tasks, help="List the registered tasks and exit."),
     budget: int = typer.Option(
         200, "--budget", min=MIN_BUDGET, help=f"Real episodes the search may spend (at least {MIN_BUDGET}: one full evaluation)."
     ),
@@ -92,7 +123,7 @@ def evolve(
         help="Continue an interrupted run (ids: genesis-fp16 state list) with its own options; --budget may change its budget.",
     ),
 ) -> None:
-    """Evolve a Pendulum policy: the SE-Darwin loop with an FP16/BF16 world model (or a baseline)."""
+    """Evolve a policy for a task: the SE-Darwin loop with an FP16/BF16 world model (or a baseline)."""
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
     from rich.table import Table
@@ -119,12 +150,18 @@ def evolve(
         precision=precision.value if precision is not None else None,
         use_world_model=not no_world_model,
         workers=workers,
+        target=target,
+        policy=policy,
+        episode_steps=episode_steps,
     )
     require("gymnasium", EVOLVE)  # before any output: a missing extra is one error line
     if baseline == Baseline.cma or not no_world_model:
         require("cma", EVOLVE)
     try:
-        config.validate()
+        if resume is None:
+            config = config.resolve()[0]  # the task checked (env id, spaces, target) before any output
+        else:
+            config.validate()
         # before any episode: a bad state dir or output path must not lose the run
         prepare_dir(settings.state_dir, name=env_name("state_dir"))
         if json_path is not None:
@@ -137,7 +174,8 @@ def evolve(
     agent = None
     if resume is not None:
         agent = _resumed_agent(ctx, resume, settings, baseline=baseline, env=env, seed=seed, precision=precision,
-                               no_world_model=no_world_model, budget=budget, workers=workers)
+                               no_world_model=no_world_model, budget=budget, workers=workers, target=target, policy=policy,
+                               episode_steps=episode_steps)
         budget, seed, no_world_model = agent.config.budget, agent.config.seed, not agent.config.use_world_model
 
     import torch
@@ -210,13 +248,16 @@ def evolve(
     rows = [
         ("target reached", f"{report['target_reached']} (target {report['target']:.0f})"),
         ("real episodes", f"{report['real_episodes']} of {report['budget']}"),
+        ("real env steps", str(report["env_steps"])),
         ("episodes to target", str(report["episodes_to_target"]) if report["episodes_to_target"] is not None else "-"),
-        ("train return (16 start states)", _fmt(report["train_return"])),
-        ("held-out return (20 start states)", _fmt(report["heldout_return"])),
+        ("train return", _fmt(report["train_return"])),
+        (f"held-out return ({report['heldout_episodes']} start states)", _fmt(report["heldout_return"])),
         ("world-model precision", str(report["precision"])),
         ("generations", str(len(report["generations"]))),
         ("wall time (s)", f"{report['wall_s']:.1f}"),
     ]
+    for failure in report.get("failed_candidates", []):
+        rows.append((f"skipped {failure['candidate']}", failure["error"]))
     if report.get("replay_db"):
         rows.append(("replay buffer", report["replay_db"]))
     if report.get("run_id"):
@@ -251,7 +292,8 @@ def _resumed_agent(ctx: typer.Context, run_id: str, settings: Any, *, baseline: 
     if baseline == Baseline.cma:
         raise fail("--resume continues an SE-Darwin run; a --baseline cma run keeps no state to resume")
     explicit = {name: value for name, value in given.items() if ctx.get_parameter_source(name).name != "DEFAULT"}
-    as_config = {"env": "env_id", "seed": "seed", "precision": "precision", "no_world_model": "use_world_model"}
+    as_config = {"env": "env_id", "seed": "seed", "precision": "precision", "no_world_model": "use_world_model", "target": "target",
+                 "policy": "policy", "episode_steps": "episode_steps"}
     options = {as_config[k]: v for k, v in explicit.items() if k in as_config}
     if "precision" in options:
         options["precision"] = options["precision"].value

@@ -13,25 +13,27 @@ import numpy as np
 from genesis_fp16.extras import require
 from genesis_fp16.telemetry import get_logger
 
-from . import pendulum_task as task
-from .evaluation import Evaluator
+from .evaluation import EvaluationError, Evaluator
 from .evolve_config import EVOLVE, EvolveConfig
+from .tasks import Task
 
-async def run_cma_baseline(config: Optional[EvolveConfig] = None, *, evaluator: Optional[Evaluator] = None,
+async def run_cma_baseline(config: Optional[EvolveConfig] = None, *, task: Optional[Task] = None, evaluator: Optional[Evaluator] = None,
                            on_generation: Optional[Callable[[dict[str, Any]], None]] = None) -> dict[str, Any]:
     """Plain CMA-ES (the ``cma`` package) on real returns under the same
     real-episode budget: each candidate is scored on all training start
-    states, exactly the objective the loop's target is defined on."""
-    cfg = config or EvolveConfig()
-    cfg.validate()
+    states, exactly the objective the loop's target is defined on. A
+    candidate whose evaluation fails (timeout, memory limit, the env raised)
+    is charged, scored -inf and recorded in ``failed_candidates``."""
     cma = require("cma", EVOLVE)
     require("gymnasium", EVOLVE)
+    cfg, resolved = (config or EvolveConfig()).resolve(task)
     log = get_logger("agents.se_darwin", agent="cma_baseline")
-    starts = task.start_states(cfg.seed)
-    evaluator = evaluator or Evaluator(cfg.env_id, workers=cfg.workers, timeout_s=cfg.eval_timeout_s, memory_limit_mb=cfg.eval_memory_mb)
+    starts = resolved.start_states(cfg.seed)
+    evaluator = evaluator or Evaluator(resolved, workers=cfg.workers, timeout_s=cfg.eval_timeout_s, memory_limit_mb=cfg.eval_memory_mb)
     started = time.perf_counter()
-    es = cma.CMAEvolutionStrategy(np.zeros(task.N_PARAMS), 0.5, {"seed": cfg.seed + 1, "verbose": -9})
-    episodes, generation, reached_at = 0, 0, None
+    es = cma.CMAEvolutionStrategy(np.zeros(resolved.n_params), 0.5, {"seed": cfg.seed + 1, "verbose": -9})
+    episodes, env_steps, generation, reached_at = 0, 0, 0, None
+    failures: list[dict[str, Any]] = []
     best_x, best_f = None, -math.inf
     generations = []
     per_candidate = len(starts.train)
@@ -42,8 +44,15 @@ async def run_cma_baseline(config: Optional[EvolveConfig] = None, *, evaluator: 
             for x in xs:
                 if episodes + per_candidate > cfg.budget:
                     break
-                res = await asyncio.to_thread(evaluator.evaluate, x, starts.train)
                 episodes += per_candidate
+                try:
+                    res = await asyncio.to_thread(evaluator.evaluate, x, starts.train)
+                except EvaluationError as exc:
+                    log.warning("evolve.candidate_failed", candidate=f"cma-g{generation}-{len(scores)}", error=str(exc))
+                    failures.append({"candidate": f"cma-g{generation}-{len(scores)}", "generation": generation, "error": str(exc)})
+                    scores.append(float("-inf"))
+                    continue
+                env_steps += res.env_steps
                 scores.append(res.mean_return)
                 if res.mean_return > best_f:
                     best_x, best_f = np.asarray(x), res.mean_return
@@ -51,7 +60,7 @@ async def run_cma_baseline(config: Optional[EvolveConfig] = None, *, evaluator: 
                     reached_at = episodes
                     break
             if len(scores) == len(xs):
-                es.tell(xs, [-s for s in scores])
+                es.tell(xs, [-s if np.isfinite(s) else 1e300 for s in scores])
             record = {"generation": generation, "real_episodes": episodes, "best_return": best_f, "wm_val_loss": None, "precision": "none"}
             generations.append(record)
             log.info("evolve.generation", generation=generation, real_episodes=episodes, best_return=best_f, wm_val_loss=None, precision="none")
@@ -68,6 +77,7 @@ async def run_cma_baseline(config: Optional[EvolveConfig] = None, *, evaluator: 
         "budget": cfg.budget,
         "target": cfg.target,
         "real_episodes": episodes,
+        "env_steps": env_steps,
         "episodes_to_target": reached_at,
         "target_reached": reached_at is not None,
         "train_return": best_f if best_x is not None else None,
@@ -77,5 +87,6 @@ async def run_cma_baseline(config: Optional[EvolveConfig] = None, *, evaluator: 
         "wall_s": time.perf_counter() - started,
         "stop_reason": "target" if reached_at is not None else "budget",
         "generations": generations,
+        "failed_candidates": failures,
         "config": asdict(cfg),
     }

@@ -27,7 +27,7 @@ import numpy as np
 from genesis_fp16.extras import require
 from genesis_fp16.telemetry import get_logger
 
-from . import pendulum_task
+from .tasks import EnvFailure, ResolvedTask, run_episodes
 from .worker_limits import init_worker
 
 T = TypeVar("T")
@@ -45,6 +45,10 @@ class EvaluationMemoryError(EvaluationError):
     """A real evaluation went over its worker's memory limit."""
 
 
+class EvaluationEnvError(EvaluationError):
+    """The task's environment raised in make, reset or step."""
+
+
 @dataclass
 class Evaluation:
     returns: list[float]
@@ -54,14 +58,19 @@ class Evaluation:
     def mean_return(self) -> float:
         return float(np.mean(self.returns)) if self.returns else float("-inf")
 
+    @property
+    def env_steps(self) -> int:
+        """Real env steps of these episodes."""
+        return sum(len(ep["reward"]) for ep in self.episodes if "reward" in ep)
+
 
 class Evaluator:
-    """``evaluate(params, states)`` runs one real episode per start state,
-    split over ``workers`` processes."""
+    """``evaluate(params, states)`` runs one real episode per start state of
+    ``task`` (default: the built-in Pendulum task), split over ``workers`` processes."""
 
     def __init__(
         self,
-        env_id: str = pendulum_task.ENV_ID,
+        task: Optional[ResolvedTask] = None,
         workers: int = 2,
         timeout_s: float = 60.0,
         memory_limit_mb: Optional[int] = 2048,
@@ -72,8 +81,13 @@ class Evaluator:
             raise ValueError(f"timeout_s={timeout_s}: expected > 0")
         if memory_limit_mb is not None and memory_limit_mb < 1:
             raise ValueError(f"memory_limit_mb={memory_limit_mb}: expected >= 1 or None (no limit)")
-        require("gymnasium", "real episodes of the embedded task")  # here, not in the workers: they never import torch
-        self.env_id = env_id
+        require("gymnasium", "real episodes of the evolution loop")  # here, not in the workers: they never import torch
+        if task is None:
+            from .tasks.builtin import pendulum
+
+            task = pendulum().resolve()
+        self.task = task
+        self.spec = task.episode_spec
         self.workers = workers
         self.timeout_s = timeout_s
         self.memory_limit_mb = memory_limit_mb
@@ -145,6 +159,12 @@ class Evaluator:
                 raise EvaluationMemoryError(
                     f"real evaluation of {n} episodes went over the worker memory limit ({self.memory_limit_mb} MiB)"
                 ) from None
+            except EnvFailure as exc:  # the env raised: the workers are fine, the pool stays
+                n = sum(len(s) for _, s in jobs)
+                self._log.warning("evolve.evaluation_env_error", episodes=n, error=str(exc))
+                for _, _, fut in submitted:
+                    fut.cancel()
+                raise EvaluationEnvError(f"real evaluation of {n} episodes failed: {exc}") from None
             except BaseException:
                 self._kill_pool()
                 raise
@@ -171,15 +191,7 @@ class Evaluator:
             for w in range(self.workers):
                 idx = list(range(len(states)))[w :: self.workers]
                 if idx:
-                    fut = pool.submit(
-                        pendulum_task.run_episodes,
-                        plist,
-                        [states[i] for i in idx],
-                        self.env_id,
-                        pendulum_task.EPISODE_STEPS,
-                        hang_seconds,
-                        alloc_mb,
-                    )
+                    fut = pool.submit(run_episodes, self.spec, plist, [states[i] for i in idx], hang_seconds, alloc_mb)
                     submitted.append((j, idx, fut))
         return submitted
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from typing import Any, Optional
 
 import numpy as np
@@ -10,8 +10,8 @@ import numpy as np
 from genesis_fp16.precision import parse_mode
 from genesis_fp16.settings import PrecisionMode
 
-from . import pendulum_task as task
 from .runs import RunError
+from .tasks import ResolvedTask, Task, TaskError, get_task
 
 # what needs the optional packages, in a missing extra's error
 EVOLVE = "genesis-fp16 evolve"
@@ -21,16 +21,16 @@ EVOLVE = "genesis-fp16 evolve"
 class EvolveConfig:
     """Options of the evolution loop (the CLI's flags map onto these)."""
 
-    env_id: str = task.ENV_ID
+    env_id: str = "Pendulum-v1"  # a task name (genesis-fp16 evolve --list-tasks) or any gymnasium id
     budget: int = 200  # real episodes, the only currency that counts
     seed: int = 0
     precision: Optional[str] = None  # None: settings and the agent's profile decide
     use_world_model: bool = True
-    target: float = task.TARGET_RETURN
+    target: Optional[float] = None  # None: the task's, else the env spec's reward_threshold
     init_candidates: int = 8  # generation 0: random policies, one real episode each
     eval_top_k: int = 1  # candidates per generation that get real evaluations
     extra_imagined_starts: int = 16  # random start states only the model sees (regularises the search)
-    horizon: int = task.EPISODE_STEPS
+    horizon: Optional[int] = None  # imagined steps; None: the episode length
     wm_steps: int = 800  # optimizer steps per generation
     popsize: int = 16  # CMA-ES population inside the model
     refine_iters: int = 30
@@ -44,13 +44,28 @@ class EvolveConfig:
     eval_memory_mb: Optional[int] = 2048  # address space an evaluation worker may add; None: no limit
     agent: str = "se_darwin"
     wm_agent: str = "world_model"
+    policy: Optional[str] = None  # linear or mlp:H; None: the task's
+    episode_steps: Optional[int] = None  # None: the task's, else the env spec's max_episode_steps
+
+    def resolve(self, task: Optional[Task] = None) -> tuple["EvolveConfig", ResolvedTask]:
+        """The task (``task``, else the one ``env_id`` names), checked, and this
+        config with its target, policy, episode length and horizon filled in
+        from it. Raises ValueError (TaskError) saying what to fix."""
+        self.validate()
+        resolved = (task or get_task(self.env_id)).resolve(target=self.target, policy=self.policy, episode_steps=self.episode_steps)
+        cfg = replace(
+            self, env_id=resolved.env_id, target=resolved.target, policy=resolved.policy.name, episode_steps=resolved.episode_steps,
+            horizon=self.horizon or resolved.episode_steps,
+        )
+        n_train = len(resolved.start_states(cfg.seed).train)
+        if cfg.budget < n_train:
+            raise TaskError(f"budget={cfg.budget}: expected at least {n_train} real episodes (one full evaluation on {cfg.env_id}'s training start states)")
+        return cfg, resolved
 
     def validate(self) -> None:
         problems = []
-        if self.env_id != task.ENV_ID:
-            problems.append(f"env {self.env_id!r}: the embedded task supports {task.ENV_ID!r} only")
-        if self.budget < task.N_TRAIN_STARTS:
-            problems.append(f"budget={self.budget}: expected at least {task.N_TRAIN_STARTS} real episodes (one full evaluation)")
+        if self.budget < 1:
+            problems.append(f"budget={self.budget}: expected at least one real episode")
         if self.init_candidates > self.budget:
             problems.append(
                 f"init_candidates={self.init_candidates}: generation 0 spends one real episode per initial candidate; "
@@ -62,8 +77,8 @@ class EvolveConfig:
             except ValueError:
                 problems.append(f"precision={self.precision!r}: expected one of {', '.join(m.value for m in PrecisionMode)}")
         counts = {"init_candidates": self.init_candidates, "eval_top_k": self.eval_top_k, "popsize": self.popsize,
-                  "workers": self.workers, "horizon": self.horizon}
-        problems += [f"{name}={value}: expected >= 1" for name, value in counts.items() if value < 1]
+                  "workers": self.workers, "horizon": self.horizon, "episode_steps": self.episode_steps}
+        problems += [f"{name}={value}: expected >= 1" for name, value in counts.items() if value is not None and value < 1]
         if problems:
             raise ValueError("invalid evolve options: " + "; ".join(problems))
 

@@ -40,6 +40,7 @@ def generation_record(
 
 def run_report(
     cfg: EvolveConfig, *, best: Optional[Candidate], heldout: Optional[Evaluation], heldout_episodes: int, real_episodes: int,
+    env_steps: int, failures: list[dict[str, Any]],
     reached_at: Optional[int], precision: str, wall_s: float, stop_reason: str, generations: list[dict[str, Any]],
     run_id: str, replay_db: str, run_manifest: str, resumed_from: Optional[dict[str, Any]],
 ) -> dict[str, Any]:
@@ -50,6 +51,7 @@ def run_report(
         "budget": cfg.budget,
         "target": cfg.target,
         "real_episodes": real_episodes,
+        "env_steps": env_steps,  # of the episodes that finished (a lost candidate's steps are not known)
         "episodes_to_target": reached_at,
         "target_reached": reached_at is not None,
         "train_return": best.real_return if best and best.full else None,
@@ -60,6 +62,7 @@ def run_report(
         "wall_s": wall_s,
         "stop_reason": stop_reason,
         "generations": generations,
+        "failed_candidates": failures,  # charged and skipped: {candidate, generation, error}
         "run_id": run_id,
         "replay_db": replay_db,
         "run_manifest": run_manifest,

@@ -6,18 +6,18 @@ can run them on a synthetic objective.
 
 from __future__ import annotations
 
-import math
 from typing import TYPE_CHECKING, Callable, Optional, Sequence
 
 import numpy as np
 
 from genesis_fp16.extras import require
 
-from . import pendulum_task as task
 from .evolve_config import EVOLVE, Candidate, EvolveConfig
 
 if TYPE_CHECKING:
     from infrastructure.world_model import WorldModel
+
+    from .tasks import ImaginedStarts, ResolvedTask
 
 ImagineFn = Callable[[np.ndarray], np.ndarray]  # (P, D) params -> (P,) predicted mean return
 
@@ -28,7 +28,8 @@ def pool_failing(pool: Sequence[Candidate], target: float) -> bool:
 
 
 def best_of(pool: Sequence[Candidate]) -> Optional[Candidate]:
-    scored = [c for c in pool if c.real_return is not None]
+    # a candidate lost to a failed evaluation (-inf) is never the best
+    scored = [c for c in pool if c.real_return is not None and c.real_return > float("-inf")]
     if not scored:
         return None
     # a full evaluation outranks a single-episode score of the same value
@@ -36,7 +37,7 @@ def best_of(pool: Sequence[Candidate]) -> Optional[Candidate]:
 
 
 def revision(
-    pool: Sequence[Candidate], rng: np.random.Generator, *, target: float, imagine: Optional[ImagineFn] = None,
+    pool: Sequence[Candidate], rng: np.random.Generator, *, target: float, n_params: int, imagine: Optional[ImagineFn] = None,
     samples: int = 64, iters: int = 40, sigma: float = 1.0, popsize: int = 16, seed: int = 0,
 ) -> list[np.ndarray]:
     """New candidates where the pool is failing: a fresh start away from the
@@ -45,7 +46,7 @@ def revision(
     random policy. Returns [] when the pool already meets the target."""
     if not pool_failing(pool, target):
         return []
-    starts = rng.normal(0.0, 0.5, size=(samples if imagine is not None else 1, task.N_PARAMS))
+    starts = rng.normal(0.0, 0.5, size=(samples if imagine is not None else 1, n_params))
     if imagine is None:
         return [starts[0]]
     x0 = starts[int(np.argmax(imagine(starts)))]
@@ -82,10 +83,13 @@ def cma_in_model(x0: np.ndarray, sigma: float, imagine: ImagineFn, *, iters: int
     return best if -float(es.result.fbest) >= start_score else np.asarray(x0, dtype=float)
 
 
-def propose(pool: Sequence[Candidate], rng: np.random.Generator, cfg: EvolveConfig, generation: int, imagine: Optional[ImagineFn]) -> list[Candidate]:
+def propose(
+    pool: Sequence[Candidate], rng: np.random.Generator, cfg: EvolveConfig, generation: int, imagine: Optional[ImagineFn], *, n_params: int,
+) -> list[Candidate]:
     """One generation's proposals from the pool: refinement of the best,
     recombination of the two best fully evaluated, revision while the pool is
-    failing; ranked by imagined return, or shuffled without a model."""
+    failing; ranked by imagined return, or shuffled without a model.
+    ``n_params``: the task's policy size (fresh starts of revision)."""
     seed = cfg.seed * 1000 + generation * 10
     proposals: list[tuple[str, np.ndarray]] = []
     best = best_of(pool)
@@ -97,7 +101,7 @@ def propose(pool: Sequence[Candidate], rng: np.random.Generator, cfg: EvolveConf
         for x in recombination(full[0].params, full[1].params, rng, n=cfg.recombinations):
             proposals.append(("recombination", x))
     for x in revision(
-        pool, rng, target=cfg.target, imagine=imagine, samples=cfg.revision_samples,
+        pool, rng, target=float(cfg.target if cfg.target is not None else -np.inf), n_params=n_params, imagine=imagine, samples=cfg.revision_samples,
         iters=cfg.revision_iters, sigma=cfg.revision_sigma, popsize=cfg.popsize, seed=seed + 1,
     ):
         proposals.append(("revision", x))
@@ -113,18 +117,23 @@ def propose(pool: Sequence[Candidate], rng: np.random.Generator, cfg: EvolveConf
     return cands
 
 
-def make_imagine(world_model: WorldModel, train_starts: np.ndarray, *, seed: int, generation: int, extra_starts: int, horizon: int) -> ImagineFn:
+def make_imagine(
+    world_model: WorldModel, task: ResolvedTask, starts: ImaginedStarts, *, generation: int, horizon: int
+) -> ImagineFn:
     """The objective the operators search on: a policy's mean imagined return
-    over the training start states plus ``extra_starts`` random ones that only
-    the model sees, drawn per generation (they regularise the search)."""
-    from . import pendulum_model
+    over the training start states plus random ones that only the model sees,
+    drawn per generation (they regularise the search). Imagined rollouts use
+    the task's projection (else a clamp into the observation box) and stop at
+    its termination function (else the model's done head, if it has one)."""
+    from .tasks.torch_policy import BatchedPolicy, clamp_projection
 
-    g = np.random.default_rng([seed, generation, 7])
-    extra = np.stack([g.uniform(-math.pi, math.pi, extra_starts), g.uniform(-1, 1, extra_starts)], axis=1)
-    start_obs = task.observation(np.concatenate([train_starts, extra])).astype(np.float32)
+    start_obs = starts.for_generation(generation)
+    policy = BatchedPolicy(task.policy)
+    project = task.task.project or clamp_projection(task.obs_low, task.obs_high)
 
     def imagine(params: np.ndarray) -> np.ndarray:
-        returns = world_model.imagine(pendulum_model.batched_policy, params, start_obs, horizon, project=pendulum_model.project)
-        return returns.mean(dim=1).numpy().astype(float)
+        returns = world_model.imagine(policy, params, start_obs, horizon, project=project, terminated=task.task.termination)
+        scores = returns.mean(dim=1).numpy().astype(float)
+        return np.where(np.isfinite(scores), scores, -1e30)  # a diverged imagined rollout ranks last
 
     return imagine

@@ -22,7 +22,6 @@ import asyncio
 import os
 import time
 import uuid
-from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
 
@@ -33,13 +32,14 @@ from genesis_fp16.settings import Settings
 from genesis_fp16.telemetry import get_logger
 from infrastructure.replay_buffer import ReplayBuffer, trajectories_from_episodes
 
-from . import pendulum_task as task
 from . import runs
 from .cma_baseline import run_cma_baseline
-from .evaluation import Evaluation, EvaluationError, EvaluationTimeout, Evaluator
+from .evaluation import Evaluation, EvaluationEnvError, EvaluationError, EvaluationTimeout, Evaluator
 from .evolve_config import EVOLVE, Candidate, EvolveConfig, resumed_config
-from .evolve_report import SUMMARY_KEYS, generation_record, run_report
+from .evolve_report import generation_record, run_report
+from .run_record import RunRecord
 from .operators import ImagineFn, best_of, make_imagine, pool_failing, propose, recombination, refinement, revision
+from .tasks import ImaginedStarts, Task
 
 if TYPE_CHECKING:  # torch and the model load only when a run uses one
     from infrastructure.world_model import WorldModel
@@ -50,15 +50,17 @@ __all__ = [
 ]
 
 
-class SEDarwinAgent:
+class SEDarwinAgent(RunRecord):
     """Runs :meth:`evolve`. ``on_generation(record)`` is called after each
     committed generation (the CLI's progress display). :meth:`resume`
-    continues an interrupted run from its manifest (see ``agents.runs``)."""
+    continues an interrupted run from its manifest (see ``agents.runs``).
+    ``task``: what to evolve (default: the task ``config.env_id`` names)."""
 
     def __init__(
         self,
         config: Optional[EvolveConfig] = None,
         *,
+        task: Optional[Task] = None,
         settings: Optional[Settings] = None,
         buffer: Optional[ReplayBuffer] = None,
         world_model: Optional[WorldModel] = None,
@@ -68,22 +70,24 @@ class SEDarwinAgent:
     ) -> None:
         from genesis_fp16.settings import load_settings
 
-        self.config = config or EvolveConfig()
-        self.config.validate()
         require("gymnasium", EVOLVE)  # real episodes
+        self.config, self.task = (config or EvolveConfig()).resolve(task)
         if self.config.use_world_model:
             require("cma", EVOLVE)  # the operators' search inside the model
         self.settings = settings or load_settings()
         self.run_id = run_id or f"seed{self.config.seed}-{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:6]}"
         self.data_agent = f"{self.config.agent}:{self.run_id}"  # one run's data never trains another run's model
         self.buffer = buffer or ReplayBuffer(settings=self.settings)
-        self.starts = task.start_states(self.config.seed)
+        self.starts = self.task.start_states(self.config.seed)
         self.rng = np.random.default_rng(self.config.seed)
         self.world_model = world_model
         if self.config.use_world_model and self.world_model is None:
             self.world_model = self._make_world_model()
+        self._imagined_starts: Optional[ImaginedStarts] = None
+        if self.world_model is not None:  # resets only, no real episode; an env failing there fails here, before any
+            self._imagined_starts = ImaginedStarts(self.task, self.starts.train, self.config.seed, self.config.extra_imagined_starts)
         self.evaluator = evaluator or Evaluator(
-            self.config.env_id,
+            self.task,
             workers=self.config.workers,
             timeout_s=self.config.eval_timeout_s,
             memory_limit_mb=self.config.eval_memory_mb,
@@ -91,6 +95,8 @@ class SEDarwinAgent:
         self.on_generation = on_generation
         self.pool: list[Candidate] = []
         self.real_episodes = 0
+        self.env_steps = 0  # real env steps of the episodes that finished
+        self.failures: list[dict[str, Any]] = []  # candidates charged and skipped, and why
         self.generations: list[dict[str, Any]] = []
         self.generation = -1  # the last committed generation
         self.reached_at: Optional[int] = None  # real episodes spent when the target was met
@@ -113,23 +119,21 @@ class SEDarwinAgent:
         torch.manual_seed(self.config.seed)
         guard = RollbackGuard(self.config.wm_agent, settings=self.settings)
         return WorldModel(
-            task.OBS_DIM, task.ACT_DIM, buffer=self.buffer, agent=self.config.wm_agent, data_agent=self.data_agent,
-            guard=guard, settings=self.settings, precision=self.config.precision, seed=self.config.seed,
+            self.task.policy.obs_dim, self.task.policy.act_dim, done_head=self.task.learns_termination, buffer=self.buffer,
+            agent=self.config.wm_agent, data_agent=self.data_agent, guard=guard, settings=self.settings, precision=self.config.precision, seed=self.config.seed,
             checkpoint_dir=Path(self.settings.state_dir) / "world_model" / self.run_id,
         )
 
     # -- model-side helpers ---------------------------------------------------------------
     def _imagine_fn(self, generation: int) -> Optional[ImagineFn]:
-        if self.world_model is None:
+        if self.world_model is None or self._imagined_starts is None:
             return None
         cfg = self.config
-        return make_imagine(
-            self.world_model, self.starts.train, seed=cfg.seed, generation=generation, extra_starts=cfg.extra_imagined_starts,
-            horizon=cfg.horizon,
-        )
+        horizon = cfg.horizon or self.task.episode_steps
+        return make_imagine(self.world_model, self.task, self._imagined_starts, generation=generation, horizon=horizon)
 
     def _propose(self, generation: int) -> list[Candidate]:
-        return propose(self.pool, self.rng, self.config, generation, self._imagine_fn(generation))
+        return propose(self.pool, self.rng, self.config, generation, self._imagine_fn(generation), n_params=self.task.n_params)
 
     # -- the loop ------------------------------------------------------------------------------
     async def _real(self, params: np.ndarray, states: np.ndarray) -> Evaluation:
@@ -137,21 +141,43 @@ class SEDarwinAgent:
 
     async def _seed_generation(self) -> list[tuple[Candidate, Evaluation]]:
         cfg = self.config
-        params = task.random_params(self.rng, cfg.init_candidates, 1.0)
+        params = self.task.policy.random_params(self.rng, cfg.init_candidates, 1.0)
         n_train = len(self.starts.train)
         cands = []
         for k, p in enumerate(params):
             state = self.starts.train[(k * max(1, n_train // cfg.init_candidates)) % n_train]
             cands.append((Candidate(f"g0-{k}-seed", p, "seed", 0), state))
         out = []
-        results = await asyncio.to_thread(self.evaluator.evaluate_many, [(c.params, [s]) for c, s in cands])
+        try:
+            results: list[Optional[Evaluation]] = list(
+                await asyncio.to_thread(self.evaluator.evaluate_many, [(c.params, [s]) for c, s in cands])
+            )
+        except EvaluationEnvError:  # one by one, so only the candidates whose env raised are lost
+            results = [await self._real_or_charged(c, [s]) for c, s in cands]
         for (cand, _), res in zip(cands, results):
+            self.real_episodes += 1
+            if res is None:
+                continue
             cand.real_return = res.mean_return
             cand.real_episodes = 1
             cand.full = n_train == 1
-            self.real_episodes += 1
+            self.env_steps += res.env_steps
             out.append((cand, res))
         return out
+
+    async def _real_or_charged(self, cand: Candidate, states: np.ndarray) -> Optional[Evaluation]:
+        """A real evaluation, or None when it failed (timeout, memory limit, the
+        env raised): the candidate is then scored -inf, kept in the pool and
+        the failure recorded; the caller charges its episodes."""
+        try:
+            return await self._real(cand.params, states)
+        except EvaluationError as exc:
+            cand.real_return, cand.full = float("-inf"), True
+            event = "evolve.candidate_timeout" if isinstance(exc, EvaluationTimeout) else "evolve.candidate_failed"
+            self._log.warning(event, candidate=cand.id, error=str(exc))
+            self.failures.append({"candidate": cand.id, "generation": cand.generation, "error": str(exc)})
+            self.pool.append(cand)
+            return None
 
     async def evolve(self) -> dict[str, Any]:
         """Run (or, after :meth:`resume`, continue) the loop, then the held-out
@@ -201,17 +227,13 @@ class SEDarwinAgent:
             for cand in cands[: cfg.eval_top_k]:
                 if self.real_episodes + len(self.starts.train) > cfg.budget:
                     break
-                try:
-                    res = await self._real(cand.params, self.starts.train)
-                except EvaluationError as exc:  # a timeout or the worker memory limit
+                res = await self._real_or_charged(cand, self.starts.train)
+                if res is None:
                     self.real_episodes += len(self.starts.train)  # spent, even if lost
-                    cand.real_return, cand.full = float("-inf"), True
-                    event = "evolve.candidate_timeout" if isinstance(exc, EvaluationTimeout) else "evolve.candidate_failed"
-                    self._log.warning(event, candidate=cand.id, error=str(exc))
-                    self.pool.append(cand)
                     continue
                 cand.real_return, cand.real_episodes, cand.full = res.mean_return, len(res.returns), True
                 self.real_episodes += len(res.returns)
+                self.env_steps += res.env_steps
                 evaluated.append((cand, res))
                 if cand.real_return >= cfg.target and self.reached_at is None:
                     self.reached_at = self.real_episodes
@@ -255,70 +277,18 @@ class SEDarwinAgent:
         if self.on_generation is not None:
             self.on_generation(record)
 
-    # -- the run manifest (agents.runs): resume and retention ----------------------------
-    @property
-    def manifest_path(self) -> Path:
-        return runs.manifest_path(Path(self.settings.state_dir), self.run_id)
-
-    def _wall_s(self, started: float) -> float:
-        """Wall time of every session of this run so far."""
-        return self._prior_wall_s + time.perf_counter() - started
-
-    def _write_manifest(self, **fields: Any) -> None:
-        self._manifest.update(fields)
-        runs.write_manifest(Path(self.settings.state_dir), {**self._manifest, "config": asdict(self.config)})
-
+    # -- the run manifest (agents.runs): resume and retention; writing it is RunRecord's ----------
     def _progress(self) -> dict[str, Any]:
         return {
             "generation": self.generation,
             "real_episodes": self.real_episodes,
+            "env_steps": self.env_steps,
+            "failures": self.failures,
             "reached_at": self.reached_at,
             "rng": self.rng.bit_generator.state,
             "pool": [c.as_dict() for c in self.pool],
             "generations": self.generations,
         }
-
-    def _begin_session(self) -> None:
-        if not self._lock.acquire():
-            raise runs.RunError(f"run {self.run_id!r} is running in another process; wait for it to end, then resume it")
-        self._manifest["sessions"].append(
-            {"started": time.time(), "pid": os.getpid(), "from_generation": self.generation, "real_episodes": self.real_episodes}
-        )
-        try:
-            self._write_manifest(status="running", pid=os.getpid(), wall_s=self._prior_wall_s, **self._progress())
-        except BaseException:
-            self._lock.release()
-            raise
-
-    def _save_progress(self, generation: int, started: float) -> None:
-        """After a committed generation: a world-model snapshot named after
-        it (so the manifest never points at weights of a later, uncommitted
-        generation), then the manifest, then the previous snapshot goes."""
-        self.generation = generation
-        previous = self._manifest.get("world_model_checkpoint")
-        snapshot = previous
-        if self.world_model is not None and self.world_model.trained:
-            snapshot = f"resume-g{generation:04d}.pt"
-            self.world_model.save(runs.world_model_dir(Path(self.settings.state_dir), self.run_id) / snapshot)
-        self._write_manifest(world_model_checkpoint=snapshot, wall_s=self._wall_s(started), **self._progress())
-        if previous and previous != snapshot:
-            (runs.world_model_dir(Path(self.settings.state_dir), self.run_id) / previous).unlink(missing_ok=True)
-
-    def _end_session(self, status: str, started: float, *, error: Optional[str] = None, report: Optional[dict[str, Any]] = None) -> None:
-        """Record how the session ended and let go of the run; never raises
-        (it runs on the way out of a failure too)."""
-        update: dict[str, Any] = {"status": status, "ended": time.time(), "wall_s": self._wall_s(started), "error": error}
-        snapshot = self._manifest.get("world_model_checkpoint")
-        if report is not None:
-            update.update(report={k: report[k] for k in SUMMARY_KEYS}, world_model_checkpoint=None)
-        try:
-            self._write_manifest(**update)
-            if report is not None and snapshot:  # a finished run is never resumed: its snapshot is dead weight
-                (runs.world_model_dir(Path(self.settings.state_dir), self.run_id) / snapshot).unlink(missing_ok=True)
-        except (runs.RunStorageError, OSError) as exc:
-            self._log.warning("evolve.manifest_unwritten", status=status, error=str(exc))
-        finally:
-            self._lock.release()
 
     @classmethod
     def resume(
@@ -329,6 +299,7 @@ class SEDarwinAgent:
         budget: Optional[int] = None,
         workers: Optional[int] = None,
         options: Optional[dict[str, Any]] = None,
+        task: Optional[Task] = None,
         buffer: Optional[ReplayBuffer] = None,
         evaluator: Optional[Evaluator] = None,
         on_generation: Optional[Callable[[dict[str, Any]], None]] = None,
@@ -336,7 +307,8 @@ class SEDarwinAgent:
         """The interrupted run ``run_id``, ready to :meth:`evolve` on from its
         last committed generation: its own config (``budget`` may change it,
         ``workers`` too; every other option in ``options``, keyed as in
-        :class:`EvolveConfig`, must equal the run's), pool, generator state,
+        :class:`EvolveConfig`, must equal the run's; ``task`` for a run of a
+        task that is not registered), pool, generator state,
         episodes spent and world-model snapshot. Replay rows of a generation
         that was cut off are deleted: that generation runs again. Raises
         :class:`agents.runs.RunError` when the run cannot be resumed."""
@@ -354,7 +326,7 @@ class SEDarwinAgent:
                 summary = ", ".join(f"{k} {v:.1f}" if isinstance(v, float) else f"{k} {v}" for k, v in (manifest.get("report") or {}).items())
                 raise runs.RunError(f"run {run_id!r} already finished ({summary}); nothing to resume. Start a new run without --resume")
             config = resumed_config(manifest, budget=budget, workers=workers, options=options or {})
-            agent = cls(config, settings=settings, buffer=buffer, evaluator=evaluator, on_generation=on_generation, run_id=run_id)
+            agent = cls(config, task=task, settings=settings, buffer=buffer, evaluator=evaluator, on_generation=on_generation, run_id=run_id)
             agent._lock = lock
             agent._restore(manifest)
         except BaseException:
@@ -367,6 +339,8 @@ class SEDarwinAgent:
 
         self.generation = int(manifest["generation"])
         self.real_episodes = int(manifest["real_episodes"])
+        self.env_steps = int(manifest.get("env_steps") or 0)
+        self.failures = list(manifest.get("failures") or [])
         self.reached_at = manifest.get("reached_at")
         self.pool = [Candidate.from_dict(c) for c in manifest["pool"]]
         self.generations = list(manifest["generations"])
@@ -402,6 +376,7 @@ class SEDarwinAgent:
     def _report(self, best: Optional[Candidate], heldout: Optional[Evaluation], reached_at: Optional[int], stop_reason: str, wall_s: float) -> dict[str, Any]:
         return run_report(
             self.config, best=best, heldout=heldout, heldout_episodes=len(self.starts.heldout), real_episodes=self.real_episodes,
+            env_steps=self.env_steps, failures=self.failures,
             reached_at=reached_at, precision=self._precision(), wall_s=wall_s, stop_reason=stop_reason,
             generations=self.generations, run_id=self.run_id, replay_db=str(self.buffer.path),
             run_manifest=str(self.manifest_path), resumed_from=self.resumed_from,

@@ -17,6 +17,7 @@ from .trajectory import Trajectory
 
 PolicyFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (params [P,D], obs [P,S,obs]) -> actions [P,S,act]
 ProjectFn = Callable[[torch.Tensor], torch.Tensor]
+TerminationFn = Callable[[torch.Tensor], torch.Tensor]  # observations (..., obs_dim) -> bool (...)
 
 
 class NonFiniteDataError(ValueError):
@@ -30,19 +31,24 @@ def features(obs: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
     return torch.cat([obs, action], dim=-1)
 
 
-def targets(obs: torch.Tensor, next_obs: torch.Tensor, reward: torch.Tensor) -> torch.Tensor:
-    """What the model learns to predict: the observation delta and the reward."""
-    return torch.cat([next_obs - obs, reward.reshape(*obs.shape[:-1], 1)], dim=-1)
+def targets(obs: torch.Tensor, next_obs: torch.Tensor, reward: torch.Tensor, done: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """What the model learns to predict: the observation delta and the reward,
+    and whether the env terminated (0/1) for a model with a done head."""
+    parts = [next_obs - obs, reward.reshape(*obs.shape[:-1], 1)]
+    if done is not None:
+        parts.append(done.reshape(*obs.shape[:-1], 1).float())
+    return torch.cat(parts, dim=-1)
 
 
 class DynamicsMLP(nn.Module):
     """MLP on normalised features; the normaliser statistics are buffers, so
-    they travel with every checkpoint."""
+    they travel with every checkpoint. With ``done_head`` a last output is the
+    logit of termination (its target is 0/1, never normalised)."""
 
-    def __init__(self, obs_dim: int, act_dim: int, hidden: int = 64) -> None:
+    def __init__(self, obs_dim: int, act_dim: int, hidden: int = 64, done_head: bool = False) -> None:
         super().__init__()
-        self.obs_dim, self.act_dim = obs_dim, act_dim
-        n_in, n_out = obs_dim + act_dim, obs_dim + 1
+        self.obs_dim, self.act_dim, self.done_head = obs_dim, act_dim, done_head
+        n_in, n_out = obs_dim + act_dim, obs_dim + 1 + int(done_head)
         self.net = nn.Sequential(nn.Linear(n_in, hidden), nn.SiLU(), nn.Linear(hidden, hidden), nn.SiLU(), nn.Linear(hidden, n_out))
         self.register_buffer("x_mean", torch.zeros(n_in))
         self.register_buffer("x_std", torch.ones(n_in))
@@ -55,6 +61,8 @@ class DynamicsMLP(nn.Module):
             self.x_std.copy_(x.std(0).clamp_min(1e-6))
             self.y_mean.copy_(y.mean(0))
             self.y_std.copy_(y.std(0).clamp_min(1e-6))
+            if self.done_head:  # the done logit is learned as is
+                self.y_mean[-1], self.y_std[-1] = 0.0, 1.0
 
     def forward(self, x_norm: torch.Tensor) -> torch.Tensor:
         return self.net(x_norm)
@@ -66,13 +74,19 @@ class DynamicsMLP(nn.Module):
         return (y - self.y_mean) / self.y_std
 
     def predict_raw(self, x: torch.Tensor) -> torch.Tensor:
-        """Un-normalised prediction (delta obs, reward) for raw features."""
+        """Un-normalised prediction (delta obs, reward[, done logit]) for raw features."""
         return self.net(self.normalise_x(x)).float() * self.y_std + self.y_mean
 
 
-def mse_loss(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+def mse_loss(model: DynamicsMLP, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    """Squared error of the normalised delta and reward; with a done head,
+    plus the binary cross-entropy of the termination logit."""
     x, y = batch
-    return ((model(x).float() - y) ** 2).mean()  # loss in float32, as the AMP docs advise
+    out = model(x).float()  # loss in float32, as the AMP docs advise
+    if not model.done_head:
+        return ((out - y) ** 2).mean()
+    mse = ((out[:, :-1] - y[:, :-1]) ** 2).mean()
+    return mse + nn.functional.binary_cross_entropy_with_logits(out[:, -1], y[:, -1])
 
 
 def check_finite(trajectories: Sequence[Trajectory]) -> None:
@@ -140,14 +154,15 @@ def validation_draws(key: int, length: int, seed: int) -> np.ndarray:
 
 
 def training_data(
-    trajectories: Sequence[Trajectory], *, seed: int, val_fraction: float
+    trajectories: Sequence[Trajectory], *, seed: int, val_fraction: float, done: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Features and targets, split into train/validation by
     :func:`validation_draws`: ``(x_train, y_train, x_val, y_val)``.
     Trajectories are put in a canonical order first (generation, then data
     key), so the data set and the batches drawn from it depend on the
     trajectories alone: not on row ids, the order the buffer returned them
-    in, or what else the state dir holds."""
+    in, or what else the state dir holds. ``done``: the targets end with the
+    termination flag (a model with a done head)."""
     check_finite(trajectories)
     keyed = sorted(((traj.generation, data_key(traj), k) for k, traj in enumerate(trajectories)))
     xs, ys, draws = [], [], []
@@ -156,7 +171,7 @@ def training_data(
         obs, act = torch.from_numpy(np.array(traj.obs, dtype=np.float32)), torch.from_numpy(np.array(traj.action, dtype=np.float32))
         nxt, rew = torch.from_numpy(np.array(traj.next_obs, dtype=np.float32)), torch.from_numpy(np.array(traj.reward, dtype=np.float32))
         xs.append(features(obs, act))
-        ys.append(targets(obs, nxt, rew))
+        ys.append(targets(obs, nxt, rew, torch.from_numpy(np.array(traj.done, dtype=np.float32)) if done else None))
         draws.append(validation_draws(key, len(traj.obs), seed))
     x, y, u = torch.cat(xs).float(), torch.cat(ys).float(), np.concatenate(draws)
     val = u < val_fraction
@@ -178,9 +193,13 @@ def imagined_returns(
     *,
     project: Optional[ProjectFn] = None,
     discount: float = 1.0,
+    terminated: Optional[TerminationFn] = None,
 ) -> torch.Tensor:
     """Predicted returns (P, S) of P policies from S start observations,
-    in FP32, one batched forward per time step (see ``WorldModel.imagine``)."""
+    in FP32, one batched forward per time step (see ``WorldModel.imagine``).
+    A rollout stops at termination: ``terminated(next_obs)`` where given, else
+    the model's done head (its probability weighs the rest of the return);
+    a model without either never terminates."""
     params = torch.as_tensor(np.asarray(params), dtype=torch.float32)
     start = torch.as_tensor(np.asarray(start_obs), dtype=torch.float32)
     obs_dim = model.obs_dim
@@ -197,15 +216,21 @@ def imagined_returns(
     n_p, n_s = params.shape[0], start.shape[0]
     obs = start.unsqueeze(0).expand(n_p, n_s, start.shape[1]).contiguous()
     total = torch.zeros(n_p, n_s)
+    alive = torch.ones(n_p, n_s)  # the probability that the rollout has not terminated yet
     weight = 1.0
     model.eval()
     with torch.no_grad():
         for _ in range(horizon):
             action = policy(params, obs)
             out = model.predict_raw(features(obs, action))
-            obs = obs + out[..., :-1]
+            obs = obs + out[..., :obs_dim]
             if project is not None:
                 obs = project(obs)
-            total += weight * out[..., -1]
+            # a terminated rollout adds nothing, even where its imagined state has diverged (0 * inf)
+            total += weight * torch.where(alive > 0, alive * out[..., obs_dim], torch.zeros_like(alive))
             weight *= discount
+            if terminated is not None:
+                alive = alive * (~terminated(obs)).float()
+            elif model.done_head:
+                alive = alive * (1.0 - torch.sigmoid(out[..., obs_dim + 1]))
     return total

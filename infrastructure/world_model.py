@@ -49,6 +49,7 @@ from .dynamics import (
     NonFiniteDataError,
     PolicyFn,
     ProjectFn,
+    TerminationFn,
     check_options,
     check_sizes,
     features,
@@ -92,6 +93,7 @@ class WorldModel:
         settings: Optional[Settings] = None,
         precision: Optional[str] = None,
         hidden: int = 64,
+        done_head: bool = False,
         lr: float = 1e-3,
         batch_size: int = 256,
         val_fraction: float = 0.1,
@@ -113,7 +115,7 @@ class WorldModel:
         self.max_transitions = max_transitions
         self.checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir else Path(self.settings.state_dir) / "world_model"
         torch.manual_seed(seed)
-        self.model = DynamicsMLP(obs_dim, act_dim, hidden)
+        self.model = DynamicsMLP(obs_dim, act_dim, hidden, done_head=done_head)
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=lr)
         self.trainer: Optional[FP16Trainer] = None
         self.trained = False
@@ -152,7 +154,7 @@ class WorldModel:
     # -- data -------------------------------------------------------------------
     def _dataset(self, trajectories: Sequence[Trajectory]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """``(x_train, y_train, x_val, y_val)``; see :func:`infrastructure.dynamics.training_data`."""
-        return training_data(trajectories, seed=self.seed, val_fraction=self.val_fraction)
+        return training_data(trajectories, seed=self.seed, val_fraction=self.val_fraction, done=self.model.done_head)
 
     # -- checkpoints ------------------------------------------------------------
     @property
@@ -377,7 +379,7 @@ class WorldModel:
         self.model.eval()
         with torch.no_grad():
             out = self.model.predict_raw(features(obs, action))
-        return obs + out[..., :-1], out[..., -1]
+        return obs + out[..., : self.model.obs_dim], out[..., self.model.obs_dim]
 
     async def predict(self, obs: npt.ArrayLike, action: npt.ArrayLike) -> tuple[torch.Tensor, torch.Tensor]:
         async with self._lock:
@@ -392,6 +394,7 @@ class WorldModel:
         *,
         project: Optional[ProjectFn] = None,
         discount: float = 1.0,
+        terminated: Optional[TerminationFn] = None,
     ) -> torch.Tensor:
         """Predicted returns of P candidate policies from S start observations:
         a (P, S) tensor. One batched model forward per time step for all P*S
@@ -399,14 +402,15 @@ class WorldModel:
         steps, and inference is cheap next to real episodes.
 
         ``params`` is (P, D); ``start_obs`` is (S, obs_dim), or (obs_dim,) for
-        one start state (the result is then (P, 1))."""
+        one start state (the result is then (P, 1)). A rollout stops at
+        ``terminated(obs)``, else a ``done_head`` model's survival probability weighs it."""
         self._require_trained()
-        return imagined_returns(self.model, policy, params, start_obs, horizon, project=project, discount=discount)
+        return imagined_returns(self.model, policy, params, start_obs, horizon, project=project, discount=discount, terminated=terminated)
 
     async def aimagine(
         self, policy: PolicyFn, params: npt.ArrayLike, start_obs: npt.ArrayLike, horizon: int, *,
-        project: Optional[ProjectFn] = None, discount: float = 1.0,
+        project: Optional[ProjectFn] = None, discount: float = 1.0, terminated: Optional[TerminationFn] = None,
     ) -> torch.Tensor:
         async with self._lock:
-            return await asyncio.to_thread(self.imagine, policy, params, start_obs, horizon, project=project, discount=discount)
+            return await asyncio.to_thread(self.imagine, policy, params, start_obs, horizon, project=project, discount=discount, terminated=terminated)
 

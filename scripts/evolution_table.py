@@ -1,6 +1,10 @@
 """Measure the table in docs/EVOLUTION.md.
 
     .venv/bin/python scripts/evolution_table.py --out docs/evolution_results.json
+    .venv/bin/python scripts/evolution_table.py --env InvertedPendulum-v5 --out ip.json
+
+Any task ``genesis-fp16 evolve --env`` takes (``--target``, ``--policy`` and
+``--episode-steps`` as there).
 
 For each seed: the full loop, the loop without the world model, plain CMA-ES
 under the same budget, and plain CMA-ES with a long budget (how many real
@@ -26,8 +30,8 @@ from typing import Any, Optional
 import numpy as np
 import torch
 
-from agents import pendulum_task
 from agents.se_darwin_agent import EvolveConfig, SEDarwinAgent, run_cma_baseline
+from agents.tasks import ResolvedTask, run_episodes
 from genesis_fp16.checkpoint import atomic_write_text
 from genesis_fp16.settings import load_settings
 from infrastructure.replay_buffer import trajectories_from_episodes
@@ -49,30 +53,32 @@ def cpu_model() -> str:
     return f"{name} [{', '.join(flags)}]" if flags else name
 
 
-def run_mode(mode: str, seed: int, budget: int, state_dir: Path, wm_precision: Optional[str] = None) -> dict[str, Any]:
+def run_mode(mode: str, seed: int, budget: int, state_dir: Path, wm_precision: Optional[str], task: dict[str, Any]) -> dict[str, Any]:
     settings = load_settings(state_dir=state_dir)
-    config = EvolveConfig(seed=seed, budget=budget, use_world_model=mode != "no_world_model", precision=wm_precision)
+    config = EvolveConfig(seed=seed, budget=budget, use_world_model=mode != "no_world_model", precision=wm_precision, **task)
     if mode.startswith("cma"):
         return asyncio.run(run_cma_baseline(config))
     return asyncio.run(SEDarwinAgent(config, settings=settings).evolve())
 
 
-def precision_table(seeds: list[int], steps: int, episodes: int, state_dir: Path) -> list[dict[str, Any]]:
+def precision_table(task: ResolvedTask, seeds: list[int], steps: int, episodes: int, state_dir: Path) -> list[dict[str, Any]]:
     """World-model validation loss per precision on identical data and seed."""
     settings = load_settings(state_dir=state_dir)
     rows = []
     for seed in seeds:
-        starts = pendulum_task.start_states(seed)
+        starts = task.start_states(seed)
         rng = np.random.default_rng(seed)
         trajs = []
-        for k, params in enumerate(pendulum_task.random_params(rng, episodes, 1.0)):
-            res = pendulum_task.run_episodes(params, [starts.train[k % len(starts.train)]])
+        for k, params in enumerate(task.policy.random_params(rng, episodes, 1.0)):
+            res = run_episodes(task.episode_spec, params, [starts.train[k % len(starts.train)]])
             for t in trajectories_from_episodes(res["episodes"], f"random{k}"):
                 t.id = k + 1
                 trajs.append(t)
         row: dict[str, Any] = {"seed": seed, "transitions": sum(len(t.obs) for t in trajs), "steps": steps}
         for precision in ("fp32", "bf16", "fp16"):
-            wm = WorldModel(3, 1, precision=precision, seed=seed, settings=settings)
+            wm = WorldModel(
+                task.policy.obs_dim, task.policy.act_dim, done_head=task.learns_termination, precision=precision, seed=seed, settings=settings
+            )
             report = asyncio.run(wm.train(steps, trajectories=trajs, save=False))
             row[precision] = report.val_loss
             row[f"{precision}_wall_s"] = report.wall_s
@@ -89,12 +95,13 @@ def _median(values: list[Optional[float]]) -> Optional[float]:
 def markdown(results: dict[str, Any]) -> str:
     budget = results["budget"]
     lines = [
-        f"Median over seeds {results['seeds']} (budget {budget} real episodes; target: mean return >= "
-        f"{pendulum_task.TARGET_RETURN:.0f} on {pendulum_task.N_TRAIN_STARTS} training start states; held-out: "
-        f"{pendulum_task.N_HELDOUT_STARTS} start states never used by the search).",
+        f"{results['env']}, median over seeds {results['seeds']} (budget {budget} real episodes; target: mean return >= "
+        f"{results['target']:g} on {results['n_train']} training start states; held-out: "
+        f"{results['n_heldout']} start states never used by the search).",
         "",
-        "| method | world-model precision | reached target | median real episodes to target | median held-out return | median best train return | median wall s |",
-        "|---|---|---|---|---|---|---|",
+        "| method | world-model precision | reached target | median real episodes to target | median real env steps | "
+        "median held-out return | median best train return | median wall s |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     names = {
         "full": "SE-Darwin loop with world model",
@@ -108,10 +115,11 @@ def markdown(results: dict[str, Any]) -> str:
         med = _median([float(v) for v in to_target if v is not None]) if len(reached) * 2 > len(reports) else None
         med_text = f"{med:.0f}" if med is not None else f"not reached (> {reports[0]['budget']})"
         ho, tr = _median([r["heldout_return"] for r in reports]), _median([r["train_return"] for r in reports])
+        steps = _median([float(r["env_steps"]) for r in reports if "env_steps" in r])
         precisions = sorted({str(r.get("precision")) for r in reports}) if mode == "full" else ["-"]
         lines.append(
             f"| {names.get(mode, mode)} | {'/'.join(precisions)} | {len(reached)}/{len(reports)} | {med_text} | "
-            f"{ho:.1f} | {tr:.1f} | {_median([r['wall_s'] for r in reports]):.1f} |"
+            f"{'-' if steps is None else f'{steps:.0f}'} | {'-' if ho is None else f'{ho:.1f}'} | {'-' if tr is None else f'{tr:.1f}'} | {_median([r['wall_s'] for r in reports]):.1f} |"
         )
     lines += ["", "Per seed, real episodes to target (- = not reached):", ""]
     lines.append("| method | " + " | ".join(f"seed {s}" for s in results["seeds"]) + " |")
@@ -140,6 +148,10 @@ def markdown(results: dict[str, Any]) -> str:
 
 def main(argv: Optional[list[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--env", default="Pendulum-v1", help="task name or gymnasium id (genesis-fp16 evolve --list-tasks)")
+    parser.add_argument("--target", type=float, default=None, help="default: the task's, else the env spec's reward_threshold")
+    parser.add_argument("--policy", default=None, help="linear or mlp:H; default: the task's")
+    parser.add_argument("--episode-steps", type=int, default=None, help="default: the task's, else the env spec's")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
     parser.add_argument("--budget", type=int, default=200)
     parser.add_argument("--cma-long-budget", type=int, default=2000, help="budget of the long CMA-ES run (0: skip)")
@@ -157,7 +169,16 @@ def main(argv: Optional[list[str]] = None) -> int:
     torch.set_num_threads(1)
     import os
 
+    task = {"env_id": args.env, "target": args.target, "policy": args.policy, "episode_steps": args.episode_steps}
+    config, resolved = EvolveConfig(**task).resolve()  # a bad task fails here, before any run
+    starts = resolved.start_states(0)
     results: dict[str, Any] = {
+        "env": config.env_id,
+        "target": config.target,
+        "policy": config.policy,
+        "episode_steps": config.episode_steps,
+        "n_train": len(starts.train),
+        "n_heldout": len(starts.heldout),
         "seeds": args.seeds,
         "budget": args.budget,
         "cma_long_budget": args.cma_long_budget,
@@ -180,18 +201,18 @@ def main(argv: Optional[list[str]] = None) -> int:
             reports = []
             for seed in args.seeds:
                 t0 = time.perf_counter()
-                report = run_mode(mode, seed, budget, state / mode, args.wm_precision)
+                report = run_mode(mode, seed, budget, state / mode, args.wm_precision, task)
                 report["mode"] = mode
                 reports.append(report)
                 print(
                     f"{mode:15s} seed {seed}: reached={report['target_reached']} episodes_to_target={report['episodes_to_target']} "
-                    f"train={report['train_return']} heldout={report['heldout_return']:.1f} wall={time.perf_counter() - t0:.1f}s",
+                    f"env_steps={report['env_steps']} train={report['train_return']} heldout={report['heldout_return']} wall={time.perf_counter() - t0:.1f}s",
                     file=sys.stderr,
                     flush=True,
                 )
             results["runs"][mode] = reports
         if args.precision_steps:
-            results["precision"] = precision_table(args.seeds, args.precision_steps, args.precision_episodes, state / "precision")
+            results["precision"] = precision_table(resolved, args.seeds, args.precision_steps, args.precision_episodes, state / "precision")
     text = markdown(results)
     print(text)
     if args.out:

@@ -52,7 +52,10 @@ def test_entry_point_registers_evolve():
 @pytest.mark.parametrize(
     "args, expected",
     [
-        (["--env", "CartPole-v1"], "supports 'Pendulum-v1' only"),
+        (["--env", "CartPole-v1"], "action space Discrete(2)"),
+        (["--env", "NoSuchEnv-v0"], "'NoSuchEnv-v0' cannot be made"),
+        (["--env", "Walker2d-v5"], "pass --target R"),
+        (["--policy", "rnn"], "expected one of linear, mlp:H"),
         (["--budget", "5"], "--budget"),
         (["--baseline", "cma", "--no-world-model"], "exclusive"),
         (["--precision", "fp8"], "fp8"),
@@ -72,9 +75,9 @@ def test_budget_minimum_in_help_is_the_real_rule():
     shown = re.search(r"--budget\s+<int range>\s+\[x>=(\d+)\]", result.output)
     assert shown, result.output
     minimum = int(shown.group(1))
-    se_darwin_agent.EvolveConfig(budget=minimum, init_candidates=8).validate()  # the minimum shown is accepted
+    se_darwin_agent.EvolveConfig(budget=minimum, init_candidates=8).resolve()  # the minimum shown is accepted
     with pytest.raises(ValueError, match=f"budget={minimum - 1}"):
-        se_darwin_agent.EvolveConfig(budget=minimum - 1, init_candidates=8).validate()
+        se_darwin_agent.EvolveConfig(budget=minimum - 1, init_candidates=8).resolve()
     refused = runner.invoke(app, ["evolve", "--budget", str(minimum - 1)])
     assert refused.exit_code == 2 and "--budget" in refused.output and str(minimum) in refused.output
     assert "Traceback" not in refused.output
@@ -203,3 +206,10 @@ def test_sigterm_is_handled_like_ctrl_c(tmp_path, state_dir):
         proc.kill()
         proc.wait(timeout=120)
         kill_all(family)
+
+
+def test_list_tasks():
+    result = runner.invoke(app, ["evolve", "--list-tasks"])
+    assert result.exit_code == 0, result.output
+    assert "InvertedPendulum-v5" in result.output and "MountainCarContinuous-v0" in result.output
+    assert "any other gymnasium id" in result.output

@@ -47,12 +47,12 @@ def test_revision_only_where_the_pool_is_failing():
     rng = np.random.default_rng(0)
     failing = [_cand(-900.0), _cand(-250.0, full=False)]  # a single-episode score does not count as meeting the target
     assert pool_failing(failing, -300.0)
-    out = revision(failing, rng, target=-300.0, imagine=synthetic_imagine, samples=32, iters=15, popsize=8, sigma=0.3)
+    out = revision(failing, rng, target=-300.0, n_params=pendulum_task.N_PARAMS, imagine=synthetic_imagine, samples=32, iters=15, popsize=8, sigma=0.3)
     assert len(out) == 1 and out[0].shape == (pendulum_task.N_PARAMS,)
     random_scores = synthetic_imagine(rng.normal(0.0, 0.5, size=(64, pendulum_task.N_PARAMS)))
     assert synthetic_imagine(out[0][None])[0] > np.max(random_scores)  # searched, not just sampled
-    assert revision([_cand(-250.0)], rng, target=-300.0, imagine=synthetic_imagine) == []
-    blind = revision(failing, rng, target=-300.0, imagine=None)  # without a model: one fresh random policy
+    assert revision([_cand(-250.0)], rng, target=-300.0, n_params=pendulum_task.N_PARAMS, imagine=synthetic_imagine) == []
+    blind = revision(failing, rng, target=-300.0, n_params=pendulum_task.N_PARAMS, imagine=None)  # without a model: one fresh random policy
     assert len(blind) == 1 and not np.allclose(blind[0], 0.0)
 
 
@@ -180,10 +180,10 @@ async def test_interrupt_keeps_committed_generations(state_dir):
 
 
 def test_bad_options_are_refused():
-    with pytest.raises(ValueError, match="CartPole-v1.*Pendulum-v1"):
-        EvolveConfig(env_id="CartPole-v1").validate()
-    with pytest.raises(ValueError, match="budget=5"):
-        EvolveConfig(budget=5).validate()
+    with pytest.raises(ValueError, match="CartPole-v1.*action space Discrete.*flat Box"):
+        EvolveConfig(env_id="CartPole-v1").resolve()
+    with pytest.raises(ValueError, match="budget=5.*16 real episodes"):
+        EvolveConfig(budget=5, init_candidates=4).resolve()
 
 
 def test_precision_option_uses_the_precision_vocabulary():

@@ -12,12 +12,16 @@ import numpy as np
 import pytest
 import torch
 
-from agents import pendulum_model, pendulum_task
+from agents import pendulum_task
+from agents.tasks.builtin import pendulum
+from agents.tasks.torch_policy import BatchedPolicy
 from genesis_fp16 import rollout
 from genesis_fp16.guard import GuardDecision
 from infrastructure.dynamics import training_data
 from infrastructure.replay_buffer import ReplayBuffer, Trajectory, trajectories_from_episodes
 from infrastructure.world_model import NonFiniteDataError, NotTrainedError, WorldModel, features
+
+PENDULUM_POLICY = BatchedPolicy(pendulum().resolve().policy)
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -179,12 +183,53 @@ async def test_imagine_batches_candidates(pendulum_trajs):
     await wm.train(100, trajectories=pendulum_trajs, save=False)
     params = pendulum_task.random_params(np.random.default_rng(1), 5)
     start = pendulum_task.observation(pendulum_task.start_states(0).train[:4]).astype(np.float32)
-    batched = wm.imagine(pendulum_model.batched_policy, params, start, 30, project=pendulum_model.project)
+    batched = wm.imagine(PENDULUM_POLICY, params, start, 30, project=pendulum_task.project)
     assert batched.shape == (5, 4) and torch.isfinite(batched).all()
-    single = torch.cat([wm.imagine(pendulum_model.batched_policy, params[i : i + 1], start, 30, project=pendulum_model.project) for i in range(5)])
+    single = torch.cat([wm.imagine(PENDULUM_POLICY, params[i : i + 1], start, 30, project=pendulum_task.project) for i in range(5)])
     torch.testing.assert_close(batched, single, rtol=1e-4, atol=1e-3)
-    again = await wm.aimagine(pendulum_model.batched_policy, params, start, 30, project=pendulum_model.project)
+    again = await wm.aimagine(PENDULUM_POLICY, params, start, 30, project=pendulum_task.project)
     torch.testing.assert_close(again, batched)
+
+
+def _walk_trajs(n: int = 40, seed: int = 0) -> list[Trajectory]:
+    """x moves by the action, reward 1 a step, termination once x > 1."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(n):
+        x, rows = rng.uniform(0.0, 0.5), []
+        for _ in range(30):
+            a = rng.uniform(0.0, 0.2)
+            rows.append((x, a, 1.0, x + a, x + a > 1.0))
+            x += a
+            if x > 1.0:
+                break
+        o, a, r, nx, d = map(np.array, zip(*rows))
+        out.append(Trajectory(obs=o[:, None], action=a[:, None], reward=r, next_obs=nx[:, None], done=d))
+    return out
+
+
+def _steady(params: torch.Tensor, obs: torch.Tensor) -> torch.Tensor:
+    return torch.full((*obs.shape[:-1], 1), 0.1)  # 0.1 a step: past x = 1 after 10-11 steps from 0
+
+
+async def test_imagination_stops_at_termination():
+    wm = WorldModel(1, 1, precision="fp32", seed=0)
+    await wm.train(400, trajectories=_walk_trajs(), save=False)
+    start, params = np.zeros((2, 1), np.float32), np.zeros((3, 1))
+    endless = wm.imagine(_steady, params, start, 30)
+    assert endless.min() > 25  # no done head, no termination function: the horizon decides
+    stopped = wm.imagine(_steady, params, start, 30, terminated=lambda obs: obs[..., 0] > 1.0)
+    assert ((stopped > 8.5) & (stopped < 12.5)).all(), stopped  # the true return is 11
+
+
+async def test_done_head_learns_termination():
+    wm = WorldModel(1, 1, precision="fp32", seed=0, done_head=True)
+    report = await wm.train(600, trajectories=_walk_trajs(), save=False)
+    assert np.isfinite(report.val_loss)
+    returns = wm.imagine(_steady, np.zeros((3, 1)), np.zeros((2, 1), np.float32), 30)
+    assert ((returns > 8.0) & (returns < 14.0)).all(), returns  # one forward per step, stopped by the predicted done
+    next_obs, reward = wm.predict_sync(np.zeros((1, 1)), np.full((1, 1), 0.1))
+    assert next_obs.shape == (1, 1) and abs(float(next_obs[0, 0]) - 0.1) < 0.05 and abs(float(reward[0]) - 1.0) < 0.1
 
 
 async def test_checkpoint_round_trip(tmp_path):
@@ -485,9 +530,9 @@ async def test_imagine_takes_a_1d_start_observation_as_one_state():
     await wm.train(20, trajectories=_linear_trajs(3, 50), save=False)
     params = pendulum_task.random_params(np.random.default_rng(1), 4)
     start = pendulum_task.observation(pendulum_task.start_states(0).train[:1]).astype(np.float32)
-    one = wm.imagine(pendulum_model.batched_policy, params, start[0], 10)
+    one = wm.imagine(PENDULUM_POLICY, params, start[0], 10)
     assert one.shape == (4, 1)
-    torch.testing.assert_close(one, wm.imagine(pendulum_model.batched_policy, params, start, 10))
+    torch.testing.assert_close(one, wm.imagine(PENDULUM_POLICY, params, start, 10))
 
 
 async def test_imagine_refuses_start_observations_of_another_size():
@@ -495,6 +540,6 @@ async def test_imagine_refuses_start_observations_of_another_size():
     await wm.train(20, trajectories=_linear_trajs(3, 50), save=False)
     params = pendulum_task.random_params(np.random.default_rng(1), 4)
     with pytest.raises(ValueError, match=r"start_obs of shape \(5, 2\).*\(S, 3\) or \(3,\)"):
-        wm.imagine(pendulum_model.batched_policy, params, np.zeros((5, 2), np.float32), 10)
+        wm.imagine(PENDULUM_POLICY, params, np.zeros((5, 2), np.float32), 10)
     with pytest.raises(ValueError, match=r"horizon=0: expected at least 1"):
-        wm.imagine(pendulum_model.batched_policy, params, np.zeros((5, 3), np.float32), 0)
+        wm.imagine(PENDULUM_POLICY, params, np.zeros((5, 3), np.float32), 0)

@@ -1,0 +1,62 @@
+"""The built-in tasks. Termination functions use tensor methods only, so
+this module stays importable without torch (worker processes import it)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from . import pendulum as pendulum_states
+from .task import ExactStates, Task
+
+if TYPE_CHECKING:
+    import torch
+
+
+def pendulum() -> Task:
+    return Task(
+        env_id="Pendulum-v1", target=pendulum_states.TARGET_RETURN, policy=f"mlp:{pendulum_states.HIDDEN}",
+        episode_steps=pendulum_states.EPISODE_STEPS, n_train=pendulum_states.N_TRAIN_STARTS, n_heldout=pendulum_states.N_HELDOUT_STARTS,
+        exact_states=ExactStates(
+            split=pendulum_states.start_states, set_state=pendulum_states.set_state,
+            observe=pendulum_states.observation, extra=pendulum_states.extra_states,
+        ),
+        obs_scale=pendulum_states.OBS_SCALE, project=pendulum_states.project, terminates=False,
+        description="swing up and hold; 16 exact start states, target -300",
+    )
+
+
+def inverted_pendulum_done(obs: "torch.Tensor") -> "torch.Tensor":
+    """InvertedPendulum-v5 ends when the pole angle leaves [-0.2, 0.2] (gymnasium's own rule)."""
+    return obs[..., 1].abs() > 0.2
+
+
+def inverted_pendulum() -> Task:
+    return Task(env_id="InvertedPendulum-v5", policy="linear", termination=inverted_pendulum_done,
+                description="balance a pole (MuJoCo); target: the spec's 950")
+
+
+def mountain_car_done(obs: "torch.Tensor") -> "torch.Tensor":
+    """MountainCarContinuous-v0 ends at the flag: position >= 0.45 with velocity >= 0."""
+    return (obs[..., 0] >= 0.45) & (obs[..., 1] >= 0.0)
+
+
+def mountain_car() -> Task:
+    return Task(env_id="MountainCarContinuous-v0", policy="mlp:8", termination=mountain_car_done,
+                description="drive up the hill; target: the spec's 90")
+
+
+def swimmer() -> Task:
+    return Task(env_id="Swimmer-v5", policy="linear", terminates=False, description="swim forward (MuJoCo); target: the spec's 360")
+
+
+def half_cheetah() -> Task:
+    return Task(env_id="HalfCheetah-v5", policy="linear", terminates=False, description="run forward (MuJoCo); target: the spec's 4800")
+
+
+BUILTIN = {
+    "Pendulum-v1": pendulum,
+    "InvertedPendulum-v5": inverted_pendulum,
+    "MountainCarContinuous-v0": mountain_car,
+    "Swimmer-v5": swimmer,
+    "HalfCheetah-v5": half_cheetah,
+}

@@ -1,0 +1,122 @@
+"""Real episodes of one candidate, in a torch-free worker process.
+
+A start state is a row of floats. By default it is one number, the seed of
+``env.reset(seed=...)``; a task with exact states (Pendulum) sets them with
+its own ``set_state(env, row) -> obs`` after ``reset(seed=k)``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, Sequence
+
+import numpy as np
+
+from .policies import PolicySpec
+
+if TYPE_CHECKING:
+    import gymnasium as gym
+
+SetStateFn = Callable[["gym.Env", Sequence[float]], np.ndarray]
+
+
+class EnvFailure(RuntimeError):
+    """The task's environment raised in make, reset or step: the candidate is
+    charged and skipped, and the message says where."""
+
+
+@dataclass(frozen=True)
+class EpisodeSpec:
+    """What a worker needs to run episodes (picklable; callables by reference)."""
+
+    env_id: str
+    policy: PolicySpec
+    steps: int
+    env_kwargs: Mapping[str, Any] = field(default_factory=dict)
+    env_factory: Optional[Callable[[], "gym.Env"]] = None
+    set_state: Optional[SetStateFn] = None
+
+    def make_env(self) -> "gym.Env":
+        if self.env_factory is not None:
+            return self.env_factory()
+        # a plain import: this runs in torch-free worker processes, and importing
+        # genesis_fp16.extras would import torch; Evaluator checks the extra first
+        import gymnasium as gym
+
+        return gym.make(self.env_id, **dict(self.env_kwargs))
+
+
+def _reset(spec: EpisodeSpec, env: "gym.Env", k: int, state: Sequence[float]) -> np.ndarray:
+    if spec.set_state is not None:
+        env.reset(seed=k)
+        return np.asarray(spec.set_state(env, state), dtype=np.float32)
+    obs, _ = env.reset(seed=int(state[0]))
+    return np.asarray(obs, dtype=np.float32)
+
+
+def run_episodes(
+    spec: EpisodeSpec, params: Sequence[float], states: Sequence[Sequence[float]], hang_seconds: float = 0.0, alloc_mb: int = 0,
+) -> dict[str, Any]:
+    """One real episode per start state with the policy ``params``.
+
+    Returns plain lists/arrays (picklable): per-episode returns and, per
+    episode, the transitions (obs, action, reward, next_obs, done), where
+    ``done`` marks a termination by the environment (not a time limit).
+    ``hang_seconds`` and ``alloc_mb`` exist for the timeout and memory-limit
+    tests: the worker sleeps, or allocates that many MiB, first. An exception
+    from the environment becomes :class:`EnvFailure`.
+    """
+    if hang_seconds:
+        import time
+
+        time.sleep(hang_seconds)
+    if alloc_mb:
+        ballast = bytearray(int(alloc_mb) * 1024 * 1024)
+        del ballast
+    params = np.asarray(params, dtype=np.float64)
+    stage = "make"
+    try:
+        env = spec.make_env()
+    except MemoryError:  # the worker's memory limit: the evaluator reports it as such
+        raise
+    except Exception as exc:
+        raise EnvFailure(f"env {spec.env_id!r} raised in make: {type(exc).__name__}: {exc}") from None
+    returns: list[float] = []
+    episodes: list[dict[str, np.ndarray]] = []
+    try:
+        for k, state in enumerate(states):
+            stage = "reset"
+            obs = _reset(spec, env, k, state)
+            o, a, r, n, d = [], [], [], [], []
+            total = 0.0
+            stage = "step"
+            for _ in range(spec.steps):
+                action = spec.policy.act(params, obs.astype(np.float64)).astype(np.float32)
+                next_obs, reward, terminated, truncated, _ = env.step(action)
+                next_obs = np.asarray(next_obs, dtype=np.float32)
+                o.append(obs)
+                a.append(action)
+                r.append(float(reward))
+                n.append(next_obs)
+                d.append(bool(terminated))
+                total += float(reward)
+                obs = next_obs
+                if terminated or truncated:
+                    break
+            returns.append(total)
+            episodes.append(
+                {
+                    "obs": np.asarray(o, dtype=np.float32),
+                    "action": np.asarray(a, dtype=np.float32).reshape(-1, spec.policy.act_dim),
+                    "reward": np.asarray(r, dtype=np.float32),
+                    "next_obs": np.asarray(n, dtype=np.float32),
+                    "done": np.asarray(d, dtype=bool),
+                }
+            )
+    except MemoryError:
+        raise
+    except Exception as exc:
+        raise EnvFailure(f"env {spec.env_id!r} raised in {stage}: {type(exc).__name__}: {exc}") from None
+    finally:
+        env.close()
+    return {"returns": returns, "episodes": episodes}

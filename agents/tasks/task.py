@@ -1,0 +1,212 @@
+"""A task for the evolution loop: the environment, the policy family, the
+start states, the target, the episode length, and what is known of its
+structure (an observation projection, a termination function).
+
+:class:`Task` is what a user writes; :meth:`Task.resolve` opens the
+environment once, checks its spaces and fills in what the env spec knows
+(target, episode length, observation scale), giving a :class:`ResolvedTask`
+the loop, the baselines and the evaluator all take. Torch-free: the
+callables a task holds are called by the torch side only when it imagines.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, Sequence
+
+import numpy as np
+
+from .episodes import EpisodeSpec, SetStateFn
+from .policies import PolicySpec, parse_policy
+
+if TYPE_CHECKING:
+    import gymnasium as gym
+    import torch
+
+ProjectFn = Callable[["torch.Tensor"], "torch.Tensor"]  # imagined observations back onto what the env can produce
+TerminationFn = Callable[["torch.Tensor"], "torch.Tensor"]  # observations (..., obs_dim) -> bool (...)
+DEFAULT_EPISODE_STEPS = 1000
+
+
+class TaskError(ValueError):
+    """A task that cannot run: the message says what is wrong and what to do."""
+
+
+@dataclass(frozen=True)
+class StartStates:
+    train: np.ndarray  # (n_train, k): one row per start state
+    heldout: np.ndarray  # (n_heldout, k)
+
+
+@dataclass(frozen=True)
+class ExactStates:
+    """Start states a task sets itself instead of ``reset(seed=k)``.
+    ``split(seed)`` gives the train/held-out states; ``set_state(env, row)``
+    sets one after a reset and returns its observation (runs in workers: a
+    module-level function); ``observe(rows)`` gives observations without an
+    env and ``extra(rng, n)`` draws states only the model sees."""
+
+    split: Callable[[int], StartStates]
+    set_state: SetStateFn
+    observe: Callable[[np.ndarray], np.ndarray]
+    extra: Callable[[np.random.Generator, int], np.ndarray]
+
+
+@dataclass(frozen=True)
+class Task:
+    """What to evolve. ``env_id`` is a gymnasium id, or the name of the env
+    ``env_factory`` makes (a module-level callable: worker processes import it).
+    Left ``None``, ``target`` is the env spec's ``reward_threshold`` and
+    ``episode_steps`` its ``max_episode_steps``. ``terminates=False`` says the
+    env only ends on time; otherwise the world model learns termination, unless
+    ``termination`` gives it."""
+
+    env_id: str
+    target: Optional[float] = None
+    policy: str = "linear"
+    episode_steps: Optional[int] = None
+    env_kwargs: Mapping[str, Any] = field(default_factory=dict)
+    env_factory: Optional[Callable[[], "gym.Env"]] = None
+    n_train: int = 16
+    n_heldout: int = 20
+    exact_states: Optional[ExactStates] = None
+    obs_scale: Optional[tuple[float, ...]] = None
+    project: Optional[ProjectFn] = None
+    termination: Optional[TerminationFn] = None
+    terminates: bool = True
+    description: str = ""
+
+    def make_env(self) -> "gym.Env":
+        """The env, in this process; TaskError when it cannot be made."""
+        import gymnasium as gym
+
+        try:
+            return self.env_factory() if self.env_factory is not None else gym.make(self.env_id, **dict(self.env_kwargs))
+        except gym.error.Error as exc:  # unknown id, missing dependency (e.g. mujoco)
+            raise TaskError(
+                f"env {self.env_id!r} cannot be made ({type(exc).__name__}: {exc}); expected a gymnasium id such as "
+                "'InvertedPendulum-v5' (genesis-fp16 evolve --list-tasks lists the built-in tasks)"
+            ) from None
+        except Exception as exc:  # bad kwargs, or the factory itself failed
+            raise TaskError(f"env {self.env_id!r} raised when made: {type(exc).__name__}: {exc}") from None
+
+    def resolve(self, *, target: Optional[float] = None, policy: Optional[str] = None, episode_steps: Optional[int] = None) -> "ResolvedTask":
+        """Open the env once and check it; arguments override the task's own."""
+        import gymnasium as gym
+
+        try:
+            hidden = parse_policy(policy or self.policy)
+        except ValueError as exc:
+            raise TaskError(str(exc)) from None
+        env = self.make_env()
+        try:
+            obs_space, act_space, spec = env.observation_space, env.action_space, env.spec
+        finally:
+            env.close()
+        for role, space in (("observation", obs_space), ("action", act_space)):
+            if not isinstance(space, gym.spaces.Box) or len(space.shape) != 1:
+                kind = "an image" if isinstance(space, gym.spaces.Box) and len(space.shape) >= 2 else f"a {type(space).__name__} space"
+                raise TaskError(
+                    f"env {self.env_id!r}: its {role} space {space} is {kind}; expected a flat Box (a vector of floats): "
+                    "the loop's policies map an observation vector to an action vector. Pick a continuous-control task, "
+                    "or wrap the env (e.g. gymnasium.wrappers.FlattenObservation)"
+                )
+        if not (np.isfinite(act_space.low).all() and np.isfinite(act_space.high).all()):
+            raise TaskError(f"env {self.env_id!r}: action space {act_space} is unbounded; expected finite bounds (actions are tanh-scaled into them)")
+        resolved_target = target if target is not None else self.target if self.target is not None else (spec.reward_threshold if spec else None)
+        if resolved_target is None:
+            raise TaskError(
+                f"env {self.env_id!r} has no target: neither the task nor its env spec (reward_threshold) gives one; "
+                "pass --target R (the mean return over the training start states that counts as solved)"
+            )
+        steps = episode_steps or self.episode_steps or (spec.max_episode_steps if spec and spec.max_episode_steps else DEFAULT_EPISODE_STEPS)
+        obs_low, obs_high = np.asarray(obs_space.low, dtype=np.float64), np.asarray(obs_space.high, dtype=np.float64)
+        policy_spec = PolicySpec(
+            obs_dim=int(obs_space.shape[0]), act_dim=int(act_space.shape[0]), hidden=hidden,
+            obs_scale=self.obs_scale or default_obs_scale(obs_low, obs_high),
+            action_low=tuple(float(v) for v in act_space.low), action_high=tuple(float(v) for v in act_space.high),
+        )
+        return ResolvedTask(
+            task=self, target=float(resolved_target), episode_steps=int(steps), policy=policy_spec,
+            obs_low=tuple(float(v) for v in obs_low), obs_high=tuple(float(v) for v in obs_high),
+        )
+
+
+def default_obs_scale(low: np.ndarray, high: np.ndarray) -> tuple[float, ...]:
+    """1 / the largest magnitude an observation can take where its bounds are finite, else 1."""
+    bound = np.maximum(np.abs(low), np.abs(high))
+    ok = np.isfinite(bound) & (bound > 0)
+    return tuple(float(1.0 / b) if k else 1.0 for b, k in zip(bound, ok))
+
+
+@dataclass(frozen=True)
+class ResolvedTask:
+    """A checked task with everything filled in (see :meth:`Task.resolve`)."""
+
+    task: Task
+    target: float
+    episode_steps: int
+    policy: PolicySpec
+    obs_low: tuple[float, ...]
+    obs_high: tuple[float, ...]
+
+    @property
+    def env_id(self) -> str:
+        return self.task.env_id
+
+    @property
+    def n_params(self) -> int:
+        return self.policy.n_params
+
+    @property
+    def learns_termination(self) -> bool:
+        """Whether the world model needs a done head: the env may terminate and the task gives no function for it."""
+        return self.task.terminates and self.task.termination is None
+
+    @property
+    def episode_spec(self) -> EpisodeSpec:
+        exact = self.task.exact_states
+        return EpisodeSpec(
+            env_id=self.env_id, policy=self.policy, steps=self.episode_steps, env_kwargs=dict(self.task.env_kwargs),
+            env_factory=self.task.env_factory, set_state=exact.set_state if exact is not None else None,
+        )
+
+    def start_states(self, seed: int) -> StartStates:
+        """Train and held-out start states; by default disjoint sets of reset seeds."""
+        if self.task.exact_states is not None:
+            return self.task.exact_states.split(seed)
+        base = 1_000_000 * (seed + 1)
+        train = np.arange(self.task.n_train, dtype=np.float64) + base
+        heldout = np.arange(self.task.n_heldout, dtype=np.float64) + base + 500_000
+        return StartStates(train=train[:, None], heldout=heldout[:, None])
+
+    def reset_observations(self, seeds: Sequence[int]) -> np.ndarray:
+        """Observations after ``reset(seed=s)`` for each seed (no steps: no real episode spent)."""
+        env = self.task.make_env()
+        try:
+            return np.stack([np.asarray(env.reset(seed=int(s))[0], dtype=np.float32) for s in seeds])
+        except Exception as exc:
+            raise TaskError(f"env {self.env_id!r} raised in reset: {type(exc).__name__}: {exc}") from None
+        finally:
+            env.close()
+
+
+class ImaginedStarts:
+    """Start observations the operators imagine from: the training start
+    states plus ``extra`` states only the model sees, drawn per generation."""
+
+    POOL = 64  # reset seeds drawn once for the extra states of a seed-reset task
+
+    def __init__(self, task: ResolvedTask, train: np.ndarray, seed: int, extra: int) -> None:
+        self.task, self.train, self.seed, self.extra = task, train, seed, extra
+        if task.task.exact_states is None:
+            self.train_obs = task.reset_observations([int(s[0]) for s in train])
+            self.pool = task.reset_observations(range(1_000_000 * (seed + 1) + 800_000, 1_000_000 * (seed + 1) + 800_000 + self.POOL))
+
+    def for_generation(self, generation: int) -> np.ndarray:
+        g = np.random.default_rng([self.seed, generation, 7])
+        exact = self.task.task.exact_states
+        if exact is not None:
+            return exact.observe(np.concatenate([self.train, exact.extra(g, self.extra)])).astype(np.float32)
+        idx = g.choice(len(self.pool), size=min(self.extra, len(self.pool)), replace=False)
+        return np.concatenate([self.train_obs, self.pool[idx]]).astype(np.float32)

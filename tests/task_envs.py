@@ -1,0 +1,60 @@
+"""Small gymnasium environments for the task tests. Module level and
+torch-free, so spawned evaluation workers import them quickly."""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import numpy as np
+
+
+class Drift(gym.Env):
+    """x moves by the action; reward -|x|; ends after 5 steps. ``explode_above``:
+    step raises for an action above it (a candidate-dependent failure)."""
+
+    observation_space = gym.spaces.Box(-10.0, 10.0, (2,), np.float32)
+    action_space = gym.spaces.Box(-1.0, 1.0, (1,), np.float32)
+
+    def __init__(self, explode_above: float = np.inf) -> None:
+        self.explode_above = explode_above
+        self.x, self.t = 0.0, 0
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.x, self.t = float(self.np_random.uniform(-1, 1)), 0
+        return np.array([self.x, 0.0], np.float32), {}
+
+    def step(self, action):
+        if float(action[0]) > self.explode_above:
+            raise RuntimeError(f"actuator limit: action {float(action[0]):.2f}")
+        self.x += float(action[0])
+        self.t += 1
+        return np.array([self.x, self.t / 5], np.float32), -abs(self.x), False, self.t >= 5, {}
+
+
+def drift() -> gym.Env:
+    return Drift()
+
+
+def exploding_drift() -> gym.Env:
+    return Drift(explode_above=0.0)
+
+
+class Camera(Drift):
+    observation_space = gym.spaces.Box(0, 255, (8, 8, 3), np.uint8)
+
+
+def camera() -> gym.Env:
+    return Camera()
+
+
+class BrokenReset(Drift):
+    def reset(self, *, seed=None, options=None):
+        raise OSError("simulator license server unreachable")
+
+
+def broken_reset() -> gym.Env:
+    return BrokenReset()
+
+
+def broken_make() -> gym.Env:
+    raise ConnectionError("no simulator on port 7000")

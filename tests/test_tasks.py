@@ -1,0 +1,142 @@
+"""Tasks: the registry and its entry points, policy families (numpy and torch
+agree), start states, clear errors for tasks that cannot run, and a candidate
+whose env raises being charged and skipped."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from agents.evaluation import EvaluationEnvError, Evaluator
+from agents.evolve_config import EvolveConfig
+from agents.se_darwin_agent import SEDarwinAgent
+from agents.tasks import GROUP, Task, TaskError, get_task, parse_policy, registry, task_names
+from agents.tasks.torch_policy import BatchedPolicy
+from genesis_fp16.settings import load_settings
+
+import task_envs
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def test_builtins_and_any_gymnasium_id():
+    names = task_names()
+    assert {"Pendulum-v1", "InvertedPendulum-v5", "MountainCarContinuous-v0"} <= set(names)
+    car = get_task("MountainCarContinuous-v0").resolve()
+    assert (car.target, car.episode_steps, car.policy.name) == (90.0, 999, "mlp:8")  # the spec's threshold and limit
+    other = get_task("Reacher-v5").resolve()  # not registered: the defaults
+    assert other.policy.name == "linear" and other.target == -3.75 and other.learns_termination
+    assert get_task("Reacher-v5").resolve(target=-10, policy="mlp:4", episode_steps=20).target == -10
+
+
+def test_entry_point_plugin(monkeypatch):
+    class EP:
+        name = "drift-plugin"
+
+        def load(self):
+            return lambda: Task(env_id="Drift", env_factory=task_envs.drift, target=-1.0, description="a test plugin")
+
+    class Broken(EP):
+        name = "broken-plugin"
+
+        def load(self):
+            raise ImportError("no module named drift_pkg")
+
+    monkeypatch.setattr(registry, "entry_points", lambda group: [EP(), Broken()] if group == GROUP else [])
+    assert task_names()["drift-plugin"] == "a test plugin"
+    assert "failed to load" in task_names()["broken-plugin"]
+    assert get_task("drift-plugin").resolve().episode_steps == 1000  # no spec: the default length
+    with pytest.raises(TaskError, match="'broken-plugin'.*failed to load.*drift_pkg"):
+        get_task("broken-plugin")
+
+
+@pytest.mark.parametrize("policy", ["linear", "mlp:5"])
+def test_numpy_and_torch_policies_agree(policy):
+    task = Task(env_id="Drift", env_factory=task_envs.drift, target=0.0, policy=policy).resolve()
+    params = task.policy.random_params(np.random.default_rng(0), 3)
+    obs = np.random.default_rng(1).normal(size=(3, 4, 2))
+    batched = BatchedPolicy(task.policy)(torch.tensor(params, dtype=torch.float32), torch.tensor(obs, dtype=torch.float32))
+    single = np.stack([task.policy.act(p, o) for p, o in zip(params, obs)])
+    np.testing.assert_allclose(batched.numpy(), single, atol=1e-5)
+    assert np.all(np.abs(single) <= 1.0)  # tanh-bounded into the action box
+    with pytest.raises(ValueError, match="expected one of linear, mlp:H"):
+        parse_policy("mlp:0")
+
+
+def test_default_start_states_are_disjoint_reset_seeds():
+    task = Task(env_id="Drift", env_factory=task_envs.drift, target=0.0).resolve()
+    s0, s1 = task.start_states(0), task.start_states(1)
+    assert len(s0.train) == 16 and len(s0.heldout) == 20
+    seeds = [set(s.ravel()) for s in (s0.train, s0.heldout, s1.train, s1.heldout)]
+    assert sum(len(s) for s in seeds) == len(set().union(*seeds))
+
+
+def test_tasks_that_cannot_run_are_clear_errors():
+    with pytest.raises(TaskError, match=r"observation space .* is an image; expected a flat Box"):
+        Task(env_id="Camera", env_factory=task_envs.camera, target=0.0).resolve()
+    with pytest.raises(TaskError, match="'Drift' has no target.*pass --target R"):
+        Task(env_id="Drift", env_factory=task_envs.drift).resolve()
+    with pytest.raises(TaskError, match="action space Discrete"):
+        get_task("CartPole-v1").resolve(target=400)
+    with pytest.raises(TaskError, match="'Nope-v0' cannot be made.*--list-tasks"):
+        get_task("Nope-v0").resolve()
+
+
+def test_env_raising_in_step_is_an_evaluation_error():
+    task = Task(env_id="ExplodingDrift", env_factory=task_envs.exploding_drift, target=0.0, policy="linear").resolve()
+    up = np.array([0.0, 0.0, 5.0])  # bias 5: action tanh(5) > 0
+    with Evaluator(task, workers=1, timeout_s=60) as evaluator:
+        with pytest.raises(EvaluationEnvError, match="raised in step: RuntimeError: actuator limit"):
+            evaluator.evaluate(up, [[1.0]])
+        ok = evaluator.evaluate(-up, [[1.0], [2.0]])  # the pool survives
+    assert len(ok.returns) == 2 and ok.env_steps == 10
+
+
+async def test_failing_candidates_are_charged_and_reported(state_dir):
+    task = Task(env_id="ExplodingDrift", env_factory=task_envs.exploding_drift, target=0.0, n_train=2, n_heldout=2)
+    config = EvolveConfig(budget=12, init_candidates=4, use_world_model=False, workers=1, eval_timeout_s=60)
+    agent = SEDarwinAgent(config, task=task, settings=load_settings())
+    report = await agent.evolve()
+    failed = report["failed_candidates"]
+    assert failed and all("raised in step" in f["error"] for f in failed)
+    assert report["real_episodes"] <= 12 and report["env_steps"] <= 5 * report["real_episodes"]
+    assert report["env"] == "ExplodingDrift" and report["config"]["policy"] == "linear"
+
+
+def test_pyproject_lists_the_builtins_in_the_entry_point_group():
+    import sys
+    from pathlib import Path
+
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:
+        import tomli as tomllib
+    from agents.tasks.builtin import BUILTIN
+
+    group = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())["project"]["entry-points"][GROUP]
+    assert set(group) == set(BUILTIN)
+    for name, target in group.items():
+        module, _, attr = target.partition(":")
+        assert module == "agents.tasks.builtin" and BUILTIN[name].__name__ == attr
+
+
+async def test_cma_baseline_takes_the_task():
+    from agents.cma_baseline import run_cma_baseline
+
+    task = Task(env_id="Drift", env_factory=task_envs.drift, target=10.0, n_train=2, n_heldout=2)  # -|x| never reaches 10
+    report = await run_cma_baseline(EvolveConfig(budget=6, init_candidates=2, workers=1, eval_timeout_s=60), task=task)
+    assert report["env"] == "Drift" and report["real_episodes"] == 6 and report["env_steps"] == 6 * 5
+    assert report["heldout_episodes"] == 2 and report["failed_candidates"] == [] and not report["target_reached"]
+
+
+async def test_env_raising_in_reset_or_make(state_dir):
+    with pytest.raises(TaskError, match="'Broken' raised when made: ConnectionError: no simulator"):
+        Task(env_id="Broken", env_factory=task_envs.broken_make, target=0.0).resolve()
+    task = Task(env_id="BrokenReset", env_factory=task_envs.broken_reset, target=0.0, n_train=2, n_heldout=2)
+    with pytest.raises(TaskError, match="raised in reset: OSError: simulator license"):  # the world model's start states: before any episode
+        SEDarwinAgent(EvolveConfig(budget=4, init_candidates=2, workers=1), task=task, settings=load_settings())
+    agent = SEDarwinAgent(EvolveConfig(budget=4, init_candidates=2, workers=1, use_world_model=False), task=task, settings=load_settings())
+    report = await agent.evolve()  # every candidate charged and skipped, the report says why
+    assert report["real_episodes"] == 4 and report["heldout_return"] is None
+    assert len(report["failed_candidates"]) == 3 and all("raised in reset" in f["error"] for f in report["failed_candidates"])
