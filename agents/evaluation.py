@@ -20,7 +20,7 @@ import time
 from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional, Sequence, TypeVar
+from typing import Any, Callable, Optional, Sequence, TypeVar, Union
 
 import numpy as np
 
@@ -129,7 +129,9 @@ class Evaluator:
         self, params: Sequence[float], states: Sequence[Sequence[float]], *, hang_seconds: float = 0.0, alloc_mb: int = 0
     ) -> Evaluation:
         """One real episode per start state for one candidate."""
-        return self.evaluate_many([(params, states)], hang_seconds=hang_seconds, alloc_mb=alloc_mb)[0]
+        (result,) = self.evaluate_many([(params, states)], hang_seconds=hang_seconds, alloc_mb=alloc_mb)
+        assert isinstance(result, Evaluation)  # an env error raised: per_job_env_errors is off
+        return result
 
     def evaluate_many(
         self,
@@ -137,14 +139,27 @@ class Evaluator:
         *,
         hang_seconds: float = 0.0,
         alloc_mb: int = 0,
-    ) -> list[Evaluation]:
+        per_job_env_errors: bool = False,
+    ) -> list[Union[Evaluation, EvaluationEnvError]]:
         """Several candidates at once: every (params, states) job is split
-        into per-worker chunks and all chunks share the pool."""
+        into per-worker chunks and all chunks share the pool. An env that
+        raises fails the whole call, or with ``per_job_env_errors`` only its
+        own job, whose place in the list then holds the error (every other
+        job's episodes ran and are returned)."""
         with self._lock:
             submitted = self._on_spawner(self._submit, jobs, hang_seconds, alloc_mb)
             deadline = time.monotonic() + self.timeout_s
+            results = []
+            env_errors: dict[int, EvaluationEnvError] = {}
             try:
-                results = [(j, idx, fut.result(timeout=max(0.0, deadline - time.monotonic()))) for j, idx, fut in submitted]
+                for j, idx, fut in submitted:
+                    try:
+                        results.append((j, idx, fut.result(timeout=max(0.0, deadline - time.monotonic()))))
+                    except EnvFailure as exc:
+                        if not per_job_env_errors:
+                            raise
+                        self._log.warning("evolve.evaluation_env_error", episodes=len(jobs[j][1]), error=str(exc))
+                        env_errors.setdefault(j, EvaluationEnvError(f"real evaluation of {len(jobs[j][1])} episodes failed: {exc}"))
             except FutureTimeout:
                 n = sum(len(s) for _, s in jobs)
                 self._log.warning("evolve.evaluation_timeout", timeout_s=self.timeout_s, episodes=n)
@@ -168,8 +183,11 @@ class Evaluator:
             except BaseException:
                 self._kill_pool()
                 raise
-        out = []
+        out: list[Union[Evaluation, EvaluationEnvError]] = []
         for j, (_, states) in enumerate(jobs):
+            if j in env_errors:
+                out.append(env_errors[j])
+                continue
             returns: list[float] = [0.0] * len(states)
             episodes: list[dict[str, np.ndarray]] = [{} for _ in states]
             for jj, idx, res in results:

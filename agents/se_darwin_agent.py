@@ -19,6 +19,7 @@ measure.
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import time
 import uuid
@@ -148,15 +149,14 @@ class SEDarwinAgent(RunRecord):
             state = self.starts.train[(k * max(1, n_train // cfg.init_candidates)) % n_train]
             cands.append((Candidate(f"g0-{k}-seed", p, "seed", 0), state))
         out = []
-        try:
-            results: list[Optional[Evaluation]] = list(
-                await asyncio.to_thread(self.evaluator.evaluate_many, [(c.params, [s]) for c, s in cands])
-            )
-        except EvaluationEnvError:  # one by one, so only the candidates whose env raised are lost
-            results = [await self._real_or_charged(c, [s]) for c, s in cands]
+        # an env that raises loses its own candidate only: the others' episodes ran and count
+        results = await asyncio.to_thread(
+            functools.partial(self.evaluator.evaluate_many, [(c.params, [s]) for c, s in cands], per_job_env_errors=True)
+        )
         for (cand, _), res in zip(cands, results):
             self.real_episodes += 1
-            if res is None:
+            if isinstance(res, EvaluationEnvError):
+                self._charge_failure(cand, res)
                 continue
             cand.real_return = res.mean_return
             cand.real_episodes = 1
@@ -172,12 +172,16 @@ class SEDarwinAgent(RunRecord):
         try:
             return await self._real(cand.params, states)
         except EvaluationError as exc:
-            cand.real_return, cand.full = float("-inf"), True
-            event = "evolve.candidate_timeout" if isinstance(exc, EvaluationTimeout) else "evolve.candidate_failed"
-            self._log.warning(event, candidate=cand.id, error=str(exc))
-            self.failures.append({"candidate": cand.id, "generation": cand.generation, "error": str(exc)})
-            self.pool.append(cand)
+            self._charge_failure(cand, exc)
             return None
+
+    def _charge_failure(self, cand: Candidate, exc: EvaluationError) -> None:
+        """Score a failed candidate -inf, keep it in the pool, record why."""
+        cand.real_return, cand.full = float("-inf"), True
+        event = "evolve.candidate_timeout" if isinstance(exc, EvaluationTimeout) else "evolve.candidate_failed"
+        self._log.warning(event, candidate=cand.id, error=str(exc))
+        self.failures.append({"candidate": cand.id, "generation": cand.generation, "error": str(exc)})
+        self.pool.append(cand)
 
     async def evolve(self) -> dict[str, Any]:
         """Run (or, after :meth:`resume`, continue) the loop, then the held-out

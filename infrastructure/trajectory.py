@@ -60,7 +60,7 @@ class Trajectory:
 
 
 def trajectories_from_episodes(episodes: Iterable[dict[str, np.ndarray]], candidate: str, outcome: str = "") -> list[Trajectory]:
-    """Episodes as returned by ``agents.pendulum_task.run_episodes`` -> trajectories."""
+    """Episodes as returned by ``agents.tasks.episodes.run_episodes`` -> trajectories."""
     return [
         Trajectory(
             obs=ep["obs"], action=ep["action"], reward=ep["reward"], next_obs=ep["next_obs"], done=ep["done"],

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from agents.evaluation import EvaluationEnvError, Evaluator
+from agents.evaluation import Evaluation, EvaluationEnvError, Evaluator
 from agents.evolve_config import EvolveConfig
 from agents.se_darwin_agent import SEDarwinAgent
 from agents.tasks import GROUP, Task, TaskError, get_task, parse_policy, registry, task_names
@@ -140,3 +140,16 @@ async def test_env_raising_in_reset_or_make(state_dir):
     report = await agent.evolve()  # every candidate charged and skipped, the report says why
     assert report["real_episodes"] == 4 and report["heldout_return"] is None
     assert len(report["failed_candidates"]) == 3 and all("raised in reset" in f["error"] for f in report["failed_candidates"])
+
+
+def test_an_env_error_loses_only_its_own_job():
+    """The others' episodes ran: they are returned, so the loop charges what it ran."""
+    task = Task(env_id="ExplodingDrift", env_factory=task_envs.exploding_drift, target=0.0, n_train=2, n_heldout=2).resolve()
+    calm, wild = np.full(task.policy.n_params, -1.0), np.full(task.policy.n_params, 1.0)  # actions stay low / go high
+    state = [[0.5, 0.0]]
+    with Evaluator(task, workers=1, timeout_s=60) as ev:
+        calm_out, wild_out, calm_again = ev.evaluate_many([(calm, state), (wild, state), (calm, state)], per_job_env_errors=True)
+        with pytest.raises(EvaluationEnvError, match="actuator limit"):
+            ev.evaluate_many([(calm, state), (wild, state)])
+    assert isinstance(calm_out, Evaluation) and calm_out.returns == calm_again.returns
+    assert isinstance(wild_out, EvaluationEnvError) and "actuator limit" in str(wild_out)
