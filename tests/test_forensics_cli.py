@@ -32,7 +32,7 @@ def test_probe_command_json(cached, tmp_path):
     assert [(r["config"], r["seq_len"]) for r in rows][:4] == [("bf16_pure", 16), ("bf16_fp32_kl", 16), ("fp32_baseline", 16), ("fp16_pure", 16)]
     assert len(rows) == 8
     for key in ("config", "seq_len", "kl_fp64", "kl_penalty_mean", "kl_abs_err", "log_ratio_near_zero_frac", "accum_err_final",
-                "reward_resolution_median", "reward_tie_rate", "reward_kendall_tau", "value_quant_step_median", "value_stagnation_rate"):
+                "accum_err_rounding_floor", "policy_accum_err_rounding_floor", "reward_resolution_median", "reward_tie_rate", "reward_kendall_tau", "value_quant_step_median", "value_stagnation_rate"):
         assert all(key in r for r in rows), key
     assert data["meta"]["torch_version"] == str(torch.__version__)
 

@@ -106,6 +106,7 @@ def test_analyze_includes_probe_json(assets, tmp_path):
     assert any(p.endswith("probe.png") for p in out["plots"])
     report = (tmp_path / "report.md").read_text()
     assert "Static probe" in report and "slope of accum_err_final" in report
+    assert "| accum_err_final | accum_err_rounding_floor |" in report  # the drift beside its floor
 
 
 def test_length_slopes_recover_a_known_power():

@@ -72,7 +72,8 @@ def sweep_table(runs: list[dict]) -> list[dict]:
 PROBE_COLUMNS = [
     "config", "seq_len", "kl_fp64", "kl_penalty_mean", "kl_abs_err", "log_ratio_near_zero_frac", "log_ratio_exact_zero_frac",
     "reward_resolution_median", "reward_resolution_rel_median", "reward_tie_rate", "reward_kendall_tau",
-    "value_quant_step_median", "value_stagnation_rate", "accum_err_final", "accum_err_slope", "seq_log_ratio_abs_err_mean", "failure",
+    "value_quant_step_median", "value_stagnation_rate", "accum_err_final", "accum_err_rounding_floor", "accum_err_slope",
+    "policy_accum_err_final", "policy_accum_err_rounding_floor", "seq_log_ratio_abs_err_mean", "failure",
 ]
 
 
@@ -121,8 +122,10 @@ def _plots(results_dir: Path, runs: list[dict], probe: dict | None, replay: dict
         for cfg in sorted({r["config"] for r in rows}):
             rs = sorted((r for r in rows if r["config"] == cfg), key=lambda r: r["seq_len"])
             axes[0].plot([r["seq_len"] for r in rs], [max(r["kl_abs_err"], 1e-12) for r in rs], marker="o", label=cfg)
-            axes[1].plot([r["seq_len"] for r in rs], [max(r["accum_err_final"], 1e-12) for r in rs], marker="o", label=cfg)
-        for ax, title in zip(axes, ("H1 |KL - KL_fp64|", "H4 reference accum_err_final")):
+            line, = axes[1].plot([r["seq_len"] for r in rs], [max(r["accum_err_final"], 1e-12) for r in rs], marker="o", label=cfg)
+            if all("accum_err_rounding_floor" in r for r in rs):  # dashed: rounding the exact logits alone
+                axes[1].plot([r["seq_len"] for r in rs], [max(r["accum_err_rounding_floor"], 1e-12) for r in rs], linestyle="--", color=line.get_color())
+        for ax, title in zip(axes, ("H1 |KL - KL_fp64|", "H4 reference accum_err_final (dashed: rounding floor)")):
             ax.set_xscale("log")
             ax.set_yscale("log")
             ax.set_xlabel("sequence length")

@@ -168,7 +168,7 @@ def _print_rows(rows: list[dict], columns: list[str]) -> None:
     Console(stderr=True).print(table)
 
 
-SHORT = ["config", "seq_len", "kl_fp64", "kl_penalty_mean", "kl_abs_err", "log_ratio_near_zero_frac", "reward_tie_rate", "reward_kendall_tau", "value_quant_step_median", "value_stagnation_rate", "accum_err_final", "failure"]
+SHORT = ["config", "seq_len", "kl_fp64", "kl_penalty_mean", "kl_abs_err", "log_ratio_near_zero_frac", "reward_tie_rate", "reward_kendall_tau", "value_quant_step_median", "value_stagnation_rate", "accum_err_final", "accum_err_rounding_floor", "failure"]
 
 
 @forensics_app.command()

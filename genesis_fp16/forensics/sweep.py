@@ -4,7 +4,8 @@ One run, top to bottom, per step:
 
 1. cast copies of the policy (rollout), value, reference and reward models in
    their configured dtypes; the policy samples continuations of prompts;
-2. old log-probs and reference log-probs in the KL dtype, the per-token
+2. old log-probs and reference log-probs in the KL dtype (never narrower
+   than the model's), the per-token
    penalty ``beta * k3`` (k3 in FP32), the sequence reward at the last token,
    values; GAE (gamma 1, lambda 0.95) in FP32;
 3. FP64 ground truth of the same log ratio (the tiny model makes this cheap),
@@ -109,7 +110,6 @@ def run_one(assets: Assets, cfg: ComponentPrecisions, seed: int, args: SweepArgs
     ref = cast_copy(assets.reference, cfg.dtype("reference"))
     rew = cast_copy(assets.reward, cfg.dtype("reward"))
     ref64 = cast_copy(assets.reference, torch.float64)
-    kl_dtype = cfg.dtype("kl")
     total = PROMPT_LEN + args.gen_len
     probe_tokens = data.sample_windows("heldout", args.batch, total, torch.Generator().manual_seed(999))
     probe_mask = generated_mask(probe_tokens, PROMPT_LEN)
@@ -122,8 +122,8 @@ def run_one(assets: Assets, cfg: ComponentPrecisions, seed: int, args: SweepArgs
         with torch.no_grad():
             tokens = generate(pol_c, data.sample_windows("train", args.batch, PROMPT_LEN, g), total, g)
             mask = generated_mask(tokens, PROMPT_LEN)
-            old_lp = token_logprobs(pol_c(tokens), tokens, dtype=kl_dtype)
-            ref_lp = token_logprobs(ref(tokens), tokens, dtype=kl_dtype)
+            old_lp = token_logprobs(pol_c(tokens), tokens, dtype=cfg.logprob_dtype("policy"))
+            ref_lp = token_logprobs(ref(tokens), tokens, dtype=cfg.logprob_dtype("reference"))
             x = old_lp - ref_lp
             x64 = token_logprobs(cast_copy(policy, torch.float64)(tokens), tokens) - token_logprobs(ref64(tokens), tokens)
             k3 = kl_k3(x) * mask
