@@ -1,4 +1,9 @@
-"""H1-H4 metrics, each defined against an FP64 ground truth on the same tokens.
+"""H1-H4 metrics on the same tokens as their reference values.
+
+H1, H2 and H4 compare a configuration with an FP64 ground truth (the probe
+and replay; the sweep's H2 compares with its FP32 reward model, since its
+masters are FP32). H3's stagnation compares the value model with itself,
+before and after one optimizer step on one fixed batch.
 
 Conventions: ``tokens`` is ``[B, T]``; log-probabilities are of the *taken*
 tokens only, ``[B, T-1]`` (position t predicts token t+1), with a ``[B, T-1]``
