@@ -174,3 +174,16 @@ def test_probe_device_cpu_records_the_device(cached, tmp_path):
     res = runner.invoke(app, ["forensics", "probe", "--configs", "fp32_baseline", "--num-prompts", "2", "--seq-lengths", "16", "--device", "cpu", "--json", str(out)])
     assert res.exit_code == 0, res.output
     assert json.loads(out.read_text())["meta"]["device"] == "cpu"
+
+
+def test_sweep_value_lrs(cached, tmp_path):
+    out = tmp_path / "lr"
+    res = runner.invoke(app, ["forensics", "sweep", "--out", str(out), "--configs", "bf16_pure", "--seeds", "1", "--quick",
+                              "--max-steps", "1", "--value-lrs", "1e-5,1e-3", "--json", str(tmp_path / "s.json")])
+    assert res.exit_code == 0, res.output
+    table = json.loads((tmp_path / "s.json").read_text())["table"]
+    assert sorted(r["value_lr"] for r in table) == [1e-5, 1e-3]
+    for bad in ("1e-5,x", "0", "1e-4,nan"):
+        res = runner.invoke(app, ["forensics", "sweep", "--out", str(out), "--quick", "--value-lrs", bad])
+        assert res.exit_code == 2, res.output
+        assert "--value-lrs" in _error_line(res)

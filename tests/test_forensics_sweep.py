@@ -131,3 +131,25 @@ def test_component_dtypes_speak_the_precision_vocabulary():
             PrecisionMode(getattr(cfg, part))
     with pytest.raises(ValueError, match="unknown dtype.*'kl': 'fp8'.*expected one of fp64, fp32, bf16, fp16"):
         ComponentPrecisions(name="x", policy="bf16", reference="bf16", reward="bf16", value="bf16", kl="fp8")
+
+
+def test_value_lr_sweep_runs_each_lr_and_plots_stagnation_against_it(assets, tmp_path):
+    cfgs = parse_configs("fp32_baseline,bf16_pure")
+    results = sweep(assets, cfgs, [0], tmp_path, ARGS, value_lrs=[1e-6, 1e-2])
+    assert sorted(p.name for p in (tmp_path / "runs").glob("*.json")) == [
+        "bf16_pure__vlr0.01__seed0.json", "bf16_pure__vlr1e-06__seed0.json",
+        "fp32_baseline__vlr0.01__seed0.json", "fp32_baseline__vlr1e-06__seed0.json"]
+    stag = {(r["config"], r["args"]["value_lr"]): r["summary"]["value_stagnation_rate_mean"] for r in results}
+    assert len(stag) == 4
+    # an update below half a BF16 spacing of the values leaves them unchanged: more so at a small lr
+    assert stag["bf16_pure", 1e-6] > stag["bf16_pure", 1e-2]
+    assert stag["bf16_pure", 1e-6] > stag["fp32_baseline", 1e-6]
+    summary = analyze(tmp_path)
+    assert (tmp_path / "h3_value_lr.png").stat().st_size > 1000
+    rows = {(r["config"], r["value_lr"]): r for r in summary["sweep_table"]}
+    assert set(rows) == set(stag)  # one row per configuration and value lr
+    report = (tmp_path / "report.md").read_text()
+    assert "![H3 stagnation against value lr](h3_value_lr.png)" in report
+    # resuming with other learning rates is refused
+    with pytest.raises(ValueError, match="other arguments"):
+        sweep(assets, cfgs, [0], tmp_path, ARGS, value_lrs=[1e-4])

@@ -45,14 +45,16 @@ def _fmt(v) -> str:
 
 
 def sweep_table(runs: list[dict]) -> list[dict]:
-    by_cfg: dict[str, list[dict]] = defaultdict(list)
+    """One row per (configuration, value lr), averaged over seeds."""
+    by_cfg: dict[tuple[str, float], list[dict]] = defaultdict(list)
     for r in runs:
-        by_cfg[r["config"]].append(r)
+        by_cfg[r["config"], r["args"]["value_lr"]].append(r)
     rows = []
-    for cfg, rs in by_cfg.items():
+    for (cfg, value_lr), rs in by_cfg.items():
         s = [r["summary"] for r in rs]
         rows.append({
             "config": cfg,
+            "value_lr": value_lr,
             "seeds": len(rs),
             "failed": sum(r["status"] == "failed" for r in rs),
             "failures": ",".join(sorted({r["failure"]["kind"] for r in rs if r.get("failure")})) or "-",
@@ -115,6 +117,19 @@ def _plots(results_dir: Path, runs: list[dict], probe: dict | None, replay: dict
         axes[1].set_yscale("symlog", linthresh=1e-10)
         axes[2].legend(fontsize=7)
         save(fig, "sweep.png")
+    lrs = sorted({r["args"]["value_lr"] for r in runs})
+    if len(lrs) > 1:  # H3: stagnation against the value model's learning rate
+        fig, ax = plt.subplots(figsize=(6, 4))
+        table = sweep_table(runs)
+        for cfg in sorted({r["config"] for r in table}):
+            rs = sorted((r for r in table if r["config"] == cfg), key=lambda r: r["value_lr"])
+            ax.plot([r["value_lr"] for r in rs], [r["value_stagnation_rate_mean"] for r in rs], marker="o", label=cfg)
+        ax.set_xscale("log")
+        ax.set_xlabel("value-model learning rate (Adam)")
+        ax.set_ylabel("fraction of probe values unchanged per update")
+        ax.set_title("H3: value stagnation against the value lr")
+        ax.legend(fontsize=7)
+        save(fig, "h3_value_lr.png")
     if probe:
         rows = probe["rows"]
         lengths = sorted({r["seq_len"] for r in rows})
@@ -190,6 +205,11 @@ def analyze(results_dir: Path) -> dict:
     if runs:
         parts += ["## PPO sweep (mean over seeds)", "", f"Arguments: `{json.dumps(sweep_meta.get('args', {}), sort_keys=True)}`", "",
                   markdown_table(table, list(table[0].keys())), "", "![sweep](sweep.png)", ""]
+        if "h3_value_lr.png" in plots:
+            parts += ["### H3: value stagnation against the value lr (mean over steps and seeds)", "",
+                      markdown_table(sorted(table, key=lambda r: (r["config"], r["value_lr"])),
+                                     ["config", "value_lr", "value_stagnation_rate_mean", "value_quant_step_median", "true_reward_last", "failed"]),
+                      "", "![H3 stagnation against value lr](h3_value_lr.png)", ""]
     if probe:
         parts += ["## Static probe", "", f"Command: `{probe.get('meta', {}).get('command', '?')}`", "", markdown_table(probe["rows"], PROBE_COLUMNS), "", "![probe](probe.png)", ""]
         slopes = length_slopes(probe["rows"])

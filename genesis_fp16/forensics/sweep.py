@@ -29,7 +29,7 @@ from __future__ import annotations
 import copy
 import json
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -71,8 +71,9 @@ class SweepArgs:
         return cls(max_steps=15, batch=8, gen_len=24)
 
 
-def run_name(cfg: ComponentPrecisions, seed: int) -> str:
-    return f"{cfg.name}__seed{seed}"
+def run_name(cfg: ComponentPrecisions, seed: int, value_lr: Optional[float] = None) -> str:
+    """``<config>__seed<n>``, or ``<config>__vlr<lr>__seed<n>`` in a sweep over value lrs."""
+    return f"{cfg.name}__seed{seed}" if value_lr is None else f"{cfg.name}__vlr{value_lr:g}__seed{seed}"
 
 
 def _trainer(model: torch.nn.Module, lr: float, precision: str, args: SweepArgs, name: str) -> FP16Trainer:
@@ -233,33 +234,44 @@ def sweep(
     meta: Optional[dict] = None,
     on_run: Optional[Callable[[str, str], None]] = None,
     on_step: Optional[Callable[[int], None]] = None,
+    value_lrs: Optional[list[float]] = None,
 ) -> list[dict]:
-    """Run every (config, seed) not already on disk; return all run results."""
+    """Run every (config, seed) not already on disk; return all run results.
+
+    ``value_lrs``: run every (config, seed) once per value-model learning rate
+    (``args.value_lr`` replaced), for H3's stagnation against the lr."""
     runs_dir = Path(out_dir) / "runs"
     manifest = Path(out_dir) / "sweep.json"
     if manifest.exists():
-        previous = json.loads(manifest.read_text()).get("args")
-        if previous != asdict(args):
+        previous = json.loads(manifest.read_text())
+        if previous.get("args") != asdict(args) or previous.get("value_lrs") != value_lrs:
             raise ValueError(
-                f"{out_dir} holds a sweep with other arguments ({previous}); "
+                f"{out_dir} holds a sweep with other arguments ({previous.get('args')}, value_lrs {previous.get('value_lrs')}); "
                 "resume it with the same options, or give a new --out"
             )
     runs_dir.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(Path(out_dir) / "sweep.json", json.dumps({"args": asdict(args), "configs": [c.name for c in configs], "seeds": seeds, "meta": meta or {}}, indent=2, sort_keys=True))
+    atomic_write_text(manifest, json.dumps({"args": asdict(args), "value_lrs": value_lrs, "configs": [c.name for c in configs], "seeds": seeds, "meta": meta or {}}, indent=2, sort_keys=True))
+    variants = [(None, args)] if value_lrs is None else [(lr, replace(args, value_lr=lr)) for lr in value_lrs]
     results = []
     for cfg in configs:
-        for seed in seeds:
-            name = run_name(cfg, seed)
-            path = runs_dir / f"{name}.json"
-            if path.exists():
-                results.append(json.loads(path.read_text()))
-                if on_run:
-                    on_run(name, "skipped (done)")
-                continue
-            result = run_one(assets, cfg, seed, args, progress=on_step)
-            atomic_write_text(path, json.dumps(result, indent=1, sort_keys=True))
-            log.info("forensics.run_done", run=name, status=result["status"], seconds=round(result["seconds"], 2))
-            results.append(result)
-            if on_run:
-                on_run(name, result["status"])
+        for lr, run_args in variants:
+            for seed in seeds:
+                name = run_name(cfg, seed, lr)
+                path = runs_dir / f"{name}.json"
+                if path.exists():
+                    results.append(json.loads(path.read_text()))
+                    if on_run:
+                        on_run(name, "skipped (done)")
+                    continue
+                results.append(_run_and_save(assets, cfg, seed, run_args, path, name, on_run, on_step))
     return results
+
+
+def _run_and_save(assets: Assets, cfg: ComponentPrecisions, seed: int, args: SweepArgs, path: Path, name: str,
+                  on_run: Optional[Callable[[str, str], None]], on_step: Optional[Callable[[int], None]]) -> dict:
+    result = run_one(assets, cfg, seed, args, progress=on_step)
+    atomic_write_text(path, json.dumps(result, indent=1, sort_keys=True))
+    log.info("forensics.run_done", run=name, status=result["status"], seconds=round(result["seconds"], 2))
+    if on_run:
+        on_run(name, result["status"])
+    return result
