@@ -153,3 +153,36 @@ def test_value_lr_sweep_runs_each_lr_and_plots_stagnation_against_it(assets, tmp
     # resuming with other learning rates is refused
     with pytest.raises(ValueError, match="other arguments"):
         sweep(assets, cfgs, [0], tmp_path, ARGS, value_lrs=[1e-4])
+
+
+def test_stagnation_leaves_out_value_steps_the_scaler_skipped():
+    from genesis_fp16.forensics.analyze import sweep_table
+
+    # a skipped (overflowed) FP16 step leaves every value unchanged: that is
+    # the scaler's skip, not rounding, and is counted apart
+    steps = [{"step": 0, "value_stagnation_rate": 0.1, "value_step_ok": True},
+             {"step": 1, "value_stagnation_rate": 1.0, "value_step_ok": False},
+             {"step": 2, "value_stagnation_rate": 0.3, "value_step_ok": True}]
+    summary = {"true_reward_first": 0.5, "true_reward_last": 0.6, "kl_fp64_last": 0.1, "kl_abs_err_mean": 0.0,
+               "value_quant_step_median": 0.5, "value_stagnation_rate_mean": 0.4667,
+               "policy_overflow_steps": 0, "value_overflow_steps": 1}
+    run = {"config": "fp16_pure", "args": {"value_lr": 1e-4}, "status": "completed", "failure": None, "summary": summary, "steps": steps}
+    row = sweep_table([run])[0]
+    assert row["value_stagnation_rate_mean"] == pytest.approx(0.2)
+    assert row["value_steps_skipped"] == 1
+
+
+def test_run_summary_stagnation_is_over_applied_value_steps(assets, monkeypatch):
+    from genesis_fp16.trainer import FP16Trainer
+
+    real = FP16Trainer.backward_and_step
+
+    def skip_value_steps(self, loss):
+        ok = real(self, loss)
+        return ok and not self.name.startswith("forensics.value")  # as if every value step overflowed
+
+    monkeypatch.setattr(FP16Trainer, "backward_and_step", skip_value_steps)
+    result = run_one(assets, CONFIGS["fp32_baseline"], seed=0, args=ARGS)
+    assert all(s["value_step_ok"] is False for s in result["steps"])
+    assert result["summary"]["value_steps_skipped"] == 2
+    assert result["summary"]["value_stagnation_rate_mean"] != result["summary"]["value_stagnation_rate_mean"]  # NaN: no applied step

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from ..checkpoint import atomic_write_text
 from ..extras import require
+from .metrics import applied_stagnation, skipped_value_steps
 
 
 def _load(path: Path):
@@ -65,7 +66,9 @@ def sweep_table(runs: list[dict]) -> list[dict]:
             "reward_tie_rate_mean": _mean([x.get("reward_tie_rate_mean") for x in s]),
             "reward_kendall_tau_mean": _mean([x.get("reward_kendall_tau_mean") for x in s]),
             "value_quant_step_median": _mean([x["value_quant_step_median"] for x in s]),
-            "value_stagnation_rate_mean": _mean([x["value_stagnation_rate_mean"] for x in s]),
+            # over applied value steps; the scaler's skips are counted apart
+            "value_stagnation_rate_mean": _mean([applied_stagnation(r["steps"]) for r in rs]),
+            "value_steps_skipped": sum(skipped_value_steps(r["steps"]) for r in rs),
             "overflow_steps": sum(x["policy_overflow_steps"] + x["value_overflow_steps"] for x in s),
         })
     return rows

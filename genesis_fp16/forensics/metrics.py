@@ -143,6 +143,19 @@ def stagnation_rate(before: torch.Tensor, after: torch.Tensor, mask: Optional[to
     return float(same.double().mean()) if same.numel() else float("nan")
 
 
+def applied_stagnation(steps: list[dict]) -> float:
+    """Mean ``value_stagnation_rate`` over the sweep steps whose value update
+    was applied (``value_step_ok``). A step the gradient scaler skipped (an
+    FP16 overflow) leaves every value unchanged, which is the skip, not
+    rounding; it is counted apart. NaN when no step was applied."""
+    rates = [s["value_stagnation_rate"] for s in steps if s.get("value_step_ok") and s.get("value_stagnation_rate") is not None]
+    return sum(rates) / len(rates) if rates else float("nan")
+
+
+def skipped_value_steps(steps: list[dict]) -> int:
+    return sum(s.get("value_step_ok") is False for s in steps)
+
+
 def value_report(before: torch.Tensor, after: torch.Tensor, mask: Optional[torch.Tensor] = None) -> dict[str, float]:
     """H3 on the value model's outputs (its dtype) for a fixed probe batch,
     before and after one optimizer step."""

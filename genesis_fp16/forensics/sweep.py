@@ -39,7 +39,7 @@ from ..checkpoint import atomic_write_text
 from ..telemetry import get_logger
 from ..trainer import FP16Trainer, FP16TrainingConfig
 from .configs import ComponentPrecisions
-from .metrics import classify_failure, kl_k3, masked_mean, reward_report, stagnation_rate, token_logprobs, ulp
+from .metrics import applied_stagnation, classify_failure, kl_k3, masked_mean, reward_report, skipped_value_steps, stagnation_rate, token_logprobs, ulp
 from .model import cast_copy
 from .pretrain import Assets, reward_target
 from .probe import PROMPT_LEN, generate, generated_mask
@@ -199,7 +199,8 @@ def run_one(assets: Assets, cfg: ComponentPrecisions, seed: int, args: SweepArgs
         "kl_last": steps[-1]["kl"],
         "kl_fp64_last": steps[-1]["kl_fp64"],
         "kl_abs_err_mean": sum(s["kl_abs_err"] for s in steps) / len(steps),
-        "value_stagnation_rate_mean": _mean([s.get("value_stagnation_rate") for s in steps]),
+        "value_stagnation_rate_mean": applied_stagnation(steps),
+        "value_steps_skipped": skipped_value_steps(steps),
         "value_quant_step_median": _mean([s["value_quant_step_median"] for s in steps]),
         "reward_tie_rate_mean": _mean([s["reward_tie_rate"] for s in steps]),
         "reward_kendall_tau_mean": _mean([s["reward_kendall_tau"] for s in steps]),
