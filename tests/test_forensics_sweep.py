@@ -150,6 +150,7 @@ def test_value_lr_sweep_runs_each_lr_and_plots_stagnation_against_it(assets, tmp
     assert set(rows) == set(stag)  # one row per configuration and value lr
     report = (tmp_path / "report.md").read_text()
     assert "![H3 stagnation against value lr](h3_value_lr.png)" in report
+    assert "| value_stagnation_rate_mean | value_steps_skipped |" in report
     # resuming with other learning rates is refused
     with pytest.raises(ValueError, match="other arguments"):
         sweep(assets, cfgs, [0], tmp_path, ARGS, value_lrs=[1e-4])

@@ -211,7 +211,7 @@ def analyze(results_dir: Path) -> dict:
         if "h3_value_lr.png" in plots:
             parts += ["### H3: value stagnation against the value lr (mean over steps and seeds)", "",
                       markdown_table(sorted(table, key=lambda r: (r["config"], r["value_lr"])),
-                                     ["config", "value_lr", "value_stagnation_rate_mean", "value_quant_step_median", "true_reward_last", "failed"]),
+                                     ["config", "value_lr", "value_stagnation_rate_mean", "value_steps_skipped", "value_quant_step_median", "true_reward_last", "failed"]),
                       "", "![H3 stagnation against value lr](h3_value_lr.png)", ""]
     if probe:
         parts += ["## Static probe", "", f"Command: `{probe.get('meta', {}).get('command', '?')}`", "", markdown_table(probe["rows"], PROBE_COLUMNS), "", "![probe](probe.png)", ""]
