@@ -17,7 +17,8 @@ One run, top to bottom, per step:
    unscale before clipping); pure-half weights cannot be unscaled by torch's
    GradScaler, so the masters stay FP32 and the copies carry the dtype;
 5. value stagnation: the value copy's outputs on one FIXED probe batch before
-   and after the update.
+   and after the update (a value update the FP16 scaler skipped is counted
+   apart, not as stagnation).
 
 Each finished run is one JSON file written atomically under
 ``<out>/runs/``; a restarted sweep skips the files that exist, so a killed
