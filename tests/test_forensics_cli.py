@@ -32,7 +32,7 @@ def test_probe_command_json(cached, tmp_path):
     assert [(r["config"], r["seq_len"]) for r in rows][:4] == [("bf16_pure", 16), ("bf16_fp32_kl", 16), ("fp32_baseline", 16), ("fp16_pure", 16)]
     assert len(rows) == 8
     for key in ("config", "seq_len", "kl_fp64", "kl_penalty_mean", "kl_abs_err", "log_ratio_near_zero_frac", "accum_err_final",
-                "reward_resolution_median", "reward_tie_rate", "reward_kendall_tau", "value_quant_step_median", "value_stagnation_rate"):
+                "accum_err_rounding_floor", "policy_accum_err_rounding_floor", "reward_resolution_median", "reward_tie_rate", "reward_kendall_tau", "value_quant_step_median", "value_stagnation_rate"):
         assert all(key in r for r in rows), key
     assert data["meta"]["torch_version"] == str(torch.__version__)
 
@@ -174,3 +174,16 @@ def test_probe_device_cpu_records_the_device(cached, tmp_path):
     res = runner.invoke(app, ["forensics", "probe", "--configs", "fp32_baseline", "--num-prompts", "2", "--seq-lengths", "16", "--device", "cpu", "--json", str(out)])
     assert res.exit_code == 0, res.output
     assert json.loads(out.read_text())["meta"]["device"] == "cpu"
+
+
+def test_sweep_value_lrs(cached, tmp_path):
+    out = tmp_path / "lr"
+    res = runner.invoke(app, ["forensics", "sweep", "--out", str(out), "--configs", "bf16_pure", "--seeds", "1", "--quick",
+                              "--max-steps", "1", "--value-lrs", "1e-5,1e-3", "--json", str(tmp_path / "s.json")])
+    assert res.exit_code == 0, res.output
+    table = json.loads((tmp_path / "s.json").read_text())["table"]
+    assert sorted(r["value_lr"] for r in table) == [1e-5, 1e-3]
+    for bad in ("1e-5,x", "0", "1e-4,nan"):
+        res = runner.invoke(app, ["forensics", "sweep", "--out", str(out), "--quick", "--value-lrs", bad])
+        assert res.exit_code == 2, res.output
+        assert "--value-lrs" in _error_line(res)

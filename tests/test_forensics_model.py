@@ -39,8 +39,23 @@ def test_scalar_model_shapes_and_scale():
     assert value(tokens).shape == (3, 9)
     assert reward(tokens).shape == (3,)
     value1 = ScalarModel(trunk, per_token=True, scale=1.0)
-    value1.load_state_dict({**value.state_dict(), "scale": torch.tensor(1.0)})
+    value1.load_state_dict(value.state_dict())
     assert torch.allclose(value(tokens), 10 * value1(tokens))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_return_scale_is_not_rounded_to_the_value_dtype(dtype):
+    # BF16 holds 1e4 as 9984 (-0.16%): the product must be one rounding of
+    # output * 1e4, not output * 9984
+    torch.manual_seed(0)
+    trunk = TinyLM(TinyConfig())
+    value = cast_copy(ScalarModel(trunk, per_token=True, scale=1e4), dtype)
+    unit = cast_copy(ScalarModel(trunk, per_token=True, scale=1.0), dtype)
+    unit.load_state_dict(value.state_dict())
+    tokens = torch.randint(0, 128, (4, 16))
+    out = value(tokens)
+    assert out.dtype == dtype
+    assert torch.equal(out, (unit(tokens).double() * 1e4).to(dtype))
 
 
 def test_too_long_sequence_is_a_clear_error():

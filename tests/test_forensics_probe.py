@@ -126,3 +126,27 @@ def test_replay_refuses_trajectories_from_another_checkpoint(assets, tmp_path):
     legacy = Truth(truth.tokens, truth.mask, truth.lp64, truth.lr64, truth.rewards64)  # no hash: warned
     with pytest.warns(UserWarning, match="cannot check"):
         replay(other, legacy, parse_configs("fp32_baseline"))
+
+
+def test_bf16_fp32_ref_keeps_the_reference_log_probs_in_fp32(assets):
+    rows = probe(assets, parse_configs("fp32_baseline,bf16_pure,bf16_fp32_ref"), num_prompts=4, seq_lengths=(24,))
+    by = {r["config"]: r for r in rows}
+    # an FP32 reference scored in FP32 drifts exactly as the FP32 baseline's
+    assert by["bf16_fp32_ref"]["accum_err_final"] == by["fp32_baseline"]["accum_err_final"]
+    assert by["bf16_fp32_ref"]["accum_err_final"] < 0.01 * by["bf16_pure"]["accum_err_final"]
+    # the BF16 policy still drifts as in bf16_pure
+    assert by["bf16_fp32_ref"]["policy_accum_err_final"] == by["bf16_pure"]["policy_accum_err_final"]
+
+
+def test_drift_is_reported_beside_its_rounding_floor(assets):
+    rows = probe(assets, parse_configs("fp32_baseline,bf16_pure,fp16_pure"), num_prompts=6, seq_lengths=(40,))
+    by = {r["config"]: r for r in rows}
+    for r in rows:
+        for prefix in ("accum_err", "policy_accum_err"):
+            assert r[f"{prefix}_rounding_floor"] >= 0
+    assert by["fp32_baseline"]["accum_err_rounding_floor"] < 1e-5
+    bf16, fp16 = by["bf16_pure"], by["fp16_pure"]
+    assert bf16["accum_err_rounding_floor"] > fp16["accum_err_rounding_floor"] > by["fp32_baseline"]["accum_err_rounding_floor"]
+    # rounding exact logits is a floor: a whole BF16/FP16 model drifts at least about as much
+    for r in (bf16, fp16):
+        assert 0 < r["accum_err_rounding_floor"] < 1.5 * r["accum_err_final"]

@@ -106,6 +106,7 @@ def test_analyze_includes_probe_json(assets, tmp_path):
     assert any(p.endswith("probe.png") for p in out["plots"])
     report = (tmp_path / "report.md").read_text()
     assert "Static probe" in report and "slope of accum_err_final" in report
+    assert "| accum_err_final | accum_err_rounding_floor |" in report  # the drift beside its floor
 
 
 def test_length_slopes_recover_a_known_power():
@@ -130,3 +131,59 @@ def test_component_dtypes_speak_the_precision_vocabulary():
             PrecisionMode(getattr(cfg, part))
     with pytest.raises(ValueError, match="unknown dtype.*'kl': 'fp8'.*expected one of fp64, fp32, bf16, fp16"):
         ComponentPrecisions(name="x", policy="bf16", reference="bf16", reward="bf16", value="bf16", kl="fp8")
+
+
+def test_value_lr_sweep_runs_each_lr_and_plots_stagnation_against_it(assets, tmp_path):
+    cfgs = parse_configs("fp32_baseline,bf16_pure")
+    results = sweep(assets, cfgs, [0], tmp_path, ARGS, value_lrs=[1e-6, 1e-2])
+    assert sorted(p.name for p in (tmp_path / "runs").glob("*.json")) == [
+        "bf16_pure__vlr0.01__seed0.json", "bf16_pure__vlr1e-06__seed0.json",
+        "fp32_baseline__vlr0.01__seed0.json", "fp32_baseline__vlr1e-06__seed0.json"]
+    stag = {(r["config"], r["args"]["value_lr"]): r["summary"]["value_stagnation_rate_mean"] for r in results}
+    assert len(stag) == 4
+    # an update below half a BF16 spacing of the values leaves them unchanged: more so at a small lr
+    assert stag["bf16_pure", 1e-6] > stag["bf16_pure", 1e-2]
+    assert stag["bf16_pure", 1e-6] > stag["fp32_baseline", 1e-6]
+    summary = analyze(tmp_path)
+    assert (tmp_path / "h3_value_lr.png").stat().st_size > 1000
+    rows = {(r["config"], r["value_lr"]): r for r in summary["sweep_table"]}
+    assert set(rows) == set(stag)  # one row per configuration and value lr
+    report = (tmp_path / "report.md").read_text()
+    assert "![H3 stagnation against value lr](h3_value_lr.png)" in report
+    assert "| value_stagnation_rate_mean | value_steps_skipped |" in report
+    # resuming with other learning rates is refused
+    with pytest.raises(ValueError, match="other arguments"):
+        sweep(assets, cfgs, [0], tmp_path, ARGS, value_lrs=[1e-4])
+
+
+def test_stagnation_leaves_out_value_steps_the_scaler_skipped():
+    from genesis_fp16.forensics.analyze import sweep_table
+
+    # a skipped (overflowed) FP16 step leaves every value unchanged: that is
+    # the scaler's skip, not rounding, and is counted apart
+    steps = [{"step": 0, "value_stagnation_rate": 0.1, "value_step_ok": True},
+             {"step": 1, "value_stagnation_rate": 1.0, "value_step_ok": False},
+             {"step": 2, "value_stagnation_rate": 0.3, "value_step_ok": True}]
+    summary = {"true_reward_first": 0.5, "true_reward_last": 0.6, "kl_fp64_last": 0.1, "kl_abs_err_mean": 0.0,
+               "value_quant_step_median": 0.5, "value_stagnation_rate_mean": 0.4667,
+               "policy_overflow_steps": 0, "value_overflow_steps": 1}
+    run = {"config": "fp16_pure", "args": {"value_lr": 1e-4}, "status": "completed", "failure": None, "summary": summary, "steps": steps}
+    row = sweep_table([run])[0]
+    assert row["value_stagnation_rate_mean"] == pytest.approx(0.2)
+    assert row["value_steps_skipped"] == 1
+
+
+def test_run_summary_stagnation_is_over_applied_value_steps(assets, monkeypatch):
+    from genesis_fp16.trainer import FP16Trainer
+
+    real = FP16Trainer.backward_and_step
+
+    def skip_value_steps(self, loss):
+        ok = real(self, loss)
+        return ok and not self.name.startswith("forensics.value")  # as if every value step overflowed
+
+    monkeypatch.setattr(FP16Trainer, "backward_and_step", skip_value_steps)
+    result = run_one(assets, CONFIGS["fp32_baseline"], seed=0, args=ARGS)
+    assert all(s["value_step_ok"] is False for s in result["steps"])
+    assert result["summary"]["value_steps_skipped"] == 2
+    assert result["summary"]["value_stagnation_rate_mean"] != result["summary"]["value_stagnation_rate_mean"]  # NaN: no applied step

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from ..checkpoint import atomic_write_text
 from ..extras import require
+from .metrics import applied_stagnation, skipped_value_steps
 
 
 def _load(path: Path):
@@ -45,14 +46,16 @@ def _fmt(v) -> str:
 
 
 def sweep_table(runs: list[dict]) -> list[dict]:
-    by_cfg: dict[str, list[dict]] = defaultdict(list)
+    """One row per (configuration, value lr), averaged over seeds."""
+    by_cfg: dict[tuple[str, float], list[dict]] = defaultdict(list)
     for r in runs:
-        by_cfg[r["config"]].append(r)
+        by_cfg[r["config"], r["args"]["value_lr"]].append(r)
     rows = []
-    for cfg, rs in by_cfg.items():
+    for (cfg, value_lr), rs in by_cfg.items():
         s = [r["summary"] for r in rs]
         rows.append({
             "config": cfg,
+            "value_lr": value_lr,
             "seeds": len(rs),
             "failed": sum(r["status"] == "failed" for r in rs),
             "failures": ",".join(sorted({r["failure"]["kind"] for r in rs if r.get("failure")})) or "-",
@@ -63,7 +66,9 @@ def sweep_table(runs: list[dict]) -> list[dict]:
             "reward_tie_rate_mean": _mean([x.get("reward_tie_rate_mean") for x in s]),
             "reward_kendall_tau_mean": _mean([x.get("reward_kendall_tau_mean") for x in s]),
             "value_quant_step_median": _mean([x["value_quant_step_median"] for x in s]),
-            "value_stagnation_rate_mean": _mean([x["value_stagnation_rate_mean"] for x in s]),
+            # over applied value steps; the scaler's skips are counted apart
+            "value_stagnation_rate_mean": _mean([applied_stagnation(r["steps"]) for r in rs]),
+            "value_steps_skipped": sum(skipped_value_steps(r["steps"]) for r in rs),
             "overflow_steps": sum(x["policy_overflow_steps"] + x["value_overflow_steps"] for x in s),
         })
     return rows
@@ -72,7 +77,8 @@ def sweep_table(runs: list[dict]) -> list[dict]:
 PROBE_COLUMNS = [
     "config", "seq_len", "kl_fp64", "kl_penalty_mean", "kl_abs_err", "log_ratio_near_zero_frac", "log_ratio_exact_zero_frac",
     "reward_resolution_median", "reward_resolution_rel_median", "reward_tie_rate", "reward_kendall_tau",
-    "value_quant_step_median", "value_stagnation_rate", "accum_err_final", "accum_err_slope", "seq_log_ratio_abs_err_mean", "failure",
+    "value_quant_step_median", "value_stagnation_rate", "accum_err_final", "accum_err_rounding_floor", "accum_err_slope",
+    "policy_accum_err_final", "policy_accum_err_rounding_floor", "seq_log_ratio_abs_err_mean", "failure",
 ]
 
 
@@ -114,6 +120,19 @@ def _plots(results_dir: Path, runs: list[dict], probe: dict | None, replay: dict
         axes[1].set_yscale("symlog", linthresh=1e-10)
         axes[2].legend(fontsize=7)
         save(fig, "sweep.png")
+    lrs = sorted({r["args"]["value_lr"] for r in runs})
+    if len(lrs) > 1:  # H3: stagnation against the value model's learning rate
+        fig, ax = plt.subplots(figsize=(6, 4))
+        table = sweep_table(runs)
+        for cfg in sorted({r["config"] for r in table}):
+            rs = sorted((r for r in table if r["config"] == cfg), key=lambda r: r["value_lr"])
+            ax.plot([r["value_lr"] for r in rs], [r["value_stagnation_rate_mean"] for r in rs], marker="o", label=cfg)
+        ax.set_xscale("log")
+        ax.set_xlabel("value-model learning rate (Adam)")
+        ax.set_ylabel("fraction of probe values unchanged per update")
+        ax.set_title("H3: value stagnation against the value lr")
+        ax.legend(fontsize=7)
+        save(fig, "h3_value_lr.png")
     if probe:
         rows = probe["rows"]
         lengths = sorted({r["seq_len"] for r in rows})
@@ -121,8 +140,10 @@ def _plots(results_dir: Path, runs: list[dict], probe: dict | None, replay: dict
         for cfg in sorted({r["config"] for r in rows}):
             rs = sorted((r for r in rows if r["config"] == cfg), key=lambda r: r["seq_len"])
             axes[0].plot([r["seq_len"] for r in rs], [max(r["kl_abs_err"], 1e-12) for r in rs], marker="o", label=cfg)
-            axes[1].plot([r["seq_len"] for r in rs], [max(r["accum_err_final"], 1e-12) for r in rs], marker="o", label=cfg)
-        for ax, title in zip(axes, ("H1 |KL - KL_fp64|", "H4 reference accum_err_final")):
+            line, = axes[1].plot([r["seq_len"] for r in rs], [max(r["accum_err_final"], 1e-12) for r in rs], marker="o", label=cfg)
+            if all("accum_err_rounding_floor" in r for r in rs):  # dashed: rounding the exact logits alone
+                axes[1].plot([r["seq_len"] for r in rs], [max(r["accum_err_rounding_floor"], 1e-12) for r in rs], linestyle="--", color=line.get_color())
+        for ax, title in zip(axes, ("H1 |KL - KL_fp64|", "H4 reference accum_err_final (dashed: rounding floor)")):
             ax.set_xscale("log")
             ax.set_yscale("log")
             ax.set_xlabel("sequence length")
@@ -187,6 +208,11 @@ def analyze(results_dir: Path) -> dict:
     if runs:
         parts += ["## PPO sweep (mean over seeds)", "", f"Arguments: `{json.dumps(sweep_meta.get('args', {}), sort_keys=True)}`", "",
                   markdown_table(table, list(table[0].keys())), "", "![sweep](sweep.png)", ""]
+        if "h3_value_lr.png" in plots:
+            parts += ["### H3: value stagnation against the value lr (mean over steps and seeds)", "",
+                      markdown_table(sorted(table, key=lambda r: (r["config"], r["value_lr"])),
+                                     ["config", "value_lr", "value_stagnation_rate_mean", "value_steps_skipped", "value_quant_step_median", "true_reward_last", "failed"]),
+                      "", "![H3 stagnation against value lr](h3_value_lr.png)", ""]
     if probe:
         parts += ["## Static probe", "", f"Command: `{probe.get('meta', {}).get('command', '?')}`", "", markdown_table(probe["rows"], PROBE_COLUMNS), "", "![probe](probe.png)", ""]
         slopes = length_slopes(probe["rows"])

@@ -140,6 +140,20 @@ def _write_json(path: Optional[Path], data: dict) -> None:
         console.print(safe_text(f"wrote {path}"))
 
 
+def _floats(flag: str, text: str, meaning: str) -> list[float]:
+    """A comma-separated list of finite numbers > 0, or one error line."""
+    from ..cli import fail
+
+    parts = [p.strip() for p in text.split(",") if p.strip()]
+    try:
+        values = [float(p) for p in parts]
+    except ValueError:
+        values = []
+    if not values or not all(math.isfinite(v) and v > 0 for v in values):
+        raise fail(f"{flag} {text}: expected a comma-separated list of finite numbers > 0 ({meaning})")
+    return values
+
+
 def _lengths(first: str, extra: list[str]) -> list[int]:
     from ..cli import fail
 
@@ -168,7 +182,7 @@ def _print_rows(rows: list[dict], columns: list[str]) -> None:
     Console(stderr=True).print(table)
 
 
-SHORT = ["config", "seq_len", "kl_fp64", "kl_penalty_mean", "kl_abs_err", "log_ratio_near_zero_frac", "reward_tie_rate", "reward_kendall_tau", "value_quant_step_median", "value_stagnation_rate", "accum_err_final", "failure"]
+SHORT = ["config", "seq_len", "kl_fp64", "kl_penalty_mean", "kl_abs_err", "log_ratio_near_zero_frac", "reward_tie_rate", "reward_kendall_tau", "value_quant_step_median", "value_stagnation_rate", "accum_err_final", "accum_err_rounding_floor", "failure"]
 
 
 @forensics_app.command()
@@ -291,6 +305,7 @@ def sweep(
     seeds: int = typer.Option(2, min=1, help="Seeds 0..N-1 per configuration."),
     quick: bool = typer.Option(False, help="15 steps, 8 prompts, 24 generated tokens."),
     max_steps: Optional[int] = typer.Option(None, min=1, help="PPO steps per run (default 60, 15 with --quick)."),
+    value_lrs: Optional[str] = typer.Option(None, help="Comma-separated value-model learning rates (e.g. 1e-5,1e-4,1e-3): every run once per lr, for H3's stagnation against the lr (default: one run at 1e-4)."),
     device: str = typer.Option("cpu", help=DEVICE_HELP),
     json_out: Optional[Path] = typer.Option(None, "--json", help="Write the per-configuration summary here."),
 ) -> None:
@@ -306,6 +321,7 @@ def sweep(
 
     dev = _device(device)
     cfgs = _configs(configs)
+    lrs = None if value_lrs is None else _floats("--value-lrs", value_lrs, "value-model learning rates, e.g. 1e-5,1e-4,1e-3")
     args = SweepArgs.quick() if quick else SweepArgs()
     if max_steps is not None:
         args = dataclasses.replace(args, max_steps=max_steps)
@@ -314,7 +330,7 @@ def sweep(
     with single_thread():
         assets = _assets().to(dev)
         with _progress() as bar:
-            runs = bar.add_task("runs", total=len(cfgs) * seeds)
+            runs = bar.add_task("runs", total=len(cfgs) * seeds * len(lrs or [None]))
             steps = bar.add_task("steps", total=args.max_steps)
 
             def on_run(name: str, status: str) -> None:
@@ -324,7 +340,7 @@ def sweep(
 
             try:
                 results = run_sweep(assets, cfgs, list(range(seeds)), out, args, meta=_device_meta(run_meta(_command_line(ctx)), dev),
-                                    on_run=on_run, on_step=lambda n: bar.update(steps, completed=n))
+                                    on_run=on_run, on_step=lambda n: bar.update(steps, completed=n), value_lrs=lrs)
             except ValueError as exc:
                 raise fail(str(exc))
     table = sweep_table(results)

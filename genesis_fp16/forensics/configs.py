@@ -3,8 +3,11 @@
 ``policy``, ``reference``, ``reward`` and ``value`` are the dtypes the
 component's weights and arithmetic run in (cast copies). ``kl`` is the dtype
 of the log-softmax on each model's logits and of the log-ratio subtraction
-``x = logp_policy - logp_ref`` (where H1's cancellation happens); the k3
-estimator itself is always evaluated in FP32 or wider.
+``x = logp_policy - logp_ref`` (where H1's cancellation happens), never
+narrower than the model's own dtype (``logprob_dtype``): an FP32 reference in
+a BF16 configuration keeps FP32 log-probs, so ``bf16_fp32_ref`` isolates the
+reference, and the subtraction runs in the wider of the two log-prob dtypes.
+The k3 estimator itself is always evaluated in FP32 or wider.
 
 Training (sweep): the policy and value keep FP32 master weights trained by
 ``FP16Trainer`` with autocast in the component's dtype (FP16 with the
@@ -48,6 +51,12 @@ class ComponentPrecisions:
 
     def dtype(self, component: str) -> torch.dtype:
         return DTYPES[getattr(self, component)]
+
+    def logprob_dtype(self, model: str) -> torch.dtype:
+        """The log-softmax dtype of ``model`` (policy or reference): the wider
+        of its own dtype and the KL dtype (rounding an FP32 model's logits to
+        a narrower KL dtype would bring back the error the FP32 model avoids)."""
+        return torch.promote_types(self.dtype(model), self.dtype("kl"))
 
     def to_dict(self) -> dict:
         return asdict(self)

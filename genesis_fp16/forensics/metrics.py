@@ -1,4 +1,9 @@
-"""H1-H4 metrics, each defined against an FP64 ground truth on the same tokens.
+"""H1-H4 metrics on the same tokens as their reference values.
+
+H1, H2 and H4 compare a configuration with an FP64 ground truth (the probe
+and replay; the sweep's H2 compares with its FP32 reward model, since its
+masters are FP32). H3's stagnation compares the value model with itself,
+before and after one optimizer step on one fixed batch.
 
 Conventions: ``tokens`` is ``[B, T]``; log-probabilities are of the *taken*
 tokens only, ``[B, T-1]`` (position t predicts token t+1), with a ``[B, T-1]``
@@ -136,6 +141,19 @@ def stagnation_rate(before: torch.Tensor, after: torch.Tensor, mask: Optional[to
     # classify_failure reports; stagnation is over finite pairs only
     same = same[finite]
     return float(same.double().mean()) if same.numel() else float("nan")
+
+
+def applied_stagnation(steps: list[dict]) -> float:
+    """Mean ``value_stagnation_rate`` over the sweep steps whose value update
+    was applied (``value_step_ok``). A step the gradient scaler skipped (an
+    FP16 overflow) leaves every value unchanged, which is the skip, not
+    rounding; it is counted apart. NaN when no step was applied."""
+    rates = [s["value_stagnation_rate"] for s in steps if s.get("value_step_ok") and s.get("value_stagnation_rate") is not None]
+    return sum(rates) / len(rates) if rates else float("nan")
+
+
+def skipped_value_steps(steps: list[dict]) -> int:
+    return sum(s.get("value_step_ok") is False for s in steps)
 
 
 def value_report(before: torch.Tensor, after: torch.Tensor, mask: Optional[torch.Tensor] = None) -> dict[str, float]:

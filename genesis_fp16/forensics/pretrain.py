@@ -10,7 +10,7 @@ Built once (in well under a minute on 2 CPU cores) and cached under
 * reward: a trunk copy of the reference plus a scalar head fit (ridge, FP64)
   to a programmatic score, the fraction of lower-case letters in a sequence;
 * value: a trunk copy plus a per-token head fit to the same score. Its output
-  is multiplied by ``return_scale`` (a buffer set when loaded).
+  is multiplied by ``return_scale`` (set when loaded, not stored).
 """
 
 from __future__ import annotations
@@ -58,7 +58,9 @@ class PretrainSpec:
     seed: int = 0
 
     def key(self, cfg: TinyConfig) -> str:
-        blob = json.dumps({"spec": self.__dict__, "model": cfg.to_dict(), "v": 2}, sort_keys=True)
+        # "v": the layout of the saved models; a new one gets a new file, so
+        # an older cache is rebuilt instead of refused
+        blob = json.dumps({"spec": self.__dict__, "model": cfg.to_dict(), "v": 3}, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
 
@@ -79,7 +81,7 @@ class Assets:
 
     def value_model(self, return_scale: float) -> ScalarModel:
         v = copy.deepcopy(self.value)
-        v.scale.fill_(float(return_scale))
+        v.scale = float(return_scale)
         return v
 
 

@@ -9,6 +9,7 @@ tokens, over the generated (masked) positions only.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import platform
 import time
@@ -48,7 +49,9 @@ def generated_mask(tokens: torch.Tensor, prompt_len: int) -> torch.Tensor:
 
 @dataclass
 class Truth:
-    """FP64 ground truth (log-probs and rewards) on one batch of tokens."""
+    """FP64 ground truth (log-probs and rewards) on one batch of tokens, and
+    the FP64 logits of policy and reference (for the rounding floor; frozen
+    files do not store them, ``with_logits`` recomputes them)."""
 
     tokens: torch.Tensor
     mask: torch.Tensor
@@ -56,6 +59,8 @@ class Truth:
     lr64: torch.Tensor
     rewards64: torch.Tensor
     assets_sha256: Optional[str] = None  # of the models the truth was computed with
+    logits64_policy: Optional[torch.Tensor] = None
+    logits64_ref: Optional[torch.Tensor] = None
 
     @property
     def x64(self) -> torch.Tensor:
@@ -63,15 +68,26 @@ class Truth:
 
 
 @torch.no_grad()
+def fp64_logits(assets: Assets, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Logits of FP64 copies of the policy and the reference."""
+    return cast_copy(assets.policy, torch.float64)(tokens), cast_copy(assets.reference, torch.float64)(tokens)
+
+
+def with_logits(assets: Assets, truth: Truth) -> Truth:
+    """``truth`` with the FP64 logits of ``assets`` on its tokens."""
+    pol, ref = fp64_logits(assets, truth.tokens)
+    return dataclasses.replace(truth, logits64_policy=pol, logits64_ref=ref)
+
+
+@torch.no_grad()
 def ground_truth(assets: Assets, tokens: torch.Tensor, mask: torch.Tensor) -> Truth:
-    pol64 = cast_copy(assets.policy, torch.float64)
-    ref64 = cast_copy(assets.reference, torch.float64)
-    lp64 = token_logprobs(pol64(tokens), tokens)
-    lr64 = token_logprobs(ref64(tokens), tokens)
+    pol, ref = fp64_logits(assets, tokens)
+    lp64 = token_logprobs(pol, tokens)
+    lr64 = token_logprobs(ref, tokens)
     if not bool((lp64 - lr64)[mask].abs().gt(0).any()):
         raise RuntimeError("policy and reference give identical log-probs: the probe needs two different models")
     rewards64 = cast_copy(assets.reward, torch.float64)(tokens)
-    return Truth(tokens, mask, lp64, lr64, rewards64)
+    return Truth(tokens, mask, lp64, lr64, rewards64, logits64_policy=pol, logits64_ref=ref)
 
 
 def value_update(vm: ScalarModel, tokens: torch.Tensor, mask: torch.Tensor, targets: torch.Tensor, return_scale: float) -> torch.Tensor:
@@ -131,19 +147,29 @@ def value_step(assets: Assets, dtype: torch.dtype, tokens: torch.Tensor, mask: t
 def score_config(assets: Assets, cfg: ComponentPrecisions, truth: Truth, return_scale: float) -> dict:
     """Every H1-H4 metric of one configuration on the truth's tokens."""
     tokens, mask = truth.tokens, truth.mask
-    kl_dtype = cfg.dtype("kl")
+    if truth.logits64_policy is None or truth.logits64_ref is None:
+        truth = with_logits(assets, truth)
+    # each log-softmax in the wider of its model's dtype and the KL dtype; the
+    # subtraction in the wider of the two (H1 lives here)
+    lp_dtype, lr_dtype = cfg.logprob_dtype("policy"), cfg.logprob_dtype("reference")
     with torch.no_grad():
         pol = cast_copy(assets.policy, cfg.dtype("policy"))
         ref = cast_copy(assets.reference, cfg.dtype("reference"))
-        # log_softmax and the subtraction run in the KL dtype (H1 lives here)
-        lp = token_logprobs(pol(tokens), tokens, dtype=kl_dtype)
-        lr = token_logprobs(ref(tokens), tokens, dtype=kl_dtype)
+        lp = token_logprobs(pol(tokens), tokens, dtype=lp_dtype)
+        lr = token_logprobs(ref(tokens), tokens, dtype=lr_dtype)
         x = lp - lr
         rewards = cast_copy(assets.reward, cfg.dtype("reward"))(tokens)
+        # a perfect model in the same dtype: the exact logits, rounded, then
+        # the same log-softmax; what a model drifts beyond this is its own
+        # arithmetic's error, not its output's rounding
+        lp_floor = token_logprobs(truth.logits64_policy.to(cfg.dtype("policy")), tokens, dtype=lp_dtype)
+        lr_floor = token_logprobs(truth.logits64_ref.to(cfg.dtype("reference")), tokens, dtype=lr_dtype)
     row: dict = {}
     row.update(kl_report(x, truth.x64, mask))
     row.update(accum_report(lr, truth.lr64, mask, "accum_err"))  # H4: reference drift
+    row["accum_err_rounding_floor"] = accum_report(lr_floor, truth.lr64, mask, "floor")["floor_final"]
     row.update(accum_report(lp, truth.lp64, mask, "policy_accum_err"))
+    row["policy_accum_err_rounding_floor"] = accum_report(lp_floor, truth.lp64, mask, "floor")["floor_final"]
     seq_x = (x.to(torch.float64) * mask).sum(1)
     seq_x64 = (truth.x64 * mask).sum(1)
     row["seq_log_ratio_fp64_mean"] = float(seq_x64.mean())

@@ -23,7 +23,7 @@ from .configs import ComponentPrecisions
 from .metrics import token_logprobs
 from .model import cast_copy
 from .pretrain import Assets
-from .probe import PROMPT_LEN, Truth, generate, generated_mask, ground_truth, score_config
+from .probe import PROMPT_LEN, Truth, generate, generated_mask, ground_truth, score_config, with_logits
 from . import data
 
 
@@ -81,8 +81,8 @@ def mismatch_curve(assets: Assets, cfg: ComponentPrecisions, truth: Truth) -> di
     the first L generated tokens, and of the config's sequence log ratio."""
     pol = cast_copy(assets.policy, cfg.dtype("policy"))
     ref = cast_copy(assets.reference, cfg.dtype("reference"))
-    lp = token_logprobs(pol(truth.tokens), truth.tokens, dtype=cfg.dtype("kl")).to(torch.float64)
-    lr = token_logprobs(ref(truth.tokens), truth.tokens, dtype=cfg.dtype("kl")).to(torch.float64)
+    lp = token_logprobs(pol(truth.tokens), truth.tokens, dtype=cfg.logprob_dtype("policy")).to(torch.float64)
+    lr = token_logprobs(ref(truth.tokens), truth.tokens, dtype=cfg.logprob_dtype("reference")).to(torch.float64)
     cols = truth.mask[0].bool()
     err = (lp - truth.lp64)[:, cols].cumsum(1).abs().mean(0)
     ratio = (lp - lr)[:, cols].cumsum(1).mean(0)
@@ -100,6 +100,7 @@ def replay(assets: Assets, truth: Truth, configs: list[ComponentPrecisions], ret
         warnings.warn("the trajectory file carries no checkpoint hash (frozen by an older version): cannot check that its FP64 log-probs came from these models; re-run `forensics freeze` to get one", UserWarning, stacklevel=2)
     elif truth.assets_sha256 != assets_sha256(assets):
         raise ValueError("the trajectories were frozen from a different checkpoint than the loaded models (sha256 differs); re-run `forensics freeze` with these models, or load the models they were frozen from")
+    truth = with_logits(assets, truth)  # once, for every configuration's rounding floor
     rows = []
     for cfg in configs:
         row = {"config": cfg.name, "seq_len": int(truth.tokens.shape[1]), "num_prompts": int(truth.tokens.shape[0]), "return_scale": return_scale}

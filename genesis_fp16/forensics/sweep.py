@@ -4,7 +4,8 @@ One run, top to bottom, per step:
 
 1. cast copies of the policy (rollout), value, reference and reward models in
    their configured dtypes; the policy samples continuations of prompts;
-2. old log-probs and reference log-probs in the KL dtype, the per-token
+2. old log-probs and reference log-probs in the KL dtype (never narrower
+   than the model's), the per-token
    penalty ``beta * k3`` (k3 in FP32), the sequence reward at the last token,
    values; GAE (gamma 1, lambda 0.95) in FP32;
 3. FP64 ground truth of the same log ratio (the tiny model makes this cheap),
@@ -16,7 +17,8 @@ One run, top to bottom, per step:
    unscale before clipping); pure-half weights cannot be unscaled by torch's
    GradScaler, so the masters stay FP32 and the copies carry the dtype;
 5. value stagnation: the value copy's outputs on one FIXED probe batch before
-   and after the update.
+   and after the update (a value update the FP16 scaler skipped is counted
+   apart, not as stagnation).
 
 Each finished run is one JSON file written atomically under
 ``<out>/runs/``; a restarted sweep skips the files that exist, so a killed
@@ -28,7 +30,7 @@ from __future__ import annotations
 import copy
 import json
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -38,7 +40,7 @@ from ..checkpoint import atomic_write_text
 from ..telemetry import get_logger
 from ..trainer import FP16Trainer, FP16TrainingConfig
 from .configs import ComponentPrecisions
-from .metrics import classify_failure, kl_k3, masked_mean, reward_report, stagnation_rate, token_logprobs, ulp
+from .metrics import applied_stagnation, classify_failure, kl_k3, masked_mean, reward_report, skipped_value_steps, stagnation_rate, token_logprobs, ulp
 from .model import cast_copy
 from .pretrain import Assets, reward_target
 from .probe import PROMPT_LEN, generate, generated_mask
@@ -70,8 +72,9 @@ class SweepArgs:
         return cls(max_steps=15, batch=8, gen_len=24)
 
 
-def run_name(cfg: ComponentPrecisions, seed: int) -> str:
-    return f"{cfg.name}__seed{seed}"
+def run_name(cfg: ComponentPrecisions, seed: int, value_lr: Optional[float] = None) -> str:
+    """``<config>__seed<n>``, or ``<config>__vlr<lr>__seed<n>`` in a sweep over value lrs."""
+    return f"{cfg.name}__seed{seed}" if value_lr is None else f"{cfg.name}__vlr{value_lr:g}__seed{seed}"
 
 
 def _trainer(model: torch.nn.Module, lr: float, precision: str, args: SweepArgs, name: str) -> FP16Trainer:
@@ -109,7 +112,6 @@ def run_one(assets: Assets, cfg: ComponentPrecisions, seed: int, args: SweepArgs
     ref = cast_copy(assets.reference, cfg.dtype("reference"))
     rew = cast_copy(assets.reward, cfg.dtype("reward"))
     ref64 = cast_copy(assets.reference, torch.float64)
-    kl_dtype = cfg.dtype("kl")
     total = PROMPT_LEN + args.gen_len
     probe_tokens = data.sample_windows("heldout", args.batch, total, torch.Generator().manual_seed(999))
     probe_mask = generated_mask(probe_tokens, PROMPT_LEN)
@@ -122,8 +124,8 @@ def run_one(assets: Assets, cfg: ComponentPrecisions, seed: int, args: SweepArgs
         with torch.no_grad():
             tokens = generate(pol_c, data.sample_windows("train", args.batch, PROMPT_LEN, g), total, g)
             mask = generated_mask(tokens, PROMPT_LEN)
-            old_lp = token_logprobs(pol_c(tokens), tokens, dtype=kl_dtype)
-            ref_lp = token_logprobs(ref(tokens), tokens, dtype=kl_dtype)
+            old_lp = token_logprobs(pol_c(tokens), tokens, dtype=cfg.logprob_dtype("policy"))
+            ref_lp = token_logprobs(ref(tokens), tokens, dtype=cfg.logprob_dtype("reference"))
             x = old_lp - ref_lp
             x64 = token_logprobs(cast_copy(policy, torch.float64)(tokens), tokens) - token_logprobs(ref64(tokens), tokens)
             k3 = kl_k3(x) * mask
@@ -198,7 +200,8 @@ def run_one(assets: Assets, cfg: ComponentPrecisions, seed: int, args: SweepArgs
         "kl_last": steps[-1]["kl"],
         "kl_fp64_last": steps[-1]["kl_fp64"],
         "kl_abs_err_mean": sum(s["kl_abs_err"] for s in steps) / len(steps),
-        "value_stagnation_rate_mean": _mean([s.get("value_stagnation_rate") for s in steps]),
+        "value_stagnation_rate_mean": applied_stagnation(steps),
+        "value_steps_skipped": skipped_value_steps(steps),
         "value_quant_step_median": _mean([s["value_quant_step_median"] for s in steps]),
         "reward_tie_rate_mean": _mean([s["reward_tie_rate"] for s in steps]),
         "reward_kendall_tau_mean": _mean([s["reward_kendall_tau"] for s in steps]),
@@ -233,33 +236,44 @@ def sweep(
     meta: Optional[dict] = None,
     on_run: Optional[Callable[[str, str], None]] = None,
     on_step: Optional[Callable[[int], None]] = None,
+    value_lrs: Optional[list[float]] = None,
 ) -> list[dict]:
-    """Run every (config, seed) not already on disk; return all run results."""
+    """Run every (config, seed) not already on disk; return all run results.
+
+    ``value_lrs``: run every (config, seed) once per value-model learning rate
+    (``args.value_lr`` replaced), for H3's stagnation against the lr."""
     runs_dir = Path(out_dir) / "runs"
     manifest = Path(out_dir) / "sweep.json"
     if manifest.exists():
-        previous = json.loads(manifest.read_text()).get("args")
-        if previous != asdict(args):
+        previous = json.loads(manifest.read_text())
+        if previous.get("args") != asdict(args) or previous.get("value_lrs") != value_lrs:
             raise ValueError(
-                f"{out_dir} holds a sweep with other arguments ({previous}); "
+                f"{out_dir} holds a sweep with other arguments ({previous.get('args')}, value_lrs {previous.get('value_lrs')}); "
                 "resume it with the same options, or give a new --out"
             )
     runs_dir.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(Path(out_dir) / "sweep.json", json.dumps({"args": asdict(args), "configs": [c.name for c in configs], "seeds": seeds, "meta": meta or {}}, indent=2, sort_keys=True))
+    atomic_write_text(manifest, json.dumps({"args": asdict(args), "value_lrs": value_lrs, "configs": [c.name for c in configs], "seeds": seeds, "meta": meta or {}}, indent=2, sort_keys=True))
+    variants = [(None, args)] if value_lrs is None else [(lr, replace(args, value_lr=lr)) for lr in value_lrs]
     results = []
     for cfg in configs:
-        for seed in seeds:
-            name = run_name(cfg, seed)
-            path = runs_dir / f"{name}.json"
-            if path.exists():
-                results.append(json.loads(path.read_text()))
-                if on_run:
-                    on_run(name, "skipped (done)")
-                continue
-            result = run_one(assets, cfg, seed, args, progress=on_step)
-            atomic_write_text(path, json.dumps(result, indent=1, sort_keys=True))
-            log.info("forensics.run_done", run=name, status=result["status"], seconds=round(result["seconds"], 2))
-            results.append(result)
-            if on_run:
-                on_run(name, result["status"])
+        for lr, run_args in variants:
+            for seed in seeds:
+                name = run_name(cfg, seed, lr)
+                path = runs_dir / f"{name}.json"
+                if path.exists():
+                    results.append(json.loads(path.read_text()))
+                    if on_run:
+                        on_run(name, "skipped (done)")
+                    continue
+                results.append(_run_and_save(assets, cfg, seed, run_args, path, name, on_run, on_step))
     return results
+
+
+def _run_and_save(assets: Assets, cfg: ComponentPrecisions, seed: int, args: SweepArgs, path: Path, name: str,
+                  on_run: Optional[Callable[[str, str], None]], on_step: Optional[Callable[[int], None]]) -> dict:
+    result = run_one(assets, cfg, seed, args, progress=on_step)
+    atomic_write_text(path, json.dumps(result, indent=1, sort_keys=True))
+    log.info("forensics.run_done", run=name, status=result["status"], seconds=round(result["seconds"], 2))
+    if on_run:
+        on_run(name, result["status"])
+    return result
