@@ -31,15 +31,19 @@ class GuardedTraining:
 
     Args:
         agent: the agent's name (its profile, its stage in the rollout ledger).
-        model, optimizer, scheduler: what the trainer trains.
+        model: the model the trainer trains.
+        optimizer: its optimizer.
+        scheduler: an optional LR scheduler.
         checkpoint_dir: where good checkpoints go (default
             ``<state_dir>/checkpoints/<agent>``); the newest one is
             ``<checkpoint_dir>/good.pt``, overwritten atomically.
         checkpoint_every: record a good checkpoint after every Nth healthy
             optimizer step (0: only the one before the first step and those
             from :meth:`save_good_checkpoint`).
-        settings, precision, overrides: passed to ``registry.trainer_for``
-            for the first trainer and every rebuild.
+        settings: the settings (default: ``load_settings()``).
+        precision: an explicit precision for ``registry.trainer_for`` (the
+            ledger and the kill switch still win; a rebuild after a rollback is FP32).
+        overrides: explicit trainer options for ``registry.trainer_for``.
         guard: a guard to use (default: ``RollbackGuard(agent)`` with the
             profile's thresholds).
 
