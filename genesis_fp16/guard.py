@@ -105,6 +105,7 @@ class RollbackGuard:
 
     @property
     def last_good_checkpoint(self) -> Optional[Path]:
+        """The last good checkpoint recorded, here or (from the ledger) by an earlier process; None if none."""
         if self._last_good is None:
             self._last_good = self.ledger.last_good_checkpoint(self.agent)
         return self._last_good

@@ -20,16 +20,28 @@ from .settings import Settings, load_settings
 
 @dataclass
 class EffectivePolicy:
+    """What ``agent`` asked for (``config``, ``requested``) and, once
+    ``registry.trainer_for`` built a trainer from it, what runs (``running``:
+    ``auto`` resolved for the device, or a fallback)."""
+
     agent: str
     config: FP16TrainingConfig
     sources: dict[str, str] = field(default_factory=dict)
     stage: Optional[str] = None
     thresholds: dict[str, Any] = field(default_factory=dict)
     reason: str = ""
+    running: Optional[str] = None
+
+    @property
+    def requested(self) -> str:
+        """The precision asked for (``auto`` stays ``auto``); ``fp32`` when reduced precision is off."""
+        return self.config.requested_precision.value
 
     @property
     def precision(self) -> str:
-        return self.config.requested_precision.value
+        """The precision that runs when a trainer was built from this policy
+        (``running``), else the one asked for (``requested``)."""
+        return self.running or self.requested
 
     @property
     def shadow(self) -> bool:
@@ -37,8 +49,11 @@ class EffectivePolicy:
         return self.stage == "shadow" and self.config.enabled
 
     def as_dict(self) -> dict[str, Any]:
-        """The fields as plain data (copies), with the derived ``precision`` and ``shadow``."""
-        return {"agent": self.agent, "precision": self.precision, "stage": self.stage, "shadow": self.shadow, **asdict(self)}
+        """The fields as plain data (copies), with the derived ``precision``, ``requested`` and ``shadow``."""
+        return {
+            "agent": self.agent, "precision": self.precision, "requested": self.requested, "stage": self.stage,
+            "shadow": self.shadow, **asdict(self),
+        }
 
 
 def resolve_policy(

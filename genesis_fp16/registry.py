@@ -180,6 +180,7 @@ def trainer_for(
     name = "auto" if settings.distributed == DistributedWrap.NONE else settings.distributed.value
     kwargs.setdefault("name", agent)
     trainer = create_trainer(name, model, optimizer, policy.config, scheduler, **kwargs)
+    policy.running = trainer.precision.name  # what runs: auto resolved for the device, or a fallback
     trainer.policy = policy  # type: ignore[attr-defined]
     get_logger("genesis_fp16.registry").debug(
         "registry.trainer_resolved", agent=agent, trainer=name, precision=trainer.precision.name, reason=policy.reason

@@ -169,6 +169,7 @@ class RolloutLedger:
 
     @classmethod
     def from_settings(cls, settings: Optional[Settings] = None) -> "RolloutLedger":
+        """The ledger of ``settings`` (default: ``load_settings()``): ``<state_dir>/rollout.sqlite``."""
         return cls(settings=settings or load_settings())
 
     # -- connection ------------------------------------------------------------

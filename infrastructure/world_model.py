@@ -190,7 +190,10 @@ class WorldModel:
         on ``trajectories``) in a worker thread; returns a :class:`TrainReport`.
         Bad input (``steps < 1``, trajectories whose sizes do not match the
         model, fewer than 2 transitions) raises ``ValueError`` before anything
-        is trained or written."""
+        is trained or written. ``fault(step, loss) -> loss`` is called on each
+        step's loss before the backward (a test hook: return a NaN loss to
+        rehearse a storm). ``save`` writes a checkpoint at the end of the call
+        (recorded as good with a guard, when the run was healthy)."""
         if isinstance(steps, bool) or not isinstance(steps, numbers.Integral) or steps < 1:
             raise ValueError(f"WorldModel.train: steps={steps!r}: expected a positive number of optimizer steps (e.g. 800)")
         check_options(self.batch_size, self.val_fraction)

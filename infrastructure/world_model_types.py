@@ -65,6 +65,20 @@ class Guard(Protocol):
 
 @dataclass
 class TrainReport:
+    """What one ``WorldModel.train()`` call did.
+
+    ``train_loss`` / ``val_loss``: the last training loss and the validation
+    loss (under the trainer's autocast); ``precision``: what ran; ``steps`` /
+    ``skipped_steps``: optimizer steps and how many were skipped;
+    ``transitions`` / ``trajectories``: the data used. ``fp32_val_loss``,
+    ``shadow_gap`` and ``reference`` (``shadow`` or ``canary``) are set when an
+    FP32 reference was measured; ``inference_val_loss_fp32`` and
+    ``inference_gap`` compare the same weights without autocast.
+    ``rolled_back``, ``rollback_reason``, ``checkpoint`` (restored or saved) and
+    ``guard_decision`` say what the guard did; ``events`` lists the events the
+    call logged.
+    """
+
     train_loss: float
     val_loss: float
     precision: str

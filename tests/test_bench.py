@@ -386,3 +386,23 @@ def test_cpu_clock_run_is_stamped(tmp_path):
     data = json.loads((tmp_path / "r.json").read_text())
     assert data["header"]["clock"] == "cpu" and "--clock cpu" in data["header"]["command"]
     assert all(row["overhead_vs_raw"] > 0 for row in data["rows"])
+
+
+def _checked(quick: bool) -> dict:
+    checks = [
+        {"check": "overhead_vs_raw at every size", "value": 1.336, "goal": "<= 1.05", "passed": False},
+        {"check": "val-loss delta bf16/fp16 vs fp32", "value": 0.01, "goal": "<= 2%", "passed": True},
+    ]
+    return {"header": {"quick": quick}, "summary": {"checks": checks}}
+
+
+def test_quick_checks_are_a_smoke_run_without_verdict():
+    from genesis_fp16.bench.cli import SMOKE_NOTE, check_lines
+
+    quick = check_lines(_checked(quick=True))
+    assert [mark for mark, _ in quick] == ["smoke", "smoke", "smoke"]
+    assert SMOKE_NOTE in quick[0][1] and "no verdict" in SMOKE_NOTE
+    assert not any("FAIL" in mark or "pass" == mark for mark, _ in quick)
+    full = check_lines(_checked(quick=False))
+    assert [mark for mark, _ in full] == ["FAIL", "pass"]
+    assert "overhead_vs_raw at every size: 1.336 (goal <= 1.05)" in full[0][1]

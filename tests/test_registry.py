@@ -140,3 +140,14 @@ def test_lazy_factory_that_cannot_load_says_which():
     factory = registry.LazyFactory("genesis_fp16.no_such_module:create")
     with pytest.raises(ImportError, match="genesis_fp16.no_such_module:create"):
         factory(*model_opt())
+
+
+def test_policy_shows_the_precision_that_runs_and_keeps_the_request(monkeypatch):
+    monkeypatch.setenv("GENESIS_FP16_PRECISION", "auto")
+    trainer = registry.trainer_for("agent-a", *model_opt())
+    policy = trainer.policy
+    assert policy.requested == "auto"
+    assert policy.running == trainer.precision.name == trainer.get_stats()["precision"] != "auto"
+    assert policy.precision == trainer.precision.name
+    shown = policy.as_dict()
+    assert shown["precision"] == trainer.precision.name and shown["requested"] == "auto" and shown["running"] == trainer.precision.name

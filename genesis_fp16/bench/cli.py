@@ -41,6 +41,21 @@ def canonical_command(prog: str, options: Any, **paths: Optional[Path]) -> str:
     return " ".join([prog] + [shlex.quote(p) for p in parts])
 
 
+SMOKE_NOTE = "--quick is a smoke run: its checks are shown, not judged (no verdict); run without --quick for pass/FAIL"
+
+
+def check_lines(result: dict[str, Any]) -> list[tuple[str, str]]:
+    """The acceptance checks as (mark, text) lines. A ``--quick`` run is a
+    smoke run (size S, few steps, short chunks): too small to judge, so its
+    checks are marked ``smoke`` under a note saying so, never pass/FAIL."""
+    quick = bool(result["header"].get("quick"))
+    lines = [("smoke", f": {SMOKE_NOTE}")] if quick and result["summary"]["checks"] else []
+    for check in result["summary"]["checks"]:
+        mark = "smoke" if quick else ("pass" if check["passed"] else "FAIL")
+        lines.append((mark, f" {check['check']}: {check['value']:.4g} (goal {check['goal']})"))
+    return lines
+
+
 def run_and_write(
     options: Any,
     json_path: Optional[Path] = None,
@@ -98,9 +113,9 @@ def run_and_write(
             f"[yellow]warning:[/] load average {load[0]:.1f} at start, {load[1]:.1f} at end on {cores} cores: "
             "other processes shared the machine, so timings are noisy (ratios are taken side by side, but re-run when quiet)"
         )
-    for check in result["summary"]["checks"]:
-        mark = Text("pass", "green") if check["passed"] else Text("FAIL", "red")
-        out.print(Text.assemble(mark, safe_text(f" {check['check']}: {check['value']:.4g} (goal {check['goal']})")))
+    colours = {"pass": "green", "FAIL": "red", "smoke": "yellow"}
+    for mark, text in check_lines(result):
+        out.print(Text.assemble(Text(mark, colours.get(mark, "")), safe_text(text)))
     for path in written:
         console.print(safe_text(f"wrote {path}"))
     return result

@@ -1,0 +1,52 @@
+"""Claims in README.md, docs/ and configs/ that a new user runs as written:
+the profile example's copy command, the README's `tune` invocation, the
+`auto` precision on an AVX512-BF16 CPU without AMX."""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import shutil
+import subprocess
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+from genesis_fp16.cli import app
+from genesis_fp16.precision import capability
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_profiles_example_copy_command_works_on_a_fresh_clone(tmp_path):
+    text = (REPO / "configs" / "profiles.example.toml").read_text(encoding="utf-8")
+    command = re.search(r"^# Use:\s+(.*)$", text, flags=re.M).group(1)
+    (tmp_path / "configs").mkdir()
+    shutil.copy(REPO / "configs" / "profiles.example.toml", tmp_path / "configs")
+    done = subprocess.run(["bash", "-c", command], cwd=tmp_path, capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0, f"{command!r}: {done.stderr}"
+    assert (tmp_path / ".genesis_fp16" / "profiles.toml").is_file()
+
+
+def test_readme_tune_line_is_a_working_invocation(state_dir, monkeypatch):
+    line = next(l for l in (REPO / "README.md").read_text(encoding="utf-8").splitlines() if l.startswith("genesis-fp16 tune"))
+    args = shlex.split(line.split("#")[0].replace("[--apply]", ""))[1:]
+    assert args[:2] == ["tune", "--events"]
+    events = state_dir / "events.jsonl"
+    events.write_text(json.dumps({"event": "trainer.scale_changed", "level": "info"}) + "\n", encoding="utf-8")
+    monkeypatch.chdir(state_dir.parent)
+    args[2] = str(events)  # the README's path is relative to the default state dir
+    result = CliRunner().invoke(app, [*args, "--json"])
+    assert result.exit_code == 0, result.output
+
+
+def test_auto_is_fp32_on_avx512_bf16_without_amx_as_documented(monkeypatch):
+    import torch
+
+    monkeypatch.setattr(capability, "cpu_flags", lambda: frozenset({"avx512_bf16"}))
+    mode, why = capability.auto_precision("cpu")
+    assert mode.value == "fp32" and "no AMX" in why
+    for doc in ("configs/profiles.example.toml", "docs/DISTRIBUTED.md"):
+        text = (REPO / doc).read_text(encoding="utf-8")
+        assert "AVX512-BF16/AMX CPUs" not in text and "CPU with AVX512-BF16/AMX, " not in text, doc

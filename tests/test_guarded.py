@@ -1,0 +1,136 @@
+"""GuardedTraining: a bare trainer under the guard, with the rollback done
+once (rebuild in FP32 through the registry, restore the last good checkpoint,
+clear the trip), and every later step kept. The recipe in
+docs/ROLLBACK_PLAN.md is run here as written."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+from genesis_fp16 import guarded
+from genesis_fp16.guarded import GuardedTraining
+from genesis_fp16.rollout import RolloutLedger
+from genesis_fp16.settings import load_settings
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+DOC = Path(__file__).resolve().parents[1] / "docs" / "ROLLBACK_PLAN.md"
+
+
+def _loss_fn(model, batch):
+    x, y = batch
+    return ((model(x).float() - y) ** 2).mean()
+
+
+def _model_and_opt():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
+    return model, torch.optim.Adam(model.parameters(), lr=1e-2)
+
+
+def _batches(good_before=8, storm=5, good_after=10):
+    """``storm`` NaN batches (NaN targets, so a NaN loss) between good ones."""
+    g = torch.Generator().manual_seed(1)
+    out = []
+    for i in range(good_before + storm + good_after):
+        x, y = torch.randn(32, 4, generator=g), torch.randn(32, 1, generator=g)
+        if good_before <= i < good_before + storm:
+            y = torch.full_like(y, float("nan"))
+        out.append((x, y))
+    return out
+
+
+@pytest.fixture
+def builds(monkeypatch):
+    """Count the trainers GuardedTraining builds through the registry."""
+    made = []
+    real = guarded.trainer_for
+
+    def counting(*args, **kwargs):
+        made.append(real(*args, **kwargs))
+        return made[-1]
+
+    monkeypatch.setattr(guarded, "trainer_for", counting)
+    return made
+
+
+def _rolled_out(agent):
+    RolloutLedger.from_settings(load_settings()).enable(agent)
+
+
+def _doc_recipe() -> str:
+    text = DOC.read_text(encoding="utf-8")
+    blocks = re.findall(r"```python\n(.*?)```", text, flags=re.S)
+    recipe = [b for b in blocks if "GuardedTraining(" in b]
+    assert len(recipe) == 1, f"expected one python block using GuardedTraining in {DOC.name}, found {len(recipe)}"
+    return recipe[0]
+
+
+def test_rollback_plan_recipe_runs_as_written(state_dir, builds, monkeypatch):
+    monkeypatch.setenv("GENESIS_FP16_PRECISION", "bf16")
+    _rolled_out("my_agent")
+    model, optimizer = _model_and_opt()
+    namespace = {"model": model, "optimizer": optimizer, "batches": _batches(), "loss_fn": _loss_fn, "v": 1.0, "v32": 1.0}
+    exec(compile(_doc_recipe(), str(DOC), "exec"), namespace)
+    run = namespace["run"]
+    assert [t.precision.name for t in builds] == ["bf16", "fp32"]  # rebuilt exactly once
+    assert len(run.rollbacks) == 1 and "non-finite" in run.rollbacks[0].reason
+    assert run.guard.tripped is None
+    # restored to the checkpoint taken before the first step (step 0); then the
+    # 2 NaN batches left of the storm and the 10 good ones all count
+    assert run.trainer.training_steps == 12
+    assert run.trainer.skipped_steps == 2
+    assert RolloutLedger.from_settings(load_settings()).stage("my_agent") == "rolled_back"
+    assert namespace["decision"].action == "warn" or namespace["decision"].action == "none"
+
+
+def test_nan_storm_restores_last_good_checkpoint_once_and_keeps_later_steps(state_dir, builds):
+    _rolled_out("wm")
+    model, optimizer = _model_and_opt()
+    run = GuardedTraining("wm", model, optimizer, precision="bf16", checkpoint_every=4)
+    batches = _batches(good_before=8, storm=6, good_after=10)
+    for batch in batches[:8]:
+        assert run.step(batch, _loss_fn)
+    good = {k: v.clone() for k, v in model.state_dict().items()}
+    assert run.guard.last_good_checkpoint == state_dir / "checkpoints" / "wm" / "good.pt"
+    for batch in batches[8:11]:  # the third NaN trips P0; the rollback happens inside step()
+        assert not run.step(batch, _loss_fn)
+    assert len(builds) == 2 and run.trainer.precision.name == "fp32"
+    assert run.trainer.training_steps == 8  # the step-8 checkpoint
+    assert all(torch.equal(good[k], v) for k, v in run.trainer.model.state_dict().items())
+    counts = []
+    for batch in batches[11:]:  # 3 more NaN batches (FP32 skips them), then 10 good ones
+        run.step(batch, _loss_fn)
+        counts.append(run.trainer.training_steps)
+    assert counts == list(range(9, 9 + len(batches[11:])))
+    assert len(builds) == 2 and len(run.rollbacks) == 1  # a NaN streak in FP32 is a warning, not a second rollback
+    assert run.trainer.skipped_steps == 3
+    assert not all(torch.equal(good[k], v) for k, v in model.state_dict().items())  # it trained on
+
+
+def test_p1_from_check_rolls_back_the_same_way(state_dir, builds):
+    _rolled_out("wm")
+    model, optimizer = _model_and_opt()
+    run = GuardedTraining("wm", model, optimizer, precision="bf16", checkpoint_every=0)
+    for batch in _batches(good_before=4, storm=0, good_after=0):
+        run.step(batch, _loss_fn)
+    decision = run.check(val_loss=2.0, fp32_val_loss=1.0)
+    assert decision.severity == "P1" and decision.action == "rollback"
+    assert [t.precision.name for t in builds] == ["bf16", "fp32"]
+    assert run.trainer.training_steps == 0 and run.guard.tripped is None
+    assert run.check(val_loss=2.0, fp32_val_loss=1.0).action == "warn"  # FP32 now: nothing more to roll back
+    assert len(builds) == 2
+
+
+def test_good_checkpoint_refused_while_tripped(state_dir):
+    _rolled_out("wm")
+    model, optimizer = _model_and_opt()
+    run = GuardedTraining("wm", model, optimizer, precision="bf16")
+    for batch in _batches(good_before=0, storm=3, good_after=0):
+        run.trainer.backward_and_step(run.trainer.training_step(batch, _loss_fn))  # bypasses step(): trip unhandled
+    with pytest.raises(RuntimeError, match="tripped"):
+        run.save_good_checkpoint()
