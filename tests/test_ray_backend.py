@@ -117,3 +117,27 @@ def test_an_address_with_no_cluster_fails_fast_and_clearly():
     assert time.monotonic() - started < 10
     with pytest.raises(RayConnectError, match="expected 'auto' or HOST:PORT"):
         connect_ray("nowhere", None)
+
+
+def test_evolve_with_an_address_that_answers_nothing_is_one_clear_line(monkeypatch):
+    from typer.testing import CliRunner
+
+    from genesis_fp16.cli import app
+
+    runner = CliRunner()
+    result = runner.invoke(app, ["evolve", "--backend", "ray", "--ray-address", "127.0.0.1:1", "--budget", "40"])
+    assert result.exit_code == 2, result.output
+    assert "--ray-address 127.0.0.1:1: no Ray cluster answers there" in result.output
+    assert "Traceback" not in result.output
+    monkeypatch.setenv("GENESIS_FP16_RAY_ADDRESS", "127.0.0.1:1")  # the setting is the default address
+    result = runner.invoke(app, ["evolve", "--backend", "ray", "--budget", "40"])
+    assert result.exit_code == 2 and "no Ray cluster answers there" in result.output, result.output
+    result = runner.invoke(app, ["evolve", "--budget", "40"])
+    assert result.exit_code == 2 and "applies to --backend ray only" in result.output, result.output
+
+
+def test_evolve_config_checks_the_backend():
+    from agents.evolve_config import EvolveConfig
+
+    with pytest.raises(ValueError, match="backend='dask': expected one of process, ray"):
+        EvolveConfig(backend="dask").validate()
