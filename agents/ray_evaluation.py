@@ -111,6 +111,7 @@ class RayEvaluator:
         self.max_retries = max_retries
         self._remote = self._ray.remote(num_cpus=1, max_retries=max_retries, retry_exceptions=False)(run_chunk)
         self._running: list[Any] = []
+        self._spec_ref: Optional[tuple[Any, Any]] = None  # (spec, its object ref): serialised once, not once per task
         self._lock = threading.Lock()
         self._log = get_logger("agents.evaluation")
 
@@ -188,6 +189,9 @@ class RayEvaluator:
 
     def _submit(self, jobs: Sequence[tuple[Sequence[float], Sequence[Sequence[float]]]], hang_seconds: float, alloc_mb: int) -> list[tuple[int, list[int], Any]]:
         """Every job split into per-worker chunks, as the process pool splits it: (job index, state indices, ref)."""
+        if self._spec_ref is None or self._spec_ref[0] is not self.spec:
+            self._spec_ref = (self.spec, self._ray.put(self.spec))
+        spec = self._spec_ref[1]
         submitted = []
         for j, (params, states) in enumerate(jobs):
             states = [list(map(float, s)) for s in states]
@@ -195,7 +199,7 @@ class RayEvaluator:
             for w in range(self.workers):
                 idx = list(range(len(states)))[w :: self.workers]
                 if idx:
-                    ref = self._remote.remote(self.spec, plist, [states[i] for i in idx], hang_seconds, alloc_mb, self.memory_limit_mb)
+                    ref = self._remote.remote(spec, plist, [states[i] for i in idx], hang_seconds, alloc_mb, self.memory_limit_mb)
                     submitted.append((j, idx, ref))
         return submitted
 
