@@ -16,6 +16,7 @@ Ray is imported only here, and only when this backend is chosen.
 
 from __future__ import annotations
 
+import logging
 import socket
 import threading
 import time
@@ -71,12 +72,12 @@ def connect_ray(address: Optional[str], num_cpus: Optional[int]) -> Any:
     module; raises :class:`RayConnectError` when nothing answers there."""
     ray = require("ray", RAY)
     if address is None:
-        ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)
+        ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING)
         return ray
     if address != "auto":
         _probe(address)
     try:
-        ray.init(address=address, include_dashboard=False, log_to_driver=False)
+        ray.init(address=address, include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING)
     except ConnectionError as exc:
         raise RayConnectError(f"--ray-address {address}: {exc}") from None
     return ray

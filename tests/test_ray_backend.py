@@ -141,3 +141,24 @@ def test_evolve_config_checks_the_backend():
 
     with pytest.raises(ValueError, match="backend='dask': expected one of process, ray"):
         EvolveConfig(backend="dask").validate()
+
+
+def test_the_memory_limit_holds_inside_a_ray_task(local_ray, task, params):
+    from agents.evaluation import EvaluationMemoryError
+
+    with RayEvaluator(task, workers=1, timeout_s=60, memory_limit_mb=64) as ev:
+        with pytest.raises(EvaluationMemoryError, match="over the worker memory limit \\(64 MiB\\)"):
+            ev.evaluate(params[0], STATES[:1], alloc_mb=1024)
+        assert len(ev.evaluate(params[0], STATES[:1]).returns) == 1  # the limit was lifted after the task
+
+
+def test_a_resumed_run_may_change_its_backend():
+    from dataclasses import asdict
+
+    from agents.evolve_config import EvolveConfig, resumed_config
+
+    saved = asdict(EvolveConfig())
+    manifest = {"run_id": "r", "config": saved, "real_episodes": 0}
+    assert resumed_config(manifest, budget=None, workers=None, options={}, backend="ray").backend == "ray"
+    del saved["backend"]  # a run started before backends existed: the process pool
+    assert resumed_config(manifest, budget=None, workers=None, options={}).backend == "process"
