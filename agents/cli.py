@@ -20,6 +20,11 @@ from .tasks.pendulum import N_TRAIN_STARTS
 MIN_BUDGET = N_TRAIN_STARTS  # EvolveConfig.validate: one full evaluation, every training start state
 
 
+class Backend(str, Enum):
+    process = "process"
+    ray = "ray"
+
+
 class Baseline(str, Enum):
     none = "none"
     cma = "cma"
@@ -115,7 +120,14 @@ def evolve(
     ),
     baseline: Baseline = typer.Option(Baseline.none, "--baseline", help="cma: plain CMA-ES on real returns instead of the loop."),
     no_world_model: bool = typer.Option(False, "--no-world-model", help="Ablation: the same loop without the world model."),
-    workers: int = typer.Option(2, "--workers", min=1, help="Worker processes for real episodes."),
+    workers: int = typer.Option(2, "--workers", min=1, help="Worker processes for real episodes (with --backend ray: tasks per candidate)."),
+    backend: Backend = typer.Option(
+        Backend.process, "--backend", help="Where real episodes run: process (a local pool) or ray (a Ray cluster; the ray extra)."
+    ),
+    ray_address: Optional[str] = typer.Option(
+        None, "--ray-address", metavar="auto|HOST:PORT",
+        help="With --backend ray: the cluster to join (default: settings' ray_address); unset: a local Ray with --workers CPUs.",
+    ),
     torch_threads: int = typer.Option(1, "--torch-threads", min=1, help="torch intra-op threads (tiny tensors run best on 1)."),
     json_path: Optional[Path] = typer.Option(None, "--json", help="Write the report as JSON to this file."),
     resume: Optional[str] = typer.Option(
@@ -124,21 +136,13 @@ def evolve(
     ),
 ) -> None:
     """Evolve a policy for a task: the SE-Darwin loop with an FP16/BF16 world model (or a baseline)."""
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-    from rich.table import Table
-    from rich.text import Text
-
-    from genesis_fp16.checkpoint import CheckpointError, atomic_write_text
     from genesis_fp16.extras import require
-    from genesis_fp16.cli import fail, load_settings_or_exit, safe_cells, safe_text, strict_json_value
+    from genesis_fp16.cli import fail, load_settings_or_exit
     from genesis_fp16.settings import env_name
-    from genesis_fp16.storage import StorageError, check_output_path, full_disk, prepare_dir
+    from genesis_fp16.storage import StorageError, check_output_path, prepare_dir
 
-    from .evaluation import EvaluationError
     from .evolve_config import EVOLVE
-    from .runs import RunStorageError
-    from .se_darwin_agent import EvolveConfig, SEDarwinAgent, run_cma_baseline
+    from .se_darwin_agent import EvolveConfig
 
     settings = load_settings_or_exit()
     if baseline == Baseline.cma and no_world_model:
@@ -150,6 +154,7 @@ def evolve(
         precision=precision.value if precision is not None else None,
         use_world_model=not no_world_model,
         workers=workers,
+        backend=backend.value,
         target=target,
         policy=policy,
         episode_steps=episode_steps,
@@ -171,11 +176,60 @@ def evolve(
     except StorageError as exc:
         raise fail(str(exc), code=exc.exit_code)
 
+    address = ray_address if ray_address is not None else settings.ray_address
+    if address is not None and backend != Backend.ray:
+        raise fail(f"--ray-address {address}: it applies to --backend ray only (this run uses --backend {backend.value}); "
+                   "add --backend ray, or leave the address out (unset GENESIS_FP16_RAY_ADDRESS)")
+    with _ray_connection(backend, address, workers):
+        _run(ctx, config, settings, resume=resume, baseline=baseline, env=env, seed=seed, precision=precision, no_world_model=no_world_model,
+             budget=budget, workers=workers, backend=backend, target=target, policy=policy, episode_steps=episode_steps,
+             torch_threads=torch_threads, json_path=json_path)
+
+
+@contextmanager
+def _ray_connection(backend: Backend, address: Optional[str], workers: int) -> Iterator[None]:
+    """With --backend ray: connected to the cluster at ``address`` (or a local
+    Ray with ``workers`` CPUs) while the run lasts, disconnected (a local Ray
+    shut down) after it."""
+    if backend != Backend.ray:
+        yield
+        return
+    from genesis_fp16.cli import fail
+
+    from .ray_evaluation import RayConnectError, connect_ray
+
+    try:
+        ray = connect_ray(address, num_cpus=workers)
+    except RayConnectError as exc:
+        raise fail(str(exc))
+    try:
+        yield
+    finally:
+        ray.shutdown()
+
+
+def _run(ctx: typer.Context, config: Any, settings: Any, *, resume: Optional[str], baseline: Baseline, env: str, seed: int,
+         precision: Optional[PrecisionMode], no_world_model: bool, budget: int, workers: int, backend: Backend, target: Optional[float],
+         policy: Optional[str], episode_steps: Optional[int], torch_threads: int, json_path: Optional[Path]) -> None:
+    """The run itself, once its options are checked."""
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.table import Table
+    from rich.text import Text
+
+    from genesis_fp16.checkpoint import CheckpointError, atomic_write_text
+    from genesis_fp16.cli import fail, safe_cells, safe_text, strict_json_value
+    from genesis_fp16.storage import StorageError, full_disk
+
+    from .evaluation import EvaluationError
+    from .runs import RunStorageError
+    from .se_darwin_agent import SEDarwinAgent, run_cma_baseline
+
     agent = None
     if resume is not None:
         agent = _resumed_agent(ctx, resume, settings, baseline=baseline, env=env, seed=seed, precision=precision,
-                               no_world_model=no_world_model, budget=budget, workers=workers, target=target, policy=policy,
-                               episode_steps=episode_steps)
+                               no_world_model=no_world_model, budget=budget, workers=workers, backend=backend, target=target,
+                               policy=policy, episode_steps=episode_steps)
         budget, seed, no_world_model = agent.config.budget, agent.config.seed, not agent.config.use_world_model
 
     import torch
@@ -292,6 +346,7 @@ def _resumed_agent(ctx: typer.Context, run_id: str, settings: Any, *, baseline: 
     if baseline == Baseline.cma:
         raise fail("--resume continues an SE-Darwin run; a --baseline cma run keeps no state to resume")
     explicit = {name: value for name, value in given.items() if ctx.get_parameter_source(name).name != "DEFAULT"}
+    backend = explicit.get("backend")
     as_config = {"env": "env_id", "seed": "seed", "precision": "precision", "no_world_model": "use_world_model", "target": "target",
                  "policy": "policy", "episode_steps": "episode_steps"}
     options = {as_config[k]: v for k, v in explicit.items() if k in as_config}
@@ -300,7 +355,8 @@ def _resumed_agent(ctx: typer.Context, run_id: str, settings: Any, *, baseline: 
     if "use_world_model" in options:
         options["use_world_model"] = not options["use_world_model"]
     try:
-        return SEDarwinAgent.resume(run_id, settings=settings, budget=explicit.get("budget"), workers=explicit.get("workers"), options=options)
+        return SEDarwinAgent.resume(run_id, settings=settings, budget=explicit.get("budget"), workers=explicit.get("workers"),
+                                    backend=backend.value if backend is not None else None, options=options)
     except (RunError, ValueError, ReplayBufferError) as exc:
         raise fail(str(exc))
 

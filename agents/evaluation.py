@@ -20,7 +20,7 @@ import time
 from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional, Sequence, TypeVar, Union
+from typing import Any, Callable, Optional, Protocol, Sequence, TypeVar, Union
 
 import numpy as np
 
@@ -64,6 +64,64 @@ class Evaluation:
         return sum(len(ep["reward"]) for ep in self.episodes if "reward" in ep)
 
 
+BACKENDS = ("process", "ray")
+
+
+class EvaluationBackend(Protocol):
+    """What the loop needs of an evaluator: :class:`Evaluator` (a local
+    process pool, the default) or ``agents.ray_evaluation.RayEvaluator``."""
+
+    task: ResolvedTask
+    workers: int
+    timeout_s: float
+
+    def evaluate(
+        self, params: Sequence[float], states: Sequence[Sequence[float]], *, hang_seconds: float = 0.0, alloc_mb: int = 0
+    ) -> Evaluation: ...
+
+    def evaluate_many(
+        self,
+        jobs: Sequence[tuple[Sequence[float], Sequence[Sequence[float]]]],
+        *,
+        hang_seconds: float = 0.0,
+        alloc_mb: int = 0,
+        per_job_env_errors: bool = False,
+    ) -> list[Union[Evaluation, EvaluationEnvError]]: ...
+
+    def terminate(self) -> None: ...
+
+    def close(self) -> None: ...
+
+
+def check_limits(workers: int, timeout_s: float, memory_limit_mb: Optional[int]) -> None:
+    if workers < 1:
+        raise ValueError(f"workers={workers}: expected >= 1")
+    if timeout_s <= 0:
+        raise ValueError(f"timeout_s={timeout_s}: expected > 0")
+    if memory_limit_mb is not None and memory_limit_mb < 1:
+        raise ValueError(f"memory_limit_mb={memory_limit_mb}: expected >= 1 or None (no limit)")
+
+
+def default_task() -> ResolvedTask:
+    from .tasks.builtin import pendulum
+
+    return pendulum().resolve()
+
+
+def make_evaluator(
+    task: ResolvedTask, *, backend: str = "process", workers: int = 2, timeout_s: float = 60.0, memory_limit_mb: Optional[int] = 2048
+) -> EvaluationBackend:
+    """The evaluator ``backend`` names: 'process' (a local spawn pool) or 'ray'
+    (tasks on the Ray cluster this process is connected to)."""
+    if backend == "process":
+        return Evaluator(task, workers=workers, timeout_s=timeout_s, memory_limit_mb=memory_limit_mb)
+    if backend == "ray":
+        from .ray_evaluation import RayEvaluator
+
+        return RayEvaluator(task, workers=workers, timeout_s=timeout_s, memory_limit_mb=memory_limit_mb)
+    raise ValueError(f"backend={backend!r}: expected one of {', '.join(BACKENDS)}")
+
+
 class Evaluator:
     """``evaluate(params, states)`` runs one real episode per start state of
     ``task`` (default: the built-in Pendulum task), split over ``workers`` processes."""
@@ -75,19 +133,10 @@ class Evaluator:
         timeout_s: float = 60.0,
         memory_limit_mb: Optional[int] = 2048,
     ) -> None:
-        if workers < 1:
-            raise ValueError(f"workers={workers}: expected >= 1")
-        if timeout_s <= 0:
-            raise ValueError(f"timeout_s={timeout_s}: expected > 0")
-        if memory_limit_mb is not None and memory_limit_mb < 1:
-            raise ValueError(f"memory_limit_mb={memory_limit_mb}: expected >= 1 or None (no limit)")
+        check_limits(workers, timeout_s, memory_limit_mb)
         require("gymnasium", "real episodes of the evolution loop")  # here, not in the workers: they never import torch
-        if task is None:
-            from .tasks.builtin import pendulum
-
-            task = pendulum().resolve()
-        self.task = task
-        self.spec = task.episode_spec
+        self.task = task or default_task()
+        self.spec = self.task.episode_spec
         self.workers = workers
         self.timeout_s = timeout_s
         self.memory_limit_mb = memory_limit_mb

@@ -10,6 +10,7 @@ import numpy as np
 from genesis_fp16.precision import parse_mode
 from genesis_fp16.settings import PrecisionMode
 
+from .evaluation import BACKENDS
 from .runs import RunError
 from .tasks import ResolvedTask, Task, TaskError, get_task
 
@@ -40,6 +41,7 @@ class EvolveConfig:
     revision_samples: int = 64
     recombinations: int = 3
     workers: int = 2
+    backend: str = "process"  # where real episodes run: process (a local pool) or ray (the connected Ray cluster)
     eval_timeout_s: float = 120.0
     eval_memory_mb: Optional[int] = 2048  # address space an evaluation worker may add; None: no limit
     agent: str = "se_darwin"
@@ -76,6 +78,8 @@ class EvolveConfig:
                 parse_mode(self.precision)
             except ValueError:
                 problems.append(f"precision={self.precision!r}: expected one of {', '.join(m.value for m in PrecisionMode)}")
+        if self.backend not in BACKENDS:
+            problems.append(f"backend={self.backend!r}: expected one of {', '.join(BACKENDS)}")
         counts = {"init_candidates": self.init_candidates, "eval_top_k": self.eval_top_k, "popsize": self.popsize,
                   "workers": self.workers, "horizon": self.horizon, "episode_steps": self.episode_steps}
         problems += [f"{name}={value}: expected >= 1" for name, value in counts.items() if value is not None and value < 1]
@@ -105,8 +109,10 @@ class Candidate:
 CONFIG_FIELDS = {f.name for f in fields(EvolveConfig)}
 
 
-def resumed_config(manifest: dict[str, Any], *, budget: Optional[int], workers: Optional[int], options: dict[str, Any]) -> EvolveConfig:
-    """The run's own config, with the budget and workers the caller may change."""
+def resumed_config(
+    manifest: dict[str, Any], *, budget: Optional[int], workers: Optional[int], options: dict[str, Any], backend: Optional[str] = None
+) -> EvolveConfig:
+    """The run's own config, with the budget, workers and backend the caller may change."""
     run_id, saved = manifest["run_id"], dict(manifest["config"])
     unknown = sorted(set(saved) - CONFIG_FIELDS)
     if unknown:
@@ -115,7 +121,7 @@ def resumed_config(manifest: dict[str, Any], *, budget: Optional[int], workers: 
     if mismatched:
         raise RunError(
             f"run {run_id!r} was started with other options: {'; '.join(mismatched)}. A resumed run keeps its own options "
-            "(only --budget and --workers may change); resume it without these, or start a new run"
+            "(only --budget, --workers and --backend may change); resume it without these, or start a new run"
         )
     if budget is not None:
         spent = int(manifest["real_episodes"])
@@ -124,4 +130,6 @@ def resumed_config(manifest: dict[str, Any], *, budget: Optional[int], workers: 
         saved["budget"] = budget
     if workers is not None:
         saved["workers"] = workers
+    if backend is not None:
+        saved["backend"] = backend
     return EvolveConfig(**saved)

@@ -35,7 +35,7 @@ from infrastructure.replay_buffer import ReplayBuffer, trajectories_from_episode
 
 from . import runs
 from .cma_baseline import run_cma_baseline
-from .evaluation import Evaluation, EvaluationEnvError, EvaluationError, EvaluationTimeout, Evaluator
+from .evaluation import Evaluation, EvaluationBackend, EvaluationEnvError, EvaluationError, EvaluationTimeout, Evaluator
 from .evolve_config import EVOLVE, Candidate, EvolveConfig, resumed_config
 from .evolve_report import generation_record, run_report
 from .run_record import RunRecord
@@ -65,7 +65,7 @@ class SEDarwinAgent(RunRecord):
         settings: Optional[Settings] = None,
         buffer: Optional[ReplayBuffer] = None,
         world_model: Optional[WorldModel] = None,
-        evaluator: Optional[Evaluator] = None,
+        evaluator: Optional[EvaluationBackend] = None,
         on_generation: Optional[Callable[[dict[str, Any]], None]] = None,
         run_id: Optional[str] = None,
     ) -> None:
@@ -87,12 +87,7 @@ class SEDarwinAgent(RunRecord):
         self._imagined_starts: Optional[ImaginedStarts] = None
         if self.world_model is not None:  # resets only, no real episode; an env failing there fails here, before any
             self._imagined_starts = ImaginedStarts(self.task, self.starts.train, self.config.seed, self.config.extra_imagined_starts)
-        self.evaluator = evaluator or Evaluator(
-            self.task,
-            workers=self.config.workers,
-            timeout_s=self.config.eval_timeout_s,
-            memory_limit_mb=self.config.eval_memory_mb,
-        )
+        self.evaluator = evaluator or self._make_evaluator()
         self.on_generation = on_generation
         self.pool: list[Candidate] = []
         self.real_episodes = 0
@@ -109,6 +104,15 @@ class SEDarwinAgent(RunRecord):
         }
         self._prior_wall_s = 0.0  # wall time of earlier sessions of this run
         self._log = get_logger("agents.se_darwin", agent=self.config.agent, run_id=self.run_id)
+
+    def _make_evaluator(self) -> EvaluationBackend:
+        """The config's backend: the process pool, or Ray tasks on the connected cluster."""
+        cfg = self.config
+        if cfg.backend == "ray":
+            from .ray_evaluation import RayEvaluator
+
+            return RayEvaluator(self.task, workers=cfg.workers, timeout_s=cfg.eval_timeout_s, memory_limit_mb=cfg.eval_memory_mb)
+        return Evaluator(self.task, workers=cfg.workers, timeout_s=cfg.eval_timeout_s, memory_limit_mb=cfg.eval_memory_mb)
 
     def _make_world_model(self) -> WorldModel:
         import torch
@@ -302,15 +306,16 @@ class SEDarwinAgent(RunRecord):
         settings: Optional[Settings] = None,
         budget: Optional[int] = None,
         workers: Optional[int] = None,
+        backend: Optional[str] = None,
         options: Optional[dict[str, Any]] = None,
         task: Optional[Task] = None,
         buffer: Optional[ReplayBuffer] = None,
-        evaluator: Optional[Evaluator] = None,
+        evaluator: Optional[EvaluationBackend] = None,
         on_generation: Optional[Callable[[dict[str, Any]], None]] = None,
     ) -> "SEDarwinAgent":
         """The interrupted run ``run_id``, ready to :meth:`evolve` on from its
         last committed generation: its own config (``budget`` may change it,
-        ``workers`` too; every other option in ``options``, keyed as in
+        ``workers`` and ``backend`` too; every other option in ``options``, keyed as in
         :class:`EvolveConfig`, must equal the run's; ``task`` for a run of a
         task that is not registered), pool, generator state,
         episodes spent and world-model snapshot. Replay rows of a generation
@@ -329,7 +334,7 @@ class SEDarwinAgent(RunRecord):
             if manifest.get("status") == "finished":
                 summary = ", ".join(f"{k} {v:.1f}" if isinstance(v, float) else f"{k} {v}" for k, v in (manifest.get("report") or {}).items())
                 raise runs.RunError(f"run {run_id!r} already finished ({summary}); nothing to resume. Start a new run without --resume")
-            config = resumed_config(manifest, budget=budget, workers=workers, options=options or {})
+            config = resumed_config(manifest, budget=budget, workers=workers, options=options or {}, backend=backend)
             agent = cls(config, task=task, settings=settings, buffer=buffer, evaluator=evaluator, on_generation=on_generation, run_id=run_id)
             agent._lock = lock
             agent._restore(manifest)

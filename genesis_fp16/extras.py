@@ -17,6 +17,7 @@ EXTRAS = {
     "cma": "agents",
     "yaml": "agents",
     "matplotlib": "plots",
+    "ray": "ray",
 }
 
 

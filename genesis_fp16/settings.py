@@ -184,6 +184,11 @@ class Settings(PrecisionConfig, BaseSettings):
     profiles_file: Optional[Path] = Field(
         None, description="Per-agent tuning profiles (TOML). Default: <state_dir>/profiles.toml when it exists."
     )
+    ray_address: Optional[str] = Field(
+        None,
+        description="Ray cluster for `evolve --backend ray`: 'auto' (the cluster this node joined) or HOST:PORT of the head; "
+        "unset: a local Ray with --workers CPUs.",
+    )
     distributed: DistributedWrap = Field(
         DistributedWrap.NONE, description="none|ddp|fsdp: how trainers wrap models under torchrun."
     )

@@ -1,0 +1,246 @@
+"""Real evaluations as Ray tasks: ``genesis-fp16 evolve --backend ray``.
+
+The same contract as the process pool (:class:`agents.evaluation.Evaluator`):
+every candidate's start states are split into ``workers`` chunks, one
+stateless Ray task per chunk (several episodes per task, never one per step);
+all of a call's tasks must finish within ``timeout_s`` (``ray.wait``), and a
+late one is cancelled with ``ray.cancel(force=True)``, which kills its worker.
+The memory limit is set inside the task (``RLIMIT_AS``, as in a pool worker):
+Ray's own ``memory=`` only schedules. A system failure (the worker process or
+its node died) is retried by Ray up to ``max_retries`` times, then the call
+fails with :class:`EvaluationWorkerLost`, charged and skipped like a timeout.
+An env that raises is an :class:`EvaluationEnvError`, exactly as in the pool.
+
+Ray is imported only here, and only when this backend is chosen.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+import time
+from typing import Any, Optional, Sequence, Union
+
+import numpy as np
+
+from genesis_fp16.extras import require
+from genesis_fp16.telemetry import get_logger
+
+from .evaluation import (
+    Evaluation,
+    EvaluationEnvError,
+    EvaluationError,
+    EvaluationMemoryError,
+    EvaluationTimeout,
+    check_limits,
+    default_task,
+)
+from .ray_task import run_chunk
+from .tasks import EnvFailure, ResolvedTask
+
+RAY = "genesis-fp16 evolve --backend ray"
+PROBE_TIMEOUT_S = 3.0
+
+
+class EvaluationWorkerLost(EvaluationError):
+    """A Ray worker or node died while running the evaluation, on every retry."""
+
+
+class RayConnectError(ConnectionError):
+    """``--ray-address`` names no running Ray cluster."""
+
+
+def _probe(address: str) -> None:
+    """Fail fast where HOST:PORT accepts no connection: ``ray.init`` would
+    retry a dead address for minutes."""
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit():
+        raise RayConnectError(f"--ray-address {address!r}: expected 'auto' or HOST:PORT (the head node's GCS address, port 6379 by default)")
+    try:
+        socket.create_connection((host or "127.0.0.1", int(port)), timeout=PROBE_TIMEOUT_S).close()
+    except OSError as exc:
+        raise RayConnectError(
+            f"--ray-address {address}: no Ray cluster answers there ({exc}); start one with `ray start --head` "
+            "and pass the address it prints, or leave --ray-address out to start a local Ray"
+        ) from None
+
+
+def connect_ray(address: Optional[str], num_cpus: Optional[int]) -> Any:
+    """Connect to the Ray cluster at ``address`` ('auto' or HOST:PORT), or
+    without one start a local Ray with ``num_cpus`` CPUs. Returns the ``ray``
+    module; raises :class:`RayConnectError` when nothing answers there."""
+    ray = require("ray", RAY)
+    if address is None:
+        ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING)
+        return ray
+    if address != "auto":
+        _probe(address)
+    try:
+        ray.init(address=address, include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING)
+    except ConnectionError as exc:
+        raise RayConnectError(f"--ray-address {address}: {exc}") from None
+    return ray
+
+
+class RayEvaluator:
+    """``evaluate(params, states)`` as Ray tasks on the cluster this process
+    is connected to (:func:`connect_ray`; without a connection, a local Ray
+    with ``workers`` CPUs is started and shut down by :meth:`close`)."""
+
+    def __init__(
+        self,
+        task: Optional[ResolvedTask] = None,
+        workers: int = 2,
+        timeout_s: float = 60.0,
+        memory_limit_mb: Optional[int] = 2048,
+        max_retries: int = 2,
+    ) -> None:
+        check_limits(workers, timeout_s, memory_limit_mb)
+        if max_retries < 0:
+            raise ValueError(f"max_retries={max_retries}: expected >= 0")
+        require("gymnasium", "real episodes of the evolution loop")
+        self._ray = require("ray", RAY)
+        self._own_ray = not self._ray.is_initialized()
+        if self._own_ray:
+            connect_ray(None, workers)
+        self.task = task or default_task()
+        self.spec = self.task.episode_spec
+        self.workers = workers
+        self.timeout_s = timeout_s
+        self.memory_limit_mb = memory_limit_mb
+        self.max_retries = max_retries
+        self._remote = self._ray.remote(num_cpus=1, max_retries=max_retries, retry_exceptions=False)(run_chunk)
+        self._running: list[Any] = []
+        self._spec_ref: Optional[tuple[Any, Any]] = None  # (spec, its object ref): serialised once, not once per task
+        self._lock = threading.Lock()
+        self._log = get_logger("agents.evaluation")
+
+    def evaluate(
+        self, params: Sequence[float], states: Sequence[Sequence[float]], *, hang_seconds: float = 0.0, alloc_mb: int = 0
+    ) -> Evaluation:
+        """One real episode per start state for one candidate."""
+        (result,) = self.evaluate_many([(params, states)], hang_seconds=hang_seconds, alloc_mb=alloc_mb)
+        assert isinstance(result, Evaluation)  # an env error raised: per_job_env_errors is off
+        return result
+
+    def evaluate_many(
+        self,
+        jobs: Sequence[tuple[Sequence[float], Sequence[Sequence[float]]]],
+        *,
+        hang_seconds: float = 0.0,
+        alloc_mb: int = 0,
+        per_job_env_errors: bool = False,
+    ) -> list[Union[Evaluation, EvaluationEnvError]]:
+        """Several candidates at once, as :meth:`agents.evaluation.Evaluator.evaluate_many`."""
+        ray = self._ray
+        n = sum(len(s) for _, s in jobs)
+        with self._lock:
+            submitted = self._submit(jobs, hang_seconds, alloc_mb)
+            self._running = [ref for _, _, ref in submitted]
+            try:
+                ready, late = ray.wait(self._running, num_returns=len(self._running), timeout=self.timeout_s)
+                if late:
+                    self._log.warning("evolve.evaluation_timeout", timeout_s=self.timeout_s, episodes=n)
+                    self._cancel()
+                    raise EvaluationTimeout(f"real evaluation of {n} episodes did not finish within {self.timeout_s:g} s")
+                results: list[tuple[int, list[int], dict[str, Any]]] = []
+                env_errors: dict[int, EvaluationEnvError] = {}
+                for j, idx, ref in submitted:
+                    try:
+                        results.append((j, idx, self._get(ref, n)))
+                    except EnvFailure as exc:
+                        self._log.warning("evolve.evaluation_env_error", episodes=len(jobs[j][1]) if per_job_env_errors else n, error=str(exc))
+                        if not per_job_env_errors:
+                            raise EvaluationEnvError(f"real evaluation of {n} episodes failed: {exc}") from None
+                        env_errors.setdefault(j, EvaluationEnvError(f"real evaluation of {len(jobs[j][1])} episodes failed: {exc}"))
+            except BaseException:
+                self._cancel()
+                raise
+            finally:
+                self._running = []
+        return _assemble(jobs, results, env_errors)
+
+    def _get(self, ref: Any, n: int) -> dict[str, Any]:
+        """One task's result; its failure as this module's errors (EnvFailure passes through)."""
+        ray = self._ray
+        try:
+            return ray.get(ref)
+        except ray.exceptions.RayTaskError as exc:
+            cause = exc.cause
+            if isinstance(cause, EnvFailure):
+                raise cause from None
+            if isinstance(cause, MemoryError):
+                self._log.warning("evolve.evaluation_memory_limit", memory_limit_mb=self.memory_limit_mb, episodes=n)
+                raise EvaluationMemoryError(
+                    f"real evaluation of {n} episodes went over the worker memory limit ({self.memory_limit_mb} MiB)"
+                ) from None
+            if isinstance(cause, SystemExit):
+                return self._lost(n, f"the task exited ({cause})")
+            raise
+        except (ray.exceptions.WorkerCrashedError, ray.exceptions.NodeDiedError, ray.exceptions.LocalRayletDiedError,
+                ray.exceptions.ObjectLostError) as exc:
+            return self._lost(n, f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
+
+    def _lost(self, n: int, why: str) -> Any:
+        self._log.warning("evolve.evaluation_worker_lost", episodes=n, retries=self.max_retries, error=why)
+        raise EvaluationWorkerLost(
+            f"real evaluation of {n} episodes lost its Ray worker on every try ({1 + self.max_retries}): {why}"
+        )
+
+    def _submit(self, jobs: Sequence[tuple[Sequence[float], Sequence[Sequence[float]]]], hang_seconds: float, alloc_mb: int) -> list[tuple[int, list[int], Any]]:
+        """Every job split into per-worker chunks, as the process pool splits it: (job index, state indices, ref)."""
+        if self._spec_ref is None or self._spec_ref[0] is not self.spec:
+            self._spec_ref = (self.spec, self._ray.put(self.spec))
+        spec = self._spec_ref[1]
+        submitted = []
+        for j, (params, states) in enumerate(jobs):
+            states = [list(map(float, s)) for s in states]
+            plist = [float(v) for v in params]
+            for w in range(self.workers):
+                idx = list(range(len(states)))[w :: self.workers]
+                if idx:
+                    ref = self._remote.remote(spec, plist, [states[i] for i in idx], hang_seconds, alloc_mb, self.memory_limit_mb)
+                    submitted.append((j, idx, ref))
+        return submitted
+
+    def _cancel(self) -> None:
+        for ref in list(self._running):
+            self._ray.cancel(ref, force=True)
+
+    def terminate(self) -> None:
+        """Stop the running tasks now (Ctrl-C): their workers are killed."""
+        self._cancel()  # no lock: the thread holding it may be the one waiting on these tasks
+
+    def close(self) -> None:
+        self._cancel()
+        if self._own_ray:
+            self._own_ray = False
+            self._ray.shutdown()
+
+    def __enter__(self) -> "RayEvaluator":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def _assemble(
+    jobs: Sequence[tuple[Sequence[float], Sequence[Sequence[float]]]],
+    results: list[tuple[int, list[int], dict[str, Any]]],
+    env_errors: dict[int, EvaluationEnvError],
+) -> list[Union[Evaluation, EvaluationEnvError]]:
+    out: list[Union[Evaluation, EvaluationEnvError]] = []
+    for j, (_, states) in enumerate(jobs):
+        if j in env_errors:
+            out.append(env_errors[j])
+            continue
+        returns: list[float] = [0.0] * len(states)
+        episodes: list[dict[str, np.ndarray]] = [{} for _ in states]
+        for jj, idx, res in results:
+            if jj == j:
+                for k, i in enumerate(idx):
+                    returns[i] = res["returns"][k]
+                    episodes[i] = res["episodes"][k]
+        out.append(Evaluation(returns=returns, episodes=episodes))
+    return out

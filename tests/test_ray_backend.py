@@ -1,0 +1,164 @@
+"""The Ray evaluation backend (``evolve --backend ray``) against the process
+pool: the same returns, a timeout charged, a killed worker retried then
+charged, an env error per job, and a clear error for an address with no
+cluster. One local Ray (2 CPUs) serves the whole module."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+import time
+
+import numpy as np
+import pytest
+import ray
+
+from agents.evaluation import EvaluationEnvError, EvaluationError, EvaluationTimeout, Evaluator, make_evaluator
+from agents.ray_evaluation import EvaluationWorkerLost, RayConnectError, RayEvaluator, connect_ray
+from agents.tasks.builtin import pendulum
+
+STATES = [[0.5, 0.0], [-1.0, 0.5], [2.0, -1.0]]
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def task():
+    return pendulum().resolve()
+
+
+@pytest.fixture(scope="module")
+def params(task):
+    return task.policy.random_params(np.random.default_rng(3), 2, 1.0)
+
+
+def _ray(task, **kw) -> RayEvaluator:
+    kw.setdefault("timeout_s", 60.0)
+    ev = make_evaluator(task, backend="ray", workers=2, **kw) if not kw.get("max_retries") else RayEvaluator(task, workers=2, **kw)
+    assert isinstance(ev, RayEvaluator)
+    return ev
+
+
+def test_ray_gives_the_process_pools_returns_and_episodes(local_ray, task, params):
+    jobs = [(params[0], STATES), (params[1], STATES[:2])]
+    with Evaluator(task, workers=2, timeout_s=60) as pool:
+        expected = pool.evaluate_many(jobs)
+    with _ray(task) as ev:
+        got = ev.evaluate_many(jobs)
+    for e, g in zip(expected, got):
+        assert g.returns == e.returns
+        for ee, ge in zip(e.episodes, g.episodes):
+            assert ee.keys() == ge.keys()
+            for key in ee:
+                np.testing.assert_array_equal(ge[key], ee[key])
+
+
+def test_a_late_task_is_cancelled_and_charged_as_a_timeout(local_ray, task, params):
+    with _ray(task, timeout_s=1.0) as ev:
+        started = time.monotonic()
+        with pytest.raises(EvaluationTimeout, match="did not finish within 1 s"):
+            ev.evaluate(params[0], STATES, hang_seconds=120)
+        assert time.monotonic() - started < 60  # the hang was cut, not waited out
+        assert len(ev.evaluate(params[0], STATES[:1]).returns) == 1  # the backend still works
+
+
+def test_a_worker_killed_once_is_retried(local_ray, task, params, tmp_path):
+    marker = tmp_path / "crashed"
+    make_env = task.episode_spec.make_env
+
+    def crash_once():
+        if not os.path.exists(marker):
+            open(marker, "w").close()
+            os._exit(3)  # the worker process dies mid-task, as under a kill or an OOM kill
+        return make_env()
+
+    with Evaluator(task, workers=1, timeout_s=60) as pool:
+        expected = pool.evaluate(params[0], STATES[:1]).returns
+    with RayEvaluator(task, workers=1, timeout_s=60, max_retries=1) as ev:
+        ev.spec = dataclasses.replace(ev.spec, env_factory=crash_once)
+        assert ev.evaluate(params[0], STATES[:1]).returns == expected
+    assert marker.exists()
+
+
+def test_a_worker_killed_on_every_try_is_charged(local_ray, task, params):
+    with RayEvaluator(task, workers=1, timeout_s=60, max_retries=1) as ev:
+        good = ev.spec
+        ev.spec = dataclasses.replace(good, env_factory=functools.partial(os._exit, 3))
+        with pytest.raises(EvaluationWorkerLost, match="lost its Ray worker on every try \\(2\\)") as info:
+            ev.evaluate(params[0], STATES[:1])
+        assert isinstance(info.value, EvaluationError)  # the loop charges and skips it
+        ev.spec = good
+        assert len(ev.evaluate(params[0], STATES[:1]).returns) == 1
+
+
+def test_an_env_error_is_an_evaluation_env_error_per_job(local_ray, task, params):
+    def _raise_in_make():  # local: Ray's workers cannot import this test module, a local function travels by value
+        raise RuntimeError("no such simulator")
+
+    with _ray(task) as ev:
+        good = ev.spec
+        ev.spec = dataclasses.replace(good, env_factory=_raise_in_make)
+        with pytest.raises(EvaluationEnvError, match="raised in make: RuntimeError: no such simulator"):
+            ev.evaluate(params[0], STATES)
+        results = ev.evaluate_many([(params[0], STATES[:1])], per_job_env_errors=True)
+        assert isinstance(results[0], EvaluationEnvError)
+
+
+def test_an_address_with_no_cluster_fails_fast_and_clearly():
+    started = time.monotonic()
+    with pytest.raises(RayConnectError, match=r"--ray-address 127.0.0.1:1: no Ray cluster answers there .*ray start --head"):
+        connect_ray("127.0.0.1:1", None)
+    assert time.monotonic() - started < 10
+    with pytest.raises(RayConnectError, match="expected 'auto' or HOST:PORT"):
+        connect_ray("nowhere", None)
+
+
+def test_evolve_with_an_address_that_answers_nothing_is_one_clear_line(monkeypatch):
+    from typer.testing import CliRunner
+
+    from genesis_fp16.cli import app
+
+    runner = CliRunner()
+    result = runner.invoke(app, ["evolve", "--backend", "ray", "--ray-address", "127.0.0.1:1", "--budget", "40"])
+    assert result.exit_code == 2, result.output
+    assert "--ray-address 127.0.0.1:1: no Ray cluster answers there" in result.output
+    assert "Traceback" not in result.output
+    monkeypatch.setenv("GENESIS_FP16_RAY_ADDRESS", "127.0.0.1:1")  # the setting is the default address
+    result = runner.invoke(app, ["evolve", "--backend", "ray", "--budget", "40"])
+    assert result.exit_code == 2 and "no Ray cluster answers there" in result.output, result.output
+    result = runner.invoke(app, ["evolve", "--budget", "40"])
+    assert result.exit_code == 2 and "applies to --backend ray only" in result.output, result.output
+
+
+def test_evolve_config_checks_the_backend():
+    from agents.evolve_config import EvolveConfig
+
+    with pytest.raises(ValueError, match="backend='dask': expected one of process, ray"):
+        EvolveConfig(backend="dask").validate()
+
+
+def test_the_memory_limit_holds_inside_a_ray_task(local_ray, task, params):
+    from agents.evaluation import EvaluationMemoryError
+
+    with RayEvaluator(task, workers=1, timeout_s=60, memory_limit_mb=64) as ev:
+        with pytest.raises(EvaluationMemoryError, match="over the worker memory limit \\(64 MiB\\)"):
+            ev.evaluate(params[0], STATES[:1], alloc_mb=1024)
+        assert len(ev.evaluate(params[0], STATES[:1]).returns) == 1  # the limit was lifted after the task
+
+
+def test_a_resumed_run_may_change_its_backend():
+    from dataclasses import asdict
+
+    from agents.evolve_config import EvolveConfig, resumed_config
+
+    saved = asdict(EvolveConfig())
+    manifest = {"run_id": "r", "config": saved, "real_episodes": 0}
+    assert resumed_config(manifest, budget=None, workers=None, options={}, backend="ray").backend == "ray"
+    del saved["backend"]  # a run started before backends existed: the process pool
+    assert resumed_config(manifest, budget=None, workers=None, options={}).backend == "process"
