@@ -19,6 +19,7 @@ import threading
 import time
 from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Protocol, Sequence, TypeVar, Union
 
@@ -43,6 +44,11 @@ class EvaluationTimeout(EvaluationError):
 
 class EvaluationMemoryError(EvaluationError):
     """A real evaluation went over its worker's memory limit."""
+
+
+class EvaluationWorkerLost(EvaluationError):
+    """A worker process (or a Ray worker or node, on every retry) died while
+    running the evaluation: charged and skipped like a timeout."""
 
 
 class EvaluationEnvError(EvaluationError):
@@ -229,6 +235,11 @@ class Evaluator:
                 for _, _, fut in submitted:
                     fut.cancel()
                 raise EvaluationEnvError(f"real evaluation of {n} episodes failed: {exc}") from None
+            except BrokenProcessPool as exc:  # a worker died (killed, or the env called os._exit)
+                n = sum(len(s) for _, s in jobs)
+                self._log.warning("evolve.evaluation_worker_lost", episodes=n, retries=0, error=str(exc))
+                self._kill_pool()  # the next call starts a fresh pool
+                raise EvaluationWorkerLost(f"real evaluation of {n} episodes lost a worker process: {exc}") from None
             except BaseException:
                 self._kill_pool()
                 raise

@@ -33,6 +33,7 @@ from .evaluation import (
     EvaluationError,
     EvaluationMemoryError,
     EvaluationTimeout,
+    EvaluationWorkerLost,
     check_limits,
     default_task,
 )
@@ -41,10 +42,6 @@ from .tasks import EnvFailure, ResolvedTask
 
 RAY = "genesis-fp16 evolve --backend ray"
 PROBE_TIMEOUT_S = 3.0
-
-
-class EvaluationWorkerLost(EvaluationError):
-    """A Ray worker or node died while running the evaluation, on every retry."""
 
 
 class RayConnectError(ConnectionError):

@@ -58,3 +58,18 @@ def broken_reset() -> gym.Env:
 
 def broken_make() -> gym.Env:
     raise ConnectionError("no simulator on port 7000")
+
+
+class Vanishing(Drift):
+    """step ends the worker process for a large action, as a segfaulting simulator would."""
+
+    def step(self, action):
+        if float(action[0]) > 0.0:
+            import os
+
+            os._exit(3)
+        return super().step(action)
+
+
+def vanishing() -> gym.Env:
+    return Vanishing()

@@ -153,3 +153,16 @@ def test_an_env_error_loses_only_its_own_job():
             ev.evaluate_many([(calm, state), (wild, state)])
     assert isinstance(calm_out, Evaluation) and calm_out.returns == calm_again.returns
     assert isinstance(wild_out, EvaluationEnvError) and "actuator limit" in str(wild_out)
+
+
+def test_a_dying_worker_process_is_charged_and_the_pool_recovers():
+    from agents.evaluation import EvaluationWorkerLost
+
+    task = Task(env_id="Vanishing", env_factory=task_envs.vanishing, target=0.0, n_train=2, n_heldout=2).resolve()
+    calm, wild = np.full(task.policy.n_params, -1.0), np.full(task.policy.n_params, 1.0)
+    state = [[0.5, 0.0]]
+    with Evaluator(task, workers=1, timeout_s=60) as ev:
+        before = ev.evaluate(calm, state)
+        with pytest.raises(EvaluationWorkerLost, match="lost a worker process"):
+            ev.evaluate(wild, state)
+        assert ev.evaluate(calm, state).returns == before.returns  # a fresh pool, the same episode
