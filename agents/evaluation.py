@@ -128,7 +128,19 @@ def make_evaluator(
     raise ValueError(f"backend={backend!r}: expected one of {', '.join(BACKENDS)}")
 
 
-class Evaluator:
+class SingleEvaluation:
+    """``evaluate`` for a backend that has ``evaluate_many``."""
+
+    def evaluate(
+        self, params: Sequence[float], states: Sequence[Sequence[float]], *, hang_seconds: float = 0.0, alloc_mb: int = 0
+    ) -> Evaluation:
+        """One real episode per start state for one candidate."""
+        (result,) = self.evaluate_many([(params, states)], hang_seconds=hang_seconds, alloc_mb=alloc_mb)  # type: ignore[attr-defined]
+        assert isinstance(result, Evaluation)  # an env error raised: per_job_env_errors is off
+        return result
+
+
+class Evaluator(SingleEvaluation):
     """``evaluate(params, states)`` runs one real episode per start state of
     ``task`` (default: the built-in Pendulum task), split over ``workers`` processes."""
 
@@ -179,14 +191,6 @@ class Evaluator:
             if proc.is_alive():
                 proc.terminate()
         pool.shutdown(wait=False, cancel_futures=True)
-
-    def evaluate(
-        self, params: Sequence[float], states: Sequence[Sequence[float]], *, hang_seconds: float = 0.0, alloc_mb: int = 0
-    ) -> Evaluation:
-        """One real episode per start state for one candidate."""
-        (result,) = self.evaluate_many([(params, states)], hang_seconds=hang_seconds, alloc_mb=alloc_mb)
-        assert isinstance(result, Evaluation)  # an env error raised: per_job_env_errors is off
-        return result
 
     def evaluate_many(
         self,

@@ -34,6 +34,7 @@ from .evaluation import (
     EvaluationMemoryError,
     EvaluationTimeout,
     EvaluationWorkerLost,
+    SingleEvaluation,
     check_limits,
     default_task,
 )
@@ -80,7 +81,7 @@ def connect_ray(address: Optional[str], num_cpus: Optional[int]) -> Any:
     return ray
 
 
-class RayEvaluator:
+class RayEvaluator(SingleEvaluation):
     """``evaluate(params, states)`` as Ray tasks on the cluster this process
     is connected to (:func:`connect_ray`; without a connection, a local Ray
     with ``workers`` CPUs is started and shut down by :meth:`close`)."""
@@ -112,14 +113,6 @@ class RayEvaluator:
         self._spec_ref: Optional[tuple[Any, Any]] = None  # (spec, its object ref): serialised once, not once per task
         self._lock = threading.Lock()
         self._log = get_logger("agents.evaluation")
-
-    def evaluate(
-        self, params: Sequence[float], states: Sequence[Sequence[float]], *, hang_seconds: float = 0.0, alloc_mb: int = 0
-    ) -> Evaluation:
-        """One real episode per start state for one candidate."""
-        (result,) = self.evaluate_many([(params, states)], hang_seconds=hang_seconds, alloc_mb=alloc_mb)
-        assert isinstance(result, Evaluation)  # an env error raised: per_job_env_errors is off
-        return result
 
     def evaluate_many(
         self,

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from tf32_probe import RecordMatmulPrecision
 from typer.testing import CliRunner
 
 from genesis_fp16 import FP16Trainer
@@ -326,29 +327,15 @@ def test_precisions_come_from_the_vocabulary():
     assert config.precision == "tf32" and config.on_unsupported == "error"
 
 
-class _RecordMatmulPrecision(torch.autograd.Function):
-    seen: list = []
-
-    @staticmethod
-    def forward(ctx, x):
-        _RecordMatmulPrecision.seen.append(("forward", torch.backends.cuda.matmul.fp32_precision))
-        return x.view_as(x)
-
-    @staticmethod
-    def backward(ctx, grad):
-        _RecordMatmulPrecision.seen.append(("backward", torch.backends.cuda.matmul.fp32_precision))
-        return grad
-
-
 def test_raw_loop_runs_tf32_forward_and_backward_through_the_plugin():
     """The tf32 row's raw loop gets TF32 switches from the plugin for both passes,
     as the trainer does (the switches are CUDA's; recorded here on any machine)."""
     model = torch.nn.Linear(3, 1)
     raw = RawLoop(model, torch.optim.SGD(model.parameters(), lr=0.1), trainer_config("fp32", CPU), P.TF32(CPU))
-    _RecordMatmulPrecision.seen = []
-    loss_fn = lambda m, b: _RecordMatmulPrecision.apply(m(b)).float().sum()  # noqa: E731
+    RecordMatmulPrecision.seen = []
+    loss_fn = lambda m, b: RecordMatmulPrecision.apply(m(b)).float().sum()  # noqa: E731
     assert raw.step(torch.ones(2, 3), loss_fn) is True
-    assert _RecordMatmulPrecision.seen == [("forward", "tf32"), ("backward", "tf32")]
+    assert RecordMatmulPrecision.seen == [("forward", "tf32"), ("backward", "tf32")]
     assert torch.backends.cuda.matmul.fp32_precision != "tf32"
 
 

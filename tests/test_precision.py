@@ -1,5 +1,6 @@
 import pytest
 import torch
+from tf32_probe import RecordMatmulPrecision
 from structlog.testing import capture_logs
 
 from genesis_fp16 import precision as P
@@ -178,30 +179,16 @@ def test_autocast_is_an_alias_of_forward_context():
         assert (x @ x).dtype == torch.float16
 
 
-class _RecordMatmulPrecision(torch.autograd.Function):
-    seen: list = []
-
-    @staticmethod
-    def forward(ctx, x):
-        _RecordMatmulPrecision.seen.append(("forward", torch.backends.cuda.matmul.fp32_precision))
-        return x.view_as(x)
-
-    @staticmethod
-    def backward(ctx, grad):
-        _RecordMatmulPrecision.seen.append(("backward", torch.backends.cuda.matmul.fp32_precision))
-        return grad
-
-
 def test_tf32_switches_are_on_for_forward_and_backward_only():
     precision = P.TF32("cuda")
     before = (torch.backends.cuda.matmul.fp32_precision, torch.backends.cudnn.fp32_precision)
-    _RecordMatmulPrecision.seen = []
+    RecordMatmulPrecision.seen = []
     x = torch.ones(2, requires_grad=True)
     with precision.forward_context():
-        loss = _RecordMatmulPrecision.apply(x).sum()
+        loss = RecordMatmulPrecision.apply(x).sum()
     assert (torch.backends.cuda.matmul.fp32_precision, torch.backends.cudnn.fp32_precision) == before
     precision.backward(loss)
-    assert _RecordMatmulPrecision.seen == [("forward", "tf32"), ("backward", "tf32")]
+    assert RecordMatmulPrecision.seen == [("forward", "tf32"), ("backward", "tf32")]
     assert (torch.backends.cuda.matmul.fp32_precision, torch.backends.cudnn.fp32_precision) == before
     assert precision.compute_dtype == torch.float32 and not precision.uses_scaler
 
