@@ -28,6 +28,11 @@ import pytest
 import typer
 from typer.core import TyperGroup
 
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # the tomli backport, a dependency below 3.11
+    import tomli as tomllib
+
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 PYTHON = {"python", "py"}
@@ -35,6 +40,7 @@ SHELL = {"bash", "sh", "shell", "console"}
 SKIP = re.compile(r"<!--\s*snippet:\s*skip\s*\((?P<reason>.+)\)\s*-->")
 FENCE = re.compile(r"^(?P<indent>\s*)(?P<fence>```+)(?P<lang>[\w+-]*)\s*$")
 REPO_PATH = re.compile(r"^(scripts|configs|examples|tests|docs)/[\w./-]+$")
+EXTRA = re.compile(r"^\.\[(?P<names>[\w,-]+)\]$")  # pip install -e ".[dev]"
 FLAG = re.compile(r"^\[?(?P<flag>--?[A-Za-z][\w-]*)")
 CLI_PROGRAMS = {"genesis-fp16", ".venv/bin/genesis-fp16"}
 PYTHON_PROGRAMS = {"python", "python3", ".venv/bin/python", "torchrun"}
@@ -226,6 +232,12 @@ def check_cli(tokens: list[str]) -> list[str]:
 
 
 @cache
+def extras() -> set[str]:
+    with open(ROOT / "pyproject.toml", "rb") as f:
+        return set(tomllib.load(f)["project"]["optional-dependencies"])
+
+
+@cache
 def script_help(script: str) -> str:
     proc = subprocess.run(
         [sys.executable, script, "--help"],
@@ -248,6 +260,14 @@ def check_other(tokens: list[str]) -> list[str]:
         and not (ROOT / tok).exists()
         and not tok.endswith((".json", ".csv", ".png"))
     ]
+    for tok in tokens:
+        m = EXTRA.match(tok)
+        if m:
+            problems += [
+                f"{tok}: no extra {name!r} in pyproject.toml"
+                for name in m["names"].split(",")
+                if name not in extras()
+            ]
     if tokens[0] in PYTHON_PROGRAMS:
         script = next(
             (t for t in tokens[1:] if t.endswith(".py") and (ROOT / t).is_file()), None
@@ -267,7 +287,9 @@ def check_shell(code: str) -> tuple[list[str], int]:
         if tokens[0] in CLI_PROGRAMS:
             problems += check_cli(tokens)
             checked += 1
-        elif tokens[0] in PYTHON_PROGRAMS or any(REPO_PATH.match(t) for t in tokens):
+        elif tokens[0] in PYTHON_PROGRAMS or any(
+            REPO_PATH.match(t) or EXTRA.match(t) for t in tokens
+        ):
             problems += check_other(tokens)
             checked += 1
     return problems, checked
