@@ -102,6 +102,10 @@ def test_blocks_found_and_every_fence_names_its_language():
     assert not bare, (
         f"fences without a language (use text for diagrams, bash for commands): {bare}"
     )
+    markers = sum(len(SKIP.findall(page.read_text(encoding="utf-8"))) for page in PAGES)
+    assert markers == len([b for b in BLOCKS if b.skip]), (
+        "a snippet: skip marker must sit on the line right before a fence"
+    )
 
 
 # -- Python blocks ------------------------------------------------------------
