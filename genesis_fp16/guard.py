@@ -26,7 +26,7 @@ import threading
 from collections import deque
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional, Union
+from typing import TYPE_CHECKING, Any, Callable, Optional, Union
 
 from .profiles import THRESHOLD_DEFAULTS, thresholds_for
 from .rollout import RolloutLedger
@@ -111,6 +111,27 @@ class RollbackGuard:
         return self._last_good
 
     # -- live events (P0) -----------------------------------------------------------
+    def recover(
+        self, build: Callable[[], FP16Trainer], load: Optional[Callable[[FP16Trainer, Path], None]] = None
+    ) -> tuple[FP16Trainer, Optional[Path]]:
+        """After a rollback: a new trainer from ``build`` (the ledger now says
+        rolled_back, so the registry gives FP32), the last good checkpoint
+        restored into it (``load``, default ``trainer.load_checkpoint``), the
+        trip forgotten and this guard watching the new trainer. Returns the
+        trainer and the checkpoint restored (None when there is none)."""
+        checkpoint = self.last_good_checkpoint
+        trainer = build()
+        restored = Path(checkpoint) if checkpoint is not None and Path(checkpoint).exists() else None
+        if restored is not None:
+            if load is None:
+                trainer.load_checkpoint(restored)
+            else:
+                load(trainer, restored)
+        self.reset()
+        if self.trainer is not trainer:
+            self.attach(trainer)
+        return trainer, restored
+
     def attach(self, trainer: FP16Trainer) -> None:
         """Listen to ``trainer``'s events. Events from a trainer attached
         earlier are ignored once another one is attached."""

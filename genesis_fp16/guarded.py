@@ -134,9 +134,7 @@ class GuardedTraining:
                 f"GuardedTraining({self.agent!r}): rolled back ({decision.reason}) but no good checkpoint is recorded; "
                 "call save_good_checkpoint() after a healthy run"
             )
-        self.guard.reset()
-        self.trainer = self._new_trainer()  # the ledger says rolled_back: FP32
-        self.trainer.load_checkpoint(checkpoint)
+        self.trainer, _ = self.guard.recover(self._new_trainer)  # the ledger says rolled_back: FP32
         self.rollbacks.append(decision)
         self._log.warning(
             "guarded.restored", severity=decision.severity, reason=decision.reason, checkpoint=str(checkpoint),

@@ -281,3 +281,19 @@ async def test_shadow_stage_records_gap_in_ledger(state_dir, one_thread):
     assert len(gaps) == 1 and gaps[0]["precision"] == "bf16"
     assert gaps[0]["gap"] == pytest.approx(report.shadow_gap)
     assert ledger.status()[0]["last_shadow_gap"]["fp32_val_loss"] == pytest.approx(report.fp32_val_loss)
+
+
+def test_recover_builds_restores_once_and_watches_the_new_trainer(state_dir):
+    trainer, guard, ledger, batch = _setup()
+    for _ in range(3):
+        _step(trainer, batch)
+    guard.record_good_checkpoint(trainer.save_checkpoint(state_dir / "good.pt"))
+    weights = trainer.model[0].weight.detach().clone()
+    for _ in range(3):
+        _step(trainer, batch, nan=True)
+    assert guard.tripped is not None and ledger.stage("wm") == "rolled_back"
+    settings = load_settings()
+    rebuilt, restored = guard.recover(lambda: trainer_for("wm", trainer.model, trainer.optimizer, settings=settings))
+    assert restored == state_dir / "good.pt" and guard.tripped is None and guard.trainer is rebuilt
+    assert rebuilt.precision.name == "fp32" and rebuilt.training_steps == 3  # the ledger's FP32, the checkpoint's counters
+    torch.testing.assert_close(rebuilt.model[0].weight, weights)

@@ -122,14 +122,8 @@ class PPOGuard:
 
     def _roll_back(self, decision: GuardDecision) -> FP16Trainer:
         """The FP32 trainer to go on with, the last good checkpoint restored into it."""
-        trainer = self.build_trainer()
-        last_good = self.guard.last_good_checkpoint
-        restored = None
-        if last_good is not None and Path(last_good).exists():
-            self._load(Path(last_good), trainer=trainer)
-            restored = str(last_good)
-        self.guard.reset()
-        self.guard.attach(trainer)
+        trainer, checkpoint = self.guard.recover(self.build_trainer, lambda t, path: self._load(path, trainer=t))
+        restored = str(checkpoint) if checkpoint is not None else None
         reason = f"{decision.severity}: {decision.reason}"
         self.rollbacks.append(reason)
         self._log.warning("ppo.rolled_back", reason=reason, precision=trainer.precision.name, checkpoint=restored)
