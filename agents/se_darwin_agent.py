@@ -230,10 +230,11 @@ class SEDarwinAgent(RunRecord):
             generation += 1
             if self.real_episodes + len(self.starts.train) > cfg.budget:
                 return "budget"
-            cands = await asyncio.to_thread(self._propose, generation)
+            promoted = self._promotable()
+            cands = [promoted] if promoted is not None else await asyncio.to_thread(self._propose, generation)
             evaluated = []
             for cand in cands[: cfg.eval_top_k]:
-                if self.real_episodes + len(self.starts.train) > cfg.budget:
+                if self.real_episodes + len(self.starts.train) > cfg.budget or self.reached_at is not None:
                     break
                 res = await self._real_or_charged(cand, self.starts.train)
                 if res is None:
@@ -246,8 +247,17 @@ class SEDarwinAgent(RunRecord):
                 if cand.real_return >= cfg.target and self.reached_at is None:
                     self.reached_at = self.real_episodes
             await self._commit(generation, evaluated)
-            await self._after_generation(generation, [c for c, _ in evaluated], started, proposals=cands)
+            await self._after_generation(generation, [c for c, _ in evaluated], started, proposals=[] if promoted else cands)
         return "target"
+
+    def _promotable(self) -> Optional[Candidate]:
+        """The best candidate whose single real episode already met the target
+        (a generation-0 probe): it gets a full evaluation before anything new
+        is proposed, so a lucky probe is verified instead of outranked by
+        worse full evaluations (MountainCar: a random policy that finds the flag)."""
+        target = self.config.target
+        probes = [c for c in self.pool if not c.full and c.real_return is not None and c.real_return >= target]
+        return max(probes, key=lambda c: c.real_return) if probes else None
 
     async def _commit(self, generation: int, evaluated: Sequence[tuple[Candidate, Evaluation]]) -> None:
         """Outcomes to the replay buffer (one transaction per generation) and
@@ -256,7 +266,8 @@ class SEDarwinAgent(RunRecord):
         for cand, res in evaluated:
             outcome = "target" if cand.full and (cand.real_return or -1e18) >= self.config.target else ("full" if cand.full else "probe")
             trajs += trajectories_from_episodes(res.episodes, cand.id, outcome)
-            self.pool.append(cand)
+            if not any(c is cand for c in self.pool):  # a promoted probe is in the pool already
+                self.pool.append(cand)
         if trajs:
             await self.buffer.aappend_generation(self.data_agent, generation, trajs)
 

@@ -244,3 +244,47 @@ async def test_same_seed_same_report_in_a_used_state_dir(state_dir):
     assert [g["wm_val_loss"] for g in first["generations"]] == [g["wm_val_loss"] for g in second["generations"]]
     assert (first["heldout_return"], first["train_return"]) == (second["heldout_return"], second["train_return"])
     assert _comparable(first) == _comparable(second)
+
+
+class NormScoredEvaluator(Evaluator):
+    """Real Pendulum episodes (for the replay buffer), scored -|params| so a
+    test can place the target; a full evaluation scores ``full_offset`` lower."""
+
+    def __init__(self, full_offset: float = 0.0) -> None:
+        super().__init__(workers=1)
+        self.full_offset = full_offset
+
+    def evaluate_many(self, jobs, **kw):
+        from agents.evaluation import Evaluation
+
+        out = []
+        for params, states in jobs:
+            res = pendulum_task.run_episodes([float(v) for v in params], [list(map(float, s)) for s in states])
+            score = -float(np.linalg.norm(params)) - (self.full_offset if len(states) > 1 else 0.0)
+            out.append(Evaluation(returns=[score] * len(states), episodes=res["episodes"]))
+        return out
+
+
+def best_probe_score(seed: int = 0, n: int = 8) -> float:
+    params = pendulum_task.random_params(np.random.default_rng(seed), n)
+    return max(-float(np.linalg.norm(p)) for p in params)
+
+
+async def test_probe_meeting_the_target_is_promoted_to_a_full_evaluation(state_dir):
+    target = best_probe_score()  # exactly one generation-0 probe meets it on its single episode
+    agent = SEDarwinAgent(tiny_config(budget=40, target=target), settings=load_settings(), evaluator=NormScoredEvaluator())
+    report = await agent.evolve()
+    gen1 = report["generations"][1]["evaluated"]
+    assert [e["operator"] for e in gen1] == ["seed"] and gen1[0]["id"].startswith("g0-")  # verified, nothing proposed
+    assert report["target_reached"] and report["episodes_to_target"] == 8 + 16
+    assert len(agent.pool) == 8 and len({c.id for c in agent.pool}) == 8  # promoted in place, not added twice
+
+
+async def test_promoted_probe_that_fails_in_full_is_not_promoted_again(state_dir):
+    agent = SEDarwinAgent(
+        tiny_config(budget=40, target=best_probe_score()), settings=load_settings(), evaluator=NormScoredEvaluator(full_offset=1000.0)
+    )
+    report = await agent.evolve()
+    ops = [[e["operator"] for e in g["evaluated"]] for g in report["generations"][1:]]
+    assert ops[0] == ["seed"] and ops[1][0] in {"refinement", "revision", "recombination"}
+    assert not report["target_reached"] and report["real_episodes"] == 40
