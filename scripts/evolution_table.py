@@ -211,6 +211,8 @@ def main(argv: Optional[list[str]] = None) -> int:
                     flush=True,
                 )
             results["runs"][mode] = reports
+            if args.out:  # what is measured so far survives a run cut short
+                atomic_write_text(args.out, json.dumps({**results, "partial": True}, indent=2, default=str) + "\n")
         if args.precision_steps:
             results["precision"] = precision_table(resolved, args.seeds, args.precision_steps, args.precision_episodes, state / "precision")
     text = markdown(results)
