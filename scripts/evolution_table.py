@@ -2,6 +2,7 @@
 
     .venv/bin/python scripts/evolution_table.py --out docs/evolution_results.json
     .venv/bin/python scripts/evolution_table.py --env InvertedPendulum-v5 --out ip.json
+    .venv/bin/python scripts/evolution_table.py --summarize docs/evolution/*.json
 
 Any task ``genesis-fp16 evolve --env`` takes (``--target``, ``--policy`` and
 ``--episode-steps`` as there).
@@ -146,6 +147,47 @@ def markdown(results: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def summary(tables: list[dict[str, Any]]) -> str:
+    """One row per measured table (task and target): the loop against its
+    ablation and plain CMA-ES, episodes and env steps to the target."""
+    lines = [
+        "| task (target) | seeds | loop: reached | loop: median episodes to target | loop: median env steps to target | "
+        "loop: median held-out | no world model: reached | CMA-ES same budget: reached | CMA-ES 10x: reached | "
+        "CMA-ES 10x: median episodes to target | CMA-ES 10x / loop |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+
+    def reached(mode: str) -> tuple[str, Optional[float], Optional[float]]:
+        reports = runs.get(mode) or []
+        if not reports:
+            return "-", None, None
+        hits = [r for r in reports if r["target_reached"]]
+        majority = len(hits) * 2 > len(reports)  # a median to the target exists only if most seeds got there
+        eps = _median([float(r["episodes_to_target"]) for r in hits]) if majority else None
+        steps = _median([float(r["env_steps"]) for r in hits]) if majority else None
+        return f"{len(hits)}/{len(reports)}", eps, steps
+
+    for t in tables:
+        runs = t["runs"]
+        loop, loop_eps, loop_steps = reached("full")
+        cma_long, cma_eps, _ = reached("cma_long")
+        heldout = _median([r["heldout_return"] for r in runs.get("full", [])])
+        if cma_eps is not None and loop_eps:
+            ratio = f"{cma_eps / loop_eps:.1f}x"
+        elif "cma_long" in runs and loop_eps:
+            ratio = f"> {t['cma_long_budget'] / loop_eps:.0f}x (CMA-ES not there in {t['cma_long_budget']})"
+        else:
+            ratio = "-"
+        cells = [
+            f"{t['env']} ({t['target']:g})", str(len(t["seeds"])), loop,
+            "-" if loop_eps is None else f"{loop_eps:.0f}", "-" if loop_steps is None else f"{loop_steps:.0f}",
+            "-" if heldout is None else f"{heldout:.1f}", reached("no_world_model")[0], reached("cma")[0], cma_long,
+            "-" if cma_eps is None else f"{cma_eps:.0f}", ratio,
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--env", default="Pendulum-v1", help="task name or gymnasium id (genesis-fp16 evolve --list-tasks)")
@@ -165,7 +207,11 @@ def main(argv: Optional[list[str]] = None) -> int:
         help="world-model precision of the loop runs (default: settings and profile, i.e. auto)",
     )
     parser.add_argument("--out", type=Path, default=None, help="write all reports as JSON here")
+    parser.add_argument("--summarize", type=Path, nargs="+", default=None, help="print one summary row per JSON this script wrote; run nothing")
     args = parser.parse_args(argv)
+    if args.summarize:
+        print(summary([json.loads(path.read_text()) for path in args.summarize]))
+        return 0
     torch.set_num_threads(1)
     import os
 
