@@ -393,3 +393,44 @@ def test_quick_checks_are_a_smoke_run_without_verdict():
     full = check_lines(_checked(quick=False))
     assert [mark for mark, _ in full] == ["FAIL", "pass"]
     assert "overhead_vs_raw at every size: 1.336 (goal <= 1.05)" in full[0][1]
+
+
+def _fake_run(options, update):
+    """What run_benchmark returns, without measuring: one row, one check that
+    fails and one that passes."""
+    row = {
+        "size": "S", "model": "mlp", "precision": "fp32", "samples_per_s": 1000.0, "speedup_vs_fp32": None,
+        "overhead_vs_raw": 1.336, "overhead_min": 1.3, "overhead_max": 1.4, "peak_mem_mb": 1.0, "val_loss": 0.5,
+        "val_loss_delta_vs_fp32": None, "overflow_rate": 0.0, "notes": "",
+    }  # fmt: skip
+    header = {"quick": options.quick, "load_avg_start": [0.0, 0.0, 0.0], "load_avg_end": [0.0, 0.0, 0.0], "cpu_count": 2}
+    return {"header": header, "rows": [row], "failed": [], "summary": _checked(options.quick)["summary"]}
+
+
+@pytest.mark.parametrize(("args", "code"), [([], 1), (["--quick"], 0)], ids=["full", "quick"])
+def test_full_run_with_a_failed_check_exits_1_after_writing_everything(monkeypatch, tmp_path, args, code):
+    monkeypatch.setattr(runner, "run_benchmark", _fake_run)
+    out = tmp_path / "r.json"
+    result = CliRunner().invoke(_app(), ["bench", *args, "--sizes", "S", "--precisions", "fp32", "--json", str(out)])
+    assert result.exit_code == code, result.output
+    assert json.loads(out.read_text())["summary"]["checks"][0]["passed"] is False  # written either way
+    assert "| S | mlp | fp32 |" in result.output  # the table too
+    if code:
+        assert "FAIL overhead_vs_raw at every size" in result.output
+        assert "1 of 2 acceptance checks failed: overhead_vs_raw at every size" in result.output
+    else:
+        assert "FAIL overhead" not in result.output and "smoke overhead_vs_raw" in result.output
+        assert "no verdict" in result.output and "checks failed" not in result.output
+
+
+def test_full_run_with_every_check_passed_exits_0(monkeypatch, tmp_path):
+    def passing(options, update):
+        result = _fake_run(options, update)
+        for check in result["summary"]["checks"]:
+            check["passed"] = True
+        return result
+
+    monkeypatch.setattr(runner, "run_benchmark", passing)
+    result = CliRunner().invoke(_app(), ["bench", "--sizes", "S", "--precisions", "fp32"])
+    assert result.exit_code == 0, result.output
+    assert "FAIL" not in result.output and "checks failed" not in result.output

@@ -3,13 +3,20 @@ per block (``README.md:L47``):
 
 - ``python`` blocks run, in order, one namespace per page, in a scratch cwd and
   state dir;
-- ``bash``/``sh``/``console`` blocks are parsed, not run: each ``genesis-fp16``
-  command is resolved against the real CLI (every subcommand and ``--flag`` must
-  exist), each ``python``/``torchrun`` script's ``--flag`` must appear in its
-  ``--help``, and every repo path they name (scripts/, configs/, ...) must exist.
+- ``bash``/``sh``/``console`` blocks are checked, then run:
+
+  - checked (every block, skipped or not): each ``genesis-fp16`` command is
+    resolved against the real CLI (every subcommand and ``--flag`` must exist),
+    each ``python``/``torchrun`` script's ``--flag`` must appear in its
+    ``--help``, and every repo path they name (scripts/, configs/, ...) must
+    exist; this names a renamed flag plainly;
+  - run (every block not skipped): with bash under ``set -eo pipefail``, one
+    block per test, in a fresh scratch cwd whose ``.genesis_fp16`` is the state
+    dir, with a per-block timeout (see :func:`run_shell`).
 
 A block that cannot run here carries ``<!-- snippet: skip (REASON) -->`` on the
-line before its fence and is reported as a skip with that reason. A fence with
+line before its fence and is reported as a skip with that reason. A reason that
+names ``tests/x.py::test_name`` is checked: that test must exist. A fence with
 no language fails: use ``text`` for diagrams and pseudocode.
 """
 
@@ -18,6 +25,8 @@ from __future__ import annotations
 import os
 import re
 import shlex
+import shutil
+import signal
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -126,15 +135,20 @@ def test_python_blocks_run(page, state_dir, tmp_path, monkeypatch, capsys):
 
 
 def _check_skip_reason(block: Block) -> None:
-    """A block skipped as "run by tests/x.py" must really be run there."""
-    m = re.search(r"tests/[\w/]+\.py", block.skip)
-    if m:
-        other = ROOT / m[0]
-        assert other.is_file() and block.page.name in other.read_text(
-            encoding="utf-8"
-        ), (
-            f"{block.id}: skip says {m[0]} runs it, but that file does not name {block.page.name}"
-        )
+    """A block skipped as "run by tests/x.py" must really be run there: the
+    file names the page, or ``tests/x.py::test_name`` names a test it has."""
+    for m in re.finditer(r"(?P<file>tests/[\w/]+\.py)(?:::(?P<test>\w+))?", block.skip):
+        other = ROOT / m["file"]
+        assert other.is_file(), f"{block.id}: skip names {m['file']}, which does not exist"
+        text = other.read_text(encoding="utf-8")
+        if m["test"]:
+            assert re.search(rf"^(async )?def {m['test']}\(", text, re.M), (
+                f"{block.id}: skip names {m[0]}, but {m['file']} has no test {m['test']}"
+            )
+        else:
+            assert block.page.name in text, (
+                f"{block.id}: skip says {m['file']} runs it, but that file does not name {block.page.name}"
+            )
 
 
 SKIPPED = [b for b in BLOCKS if b.lang in PYTHON and b.skip]
@@ -299,12 +313,13 @@ def check_shell(code: str) -> tuple[list[str], int]:
     return problems, checked
 
 
-@pytest.mark.parametrize(
-    "block", [b for b in BLOCKS if b.lang in SHELL], ids=lambda b: b.id
-)
+SHELL_BLOCKS = [b for b in BLOCKS if b.lang in SHELL]
+
+
+@pytest.mark.parametrize("block", SHELL_BLOCKS, ids=lambda b: b.id)
 def test_shell_block_names_real_commands_and_flags(block):
-    if block.skip:
-        pytest.skip(f"{block.id}: {block.skip}")
+    # skipped blocks too: checking runs nothing, and a renamed flag in a
+    # command too slow to run here is still a broken doc
     problems, _ = check_shell(block.code)
     assert not problems, f"{block.id}: " + "; ".join(problems)
 
@@ -323,3 +338,148 @@ def test_checker_catches_a_renamed_flag_or_command():
     assert check_shell("python scripts/nope.py\n")[0] == [
         "scripts/nope.py: no such file in the repo"
     ]
+
+
+# -- shell blocks: run ----------------------------------------------------------
+
+RUN_TIMEOUT_S = 60  # per block: a hang fails the test instead of holding up CI
+COPIED = ("scripts", "configs", "examples")  # what the commands read from the repo
+FAILED = "__snippet_failed__"
+# bash stops at the first failing command (pipes included) and says where
+PRELUDE = f"set -eo pipefail\ntrap 'echo \"{FAILED} $? $LINENO\" >&2' ERR\n"
+
+
+def shell_script(block: Block) -> str:
+    """The commands of a block; in a ``console`` block only the ``$ `` lines
+    (and their continuations) are commands, the rest is their output."""
+    if block.lang != "console":
+        return block.code
+    lines, more = [], False
+    for line in block.code.splitlines():
+        if more or line.startswith("$ "):
+            lines.append(line if more else line[2:])
+            more = line.endswith("\\")
+    return "\n".join(lines) + "\n"
+
+
+def scratch_dir(root: Path) -> dict[str, str]:
+    """Make ``root`` a scratch checkout to run doc commands in; return their
+    environment.
+
+    ``scripts/``, ``configs/`` and ``examples/`` are copies (a few small files),
+    so a command that writes next to its inputs cannot touch the repo, and a
+    relative ``--json out.json`` lands in ``root``. ``.venv/bin`` holds
+    wrappers that exec the interpreter running the tests, so ``python``,
+    ``genesis-fp16``, ``.venv/bin/genesis-fp16`` and ``torchrun`` work however
+    the suite was installed. The state dir is ``root/.genesis_fp16`` (the
+    default name, so the docs' ``.genesis_fp16/events.jsonl`` is it) and starts
+    with an empty event log, as any earlier command would leave one."""
+    for name in COPIED:
+        shutil.copytree(ROOT / name, root / name, ignore=shutil.ignore_patterns("__pycache__"))
+    bin_dir = root / ".venv" / "bin"
+    bin_dir.mkdir(parents=True)
+    wrappers = {
+        "python": "",
+        "python3": "",
+        "genesis-fp16": "-c 'import sys; sys.argv[0] = \"genesis-fp16\"; from genesis_fp16.cli import main; main()'",
+        "pytest": "-m pytest",
+        "torchrun": "-m torch.distributed.run",
+    }
+    for name, args in wrappers.items():
+        exe = bin_dir / name
+        exe.write_text(f'#!/bin/sh\nexec {shlex.quote(sys.executable)} {args} "$@"\n', encoding="utf-8")
+        exe.chmod(0o755)
+    state = root / ".genesis_fp16"
+    state.mkdir()
+    (state / "events.jsonl").touch()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GENESIS_FP16_")}
+    env.pop("ENABLE_FP16_TRAINING", None)
+    env.update(
+        GENESIS_FP16_STATE_DIR=str(state),
+        PATH=f"{bin_dir}{os.pathsep}{env.get('PATH', '')}",
+        OMP_NUM_THREADS="1",  # a shared CI machine: tiny runs are fastest on one thread
+        COLUMNS="120",
+    )
+    return env
+
+
+def run_shell(script: str, cwd: Path, env: dict[str, str], timeout: float = RUN_TIMEOUT_S) -> str | None:
+    """Run ``script`` with bash in ``cwd``; None when it succeeds, else what
+    failed: the command, its exit code and the tail of the output. The whole
+    process group is killed afterwards, so nothing it started outlives it."""
+    proc = subprocess.Popen(
+        ["bash", "-c", PRELUDE + script],
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+        return f"still running after {timeout:.0f} s\n--- output ---\n{_tail(out)}"
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait()
+    if proc.returncode == 0:
+        return None
+    failed = [line.split() for line in out.splitlines() if line.startswith(FAILED)]
+    shown = _tail("\n".join(line for line in out.splitlines() if not line.startswith(FAILED)))
+    if not failed:
+        return f"bash exited {proc.returncode}\n--- output ---\n{shown}"
+    code, at = failed[-1][1], int(failed[-1][2]) - PRELUDE.count("\n") - 1
+    lines = script.splitlines()
+    start = end = at  # $LINENO is one line of a continued command: widen to all of it
+    while start > 0 and lines[start - 1].endswith("\\"):
+        start -= 1
+    while end < len(lines) - 1 and lines[end].endswith("\\"):
+        end += 1
+    command = " ".join(line.strip().rstrip("\\").strip() for line in lines[start : end + 1])
+    return f"line {start + 1}: `{command}` exited {code}\n--- output ---\n{shown}"
+
+
+def _tail(text: str, lines: int = 30) -> str:
+    return "\n".join(text.splitlines()[-lines:])
+
+
+@pytest.mark.parametrize("block", SHELL_BLOCKS, ids=lambda b: b.id)
+def test_shell_block_runs(block, tmp_path):
+    if block.skip:
+        _check_skip_reason(block)
+        pytest.skip(f"{block.id}: {block.skip}")
+    failure = run_shell(shell_script(block), tmp_path, scratch_dir(tmp_path))
+    assert failure is None, f"{block.id}: {failure}"
+
+
+def test_runner_reports_the_failing_command_and_stays_out_of_the_repo(tmp_path):
+    env = scratch_dir(tmp_path)
+    ok = "genesis-fp16 --help > help.txt\n.venv/bin/python -c \"open('out.json', 'w').write('{}')\"\n"
+    assert run_shell(ok, tmp_path, env) is None
+    assert "evolve" in (tmp_path / "help.txt").read_text() and (tmp_path / "out.json").is_file()
+    assert not (ROOT / "out.json").exists() and not (ROOT / "help.txt").exists()
+    # plain tools from here: the runner's reporting does not depend on our CLI
+    failure = run_shell("true\nsh -c 'echo oops; exit 3' | cat\necho never\n", tmp_path, env)
+    assert failure.startswith("line 2: `sh -c 'echo oops; exit 3' | cat` exited 3"), failure
+    assert "oops" in failure and "never" not in failure
+    failure = run_shell("true\nsh -c 'exit 4' \\\n  ignored\n", tmp_path, env)
+    assert failure.startswith("line 2: `sh -c 'exit 4' ignored` exited 4"), failure
+    assert run_shell("sleep 30", tmp_path, env, timeout=0.5).startswith("still running after")
+
+
+def test_console_blocks_run_only_their_prompt_lines():
+    block = Block(ROOT / "README.md", 1, "console", "$ echo a \\\n  b\na b\n$ true\n", None)
+    assert shell_script(block) == "echo a \\\n  b\ntrue\n"
+
+
+def test_skip_reason_naming_a_missing_test_fails():
+    block = Block(ROOT / "docs/PPO.md", 1, "bash", "true\n", "slow; tests/test_ppo_ppo.py::test_no_such_test runs it")
+    with pytest.raises(AssertionError, match="has no test test_no_such_test"):
+        _check_skip_reason(block)
+    _check_skip_reason(Block(ROOT / "docs/PPO.md", 1, "bash", "true\n", "slow; tests/test_ppo_ppo.py::test_cli_ppo_json_and_bad_input"))

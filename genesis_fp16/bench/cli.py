@@ -56,6 +56,14 @@ def check_lines(result: dict[str, Any]) -> list[tuple[str, str]]:
     return lines
 
 
+def failed_checks(result: dict[str, Any]) -> list[str]:
+    """The names of the acceptance checks a full run failed; none for a
+    ``--quick`` run, which is a smoke run with no verdict."""
+    if result["header"].get("quick"):
+        return []
+    return [check["check"] for check in result["summary"]["checks"] if not check["passed"]]
+
+
 def run_and_write(
     options: Any,
     json_path: Optional[Path] = None,
@@ -129,7 +137,7 @@ def register(app: typer.Typer) -> None:
         compile_: bool = typer.Option(False, "--compile", help="torch.compile the model (a failure is logged; the cell runs eager)."),
         cuda_graphs: bool = typer.Option(True, "--cuda-graphs/--no-cuda-graphs", help="On CUDA, capture small sizes in CUDA graphs."),
         repeats: Optional[int] = typer.Option(None, "--repeats", help="Timed raw/ours pairs per cell (default 11; 3 with --quick)."),
-        quick: bool = typer.Option(False, "--quick", help="CI smoke budget: under a minute."),
+        quick: bool = typer.Option(False, "--quick", help="CI smoke run, under a minute: checks shown, not judged (exit 0). A full run exits 1 if a check fails."),
         device: Optional[str] = typer.Option(None, "--device", help="cpu or cuda[:N] (default: cuda if available)."),
         seed: int = typer.Option(0, "--seed", help="Seed for data and initial weights."),
         threads: Optional[int] = typer.Option(None, "--threads", help="torch intra-op threads (default: torch's, one per core)."),
@@ -140,7 +148,8 @@ def register(app: typer.Typer) -> None:
         plot_path: Optional[Path] = typer.Option(None, "--plot", help="Write a PNG plot here."),
         markdown_path: Optional[Path] = typer.Option(None, "--markdown", help="Write the Markdown table here."),
     ) -> None:
-        """Throughput, peak memory, validation loss and trainer overhead per size and precision, stamped with the device."""
+        """Throughput, peak memory, validation loss and trainer overhead per size and precision, stamped with the device.
+        A full run exits 1 when an acceptance check fails (after writing every result); --quick never judges."""
         from ..cli import fail, load_settings_or_exit
         from ..storage import StorageError, check_output_path
         from .models import SIZES, parse_sizes
@@ -176,3 +185,11 @@ def register(app: typer.Typer) -> None:
         result = run_and_write(options, json_path, csv_path, plot_path, markdown_path)
         if not result["rows"]:
             raise fail("no cell could be measured: " + "; ".join(f"{f['size']}/{f['precision']}: {f['reason']}" for f in result["failed"]), code=1)
+        failed = failed_checks(result)
+        if failed:  # after the table, the checks and the files: nothing measured is lost
+            checks = result["summary"]["checks"]
+            raise fail(
+                f"{len(failed)} of {len(checks)} acceptance checks failed: {', '.join(failed)} "
+                "(see FAIL above; --quick is a smoke run with no verdict)",
+                code=1,
+            )
