@@ -65,6 +65,7 @@ def test_a_late_task_is_cancelled_and_charged_as_a_timeout(local_ray, task, para
         with pytest.raises(EvaluationTimeout, match="did not finish within 1 s"):
             ev.evaluate(params[0], STATES, hang_seconds=120)
         assert time.monotonic() - started < 60  # the hang was cut, not waited out
+        ev.timeout_s = 60.0  # a fresh worker's start-up under load is not what is checked here
         assert len(ev.evaluate(params[0], STATES[:1]).returns) == 1  # the backend still works
 
 
