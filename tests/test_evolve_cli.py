@@ -97,6 +97,26 @@ def test_tiny_run_writes_json_report(tiny, tmp_path, state_dir):
     assert Path(report["replay_db"]).is_file() and Path(report["replay_db"]).parent == state_dir
 
 
+def test_any_gymnasium_id_with_policy_and_episode_steps(tiny, tmp_path, state_dir):
+    out = tmp_path / "reacher.json"
+    args = ["evolve", "--env", "Reacher-v5", "--policy", "mlp:16", "--episode-steps", "10", "--budget", "24", "--workers", "1", "--json", str(out)]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    report = json.loads(out.read_text())
+    assert report["env"] == "Reacher-v5" and report["config"]["policy"] == "mlp:16" and report["config"]["episode_steps"] == 10
+    assert report["real_episodes"] == 24 and report["env_steps"] == 24 * 10  # Reacher only ends at the step limit
+    assert report["target"] == -3.75  # the env spec's reward_threshold
+
+
+def test_no_world_model_ablation_from_the_cli(tiny, tmp_path, state_dir):
+    out = tmp_path / "ablation.json"
+    result = runner.invoke(app, ["evolve", "--no-world-model", "--budget", "24", "--workers", "1", "--json", str(out)])
+    assert result.exit_code == 0, result.output
+    report = json.loads(out.read_text())
+    assert report["mode"] == "no_world_model" and report["precision"] == "none" and report["real_episodes"] == 24
+    assert all(g["wm_val_loss"] is None for g in report["generations"])
+
+
 def test_cma_baseline_reports_same_keys(tiny, tmp_path):
     out = tmp_path / "cma.json"
     result = runner.invoke(app, ["evolve", "--baseline", "cma", "--budget", "32", "--workers", "1", "--json", str(out)])
