@@ -123,13 +123,14 @@ def make_imagine(
     """The objective the operators search on: a policy's mean imagined return
     over the training start states plus random ones that only the model sees,
     drawn per generation (they regularise the search). Imagined rollouts use
-    the task's projection (else a clamp into the observation box) and stop at
-    its termination function (else the model's done head, if it has one)."""
+    the task's projection (else a clamp into the observation box, and into
+    the model's data region where the box is unbounded) and stop at its
+    termination function (else the model's done head, if it has one)."""
     from .tasks.torch_policy import BatchedPolicy, clamp_projection
 
     start_obs = starts.for_generation(generation)
     policy = BatchedPolicy(task.policy)
-    project = task.task.project or clamp_projection(task.obs_low, task.obs_high)
+    project = task.task.project or clamp_projection(task.obs_low, task.obs_high, data=world_model.observed_region())
 
     def imagine(params: np.ndarray) -> np.ndarray:
         returns = world_model.imagine(policy, params, start_obs, horizon, project=project, terminated=task.task.termination)

@@ -388,6 +388,16 @@ class WorldModel:
         async with self._lock:
             return await asyncio.to_thread(self.predict_sync, obs, action)
 
+    def observed_region(self, spread: float = 4.0) -> tuple[torch.Tensor, torch.Tensor]:
+        """(low, high) per observation dimension: the training data's mean
+        -/+ ``spread`` standard deviations (the normaliser's statistics), the
+        region where the model's predictions rest on data. Imagination may
+        clamp rollouts into it where the observation space is unbounded."""
+        self._require_trained()
+        n = self.model.obs_dim
+        mean, std = self.model.x_mean[:n].float(), self.model.x_std[:n].float()
+        return mean - spread * std, mean + spread * std
+
     def imagine(
         self,
         policy: PolicyFn,

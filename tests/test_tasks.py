@@ -166,3 +166,16 @@ def test_a_dying_worker_process_is_charged_and_the_pool_recovers():
         with pytest.raises(EvaluationWorkerLost, match="lost a worker process"):
             ev.evaluate(wild, state)
         assert ev.evaluate(calm, state).returns == before.returns  # a fresh pool, the same episode
+
+
+def test_clamp_projection_bounds_unbounded_dimensions_by_the_data_region():
+    from agents.tasks.torch_policy import clamp_projection
+
+    inf = float("inf")
+    obs = torch.tensor([[3.0, 10.0], [-3.0, -10.0], [0.5, 0.5]])
+    data = (torch.tensor([-5.0, -2.0]), torch.tensor([5.0, 2.0]))
+    # the box where it is finite (the env never leaves it), the data region where it is not
+    assert clamp_projection((-1.0, -inf), (1.0, inf), data=data)(obs).tolist() == [[1.0, 2.0], [-1.0, -2.0], [0.5, 0.5]]
+    assert clamp_projection((-1.0, -inf), (1.0, inf))(obs).tolist() == [[1.0, 10.0], [-1.0, -10.0], [0.5, 0.5]]
+    assert clamp_projection((-inf, -inf), (inf, inf)) is None
+    assert clamp_projection((-inf, -inf), (inf, inf), data=data)(obs).tolist() == [[3.0, 2.0], [-3.0, -2.0], [0.5, 0.5]]

@@ -543,3 +543,17 @@ async def test_imagine_refuses_start_observations_of_another_size():
         wm.imagine(PENDULUM_POLICY, params, np.zeros((5, 2), np.float32), 10)
     with pytest.raises(ValueError, match=r"horizon=0: expected at least 1"):
         wm.imagine(PENDULUM_POLICY, params, np.zeros((5, 3), np.float32), 0)
+
+
+async def test_observed_region_covers_the_training_observations():
+    trajs = _linear_trajs(3, 50)
+    wm = WorldModel(3, 1, precision="fp32", seed=0)
+    with pytest.raises(RuntimeError):
+        wm.observed_region()  # nothing learned yet, no region
+    await wm.train(20, trajectories=trajs, save=False)
+    low, high = wm.observed_region()
+    assert low.shape == high.shape == (3,)
+    torch.testing.assert_close(high - low, 8.0 * wm.model.x_std[:3])  # mean -/+ 4 standard deviations
+    obs = torch.as_tensor(np.concatenate([t.obs for t in trajs]), dtype=torch.float32)
+    inside = ((obs >= low) & (obs <= high)).all(dim=1).float().mean()
+    assert inside > 0.99

@@ -33,14 +33,23 @@ class BatchedPolicy:
         return self.center + self.half * x
 
 
-def clamp_projection(low: tuple[float, ...], high: tuple[float, ...]) -> Optional[Callable[[torch.Tensor], torch.Tensor]]:
+def clamp_projection(
+    low: tuple[float, ...], high: tuple[float, ...], *, data: Optional[tuple[torch.Tensor, torch.Tensor]] = None
+) -> Optional[Callable[[torch.Tensor], torch.Tensor]]:
     """Imagined observations clamped into the observation box where it is
-    finite (the real env never leaves it); None when it is unbounded."""
+    finite (the real env never leaves it), and, where it is not, into
+    ``data`` = (low, high): the region the world model was trained on. Without
+    that bound a model extrapolating over a long horizon diverges and the
+    search chases the divergence (Swimmer-v5: imagined returns of 1e30 for
+    policies that score about 0). None when nothing bounds any dimension."""
     lo, hi = torch.tensor(low, dtype=torch.float32), torch.tensor(high, dtype=torch.float32)
-    if not (torch.isfinite(lo).any() or torch.isfinite(hi).any()):
+    far = torch.finfo(torch.float32).max
+    lo_free = data[0].float() if data is not None else torch.full_like(lo, -far)
+    hi_free = data[1].float() if data is not None else torch.full_like(hi, far)
+    if data is None and not (torch.isfinite(lo).any() or torch.isfinite(hi).any()):
         return None
-    lo = torch.where(torch.isfinite(lo), lo, torch.full_like(lo, -torch.finfo(torch.float32).max))
-    hi = torch.where(torch.isfinite(hi), hi, torch.full_like(hi, torch.finfo(torch.float32).max))
+    lo = torch.where(torch.isfinite(lo), lo, lo_free)
+    hi = torch.where(torch.isfinite(hi), hi, hi_free)
 
     def project(obs: torch.Tensor) -> torch.Tensor:
         return torch.maximum(torch.minimum(obs, hi), lo)
