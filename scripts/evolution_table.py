@@ -1,6 +1,6 @@
 """Measure the table in docs/EVOLUTION.md.
 
-    .venv/bin/python scripts/evolution_table.py --out docs/evolution_results.json
+    .venv/bin/python scripts/evolution_table.py --cma-long-budget 2000 --out docs/evolution/pendulum.json
     .venv/bin/python scripts/evolution_table.py --env InvertedPendulum-v5 --out ip.json
     .venv/bin/python scripts/evolution_table.py --summarize docs/evolution/*.json
 
@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import datetime
 import json
 import platform
@@ -32,7 +33,7 @@ import numpy as np
 import torch
 
 from agents.se_darwin_agent import EvolveConfig, SEDarwinAgent, run_cma_baseline
-from agents.tasks import ResolvedTask, run_episodes
+from agents.tasks import ResolvedTask, Task, get_task, run_episodes
 from genesis_fp16.checkpoint import atomic_write_text
 from genesis_fp16.settings import load_settings
 from infrastructure.replay_buffer import trajectories_from_episodes
@@ -54,12 +55,14 @@ def cpu_model() -> str:
     return f"{name} [{', '.join(flags)}]" if flags else name
 
 
-def run_mode(mode: str, seed: int, budget: int, state_dir: Path, wm_precision: Optional[str], task: dict[str, Any]) -> dict[str, Any]:
+def run_mode(
+    mode: str, seed: int, budget: int, state_dir: Path, wm_precision: Optional[str], task: dict[str, Any], custom: Optional[Task] = None
+) -> dict[str, Any]:
     settings = load_settings(state_dir=state_dir)
     config = EvolveConfig(seed=seed, budget=budget, use_world_model=mode != "no_world_model", precision=wm_precision, **task)
     if mode.startswith("cma"):
-        return asyncio.run(run_cma_baseline(config))
-    return asyncio.run(SEDarwinAgent(config, settings=settings).evolve())
+        return asyncio.run(run_cma_baseline(config, task=custom))
+    return asyncio.run(SEDarwinAgent(config, task=custom, settings=settings).evolve())
 
 
 def precision_table(task: ResolvedTask, seeds: list[int], steps: int, episodes: int, state_dir: Path) -> list[dict[str, Any]]:
@@ -98,7 +101,8 @@ def markdown(results: dict[str, Any]) -> str:
     lines = [
         f"{results['env']}, median over seeds {results['seeds']} (budget {budget} real episodes; target: mean return >= "
         f"{results['target']:g} on {results['n_train']} training start states; held-out: "
-        f"{results['n_heldout']} start states never used by the search).",
+        f"{results['n_heldout']} start states never used by the search)."
+        + (" Termination learned by the world model's done head (--learn-termination)." if results.get("termination") == "learned (done head)" else ""),
         "",
         "| method | world-model precision | reached target | median real episodes to target | median real env steps | "
         "median held-out return | median best train return | median wall s |",
@@ -206,6 +210,10 @@ def main(argv: Optional[list[str]] = None) -> int:
         default=None,
         help="world-model precision of the loop runs (default: settings and profile, i.e. auto)",
     )
+    parser.add_argument(
+        "--learn-termination", action="store_true",
+        help="drop the task's termination function, so the world model learns termination with its done head",
+    )
     parser.add_argument("--out", type=Path, default=None, help="write all reports as JSON here")
     parser.add_argument("--summarize", type=Path, nargs="+", default=None, help="print one summary row per JSON this script wrote; run nothing")
     args = parser.parse_args(argv)
@@ -216,7 +224,12 @@ def main(argv: Optional[list[str]] = None) -> int:
     import os
 
     task = {"env_id": args.env, "target": args.target, "policy": args.policy, "episode_steps": args.episode_steps}
-    config, resolved = EvolveConfig(**task).resolve()  # a bad task fails here, before any run
+    custom = None
+    if args.learn_termination:
+        custom = dataclasses.replace(get_task(args.env), termination=None)
+        if not custom.terminates:
+            parser.error(f"--learn-termination: {args.env} never terminates (time limit only); there is nothing to learn")
+    config, resolved = EvolveConfig(**task).resolve(custom)  # a bad task fails here, before any run
     starts = resolved.start_states(0)
     results: dict[str, Any] = {
         "env": config.env_id,
@@ -229,6 +242,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         "budget": args.budget,
         "cma_long_budget": args.cma_long_budget,
         "wm_precision": args.wm_precision,
+        "termination": "learned (done head)" if resolved.learns_termination else ("task function" if resolved.task.termination else "never"),
         "environment": {
             "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
             "cpu": cpu_model(),
@@ -247,7 +261,7 @@ def main(argv: Optional[list[str]] = None) -> int:
             reports = []
             for seed in args.seeds:
                 t0 = time.perf_counter()
-                report = run_mode(mode, seed, budget, state / mode, args.wm_precision, task)
+                report = run_mode(mode, seed, budget, state / mode, args.wm_precision, task, custom)
                 report["mode"] = mode
                 reports.append(report)
                 print(
