@@ -77,6 +77,19 @@ class DynamicsMLP(nn.Module):
         """Un-normalised prediction (delta obs, reward[, done logit]) for raw features."""
         return self.net(self.normalise_x(x)).float() * self.y_std + self.y_mean
 
+    def predict_next(self, obs: torch.Tensor, action: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(next_obs, reward) for batches of raw observations and actions, in FP32."""
+        self.eval()
+        with torch.no_grad():
+            out = self.predict_raw(features(obs, action))
+        return obs + out[..., : self.obs_dim], out[..., self.obs_dim]
+
+    def observed_region(self, spread: float = 4.0) -> tuple[torch.Tensor, torch.Tensor]:
+        """(low, high) per observation dimension: the normaliser's mean -/+
+        ``spread`` standard deviations, where predictions rest on data."""
+        mean, std = self.x_mean[: self.obs_dim].float(), self.x_std[: self.obs_dim].float()
+        return mean - spread * std, mean + spread * std
+
 
 def mse_loss(model: DynamicsMLP, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
     """Squared error of the normalised delta and reward; with a done head,

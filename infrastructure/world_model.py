@@ -263,21 +263,7 @@ class WorldModel:
             guard_decision=decision.as_dict() if decision is not None else None,
             events=run.events,
         )
-        self._log.info(
-            "world_model.trained",
-            train_loss=report.train_loss,
-            val_loss=report.val_loss,
-            precision=report.precision,
-            steps=steps,
-            skipped_steps=report.skipped_steps,
-            wall_s=round(report.wall_s, 3),
-            transitions=report.transitions,
-            fp32_val_loss=fp32_val_loss,
-            reference=report.reference,
-            inference_val_loss_fp32=inference_fp32,
-            inference_gap=inference_gap,
-            rolled_back=report.rolled_back,
-        )
+        self._log.info("world_model.trained", **report.log_fields())
         return report
 
     def _begin_run(self) -> FP16Trainer:
@@ -378,11 +364,7 @@ class WorldModel:
     def predict_sync(self, obs: npt.ArrayLike, action: npt.ArrayLike) -> tuple[torch.Tensor, torch.Tensor]:
         """(next_obs, reward) for batches of observations and actions (FP32)."""
         self._require_trained()
-        obs, action = torch.as_tensor(obs, dtype=torch.float32), torch.as_tensor(action, dtype=torch.float32)
-        self.model.eval()
-        with torch.no_grad():
-            out = self.model.predict_raw(features(obs, action))
-        return obs + out[..., : self.model.obs_dim], out[..., self.model.obs_dim]
+        return self.model.predict_next(torch.as_tensor(obs, dtype=torch.float32), torch.as_tensor(action, dtype=torch.float32))
 
     async def predict(self, obs: npt.ArrayLike, action: npt.ArrayLike) -> tuple[torch.Tensor, torch.Tensor]:
         async with self._lock:
@@ -394,9 +376,7 @@ class WorldModel:
         region where the model's predictions rest on data. Imagination may
         clamp rollouts into it where the observation space is unbounded."""
         self._require_trained()
-        n = self.model.obs_dim
-        mean, std = self.model.x_mean[:n].float(), self.model.x_std[:n].float()
-        return mean - spread * std, mean + spread * std
+        return self.model.observed_region(spread)
 
     def imagine(
         self,

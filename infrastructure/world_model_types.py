@@ -101,6 +101,14 @@ class TrainReport:
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
 
+    def log_fields(self) -> dict[str, Any]:
+        """The fields of the ``world_model.trained`` event."""
+        names = ("train_loss", "val_loss", "precision", "steps", "skipped_steps", "wall_s", "transitions",
+                 "fp32_val_loss", "reference", "inference_val_loss_fp32", "inference_gap", "rolled_back")
+        fields = {name: getattr(self, name) for name in names}
+        fields["wall_s"] = round(self.wall_s, 3)
+        return fields
+
 
 @dataclass
 class TrainRun:
