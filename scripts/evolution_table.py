@@ -148,6 +148,9 @@ def markdown(results: dict[str, Any]) -> str:
             )
     env = results["environment"]
     lines += ["", f"Measured {env['date']} on {env['cpu']} ({env['cores']} cores, shared), torch {env['torch']}, python {env['python']}."]
+    if results.get("kept"):
+        kept = results["kept"]
+        lines[-1] += f" Modes {', '.join(kept['modes'])} kept from the run of {kept['from']['date']} (--keep-finished)."
     return "\n".join(lines)
 
 
@@ -192,6 +195,58 @@ def summary(tables: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def imagination(tables: list[dict[str, Any]]) -> str:
+    """One row per table: how the world model's imagined returns of the
+    candidates the loop chose for a real evaluation compare with the real
+    returns they got (a probe's one episode or a full evaluation's mean),
+    pooled over seeds and generations. A rank correlation near 0 says the
+    model's ranking carried no information about the real one."""
+    lines = [
+        "| task (target) | candidates evaluated after ranking | median imagined return | median real return | "
+        "rank correlation (Spearman) |",
+        "|---|---|---|---|---|",
+    ]
+    for t in tables:
+        pairs = [
+            (e["imagined"], e["real_return"])
+            for r in t["runs"].get("full", [])
+            for g in r.get("generations", [])
+            for e in g["evaluated"]
+            if e.get("imagined") is not None and e.get("real_return") is not None
+        ]
+        cells = [f"{t['env']} ({t['target']:g})", str(len(pairs))]
+        if len(pairs) < 3:
+            cells += ["-", "-", "-"]
+        else:
+            imagined, real = np.array(pairs).T
+            ranks = [np.argsort(np.argsort(a, kind="stable"), kind="stable") for a in (imagined, real)]
+            rho = float(np.corrcoef(*ranks)[0, 1])
+            cells += [f"{np.median(imagined):.1f}", f"{np.median(real):.1f}", f"{rho:.2f}"]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+SAME_SETTINGS = ("env", "target", "policy", "episode_steps", "n_train", "n_heldout", "seeds", "budget", "cma_long_budget", "wm_precision", "termination")
+
+
+def finished_modes(path: Path, results: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
+    """The modes a report at ``path`` finished for every seed, when it was
+    written by this script with the same settings as ``results``; {} when
+    there is no such file. A report of other settings is refused: going on
+    from it would mix two measurements in one table."""
+    if not path.exists():
+        return {}
+    try:
+        old = json.loads(path.read_text())
+        differ = [key for key in SAME_SETTINGS if old.get(key) != json.loads(json.dumps(results[key], default=str))]
+        runs = old["runs"]
+    except (ValueError, KeyError, TypeError) as exc:
+        raise SystemExit(f"--keep-finished: {path} is not a report of this script ({exc!r}); move it away or drop --keep-finished")
+    if differ:
+        raise SystemExit(f"--keep-finished: {path} was measured with other settings ({', '.join(differ)}); move it away or drop --keep-finished")
+    return {mode: reports for mode, reports in runs.items() if len(reports) == len(results["seeds"])}
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--env", default="Pendulum-v1", help="task name or gymnasium id (genesis-fp16 evolve --list-tasks)")
@@ -215,10 +270,21 @@ def main(argv: Optional[list[str]] = None) -> int:
         help="drop the task's termination function, so the world model learns termination with its done head",
     )
     parser.add_argument("--out", type=Path, default=None, help="write all reports as JSON here")
+    parser.add_argument(
+        "--keep-finished", action="store_true",
+        help="when --out already holds this script's reports for the same settings (a run cut short), keep its finished modes and run the rest",
+    )
     parser.add_argument("--summarize", type=Path, nargs="+", default=None, help="print one summary row per JSON this script wrote; run nothing")
+    parser.add_argument(
+        "--imagination", type=Path, nargs="+", default=None,
+        help="print, per JSON this script wrote, how the loop's imagined returns ranked against the real ones; run nothing",
+    )
     args = parser.parse_args(argv)
     if args.summarize:
         print(summary([json.loads(path.read_text()) for path in args.summarize]))
+        return 0
+    if args.imagination:
+        print(imagination([json.loads(path.read_text()) for path in args.imagination]))
         return 0
     torch.set_num_threads(1)
     import os
@@ -252,10 +318,18 @@ def main(argv: Optional[list[str]] = None) -> int:
         },
         "runs": {},
     }
+    if args.keep_finished:
+        if args.out is None:
+            parser.error("--keep-finished needs --out (the report to go on from)")
+        kept = finished_modes(args.out, results)
+        if kept:
+            results["runs"].update(kept)
+            results["kept"] = {"modes": sorted(kept), "from": json.loads(args.out.read_text())["environment"]}
+            print(f"keeping {', '.join(sorted(kept))} from {args.out}", file=sys.stderr)
     with tempfile.TemporaryDirectory(prefix="evolution_table_") as tmp:
         state = Path(tmp)
         for mode in args.modes:
-            if mode == "cma_long" and not args.cma_long_budget:
+            if (mode == "cma_long" and not args.cma_long_budget) or mode in results["runs"]:
                 continue
             budget = args.cma_long_budget if mode == "cma_long" else args.budget
             reports = []
