@@ -229,22 +229,22 @@ def imagination(tables: list[dict[str, Any]]) -> str:
 SAME_SETTINGS = ("env", "target", "policy", "episode_steps", "n_train", "n_heldout", "seeds", "budget", "cma_long_budget", "wm_precision", "termination")
 
 
-def finished_modes(path: Path, results: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
-    """The modes a report at ``path`` finished for every seed, when it was
-    written by this script with the same settings as ``results``; {} when
-    there is no such file. A report of other settings is refused: going on
+def finished_modes(path: Path, results: dict[str, Any]) -> tuple[dict[str, list[dict[str, Any]]], dict[str, Any]]:
+    """The modes a report at ``path`` finished for every seed and the
+    environment it was measured in, when it was written by this script with
+    the same settings as ``results``; ({}, {}) when there is no such file. A report of other settings is refused: going on
     from it would mix two measurements in one table."""
     if not path.exists():
-        return {}
+        return {}, {}
     try:
         old = json.loads(path.read_text())
         differ = [key for key in SAME_SETTINGS if old.get(key) != json.loads(json.dumps(results[key], default=str))]
-        runs = old["runs"]
+        runs, environment = old["runs"], old["environment"]
     except (ValueError, KeyError, TypeError) as exc:
         raise SystemExit(f"--keep-finished: {path} is not a report of this script ({exc!r}); move it away or drop --keep-finished")
     if differ:
         raise SystemExit(f"--keep-finished: {path} was measured with other settings ({', '.join(differ)}); move it away or drop --keep-finished")
-    return {mode: reports for mode, reports in runs.items() if len(reports) == len(results["seeds"])}
+    return {mode: reports for mode, reports in runs.items() if len(reports) == len(results["seeds"])}, environment
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -321,10 +321,10 @@ def main(argv: Optional[list[str]] = None) -> int:
     if args.keep_finished:
         if args.out is None:
             parser.error("--keep-finished needs --out (the report to go on from)")
-        kept = finished_modes(args.out, results)
+        kept, measured_in = finished_modes(args.out, results)
         if kept:
             results["runs"].update(kept)
-            results["kept"] = {"modes": sorted(kept), "from": json.loads(args.out.read_text())["environment"]}
+            results["kept"] = {"modes": sorted(kept), "from": measured_in}
             print(f"keeping {', '.join(sorted(kept))} from {args.out}", file=sys.stderr)
     with tempfile.TemporaryDirectory(prefix="evolution_table_") as tmp:
         state = Path(tmp)
