@@ -57,7 +57,8 @@ class PrecisionMode(str, Enum):
 
 class OnUnsupported(str, Enum):
     """What a trainer does with a precision its device cannot run: fallback
-    (log it and train in the best supported one) or error."""
+    (log it and train in the nearest precision at least as precise as asked,
+    never a less precise one) or error."""
 
     FALLBACK = "fallback"
     ERROR = "error"
@@ -116,7 +117,7 @@ class PrecisionConfig(BaseModel):
     precision: PrecisionMode = Field(PrecisionMode.AUTO, description="|".join(mode.value for mode in PrecisionMode))
     on_unsupported: OnUnsupported = Field(
         OnUnsupported.FALLBACK,
-        description="What to do when the device cannot run the asked precision: fallback (log, use best supported) or error.",
+        description="What to do when the device cannot run the asked precision: fallback (log, use the nearest precision at least as precise as asked: tf32 -> fp32 on a CPU) or error.",
     )
     init_scale: float = Field(65536.0, gt=0, allow_inf_nan=False, description="GradScaler initial loss scale.")
     growth_factor: float = Field(2.0, gt=1.0, allow_inf_nan=False, description="GradScaler growth factor.")

@@ -193,7 +193,12 @@ def test_tf32_switches_are_on_for_forward_and_backward_only():
     assert precision.compute_dtype == torch.float32 and not precision.uses_scaler
 
 
-def test_tf32_is_unsupported_on_cpu_and_follows_on_unsupported(monkeypatch):
+@pytest.mark.parametrize("flags", [frozenset({"avx2"}), frozenset({"avx512_bf16"}), frozenset({"avx512_bf16", "amx_bf16"})],
+                         ids=["avx2", "avx512-bf16", "amx"])
+def test_tf32_is_unsupported_on_cpu_and_follows_on_unsupported(monkeypatch, flags):
+    # on every CPU kind: with AMX, auto is bf16, and a fallback to "the best
+    # supported" would have given BF16 autocast for a request of near-FP32 matmuls
+    monkeypatch.setattr(C, "cpu_flags", lambda: flags)
     assert P.device_support("cpu", PrecisionMode.TF32) == P.Support.NONE
     with capture_logs() as logs:
         chosen = P.resolve_precision("tf32", "cpu")
@@ -218,3 +223,29 @@ def test_fp16_true_converts_the_weights_and_trains_without_a_scaler():
         loss = model(torch.ones(2, 3)).float().sum()
     precision.backward(loss)
     assert precision.optimizer_step(opt) is True and precision.state_dict() == {}
+
+
+@pytest.mark.parametrize("flags", [frozenset({"avx2"}), frozenset({"avx512_bf16", "amx_bf16"})], ids=["avx2", "amx"])
+def test_fallback_is_never_less_precise_than_asked(monkeypatch, flags):
+    monkeypatch.setattr(C, "cpu_flags", lambda: flags)
+    monkeypatch.setattr(C, "cuda_supports_bf16", lambda d: False)
+    monkeypatch.setattr(C, "cuda_supports_tf32", lambda d: False)
+    # a CUDA device without BF16 or TF32: bf16 becomes fp32 (not fp16, another format), tf32 fp32
+    assert P.fallback_for("cuda", PrecisionMode.BF16) == PrecisionMode.FP32
+    assert P.fallback_for("cuda", PrecisionMode.TF32) == PrecisionMode.FP32
+    assert P.resolve_precision("tf32", "cpu").name == "fp32"
+    # every fallback is the mode itself or a mode at least as precise
+    order = [PrecisionMode.FP32, PrecisionMode.TF32, PrecisionMode.BF16, PrecisionMode.FP16, PrecisionMode.FP16_TRUE]
+    for mode in P.MODES:
+        assert set(P.AT_LEAST_AS_PRECISE[mode]) <= set(order[: order.index(mode)] + [PrecisionMode.FP32])
+        assert P.fallback_for("cpu", mode) in P.AT_LEAST_AS_PRECISE[mode] + (PrecisionMode.FP32,)
+
+
+def test_fp16_true_falls_back_to_fp16_mixed_where_fp16_runs(monkeypatch):
+    real = C.device_support
+    monkeypatch.setattr(C, "device_support",
+                        lambda d, m: P.Support.NONE if m == PrecisionMode.FP16_TRUE else real(d, m))
+    with capture_logs() as logs:
+        chosen = P.resolve_precision("fp16-true", "cpu")
+    assert chosen.name == "fp16"  # FP32 master weights: more precise than FP16 weights
+    assert any(log["event"] == "precision.fallback" and log["precision"] == "fp16" for log in logs)

@@ -77,6 +77,27 @@ def best_supported(device: torch.device) -> PrecisionMode:
     return mode
 
 
+# For each mode, the modes at least as precise as it, nearest first: where a
+# device cannot run a mode, ``fallback`` takes the first of these it can run.
+# Never downwards: tf32 (FP32 weights, near-FP32 matmuls) may become fp32, never
+# BF16; bf16 becomes fp32, not fp16 (another format, not a more precise one).
+AT_LEAST_AS_PRECISE: dict[PrecisionMode, tuple[PrecisionMode, ...]] = {
+    PrecisionMode.FP16_TRUE: (PrecisionMode.FP16, PrecisionMode.FP32),
+    PrecisionMode.FP16: (PrecisionMode.FP32,),
+    PrecisionMode.BF16: (PrecisionMode.FP32,),
+    PrecisionMode.TF32: (PrecisionMode.FP32,),
+    PrecisionMode.FP32: (),
+}
+
+
+def fallback_for(device: Union[str, torch.device], mode: PrecisionMode) -> PrecisionMode:
+    """The nearest mode at least as precise as ``mode`` that ``device`` runs (fp32 always runs)."""
+    for candidate in AT_LEAST_AS_PRECISE[mode]:
+        if capability.device_support(device, candidate) != Support.NONE:
+            return candidate
+    return PrecisionMode.FP32
+
+
 def resolve_precision(
     requested: Union[str, PrecisionMode],
     device: Union[str, torch.device],
@@ -88,7 +109,8 @@ def resolve_precision(
     """Turn a requested mode into a plugin from ``plugins`` for ``device``.
 
     ``auto`` picks by :func:`auto_precision` and logs why, once. A mode the
-    device cannot run follows ``on_unsupported``; a mode that runs but is slow
+    device cannot run follows ``on_unsupported``: ``error`` raises, ``fallback``
+    logs and runs :func:`fallback_for` (never a less precise mode); a mode that runs but is slow
     here runs as asked and warns once. Nothing is substituted silently.
     """
     log = get_logger("genesis_fp16.precision")
@@ -107,7 +129,7 @@ def resolve_precision(
                 f"precision {mode.value!r} is not supported on {device} ({why}); "
                 f"set GENESIS_FP16_PRECISION to one of {supported_modes(device)} or GENESIS_FP16_ON_UNSUPPORTED=fallback"
             )
-        fallback = best_supported(device)
+        fallback = fallback_for(device, mode)
         log_once(
             log,
             f"fallback:{device}:{mode.value}",
@@ -116,7 +138,8 @@ def resolve_precision(
             device=str(device),
             requested=mode.value,
             precision=fallback.value,
-            reason=f"{mode.value} is not supported on {device} ({why}); on_unsupported=fallback",
+            reason=f"{mode.value} is not supported on {device} ({why}); on_unsupported=fallback uses "
+            f"{fallback.value}, the nearest precision at least as precise as {mode.value}",
         )
         return plugins[fallback](device, scaler)
     if support == Support.SLOW:
@@ -164,6 +187,8 @@ __all__ = [
     "UnsupportedPrecisionError",
     "auto_precision",
     "best_supported",
+    "fallback_for",
+    "AT_LEAST_AS_PRECISE",
     "capability_report",
     "cpu_flags",
     "cpu_has_fast_bf16",
