@@ -128,7 +128,10 @@ def evolve(
         None, "--ray-address", metavar="auto|HOST:PORT",
         help="With --backend ray: the cluster to join (default: settings' ray_address); unset: a local Ray with --workers CPUs.",
     ),
-    torch_threads: int = typer.Option(1, "--torch-threads", min=1, help="torch intra-op threads (tiny tensors run best on 1)."),
+    torch_threads: Optional[int] = typer.Option(
+        None, "--torch-threads", min=0,
+        help="torch CPU threads (default: settings' torch_threads, 1: the models are small; 0: torch's default).",
+    ),
     json_path: Optional[Path] = typer.Option(None, "--json", help="Write the report as JSON to this file."),
     resume: Optional[str] = typer.Option(
         None, "--resume", metavar="RUN_ID",
@@ -145,6 +148,8 @@ def evolve(
     from .se_darwin_agent import EvolveConfig
 
     settings = load_settings_or_exit()
+    if torch_threads is not None:  # the flag wins over GENESIS_FP16_TORCH_THREADS for this run
+        settings = settings.model_copy(update={"torch_threads": torch_threads})
     if baseline == Baseline.cma and no_world_model:
         raise fail("--baseline cma and --no-world-model are exclusive: CMA-ES never uses the world model")
     config = EvolveConfig(
@@ -183,7 +188,7 @@ def evolve(
     with _ray_connection(backend, address, workers):
         _run(ctx, config, settings, resume=resume, baseline=baseline, env=env, seed=seed, precision=precision, no_world_model=no_world_model,
              budget=budget, workers=workers, backend=backend, target=target, policy=policy, episode_steps=episode_steps,
-             torch_threads=torch_threads, json_path=json_path)
+             torch_threads=settings.torch_threads, json_path=json_path)
 
 
 @contextmanager
@@ -234,7 +239,8 @@ def _run(ctx: typer.Context, config: Any, settings: Any, *, resume: Optional[str
 
     import torch
 
-    torch.set_num_threads(torch_threads)
+    if torch_threads:  # 0: torch's default
+        torch.set_num_threads(torch_threads)
     console = Console(stderr=True)
     mode = "cma" if baseline == Baseline.cma else ("no_world_model" if no_world_model else "full")
     progress = Progress(

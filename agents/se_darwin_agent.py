@@ -30,6 +30,7 @@ import numpy as np
 
 from genesis_fp16.extras import require
 from genesis_fp16.settings import Settings
+from genesis_fp16.threads import torch_threads
 from genesis_fp16.telemetry import get_logger
 from infrastructure.replay_buffer import ReplayBuffer, trajectories_from_episodes
 
@@ -193,7 +194,8 @@ class SEDarwinAgent(RunRecord):
         started = time.perf_counter()
         self._begin_session()
         try:
-            stop_reason = await self._loop(started)
+            with torch_threads(self.settings.torch_threads):
+                stop_reason = await self._loop(started)
             best = best_of([c for c in self.pool if c.full]) or best_of(self.pool)
             heldout = await self._real(best.params, self.starts.heldout) if best is not None else None
         except (asyncio.CancelledError, KeyboardInterrupt):

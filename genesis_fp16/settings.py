@@ -190,6 +190,13 @@ class Settings(PrecisionConfig, BaseSettings):
         description="Ray cluster for `evolve --backend ray`: 'auto' (the cluster this node joined) or HOST:PORT of the head; "
         "unset: a local Ray with --workers CPUs.",
     )
+    torch_threads: int = Field(
+        1,
+        ge=0,
+        le=4096,
+        description="torch CPU threads (torch.set_num_threads) that the agents and the world model's training apply; "
+        "0 keeps torch's default (one per core). 1 is fastest for their small models (docs/EMBEDDING.md).",
+    )
     distributed: DistributedWrap = Field(
         DistributedWrap.NONE, description="none|ddp|fsdp: how trainers wrap models under torchrun."
     )

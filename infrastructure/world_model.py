@@ -41,6 +41,7 @@ from genesis_fp16.canary import CANARY_SUFFIX, SHADOW_SUFFIX, canary_due, fp32_r
 from genesis_fp16.policy import resolve_policy
 from genesis_fp16.rollout import RolloutLedger
 from genesis_fp16.settings import Settings, load_settings
+from genesis_fp16.threads import torch_threads
 from genesis_fp16.telemetry import get_logger
 from genesis_fp16.trainer import FP16Trainer
 
@@ -206,9 +207,13 @@ class WorldModel:
                 raise ValueError(f"WorldModel.train: no trajectories for agent {self.data_agent!r} in the replay buffer")
             trajectories = list(trajectories)
             check_sizes(trajectories, self.model.obs_dim, self.model.act_dim)
-            report = await asyncio.to_thread(self._train_sync, trajectories, int(steps), fault, save)
+            report = await asyncio.to_thread(self._train_threads, trajectories, int(steps), fault, save)
             self.history.append(report)
             return report
+
+    def _train_threads(self, trajectories: list[Trajectory], steps: int, fault: Optional[FaultFn], save: bool) -> TrainReport:
+        with torch_threads(self.settings.torch_threads):  # GENESIS_FP16_TORCH_THREADS
+            return self._train_sync(trajectories, steps, fault, save)
 
     def _train_sync(self, trajectories: list[Trajectory], steps: int, fault: Optional[FaultFn], save: bool) -> TrainReport:
         started = time.perf_counter()
