@@ -2,16 +2,23 @@
 
 from .checkpoint import CheckpointError
 from .config import FP16TrainingConfig
+from .packages import PackageShadowedError, PackageShadowedWarning, warn_if_shadowed
 from .precision import UnsupportedPrecisionError
 from .settings import PrecisionConfig, Settings, SettingsError, load_settings
 from .trainer import FP16Trainer
 
 __version__ = "0.1.0"
 
+# a host project's own `agents` or `infrastructure` hiding ours: say so now,
+# naming both paths, rather than fail later with "No module named agents.x"
+warn_if_shadowed()
+
 __all__ = [
     "CheckpointError",
     "FP16Trainer",
     "FP16TrainingConfig",
+    "PackageShadowedError",
+    "PackageShadowedWarning",
     "PrecisionConfig",
     "Settings",
     "SettingsError",

@@ -22,6 +22,7 @@ from rich.text import Text
 
 from .settings import LogLevel, SettingsError, describe_settings, load_settings, unknown_settings
 from .extras import MissingExtraError
+from .packages import shadowed
 from .checkpoint import strict_json_value  # re-exported: the CLIs import it from here
 from .telemetry import set_console_level, visible_controls
 
@@ -170,7 +171,11 @@ def _register_plugins() -> None:
             register = ep.load()
             register(app)
         except Exception as exc:  # shown, never hidden: one broken command must not take the others down
-            console.print(Text.assemble(("warning:", "yellow"), " ", safe_text(f"command {ep.name!r} unavailable ({ep.value}): {type(exc).__name__}: {exc}")))
+            why = f"{type(exc).__name__}: {exc}"
+            shadows = shadowed((ep.value.split(".", 1)[0].split(":", 1)[0],))
+            if shadows:
+                why = shadows[0].message()
+            console.print(Text.assemble(("warning:", "yellow"), " ", safe_text(f"command {ep.name!r} unavailable ({ep.value}): {why}")))
 
 
 _register_plugins()
