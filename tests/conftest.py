@@ -8,6 +8,29 @@ import pytest
 import torch
 
 from genesis_fp16 import telemetry
+from genesis_fp16.precision import capability
+
+CPU_KINDS = {
+    "amx": frozenset({"avx2", "avx512f", "avx512_bf16", "avx512_fp16", "amx_bf16", "amx_tile"}),
+    "avx512-bf16": frozenset({"avx2", "avx512f", "avx512_bf16"}),
+    "avx2": frozenset({"avx2", "f16c"}),
+}
+
+
+def pytest_addoption(parser):
+    parser.addoption(
+        "--cpu-kind", choices=sorted(CPU_KINDS), default=None,
+        help="run the suite as if this process ran on that CPU kind (its flags patched into the capability "
+        "check; tests that patch the flags themselves still win; subprocesses see the real CPU)",
+    )
+
+
+@pytest.fixture(autouse=True)
+def _cpu_kind(request, monkeypatch):
+    kind = request.config.getoption("--cpu-kind")
+    if kind is not None:
+        monkeypatch.setattr(capability, "cpu_flags", lambda: CPU_KINDS[kind])
+    yield
 
 
 @pytest.fixture(autouse=True)
