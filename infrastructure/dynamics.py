@@ -21,7 +21,14 @@ TerminationFn = Callable[[torch.Tensor], torch.Tensor]  # observations (..., obs
 
 
 class NonFiniteDataError(ValueError):
-    """A trajectory holds NaN or inf; the message names it."""
+    """`WorldModel.train` refused a trajectory holding NaN or inf in its
+    observations, actions, rewards or next observations.
+
+    The message names the trajectory (its replay-buffer id, candidate, agent
+    and generation), the array and the first bad transition. Nothing was
+    trained. A trajectory read from a replay buffer is removed with
+    `ReplayBuffer.delete_trajectories([id])`, which the message spells out.
+    """
 
 
 def features(obs: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
@@ -103,15 +110,18 @@ def mse_loss(model: DynamicsMLP, batch: tuple[torch.Tensor, torch.Tensor]) -> to
 
 
 def check_finite(trajectories: Sequence[Trajectory]) -> None:
+    """Raise `NonFiniteDataError` for the first trajectory holding NaN or inf."""
     for traj in trajectories:
         for name in ("obs", "action", "reward", "next_obs"):
             values = getattr(traj, name)
             if not np.isfinite(values).all():
                 bad = int(np.argwhere(~np.isfinite(values))[0][0])
-                raise NonFiniteDataError(
-                    f"{traj.label}: non-finite {name} at transition {bad}; "
-                    "refusing to train on it (fix the source, or delete the trajectory from the replay buffer)"
+                remedy = (
+                    f"remove it with ReplayBuffer.delete_trajectories([{traj.id}]) and fix its source"
+                    if traj.id is not None  # it came from a replay buffer
+                    else "fix its source, or leave it out of trajectories="
                 )
+                raise NonFiniteDataError(f"{traj.label}: non-finite {name} at transition {bad}; refusing to train on it: {remedy}")
 
 
 def check_sizes(trajectories: Sequence[Trajectory], obs_dim: int, act_dim: int) -> None:

@@ -356,6 +356,37 @@ class ReplayBuffer:
         self._log.info("replay.deleted", agents=len(names), trajectories=deleted)
         return deleted
 
+    def delete_trajectories(self, ids: Sequence[int]) -> int:
+        """Delete the trajectories with these ids (`Trajectory.id`, as
+        `append_generation` returned them and errors name them), all or none.
+
+        Args:
+            ids: trajectory ids, of any agents.
+
+        Returns:
+            The number of trajectories deleted (`len(set(ids))`).
+
+        Raises:
+            ValueError: an id is not in the buffer; nothing is deleted.
+            ReplayBufferError: the database cannot be written.
+        """
+        wanted = sorted({int(i) for i in ids})
+
+        def write(conn: sqlite3.Connection) -> int:
+            marks = ",".join("?" * len(wanted))
+            found = {row[0] for row in conn.execute(f"SELECT id FROM trajectories WHERE id IN ({marks})", wanted)}
+            unknown = [i for i in wanted if i not in found]
+            if unknown:  # raised inside the transaction, so nothing of this call is deleted
+                raise ValueError(
+                    f"{self.path}: no trajectory with id {', '.join(map(str, unknown))}; nothing was deleted. "
+                    "Ids are those append_generation returned (Trajectory.id on what sample() reads)"
+                )
+            return conn.execute(f"DELETE FROM trajectories WHERE id IN ({marks})", wanted).rowcount
+
+        deleted = self._run(write, write=True) if wanted else 0
+        self._log.info("replay.deleted", ids=wanted, trajectories=deleted)
+        return deleted
+
     def delete_generations_after(self, agent: str, generation: int) -> int:
         """Delete ``agent``'s trajectories of generations after ``generation``
         (one transaction); returns the number of rows deleted."""
