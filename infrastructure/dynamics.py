@@ -31,10 +31,15 @@ class NonFiniteDataError(ValueError):
     """
 
 
+class NotTrainedError(RuntimeError):
+    """`WorldModel.predict`, `imagine` or `observed_region` was called before
+    the first `await train()` or `load()`."""
+
+
 def features(obs: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
     """The model's raw inputs: observation and action, nothing else. Training
     and prediction both go through this function (and then the same
-    normaliser inside :class:`DynamicsMLP`)."""
+    normaliser inside `DynamicsMLP`)."""
     return torch.cat([obs, action], dim=-1)
 
 
@@ -180,7 +185,7 @@ def training_data(
     trajectories: Sequence[Trajectory], *, seed: int, val_fraction: float, done: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Features and targets, split into train/validation by
-    :func:`validation_draws`: ``(x_train, y_train, x_val, y_val)``.
+    `validation_draws`: ``(x_train, y_train, x_val, y_val)``.
     Trajectories are put in a canonical order first (generation, then data
     key), so the data set and the batches drawn from it depend on the
     trajectories alone: not on row ids, the order the buffer returned them

@@ -37,6 +37,11 @@ def test_mkdocs_build_strict(tmp_path):
     assert (tmp_path / "site" / "reference" / "guard" / "index.html").is_file()
     page = (tmp_path / "site" / "reference" / "infrastructure" / "index.html").read_text(encoding="utf-8")
     assert "WorldModel" in page and "TrainReport" in page and "ReplayBuffer" in page
+    assert "delete_trajectories" in page and "NonFiniteDataError" in page and "aimagine" in page
+    agents = (tmp_path / "site" / "reference" / "agents" / "index.html").read_text(encoding="utf-8")
+    assert "the only currency that counts" in agents  # EvolveConfig's field docstrings are rendered
+    for ref in (tmp_path / "site" / "reference").rglob("*.html"):
+        assert ":class:`" not in ref.read_text(encoding="utf-8"), f"a Sphinx role renders literally in {ref.parent.name}"
 
 
 def _tiny_site(tmp_path: Path, link: str) -> Path:

@@ -258,7 +258,8 @@ async def test_checkpoint_round_trip(tmp_path):
     report = await wm.train(50, trajectories=trajs)
     assert report.checkpoint and (tmp_path / "world_model.pt").exists()
     other = WorldModel(3, 1, precision="bf16", checkpoint_dir=tmp_path, seed=5)
-    other.load()
+    assert other.load() == tmp_path / "world_model.pt"  # the file read, not the checkpoint's internals
+    assert other.trained
     obs, act = torch.tensor(trajs[0].obs), torch.tensor(trajs[0].action)
     torch.testing.assert_close(other.predict_sync(obs, act)[0], wm.predict_sync(obs, act)[0])
 
