@@ -394,7 +394,7 @@ class ReplayBuffer:
             return conn.execute(f"DELETE FROM trajectories WHERE id IN ({marks})", wanted).rowcount
 
         deleted = self._run(write, write=True) if wanted else 0
-        self._log.info("replay.deleted", ids=wanted, trajectories=deleted)
+        self._log.info("replay.trajectories_deleted", ids=wanted, trajectories=deleted)
         return deleted
 
     def delete_generations_after(self, agent: str, generation: int) -> int:
