@@ -41,7 +41,7 @@ class Terminated(KeyboardInterrupt):
 
 @contextmanager
 def _sigterm_as_interrupt() -> Iterator[None]:
-    """SIGTERM raises :class:`Terminated` while the run lasts. Installed by
+    """SIGTERM raises `Terminated` while the run lasts. Installed by
     the command only: a program embedding the agent keeps its own handlers."""
     if threading.current_thread() is not threading.main_thread():
         yield  # signal handlers can only be set from the main thread

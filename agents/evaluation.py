@@ -74,7 +74,7 @@ BACKENDS = ("process", "ray")
 
 
 class EvaluationBackend(Protocol):
-    """What the loop needs of an evaluator: :class:`Evaluator` (a local
+    """What the loop needs of an evaluator: `Evaluator` (a local
     process pool, the default) or ``agents.ray_evaluation.RayEvaluator``."""
 
     task: ResolvedTask
@@ -178,7 +178,7 @@ class Evaluator(SingleEvaluation):
         workers in the thread that submits, and Linux's parent-death signal
         fires when that *thread* ends: a worker started from a short-lived
         thread (``asyncio.to_thread``'s, a caller's) would be killed with it.
-        This thread lives until :meth:`close`."""
+        This thread lives until `close`."""
         if self._spawner is None:
             self._spawner = ThreadPoolExecutor(max_workers=1, thread_name_prefix="evaluator-spawner")
         return self._spawner.submit(fn, *args).result()

@@ -20,34 +20,62 @@ EVOLVE = "genesis-fp16 evolve"
 
 @dataclass
 class EvolveConfig:
-    """Options of the evolution loop (the CLI's flags map onto these)."""
+    """Options of the evolution loop; `genesis-fp16 evolve`'s flags map onto
+    these (`--budget` onto `budget`, ...). `resolve()` checks them and fills
+    in what the task decides; a bad value raises `ValueError` naming it."""
 
-    env_id: str = "Pendulum-v1"  # a task name (genesis-fp16 evolve --list-tasks) or any gymnasium id
-    budget: int = 200  # real episodes, the only currency that counts
+    env_id: str = "Pendulum-v1"
+    """The task: a registered name (`genesis-fp16 evolve --list-tasks`) or any gymnasium id."""
+    budget: int = 200
+    """Real episodes the run may spend, the only currency that counts; at least one full evaluation (the task's training start states)."""
     seed: int = 0
-    precision: Optional[str] = None  # None: settings and the agent's profile decide
+    """Seeds the start states, the candidates, the operators and the world model."""
+    precision: Optional[str] = None
+    """The world model's precision (`auto`, `fp32`, `bf16`, ...); None: the settings and the `wm_agent` profile decide."""
     use_world_model: bool = True
-    target: Optional[float] = None  # None: the task's, else the env spec's reward_threshold
-    init_candidates: int = 8  # generation 0: random policies, one real episode each
-    eval_top_k: int = 1  # candidates per generation that get real evaluations
-    extra_imagined_starts: int = 16  # random start states only the model sees (regularises the search)
-    horizon: Optional[int] = None  # imagined steps; None: the episode length
-    wm_steps: int = 800  # optimizer steps per generation
-    popsize: int = 16  # CMA-ES population inside the model
+    """False: the baseline without a model; candidates are proposed blind and shuffled instead of ranked."""
+    target: Optional[float] = None
+    """Mean return on the training start states that counts as solved; None: the task's, else the env spec's `reward_threshold`."""
+    init_candidates: int = 8
+    """Generation 0: random policies, one real episode each (so at most `budget`)."""
+    eval_top_k: int = 1
+    """Candidates per generation, best imagined first, that get real episodes."""
+    extra_imagined_starts: int = 16
+    """Random start states only the model sees, beside the training ones: they regularise the search inside the model."""
+    horizon: Optional[int] = None
+    """Imagined steps per rollout; None: the episode length."""
+    wm_steps: int = 800
+    """World-model optimizer steps per generation."""
+    popsize: int = 16
+    """CMA-ES population of the searches inside the model (refinement and revision)."""
     refine_iters: int = 30
+    """CMA-ES iterations of refinement, the search around the best candidate."""
     refine_sigma: float = 0.3
+    """Initial CMA-ES step size of refinement (a Gaussian step's size without a model)."""
     revision_iters: int = 40
+    """CMA-ES iterations of revision, the fresh start while no fully evaluated candidate meets the target."""
     revision_sigma: float = 1.0
+    """Initial CMA-ES step size of revision."""
     revision_samples: int = 64
+    """Random policies revision ranks by imagined return before its search starts from the best."""
     recombinations: int = 3
+    """Blends of the two best fully evaluated candidates per generation."""
     workers: int = 2
-    backend: str = "process"  # where real episodes run: process (a local pool) or ray (the connected Ray cluster)
+    """Processes (or Ray tasks at a time) running real episodes."""
+    backend: str = "process"
+    """Where real episodes run: `process` (a local pool) or `ray` (the connected Ray cluster)."""
     eval_timeout_s: float = 120.0
-    eval_memory_mb: Optional[int] = 2048  # address space an evaluation worker may add; None: no limit
+    """Seconds one candidate's evaluation may take; a slower one is charged its episodes and scored -inf."""
+    eval_memory_mb: Optional[int] = 2048
+    """Address space in MiB an evaluation worker may add; None: no limit."""
     agent: str = "se_darwin"
+    """The name the loop logs under and files its replay data under (`<agent>:<run_id>`)."""
     wm_agent: str = "world_model"
-    policy: Optional[str] = None  # linear or mlp:H; None: the task's
-    episode_steps: Optional[int] = None  # None: the task's, else the env spec's max_episode_steps
+    """The name the world model's precision is resolved for: its profile and rollout-ledger entry."""
+    policy: Optional[str] = None
+    """The policy shape, `linear` or `mlp:H`; None: the task's."""
+    episode_steps: Optional[int] = None
+    """Steps per real episode; None: the task's, else the env spec's `max_episode_steps`."""
 
     def resolve(self, task: Optional[Task] = None) -> tuple["EvolveConfig", ResolvedTask]:
         """The task (``task``, else the one ``env_id`` names), checked, and this
@@ -65,6 +93,7 @@ class EvolveConfig:
         return cfg, resolved
 
     def validate(self) -> None:
+        """Raise `ValueError` listing every option out of range (all at once)."""
         problems = []
         if self.budget < 1:
             problems.append(f"budget={self.budget}: expected at least one real episode")

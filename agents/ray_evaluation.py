@@ -1,6 +1,6 @@
 """Real evaluations as Ray tasks: ``genesis-fp16 evolve --backend ray``.
 
-The same contract as the process pool (:class:`agents.evaluation.Evaluator`):
+The same contract as the process pool (`agents.evaluation.Evaluator`):
 every candidate's start states are split into ``workers`` chunks, one
 stateless Ray task per chunk (several episodes per task, never one per step);
 all of a call's tasks must finish within ``timeout_s`` (``ray.wait``), and a
@@ -8,8 +8,8 @@ late one is cancelled with ``ray.cancel(force=True)``, which kills its worker.
 The memory limit is set inside the task (``RLIMIT_AS``, as in a pool worker):
 Ray's own ``memory=`` only schedules. A system failure (the worker process or
 its node died) is retried by Ray up to ``max_retries`` times, then the call
-fails with :class:`EvaluationWorkerLost`, charged and skipped like a timeout.
-An env that raises is an :class:`EvaluationEnvError`, exactly as in the pool.
+fails with `EvaluationWorkerLost`, charged and skipped like a timeout.
+An env that raises is an `EvaluationEnvError`, exactly as in the pool.
 
 Ray is imported only here, and only when this backend is chosen.
 """
@@ -67,7 +67,7 @@ def _probe(address: str) -> None:
 def connect_ray(address: Optional[str], num_cpus: Optional[int]) -> Any:
     """Connect to the Ray cluster at ``address`` ('auto' or HOST:PORT), or
     without one start a local Ray with ``num_cpus`` CPUs. Returns the ``ray``
-    module; raises :class:`RayConnectError` when nothing answers there."""
+    module; raises `RayConnectError` when nothing answers there."""
     ray = require("ray", RAY)
     if address is None:
         ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING)
@@ -83,8 +83,8 @@ def connect_ray(address: Optional[str], num_cpus: Optional[int]) -> Any:
 
 class RayEvaluator(SingleEvaluation):
     """``evaluate(params, states)`` as Ray tasks on the cluster this process
-    is connected to (:func:`connect_ray`; without a connection, a local Ray
-    with ``workers`` CPUs is started and shut down by :meth:`close`)."""
+    is connected to (`connect_ray`; without a connection, a local Ray
+    with ``workers`` CPUs is started and shut down by `close`)."""
 
     def __init__(
         self,
@@ -122,7 +122,7 @@ class RayEvaluator(SingleEvaluation):
         alloc_mb: int = 0,
         per_job_env_errors: bool = False,
     ) -> list[Union[Evaluation, EvaluationEnvError]]:
-        """Several candidates at once, as :meth:`agents.evaluation.Evaluator.evaluate_many`."""
+        """Several candidates at once, as `agents.evaluation.Evaluator.evaluate_many`."""
         ray = self._ray
         n = sum(len(s) for _, s in jobs)
         with self._lock:

@@ -19,7 +19,7 @@ def run_chunk(
     spec: EpisodeSpec, params: Sequence[float], states: Sequence[Sequence[float]], hang_seconds: float, alloc_mb: int,
     memory_limit_mb: Optional[int],
 ) -> dict[str, Any]:
-    """:func:`run_episodes` with this process's address space capped at what
+    """`run_episodes` with this process's address space capped at what
     it holds now plus ``memory_limit_mb`` while it runs (None: no cap)."""
     try:
         import resource

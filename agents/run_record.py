@@ -1,6 +1,6 @@
 """How an evolution run records itself in its manifest (``agents.runs``):
 sessions, committed progress and world-model snapshots. A base of
-:class:`agents.se_darwin_agent.SEDarwinAgent`."""
+`agents.se_darwin_agent.SEDarwinAgent`."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 
 
 class RunRecord:
-    """The manifest side of a run; the agent provides these attributes and :meth:`_progress`."""
+    """The manifest side of a run; the agent provides these attributes and `_progress`."""
 
     settings: Settings
     config: EvolveConfig

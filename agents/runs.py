@@ -99,7 +99,7 @@ def write_manifest(state_dir: Path, manifest: dict[str, Any]) -> Path:
 
 
 def read_manifest(state_dir: Path, run_id: str) -> dict[str, Any]:
-    """The manifest of ``run_id``; :class:`RunError` if it is missing or unreadable."""
+    """The manifest of ``run_id``; `RunError` if it is missing or unreadable."""
     path = manifest_path(state_dir, check_run_id(run_id))
     try:
         text = path.read_text(encoding="utf-8")

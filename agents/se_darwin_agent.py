@@ -53,8 +53,8 @@ __all__ = [
 
 
 class SEDarwinAgent(RunRecord):
-    """Runs :meth:`evolve`. ``on_generation(record)`` is called after each
-    committed generation (the CLI's progress display). :meth:`resume`
+    """Runs `evolve`. ``on_generation(record)`` is called after each
+    committed generation (the CLI's progress display). `resume`
     continues an interrupted run from its manifest (see ``agents.runs``).
     ``task``: what to evolve (default: the task ``config.env_id`` names)."""
 
@@ -189,7 +189,7 @@ class SEDarwinAgent(RunRecord):
         self.pool.append(cand)
 
     async def evolve(self) -> dict[str, Any]:
-        """Run (or, after :meth:`resume`, continue) the loop, then the held-out
+        """Run (or, after `resume`, continue) the loop, then the held-out
         evaluation of the best candidate; returns the report."""
         started = time.perf_counter()
         self._begin_session()
@@ -326,14 +326,14 @@ class SEDarwinAgent(RunRecord):
         evaluator: Optional[EvaluationBackend] = None,
         on_generation: Optional[Callable[[dict[str, Any]], None]] = None,
     ) -> "SEDarwinAgent":
-        """The interrupted run ``run_id``, ready to :meth:`evolve` on from its
+        """The interrupted run ``run_id``, ready to `evolve` on from its
         last committed generation: its own config (``budget`` may change it,
         ``workers`` and ``backend`` too; every other option in ``options``, keyed as in
-        :class:`EvolveConfig`, must equal the run's; ``task`` for a run of a
+        `EvolveConfig`, must equal the run's; ``task`` for a run of a
         task that is not registered), pool, generator state,
         episodes spent and world-model snapshot. Replay rows of a generation
         that was cut off are deleted: that generation runs again. Raises
-        :class:`agents.runs.RunError` when the run cannot be resumed."""
+        `agents.runs.RunError` when the run cannot be resumed."""
         from genesis_fp16.settings import load_settings
 
         settings = settings or load_settings()

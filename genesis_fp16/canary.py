@@ -2,7 +2,7 @@
 ``shadow``, kept for the whole rollout stage) and the canary (stage ``on``,
 one every ``canary_every`` training calls) are the same thing, an FP32 copy
 of the model and its optimizer state trained on the same batches, made by
-:func:`fp32_reference`. The rollback guard judges what they measure
+`fp32_reference`. The rollback guard judges what they measure
 (``RollbackGuard.check(..., reference=...)`` and ``check_policy_canary``).
 """
 

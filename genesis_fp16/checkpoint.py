@@ -147,7 +147,7 @@ def _unpickling_detail(exc: BaseException) -> str:
 
 
 def load_payload(path: PathLike, map_location: Union[str, torch.device, None] = "cpu") -> dict[str, Any]:
-    """Load and validate a checkpoint written by :func:`save_payload`."""
+    """Load and validate a checkpoint written by `save_payload`."""
     path = Path(path)
     if not path.exists():
         raise CheckpointError(f"{path}: checkpoint does not exist")

@@ -47,7 +47,7 @@ def safe_text(value: Any, style: str = "") -> Text:
 
 
 def safe_cells(*values: Any) -> list[Text]:
-    """A table row of :func:`safe_text` cells."""
+    """A table row of `safe_text` cells."""
     return [safe_text(v) for v in values]
 
 

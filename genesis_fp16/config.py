@@ -2,7 +2,7 @@
 
 ``FP16TrainingConfig`` is a plain dataclass (its field names and defaults are
 public API); its precision fields are validated by
-:class:`genesis_fp16.settings.PrecisionConfig`, the same model that checks
+`genesis_fp16.settings.PrecisionConfig`, the same model that checks
 settings and profiles. The one name that differs is the trainer's
 ``loss_scale``, which is PrecisionConfig's (and torch's) ``init_scale``.
 """
@@ -62,7 +62,7 @@ class FP16TrainingConfig:
     enabled: False trains in FP32 whatever ``precision`` says.
     loss_scale: the scaler's initial scale (torch's ``init_scale``).
     growth_factor / backoff_factor / growth_interval: as torch names them.
-    precision: auto | fp16 | bf16 | fp32 (any :class:`PrecisionMode`).
+    precision: auto | fp16 | bf16 | fp32 (any `PrecisionMode`).
     max_grad_norm: clip the (unscaled) gradient norm to this; None disables.
     grad_accumulation_steps: micro-steps per optimizer step; the loss is divided by it.
     on_unsupported: fallback | error, for a precision the device cannot run.

@@ -26,7 +26,7 @@ class MissingExtraError(ImportError):
 
 
 def require(module: str, purpose: str) -> ModuleType:
-    """Import ``module`` or raise :class:`MissingExtraError` saying what to install.
+    """Import ``module`` or raise `MissingExtraError` saying what to install.
 
     ``purpose`` completes "... needs <module>", e.g. ``"genesis-fp16 evolve"``.
     """

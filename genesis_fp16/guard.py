@@ -9,11 +9,11 @@
 In stage ``on`` the FP32 reference is a canary (every ``canary_every``-th
 training call): its gap rolls back only when ``canary_confirm`` of the last
 ``canary_window`` canaries alarmed (``check(..., reference="canary")``;
-PPO's policy canary: :meth:`check_policy_canary`).
+PPO's policy canary: `check_policy_canary`).
 
-P0 is caught as it happens, from the trainer's events (:meth:`attach`):
-:attr:`tripped` is set and the ledger says ``rolled_back`` before the next
-step. P1 and P2 need a whole run's statistics and are judged by :meth:`check`.
+P0 is caught as it happens, from the trainer's events (`attach`):
+`tripped` is set and the ledger says ``rolled_back`` before the next
+step. P1 and P2 need a whole run's statistics and are judged by `check`.
 A rollback writes the ledger, so the next trainer built by
 ``registry.trainer_for`` is FP32, also in a new process. An FP32 trainer has
 nothing to roll back: its decisions are ``warn``.
@@ -44,13 +44,20 @@ class GuardDecision:
     """What the guard decided. ``severity`` None means healthy."""
 
     severity: Optional[str] = None
+    """`P0` (roll back now), `P1` (roll back) or `P2` (warn); None when healthy."""
     action: str = "none"
+    """`none`, `warn` or `rollback`."""
     reason: str = ""
+    """What was measured against which threshold, in words."""
     restore_checkpoint: bool = False
+    """Whether the rollback restores the last good checkpoint."""
     recommendation: Optional[dict[str, Any]] = None
+    """A proposed profile change (P2), as `genesis-fp16 tune` shows it."""
     metrics: dict[str, Any] = field(default_factory=dict)
+    """The measurements the decision rests on (overflow rate, loss ratio, ...)."""
 
     def as_dict(self) -> dict[str, Any]:
+        """The fields as a plain dictionary (for JSON and event logs)."""
         return asdict(self)
 
 
@@ -63,7 +70,7 @@ def _finite(value: Any) -> Optional[float]:
 
 class RollbackGuard:
     """Watches one agent's trainers. Thresholds come from the agent's profile
-    (see :data:`genesis_fp16.profiles.THRESHOLD_DEFAULTS`) unless given."""
+    (see `genesis_fp16.profiles.THRESHOLD_DEFAULTS`) unless given."""
 
     def __init__(
         self,
@@ -234,7 +241,7 @@ class RollbackGuard:
         ``reference`` says where ``fp32_val_loss`` comes from: ``shadow`` (an FP32
         copy trained beside it all along: one gap over ``val_loss_ratio`` rolls
         back) or ``canary`` (stage on: a gap over ``canary_val_loss_ratio`` rolls back only when confirmed,
-        see :meth:`_canary`)."""
+        see `_canary`)."""
         if reference not in ("shadow", "canary"):
             raise ValueError(f"RollbackGuard.check: reference={reference!r}; expected 'shadow' or 'canary'")
         trainer = trainer if trainer is not None else self.trainer

@@ -1,11 +1,11 @@
-"""Train one agent's bare trainer under a :class:`~genesis_fp16.guard.RollbackGuard`,
+"""Train one agent's bare trainer under a `RollbackGuard`,
 with the rollback done for you.
 
-:class:`GuardedTraining` builds the trainer through ``registry.trainer_for``,
+`GuardedTraining` builds the trainer through ``registry.trainer_for``,
 attaches a guard and records good checkpoints (one before the first step, then
 every ``checkpoint_every`` healthy optimizer steps). When the guard rolls the
-agent back (a P0 trip during :meth:`GuardedTraining.step`, or a P1 from
-:meth:`GuardedTraining.check`) it rebuilds the trainer through the registry
+agent back (a P0 trip during `GuardedTraining.step`, or a P1 from
+`GuardedTraining.check`) it rebuilds the trainer through the registry
 (FP32 now: the ledger says ``rolled_back``), restores the last good checkpoint
 once, clears the trip (``guard.reset()``) and goes on: every later step
 trains and counts. ``infrastructure.WorldModel`` does the same for its own
@@ -39,7 +39,7 @@ class GuardedTraining:
             ``<checkpoint_dir>/good.pt``, overwritten atomically.
         checkpoint_every: record a good checkpoint after every Nth healthy
             optimizer step (0: only the one before the first step and those
-            from :meth:`save_good_checkpoint`).
+            from `save_good_checkpoint`).
         settings: the settings (default: ``load_settings()``).
         precision: an explicit precision for ``registry.trainer_for`` (the
             ledger and the kill switch still win; a rebuild after a rollback is FP32).
@@ -49,7 +49,7 @@ class GuardedTraining:
 
     Attributes:
         trainer: the trainer in use now (a new one after a rollback).
-        rollbacks: the :class:`~genesis_fp16.guard.GuardDecision` of each
+        rollbacks: the `GuardDecision` of each
             rollback handled, oldest first.
     """
 
@@ -75,9 +75,11 @@ class GuardedTraining:
         self.checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir is not None else self.settings.state_dir / "checkpoints" / agent
         self.guard = guard or RollbackGuard(agent, settings=self.settings)
         self.rollbacks: list[GuardDecision] = []
+        """Every rollback decision this helper handled, oldest first."""
         self._build = dict(model=model, optimizer=optimizer, scheduler=scheduler, precision=precision, overrides=overrides)
         self._log = get_logger("genesis_fp16.guarded", agent=agent)
         self.trainer = self._new_trainer()
+        """The trainer in use; replaced by an FP32 one on a rollback."""
         self.save_good_checkpoint()
 
     def _new_trainer(self) -> FP16Trainer:
@@ -115,13 +117,13 @@ class GuardedTraining:
         return stepped
 
     def train(self, batches: Iterable[Any], loss_fn: Callable[[torch.nn.Module, Any], torch.Tensor]) -> int:
-        """:meth:`step` over ``batches``; returns how many steps were not skipped."""
+        """`step` over ``batches``; returns how many steps were not skipped."""
         return sum(bool(self.step(batch, loss_fn)) for batch in batches)
 
     def check(self, **kwargs: Any) -> GuardDecision:
         """``guard.check(trainer, **kwargs)`` (P1/P2: ``val_loss``,
         ``fp32_val_loss``, ``throughput_ratio``, ``reference``); a rollback is
-        handled as in :meth:`step` before this returns."""
+        handled as in `step` before this returns."""
         decision = self.guard.check(self.trainer, **kwargs)
         if decision.action == "rollback":
             self._roll_back(decision)

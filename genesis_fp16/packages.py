@@ -80,7 +80,7 @@ def shadowed(names: tuple[str, ...] = SIBLINGS, root: Path = _ROOT) -> list[Shad
 
 
 def require_ours(*names: str) -> None:
-    """Raise :class:`PackageShadowedError` naming both paths when one of
+    """Raise `PackageShadowedError` naming both paths when one of
     ``names`` resolves to another project's package."""
     found = shadowed(names)
     if found:
@@ -88,7 +88,7 @@ def require_ours(*names: str) -> None:
 
 
 def warn_if_shadowed() -> None:
-    """One :class:`PackageShadowedWarning` per shadowed package (filter it
+    """One `PackageShadowedWarning` per shadowed package (filter it
     with ``warnings.filterwarnings("ignore", category=PackageShadowedWarning)``
     where the host's package is meant to win)."""
     for shadow in shadowed():

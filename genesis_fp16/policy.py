@@ -6,7 +6,7 @@ FP32; ``shadow`` or ``on`` switches reduced precision on unless an explicit
 argument says ``enabled=False``) and, over everything, the kill switch
 ``ENABLE_FP16_TRAINING=false``.
 The precision fields of the layers are merged as one dict and validated once
-as a :class:`~genesis_fp16.settings.PrecisionConfig`. Each value records
+as a `PrecisionConfig`. Each value records
 where it came from, for ``genesis-fp16 profiles show``.
 """
 
@@ -25,12 +25,20 @@ class EffectivePolicy:
     ``auto`` resolved for the device, or a fallback)."""
 
     agent: str
+    """The agent the policy was resolved for."""
     config: FP16TrainingConfig
+    """The trainer configuration all layers together give."""
     sources: dict[str, str] = field(default_factory=dict)
+    """Which layer set each value: field name -> `settings`, `profile:<where>`, `argument`,
+    `ledger:<stage>` or the kill switch."""
     stage: Optional[str] = None
+    """The agent's rollout stage (`off`, `shadow`, `on`, `rolled_back`); None when the ledger has never seen it."""
     thresholds: dict[str, Any] = field(default_factory=dict)
+    """The rollback guard's thresholds for this agent (defaults, then its profile)."""
     reason: str = ""
+    """Why the precision is what it is, in words (e.g. a rollback or the kill switch)."""
     running: Optional[str] = None
+    """The precision that runs, once a trainer was built; None before."""
 
     @property
     def requested(self) -> str:

@@ -12,11 +12,11 @@ File (default ``<state_dir>/profiles.toml``, or ``GENESIS_FP16_PROFILES_FILE``):
     overflow_rollback = 0.25
 
 Keys use the settings' names (``init_scale``, not the trainer's
-``loss_scale``): a table is validated by :class:`ProfileTable` (the settings'
-:class:`~genesis_fp16.settings.PrecisionConfig` plus ``enabled``), its
-``thresholds`` by :class:`GuardThresholds`. A bad key or value fails with the
+``loss_scale``): a table is validated by `ProfileTable` (the settings'
+`PrecisionConfig` plus ``enabled``), its
+``thresholds`` by `GuardThresholds`. A bad key or value fails with the
 agent, the key and what is allowed. Precedence: settings < ``[defaults]`` <
-``[agents.NAME]`` < explicit argument (see :mod:`genesis_fp16.policy`).
+``[agents.NAME]`` < explicit argument (see `genesis_fp16.policy`).
 """
 
 from __future__ import annotations

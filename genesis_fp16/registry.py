@@ -157,6 +157,10 @@ def create_trainer(
     scheduler: Any = None,
     **kwargs: Any,
 ) -> FP16Trainer:
+    """A trainer from the registry entry `registry_name` (`fp32`, `fp16`,
+    `bf16`, `ddp`, `fsdp`, or a plugin's; `genesis-fp16 trainers` lists them),
+    with no settings, profile or ledger applied: `trainer_for` is the
+    per-agent path. Raises `UnknownTrainerError` naming the registered ones."""
     return get(registry_name).factory(model, optimizer, config, scheduler, **kwargs)
 
 

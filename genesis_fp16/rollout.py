@@ -12,7 +12,7 @@ the database locked after the busy timeout retries with backoff (tenacity).
 
 A ledger that cannot be written (a read-only file, directory or mount) is
 still read: reads open it read-only, and a write fails with one
-:class:`LedgerError` saying it is read-only, never that it is corrupt.
+`LedgerError` saying it is read-only, never that it is corrupt.
 """
 
 from __future__ import annotations
@@ -94,7 +94,7 @@ CREATE TABLE IF NOT EXISTS good_checkpoints (
 
 class LedgerError(StorageError):
     """The ledger could not be read or written; the message names the file,
-    ``kind`` says why (see :data:`genesis_fp16.storage.KINDS`)."""
+    ``kind`` says why (see `genesis_fp16.storage.KINDS`)."""
 
 
 def _now() -> str:
@@ -120,7 +120,7 @@ _F = TypeVar("_F", bound=Callable[..., Any])
 
 def _ledger_call(fn: _F) -> _F:
     """Retry a locked ledger (above), then turn any SQLite error left into one
-    :class:`LedgerError` that says what kind of fault it is."""
+    `LedgerError` that says what kind of fault it is."""
     retried = _retry_locked(fn)
 
     @functools.wraps(fn)
@@ -154,7 +154,7 @@ def _check_agent(agent: str) -> str:
 
 class RolloutLedger:
     """Persistent per-agent rollout stages. ``RolloutLedger(path)`` or
-    ``RolloutLedger(settings=...)`` / :meth:`from_settings`."""
+    ``RolloutLedger(settings=...)`` / `from_settings`."""
 
     def __init__(self, path: Union[str, Path, None] = None, *, settings: Optional[Settings] = None) -> None:
         # how messages name the directory: the variable when it came from settings
@@ -405,7 +405,7 @@ class RolloutLedger:
     def record_quality_check(
         self, agent: str, kind: str, metrics: dict[str, Any], precision: Optional[str] = None, alarm: Optional[bool] = None
     ) -> dict[str, Any]:
-        """Record one quality check (``kind`` in :data:`QUALITY_KINDS`); ``metrics``
+        """Record one quality check (``kind`` in `QUALITY_KINDS`); ``metrics``
         are JSON numbers (a non-finite one is stored as null)."""
         agent = _check_agent(agent)
         if kind not in QUALITY_KINDS:

@@ -163,8 +163,8 @@ class PrecisionConfig(BaseModel):
 class Settings(PrecisionConfig, BaseSettings):
     """Global genesis-fp16 settings. Every field maps to ``GENESIS_FP16_<NAME>``
     except the kill switch, which is read from ``ENABLE_FP16_TRAINING``. The
-    precision fields are inherited from :class:`PrecisionConfig`
-    (:attr:`precision_config` gives them as one)."""
+    precision fields are inherited from `PrecisionConfig`
+    (`precision_config` gives them as one)."""
 
     model_config = SettingsConfigDict(
         env_prefix=ENV_PREFIX,
@@ -239,6 +239,7 @@ class Settings(PrecisionConfig, BaseSettings):
     # -- derived paths -------------------------------------------------
     @property
     def events_path(self) -> Path:
+        """`<state_dir>/events.jsonl`, the structured event log (`genesis_fp16.telemetry.read_events` reads it)."""
         return self.state_dir / "events.jsonl"
 
     @property
@@ -247,7 +248,7 @@ class Settings(PrecisionConfig, BaseSettings):
 
     @property
     def precision_config(self) -> PrecisionConfig:
-        """The precision fields alone, as a :class:`PrecisionConfig`."""
+        """The precision fields alone, as a `PrecisionConfig`."""
         return PrecisionConfig.model_validate(self.model_dump(include=set(PrecisionConfig.model_fields)))
 
 
@@ -389,7 +390,7 @@ def load_settings(*, check_names: bool = True, **overrides: Any) -> Settings:
 
 
 def get_settings(**overrides: Any) -> Settings:
-    """Alias of :func:`load_settings` (settings are cheap and never cached, so tests
+    """Alias of `load_settings` (settings are cheap and never cached, so tests
     and long-running processes see changes to the environment)."""
     return load_settings(**overrides)
 

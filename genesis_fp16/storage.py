@@ -1,16 +1,16 @@
 """Storage checks and storage faults, shared by the ledger, the replay buffer
 and the CLIs.
 
-* :func:`prepare_dir` validates (and creates) a directory such as the state
+* `prepare_dir` validates (and creates) a directory such as the state
   dir, with one clear message for a file, a dangling symlink, a parent that is
   a file, or a directory that cannot be written.
-* :func:`check_output_path` checks an output file path before a long command
+* `check_output_path` checks an output file path before a long command
   starts, so a bad ``--json``/``--checkpoint`` does not lose the run.
-* :func:`fault_kind` sorts a failure (SQLite or OS) into ``corrupt``,
+* `fault_kind` sorts a failure (SQLite or OS) into ``corrupt``,
   ``read_only``, ``full``, ``permission``, ``locked`` or ``io``, so a healthy
   read-only file is never called corrupt.
 
-Whether a path is writable is asked in one place, :func:`can_write` (tests
+Whether a path is writable is asked in one place, `can_write` (tests
 patch it: as root, ``chmod`` does not stop a write).
 """
 
@@ -31,7 +31,7 @@ KINDS = ("path", "corrupt", "read_only", "full", "permission", "locked", "io")
 
 
 class StorageError(RuntimeError):
-    """A storage problem; ``kind`` is one of :data:`KINDS`. The message names
+    """A storage problem; ``kind`` is one of `KINDS`. The message names
     the path, what is wrong and what to do."""
 
     def __init__(self, message: str, kind: str = "io") -> None:
@@ -98,7 +98,7 @@ def prepare_dir(path: PathLike, *, name: Optional[str] = None, create: bool = Tr
     """Check that ``path`` is (or can become) a usable directory; create it
     when ``create``; with ``writable``, also that this process can write it.
     ``name`` is how the user gave it (``GENESIS_FP16_STATE_DIR``, ``--out``).
-    Raises :class:`StorageError`."""
+    Raises `StorageError`."""
     path = Path(path)
     subject = _subject(path, name)
     if path.is_symlink() and not path.exists():
@@ -136,7 +136,7 @@ def check_output_path(path: PathLike, what: str, *, directory: bool = False) -> 
     """Check, before any work, that an output can be written at ``path``:
     not a directory (or, with ``directory``, not a file), not under a file,
     its nearest existing parent writable. ``what`` is the option (``--json``).
-    Creates nothing. Raises :class:`StorageError` (kind ``path``)."""
+    Creates nothing. Raises `StorageError` (kind ``path``)."""
     path = Path(path)
     if directory:
         try:
@@ -167,7 +167,7 @@ _SQLITE_KINDS = {
     10: "io",  # SQLITE_IOERR
     11: "corrupt",  # SQLITE_CORRUPT
     13: "full",  # SQLITE_FULL
-    14: "io",  # SQLITE_CANTOPEN: refined by :func:`fault_kind` from the file system
+    14: "io",  # SQLITE_CANTOPEN: refined by `fault_kind` from the file system
     23: "permission",  # SQLITE_AUTH
     26: "corrupt",  # SQLITE_NOTADB
 }

@@ -36,7 +36,7 @@ def _infer_device(model: torch.nn.Module) -> torch.device:
 
 class FP16Trainer:
     """Mixed-precision trainer around a model, an optimizer and an optional
-    LR scheduler. See :class:`FP16TrainingConfig` for the options.
+    LR scheduler. See `FP16TrainingConfig` for the options.
 
     ``precision_plugins`` maps each mode to its plugin class; a subclass
     swaps variants there (the FSDP trainer's FP16 uses a sharded scaler)."""
@@ -233,6 +233,12 @@ class FP16Trainer:
         return self.precision.scale
 
     def get_stats(self) -> dict[str, Any]:
+        """Counters since construction (or the loaded checkpoint's): `precision`
+        (what runs) and `requested_precision`, `device`, `training_steps`,
+        `micro_steps`, `overflow_steps` and `overflow_rate`, `skipped_steps`
+        and `failed_step_rate`, `current_scale` and `scaler_enabled`,
+        `nonfinite_losses` and `nonfinite_streak`, `samples_seen`,
+        `samples_per_s`, `grad_accumulation_steps`."""
         elapsed = time.perf_counter() - self._started
         return {
             "precision": self.precision.name,

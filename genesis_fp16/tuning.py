@@ -157,7 +157,7 @@ def propose(
     settings: Optional[Settings] = None,
     profiles_path: Union[str, Path, None] = None,
 ) -> list[Proposal]:
-    """Profile changes the events call for, one :class:`Proposal` per agent that needs any."""
+    """Profile changes the events call for, one `Proposal` per agent that needs any."""
     settings = settings or load_settings()
     path = Path(profiles_path) if profiles_path else settings.effective_profiles_file
     doc = raw_document(path)

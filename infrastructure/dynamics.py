@@ -21,13 +21,25 @@ TerminationFn = Callable[[torch.Tensor], torch.Tensor]  # observations (..., obs
 
 
 class NonFiniteDataError(ValueError):
-    """A trajectory holds NaN or inf; the message names it."""
+    """`WorldModel.train` refused a trajectory holding NaN or inf in its
+    observations, actions, rewards or next observations.
+
+    The message names the trajectory (its replay-buffer id, candidate, agent
+    and generation), the array and the first bad transition. Nothing was
+    trained. A trajectory read from a replay buffer is removed with
+    `ReplayBuffer.delete_trajectories([id])`, which the message spells out.
+    """
+
+
+class NotTrainedError(RuntimeError):
+    """`WorldModel.predict`, `imagine` or `observed_region` was called before
+    the first `await train()` or `load()`."""
 
 
 def features(obs: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
     """The model's raw inputs: observation and action, nothing else. Training
     and prediction both go through this function (and then the same
-    normaliser inside :class:`DynamicsMLP`)."""
+    normaliser inside `DynamicsMLP`)."""
     return torch.cat([obs, action], dim=-1)
 
 
@@ -103,15 +115,18 @@ def mse_loss(model: DynamicsMLP, batch: tuple[torch.Tensor, torch.Tensor]) -> to
 
 
 def check_finite(trajectories: Sequence[Trajectory]) -> None:
+    """Raise `NonFiniteDataError` for the first trajectory holding NaN or inf."""
     for traj in trajectories:
         for name in ("obs", "action", "reward", "next_obs"):
             values = getattr(traj, name)
             if not np.isfinite(values).all():
                 bad = int(np.argwhere(~np.isfinite(values))[0][0])
-                raise NonFiniteDataError(
-                    f"{traj.label}: non-finite {name} at transition {bad}; "
-                    "refusing to train on it (fix the source, or delete the trajectory from the replay buffer)"
+                remedy = (
+                    f"remove it with ReplayBuffer.delete_trajectories([{traj.id}]) and fix its source"
+                    if traj.id is not None  # it came from a replay buffer
+                    else "fix its source, or leave it out of trajectories="
                 )
+                raise NonFiniteDataError(f"{traj.label}: non-finite {name} at transition {bad}; refusing to train on it: {remedy}")
 
 
 def check_sizes(trajectories: Sequence[Trajectory], obs_dim: int, act_dim: int) -> None:
@@ -170,7 +185,7 @@ def training_data(
     trajectories: Sequence[Trajectory], *, seed: int, val_fraction: float, done: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Features and targets, split into train/validation by
-    :func:`validation_draws`: ``(x_train, y_train, x_val, y_val)``.
+    `validation_draws`: ``(x_train, y_train, x_val, y_val)``.
     Trajectories are put in a canonical order first (generation, then data
     key), so the data set and the batches drawn from it depend on the
     trajectories alone: not on row ids, the order the buffer returned them

@@ -10,7 +10,7 @@ foreign database can never run code.
 * A locked database is retried with tenacity (exponential back-off), on top of
   SQLite's own busy timeout.
 * A file that is not an SQLite database, or whose schema is broken, raises
-  :class:`ReplayBufferError` naming the file; a read-only file, a full disk
+  `ReplayBufferError` naming the file; a read-only file, a full disk
   or an I/O error says so (``kind``), never that the file is corrupt.
 * The ``a*`` methods run the query in a worker thread (``asyncio.to_thread``)
   so long reads never block the event loop. Each call opens its own
@@ -69,7 +69,8 @@ CREATE INDEX IF NOT EXISTS trajectories_agent_generation ON trajectories (agent,
 
 class ReplayBufferError(storage.StorageError):
     """The replay database cannot be used; the message names the file,
-    ``kind`` says why (see :data:`genesis_fp16.storage.KINDS`)."""
+    `kind` says why: `corrupt`, `read_only`, `full`, `permission`, `locked`
+    or `io` (`genesis_fp16.storage.KINDS`)."""
 
 
 def _is_locked(exc: BaseException) -> bool:
@@ -85,7 +86,11 @@ _retry_locked = retry(
 
 
 class ReplayBuffer:
-    """Trajectory store at ``path`` (default ``<state_dir>/replay.sqlite``)."""
+    """Trajectory store at `path` (default `<state_dir>/replay.sqlite`): an
+    SQLite file that threads and processes may share. Trajectories are
+    appended a generation at a time and read back most recent first; each has
+    an id (`Trajectory.id`) by which `delete_trajectories` removes it. Raises
+    `ReplayBufferError` when the file cannot be used."""
 
     def __init__(self, path: Union[str, Path, None] = None, *, settings: Optional[Settings] = None, busy_timeout_s: float = 5.0) -> None:
         dir_name = None  # how messages name the directory: the variable when it came from settings
@@ -212,6 +217,7 @@ class ReplayBuffer:
         return ids
 
     def append(self, agent: str, generation: int, trajectory: Trajectory) -> int:
+        """Append one trajectory (its own transaction); returns its id."""
         return self.append_generation(agent, generation, [trajectory])[0]
 
     # -- reads -------------------------------------------------------------------
@@ -282,6 +288,7 @@ class ReplayBuffer:
         return self._run(read)
 
     def agents(self) -> list[str]:
+        """The agent names that have trajectories, sorted."""
         return self._run(lambda conn: [r[0] for r in conn.execute("SELECT DISTINCT agent FROM trajectories ORDER BY agent")])
 
     def export(self, path: Union[str, Path], agent: Optional[str] = None) -> Path:
@@ -313,12 +320,15 @@ class ReplayBuffer:
 
     # -- async wrappers ------------------------------------------------------------
     async def aappend_generation(self, agent: str, generation: int, trajectories: Sequence[Trajectory]) -> list[int]:
+        """`append_generation` in a worker thread."""
         return await asyncio.to_thread(self.append_generation, agent, generation, list(trajectories))
 
     async def asample(self, agent: str, **kwargs: Any) -> list[Trajectory]:
+        """`sample` in a worker thread; the same keyword arguments."""
         return await asyncio.to_thread(self.sample, agent, **kwargs)
 
     async def acount(self, agent: Optional[str] = None) -> dict[str, int]:
+        """`count` in a worker thread."""
         return await asyncio.to_thread(self.count, agent)
 
     # -- retention (genesis-fp16 state, evolve --resume) -----------------------------
@@ -326,7 +336,7 @@ class ReplayBuffer:
 
     def usage(self) -> dict[str, dict[str, Any]]:
         """Per agent: trajectories, generations, approximate bytes (array
-        blobs plus :attr:`ROW_OVERHEAD_BYTES` a row) and the first and last
+        blobs plus `ROW_OVERHEAD_BYTES` a row) and the first and last
         ``created`` time."""
 
         def read(conn: sqlite3.Connection) -> dict[str, dict[str, Any]]:
@@ -346,7 +356,7 @@ class ReplayBuffer:
     def delete_agents(self, agents: Sequence[str]) -> int:
         """Delete every trajectory of ``agents`` in one transaction; returns
         the number of rows deleted. The file keeps its size (free pages are
-        reused) until :meth:`vacuum`."""
+        reused) until `vacuum`."""
         names = list(agents)
 
         def write(conn: sqlite3.Connection) -> int:
@@ -354,6 +364,37 @@ class ReplayBuffer:
 
         deleted = self._run(write, write=True) if names else 0
         self._log.info("replay.deleted", agents=len(names), trajectories=deleted)
+        return deleted
+
+    def delete_trajectories(self, ids: Sequence[int]) -> int:
+        """Delete the trajectories with these ids (`Trajectory.id`, as
+        `append_generation` returned them and errors name them), all or none.
+
+        Args:
+            ids: trajectory ids, of any agents.
+
+        Returns:
+            The number of trajectories deleted (`len(set(ids))`).
+
+        Raises:
+            ValueError: an id is not in the buffer; nothing is deleted.
+            ReplayBufferError: the database cannot be written.
+        """
+        wanted = sorted({int(i) for i in ids})
+
+        def write(conn: sqlite3.Connection) -> int:
+            marks = ",".join("?" * len(wanted))
+            found = {row[0] for row in conn.execute(f"SELECT id FROM trajectories WHERE id IN ({marks})", wanted)}
+            unknown = [i for i in wanted if i not in found]
+            if unknown:  # raised inside the transaction, so nothing of this call is deleted
+                raise ValueError(
+                    f"{self.path}: no trajectory with id {', '.join(map(str, unknown))}; nothing was deleted. "
+                    "Ids are those append_generation returned (Trajectory.id on what sample() reads)"
+                )
+            return conn.execute(f"DELETE FROM trajectories WHERE id IN ({marks})", wanted).rowcount
+
+        deleted = self._run(write, write=True) if wanted else 0
+        self._log.info("replay.trajectories_deleted", ids=wanted, trajectories=deleted)
         return deleted
 
     def delete_generations_after(self, agent: str, generation: int) -> int:

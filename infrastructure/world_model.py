@@ -1,27 +1,5 @@
-"""An async, learned dynamics model: (observation, action) -> (next-observation
-delta, reward).
-
-* The label never enters the inputs: :func:`~infrastructure.dynamics.features`
-  takes the observation and the action only, and it is the one function both
-  training and prediction call.
-* ``await train()`` runs the optimisation in a worker thread
-  (``asyncio.to_thread``); torch releases the GIL inside its kernels, so the
-  event loop keeps running. Concurrent ``train()`` calls are serialised by an
-  ``asyncio.Lock``.
-* It trains through ``registry.trainer_for(agent, ...)``, so the precision
-  follows settings, the agent's profile and the rollout ledger.
-* A :class:`Guard` (``genesis_fp16.guard.RollbackGuard``) watches each
-  trainer; when it says roll back, the trainer is rebuilt (FP32 now, the
-  ledger says so) and the last good checkpoint is restored.
-* An FP32 reference trains beside the model on the same batches from the
-  same weights: all along in rollout stage ``shadow``, and every
-  ``guard.canary_every``-th call in stage ``on`` (the canary); the guard
-  compares the validation losses (a canary gap must be confirmed).
-* Non-finite data is refused with an error naming the trajectory.
-
-Imagined rollouts (:meth:`WorldModel.imagine`) run many candidate policies
-from many start states at once: one batched forward per time step.
-"""
+"""An async, learned dynamics model: (observation, action) ->
+(next-observation delta, reward); `WorldModel` says how it trains."""
 
 from __future__ import annotations
 
@@ -30,7 +8,7 @@ import math
 import numbers
 import time
 from pathlib import Path
-from typing import Any, Callable, Optional, Sequence, Union
+from typing import Callable, Optional, Sequence, Union
 
 import numpy as np
 import numpy.typing as npt
@@ -48,6 +26,7 @@ from genesis_fp16.trainer import FP16Trainer
 from .dynamics import (
     DynamicsMLP,
     NonFiniteDataError,
+    NotTrainedError,
     PolicyFn,
     ProjectFn,
     TerminationFn,
@@ -62,24 +41,40 @@ from .replay_buffer import ReplayBuffer
 from .trajectory import Trajectory
 from .world_model_types import Guard, GuardVerdict, ShadowGapLedger, TrainReport, TrainRun, inference_gap_of, val_loss_of
 
-__all__ = [
-    "DynamicsMLP", "Guard", "GuardVerdict", "NonFiniteDataError", "NotTrainedError", "ShadowGapLedger",
-    "TrainReport", "WorldModel", "features",
-]
+__all__ = ["DynamicsMLP", "Guard", "GuardVerdict", "NonFiniteDataError", "NotTrainedError", "ShadowGapLedger", "TrainReport",
+           "WorldModel", "features"]
 
 FaultFn = Callable[[int, torch.Tensor], torch.Tensor]
 
 
-class NotTrainedError(RuntimeError):
-    """predict/imagine before the first train()."""
-
-
 class WorldModel:
-    """Learned dynamics for one environment.
+    """Learned dynamics for one environment: (observation, action) ->
+    (next-observation delta, reward[, termination]).
 
-    buffer: where transitions come from (``data_agent``'s trajectories).
-    agent: the name the precision policy is resolved for (settings, profile, ledger).
-    guard: an optional rollback guard attached to each trainer.
+    * The label never enters the inputs: training and prediction both call
+      `features` (observation and action only).
+    * `await train()` runs in a worker thread (torch releases the GIL in its
+      kernels, so the event loop keeps running); concurrent calls are
+      serialised by an `asyncio.Lock`.
+    * It trains through `registry.trainer_for(agent, ...)`: the precision
+      follows settings, the agent's profile and the rollout ledger. A `guard`
+      (`genesis_fp16.guard.RollbackGuard`) watches each trainer; a rollback
+      rebuilds it (FP32, as the ledger now says) and restores the last good
+      checkpoint.
+    * An FP32 reference trains beside it on the same batches: all along in
+      rollout stage `shadow`, every `guard.canary_every`-th call in stage `on`
+      (the canary); the guard compares the validation losses.
+
+    Args:
+        obs_dim: observation size.
+        act_dim: action size.
+        buffer: where `train()` reads `data_agent`'s trajectories from.
+        agent: the name the precision policy is resolved for (settings, profile, ledger).
+        guard: an optional rollback guard attached to each trainer.
+        precision: asks for a precision instead of settings and profile.
+        done_head: also learn termination (a 0/1 logit) for imagined rollouts.
+        checkpoint_dir: default `<state_dir>/world_model`.
+        max_transitions: the most recent transitions `train()` reads from `buffer`.
     """
 
     def __init__(
@@ -150,29 +145,37 @@ class WorldModel:
 
     @property
     def precision(self) -> str:
+        """The precision training runs in now (`fp32`, `bf16`, ...), as settings, profile and ledger resolve it."""
         return self._current_trainer().precision.name
 
-    # -- data -------------------------------------------------------------------
     def _dataset(self, trajectories: Sequence[Trajectory]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """``(x_train, y_train, x_val, y_val)``; see :func:`infrastructure.dynamics.training_data`."""
+        """``(x_train, y_train, x_val, y_val)``; see `infrastructure.dynamics.training_data`."""
         return training_data(trajectories, seed=self.seed, val_fraction=self.val_fraction, done=self.model.done_head)
 
     # -- checkpoints ------------------------------------------------------------
     @property
     def checkpoint_path(self) -> Path:
+        """Where `save()` and `load()` go without a path: `<checkpoint_dir>/<agent>.pt`."""
         return self.checkpoint_dir / f"{self.agent}.pt"
 
     def save(self, path: Union[str, Path, None] = None) -> Path:
+        """Write weights, normaliser, optimizer and scaler state atomically to
+        `path` (default `checkpoint_path`); returns the path written."""
         # the batch sampler's state too, so a loaded model trains on as this one would
         extra = {"trained": self.trained, "agent": self.agent, "sampler_state": self._generator.get_state()}
         return self._current_trainer().save_checkpoint(path or self.checkpoint_path, extra=extra)
 
-    def load(self, path: Union[str, Path, None] = None) -> dict[str, Any]:
-        extra = self._current_trainer().load_checkpoint(path or self.checkpoint_path, restore_rng=False)
+    def load(self, path: Union[str, Path, None] = None) -> Path:
+        """Restore what `save()` wrote to `path` (default `checkpoint_path`,
+        read with `weights_only=True`); the model then predicts, imagines and
+        trains on from it. Returns the path read; raises `CheckpointError`
+        for a missing or unreadable file or one of another model size."""
+        path = Path(path or self.checkpoint_path)
+        extra = self._current_trainer().load_checkpoint(path, restore_rng=False)
         self.trained = bool(extra.get("trained", True))
         if isinstance(extra.get("sampler_state"), torch.Tensor):
             self._generator.set_state(extra["sampler_state"])
-        return extra
+        return path
 
     def _owns_checkpoint(self, path: Union[str, Path, None]) -> bool:
         """Whether ``path`` is one of this model's checkpoints (in its checkpoint directory)."""
@@ -187,13 +190,13 @@ class WorldModel:
         fault: Optional[FaultFn] = None,
         save: bool = True,
     ) -> TrainReport:
-        """Train for ``steps`` optimizer steps on the replay buffer's data (or
-        on ``trajectories``) in a worker thread; returns a :class:`TrainReport`.
-        Bad input (``steps < 1``, trajectories whose sizes do not match the
-        model, fewer than 2 transitions) raises ``ValueError`` before anything
-        is trained or written. ``fault(step, loss) -> loss`` is called on each
+        """Train for `steps` optimizer steps on the replay buffer's data (or on
+        `trajectories`) in a worker thread; returns a `TrainReport`. Bad input
+        (`steps < 1`, sizes that do not fit the model, fewer than 2 transitions)
+        raises `ValueError`, NaN or inf data `NonFiniteDataError`, before anything
+        is trained or written. `fault(step, loss) -> loss` is called on each
         step's loss before the backward (a test hook: return a NaN loss to
-        rehearse a storm). ``save`` writes a checkpoint at the end of the call
+        rehearse a storm). `save` writes a checkpoint at the end of the call
         (recorded as good with a guard, when the run was healthy)."""
         if isinstance(steps, bool) or not isinstance(steps, numbers.Integral) or steps < 1:
             raise ValueError(f"WorldModel.train: steps={steps!r}: expected a positive number of optimizer steps (e.g. 800)")
@@ -367,11 +370,16 @@ class WorldModel:
             raise NotTrainedError("WorldModel: call `await train()` (or load a checkpoint) before predict/imagine")
 
     def predict_sync(self, obs: npt.ArrayLike, action: npt.ArrayLike) -> tuple[torch.Tensor, torch.Tensor]:
-        """(next_obs, reward) for batches of observations and actions (FP32)."""
+        """`(next_obs, reward)` for observations `(N, obs_dim)` and actions
+        `(N, act_dim)`, in FP32; `NotTrainedError` before training."""
         self._require_trained()
         return self.model.predict_next(torch.as_tensor(obs, dtype=torch.float32), torch.as_tensor(action, dtype=torch.float32))
 
     async def predict(self, obs: npt.ArrayLike, action: npt.ArrayLike) -> tuple[torch.Tensor, torch.Tensor]:
+        """`(next_obs, reward)`, FP32 tensors `(N, obs_dim)` and `(N,)`, for
+        observations `(N, obs_dim)` and actions `(N, act_dim)`: `predict_sync`
+        in a worker thread, after any running `train()`. Raises
+        `NotTrainedError` before the first `train()` or `load()`."""
         async with self._lock:
             return await asyncio.to_thread(self.predict_sync, obs, action)
 
@@ -409,6 +417,8 @@ class WorldModel:
         self, policy: PolicyFn, params: npt.ArrayLike, start_obs: npt.ArrayLike, horizon: int, *,
         project: Optional[ProjectFn] = None, discount: float = 1.0, terminated: Optional[TerminationFn] = None,
     ) -> torch.Tensor:
+        """`imagine` in a worker thread, after any running `train()`; the same
+        arguments, the same `(P, S)` returns, the same `NotTrainedError`."""
         async with self._lock:
             return await asyncio.to_thread(self.imagine, policy, params, start_obs, horizon, project=project, discount=discount, terminated=terminated)
 

@@ -40,8 +40,8 @@ class ShadowGapLedger(Protocol):
 
 class Guard(Protocol):
     """A rollback guard (``genesis_fp16.guard.RollbackGuard``): it watches the
-    trainer it is attached to, sets :attr:`tripped` on a live P0 trigger and
-    judges a finished run in :meth:`check`."""
+    trainer it is attached to, sets `tripped` on a live P0 trigger and
+    judges a finished run in `check`."""
 
     tripped: Optional[GuardVerdict]
     ledger: ShadowGapLedger

@@ -58,6 +58,24 @@ def test_round_trip_sample_count_export(tmp_path):
     np.testing.assert_allclose(rows[1]["reward"], t1.reward, rtol=1e-6)
 
 
+def test_delete_trajectories_removes_exactly_those_ids(tmp_path):
+    buf = ReplayBuffer(tmp_path / "r.sqlite")
+    a0, a1, a2 = buf.append_generation("a", 0, [_traj(0, candidate="x"), _traj(1, candidate="y"), _traj(2, candidate="z")])
+    (b0,) = buf.append_generation("b", 0, [_traj(3, candidate="w")])
+    assert buf.delete_trajectories([a1, b0, a1]) == 2  # across agents; a repeated id counts once
+    assert [t.candidate for t in buf.sample("a")] == ["z", "x"] and buf.sample("b") == []
+    assert buf.delete_trajectories([]) == 0
+
+
+def test_delete_trajectories_with_an_unknown_id_deletes_nothing(tmp_path):
+    buf = ReplayBuffer(tmp_path / "r.sqlite")
+    ids = buf.append_generation("a", 0, [_traj(0), _traj(1)])
+    unknown = max(ids) + 100
+    with pytest.raises(ValueError, match=rf"no trajectory with id {unknown}; nothing was deleted"):
+        buf.delete_trajectories([ids[0], unknown])
+    assert sorted(t.id for t in buf.sample("a")) == ids  # the known id survived: one transaction
+
+
 def test_shape_mismatch_is_refused():
     with pytest.raises(ValueError, match="inconsistent transition shapes"):
         Trajectory(obs=np.zeros((4, 3)), action=np.zeros((4, 1)), reward=np.zeros(3), next_obs=np.zeros((4, 3)), done=np.zeros(4))

@@ -1,6 +1,7 @@
 """What the repository's own files promise, checked against the code: the
 example profile names only agents the code trains, and every relative link in
-the README and docs/ points at a file that exists."""
+the README and docs/ points at a file that exists, and every link to another
+page's anchor names an explicit anchor that page defines."""
 
 from __future__ import annotations
 
@@ -74,16 +75,32 @@ _CODE_SPAN = re.compile(r"`[^`\n]*`")
 _PATH_SPAN = re.compile(r"`(\.\.?/[^`\s]+)`")  # `../x.md`: a path relative to the doc, read like a link
 
 
-def relative_links(markdown: str) -> list[str]:
+def _relative_targets(markdown: str) -> list[str]:
+    """Link targets that are paths relative to the document, fragments kept."""
     unfenced = _FENCE.sub("", markdown)
     text = _CODE_SPAN.sub("", unfenced)  # other links inside code are examples, not links
     targets = _INLINE.findall(text) + _REFERENCE.findall(text) + _PATH_SPAN.findall(unfenced)
-    relative = []
-    for target in targets:
-        if re.match(r"^[a-zA-Z][a-zA-Z0-9+.-]*:", target) or target.startswith(("#", "//")):
-            continue  # a URL, mailto:, or a fragment of this file
-        relative.append(target.split("#", 1)[0])
+    return [t for t in targets if not (re.match(r"^[a-zA-Z][a-zA-Z0-9+.-]*:", t) or t.startswith(("#", "//")))]
+
+
+def relative_links(markdown: str) -> list[str]:
+    relative = [target.split("#", 1)[0] for target in _relative_targets(markdown)]
     return [t for t in relative if t]
+
+
+def anchored_links(markdown: str) -> list[tuple[str, str]]:
+    """``(path, anchor)`` of every link to another Markdown file's anchor."""
+    pairs = [tuple(t.split("#", 1)) for t in _relative_targets(markdown) if "#" in t]
+    return [(path, anchor) for path, anchor in pairs if path.endswith(".md")]
+
+
+# An explicit anchor: GitHub and mkdocs both honour it, and no heading edit changes it,
+# whereas heading slugs differ between the two renderers (`--` is kept by GitHub only).
+_EXPLICIT_ANCHOR = re.compile(r'<a id="([^"]+)"></a>')
+
+
+def explicit_anchors(markdown: str) -> set[str]:
+    return set(_EXPLICIT_ANCHOR.findall(_FENCE.sub("", markdown)))
 
 
 def _markdown_files() -> list[Path]:
@@ -97,9 +114,25 @@ def test_link_extraction() -> None:
         "[ref]: ../other/B.md\n"
     )
     assert relative_links(text) == ["docs/A.md", "plots/x.png", "../other/B.md", "../up/C.md"]
+    assert anchored_links(text) == [("docs/A.md", "part")]
+    assert explicit_anchors('<a id="part"></a>\n## Part\n```\n<a id="fenced"></a>\n```\n') == {"part"}
 
 
 @pytest.mark.parametrize("doc", _markdown_files(), ids=lambda p: str(p.relative_to(REPO)))
 def test_relative_links_point_at_existing_files(doc: Path) -> None:
     missing = [t for t in relative_links(doc.read_text(encoding="utf-8")) if not (doc.parent / t).exists()]
     assert not missing, f"{doc.relative_to(REPO)} links to files that do not exist: {missing}"
+
+
+@pytest.mark.parametrize("doc", _markdown_files(), ids=lambda p: str(p.relative_to(REPO)))
+def test_links_between_pages_name_explicit_anchors(doc: Path) -> None:
+    """README.md is not part of the mkdocs site, so only this test checks its anchors."""
+    wrong = []
+    for path, anchor in anchored_links(doc.read_text(encoding="utf-8")):
+        target = doc.parent / path
+        if not target.is_file() or anchor not in explicit_anchors(target.read_text(encoding="utf-8")):
+            wrong.append(f"{path}#{anchor}")
+    assert not wrong, (
+        f"{doc.relative_to(REPO)} links to anchors its target does not define as `<a id=\"...\"></a>`: {wrong}; "
+        "put such a line before the heading and link to its id"
+    )

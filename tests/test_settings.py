@@ -140,6 +140,13 @@ def test_env_example_lists_every_setting():
     assert "GENESIS_FP16_CONFIG_FILE" in text
 
 
+def test_env_example_lists_exactly_the_precision_modes():
+    lines = (Path(__file__).resolve().parents[1] / ".env.example").read_text().splitlines()
+    at = lines.index("GENESIS_FP16_PRECISION=auto")
+    listed = lines[at - 1].removeprefix("#").split()[0].split("|")  # the comment right above the variable
+    assert sorted(listed) == sorted(m.value for m in PrecisionMode)
+
+
 def test_no_getenv_outside_settings():
     root = Path(__file__).resolve().parents[1]
     offenders = []

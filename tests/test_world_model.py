@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import math
+import re
 import time
 
 import numpy as np
@@ -166,6 +168,23 @@ async def test_non_finite_data_names_the_trajectory(tmp_path):
         await wm.train(10, trajectories=trajs, save=False)
 
 
+async def test_non_finite_trajectory_is_removed_by_the_method_its_error_names(tmp_path):
+    buf = ReplayBuffer(tmp_path / "r.sqlite")
+    trajs = _linear_trajs(3, 20)
+    trajs[2].obs[4, 0] = np.inf  # as a broken simulator would record it
+    ids = buf.append_generation("se_darwin", 0, trajs)
+    wm = WorldModel(3, 1, buffer=buf, data_agent="se_darwin", precision="fp32")
+    with pytest.raises(NonFiniteDataError) as err:
+        await wm.train(5, save=False)
+    named = re.search(r"remove it with ReplayBuffer\.(\w+)\(\[(\d+)\]\)", str(err.value))
+    assert named is not None, str(err.value)
+    method, bad_id = named.group(1), int(named.group(2))
+    assert bad_id == ids[2]
+    assert getattr(buf, method)([bad_id]) == 1  # the documented API does what the message says
+    report = await wm.train(5, save=False)
+    assert report.trajectories == 2 and math.isfinite(report.val_loss)
+
+
 async def test_reduced_precision_val_loss_within_2_percent_of_fp32(pendulum_trajs):
     losses = {}
     for precision in ("fp32", "bf16", "fp16"):
@@ -239,7 +258,8 @@ async def test_checkpoint_round_trip(tmp_path):
     report = await wm.train(50, trajectories=trajs)
     assert report.checkpoint and (tmp_path / "world_model.pt").exists()
     other = WorldModel(3, 1, precision="bf16", checkpoint_dir=tmp_path, seed=5)
-    other.load()
+    assert other.load() == tmp_path / "world_model.pt"  # the file read, not the checkpoint's internals
+    assert other.trained
     obs, act = torch.tensor(trajs[0].obs), torch.tensor(trajs[0].action)
     torch.testing.assert_close(other.predict_sync(obs, act)[0], wm.predict_sync(obs, act)[0])
 

@@ -1,7 +1,7 @@
 """PPO configuration: a dataclass with a docstring per field (CleanRL style),
 loaded from YAML (``configs/base.yaml``) and ``--set key=value`` overrides.
 
-Every value is validated here, and a bad one raises :class:`ConfigError`
+Every value is validated here, and a bad one raises `ConfigError`
 naming the key, the value and what is allowed.
 """
 

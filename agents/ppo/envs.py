@@ -233,7 +233,7 @@ class InProcessVectorEnv(gym.vector.VectorEnv):
 
 
 def make_vector_env(env_fns: list[EnvFn], mode: str) -> gym.vector.VectorEnv:
-    """sync: :class:`InProcessVectorEnv`; sync_gymnasium: gymnasium's
+    """sync: `InProcessVectorEnv`; sync_gymnasium: gymnasium's
     ``SyncVectorEnv``; async: ``AsyncVectorEnv`` (one subprocess per env).
     All use SAME_STEP autoreset: a finished env returns its reset observation
     in the same step, with the final observation in ``infos['final_obs']``

@@ -31,7 +31,7 @@ HELD_ROWS = 256  # the held batch: the first rollout's first rows, fixed for the
 
 
 class PPOGuard:
-    """Watches one PPO run's trainers and builds them (:meth:`build_trainer`).
+    """Watches one PPO run's trainers and builds them (`build_trainer`).
     ``save(path)`` writes a checkpoint of the run (weights, optimizer,
     normalisation statistics); ``load(path, trainer=...)`` restores one into a trainer."""
 

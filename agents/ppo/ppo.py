@@ -2,8 +2,8 @@
 normalisation, linear LR annealing) over gymnasium vector environments,
 for discrete and continuous actions. Reads top to bottom like CleanRL's
 ``ppo.py``: set-up, the rollout, the loss, the update, evaluation. The update
-step goes through :class:`FP16Trainer` (autocast, gradient scaler, clipping,
-checkpoints); the policy is :class:`~agents.ppo.policy.ActorCritic`.
+step goes through `FP16Trainer` (autocast, gradient scaler, clipping,
+checkpoints); the policy is `ActorCritic`.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ def resolve_device(name: str) -> torch.device:
 
 
 class PPO:
-    """Build with a config, call :meth:`train`, then :meth:`evaluate`."""
+    """Build with a config, call `train`, then `evaluate`."""
 
     def __init__(self, cfg: PPOConfig, envs: Optional[gym.vector.VectorEnv] = None, vec_choice: Optional[VecEnvChoice] = None) -> None:
         self.cfg = cfg

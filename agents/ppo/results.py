@@ -1,4 +1,4 @@
-"""What a PPO run returns: :class:`TrainResult` and its JSON form."""
+"""What a PPO run returns: `TrainResult` and its JSON form."""
 
 from __future__ import annotations
 

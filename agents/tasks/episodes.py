@@ -64,7 +64,7 @@ def run_episodes(
     ``done`` marks a termination by the environment (not a time limit).
     ``hang_seconds`` and ``alloc_mb`` exist for the timeout and memory-limit
     tests: the worker sleeps, or allocates that many MiB, first. An exception
-    from the environment becomes :class:`EnvFailure`.
+    from the environment becomes `EnvFailure`.
     """
     if hang_seconds:
         import time

@@ -2,9 +2,9 @@
 start states, the target, the episode length, and what is known of its
 structure (an observation projection, a termination function).
 
-:class:`Task` is what a user writes; :meth:`Task.resolve` opens the
+`Task` is what a user writes; `Task.resolve` opens the
 environment once, checks its spaces and fills in what the env spec knows
-(target, episode length, observation scale), giving a :class:`ResolvedTask`
+(target, episode length, observation scale), giving a `ResolvedTask`
 the loop, the baselines and the evaluator all take. Torch-free: the
 callables a task holds are called by the torch side only when it imagines.
 """
@@ -141,7 +141,7 @@ def default_obs_scale(low: np.ndarray, high: np.ndarray) -> tuple[float, ...]:
 
 @dataclass(frozen=True)
 class ResolvedTask:
-    """A checked task with everything filled in (see :meth:`Task.resolve`)."""
+    """A checked task with everything filled in (see `Task.resolve`)."""
 
     task: Task
     target: float

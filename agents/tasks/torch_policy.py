@@ -1,4 +1,4 @@
-"""The batched torch twin of :class:`agents.tasks.policies.PolicySpec` for
+"""The batched torch twin of `agents.tasks.policies.PolicySpec` for
 imagination: P parameter vectors on (P, S, obs_dim) observations at once."""
 
 from __future__ import annotations

@@ -1,10 +1,10 @@
 """The benchmark's cells: one (size, precision) pair, measured within one run.
 
 For each size, every precision first trains a fresh copy of the same student
-for a fixed number of steps through :class:`FP16Trainer` (validation loss,
+for a fixed number of steps through `FP16Trainer` (validation loss,
 overflow rate, peak memory). The same model and optimizer are then timed two
 ways, alternated within each repeat: through our trainer ("ours") and through
-:class:`~.loops.RawLoop`, a hand-written torch loop doing the same work.
+`RawLoop`, a hand-written torch loop doing the same work.
 Precisions are rotated inside a repeat and raw/ours swap order every repeat,
 so load on a shared machine lands on all of them; every ratio is a median
 over repeats of numbers taken side by side.

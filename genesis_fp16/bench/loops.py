@@ -1,5 +1,5 @@
 """The two loops the benchmark times side by side: our trainer, configured
-here, and :class:`RawLoop`, a hand-written torch loop doing the same work."""
+here, and `RawLoop`, a hand-written torch loop doing the same work."""
 
 from __future__ import annotations
 

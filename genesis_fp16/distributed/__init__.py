@@ -1,13 +1,13 @@
 """DDP and FSDP2 under ``torchrun``.
 
-* :mod:`.launch`: the torchrun environment, the process group's lifetime, a
+* `.launch`: the torchrun environment, the process group's lifetime, a
   clean worker exit, a JSON all-gather;
-* :mod:`.base`: what the distributed trainers share (agreed skip decisions,
+* `.base`: what the distributed trainers share (agreed skip decisions,
   gradient sync on the last micro-step, per-rank RNG);
-* :mod:`.ddp`: ``DDPTrainer``;
-* :mod:`.fsdp`: ``FSDPTrainer`` (FSDP2) and its FP16 plugin ``ShardedFP16Mixed``;
-* :mod:`.dcp_io`: FSDP2 checkpoint I/O with a restricted unpickler;
-* :mod:`.faults`: an injected non-finite gradient, for drills and tests.
+* `.ddp`: ``DDPTrainer``;
+* `.fsdp`: ``FSDPTrainer`` (FSDP2) and its FP16 plugin ``ShardedFP16Mixed``;
+* `.dcp_io`: FSDP2 checkpoint I/O with a restricted unpickler;
+* `.faults`: an injected non-finite gradient, for drills and tests.
 
 The registry names ``ddp`` and ``fsdp`` point at ``DDPTrainer.create`` and
 ``FSDPTrainer.create`` by name; this package never imports the registry.

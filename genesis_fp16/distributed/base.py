@@ -1,6 +1,6 @@
 """What the DDP and FSDP2 trainers share.
 
-A distributed trainer is :class:`~genesis_fp16.trainer.FP16Trainer` plus a
+A distributed trainer is `FP16Trainer` plus a
 wrapper; it overrides only the base trainer's hooks:
 
 * ``_set_gradient_sync``: gradient accumulation all-reduces (DDP) or
@@ -9,9 +9,9 @@ wrapper; it overrides only the base trainer's hooks:
   rank skipping backward while the others wait in the all-reduce would hang).
 * the scaler: DDP keeps ``torch.amp.GradScaler``; an infinite gradient on one
   rank reaches every rank through the gradient all-reduce, so every rank finds
-  it and skips. FSDP2 uses ``ShardedGradScaler`` (see :mod:`.fsdp`).
-* checkpoints: DDP writes one file (:mod:`.ddp`), FSDP2 a directory of DCP
-  shards (:mod:`.dcp_io`).
+  it and skips. FSDP2 uses ``ShardedGradScaler`` (see `.fsdp`).
+* checkpoints: DDP writes one file (`.ddp`), FSDP2 a directory of DCP
+  shards (`.dcp_io`).
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ optimizer state sharded across ranks.
 FP16 uses ``ShardedGradScaler``, which all-reduces ``found_inf``: after a
 reduce-scatter each rank holds only its shard of the gradients, so an overflow
 in rank 1's shard would be invisible to rank 0 otherwise. Checkpoints are
-directories written and read by :mod:`.dcp_io`.
+directories written and read by `.dcp_io`.
 """
 
 from __future__ import annotations
@@ -69,7 +69,7 @@ class ShardedFP16Mixed(FP16Mixed):
 class FSDPTrainer(DistributedTrainer):
     """FSDP2 (``torch.distributed.fsdp.fully_shard``): parameters, gradients and
     optimizer state sharded across ranks; FP16 uses ``ShardedGradScaler``
-(through the :class:`ShardedFP16Mixed` precision plugin).
+(through the `ShardedFP16Mixed` precision plugin).
 
     ``fully_shard`` replaces the model's parameters with sharded DTensors, so an
     optimizer built on the plain model is re-pointed at them (it must not hold

@@ -3,7 +3,7 @@ a clean worker exit, and a JSON all-gather.
 
 The process group comes from the ``torchrun`` environment (``RANK``,
 ``LOCAL_RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``), read through
-:class:`TorchrunEnv`: ``nccl`` on CUDA, ``gloo`` on CPU.
+`TorchrunEnv`: ``nccl`` on CUDA, ``gloo`` on CPU.
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ LAUNCH_HINT = "launch with `torchrun --nproc_per_node=N your_script.py` (it sets
 
 def read_torchrun_env() -> Optional[TorchrunEnv]:
     """The torchrun environment, None when none of its variables is set, and a
-    :class:`DistributedEnvError` naming the missing ones when it is half set."""
+    `DistributedEnvError` naming the missing ones when it is half set."""
     try:
         env = TorchrunEnv()
     except ValidationError as err:

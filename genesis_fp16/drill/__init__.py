@@ -7,7 +7,7 @@ rehearses rollback even where the kill switch is on in the real environment,
 and it never touches the real state dir: its ledger, checkpoints and event
 log live in the scratch dir.
 
-``runner`` holds the scenarios and :func:`run_drill`; ``canary`` the FP32
+``runner`` holds the scenarios and `run_drill`; ``canary`` the FP32
 canary's scenarios (``silent_degradation``, ``healthy_control``).
 """
 

@@ -4,7 +4,7 @@ a healthy one is not.
 
 A "training call" here is what ``WorldModel.train()`` does for the canary:
 ``STEPS`` optimizer steps on random batches; on every ``canary_every``-th
-call an FP32 copy (:func:`genesis_fp16.canary.fp32_reference`) takes the same
+call an FP32 copy (`genesis_fp16.canary.fp32_reference`) takes the same
 batches from the same weights, and the guard compares the validation losses
 (``check(..., reference="canary")``).
 """

@@ -1,4 +1,4 @@
-"""The drill's scenarios and :func:`run_drill` (see the package docstring)."""
+"""The drill's scenarios and `run_drill` (see the package docstring)."""
 
 from __future__ import annotations
 

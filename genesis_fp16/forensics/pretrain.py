@@ -189,8 +189,8 @@ def save_assets(assets: Assets, path: Path) -> Path:
 
 
 def load_assets(path: Path) -> Assets:
-    """Load a checkpoint written by :func:`save_assets`; anything else raises
-    :class:`CheckpointError` naming the file."""
+    """Load a checkpoint written by `save_assets`; anything else raises
+    `CheckpointError` naming the file."""
     payload = load_payload(path)
     try:
         extra = payload["extra"]

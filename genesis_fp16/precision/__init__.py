@@ -1,10 +1,10 @@
 """Precision: the plugins, device capability, and the choice between them.
 
-``genesis_fp16.settings.PrecisionMode`` is the one vocabulary; :data:`MODES`
+``genesis_fp16.settings.PrecisionMode`` is the one vocabulary; `MODES`
 maps each mode (``auto`` aside) to its plugin class, and
-:func:`resolve_precision` turns a requested mode into a plugin for a device.
-Capability lives in :mod:`.capability` (tests patch it there), the plugins in
-:mod:`.plugins`.
+`resolve_precision` turns a requested mode into a plugin for a device.
+Capability lives in `.capability` (tests patch it there), the plugins in
+`.plugins`.
 """
 
 from __future__ import annotations
@@ -108,9 +108,9 @@ def resolve_precision(
 ) -> Precision:
     """Turn a requested mode into a plugin from ``plugins`` for ``device``.
 
-    ``auto`` picks by :func:`auto_precision` and logs why, once. A mode the
+    ``auto`` picks by `auto_precision` and logs why, once. A mode the
     device cannot run follows ``on_unsupported``: ``error`` raises, ``fallback``
-    logs and runs :func:`fallback_for` (never a less precise mode); a mode that runs but is slow
+    logs and runs `fallback_for` (never a less precise mode); a mode that runs but is slow
     here runs as asked and warns once. Nothing is substituted silently.
     """
     log = get_logger("genesis_fp16.precision")

@@ -64,7 +64,7 @@ def cuda_supports_tf32(device: torch.device) -> bool:
 
 
 def slow_reason(device: Union[str, torch.device], mode: PrecisionMode) -> str:
-    """Why ``mode`` is :attr:`Support.SLOW` on ``device``, with the measured figure."""
+    """Why ``mode`` is `Support.SLOW` on ``device``, with the measured figure."""
     device = torch.device(device)
     if device.type == "cpu" and mode == PrecisionMode.BF16:
         if cpu_has_native_bf16():

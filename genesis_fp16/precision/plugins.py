@@ -22,7 +22,7 @@ _DEFAULTS = PrecisionConfig()
 @dataclass(frozen=True)
 class ScalerOptions:
     """The gradient scaler's options, named as ``torch.amp.GradScaler`` names
-    them; the defaults are :class:`~genesis_fp16.settings.PrecisionConfig`'s."""
+    them; the defaults are `PrecisionConfig`'s."""
 
     init_scale: float = _DEFAULTS.init_scale
     growth_factor: float = _DEFAULTS.growth_factor
@@ -65,13 +65,13 @@ class Precision:
         return contextlib.nullcontext()
 
     def autocast(self) -> ContextManager[Any]:
-        """Alias of :meth:`forward_context`."""
+        """Alias of `forward_context`."""
         return self.forward_context()
 
     def math_context(self) -> ContextManager[Any]:
         """The matmul math mode for forward and backward (TF32 switches for
         ``tf32``; nothing otherwise). Hand-written loops that must do the same
-        work as :meth:`backward` wrap their own backward in it."""
+        work as `backward` wrap their own backward in it."""
         return contextlib.nullcontext()
 
     def convert_module(self, module: torch.nn.Module) -> torch.nn.Module:
@@ -98,7 +98,7 @@ class Precision:
         return {}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore :meth:`state_dict` (nothing to restore without a scaler)."""
+        """Restore `state_dict` (nothing to restore without a scaler)."""
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(device={self.device})"
