@@ -212,13 +212,12 @@ def _run(ctx: typer.Context, config: Any, settings: Any, *, resume: Optional[str
          precision: Optional[PrecisionMode], no_world_model: bool, budget: int, workers: int, backend: Backend, target: Optional[float],
          policy: Optional[str], episode_steps: Optional[int], torch_threads: int, json_path: Optional[Path]) -> None:
     """The run itself, once its options are checked."""
-    from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
     from rich.table import Table
     from rich.text import Text
 
     from genesis_fp16.checkpoint import CheckpointError, atomic_write_text
-    from genesis_fp16.cli import fail, safe_cells, safe_text, strict_json_value
+    from genesis_fp16.cli import console, fail, out, safe_cells, safe_text, strict_json_value
     from genesis_fp16.storage import StorageError, full_disk
 
     from .evaluation import EvaluationError
@@ -235,7 +234,6 @@ def _run(ctx: typer.Context, config: Any, settings: Any, *, resume: Optional[str
     import torch
 
     torch.set_num_threads(torch_threads)
-    console = Console(stderr=True)
     mode = "cma" if baseline == Baseline.cma else ("no_world_model" if no_world_model else "full")
     progress = Progress(
         TextColumn(f"[bold]evolve[/] {mode} seed {seed}"),
@@ -321,9 +319,7 @@ def _run(ctx: typer.Context, config: Any, settings: Any, *, resume: Optional[str
         rows.append(("resumed after", f"generation {origin['generation']}, {origin['real_episodes']} real episodes"))
     for name, value in rows:
         table.add_row(*safe_cells(name, value))
-    from rich.console import Console as _C
-
-    _C().print(table)
+    out.print(table)
     if json_path is not None:
         # strict JSON: a candidate lost to a timeout scores -inf, written as "-inf"
         try:

@@ -6,11 +6,12 @@ from pathlib import Path
 from typing import Any, Optional
 
 import typer
-from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-out = Console()
+from .terminal import make_console
+
+out = make_console()
 
 profiles_app = typer.Typer(help="Per-agent tuning profiles.", no_args_is_help=True)
 rollout_app = typer.Typer(help="Per-agent rollout ledger: off -> shadow -> on, rolled_back.", no_args_is_help=True)
@@ -257,8 +258,13 @@ def drill(
     if json_path is not None:
         atomic_write_text(json_path, json.dumps(report, indent=2, default=str) + "\n")
     failed = [s["name"] for s in report["scenarios"] if not s["passed"]]
-    out.print(safe_text(f"drill {'passed' if not failed else 'FAILED: ' + ', '.join(failed)} in {report['seconds']:.1f}s"
-                        + (f"; scratch dir {report['state_dir']}" if report["state_dir"] else "")))
+    total = len(report["scenarios"])
+    verdict = f"passed: {total} of {total}" if not failed else f"FAILED: {', '.join(failed)} ({len(failed)} of {total})"
+    if report["state_dir"]:
+        where = f"the injected faults' events are in {Path(report['state_dir']) / 'events.jsonl'}"
+    else:
+        where = "the injected faults' events went to the scratch event log, removed with it (--keep keeps it)"
+    out.print(safe_text(f"drill {verdict} scenarios in {report['seconds']:.1f}s; {where}"), highlight=False)
     if failed:
         raise typer.Exit(1)
 
