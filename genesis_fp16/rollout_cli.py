@@ -189,7 +189,9 @@ def rollout_history(
 
 
 def tune(
-    events: Path = typer.Option(..., "--events", help="JSON-lines event log, e.g. <state_dir>/events.jsonl."),
+    events: Optional[Path] = typer.Option(
+        None, "--events", help="JSON-lines event log (default: <state_dir>/events.jsonl, where every command writes its events)."
+    ),
     rotated: bool = typer.Option(
         True, "--rotated/--no-rotated", help="Also read its rotated files EVENTS.1, EVENTS.2, ... (oldest first)."
     ),
@@ -206,10 +208,13 @@ def tune(
 
     settings = _settings()
     path = profiles or settings.effective_profiles_file
+    if events is None:
+        events = settings.events_path
     try:
         proposals = propose(read_events(events, include_rotated=rotated), settings=settings, profiles_path=path)
     except FileNotFoundError as exc:
-        raise fail(f"{exc}; expected the JSON-lines event log (default <state_dir>/events.jsonl)")
+        raise fail(f"{exc}; expected the JSON-lines event log that training writes (default <state_dir>/events.jsonl, "
+                   "GENESIS_FP16_STATE_DIR sets the state dir): train first, or name a log with --events FILE")
     except (ValueError, ProfileError) as exc:
         raise fail(str(exc))
     applied = None
