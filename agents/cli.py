@@ -258,7 +258,7 @@ def _run(ctx: typer.Context, config: Any, settings: Any, *, resume: Optional[str
     try:
         with _sigterm_as_interrupt(), progress:
             if baseline == Baseline.cma:
-                report = asyncio.run(run_cma_baseline(config, on_generation=on_generation))
+                report = asyncio.run(run_cma_baseline(config, on_generation=on_generation, settings=settings))
             else:
                 if agent is None:
                     agent = SEDarwinAgent(config, settings=settings, on_generation=on_generation)

@@ -11,14 +11,17 @@ from typing import Any, Callable, Optional
 import numpy as np
 
 from genesis_fp16.extras import require
+from genesis_fp16.settings import Settings
 from genesis_fp16.telemetry import get_logger
 
 from .evaluation import EvaluationBackend, EvaluationError, make_evaluator
 from .evolve_config import EVOLVE, EvolveConfig
+from .mujoco_log import mujoco_log_for
 from .tasks import Task
 
 async def run_cma_baseline(config: Optional[EvolveConfig] = None, *, task: Optional[Task] = None, evaluator: Optional[EvaluationBackend] = None,
-                           on_generation: Optional[Callable[[dict[str, Any]], None]] = None) -> dict[str, Any]:
+                           on_generation: Optional[Callable[[dict[str, Any]], None]] = None,
+                           settings: Optional[Settings] = None) -> dict[str, Any]:
     """Plain CMA-ES (the ``cma`` package) on real returns under the same
     real-episode budget: each candidate is scored on all training start
     states, exactly the objective the loop's target is defined on. A
@@ -29,7 +32,9 @@ async def run_cma_baseline(config: Optional[EvolveConfig] = None, *, task: Optio
     cfg, resolved = (config or EvolveConfig()).resolve(task)
     log = get_logger("agents.se_darwin", agent="cma_baseline")
     starts = resolved.start_states(cfg.seed)
-    evaluator = evaluator or make_evaluator(resolved, backend=cfg.backend, workers=cfg.workers, timeout_s=cfg.eval_timeout_s, memory_limit_mb=cfg.eval_memory_mb)
+    mujoco_log = mujoco_log_for(settings) if settings is not None else None  # without settings: MuJoCo's own place
+    evaluator = evaluator or make_evaluator(resolved, backend=cfg.backend, workers=cfg.workers, timeout_s=cfg.eval_timeout_s,
+                                            memory_limit_mb=cfg.eval_memory_mb, mujoco_log=mujoco_log)
     started = time.perf_counter()
     es = cma.CMAEvolutionStrategy(np.zeros(resolved.n_params), 0.5, {"seed": cfg.seed + 1, "verbose": -9})
     episodes, env_steps, generation, reached_at = 0, 0, 0, None

@@ -38,6 +38,7 @@ from .cma_baseline import run_cma_baseline
 from .evaluation import Evaluation, EvaluationBackend, EvaluationEnvError, EvaluationError, EvaluationTimeout, Evaluator
 from .evolve_config import EVOLVE, Candidate, EvolveConfig, resumed_config
 from .evolve_report import generation_record, run_report
+from .mujoco_log import mujoco_log_for
 from .run_record import RunRecord
 from .operators import ImagineFn, best_of, make_imagine, pool_failing, propose, recombination, refinement, revision
 from .tasks import ImaginedStarts, Task
@@ -72,7 +73,7 @@ class SEDarwinAgent(RunRecord):
         from genesis_fp16.settings import load_settings
 
         require("gymnasium", EVOLVE)  # real episodes
-        self.config, self.task = (config or EvolveConfig()).resolve(task)
+        self.config, self.task = (config or EvolveConfig()).resolve(task)  # makes the env once: mujoco is loaded if it is MuJoCo
         if self.config.use_world_model:
             require("cma", EVOLVE)  # the operators' search inside the model
         self.settings = settings or load_settings()
@@ -112,7 +113,8 @@ class SEDarwinAgent(RunRecord):
             from .ray_evaluation import RayEvaluator
 
             return RayEvaluator(self.task, workers=cfg.workers, timeout_s=cfg.eval_timeout_s, memory_limit_mb=cfg.eval_memory_mb)
-        return Evaluator(self.task, workers=cfg.workers, timeout_s=cfg.eval_timeout_s, memory_limit_mb=cfg.eval_memory_mb)
+        return Evaluator(self.task, workers=cfg.workers, timeout_s=cfg.eval_timeout_s, memory_limit_mb=cfg.eval_memory_mb,
+                         mujoco_log=mujoco_log_for(self.settings))
 
     def _make_world_model(self) -> WorldModel:
         import torch
