@@ -221,6 +221,7 @@ def _run(ctx: typer.Context, config: Any, settings: Any, *, resume: Optional[str
     from genesis_fp16.storage import StorageError, full_disk
 
     from .evaluation import EvaluationError
+    from .evolve_report import return_set
     from .runs import RunStorageError
     from .se_darwin_agent import SEDarwinAgent, run_cma_baseline
 
@@ -249,8 +250,10 @@ def _run(ctx: typer.Context, config: Any, settings: Any, *, resume: Optional[str
     def on_generation(record: dict[str, Any]) -> None:
         progress.update(task_id, completed=min(record["real_episodes"], budget))
         ops = ",".join(e["operator"] for e in record.get("evaluated", []) if e.get("operator") != "seed") or "-"
+        # a probe's one episode and a full evaluation's mean are not comparable: say which one "best" is
+        measured = f" ({return_set(record['best_full'], record['best_episodes'])})" if record["best_return"] is not None else ""
         progress.console.print(
-            safe_text(f"gen {record['generation']:>2} episodes {record['real_episodes']:>4} best {_fmt(record['best_return'])}"
+            safe_text(f"gen {record['generation']:>2} episodes {record['real_episodes']:>4} best {_fmt(record['best_return'])}{measured}"
                       f" wm_val {_fmt(record.get('wm_val_loss'), '.5f')} {record.get('precision')} {ops}"),
             highlight=False,
         )
@@ -297,13 +300,18 @@ def _run(ctx: typer.Context, config: Any, settings: Any, *, resume: Optional[str
     table = Table(title=safe_text(f"evolve: {report['mode']} on {report['env']}, seed {report['seed']}"))
     table.add_column("metric")
     table.add_column("value", justify="right")
+    n_train, n_heldout = report["train_start_states"], report["heldout_episodes"]
+    heldout = _fmt(report["heldout_return"])
+    if report["target_reached"] and report["heldout_return"] is not None and report["heldout_return"] < report["target"]:
+        heldout += " (below the target, which is judged on the training start states only)"
     rows = [
-        ("target reached", f"{report['target_reached']} (target {report['target']:.0f})"),
+        ("stopped", report["stop_detail"]),
+        ("target reached", f"{report['target_reached']} (target {report['target']:g}: mean return on the {n_train} training start states)"),
         ("real episodes", f"{report['real_episodes']} of {report['budget']}"),
         ("real env steps", str(report["env_steps"])),
         ("episodes to target", str(report["episodes_to_target"]) if report["episodes_to_target"] is not None else "-"),
-        ("train return", _fmt(report["train_return"])),
-        (f"held-out return ({report['heldout_episodes']} start states)", _fmt(report["heldout_return"])),
+        (f"best return, full ({n_train} training start states)", _fmt(report["train_return"])),
+        (f"best return, held-out ({n_heldout} held-out start states)", heldout),
         ("world-model precision", str(report["precision"])),
         ("generations", str(len(report["generations"]))),
         ("wall time (s)", f"{report['wall_s']:.1f}"),

@@ -16,6 +16,7 @@ from genesis_fp16.telemetry import get_logger
 
 from .evaluation import EvaluationBackend, EvaluationError, make_evaluator
 from .evolve_config import EVOLVE, EvolveConfig
+from .evolve_report import stop_detail
 from .mujoco_log import mujoco_log_for
 from .tasks import Task
 
@@ -66,7 +67,8 @@ async def run_cma_baseline(config: Optional[EvolveConfig] = None, *, task: Optio
                     break
             if len(scores) == len(xs):
                 es.tell(xs, [-s if np.isfinite(s) else 1e300 for s in scores])
-            record = {"generation": generation, "real_episodes": episodes, "best_return": best_f, "wm_val_loss": None, "precision": "none"}
+            record = {"generation": generation, "real_episodes": episodes, "best_return": best_f, "best_full": True,
+                      "best_episodes": len(starts.train), "wm_val_loss": None, "precision": "none"}
             generations.append(record)
             log.info("evolve.generation", generation=generation, real_episodes=episodes, best_return=best_f, wm_val_loss=None, precision="none")
             if on_generation is not None:
@@ -75,7 +77,7 @@ async def run_cma_baseline(config: Optional[EvolveConfig] = None, *, task: Optio
         heldout = await asyncio.to_thread(evaluator.evaluate, best_x, starts.heldout) if best_x is not None else None
     finally:
         evaluator.close()
-    return {
+    report = {
         "mode": "cma",
         "env": cfg.env_id,
         "seed": cfg.seed,
@@ -88,6 +90,7 @@ async def run_cma_baseline(config: Optional[EvolveConfig] = None, *, task: Optio
         "train_return": best_f if best_x is not None else None,
         "heldout_return": heldout.mean_return if heldout is not None else None,
         "heldout_episodes": len(starts.heldout),
+        "train_start_states": len(starts.train),
         "precision": "none",
         "wall_s": time.perf_counter() - started,
         "stop_reason": "target" if reached_at is not None else "budget",
@@ -95,3 +98,5 @@ async def run_cma_baseline(config: Optional[EvolveConfig] = None, *, task: Optio
         "failed_candidates": failures,
         "config": asdict(cfg),
     }
+    report["stop_detail"] = stop_detail(report)
+    return report

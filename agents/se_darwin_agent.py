@@ -401,5 +401,5 @@ class SEDarwinAgent(RunRecord):
             env_steps=self.env_steps, failures=self.failures,
             reached_at=reached_at, precision=self._precision(), wall_s=wall_s, stop_reason=stop_reason,
             generations=self.generations, run_id=self.run_id, replay_db=str(self.buffer.path),
-            run_manifest=str(self.manifest_path), resumed_from=self.resumed_from,
+            run_manifest=str(self.manifest_path), resumed_from=self.resumed_from, train_start_states=len(self.starts.train),
         )
