@@ -217,16 +217,16 @@ def _run(ctx: typer.Context, config: Any, settings: Any, *, resume: Optional[str
          precision: Optional[PrecisionMode], no_world_model: bool, budget: int, workers: int, backend: Backend, target: Optional[float],
          policy: Optional[str], episode_steps: Optional[int], torch_threads: int, json_path: Optional[Path]) -> None:
     """The run itself, once its options are checked."""
-    from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
     from rich.table import Table
     from rich.text import Text
 
     from genesis_fp16.checkpoint import CheckpointError, atomic_write_text
-    from genesis_fp16.cli import fail, safe_cells, safe_text, strict_json_value
+    from genesis_fp16.cli import console, fail, out, safe_cells, safe_text, strict_json_value
     from genesis_fp16.storage import StorageError, full_disk
 
     from .evaluation import EvaluationError
+    from .evolve_report import return_set
     from .runs import RunStorageError
     from .se_darwin_agent import SEDarwinAgent, run_cma_baseline
 
@@ -241,7 +241,6 @@ def _run(ctx: typer.Context, config: Any, settings: Any, *, resume: Optional[str
 
     if torch_threads:  # 0: torch's default
         torch.set_num_threads(torch_threads)
-    console = Console(stderr=True)
     mode = "cma" if baseline == Baseline.cma else ("no_world_model" if no_world_model else "full")
     progress = Progress(
         TextColumn(f"[bold]evolve[/] {mode} seed {seed}"),
@@ -257,8 +256,10 @@ def _run(ctx: typer.Context, config: Any, settings: Any, *, resume: Optional[str
     def on_generation(record: dict[str, Any]) -> None:
         progress.update(task_id, completed=min(record["real_episodes"], budget))
         ops = ",".join(e["operator"] for e in record.get("evaluated", []) if e.get("operator") != "seed") or "-"
+        # a probe's one episode and a full evaluation's mean are not comparable: say which one "best" is
+        measured = f" ({return_set(record['best_full'], record['best_episodes'])})" if record["best_return"] is not None else ""
         progress.console.print(
-            safe_text(f"gen {record['generation']:>2} episodes {record['real_episodes']:>4} best {_fmt(record['best_return'])}"
+            safe_text(f"gen {record['generation']:>2} episodes {record['real_episodes']:>4} best {_fmt(record['best_return'])}{measured}"
                       f" wm_val {_fmt(record.get('wm_val_loss'), '.5f')} {record.get('precision')} {ops}"),
             highlight=False,
         )
@@ -266,7 +267,7 @@ def _run(ctx: typer.Context, config: Any, settings: Any, *, resume: Optional[str
     try:
         with _sigterm_as_interrupt(), progress:
             if baseline == Baseline.cma:
-                report = asyncio.run(run_cma_baseline(config, on_generation=on_generation))
+                report = asyncio.run(run_cma_baseline(config, on_generation=on_generation, settings=settings))
             else:
                 if agent is None:
                     agent = SEDarwinAgent(config, settings=settings, on_generation=on_generation)
@@ -305,13 +306,18 @@ def _run(ctx: typer.Context, config: Any, settings: Any, *, resume: Optional[str
     table = Table(title=safe_text(f"evolve: {report['mode']} on {report['env']}, seed {report['seed']}"))
     table.add_column("metric")
     table.add_column("value", justify="right")
+    n_train, n_heldout = report["train_start_states"], report["heldout_episodes"]
+    heldout = _fmt(report["heldout_return"])
+    if report["target_reached"] and report["heldout_return"] is not None and report["heldout_return"] < report["target"]:
+        heldout += " (below the target, which is judged on the training start states only)"
     rows = [
-        ("target reached", f"{report['target_reached']} (target {report['target']:.0f})"),
+        ("stopped", report["stop_detail"]),
+        ("target reached", f"{report['target_reached']} (target {report['target']:g}: mean return on the {n_train} training start states)"),
         ("real episodes", f"{report['real_episodes']} of {report['budget']}"),
         ("real env steps", str(report["env_steps"])),
         ("episodes to target", str(report["episodes_to_target"]) if report["episodes_to_target"] is not None else "-"),
-        ("train return", _fmt(report["train_return"])),
-        (f"held-out return ({report['heldout_episodes']} start states)", _fmt(report["heldout_return"])),
+        (f"best return, full ({n_train} training start states)", _fmt(report["train_return"])),
+        (f"best return, held-out ({n_heldout} held-out start states)", heldout),
         ("world-model precision", str(report["precision"])),
         ("generations", str(len(report["generations"]))),
         ("wall time (s)", f"{report['wall_s']:.1f}"),
@@ -327,9 +333,7 @@ def _run(ctx: typer.Context, config: Any, settings: Any, *, resume: Optional[str
         rows.append(("resumed after", f"generation {origin['generation']}, {origin['real_episodes']} real episodes"))
     for name, value in rows:
         table.add_row(*safe_cells(name, value))
-    from rich.console import Console as _C
-
-    _C().print(table)
+    out.print(table)
     if json_path is not None:
         # strict JSON: a candidate lost to a timeout scores -inf, written as "-inf"
         try:

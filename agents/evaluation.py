@@ -21,6 +21,7 @@ from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable, Optional, Protocol, Sequence, TypeVar, Union
 
 import numpy as np
@@ -115,12 +116,14 @@ def default_task() -> ResolvedTask:
 
 
 def make_evaluator(
-    task: ResolvedTask, *, backend: str = "process", workers: int = 2, timeout_s: float = 60.0, memory_limit_mb: Optional[int] = 2048
+    task: ResolvedTask, *, backend: str = "process", workers: int = 2, timeout_s: float = 60.0, memory_limit_mb: Optional[int] = 2048,
+    mujoco_log: Optional[Path] = None,
 ) -> EvaluationBackend:
     """The evaluator ``backend`` names: 'process' (a local spawn pool) or 'ray'
-    (tasks on the Ray cluster this process is connected to)."""
+    (tasks on the Ray cluster this process is connected to). ``mujoco_log``:
+    see :class:`Evaluator` (the process pool only)."""
     if backend == "process":
-        return Evaluator(task, workers=workers, timeout_s=timeout_s, memory_limit_mb=memory_limit_mb)
+        return Evaluator(task, workers=workers, timeout_s=timeout_s, memory_limit_mb=memory_limit_mb, mujoco_log=mujoco_log)
     if backend == "ray":
         from .ray_evaluation import RayEvaluator
 
@@ -142,7 +145,9 @@ class SingleEvaluation:
 
 class Evaluator(SingleEvaluation):
     """``evaluate(params, states)`` runs one real episode per start state of
-    ``task`` (default: the built-in Pendulum task), split over ``workers`` processes."""
+    ``task`` (default: the built-in Pendulum task), split over ``workers`` processes.
+    ``mujoco_log``: the file the workers' MuJoCo warnings go to (default: MuJoCo's
+    own, ``MUJOCO_LOG.TXT`` in the working directory)."""
 
     def __init__(
         self,
@@ -150,6 +155,7 @@ class Evaluator(SingleEvaluation):
         workers: int = 2,
         timeout_s: float = 60.0,
         memory_limit_mb: Optional[int] = 2048,
+        mujoco_log: Optional[Path] = None,
     ) -> None:
         check_limits(workers, timeout_s, memory_limit_mb)
         require("gymnasium", "real episodes of the evolution loop")  # here, not in the workers: they never import torch
@@ -158,6 +164,7 @@ class Evaluator(SingleEvaluation):
         self.workers = workers
         self.timeout_s = timeout_s
         self.memory_limit_mb = memory_limit_mb
+        self.mujoco_log = mujoco_log
         self._pool: Optional[ProcessPoolExecutor] = None
         self._spawner: Optional[ThreadPoolExecutor] = None
         self._lock = threading.Lock()
@@ -169,7 +176,7 @@ class Evaluator(SingleEvaluation):
                 max_workers=self.workers,
                 mp_context=multiprocessing.get_context("spawn"),
                 initializer=init_worker,
-                initargs=(self.memory_limit_mb, os.getpid()),
+                initargs=(self.memory_limit_mb, os.getpid(), None if self.mujoco_log is None else str(self.mujoco_log)),
             )
         return self._pool
 

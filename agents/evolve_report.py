@@ -25,6 +25,7 @@ def generation_record(
         "real_episodes": real_episodes,
         "best_return": best.real_return if best else None,
         "best_full": bool(best.full) if best else False,
+        "best_episodes": best.real_episodes if best else 0,  # 1 for a probe, the training start states for a full evaluation
         "evaluated": [{"id": c.id, "operator": c.operator, "imagined": c.imagined, "real_return": c.real_return} for c in evaluated],
         "proposals": proposals,
         "wm_val_loss": wm_report.val_loss if wm_report else None,
@@ -42,9 +43,9 @@ def run_report(
     cfg: EvolveConfig, *, best: Optional[Candidate], heldout: Optional[Evaluation], heldout_episodes: int, real_episodes: int,
     env_steps: int, failures: list[dict[str, Any]],
     reached_at: Optional[int], precision: str, wall_s: float, stop_reason: str, generations: list[dict[str, Any]],
-    run_id: str, replay_db: str, run_manifest: str, resumed_from: Optional[dict[str, Any]],
+    run_id: str, replay_db: str, run_manifest: str, resumed_from: Optional[dict[str, Any]], train_start_states: int,
 ) -> dict[str, Any]:
-    return {
+    report = {
         "mode": "full" if cfg.use_world_model else "no_world_model",
         "env": cfg.env_id,
         "seed": cfg.seed,
@@ -57,6 +58,7 @@ def run_report(
         "train_return": best.real_return if best and best.full else None,
         "heldout_return": heldout.mean_return if heldout is not None else None,
         "heldout_episodes": heldout_episodes,
+        "train_start_states": train_start_states,
         "best_candidate": {"id": best.id, "operator": best.operator, "params": [float(v) for v in best.params]} if best else None,
         "precision": precision,
         "wall_s": wall_s,
@@ -70,3 +72,25 @@ def run_report(
         "resumed_from": resumed_from,
         "config": asdict(cfg),
     }
+    report["stop_detail"] = stop_detail(report)
+    return report
+
+
+def return_set(full: bool, episodes: int, train_start_states: Optional[int] = None) -> str:
+    """Which set a real return was measured on, in words: a probe is one
+    episode on one start state; a full evaluation covers the training start states."""
+    if not full:
+        return f"probe: {episodes} episode on 1 start state" if episodes == 1 else f"probe: {episodes} episodes"
+    return f"full: {train_start_states or episodes} training start states"
+
+
+def stop_detail(report: dict[str, Any]) -> str:
+    """Why the run stopped, in one sentence, from its report (``stop_reason``
+    is the machine-readable word: ``target`` or ``budget``)."""
+    n_train = report["train_start_states"]
+    if report["stop_reason"] == "target":
+        reached = "-" if report["train_return"] is None else f"{report['train_return']:.1f}"
+        return (f"target reached on the {n_train} training start states: mean return {reached} >= "
+                f"{report['target']:g} after {report['episodes_to_target']} real episodes")
+    return (f"budget spent: {report['real_episodes']} of {report['budget']} real episodes used, and another full evaluation "
+            f"needs {n_train}; target {report['target']:g} not reached on the training start states")

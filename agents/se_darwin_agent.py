@@ -39,6 +39,7 @@ from .cma_baseline import run_cma_baseline
 from .evaluation import Evaluation, EvaluationBackend, EvaluationEnvError, EvaluationError, EvaluationTimeout, Evaluator
 from .evolve_config import EVOLVE, Candidate, EvolveConfig, resumed_config
 from .evolve_report import generation_record, run_report
+from .mujoco_log import mujoco_log_for
 from .run_record import RunRecord
 from .operators import ImagineFn, best_of, make_imagine, pool_failing, propose, recombination, refinement, revision
 from .tasks import ImaginedStarts, Task
@@ -73,7 +74,7 @@ class SEDarwinAgent(RunRecord):
         from genesis_fp16.settings import load_settings
 
         require("gymnasium", EVOLVE)  # real episodes
-        self.config, self.task = (config or EvolveConfig()).resolve(task)
+        self.config, self.task = (config or EvolveConfig()).resolve(task)  # makes the env once: mujoco is loaded if it is MuJoCo
         if self.config.use_world_model:
             require("cma", EVOLVE)  # the operators' search inside the model
         self.settings = settings or load_settings()
@@ -113,7 +114,8 @@ class SEDarwinAgent(RunRecord):
             from .ray_evaluation import RayEvaluator
 
             return RayEvaluator(self.task, workers=cfg.workers, timeout_s=cfg.eval_timeout_s, memory_limit_mb=cfg.eval_memory_mb)
-        return Evaluator(self.task, workers=cfg.workers, timeout_s=cfg.eval_timeout_s, memory_limit_mb=cfg.eval_memory_mb)
+        return Evaluator(self.task, workers=cfg.workers, timeout_s=cfg.eval_timeout_s, memory_limit_mb=cfg.eval_memory_mb,
+                         mujoco_log=mujoco_log_for(self.settings))
 
     def _make_world_model(self) -> WorldModel:
         import torch
@@ -401,5 +403,5 @@ class SEDarwinAgent(RunRecord):
             env_steps=self.env_steps, failures=self.failures,
             reached_at=reached_at, precision=self._precision(), wall_s=wall_s, stop_reason=stop_reason,
             generations=self.generations, run_id=self.run_id, replay_db=str(self.buffer.path),
-            run_manifest=str(self.manifest_path), resumed_from=self.resumed_from,
+            run_manifest=str(self.manifest_path), resumed_from=self.resumed_from, train_start_states=len(self.starts.train),
         )

@@ -26,6 +26,7 @@ import signal
 import sys
 import threading
 import time
+from pathlib import Path
 from typing import Optional
 
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
@@ -33,11 +34,16 @@ ORPHAN_EXIT_CODE = 1
 WATCH_INTERVAL_S = 0.5
 
 
-def init_worker(memory_limit_mb: Optional[int], parent_pid: int) -> None:
+def init_worker(memory_limit_mb: Optional[int], parent_pid: int, mujoco_log: Optional[str] = None) -> None:
     """Pool initializer: die with ``parent_pid`` (the process that started
     this worker), then cap the memory. The watch thread starts before the cap,
-    so its stack is part of the measured baseline."""
+    so its stack is part of the measured baseline. ``mujoco_log``: where
+    MuJoCo's warnings go (``agents.mujoco_log``), for a task whose env is MuJoCo."""
     die_with_parent(parent_pid)
+    if mujoco_log is not None:
+        from .mujoco_log import route_mujoco_log
+
+        route_mujoco_log(Path(mujoco_log))
     limit_worker_memory(memory_limit_mb)
 
 

@@ -16,7 +16,6 @@ from importlib import metadata
 from typing import Any, Optional
 
 import typer
-from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
@@ -25,6 +24,7 @@ from .extras import MissingExtraError
 from .packages import shadowed
 from .checkpoint import strict_json_value  # re-exported: the CLIs import it from here
 from .telemetry import set_console_level, visible_controls
+from .terminal import make_console
 
 COMMAND_GROUP = "genesis_fp16.commands"
 
@@ -35,8 +35,8 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-console = Console(stderr=True, soft_wrap=True)
-out = Console()
+console = make_console(stderr=True)  # progress, logs, errors
+out = make_console()  # results
 
 
 def safe_text(value: Any, style: str = "") -> Text:

@@ -6,11 +6,12 @@ from pathlib import Path
 from typing import Any, Optional
 
 import typer
-from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-out = Console()
+from .terminal import make_console
+
+out = make_console()
 
 profiles_app = typer.Typer(help="Per-agent tuning profiles.", no_args_is_help=True)
 rollout_app = typer.Typer(help="Per-agent rollout ledger: off -> shadow -> on, rolled_back.", no_args_is_help=True)
@@ -188,7 +189,9 @@ def rollout_history(
 
 
 def tune(
-    events: Path = typer.Option(..., "--events", help="JSON-lines event log, e.g. <state_dir>/events.jsonl."),
+    events: Optional[Path] = typer.Option(
+        None, "--events", help="JSON-lines event log (default: <state_dir>/events.jsonl, where every command writes its events)."
+    ),
     rotated: bool = typer.Option(
         True, "--rotated/--no-rotated", help="Also read its rotated files EVENTS.1, EVENTS.2, ... (oldest first)."
     ),
@@ -205,10 +208,13 @@ def tune(
 
     settings = _settings()
     path = profiles or settings.effective_profiles_file
+    if events is None:
+        events = settings.events_path
     try:
         proposals = propose(read_events(events, include_rotated=rotated), settings=settings, profiles_path=path)
     except FileNotFoundError as exc:
-        raise fail(f"{exc}; expected the JSON-lines event log (default <state_dir>/events.jsonl)")
+        raise fail(f"{exc}; expected the JSON-lines event log that training writes (default <state_dir>/events.jsonl, "
+                   "GENESIS_FP16_STATE_DIR sets the state dir): train first, or name a log with --events FILE")
     except (ValueError, ProfileError) as exc:
         raise fail(str(exc))
     applied = None
@@ -257,8 +263,13 @@ def drill(
     if json_path is not None:
         atomic_write_text(json_path, json.dumps(report, indent=2, default=str) + "\n")
     failed = [s["name"] for s in report["scenarios"] if not s["passed"]]
-    out.print(safe_text(f"drill {'passed' if not failed else 'FAILED: ' + ', '.join(failed)} in {report['seconds']:.1f}s"
-                        + (f"; scratch dir {report['state_dir']}" if report["state_dir"] else "")))
+    total = len(report["scenarios"])
+    verdict = f"passed: {total} of {total}" if not failed else f"FAILED: {', '.join(failed)} ({len(failed)} of {total})"
+    if report["state_dir"]:
+        where = f"the injected faults' events are in {Path(report['state_dir']) / 'events.jsonl'}"
+    else:
+        where = "the injected faults' events went to the scratch event log, removed with it (--keep keeps it)"
+    out.print(safe_text(f"drill {verdict} scenarios in {report['seconds']:.1f}s; {where}"), highlight=False)
     if failed:
         raise typer.Exit(1)
 

@@ -243,9 +243,15 @@ def set_console_level(level: Optional[LogLevel]) -> None:
         configure_logging(force=True)
 
 
-def configure_logging(settings: Optional[Settings] = None, *, force: bool = False) -> None:
+# above every level: a console filter at this level lets nothing through
+_SILENT = logging.CRITICAL + 10
+
+
+def configure_logging(settings: Optional[Settings] = None, *, force: bool = False, quiet_console: bool = False) -> None:
     """Configure structlog once per process (``force`` re-configures, e.g. after
-    the state dir changed)."""
+    the state dir changed). ``quiet_console``: events go to the event log only,
+    unless the command line asked for them (``-v``); for faults injected on
+    purpose (the drill), which would read as real trouble on a terminal."""
     from .settings import load_settings
 
     with _LOCK:
@@ -253,8 +259,9 @@ def configure_logging(settings: Optional[Settings] = None, *, force: bool = Fals
             return
         settings = settings or load_settings()
         file_level = getattr(logging, settings.log_level.value)
-        shown = console_level(settings)
-        screen_level = getattr(logging, shown.value)
+        asked = _CONSOLE_OVERRIDE["level"]
+        shown: Optional[LogLevel] = asked if quiet_console else console_level(settings)
+        screen_level = _SILENT if shown is None else getattr(logging, shown.value)
         console: list[Any]
         if settings.log_format == LogFormat.JSON:
             console = [structlog.processors.JSONRenderer(default=_jsonable)]
@@ -275,7 +282,7 @@ def configure_logging(settings: Optional[Settings] = None, *, force: bool = Fals
             cache_logger_on_first_use=False,
         )
         _CONFIGURED.clear()
-        _CONFIGURED.update(events_path=settings.events_path, level=settings.log_level.value, console_level=shown.value)
+        _CONFIGURED.update(events_path=settings.events_path, level=settings.log_level.value, console_level=shown.value if shown else None)
 
 
 def get_logger(name: str = "genesis_fp16", **bound: Any) -> Any:

@@ -73,3 +73,15 @@ class Vanishing(Drift):
 
 def vanishing() -> gym.Env:
     return Vanishing()
+
+
+def mujoco_warning() -> int:
+    """Step a one-joint MuJoCo model with a NaN velocity: MuJoCo warns (an
+    unstable simulation) and logs it. Returns how often it warned."""
+    import mujoco
+
+    model = mujoco.MjModel.from_xml_string('<mujoco><worldbody><body><joint type="hinge"/><geom size="0.1"/></body></worldbody></mujoco>')
+    data = mujoco.MjData(model)
+    data.qvel[:] = np.nan
+    mujoco.mj_step(model, data)
+    return int(data.warning[mujoco.mjtWarning.mjWARN_BADQVEL].number)

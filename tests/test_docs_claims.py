@@ -29,16 +29,17 @@ def test_profiles_example_copy_command_works_on_a_fresh_clone(tmp_path):
     assert (tmp_path / ".genesis_fp16" / "profiles.toml").is_file()
 
 
-def test_readme_tune_line_is_a_working_invocation(state_dir, monkeypatch):
+def test_readme_tune_line_is_a_working_invocation(state_dir):
     line = next(l for l in (REPO / "README.md").read_text(encoding="utf-8").splitlines() if l.startswith("genesis-fp16 tune"))
-    args = shlex.split(line.split("#")[0].replace("[--apply]", ""))[1:]
-    assert args[:2] == ["tune", "--events"]
+    synopsis = line.split("#")[0]
+    assert "[--events F]" in synopsis and "default <state_dir>/events.jsonl" in line
+    args = shlex.split(re.sub(r"\[[^\]]*\]", "", synopsis))[1:]  # the optional parts left out
+    assert args == ["tune"]
     events = state_dir / "events.jsonl"
     events.write_text(json.dumps({"event": "trainer.scale_changed", "level": "info"}) + "\n", encoding="utf-8")
-    monkeypatch.chdir(state_dir.parent)
-    args[2] = str(events)  # the README's path is relative to the default state dir
     result = CliRunner().invoke(app, [*args, "--json"])
     assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["events"] == str(events)  # the state dir's log, as the README says
 
 
 def test_auto_is_fp32_on_avx512_bf16_without_amx_as_documented(monkeypatch):

@@ -4,24 +4,43 @@ the command, and the real state dir is left alone."""
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
 
 from typer.testing import CliRunner
 
 from genesis_fp16 import drill as drill_mod
 from genesis_fp16.cli import app
 from genesis_fp16.drill import ScenarioResult, run_drill
+from genesis_fp16.telemetry import read_events
 
 runner = CliRunner()
 NAMES = {"nan_storm", "overflow_storm", "overflow_warning", "killed_while_saving",
          "rollback_survives_restart", "kill_switch", "silent_degradation", "healthy_control", "events_recorded"}
 
 
-def test_drill_command_passes_and_writes_json(state_dir, tmp_path, monkeypatch):
-    monkeypatch.setenv("ENABLE_FP16_TRAINING", "false")  # the drill rehearses rollback even under the kill switch
+def test_drill_command_passes_quietly_and_writes_json(state_dir, tmp_path):
+    # a real process, as a user runs it: every line it prints, stdout and stderr
+    env = {**os.environ, "ENABLE_FP16_TRAINING": "false"}  # the drill rehearses rollback even under the kill switch
     out = tmp_path / "out.json"
-    result = runner.invoke(app, ["drill", "--json", str(out)])
-    assert result.exit_code == 0, result.output
+    proc = subprocess.run([sys.executable, "-m", "genesis_fp16.cli", "drill", "--keep", "--json", str(out)],
+                          env=env, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
     report = json.loads(out.read_text())
+    scratch = Path(report["state_dir"])
+    try:
+        lines = (proc.stdout + proc.stderr).splitlines()
+        assert len(lines) <= 15 and len(lines) == len(NAMES) + 1, lines  # one per scenario and the summary
+        assert not any("[warning" in line or "[error" in line for line in lines), lines
+        assert lines[-1].startswith("drill passed: 9 of 9 scenarios") and str(scratch / "events.jsonl") in lines[-1]
+        # the injected faults' events are not lost, only kept off the terminal
+        logged = {e["event"] for e in read_events(scratch / "events.jsonl")}
+        assert {"guard.rollback", "trainer.nonfinite_streak", "trainer.step_skipped"} <= logged
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
     assert report["passed"] is True
     assert {s["name"] for s in report["scenarios"]} == NAMES
     assert all(s["passed"] is True for s in report["scenarios"])
@@ -40,7 +59,8 @@ def test_failing_scenario_fails_the_command(state_dir, monkeypatch):
     monkeypatch.setattr(drill_mod.Drill, "scenarios", lambda self: [("kill_switch", self.kill_switch), ("overflow_storm", self.overflow_storm)])
     result = runner.invoke(app, ["drill"])
     assert result.exit_code == 1
-    assert "FAILED: kill_switch" in result.stdout
+    assert "FAIL kill_switch (" in result.stdout and "broken" in result.stdout  # which one, and what it saw
+    assert "drill FAILED: kill_switch (1 of 2)" in result.stdout
 
 
 def test_crashing_scenario_is_reported_not_raised(tmp_path, monkeypatch):

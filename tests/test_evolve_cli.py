@@ -93,7 +93,16 @@ def test_tiny_run_writes_json_report(tiny, tmp_path, state_dir):
     assert report["real_episodes"] == 24 and report["seed"] == 1 and report["precision"] == "bf16"
     assert [g["generation"] for g in report["generations"]] == [0, 1]
     assert all(isinstance(g["wm_val_loss"], float) for g in report["generations"])
-    assert "held-out return" in result.output and "gen  1 episodes" in result.output
+    assert "held-out" in result.stdout and "gen  1 episodes" in result.stderr
+    # every return says which set it is on, and the run says why it stopped
+    gen0, gen1 = [line for line in result.stderr.splitlines() if line.startswith("gen ")]
+    assert "(probe: 1 episode on 1 start state)" in gen0 and "(full: 16 training start states)" in gen1
+    assert report["generations"][0]["best_full"] is False and report["generations"][1]["best_episodes"] == 16
+    assert report["train_start_states"] == 16 and report["stop_reason"] == "budget"
+    assert report["stop_detail"].startswith("budget spent: 24 of 24 real episodes used")
+    assert report["stop_detail"] in result.stdout
+    assert "best return, full (16 training start states)" in result.stdout
+    assert "best return, held-out (20 held-out start states)" in result.stdout
     assert Path(report["replay_db"]).is_file() and Path(report["replay_db"]).parent == state_dir
 
 
@@ -125,6 +134,7 @@ def test_cma_baseline_reports_same_keys(tiny, tmp_path):
     for key in REPORT_KEYS:
         assert key in report
     assert report["mode"] == "cma" and report["real_episodes"] == 32 and report["target_reached"] is False
+    assert report["stop_detail"].startswith("budget spent: 32 of 32") and "(full: 16 training start states)" in result.stderr
 
 
 class InterruptOnFullEvaluation(Evaluator):

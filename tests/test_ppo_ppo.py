@@ -239,7 +239,8 @@ def test_cli_ppo_json_and_bad_input(tmp_path):
     assert len(warning) == 1 and warning[0].startswith("warning:") and "optimizations.precision" in warning[0]
     for line in ("vectorized envs", "AMP", "torch.compile", "pinned memory", "batched inference", "action repeat"):
         assert line in res.output
-    assert "evaluation: mean return" in res.output
+    assert "evaluation return (2 deterministic episodes)" in res.stdout  # the result on stdout, the progress on stderr
+    assert "note:" not in res.stderr  # 128 steps are two whole rollouts of 2 x 32: nothing rounded
     data = json.loads(out.read_text())
     for key in ("env_steps_per_s", "eval_return", "wall_s", "optimizations", "env_stepping_s", "inference_s", "update_s"):
         assert key in data
@@ -249,6 +250,32 @@ def test_cli_ppo_json_and_bad_input(tmp_path):
     assert bad.exit_code == 2 and "precision" in bad.output and "fp32, fp16, bf16" in bad.output
     missing = runner.invoke(app, ["ppo", "--config", str(tmp_path / "nope.yaml")])
     assert missing.exit_code == 2 and "not found" in missing.output
+
+
+def test_cli_ppo_says_up_front_what_it_trains_and_puts_the_result_on_stdout():
+    from typer.testing import CliRunner
+
+    from genesis_fp16.cli import app
+
+    args = ["ppo", "--env", "CartPole-v1", "--total-steps", "100", "--seed", "2", "--set", "num_envs=2", "--set", "num_steps=32",
+            "--set", "minibatch_size=32", "--set", "eval_episodes=1", "--set", "optimizations.vec_env=sync"]
+    res = CliRunner().invoke(app, args)
+    assert res.exit_code == 0, res.output
+    notes = [line for line in res.stderr.splitlines() if line.startswith("note:")]
+    assert len(notes) == 1 and "asked for 100 env steps, runs 64 = 1 rollout(s) of 2 envs x 32 steps" in notes[0]
+    assert res.stderr.index("note:") < res.stderr.index("optimization")  # said before training starts
+    trained = [line for line in res.stdout.splitlines() if "env steps trained" in line]
+    assert len(trained) == 1 and "64 (asked 100)" in trained[0]
+    assert "evaluation return (1 deterministic episodes)" in res.stdout and "note:" not in res.stdout
+
+
+def test_steps_note_rounds_to_whole_rollouts_with_action_repeat():
+    cfg = load_config(None, total_steps=20_000, env_id="CartPole-v1")
+    assert (cfg.steps_to_run, cfg.num_iterations) == (19_456, 19)
+    assert "asked for 20,000 env steps, runs 19,456 = 19 rollout(s) of 8 envs x 128 steps" in cfg.steps_note()
+    assert load_config(None, total_steps=20_480, env_id="CartPole-v1").steps_note() is None
+    small = load_config(None, ["optimizations.action_repeat=2"], total_steps=100, env_id="CartPole-v1")
+    assert small.steps_to_run == 2048 and "x action_repeat 2" in small.steps_note() and "rounded up" in small.steps_note()
 
 
 def test_joint_towers_equal_two_separate_mlps():

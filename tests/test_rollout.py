@@ -234,3 +234,17 @@ def test_stage_changed_event_carries_the_history_row(state_dir):
     events = [e for e in telemetry.read_events(state_dir / "events.jsonl") if e["event"] == "rollout.stage_changed"]
     fields = {k: events[-1][k] for k in ("agent", "from_stage", "to_stage", "actor", "reason", "severity")}
     assert fields == {k: entry[k] for k in fields} and events[-1]["ledger"] == str(ledger.path)
+
+
+def test_cli_status_piped_shows_whole_timestamps_and_reasons(state_dir):
+    # piped, not a terminal: rich would otherwise fit the table into 80 columns and cut the time
+    reason = "a reason long enough to push the table well past eighty columns on its own"
+    ledger = RolloutLedger.from_settings(load_settings())
+    ledger.enable("agent_with_a_rather_long_name", shadow=True, reason=reason)
+    since = ledger.status()[0]["since"]
+    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
+    proc = subprocess.run([sys.executable, "-m", "genesis_fp16.cli", "rollout", "status"], env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    (row,) = [line for line in proc.stdout.splitlines() if "agent_with_a_rather_long_name" in line]
+    assert since in row and reason in row and len(since) >= len("2026-01-01T00:00:00")

@@ -71,6 +71,22 @@ def test_info_goes_to_the_file_but_not_to_the_terminal_by_default(state_dir, cap
     assert _names(state_dir / "events.jsonl") == ["test.quiet", "test.loud"]
 
 
+def test_quiet_console_keeps_errors_in_the_file_only_unless_verbose(state_dir, capsys):
+    try:
+        telemetry.configure_logging(load_settings(), force=True, quiet_console=True)
+        telemetry.get_logger("t").error("injected.fault")
+        assert "injected.fault" not in capsys.readouterr().err
+        telemetry.set_console_level(telemetry.LogLevel.INFO)  # -v: the caller asked to see them
+        telemetry.configure_logging(load_settings(), force=True, quiet_console=True)
+        telemetry.get_logger("t").info("asked.for")
+        assert "asked.for" in capsys.readouterr().err
+    finally:
+        telemetry.set_console_level(None)
+        telemetry.configure_logging(force=True)
+    names = [e["event"] for e in telemetry.read_events(state_dir / "events.jsonl")]
+    assert "injected.fault" in names and "asked.for" in names
+
+
 def test_console_level_setting_shows_info(state_dir, capsys, monkeypatch):
     monkeypatch.setenv("GENESIS_FP16_CONSOLE_LOG_LEVEL", "info")
     telemetry.configure_logging(force=True)

@@ -171,6 +171,16 @@ def test_cli_tune_json_and_apply(state_dir):
     assert load_profiles(state_dir / "profiles.toml").agents["noisy"].values["growth_interval"] == 4000
 
 
+def test_cli_tune_reads_the_state_dirs_event_log_by_default(state_dir, monkeypatch):
+    r = runner.invoke(app, ["tune"])  # nothing trained yet: no log
+    assert r.exit_code == 2 and str(state_dir / "events.jsonl") in r.output and "--events FILE" in r.output
+    _fp16_run_with_overflows("noisy", every=4)
+    r = runner.invoke(app, ["tune", "--json"])
+    assert r.exit_code == 0, r.output
+    data = json.loads(r.stdout)
+    assert data["events"] == str(state_dir / "events.jsonl") and data["proposals"][0]["agent"] == "noisy"
+
+
 def test_cli_tune_bad_input(state_dir, tmp_path):
     r = runner.invoke(app, ["tune", "--events", str(tmp_path / "missing.jsonl")])
     assert r.exit_code == 2 and "does not exist" in r.output

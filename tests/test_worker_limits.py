@@ -167,3 +167,24 @@ def test_workers_outlive_the_thread_that_asked_for_them():
         again = evaluator.evaluate(params, states)  # the same workers, still there
         assert again.returns == first[0].returns
         assert all(is_alive(p) for p in workers)
+
+
+@pytest.mark.parametrize("routed", [True, False])
+def test_a_workers_mujoco_warnings_go_to_the_routed_log_not_the_cwd(tmp_path, monkeypatch, routed):
+    pytest.importorskip("mujoco")
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    import task_envs
+
+    cwd, log = tmp_path / "cwd", tmp_path / "state" / "MUJOCO_LOG.TXT"
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)  # the spawned worker starts here, as evolve's workers start in the user's directory
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"), initializer=worker_limits.init_worker,
+                             initargs=(None, os.getpid(), str(log) if routed else None)) as pool:
+        assert pool.submit(task_envs.mujoco_warning).result(timeout=120) == 1
+    stray = cwd / "MUJOCO_LOG.TXT"
+    if routed:
+        assert "QVEL" in log.read_text() and not stray.exists()
+    else:  # MuJoCo's own default, which the routing exists to avoid
+        assert stray.exists() and not log.exists()

@@ -24,13 +24,12 @@ def ppo(
     checkpoint: Optional[Path] = typer.Option(None, "--checkpoint", help="Save the final trainer checkpoint here."),
 ) -> None:
     """Train PPO: prints the optimization summary, progress (env steps/s, mean return) and a 20-episode deterministic evaluation."""
-    from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
     from rich.table import Table
     from rich.text import Text
 
     from genesis_fp16.checkpoint import CheckpointError, atomic_write_text
-    from genesis_fp16.cli import fail, load_settings_or_exit, safe_cells, safe_text
+    from genesis_fp16.cli import console, fail, load_settings_or_exit, out, safe_cells, safe_text
     from genesis_fp16.storage import StorageError, check_output_path
     from .config import ConfigError, load_config
     from .ppo import PPO
@@ -42,7 +41,6 @@ def ppo(
                 check_output_path(path, flag)
     except StorageError as exc:
         raise fail(str(exc))
-    console = Console(stderr=True)
     if config is None and Path("configs/base.yaml").exists():
         config = Path("configs/base.yaml")
     if config is not None and not config.exists():
@@ -55,6 +53,9 @@ def ppo(
         raise fail(str(exc))
     for warning in caught:  # e.g. a deprecated key: one line each, not a source-line dump
         console.print(Text.assemble(("warning:", "yellow"), " ", safe_text(str(warning.message))), soft_wrap=True)
+    note = cfg.steps_note()
+    if note is not None:  # before training, not discovered in the result
+        console.print(Text.assemble(("note:", "yellow"), " ", safe_text(note)), soft_wrap=True)
     try:
         learner = PPO(cfg)
     except ValueError as exc:
@@ -75,7 +76,7 @@ def ppo(
             TextColumn("{task.fields[sps]} steps/s"), TextColumn("return {task.fields[ret]}"), TimeElapsedColumn(),
             console=console, transient=False,
         ) as progress:
-            task = progress.add_task("train", total=cfg.num_iterations * cfg.batch_size * cfg.optimizations.action_repeat, sps="-", ret="-")
+            task = progress.add_task("train", total=cfg.steps_to_run, sps="-", ret="-")
 
             def on_iteration(rec: dict) -> None:
                 ret = rec["mean_return"]
@@ -94,14 +95,25 @@ def ppo(
         learner.close()
     split = result.time_split_s
     total = sum(split.values()) or 1.0
-    console.print(
-        f"trained {result.env_steps} env steps in {result.wall_s:.1f} s: [bold]{result.env_steps_per_s:,.0f} env steps/s[/] "
-        + "(" + ", ".join(f"{k} {v:.1f} s ({100 * v / total:.0f}%)" for k, v in split.items()) + ")"
-    )
+    # the result, on stdout like every command's; progress and notes above went to stderr
+    summary = Table(title=safe_text(f"PPO {cfg.env_id}, seed {cfg.seed}: result"))
+    summary.add_column("metric")
+    summary.add_column("value")
+    rows = [
+        ("env steps trained", f"{result.env_steps:,}" + (f" (asked {cfg.total_steps:,})" if result.env_steps != cfg.total_steps else "")),
+        ("rollouts", f"{result.iterations} of {cfg.num_envs} envs x {cfg.num_steps} steps each"),
+        ("wall time (s)", f"{result.wall_s:.1f}"),
+        ("env steps/s", f"{result.env_steps_per_s:,.0f}"),
+        ("time split", ", ".join(f"{k} {v:.1f} s ({100 * v / total:.0f}%)" for k, v in split.items())),
+    ]
     if result.eval_return is not None:
-        console.print(f"evaluation: mean return [bold]{result.eval_return:.1f}[/] over {len(result.eval_returns)} deterministic episodes")
+        rows.append((f"evaluation return ({len(result.eval_returns)} deterministic episodes)", f"{result.eval_return:.1f}"))
+    for name, value in rows:
+        summary.add_row(*safe_cells(name, value))
+    out.print(summary)
     if json_path is not None:
         data = result.as_dict()
+        data["total_steps_asked"] = cfg.total_steps
         data["time_split_s"] = split
         data["env_stepping_s"], data["inference_s"], data["update_s"] = split["env"], split["inference"], split["update"]
         try:

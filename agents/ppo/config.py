@@ -139,6 +139,24 @@ class PPOConfig:
         per = self.batch_size * self.optimizations.action_repeat
         return max(1, self.total_steps // per)
 
+    @property
+    def steps_to_run(self) -> int:
+        """The environment steps training runs: whole rollouts only, at least one."""
+        return self.num_iterations * self.batch_size * self.optimizations.action_repeat
+
+    def steps_note(self) -> Optional[str]:
+        """One line when :attr:`steps_to_run` is not ``total_steps``: what was
+        asked, what runs and why; ``None`` when they agree."""
+        if self.steps_to_run == self.total_steps:
+            return None
+        repeat = self.optimizations.action_repeat
+        rollout = f"{self.num_envs} envs x {self.num_steps} steps" + (f" x action_repeat {repeat}" if repeat > 1 else "")
+        per = self.batch_size * repeat
+        way = "down" if self.steps_to_run < self.total_steps else "up"
+        return (f"asked for {self.total_steps:,} env steps, runs {self.steps_to_run:,} = {self.num_iterations} rollout(s) of "
+                f"{rollout}: PPO updates on whole rollouts, so the total is rounded {way} to a multiple of {per:,} "
+                "(ask for such a multiple, or change num_envs/num_steps, to train exactly what you ask)")
+
     def validate(self) -> "PPOConfig":
         _int("training.num_envs", self.num_envs, 1)
         _int("training.num_steps", self.num_steps, 1)

@@ -35,8 +35,10 @@ class Drill:
         self.state_dir = Path(state_dir)
         self.settings = self._settings()
         # structlog loggers bind their configuration when created: point the
-        # event log at the scratch dir before the ledger makes its logger
-        telemetry.configure_logging(self.settings, force=True)
+        # event log at the scratch dir before the ledger makes its logger. The
+        # faults are injected on purpose: their events go to that log, not to
+        # the terminal, where they would read as real trouble
+        telemetry.configure_logging(self.settings, force=True, quiet_console=True)
         self.ledger = RolloutLedger.from_settings(self.settings)
         self.batch = drill_data()
 

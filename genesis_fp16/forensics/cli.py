@@ -167,11 +167,13 @@ def _lengths(first: str, extra: list[str]) -> list[int]:
     return values
 
 
-def _print_rows(rows: list[dict], columns: list[str]) -> None:
-    from rich.console import Console
+def _print_rows(rows: list[dict], columns: list[str], json_out: Optional[Path]) -> None:
+    """The rows as a table: on stdout, the result, when the JSON goes to a
+    file; on stderr when the JSON itself is printed, so stdout stays one JSON
+    document a pipe can parse."""
     from rich.table import Table
 
-    from ..cli import safe_cells
+    from ..cli import console, out, safe_cells
     from .analyze import _fmt
 
     table = Table()
@@ -179,7 +181,7 @@ def _print_rows(rows: list[dict], columns: list[str]) -> None:
         table.add_column(c)
     for r in rows:
         table.add_row(*safe_cells(*[_fmt(r.get(c)) for c in columns]))
-    Console(stderr=True).print(table)
+    (out if json_out is not None else console).print(table)
 
 
 SHORT = ["config", "seq_len", "kl_fp64", "kl_penalty_mean", "kl_abs_err", "log_ratio_near_zero_frac", "reward_tie_rate", "reward_kendall_tau", "value_quant_step_median", "value_stagnation_rate", "accum_err_final", "accum_err_rounding_floor", "failure"]
@@ -232,7 +234,7 @@ def probe(
             except ValueError as exc:
                 raise fail(str(exc))
         meta = _device_meta(run_meta(_command_line(ctx)), dev)
-    _print_rows(rows, SHORT)
+    _print_rows(rows, SHORT, json_out)
     _write_json(json_out, {"meta": meta, "rows": rows})
 
 
@@ -293,7 +295,7 @@ def replay(
         except ValueError as exc:
             raise fail(f"cannot replay {trajectories}: {exc}")
         meta = _device_meta(run_meta(_command_line(ctx)), dev)
-    _print_rows(rows, SHORT)
+    _print_rows(rows, SHORT, json_out)
     _write_json(json_out, {"meta": meta, "rows": rows})
 
 
@@ -344,7 +346,7 @@ def sweep(
             except ValueError as exc:
                 raise fail(str(exc))
     table = sweep_table(results)
-    _print_rows(table, list(table[0].keys()))
+    _print_rows(table, list(table[0].keys()), json_out)
     _write_json(json_out, {"out": str(out), "runs": len(results), "table": table})
 
 
