@@ -34,6 +34,8 @@ _CONFIGURED: dict[str, Any] = {}
 _ONCE_KEYS: set[str] = set()
 # the console level asked for on the command line (`genesis-fp16 -v`); None: the settings decide
 _CONSOLE_OVERRIDE: dict[str, Optional[LogLevel]] = {"level": None}
+# processors that see every event after the JSON-lines file (add_sink: TensorBoard scalars)
+_SINKS: list[Callable[[Any, str, dict[str, Any]], dict[str, Any]]] = []
 
 # structlog's method names (and the level names add_log_level writes) -> numbers
 _LEVEL_NUMBERS = {
@@ -243,6 +245,24 @@ def set_console_level(level: Optional[LogLevel]) -> None:
         configure_logging(force=True)
 
 
+def add_sink(sink: Callable[[Any, str, dict[str, Any]], dict[str, Any]]) -> None:
+    """Pass every event (at or above the lower of the two log levels) through
+    ``sink``, a structlog processor, until :func:`remove_sink`. Re-configures
+    logging with the settings it was configured with."""
+    with _LOCK:
+        _SINKS.append(sink)
+        settings = _CONFIGURED.get("settings")
+    configure_logging(settings, force=True)
+
+
+def remove_sink(sink: Callable[[Any, str, dict[str, Any]], dict[str, Any]]) -> None:
+    with _LOCK:
+        if sink in _SINKS:
+            _SINKS.remove(sink)
+        settings = _CONFIGURED.get("settings")
+    configure_logging(settings, force=True)
+
+
 def configure_logging(settings: Optional[Settings] = None, *, force: bool = False) -> None:
     """Configure structlog once per process (``force`` re-configures, e.g. after
     the state dir changed)."""
@@ -266,6 +286,7 @@ def configure_logging(settings: Optional[Settings] = None, *, force: bool = Fals
                 structlog.processors.add_log_level,
                 structlog.processors.TimeStamper(fmt="iso", utc=True),
                 JsonlSink(settings.events_path, level=file_level, max_bytes=settings.events_max_bytes, keep=settings.events_keep),
+                *_SINKS,
                 ConsoleLevelFilter(screen_level),
                 *console,
             ],
@@ -275,7 +296,9 @@ def configure_logging(settings: Optional[Settings] = None, *, force: bool = Fals
             cache_logger_on_first_use=False,
         )
         _CONFIGURED.clear()
-        _CONFIGURED.update(events_path=settings.events_path, level=settings.log_level.value, console_level=shown.value)
+        _CONFIGURED.update(
+            events_path=settings.events_path, level=settings.log_level.value, console_level=shown.value, settings=settings
+        )
 
 
 def get_logger(name: str = "genesis_fp16", **bound: Any) -> Any:
