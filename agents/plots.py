@@ -47,6 +47,7 @@ class Panel:
     ylabel: str
     lines: list[Line] = field(default_factory=list)
     target: Optional[float] = None
+    target_label: str = "target"
     log_x: bool = False
     log_y: bool = False
     integer_x: bool = False  # generations: no 0.5 ticks
@@ -117,7 +118,7 @@ def evolve_figure(report: Mapping[str, Any]) -> Figure:
     return Figure(f"evolve {report.get('mode')} on {report.get('env')}, seed {report.get('seed')}", panels)
 
 
-def ppo_figure(result: Mapping[str, Any], target: Optional[float] = None) -> Figure:
+def ppo_figure(result: Mapping[str, Any], target: Optional[float] = None, target_label: str = "target") -> Figure:
     """One ``genesis-fp16 ppo`` result (its ``--json`` form): the mean return of
     the last 20 training episodes per iteration against env steps, the final
     deterministic evaluation as one point, and the target when there is one."""
@@ -128,7 +129,7 @@ def ppo_figure(result: Mapping[str, Any], target: Optional[float] = None) -> Fig
         episodes = len(result.get("eval_returns") or [])
         lines.append(Line((steps,), (evaluation,), f"evaluation: mean of {episodes} deterministic episodes", color="C2",
                           steps=False, marker="D"))
-    panel = Panel("return against env steps", "env steps", "episode return", lines, target)
+    panel = Panel("return against env steps", "env steps", "episode return", lines, target, target_label)
     return Figure(f"ppo on {result.get('env_id')}, seed {result.get('seed')}", [panel])
 
 
@@ -188,9 +189,9 @@ def write_png(figure: Figure, path: Path, purpose: str) -> Path:
 def _draw(ax: Any, panel: Panel) -> None:
     for line in panel.lines:
         ax.plot(line.x, line.y, label=line.label, color=line.color, linewidth=line.width, alpha=line.alpha,
-                drawstyle="steps-post" if line.steps else "default", marker=line.marker, markersize=4)
+                drawstyle="steps-post" if line.steps else "default", marker=line.marker, markersize=4 if len(line.x) > 1 else 7)
     if panel.target is not None:
-        ax.axhline(panel.target, color="black", linestyle="--", linewidth=1.0, label=f"target {panel.target:g}")
+        ax.axhline(panel.target, color="black", linestyle="--", linewidth=1.0, label=f"{panel.target_label} {panel.target:g}")
     if panel.log_x:
         ax.set_xscale("log")
     if panel.log_y:
