@@ -167,6 +167,11 @@ def evolve(
         policy=policy,
         episode_steps=episode_steps,
     )
+    if plot is not None:  # first: cma warns on import when matplotlib is missing
+        require("matplotlib", f"{EVOLVE} --plot")
+    tensorboard = tensorboard if tensorboard is not None else settings.tensorboard_dir
+    if tensorboard is not None:
+        check_available()
     require("gymnasium", EVOLVE)  # before any output: a missing extra is one error line
     if baseline == Baseline.cma or not no_world_model:
         require("cma", EVOLVE)
@@ -181,11 +186,8 @@ def evolve(
             check_output_path(json_path, "--json")
         if plot is not None:
             check_output_path(plot, "--plot")
-            require("matplotlib", f"{EVOLVE} --plot")
-        tensorboard = tensorboard if tensorboard is not None else settings.tensorboard_dir
         if tensorboard is not None:
             check_output_path(tensorboard, "--tensorboard", directory=True)
-            check_available()
     except ValueError as exc:
         raise fail(str(exc))
     except StorageError as exc:

@@ -247,20 +247,23 @@ def set_console_level(level: Optional[LogLevel]) -> None:
 
 def add_sink(sink: Callable[[Any, str, dict[str, Any]], dict[str, Any]]) -> None:
     """Pass every event (at or above the lower of the two log levels) through
-    ``sink``, a structlog processor, until :func:`remove_sink`. Re-configures
-    logging with the settings it was configured with."""
+    ``sink``, a structlog processor, until :func:`remove_sink`. Loggers bound
+    before the call see it too: the chain holds one dispatcher that reads the
+    list of sinks per event."""
     with _LOCK:
         _SINKS.append(sink)
-        settings = _CONFIGURED.get("settings")
-    configure_logging(settings, force=True)
 
 
 def remove_sink(sink: Callable[[Any, str, dict[str, Any]], dict[str, Any]]) -> None:
     with _LOCK:
         if sink in _SINKS:
             _SINKS.remove(sink)
-        settings = _CONFIGURED.get("settings")
-    configure_logging(settings, force=True)
+
+
+def _added_sinks(logger: Any, method: str, event_dict: dict[str, Any]) -> dict[str, Any]:
+    for sink in list(_SINKS):
+        event_dict = sink(logger, method, event_dict)
+    return event_dict
 
 
 def configure_logging(settings: Optional[Settings] = None, *, force: bool = False) -> None:
@@ -286,7 +289,7 @@ def configure_logging(settings: Optional[Settings] = None, *, force: bool = Fals
                 structlog.processors.add_log_level,
                 structlog.processors.TimeStamper(fmt="iso", utc=True),
                 JsonlSink(settings.events_path, level=file_level, max_bytes=settings.events_max_bytes, keep=settings.events_keep),
-                *_SINKS,
+                _added_sinks,
                 ConsoleLevelFilter(screen_level),
                 *console,
             ],
@@ -296,9 +299,7 @@ def configure_logging(settings: Optional[Settings] = None, *, force: bool = Fals
             cache_logger_on_first_use=False,
         )
         _CONFIGURED.clear()
-        _CONFIGURED.update(
-            events_path=settings.events_path, level=settings.log_level.value, console_level=shown.value, settings=settings
-        )
+        _CONFIGURED.update(events_path=settings.events_path, level=settings.log_level.value, console_level=shown.value)
 
 
 def get_logger(name: str = "genesis_fp16", **bound: Any) -> Any:
