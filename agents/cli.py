@@ -133,6 +133,13 @@ def evolve(
         help="torch CPU threads (default: settings' torch_threads, 1: the models are small; 0: torch's default).",
     ),
     json_path: Optional[Path] = typer.Option(None, "--json", help="Write the report as JSON to this file."),
+    plot: Optional[Path] = typer.Option(
+        None, "--plot", help="Draw the learning curves (return against real episodes and env steps, target, world-model loss) as PNG here.",
+    ),
+    tensorboard: Optional[Path] = typer.Option(
+        None, "--tensorboard", metavar="DIR",
+        help="Write TensorBoard scalars (loss scale, overflow rate, losses, FP32 gaps, verdicts) here; default: settings' tensorboard_dir.",
+    ),
     resume: Optional[str] = typer.Option(
         None, "--resume", metavar="RUN_ID",
         help="Continue an interrupted run (ids: genesis-fp16 state list) with its own options; --budget may change its budget.",
@@ -143,6 +150,7 @@ def evolve(
     from genesis_fp16.cli import fail, load_settings_or_exit
     from genesis_fp16.settings import env_name
     from genesis_fp16.storage import StorageError, check_output_path, prepare_dir
+    from genesis_fp16.tensorboard_sink import check_available
 
     from .evolve_config import EVOLVE
     from .se_darwin_agent import EvolveConfig
@@ -164,6 +172,11 @@ def evolve(
         policy=policy,
         episode_steps=episode_steps,
     )
+    if plot is not None:  # first: cma warns on import when matplotlib is missing
+        require("matplotlib", f"{EVOLVE} --plot")
+    tensorboard = tensorboard if tensorboard is not None else settings.tensorboard_dir
+    if tensorboard is not None:
+        check_available()
     require("gymnasium", EVOLVE)  # before any output: a missing extra is one error line
     if baseline == Baseline.cma or not no_world_model:
         require("cma", EVOLVE)
@@ -176,6 +189,10 @@ def evolve(
         prepare_dir(settings.state_dir, name=env_name("state_dir"))
         if json_path is not None:
             check_output_path(json_path, "--json")
+        if plot is not None:
+            check_output_path(plot, "--plot")
+        if tensorboard is not None:
+            check_output_path(tensorboard, "--tensorboard", directory=True)
     except ValueError as exc:
         raise fail(str(exc))
     except StorageError as exc:
@@ -188,7 +205,7 @@ def evolve(
     with _ray_connection(backend, address, workers):
         _run(ctx, config, settings, resume=resume, baseline=baseline, env=env, seed=seed, precision=precision, no_world_model=no_world_model,
              budget=budget, workers=workers, backend=backend, target=target, policy=policy, episode_steps=episode_steps,
-             torch_threads=settings.torch_threads, json_path=json_path)
+             torch_threads=settings.torch_threads, json_path=json_path, plot=plot, tensorboard=tensorboard)
 
 
 @contextmanager
@@ -215,7 +232,8 @@ def _ray_connection(backend: Backend, address: Optional[str], workers: int) -> I
 
 def _run(ctx: typer.Context, config: Any, settings: Any, *, resume: Optional[str], baseline: Baseline, env: str, seed: int,
          precision: Optional[PrecisionMode], no_world_model: bool, budget: int, workers: int, backend: Backend, target: Optional[float],
-         policy: Optional[str], episode_steps: Optional[int], torch_threads: int, json_path: Optional[Path]) -> None:
+         policy: Optional[str], episode_steps: Optional[int], torch_threads: int, json_path: Optional[Path], plot: Optional[Path],
+         tensorboard: Optional[Path]) -> None:
     """The run itself, once its options are checked."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
     from rich.table import Table
@@ -224,6 +242,7 @@ def _run(ctx: typer.Context, config: Any, settings: Any, *, resume: Optional[str
     from genesis_fp16.checkpoint import CheckpointError, atomic_write_text
     from genesis_fp16.cli import console, fail, out, safe_cells, safe_text, strict_json_value
     from genesis_fp16.storage import StorageError, full_disk
+    from genesis_fp16.tensorboard_sink import tensorboard_events
 
     from .evaluation import EvaluationError
     from .evolve_report import return_set
@@ -265,7 +284,7 @@ def _run(ctx: typer.Context, config: Any, settings: Any, *, resume: Optional[str
         )
 
     try:
-        with _sigterm_as_interrupt(), progress:
+        with _sigterm_as_interrupt(), tensorboard_events(tensorboard), progress:
             if baseline == Baseline.cma:
                 report = asyncio.run(run_cma_baseline(config, on_generation=on_generation, settings=settings))
             else:
@@ -341,6 +360,15 @@ def _run(ctx: typer.Context, config: Any, settings: Any, *, resume: Optional[str
         except OSError as exc:  # e.g. the disk filled during the run: the table above is the report
             raise fail(f"--json {json_path}: the report could not be written ({exc}); the run's data is in {report.get('replay_db') or 'the table above'}", code=1)
         console.print(safe_text(f"report written to {json_path}"), highlight=False)
+    if plot is not None:
+        from .evolve_config import EVOLVE
+        from .plots import evolve_figure, write_png
+
+        try:
+            write_png(evolve_figure(report), plot, f"{EVOLVE} --plot")
+        except OSError as exc:
+            raise fail(f"--plot {plot}: the figure could not be written ({exc}); the report is in the table above", code=1)
+        console.print(safe_text(f"plot written to {plot}"), highlight=False)
 
 
 def _resumed_agent(ctx: typer.Context, run_id: str, settings: Any, *, baseline: Baseline, **given: Any) -> Any:

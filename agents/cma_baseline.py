@@ -67,8 +67,10 @@ async def run_cma_baseline(config: Optional[EvolveConfig] = None, *, task: Optio
                     break
             if len(scores) == len(xs):
                 es.tell(xs, [-s if np.isfinite(s) else 1e300 for s in scores])
-            record = {"generation": generation, "real_episodes": episodes, "best_return": best_f, "best_full": True,
-                      "best_episodes": len(starts.train), "wm_val_loss": None, "precision": "none"}
+            record = {
+                "generation": generation, "real_episodes": episodes, "env_steps": env_steps, "best_return": best_f, "best_full": True,
+                "best_episodes": len(starts.train), "wm_val_loss": None, "precision": "none",
+            }
             generations.append(record)
             log.info("evolve.generation", generation=generation, real_episodes=episodes, best_return=best_f, wm_val_loss=None, precision="none")
             if on_generation is not None:

@@ -17,12 +17,13 @@ SUMMARY_KEYS = ("real_episodes", "target_reached", "episodes_to_target", "train_
 
 
 def generation_record(
-    generation: int, *, real_episodes: int, best: Optional[Candidate], evaluated: Sequence[Candidate], proposals: int,
+    generation: int, *, real_episodes: int, env_steps: int, best: Optional[Candidate], evaluated: Sequence[Candidate], proposals: int,
     wm_report: Optional["TrainReport"], precision: str, elapsed_s: float,
 ) -> dict[str, Any]:
     return {
         "generation": generation,
         "real_episodes": real_episodes,
+        "env_steps": env_steps,  # of the episodes that finished so far
         "best_return": best.real_return if best else None,
         "best_full": bool(best.full) if best else False,
         "best_episodes": best.real_episodes if best else 0,  # 1 for a probe, the training start states for a full evaluation

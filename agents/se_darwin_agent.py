@@ -283,8 +283,8 @@ class SEDarwinAgent(RunRecord):
         if self.world_model is not None and not reached:
             wm_report = await self.world_model.train(self.config.wm_steps)
         record = generation_record(
-            generation, real_episodes=self.real_episodes, best=best_of(self.pool), evaluated=evaluated, proposals=len(proposals),
-            wm_report=wm_report, precision=self._precision(), elapsed_s=time.perf_counter() - started,
+            generation, real_episodes=self.real_episodes, env_steps=self.env_steps, best=best_of(self.pool), evaluated=evaluated,
+            proposals=len(proposals), wm_report=wm_report, precision=self._precision(), elapsed_s=time.perf_counter() - started,
         )
         self.generations.append(record)
         self._save_progress(generation, started)  # committed: a resume continues after this generation

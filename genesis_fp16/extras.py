@@ -18,6 +18,7 @@ EXTRAS = {
     "yaml": "agents",
     "matplotlib": "plots",
     "ray": "ray",
+    "tensorboard": "tensorboard",
 }
 
 

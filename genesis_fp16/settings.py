@@ -216,6 +216,11 @@ class Settings(PrecisionConfig, BaseSettings):
     events_keep: int = Field(
         3, ge=1, description="Rotated event logs kept (events.jsonl.1 is the newest); older ones are deleted."
     )
+    tensorboard_dir: Optional[Path] = Field(
+        None,
+        description="Where `evolve` and `ppo` write TensorBoard scalars from their events (the tensorboard extra); "
+        "unset: none are written (--tensorboard DIR for one command).",
+    )
 
     @classmethod
     def settings_customise_sources(

@@ -34,6 +34,8 @@ _CONFIGURED: dict[str, Any] = {}
 _ONCE_KEYS: set[str] = set()
 # the console level asked for on the command line (`genesis-fp16 -v`); None: the settings decide
 _CONSOLE_OVERRIDE: dict[str, Optional[LogLevel]] = {"level": None}
+# processors that see every event after the JSON-lines file (add_sink: TensorBoard scalars)
+_SINKS: list[Callable[[Any, str, dict[str, Any]], dict[str, Any]]] = []
 
 # structlog's method names (and the level names add_log_level writes) -> numbers
 _LEVEL_NUMBERS = {
@@ -247,6 +249,27 @@ def set_console_level(level: Optional[LogLevel]) -> None:
 _SILENT = logging.CRITICAL + 10
 
 
+def add_sink(sink: Callable[[Any, str, dict[str, Any]], dict[str, Any]]) -> None:
+    """Pass every event (at or above the lower of the two log levels) through
+    ``sink``, a structlog processor, until :func:`remove_sink`. Loggers bound
+    before the call see it too: the chain holds one dispatcher that reads the
+    list of sinks per event."""
+    with _LOCK:
+        _SINKS.append(sink)
+
+
+def remove_sink(sink: Callable[[Any, str, dict[str, Any]], dict[str, Any]]) -> None:
+    with _LOCK:
+        if sink in _SINKS:
+            _SINKS.remove(sink)
+
+
+def _added_sinks(logger: Any, method: str, event_dict: dict[str, Any]) -> dict[str, Any]:
+    for sink in list(_SINKS):
+        event_dict = sink(logger, method, event_dict)
+    return event_dict
+
+
 def configure_logging(settings: Optional[Settings] = None, *, force: bool = False, quiet_console: bool = False) -> None:
     """Configure structlog once per process (``force`` re-configures, e.g. after
     the state dir changed). ``quiet_console``: events go to the event log only,
@@ -273,6 +296,7 @@ def configure_logging(settings: Optional[Settings] = None, *, force: bool = Fals
                 structlog.processors.add_log_level,
                 structlog.processors.TimeStamper(fmt="iso", utc=True),
                 JsonlSink(settings.events_path, level=file_level, max_bytes=settings.events_max_bytes, keep=settings.events_keep),
+                _added_sinks,
                 ConsoleLevelFilter(screen_level),
                 *console,
             ],

@@ -3,6 +3,7 @@
     .venv/bin/python scripts/evolution_table.py --cma-long-budget 2000 --out docs/evolution/pendulum.json
     .venv/bin/python scripts/evolution_table.py --env InvertedPendulum-v5 --out ip.json
     .venv/bin/python scripts/evolution_table.py --summarize docs/evolution/*.json
+    .venv/bin/python scripts/evolution_table.py --summarize docs/evolution/pendulum.json --plot pendulum.png
 
 Any task ``genesis-fp16 evolve --env`` takes (``--target``, ``--policy`` and
 ``--episode-steps`` as there).
@@ -32,9 +33,11 @@ from typing import Any, Optional
 import numpy as np
 import torch
 
+from agents.plots import table_figure, write_png
 from agents.se_darwin_agent import EvolveConfig, SEDarwinAgent, run_cma_baseline
 from agents.tasks import ResolvedTask, Task, get_task, run_episodes
 from genesis_fp16.checkpoint import atomic_write_text
+from genesis_fp16.extras import MissingExtraError, require
 from genesis_fp16.settings import load_settings
 from infrastructure.replay_buffer import trajectories_from_episodes
 from infrastructure.world_model import WorldModel
@@ -279,12 +282,26 @@ def main(argv: Optional[list[str]] = None) -> int:
         "--imagination", type=Path, nargs="+", default=None,
         help="print, per JSON this script wrote, how the loop's imagined returns ranked against the real ones; run nothing",
     )
+    parser.add_argument(
+        "--plot", type=Path, default=None,
+        help="draw per method the return curves of every seed and the target as PNG: of the one JSON given to --summarize or "
+        "--imagination, else of the run measured now",
+    )
     args = parser.parse_args(argv)
-    if args.summarize:
-        print(summary([json.loads(path.read_text()) for path in args.summarize]))
-        return 0
-    if args.imagination:
-        print(imagination([json.loads(path.read_text()) for path in args.imagination]))
+    read = args.summarize or args.imagination
+    if args.plot is not None:
+        if read and len(read) != 1:
+            parser.error(f"--plot draws one report; got {len(read)} JSON files ({', '.join(map(str, read))}); give one")
+        try:  # before any run: a missing extra must not cost a measurement
+            require("matplotlib", "evolution_table.py --plot")
+        except MissingExtraError as exc:
+            parser.error(str(exc))
+    if read:
+        tables = [json.loads(path.read_text()) for path in read]
+        print(summary(tables) if args.summarize else imagination(tables))
+        if args.plot is not None:
+            write_png(table_figure(tables[0]), args.plot, "evolution_table.py --plot")
+            print(f"plot written to {args.plot}", file=sys.stderr)
         return 0
     torch.set_num_threads(1)
     import os
@@ -354,6 +371,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     if args.out:
         results["markdown"] = text
         atomic_write_text(args.out, json.dumps(results, indent=2, default=str) + "\n")
+    if args.plot is not None:
+        write_png(table_figure(results), args.plot, "evolution_table.py --plot")
+        print(f"plot written to {args.plot}", file=sys.stderr)
     return 0
 
 

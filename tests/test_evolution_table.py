@@ -119,3 +119,19 @@ def test_imagination_rank_correlation_of_the_evaluated_candidates(capsys, tmp_pa
     path.write_text(json.dumps(agree))
     assert evolution_table.main(["--imagination", str(path)]) == 0
     assert "| 1.00 |" in capsys.readouterr().out
+
+
+def test_plot_of_one_shipped_report(tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    out = tmp_path / "pendulum.png"
+    assert evolution_table.main(["--summarize", str(ROOT / "docs" / "evolution" / "pendulum.json"), "--plot", str(out)]) == 0
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 10_000
+    assert "Pendulum-v1 (-300)" in capsys.readouterr().out  # the summary is still printed
+
+
+def test_plot_refuses_several_reports(tmp_path, capsys):
+    reports = [str(ROOT / "docs" / "evolution" / name) for name in ("pendulum.json", "swimmer.json")]
+    with pytest.raises(SystemExit) as info:
+        evolution_table.main(["--summarize", *reports, "--plot", str(tmp_path / "x.png")])
+    assert info.value.code == 2 and "--plot draws one report; got 2" in capsys.readouterr().err
+    assert not (tmp_path / "x.png").exists()

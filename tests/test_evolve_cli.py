@@ -106,6 +106,33 @@ def test_tiny_run_writes_json_report(tiny, tmp_path, state_dir):
     assert Path(report["replay_db"]).is_file() and Path(report["replay_db"]).parent == state_dir
 
 
+def test_tiny_run_plot_and_tensorboard(tiny, tmp_path, state_dir):
+    pytest.importorskip("matplotlib")
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    plot, tb = tmp_path / "curves.png", tmp_path / "tb"
+    result = runner.invoke(app, ["evolve", "--budget", "24", "--seed", "1", "--workers", "1", "--plot", str(plot), "--tensorboard", str(tb)])
+    assert result.exit_code == 0, result.output
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and plot.stat().st_size > 10_000
+    accumulator = EventAccumulator(str(tb))
+    accumulator.Reload()
+    tags = set(accumulator.Tags()["scalars"])
+    assert {"evolve/best_return", "evolve/wm_val_loss"} <= tags
+    assert any(t.startswith("world_model/") and t.endswith("/val_loss") for t in tags), tags
+    assert any(t.startswith("verdict/") and t.endswith("/guard_action") for t in tags), tags
+    assert [e.step for e in accumulator.Scalars("evolve/best_return")] == [8, 24]  # x: real episodes
+
+
+def test_plot_and_tensorboard_paths_checked_before_the_run(tmp_path, state_dir):
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    for flag in ("--plot", "--tensorboard"):
+        result = runner.invoke(app, ["evolve", "--budget", "24", flag, str(afile / "out")])
+        assert result.exit_code == 2 and flag in result.output, result.output
+    assert not (state_dir / "replay.sqlite").exists()
+
+
 def test_any_gymnasium_id_with_policy_and_episode_steps(tiny, tmp_path, state_dir):
     out = tmp_path / "reacher.json"
     args = ["evolve", "--env", "Reacher-v5", "--policy", "mlp:16", "--episode-steps", "10", "--budget", "24", "--workers", "1", "--json", str(out)]

@@ -47,6 +47,24 @@ def test_forensics_analyze_without_matplotlib(tmp_path):
     assert "Traceback" not in proc.stderr
 
 
+@pytest.mark.parametrize(
+    "module, args, extra",
+    [
+        ("matplotlib", ["evolve", "--budget", "24", "--plot", "p.png"], "plots"),
+        ("tensorboard", ["evolve", "--budget", "24", "--tensorboard", "tb"], "tensorboard"),
+        ("matplotlib", ["ppo", "--env", "CartPole-v1", "--total-steps", "64", "--plot", "p.png"], "plots"),
+        ("tensorboard", ["ppo", "--env", "CartPole-v1", "--total-steps", "64", "--tensorboard", "tb"], "tensorboard"),
+    ],
+)
+def test_plot_and_tensorboard_without_their_extra_stop_before_training(module, args, extra, tmp_path):
+    proc = _cli_without(module, args, tmp_path)
+    assert proc.returncode == 2, proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and f"genesis-fp16[{extra}]" in lines[0], proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) in ([], [".genesis_fp16"])  # no plot, no event file, no run
+
+
 CORE_WITHOUT_EXTRAS = """
 import importlib, pkgutil, sys
 for blocked in ("gymnasium", "cma", "matplotlib", "yaml"):

@@ -278,6 +278,42 @@ def test_steps_note_rounds_to_whole_rollouts_with_action_repeat():
     assert small.steps_to_run == 2048 and "x action_repeat 2" in small.steps_note() and "rounded up" in small.steps_note()
 
 
+def test_cli_ppo_plot_and_tensorboard(tmp_path):
+    pytest.importorskip("matplotlib")
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from typer.testing import CliRunner
+
+    from genesis_fp16.cli import app
+
+    plot, tb = tmp_path / "ppo.png", tmp_path / "tb"
+    args = ["ppo", "--env", "CartPole-v1", "--total-steps", "256", "--seed", "2", "--plot", str(plot), "--tensorboard", str(tb),
+            "--set", "num_envs=2", "--set", "num_steps=32", "--set", "minibatch_size=32", "--set", "eval_episodes=2",
+            "--set", "optimizations.vec_env=sync"]
+    res = CliRunner().invoke(app, args)
+    assert res.exit_code == 0, res.output
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and plot.stat().st_size > 10_000
+    accumulator = EventAccumulator(str(tb))
+    accumulator.Reload()
+    tags = set(accumulator.Tags()["scalars"])
+    assert {"ppo/policy_loss", "ppo/value_loss", "ppo/loss_scale", "ppo/overflow_rate", "ppo/episode_return"} <= tags
+    assert [e.step for e in accumulator.Scalars("ppo/policy_loss")] == [64, 128, 192, 256]  # x: env steps
+
+
+def test_cli_ppo_tensorboard_dir_from_the_setting(tmp_path, monkeypatch):
+    pytest.importorskip("tensorboard")
+    from typer.testing import CliRunner
+
+    from genesis_fp16.cli import app
+
+    monkeypatch.setenv("GENESIS_FP16_TENSORBOARD_DIR", str(tmp_path / "tb"))
+    args = ["ppo", "--env", "CartPole-v1", "--total-steps", "64", "--set", "num_envs=2", "--set", "num_steps=32",
+            "--set", "minibatch_size=32", "--set", "eval_episodes=0", "--set", "optimizations.vec_env=sync"]
+    res = CliRunner().invoke(app, args)
+    assert res.exit_code == 0, res.output
+    assert [p.name.startswith("events.out.tfevents") for p in (tmp_path / "tb").iterdir()] == [True]
+
+
 def test_joint_towers_equal_two_separate_mlps():
     from agents.ppo.policy import ActorCritic
 

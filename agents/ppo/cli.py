@@ -22,6 +22,13 @@ def ppo(
     seed: Optional[int] = typer.Option(None, "--seed", help="Random seed."),
     json_path: Optional[Path] = typer.Option(None, "--json", help="Write results (throughput, eval return, time split) here."),
     checkpoint: Optional[Path] = typer.Option(None, "--checkpoint", help="Save the final trainer checkpoint here."),
+    plot: Optional[Path] = typer.Option(
+        None, "--plot", help="Draw return against env steps (training, final evaluation, the env's reward_threshold) as PNG here."
+    ),
+    tensorboard: Optional[Path] = typer.Option(
+        None, "--tensorboard", metavar="DIR",
+        help="Write TensorBoard scalars (losses, return, loss scale, overflow rate, verdicts) here; default: settings' tensorboard_dir.",
+    ),
 ) -> None:
     """Train PPO: prints the optimization summary, progress (env steps/s, mean return) and a 20-episode deterministic evaluation."""
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
@@ -30,17 +37,26 @@ def ppo(
 
     from genesis_fp16.checkpoint import CheckpointError, atomic_write_text
     from genesis_fp16.cli import console, fail, load_settings_or_exit, out, safe_cells, safe_text
+    from genesis_fp16.extras import require
     from genesis_fp16.storage import StorageError, check_output_path
+    from genesis_fp16.tensorboard_sink import check_available, tensorboard_events
     from .config import ConfigError, load_config
     from .ppo import PPO
 
-    load_settings_or_exit()
+    settings = load_settings_or_exit()
+    tensorboard = tensorboard if tensorboard is not None else settings.tensorboard_dir
     try:  # before training: a bad output path must not lose the run
-        for flag, path in (("--checkpoint", checkpoint), ("--json", json_path)):
+        for flag, path in (("--checkpoint", checkpoint), ("--json", json_path), ("--plot", plot)):
             if path is not None:
                 check_output_path(path, flag)
+        if tensorboard is not None:
+            check_output_path(tensorboard, "--tensorboard", directory=True)
     except StorageError as exc:
         raise fail(str(exc))
+    if plot is not None:  # a missing extra is one line, before any training
+        require("matplotlib", "genesis-fp16 ppo --plot")
+    if tensorboard is not None:
+        check_available()
     if config is None and Path("configs/base.yaml").exists():
         config = Path("configs/base.yaml")
     if config is not None and not config.exists():
@@ -71,7 +87,7 @@ def ppo(
         table.add_row(*safe_cells(name, state))
     console.print(table)
     try:
-        with Progress(
+        with tensorboard_events(tensorboard), Progress(
             TextColumn("[bold]ppo[/]"), BarColumn(), TextColumn("{task.completed}/{task.total} steps"),
             TextColumn("{task.fields[sps]} steps/s"), TextColumn("return {task.fields[ret]}"), TimeElapsedColumn(),
             console=console, transient=False,
@@ -121,3 +137,23 @@ def ppo(
         except OSError as exc:  # e.g. the disk filled during training; the summary above stands
             raise fail(f"--json {json_path}: could not write the results ({exc})", code=1)
         console.print(safe_text(f"wrote {json_path}"))
+    if plot is not None:
+        from ..plots import ppo_figure, write_png
+
+        figure = ppo_figure(result.as_dict(), _reward_threshold(cfg.env_id), "reward_threshold (env spec)")
+        try:
+            write_png(figure, plot, "genesis-fp16 ppo --plot")
+        except OSError as exc:
+            raise fail(f"--plot {plot}: could not write the figure ({exc}); the summary above stands", code=1)
+        console.print(safe_text(f"wrote {plot}"))
+
+
+def _reward_threshold(env_id: str) -> Optional[float]:
+    """The env spec's "solved" return, the line a PPO curve is read against;
+    PPO's config has no target of its own."""
+    import gymnasium
+
+    try:
+        return gymnasium.spec(env_id).reward_threshold
+    except gymnasium.error.Error:  # an id the envs module resolved another way
+        return None

@@ -222,6 +222,7 @@ class PPO:
                 **metrics,
             }
             self.history.append(record)
+            _log().info("ppo.iteration", **record, loss_scale=self.trainer.current_scale, overflow_rate=self.trainer.overflow_rate)
             if callback is not None:
                 callback(record)
         wall = time.perf_counter() - t_start
