@@ -324,7 +324,7 @@ def _run(ctx: typer.Context, config: Any, settings: Any, *, resume: Optional[str
 
     table = Table(title=safe_text(f"evolve: {report['mode']} on {report['env']}, seed {report['seed']}"))
     table.add_column("metric")
-    table.add_column("value", justify="right")
+    table.add_column("value")  # left: some values are sentences (why the run stopped)
     n_train, n_heldout = report["train_start_states"], report["heldout_episodes"]
     heldout = _fmt(report["heldout_return"])
     if report["target_reached"] and report["heldout_return"] is not None and report["heldout_return"] < report["target"]:
