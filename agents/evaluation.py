@@ -121,7 +121,7 @@ def make_evaluator(
 ) -> EvaluationBackend:
     """The evaluator ``backend`` names: 'process' (a local spawn pool) or 'ray'
     (tasks on the Ray cluster this process is connected to). ``mujoco_log``:
-    see :class:`Evaluator` (the process pool only)."""
+    see `Evaluator` (the process pool only)."""
     if backend == "process":
         return Evaluator(task, workers=workers, timeout_s=timeout_s, memory_limit_mb=memory_limit_mb, mujoco_log=mujoco_log)
     if backend == "ray":

@@ -36,7 +36,7 @@ def route_mujoco_log(path: Path) -> None:
 
     path = Path(path).resolve()
     path.parent.mkdir(parents=True, exist_ok=True)
-    if hasattr(mujoco, "MjLogConfig"):  # MuJoCo >= 4.0: the log file is a setting
+    if int(mujoco.__version__.split(".")[0]) >= 4:  # MjLogConfig: from MuJoCo 4.0 the log file is a setting
         config = mujoco.MjLogConfig.get()
         config.logfile = str(path)
         config.set()

@@ -1,8 +1,8 @@
 """Learning curves as PNG: ``evolve --plot``, ``ppo --plot`` and
 ``scripts/evolution_table.py --plot``.
 
-Each report becomes a :class:`Figure` (panels of lines and a target), plain
-data that tests can check; :func:`write_png` is the only place that touches
+Each report becomes a `Figure` (panels of lines and a target), plain
+data that tests can check; `write_png` is the only place that touches
 matplotlib (the ``plots`` extra, Agg backend, imported when a plot is drawn).
 """
 

@@ -251,7 +251,7 @@ _SILENT = logging.CRITICAL + 10
 
 def add_sink(sink: Callable[[Any, str, dict[str, Any]], dict[str, Any]]) -> None:
     """Pass every event (at or above the lower of the two log levels) through
-    ``sink``, a structlog processor, until :func:`remove_sink`. Loggers bound
+    ``sink``, a structlog processor, until `remove_sink`. Loggers bound
     before the call see it too: the chain holds one dispatcher that reads the
     list of sinks per event."""
     with _LOCK:

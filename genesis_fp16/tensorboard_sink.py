@@ -74,9 +74,9 @@ class _Fields(dict):
 
 
 class TensorBoardSink:
-    """A processor that writes the scalars of :data:`SCALARS` and passes
+    """A processor that writes the scalars of `SCALARS` and passes
     every event on unchanged. ``writer`` is anything with ``add_scalar(tag,
-    value, step)``; :func:`tensorboard_events` gives it a ``SummaryWriter``."""
+    value, step)``; `tensorboard_events` gives it a ``SummaryWriter``."""
 
     def __init__(self, writer: Any, scalars: tuple[Scalar, ...] = SCALARS) -> None:
         self.writer = writer
@@ -112,7 +112,7 @@ class TensorBoardSink:
 
 
 def check_available() -> None:
-    """Raise :class:`~genesis_fp16.extras.MissingExtraError` naming the extra
+    """Raise `genesis_fp16.extras.MissingExtraError` naming the extra
     when the tensorboard package is missing: call it before any work."""
     require("tensorboard", PURPOSE)
 

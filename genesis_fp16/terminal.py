@@ -3,7 +3,7 @@
 On a terminal rich fits output to the window. Written to a pipe or a file,
 rich would assume 80 columns and wrap or cut table cells (a timestamp in
 ``rollout status``, a reason) for a reader that has no window at all; there
-these consoles are :data:`PIPE_WIDTH` wide and do not wrap text, so what is
+these consoles are `PIPE_WIDTH` wide and do not wrap text, so what is
 captured is what was printed. An explicit width (``COLUMNS``, ``width=``)
 still wins.
 """
@@ -19,7 +19,7 @@ PIPE_WIDTH = 10_000
 
 
 class WideWhenPiped(Console):
-    """A :class:`rich.console.Console` as wide as :data:`PIPE_WIDTH` when its
+    """A `rich.console.Console` as wide as `PIPE_WIDTH` when its
     output is not a terminal. Decided at each print, not when it was made:
     the module-level consoles outlive a test runner's swapped streams."""
 

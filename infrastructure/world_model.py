@@ -23,20 +23,8 @@ from genesis_fp16.threads import torch_threads
 from genesis_fp16.telemetry import get_logger
 from genesis_fp16.trainer import FP16Trainer
 
-from .dynamics import (
-    DynamicsMLP,
-    NonFiniteDataError,
-    NotTrainedError,
-    PolicyFn,
-    ProjectFn,
-    TerminationFn,
-    check_options,
-    check_sizes,
-    features,
-    imagined_returns,
-    mse_loss,
-    training_data,
-)
+from .dynamics import (DynamicsMLP, NonFiniteDataError, NotTrainedError, PolicyFn, ProjectFn, TerminationFn, check_options,
+                       check_sizes, features, imagined_returns, mse_loss, training_data)
 from .replay_buffer import ReplayBuffer
 from .trajectory import Trajectory
 from .world_model_types import Guard, GuardVerdict, ShadowGapLedger, TrainReport, TrainRun, inference_gap_of, val_loss_of
@@ -210,13 +198,10 @@ class WorldModel:
                 raise ValueError(f"WorldModel.train: no trajectories for agent {self.data_agent!r} in the replay buffer")
             trajectories = list(trajectories)
             check_sizes(trajectories, self.model.obs_dim, self.model.act_dim)
-            report = await asyncio.to_thread(self._train_threads, trajectories, int(steps), fault, save)
+            with torch_threads(self.settings.torch_threads):  # process-wide, so it holds in the worker thread too
+                report = await asyncio.to_thread(self._train_sync, trajectories, int(steps), fault, save)
             self.history.append(report)
             return report
-
-    def _train_threads(self, trajectories: list[Trajectory], steps: int, fault: Optional[FaultFn], save: bool) -> TrainReport:
-        with torch_threads(self.settings.torch_threads):  # GENESIS_FP16_TORCH_THREADS
-            return self._train_sync(trajectories, steps, fault, save)
 
     def _train_sync(self, trajectories: list[Trajectory], steps: int, fault: Optional[FaultFn], save: bool) -> TrainReport:
         started = time.perf_counter()

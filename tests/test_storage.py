@@ -508,4 +508,4 @@ def test_full_disk_writing_the_json_report_is_one_clear_error(tiny, monkeypatch,
     assert result.exit_code == 1, result.output
     line = _one_error_line(result)
     assert "the report could not be written" in line and "No space left on device" in line and "replay.sqlite" in line
-    assert "held-out return" in result.output  # the table was printed before
+    assert "best return, held-out" in result.output  # the table was printed before

@@ -145,7 +145,7 @@ class PPOConfig:
         return self.num_iterations * self.batch_size * self.optimizations.action_repeat
 
     def steps_note(self) -> Optional[str]:
-        """One line when :attr:`steps_to_run` is not ``total_steps``: what was
+        """One line when `steps_to_run` is not ``total_steps``: what was
         asked, what runs and why; ``None`` when they agree."""
         if self.steps_to_run == self.total_steps:
             return None
