@@ -21,10 +21,10 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional, Sequence
 
 from .profiles import GuardThresholds
-from .rollout import Severity, _Named
+from .rollout import Severity, TextEnum
 
 
-class Action(_Named):
+class Action(TextEnum):
     """What the guard does about a finding."""
 
     NONE = "none"
@@ -32,7 +32,7 @@ class Action(_Named):
     ROLLBACK = "rollback"
 
 
-class Reference(_Named):
+class Reference(TextEnum):
     """Where an FP32 validation loss comes from: the shadow (an FP32 copy
     trained beside the agent for the whole stage ``shadow``) or a canary (a
     copy made every ``canary_every``-th call in stage ``on``)."""

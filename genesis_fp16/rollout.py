@@ -25,7 +25,7 @@ from contextlib import contextmanager
 from datetime import datetime, timezone
 from enum import Enum
 from pathlib import Path
-from typing import Any, Callable, Iterator, Optional, Sequence, TypeVar, Union
+from typing import Any, Callable, Iterator, Optional, TypeVar, Union
 
 from tenacity import retry, retry_if_exception, stop_after_attempt, wait_random_exponential
 
@@ -37,7 +37,7 @@ from .telemetry import get_logger
 LEDGER_FILE = "rollout.sqlite"
 
 
-class _Named(str, Enum):
+class TextEnum(str, Enum):
     """A ``str`` Enum that prints as its value, so messages, JSON and the
     ledger's columns hold the plain string."""
 
@@ -47,7 +47,7 @@ class _Named(str, Enum):
     __format__ = str.__format__
 
 
-class Stage(_Named):
+class Stage(TextEnum):
     """An agent's rollout stage."""
 
     OFF = "off"
@@ -56,7 +56,7 @@ class Stage(_Named):
     ROLLED_BACK = "rolled_back"
 
 
-class Severity(_Named):
+class Severity(TextEnum):
     """How bad a guard finding is: P0 rolls back now, P1 rolls back, P2 warns."""
 
     P0 = "P0"

@@ -253,7 +253,7 @@ def test_applying_the_same_log_twice_changes_the_profile_once(state_dir):
     assert "already applied" in r.stdout
     # a later event of the same kind is new evidence: acted on once more
     later = _ev("rollout.stage_changed", agent="wm", to_stage="rolled_back", reason="P1: canary, confirmed")
-    later["timestamp"] = "2026-01-02T00:00:00.5Z"
+    later["timestamp"] = "2026-01-02T00:00:00.500000Z"
     with log.open("a") as f:
         f.write(json.dumps(later) + "\n")
     assert runner.invoke(app, ["tune", "--events", str(log), "--apply", "--profiles", str(path)]).exit_code == 0
