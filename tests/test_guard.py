@@ -356,3 +356,21 @@ def test_thresholds_are_typed_and_overrides_validated(state_dir):
         _setup(thresholds={"canary_windw": 2})
     with pytest.raises(ValueError, match="canary_every = -1 is invalid"):
         _setup(thresholds={"canary_every": -1})
+
+
+def test_a_confirmation_begun_by_another_process_is_completed_here(state_dir):
+    import subprocess
+    import sys
+
+    RolloutLedger.from_settings(load_settings()).enable("wm")
+    code = (
+        "from genesis_fp16.guard import RollbackGuard\n"
+        "g = RollbackGuard('wm')\n"
+        "assert g.canary_due() is False\n"
+        "print(g.check(val_loss=2.0, fp32_val_loss=1.0, reference='canary').action)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "none", out.stderr  # one alarm of one
+    guard, trainer = _bf16_guard()
+    assert guard.ledger.canary_calls("wm") == 1
+    assert guard.check(trainer, val_loss=2.0, fp32_val_loss=1.0, reference="canary").action == "rollback"
