@@ -3,17 +3,18 @@
 | severity | trigger | action |
 |---|---|---|
 | P0 | ``trainer.nonfinite_streak``, or more than ``failed_fraction`` of the steps skipped | roll back now; restore the last good checkpoint |
-| P1 | overflow rate over ``overflow_rollback``, or val loss over ``val_loss_ratio`` x the FP32 shadow (``canary_val_loss_ratio`` x the canary) | roll back |
+| P1 | overflow rate over ``overflow_rollback``, or a confirmed validation-loss gap to the FP32 reference (shadow or canary) | roll back |
 | P2 | overflow rate over ``overflow_warn``, or throughput under ``throughput_ratio`` x FP32 | warn and record a recommendation |
 
-In stage ``on`` the FP32 reference is a canary (every ``canary_every``-th
-training call): its gap rolls back only when ``canary_confirm`` of the last
-``canary_window`` canaries alarmed (``check(..., reference="canary")``;
-PPO's policy canary: `check_policy_canary`).
+The rules are pure functions in `genesis_fp16.judge`; this module gathers
+their inputs (a trainer's statistics, the ledger's confirmation windows) and
+acts: ledger writes, events, the trip.
 
 P0 is caught as it happens, from the trainer's events (`attach`):
 `tripped` is set and the ledger says ``rolled_back`` before the next
-step. P1 and P2 need a whole run's statistics and are judged by `check`.
+step. P1 and P2 need a whole run's statistics and are judged by `check`
+(PPO's policy canary: `check_policy_canary`). In stage ``on``,
+`RollbackGuard.canary_due` says which training calls get an FP32 canary.
 A rollback writes the ledger, so the next trainer built by
 ``registry.trainer_for`` is FP32, also in a new process. An FP32 trainer has
 nothing to roll back: its decisions are ``warn``.
@@ -21,31 +22,33 @@ nothing to roll back: its decisions are ``warn``.
 
 from __future__ import annotations
 
-import math
 import threading
-from collections import deque
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Optional, Union
 
-from .profiles import THRESHOLD_DEFAULTS, thresholds_for
-from .rollout import RolloutLedger
+from .canary import canary_due as _canary_schedule
+from .judge import Action, Finding, Reference, Verdict, action_for, judge, judge_policy_canary
+from .profiles import THRESHOLD_DEFAULTS, GuardThresholds, guard_thresholds
+from .rollout import RolloutLedger, Severity, Stage
 from .settings import Settings, load_settings
 from .telemetry import get_logger
 
 if TYPE_CHECKING:
     from .trainer import FP16Trainer
 
-ACTIONS = ("none", "warn", "rollback")
+__all__ = ["ACTIONS", "Action", "GuardDecision", "Reference", "RollbackGuard", "Severity", "Stage"]
+
+ACTIONS = tuple(a.value for a in Action)
 
 
 @dataclass
 class GuardDecision:
     """What the guard decided. ``severity`` None means healthy."""
 
-    severity: Optional[str] = None
+    severity: Optional[Severity] = None
     """`P0` (roll back now), `P1` (roll back) or `P2` (warn); None when healthy."""
-    action: str = "none"
+    action: Action = Action.NONE
     """`none`, `warn` or `rollback`."""
     reason: str = ""
     """What was measured against which threshold, in words."""
@@ -57,47 +60,49 @@ class GuardDecision:
     """The measurements the decision rests on (overflow rate, loss ratio, ...)."""
 
     def as_dict(self) -> dict[str, Any]:
-        """The fields as a plain dictionary (for JSON and event logs)."""
-        return asdict(self)
-
-
-def _finite(value: Any) -> Optional[float]:
-    if value is None:
-        return None
-    value = float(value)
-    return value if math.isfinite(value) else None
+        """The fields as a plain dictionary (for JSON and event logs): severity and action as their strings."""
+        out = asdict(self)
+        out["severity"] = None if self.severity is None else Severity(self.severity).value
+        out["action"] = Action(self.action).value
+        return out
 
 
 class RollbackGuard:
-    """Watches one agent's trainers. Thresholds come from the agent's profile
-    (see `genesis_fp16.profiles.THRESHOLD_DEFAULTS`) unless given."""
+    """Watches one agent's trainers and acts on what `genesis_fp16.judge`
+    finds. Thresholds come from the agent's profile (see
+    `genesis_fp16.profiles.GuardThresholds`), then ``thresholds`` (a
+    `GuardThresholds` or a dict of some of its keys).
+
+    The confirmation windows of the FP32 references and the canary's call
+    count live in the ledger, so a confirmation begun in one process is
+    completed in the next."""
 
     def __init__(
         self,
         agent: str,
         settings: Optional[Settings] = None,
         ledger: Optional[RolloutLedger] = None,
-        thresholds: Optional[dict[str, Any]] = None,
+        thresholds: Union[GuardThresholds, dict[str, Any], None] = None,
     ) -> None:
         self.agent = agent
         self.settings = settings or load_settings()
         self.ledger = ledger or RolloutLedger.from_settings(self.settings)
-        base = thresholds_for(agent, self.settings)
-        unknown = set(thresholds or {}) - set(THRESHOLD_DEFAULTS)
-        if unknown:
-            raise ValueError(
-                f"RollbackGuard({agent!r}): unknown threshold(s) {', '.join(sorted(unknown))}; "
-                f"allowed are {', '.join(THRESHOLD_DEFAULTS)}"
-            )
-        self.thresholds: dict[str, Any] = {**base, **(thresholds or {})}
+        if isinstance(thresholds, GuardThresholds):
+            self.thresholds: GuardThresholds = thresholds
+        else:
+            unknown = set(thresholds or {}) - set(THRESHOLD_DEFAULTS)
+            if unknown:
+                raise ValueError(
+                    f"RollbackGuard({agent!r}): unknown threshold(s) {', '.join(sorted(unknown))}; "
+                    f"allowed are {', '.join(THRESHOLD_DEFAULTS)}"
+                )
+            self.thresholds = guard_thresholds(agent, self.settings, thresholds)
         self.tripped: Optional[GuardDecision] = None
         self.decisions: list[GuardDecision] = []
         self.trainer: Optional[FP16Trainer] = None
         self._tripped_trainer: Optional[FP16Trainer] = None
         self._rolled_back: Optional[tuple[FP16Trainer, GuardDecision]] = None  # (trainer, decision) of the last rollback
         self._last_good: Optional[Path] = None
-        # the last canary_window canary outcomes (True: an alarm); kept across runs, cleared by a rollback
-        self._canaries: deque[bool] = deque(maxlen=int(self.thresholds["canary_window"]))
         self._lock = threading.Lock()
         self._log = get_logger("genesis_fp16.guard", agent=agent)
 
@@ -158,8 +163,8 @@ class RollbackGuard:
         elif event == "trainer.step_skipped":
             steps = trainer.training_steps
             failed = trainer.skipped_steps
-            limit = self.thresholds["failed_fraction"]
-            if steps >= self.thresholds["min_steps"] and failed / steps > limit:
+            limit = self.thresholds.failed_fraction
+            if steps >= self.thresholds.min_steps and failed / steps > limit:
                 self._trip(
                     trainer,
                     f"{failed} of {steps} steps failed ({failed / steps:.0%} > {limit:.0%})",
@@ -170,36 +175,49 @@ class RollbackGuard:
         with self._lock:
             if self.tripped is not None:
                 return
-            decision = self._decide(trainer, "P0", reason, metrics, restore=True)
-            if decision.action == "rollback":
+            decision = self._act(trainer, Verdict((Finding(Severity.P0, reason, True),), metrics))
+            if decision.action == Action.ROLLBACK:
                 self.tripped = decision
                 self._tripped_trainer = trainer
 
-    # -- canaries (stage on) --------------------------------------------------------------
+    # -- FP32 references: the canary's schedule and the confirmation windows -----------
     @property
     def canary_every(self) -> int:
         """Stage ``on``: compare with an FP32 canary every Nth training call (0: never)."""
-        return int(self.thresholds["canary_every"])
+        return self.thresholds.canary_every
 
-    def _canary(self, alarm: bool, metrics: dict[str, Any]) -> bool:
-        """Record one canary outcome; True when this one alarmed and so did
-        ``canary_confirm`` of the last ``canary_window`` (a confirmed gap, not
-        one noisy sample)."""
-        with self._lock:
-            self._canaries.append(bool(alarm))
-            alarms = sum(self._canaries)
-        confirmed = bool(alarm) and alarms >= int(self.thresholds["canary_confirm"])
-        level = "warning" if alarm else "info"
+    def canary_due(self) -> bool:
+        """Count one reduced-precision training call in stage ``on`` (in the
+        ledger, so the count goes on in the next process) and say whether it
+        gets an FP32 canary: every ``canary_every``-th call since the agent's
+        last stage change (`genesis_fp16.canary.canary_due`). Call it once
+        per such training call, before training."""
+        return _canary_schedule(self.ledger.count_canary_call(self.agent), self.canary_every)
+
+    def _window_kind(self, reference: Reference) -> str:
+        # the val-loss canary and PPO's policy canary share one window: both are stage on's canary
+        return "shadow" if reference == Reference.SHADOW else "canary"
+
+    def _record_canary(self, verdict: Verdict, metrics: dict[str, Any]) -> None:
+        """Log and record (quality_checks) one canary's outcome."""
+        check = verdict.check
+        assert check is not None
+        level = "warning" if check.alarm else "info"
         getattr(self._log, level)(
-            "guard.canary", alarm=bool(alarm), alarms=alarms, window=len(self._canaries),
-            confirm=int(self.thresholds["canary_confirm"]), confirmed=confirmed, **metrics,
+            "guard.canary", alarm=check.alarm, alarms=check.alarms, window=len(check.window),
+            confirm=self.thresholds.canary_confirm, confirmed=check.confirmed, **metrics,
         )
         kind = "policy_canary" if metrics.get("kind") == "policy" else "canary"
         numbers = {k: v for k, v in metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
         self.ledger.record_quality_check(
-            self.agent, kind, dict(numbers, alarms=alarms, confirmed=confirmed), precision=metrics.get("precision"), alarm=bool(alarm)
+            self.agent, kind, dict(numbers, alarms=check.alarms, confirmed=check.confirmed),
+            precision=metrics.get("precision"), alarm=check.alarm,
         )
-        return confirmed
+
+    def _push(self, reference: Reference, verdict: Verdict) -> None:
+        """Keep this check's outcome in the ledger's window for the next check (in this process or another)."""
+        if verdict.check is not None:
+            self.ledger.push_guard_outcome(self.agent, self._window_kind(reference), verdict.check.alarm, self.thresholds.canary_window)
 
     def check_policy_canary(
         self, trainer: Optional[FP16Trainer] = None, *, kl: float, max_logp_delta: float, max_value_delta: float
@@ -210,21 +228,18 @@ class RollbackGuard:
         (relative: over max(1, max |FP32 value|)) over ``canary_value_delta``; a
         confirmed alarm is P1 (rollback)."""
         trainer = trainer if trainer is not None else self.trainer
-        th = self.thresholds
         values = {"kl": float(kl), "max_logp_delta": float(max_logp_delta), "max_value_delta": float(max_value_delta)}
-        limits = {"kl": th["canary_kl"], "max_logp_delta": th["canary_logp_delta"], "max_value_delta": th["canary_value_delta"]}
-        over = [k for k, v in values.items() if not (math.isfinite(v) and v <= limits[k])]
+        window = self.ledger.guard_window(self.agent, self._window_kind(Reference.CANARY))
+        verdict = judge_policy_canary(values, self.thresholds, window)
         precision = trainer.precision.name if trainer is not None else None
         metrics: dict[str, Any] = {**values, "precision": precision, "kind": "policy"}
-        if not self._canary(bool(over), metrics):
-            decision = GuardDecision(None, "none", "healthy", False, None, metrics)
+        self._push(Reference.CANARY, verdict)
+        self._record_canary(verdict, metrics)
+        if not verdict.findings:
+            decision = GuardDecision(None, Action.NONE, "healthy", False, None, metrics)
             self.decisions.append(decision)
             return decision
-        reason = "policy canary: " + ", ".join(f"{k} {values[k]:.3g} (> {limits[k]:g})" for k in over)
-        decision = self._decide(trainer, "P1", f"{reason}, confirmed", metrics, restore=True)
-        if decision.action == "rollback":
-            self._canaries.clear()
-        return decision
+        return self._act(trainer, Verdict(verdict.findings, metrics, verdict.check))
 
     # -- whole-run statistics (P1, P2) ------------------------------------------------
     def check(
@@ -234,136 +249,86 @@ class RollbackGuard:
         val_loss: Optional[float] = None,
         fp32_val_loss: Optional[float] = None,
         throughput_ratio: Optional[float] = None,
-        reference: str = "shadow",
+        reference: Union[Reference, str] = Reference.SHADOW,
     ) -> GuardDecision:
         """Judge ``trainer``'s statistics (default: the attached one) and the
-        given validation losses / throughput ratio; act on the most severe finding.
-        ``reference`` says where ``fp32_val_loss`` comes from: ``shadow`` (an FP32
-        copy trained beside it all along: one gap over ``val_loss_ratio`` rolls
-        back) or ``canary`` (stage on: a gap over ``canary_val_loss_ratio`` rolls back only when confirmed,
-        see `_canary`)."""
-        if reference not in ("shadow", "canary"):
+        given validation losses / throughput ratio (`genesis_fp16.judge.judge`);
+        act on the most severe finding. ``reference`` says where
+        ``fp32_val_loss`` comes from: ``shadow`` (an FP32 copy trained beside
+        it all along) or ``canary`` (stage on); either way a gap rolls back
+        once confirmed over that reference's window, kept in the ledger."""
+        if reference not in (Reference.SHADOW, Reference.CANARY):
             raise ValueError(f"RollbackGuard.check: reference={reference!r}; expected 'shadow' or 'canary'")
+        reference = Reference(reference)
         trainer = trainer if trainer is not None else self.trainer
-        stats = trainer.get_stats() if trainer is not None else {}
-        th = self.thresholds
-        steps = int(stats.get("training_steps", 0))
-        overflow = float(stats.get("overflow_rate", 0.0))
-        failed = float(stats.get("failed_step_rate", 0.0))
-        metrics: dict[str, Any] = {
-            "training_steps": steps,
-            "overflow_rate": overflow,
-            "failed_step_rate": failed,
-            "current_scale": stats.get("current_scale"),
-            "precision": stats.get("precision"),
-        }
-        val, ref = _finite(val_loss), _finite(fp32_val_loss)
-        ratio = None
-        if val_loss is not None and fp32_val_loss is not None:
-            metrics.update(val_loss=val_loss, fp32_val_loss=fp32_val_loss)
-            if ref is not None and ref > 0:
-                ratio = (val / ref) if val is not None else math.inf
-                metrics["val_loss_ratio"] = ratio if math.isfinite(ratio) else None
-        if throughput_ratio is not None:
-            metrics["throughput_ratio"] = float(throughput_ratio)
-        judged = steps >= th["min_steps"]
-
-        findings: list[tuple[str, str, bool, Optional[dict[str, Any]]]] = []
         if self.tripped is not None and trainer is self._tripped_trainer:
             return self.tripped  # already acted on; judging it again would roll back twice
         if self._rolled_back is not None and trainer is self._rolled_back[0]:
             return self._rolled_back[1]  # a P1 rollback of this trainer: the same, once
-        if judged and failed > th["failed_fraction"]:
-            findings.append(("P0", f"{failed:.0%} of {steps} steps failed (> {th['failed_fraction']:.0%})", True, None))
-        if judged and overflow > th["overflow_rollback"]:
-            findings.append(("P1", f"overflow rate {overflow:.0%} over {steps} steps (> {th['overflow_rollback']:.0%})", False, None))
-        limit = th["canary_val_loss_ratio"] if reference == "canary" else th["val_loss_ratio"]
-        gap = ratio is not None and ratio > limit
-        if reference == "canary" and ratio is not None:
-            canary_metrics = {k: metrics.get(k) for k in ("val_loss", "fp32_val_loss", "val_loss_ratio", "precision")}
-            confirmed = self._canary(gap, dict(canary_metrics, kind="val_loss"))
-            metrics["canary_confirmed"] = confirmed
-            gap = gap and confirmed
-        if gap and ratio is not None:
-            shown = f"{ratio:.2f}x" if math.isfinite(ratio) else "non-finite"
-            where = "the FP32 canary, confirmed" if reference == "canary" else "the FP32 reference"
-            findings.append(("P1", f"validation loss {shown} {where} (> {limit:.2f}x)", False, None))
-        if judged and th["overflow_warn"] < overflow <= th["overflow_rollback"]:
-            findings.append(("P2", f"overflow rate {overflow:.0%} over {steps} steps (> {th['overflow_warn']:.0%})", False,
-                             self._overflow_recommendation(trainer, overflow) if trainer is not None else None))
-        if throughput_ratio is not None and float(throughput_ratio) < th["throughput_ratio"]:
-            findings.append(("P2", f"throughput {float(throughput_ratio):.2f}x FP32 (< {th['throughput_ratio']:.2f}x)", False,
-                             {"changes": {"precision": "fp32"}, "reason": "reduced precision is slower than FP32 here"}))
-        if not findings:
-            decision = GuardDecision(None, "none", "healthy", False, None, metrics)
+        stats: dict[str, Any] = {}
+        if trainer is not None:
+            stats = dict(trainer.get_stats(), init_scale=trainer.config.loss_scale, growth_interval=trainer.config.growth_interval)
+        window = self.ledger.guard_window(self.agent, self._window_kind(reference))
+        verdict = judge(
+            stats, self.thresholds, val_loss=val_loss, fp32_val_loss=fp32_val_loss,
+            throughput_ratio=throughput_ratio, reference=reference, window=window,
+        )
+        self._push(reference, verdict)
+        if reference == Reference.CANARY and verdict.check is not None:
+            canary = {k: verdict.metrics.get(k) for k in ("val_loss", "fp32_val_loss", "val_loss_ratio", "precision")}
+            self._record_canary(verdict, dict(canary, kind="val_loss"))
+        if not verdict.findings:
+            decision = GuardDecision(None, Action.NONE, "healthy", False, None, verdict.metrics)
             self.decisions.append(decision)
-            self._log.info("guard.decision", severity=None, action="none", reason="healthy", **metrics)
+            self._log.info("guard.decision", severity=None, action=Action.NONE.value, reason="healthy", **verdict.metrics)
             return decision
-        findings.sort(key=lambda f: f[0])
-        severity = findings[0][0]
-        reasons = "; ".join(f[1] for f in findings if f[0] == severity)
-        recommendation = next((f[3] for f in findings if f[3] is not None), None)
-        decision = self._decide(trainer, severity, reasons, metrics, restore=findings[0][2], recommendation=recommendation)
-        if severity == "P0" and decision.action == "rollback":
+        decision = self._act(trainer, verdict)
+        if decision.severity == Severity.P0 and decision.action == Action.ROLLBACK:
             self.tripped = decision
             self._tripped_trainer = trainer
-        if decision.action == "rollback" and trainer is not None:
+        if decision.action == Action.ROLLBACK and trainer is not None:
             self._rolled_back = (trainer, decision)
-        if decision.action == "rollback":
-            self._canaries.clear()  # the next trainer starts a new confirmation window
         return decision
 
-    def _overflow_recommendation(self, trainer: FP16Trainer, overflow: float) -> dict[str, Any]:
-        scale, init, interval = trainer.current_scale, trainer.config.loss_scale, trainer.config.growth_interval
-        new_init = min(init / 2, scale) if scale >= 1 else init / 2
-        return {
-            "changes": {"init_scale": max(1.0, 2.0 ** math.floor(math.log2(max(new_init, 1.0)))), "growth_interval": interval * 2},
-            "reason": f"overflow rate {overflow:.0%}: start the scale lower and grow it less often",
-        }
-
     # -- acting -------------------------------------------------------------------------
-    def _decide(
-        self,
-        trainer: Optional[FP16Trainer],
-        severity: str,
-        reason: str,
-        metrics: dict[str, Any],
-        *,
-        restore: bool,
-        recommendation: Optional[dict[str, Any]] = None,
-    ) -> GuardDecision:
-        precision = trainer.precision.name if trainer is not None else metrics.get("precision")
-        metrics = dict(metrics, precision=precision)
-        action = "rollback" if severity in ("P0", "P1") else "warn"
-        if action == "rollback" and precision == "fp32":
-            action, reason = "warn", f"{reason} (already FP32: nothing to roll back)"
-        decision = GuardDecision(severity, action, reason, restore and action == "rollback", recommendation, metrics)
+    def _act(self, trainer: Optional[FP16Trainer], verdict: Verdict) -> GuardDecision:
+        """Turn a verdict with findings into a decision: log it, and on a
+        rollback write the ledger (which also clears the agent's windows: the
+        next trainer starts new ones); record a recommendation."""
+        severity, reason, recommendation = verdict.severity, verdict.reason, verdict.recommendation
+        assert severity is not None
+        precision = trainer.precision.name if trainer is not None else verdict.metrics.get("precision")
+        metrics = dict(verdict.metrics, precision=precision)
+        action = action_for(severity, precision)
+        if severity in (Severity.P0, Severity.P1) and action == Action.WARN:
+            reason = f"{reason} (already FP32: nothing to roll back)"
+        decision = GuardDecision(severity, action, reason, verdict.restore_checkpoint and action == Action.ROLLBACK, recommendation, metrics)
         self.decisions.append(decision)
-        level = "error" if action == "rollback" else "warning"
+        level = "error" if action == Action.ROLLBACK else "warning"
         getattr(self._log, level)(
             "guard.decision",
-            severity=severity,
-            action=action,
+            severity=severity.value,
+            action=action.value,
             reason=reason,
             restore_checkpoint=decision.restore_checkpoint,
             **{k: v for k, v in metrics.items() if k not in ("severity", "action", "reason")},
         )
-        if action == "rollback":
+        if action == Action.ROLLBACK:
             entry = self.ledger.rollback(self.agent, f"{severity}: {reason}", actor="guard", severity=severity)
             self._log.error(
                 "guard.rollback",
-                severity=severity,
+                severity=severity.value,
                 reason=reason,
-                from_stage=entry["from_stage"],
+                from_stage=None if entry["from_stage"] is None else entry["from_stage"].value,
                 precision=precision,
                 restore_checkpoint=decision.restore_checkpoint,
                 last_good_checkpoint=str(self.last_good_checkpoint) if self.last_good_checkpoint else None,
             )
         if recommendation is not None:
-            self.ledger.record_recommendation(self.agent, recommendation["changes"], recommendation["reason"], severity)
+            self.ledger.record_recommendation(self.agent, recommendation["changes"], recommendation["reason"], severity.value)
             self._log.warning(
                 "guard.recommendation",
-                severity=severity,
+                severity=severity.value,
                 changes=recommendation["changes"],
                 reason=recommendation["reason"],
                 precision=precision,
@@ -371,7 +336,8 @@ class RollbackGuard:
         return decision
 
     def reset(self) -> None:
-        """Forget the trip and decisions (the next training run); keeps the last good checkpoint."""
+        """Forget the trip and decisions (the next training run); keeps the
+        last good checkpoint and the confirmation windows (a rollback clears those)."""
         with self._lock:
             self.tripped = None
             self._tripped_trainer = None

@@ -23,6 +23,7 @@ import math
 import sqlite3
 from contextlib import contextmanager
 from datetime import datetime, timezone
+from enum import Enum
 from pathlib import Path
 from typing import Any, Callable, Iterator, Optional, TypeVar, Union
 
@@ -34,13 +35,55 @@ from .storage import StorageError
 from .telemetry import get_logger
 
 LEDGER_FILE = "rollout.sqlite"
-STAGES = ("off", "shadow", "on", "rolled_back")
-SEVERITIES = ("P0", "P1", "P2")
+
+
+class TextEnum(str, Enum):
+    """A ``str`` Enum that prints as its value, so messages, JSON and the
+    ledger's columns hold the plain string."""
+
+    def __str__(self) -> str:
+        return str(self.value)
+
+    __format__ = str.__format__
+
+
+class Stage(TextEnum):
+    """An agent's rollout stage."""
+
+    OFF = "off"
+    SHADOW = "shadow"
+    ON = "on"
+    ROLLED_BACK = "rolled_back"
+
+
+class Severity(TextEnum):
+    """How bad a guard finding is: P0 rolls back now, P1 rolls back, P2 warns."""
+
+    P0 = "P0"
+    P1 = "P1"
+    P2 = "P2"
+
+
+STAGES = tuple(s.value for s in Stage)
+SEVERITIES = tuple(s.value for s in Severity)
 # quality checks beside the shadow gaps: an FP32 canary's val-loss gap (stage on),
 # a policy canary's KL / deltas (PPO), the inference-side gap (val loss with and without autocast)
 QUALITY_KINDS = ("canary", "policy_canary", "inference_gap")
+# the guard's confirmation windows, one per kind of FP32 reference (the policy canary shares "canary")
+WINDOW_KINDS = ("shadow", "canary")
 
-_SCHEMA = """
+# to_stage NULL: a reset (the agent is unmanaged again), as from_stage NULL is a new agent
+_HISTORY_COLUMNS = """
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    agent TEXT NOT NULL,
+    at TEXT NOT NULL,
+    actor TEXT NOT NULL,
+    from_stage TEXT,
+    to_stage TEXT,
+    reason TEXT NOT NULL,
+    severity TEXT
+"""
+_SCHEMA = f"""
 CREATE TABLE IF NOT EXISTS stages (
     agent TEXT PRIMARY KEY,
     stage TEXT NOT NULL,
@@ -48,16 +91,7 @@ CREATE TABLE IF NOT EXISTS stages (
     actor TEXT NOT NULL,
     reason TEXT NOT NULL
 );
-CREATE TABLE IF NOT EXISTS history (
-    id INTEGER PRIMARY KEY AUTOINCREMENT,
-    agent TEXT NOT NULL,
-    at TEXT NOT NULL,
-    actor TEXT NOT NULL,
-    from_stage TEXT,
-    to_stage TEXT NOT NULL,
-    reason TEXT NOT NULL,
-    severity TEXT
-);
+CREATE TABLE IF NOT EXISTS history ({_HISTORY_COLUMNS});
 CREATE TABLE IF NOT EXISTS shadow_gaps (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
     agent TEXT NOT NULL,
@@ -89,7 +123,31 @@ CREATE TABLE IF NOT EXISTS good_checkpoints (
     path TEXT NOT NULL,
     at TEXT NOT NULL
 );
+CREATE TABLE IF NOT EXISTS guard_windows (
+    agent TEXT NOT NULL,
+    kind TEXT NOT NULL,
+    outcomes TEXT NOT NULL,
+    updated_at TEXT NOT NULL,
+    PRIMARY KEY (agent, kind)
+);
+CREATE TABLE IF NOT EXISTS canary_calls (
+    agent TEXT PRIMARY KEY,
+    calls INTEGER NOT NULL,
+    updated_at TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS tuning_applied (
+    agent TEXT NOT NULL,
+    profiles TEXT NOT NULL,
+    through TEXT NOT NULL,
+    at TEXT NOT NULL,
+    changes TEXT NOT NULL,
+    PRIMARY KEY (agent, profiles)
+);
 """
+# PRAGMA user_version of a ledger with the schema above. 0 is a ledger written
+# before versioning (to_stage NOT NULL, no guard_windows / canary_calls /
+# tuning_applied): `_migrate` brings it here.
+SCHEMA_VERSION = 2
 
 
 class LedgerError(StorageError):
@@ -146,6 +204,25 @@ def _gap_row(row: Any) -> dict[str, Any]:
     return out
 
 
+def _value(item: Any) -> Any:
+    """An Enum as its plain value (for SQLite and event fields); anything else as it is."""
+    return item.value if isinstance(item, Enum) else item
+
+
+def _check_window_kind(kind: str) -> str:
+    if kind not in WINDOW_KINDS:
+        raise ValueError(f"guard window kind {kind!r}: allowed values are {', '.join(WINDOW_KINDS)}")
+    return str(kind)
+
+
+def _profiles_key(path: Union[str, Path]) -> str:
+    return str(Path(path).expanduser().resolve())
+
+
+def _check_row(row: Any) -> dict[str, Any]:
+    return dict(row, alarm=None if row["alarm"] is None else bool(row["alarm"]), metrics=json.loads(row["metrics"]))
+
+
 def _check_agent(agent: str) -> str:
     if not isinstance(agent, str) or not agent.strip():
         raise ValueError(f"agent name {agent!r}: expected a non-empty string")
@@ -166,6 +243,7 @@ class RolloutLedger:
         self.path = Path(path)
         self._log = get_logger("genesis_fp16.rollout")
         self._initialised = False
+        self._version = 0
 
     @classmethod
     def from_settings(cls, settings: Optional[Settings] = None) -> "RolloutLedger":
@@ -213,6 +291,7 @@ class RolloutLedger:
         else:
             conn = sqlite3.connect(":memory:", isolation_level=None)
             conn.executescript(_SCHEMA)
+            conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
         conn.row_factory = sqlite3.Row
         return conn
 
@@ -222,16 +301,26 @@ class RolloutLedger:
             return
         conn = self._connect(write=False)
         try:
-            # the common case (an existing ledger) needs no write lock
-            names = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
-            if {"stages", "history", "shadow_gaps", "recommendations", "good_checkpoints", "quality_checks"} <= names:
+            # the common case (an existing, current ledger) needs no write lock
+            self._version = conn.execute("PRAGMA user_version").fetchone()[0]
+            if self._version == SCHEMA_VERSION:
+                self._initialised = True
+                return
+            if self._version > SCHEMA_VERSION:
+                raise LedgerError(
+                    f"rollout ledger {self.path} has schema version {self._version}, newer than this genesis-fp16 "
+                    f"reads ({SCHEMA_VERSION}); upgrade genesis-fp16, or move the file aside to start an empty ledger",
+                    "corrupt",
+                )
+            if storage.unwritable_reason(self.path) or storage.unwritable_reason(self.path.parent):
+                # an older ledger that cannot be migrated is still read; what it lacks reads as empty
                 self._initialised = True
                 return
             conn.execute("PRAGMA journal_mode=WAL")
             conn.execute("BEGIN IMMEDIATE")
-            for statement in filter(str.strip, _SCHEMA.split(";")):
-                conn.execute(statement)
+            self._migrate(conn)
             conn.execute("COMMIT")
+            self._version = SCHEMA_VERSION
         except BaseException:
             if conn.in_transaction:  # SQLite rolls back by itself on e.g. a full disk
                 conn.execute("ROLLBACK")
@@ -239,6 +328,29 @@ class RolloutLedger:
         finally:
             conn.close()
         self._initialised = True
+
+    @staticmethod
+    def _migrate(conn: sqlite3.Connection) -> None:
+        """Bring the ledger to `SCHEMA_VERSION` inside the caller's write
+        transaction (another process may have done it while this one waited)."""
+        if conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION:
+            return
+        old_history = [r[1:4] for r in conn.execute("PRAGMA table_info(history)")]
+        for statement in filter(str.strip, _SCHEMA.split(";")):
+            conn.execute(statement)
+        if ("to_stage", "TEXT", 1) in old_history:
+            # a reset returns an agent to no stage: history.to_stage becomes nullable
+            # (SQLite cannot drop a NOT NULL in place: copy into a new table)
+            conn.execute(f"CREATE TABLE history_v2 ({_HISTORY_COLUMNS})")
+            conn.execute("INSERT INTO history_v2 SELECT id, agent, at, actor, from_stage, to_stage, reason, severity FROM history")
+            conn.execute("DROP TABLE history")
+            conn.execute("ALTER TABLE history_v2 RENAME TO history")
+        conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+
+    def _has_current_schema(self) -> bool:
+        """False only for an older ledger this process could not migrate (read-only)."""
+        self._init()
+        return self._version >= SCHEMA_VERSION
 
     @contextmanager
     def _transaction(self, write: bool) -> Iterator[sqlite3.Connection]:
@@ -267,26 +379,43 @@ class RolloutLedger:
             return conn.execute(select + " ORDER BY id", args).fetchall()
 
     @_ledger_call
-    def stage(self, agent: str) -> Optional[str]:
-        """The agent's stage, or None when the ledger has never seen it."""
+    def stage(self, agent: str) -> Optional[Stage]:
+        """The agent's stage, or None when the ledger does not manage it (never seen, or reset)."""
         agent = _check_agent(agent)
         with self._transaction(write=False) as conn:
             row = conn.execute("SELECT stage FROM stages WHERE agent = ?", (agent,)).fetchone()
-        return row["stage"] if row else None
+        return self._stage_of(row["stage"]) if row else None
+
+    def _stage_of(self, value: Optional[str]) -> Optional[Stage]:
+        if value is None:
+            return None
+        try:
+            return Stage(value)
+        except ValueError:
+            raise LedgerError(
+                f"rollout ledger {self.path} holds stage {value!r}; expected one of {', '.join(STAGES)}: "
+                "set the agent's stage again (genesis-fp16 rollout enable|disable|reset AGENT)",
+                "corrupt",
+            ) from None
 
     @_ledger_call
     def history(self, agent: Optional[str] = None) -> list[dict[str, Any]]:
-        """Every stage change, oldest first: when, actor, from_stage, to_stage, reason, severity."""
+        """Every stage change, oldest first: when, actor, from_stage, to_stage,
+        reason, severity. A stage None is no stage (a new agent, or a reset)."""
         rows = self._rows_for("SELECT agent, at, actor, from_stage, to_stage, reason, severity FROM history", agent)
         return [
-            {"agent": r["agent"], "when": r["at"], "actor": r["actor"], "from_stage": r["from_stage"],
-             "to_stage": r["to_stage"], "reason": r["reason"], "severity": r["severity"]}
+            {"agent": r["agent"], "when": r["at"], "actor": r["actor"], "from_stage": self._stage_of(r["from_stage"]),
+             "to_stage": self._stage_of(r["to_stage"]), "reason": r["reason"],
+             "severity": None if r["severity"] is None else Severity(r["severity"])}
             for r in rows
         ]
 
     @_ledger_call
     def status(self) -> list[dict[str, Any]]:
-        """One row per agent: stage, since when, who, why, and the last shadow gap."""
+        """One row per managed agent: stage, since when, who, why, the last
+        good checkpoint, and the latest quality check of each kind
+        (``last_checks``: ``shadow_gap`` and each of `QUALITY_KINDS`, each
+        with its time ``at``, or None; ``last_shadow_gap`` is the first)."""
         with self._transaction(write=False) as conn:
             rows = conn.execute("SELECT agent, stage, updated_at, actor, reason FROM stages ORDER BY agent").fetchall()
             out = []
@@ -295,15 +424,24 @@ class RolloutLedger:
                     "SELECT at, val_loss, fp32_val_loss, gap, precision FROM shadow_gaps WHERE agent = ? ORDER BY id DESC LIMIT 1",
                     (r["agent"],),
                 ).fetchone()
+                checks: dict[str, Any] = {"shadow_gap": _gap_row(gap) if gap else None}
+                for kind in QUALITY_KINDS:
+                    row = conn.execute(
+                        "SELECT at, kind, precision, alarm, metrics FROM quality_checks WHERE agent = ? AND kind = ? "
+                        "ORDER BY id DESC LIMIT 1",
+                        (r["agent"], kind),
+                    ).fetchone()
+                    checks[kind] = _check_row(row) if row else None
                 good = conn.execute("SELECT path FROM good_checkpoints WHERE agent = ?", (r["agent"],)).fetchone()
                 out.append(
                     {
                         "agent": r["agent"],
-                        "stage": r["stage"],
+                        "stage": self._stage_of(r["stage"]),
                         "since": r["updated_at"],
                         "actor": r["actor"],
                         "reason": r["reason"],
-                        "last_shadow_gap": _gap_row(gap) if gap else None,
+                        "last_shadow_gap": checks["shadow_gap"],
+                        "last_checks": checks,
                         "last_good_checkpoint": good["path"] if good else None,
                     }
                 )
@@ -322,8 +460,7 @@ class RolloutLedger:
     def quality_checks(self, agent: Optional[str] = None, kind: Optional[str] = None) -> list[dict[str, Any]]:
         """Recorded quality checks, oldest first: agent, at, kind, precision, alarm (bool or None), metrics."""
         rows = self._rows_for("SELECT agent, at, kind, precision, alarm, metrics FROM quality_checks", agent)
-        out = [dict(r, alarm=None if r["alarm"] is None else bool(r["alarm"]), metrics=json.loads(r["metrics"])) for r in rows]
-        return [r for r in out if kind is None or r["kind"] == kind]
+        return [_check_row(r) for r in rows if kind is None or r["kind"] == kind]
 
     @_ledger_call
     def recommendations(self, agent: Optional[str] = None) -> list[dict[str, Any]]:
@@ -338,48 +475,160 @@ class RolloutLedger:
 
     # -- writes ----------------------------------------------------------------
     @_ledger_call
-    def _set_stage(self, agent: str, to_stage: str, actor: str, reason: str, severity: Optional[str] = None) -> dict[str, Any]:
+    def _set_stage(
+        self, agent: str, to_stage: Optional[Union[Stage, str]], actor: str, reason: str, severity: Optional[Union[Severity, str]] = None
+    ) -> dict[str, Any]:
+        """Write ``to_stage`` (None: forget the agent's stage) and its history
+        row. Any stage change also clears the agent's canary schedule and
+        confirmation windows: they belong to the stage they were counted in."""
         agent = _check_agent(agent)
-        if to_stage not in STAGES:
+        if to_stage is not None and to_stage not in STAGES:
             raise ValueError(f"stage {to_stage!r}: allowed values are {', '.join(STAGES)}")
         if severity is not None and severity not in SEVERITIES:
             raise ValueError(f"severity {severity!r}: allowed values are {', '.join(SEVERITIES)} or None")
+        to_stage = None if to_stage is None else Stage(to_stage)
+        severity = None if severity is None else Severity(severity)
         at = _now()
         with self._transaction(write=True) as conn:
             row = conn.execute("SELECT stage FROM stages WHERE agent = ?", (agent,)).fetchone()
-            from_stage = row["stage"] if row else None
-            conn.execute(
-                "INSERT INTO stages (agent, stage, updated_at, actor, reason) VALUES (?, ?, ?, ?, ?) "
-                "ON CONFLICT(agent) DO UPDATE SET stage=excluded.stage, updated_at=excluded.updated_at, "
-                "actor=excluded.actor, reason=excluded.reason",
-                (agent, to_stage, at, actor, reason),
-            )
+            from_stage = self._stage_of(row["stage"]) if row else None
+            if to_stage is None:
+                conn.execute("DELETE FROM stages WHERE agent = ?", (agent,))
+            else:
+                conn.execute(
+                    "INSERT INTO stages (agent, stage, updated_at, actor, reason) VALUES (?, ?, ?, ?, ?) "
+                    "ON CONFLICT(agent) DO UPDATE SET stage=excluded.stage, updated_at=excluded.updated_at, "
+                    "actor=excluded.actor, reason=excluded.reason",
+                    (agent, to_stage.value, at, actor, reason),
+                )
             conn.execute(
                 "INSERT INTO history (agent, at, actor, from_stage, to_stage, reason, severity) VALUES (?, ?, ?, ?, ?, ?, ?)",
-                (agent, at, actor, from_stage, to_stage, reason, severity),
+                (agent, at, actor, _value(from_stage), _value(to_stage), reason, _value(severity)),
             )
+            conn.execute("DELETE FROM guard_windows WHERE agent = ?", (agent,))
+            conn.execute("DELETE FROM canary_calls WHERE agent = ?", (agent,))
         entry = {"agent": agent, "when": at, "actor": actor, "from_stage": from_stage, "to_stage": to_stage,
                  "reason": reason, "severity": severity}
-        level = "warning" if to_stage == "rolled_back" else "info"
+        level = "warning" if to_stage == Stage.ROLLED_BACK else "info"
         # the event carries the history row (its own timestamp stands for "when")
-        fields = {key: value for key, value in entry.items() if key != "when"}
+        fields = {key: _value(value) for key, value in entry.items() if key != "when"}
         getattr(self._log, level)("rollout.stage_changed", **fields, ledger=str(self.path))
         return entry
 
     def enable(self, agent: str, shadow: bool = False, actor: str = "cli", reason: str = "") -> dict[str, Any]:
         """Move ``agent`` to ``shadow`` (FP32 reference measured beside it) or ``on``."""
-        stage = "shadow" if shadow else "on"
+        stage = Stage.SHADOW if shadow else Stage.ON
         return self._set_stage(agent, stage, actor, reason or f"enabled ({stage})")
 
     def disable(self, agent: str, actor: str = "cli", reason: str = "") -> dict[str, Any]:
         """Move ``agent`` to ``off`` (FP32)."""
-        return self._set_stage(agent, "off", actor, reason or "disabled")
+        return self._set_stage(agent, Stage.OFF, actor, reason or "disabled")
 
-    def rollback(self, agent: str, reason: str, actor: str = "guard", severity: Optional[str] = None) -> dict[str, Any]:
+    def rollback(
+        self, agent: str, reason: str, actor: str = "guard", severity: Optional[Union[Severity, str]] = None
+    ) -> dict[str, Any]:
         """Move ``agent`` to ``rolled_back`` (FP32 until re-enabled)."""
         if not reason or not reason.strip():
             raise ValueError("rollback needs a reason (what went wrong), e.g. --reason 'val loss 30% over FP32'")
-        return self._set_stage(agent, "rolled_back", actor, reason, severity)
+        return self._set_stage(agent, Stage.ROLLED_BACK, actor, reason, severity)
+
+    def reset(self, agent: str, actor: str = "cli", reason: str = "") -> dict[str, Any]:
+        """Return ``agent`` to the settings' default: its stage is forgotten
+        (`stage` is None, as for an agent never seen), its history kept with a
+        row whose ``to_stage`` is None. An agent the ledger does not manage is
+        a ValueError naming the agents it does."""
+        agent = _check_agent(agent)
+        if self.stage(agent) is None:
+            known = [row["agent"] for row in self.status()]
+            raise ValueError(
+                f"agent {agent!r} has no stage in the rollout ledger {self.path}: nothing to reset; "
+                f"agents with a stage: {', '.join(known) or 'none'}"
+            )
+        return self._set_stage(agent, None, actor, reason or "reset to the settings' default")
+
+    # -- the guard's state across processes ---------------------------------------------
+    @_ledger_call
+    def guard_window(self, agent: str, kind: str) -> list[bool]:
+        """The outcomes (True: an alarm) of ``agent``'s last FP32-reference
+        checks of ``kind`` (`WINDOW_KINDS`), oldest first; cleared by any stage change."""
+        agent, kind = _check_agent(agent), _check_window_kind(kind)
+        if not self._has_current_schema():
+            return []
+        with self._transaction(write=False) as conn:
+            row = conn.execute("SELECT outcomes FROM guard_windows WHERE agent = ? AND kind = ?", (agent, kind)).fetchone()
+        return [bool(v) for v in json.loads(row["outcomes"])] if row else []
+
+    @_ledger_call
+    def push_guard_outcome(self, agent: str, kind: str, alarm: bool, keep: int) -> list[bool]:
+        """Append one outcome to ``agent``'s window of ``kind``, keep the last
+        ``keep``, and return the window (one transaction, so two processes
+        never lose each other's outcome)."""
+        agent, kind = _check_agent(agent), _check_window_kind(kind)
+        if keep < 1:
+            raise ValueError(f"push_guard_outcome: keep={keep}; expected a window of at least 1")
+        with self._transaction(write=True) as conn:
+            row = conn.execute("SELECT outcomes FROM guard_windows WHERE agent = ? AND kind = ?", (agent, kind)).fetchone()
+            window = ([bool(v) for v in json.loads(row["outcomes"])] if row else []) + [bool(alarm)]
+            window = window[-keep:]
+            conn.execute(
+                "INSERT INTO guard_windows (agent, kind, outcomes, updated_at) VALUES (?, ?, ?, ?) "
+                "ON CONFLICT(agent, kind) DO UPDATE SET outcomes=excluded.outcomes, updated_at=excluded.updated_at",
+                (agent, kind, json.dumps(window), _now()),
+            )
+        return window
+
+    @_ledger_call
+    def clear_guard_windows(self, agent: str) -> None:
+        """Forget ``agent``'s confirmation windows (the next trainer starts new ones)."""
+        with self._transaction(write=True) as conn:
+            conn.execute("DELETE FROM guard_windows WHERE agent = ?", (_check_agent(agent),))
+
+    @_ledger_call
+    def count_canary_call(self, agent: str) -> int:
+        """Count one reduced-precision training call of ``agent`` in stage on
+        and return the count (1, 2, ...) since its last stage change."""
+        agent = _check_agent(agent)
+        with self._transaction(write=True) as conn:
+            conn.execute(
+                "INSERT INTO canary_calls (agent, calls, updated_at) VALUES (?, 1, ?) "
+                "ON CONFLICT(agent) DO UPDATE SET calls = calls + 1, updated_at = excluded.updated_at",
+                (agent, _now()),
+            )
+            return int(conn.execute("SELECT calls FROM canary_calls WHERE agent = ?", (agent,)).fetchone()["calls"])
+
+    @_ledger_call
+    def canary_calls(self, agent: str) -> int:
+        """How many calls `count_canary_call` has counted for ``agent`` since its last stage change."""
+        agent = _check_agent(agent)
+        if not self._has_current_schema():
+            return 0
+        with self._transaction(write=False) as conn:
+            row = conn.execute("SELECT calls FROM canary_calls WHERE agent = ?", (agent,)).fetchone()
+        return int(row["calls"]) if row else 0
+
+    # -- what `genesis-fp16 tune --apply` has already applied ------------------------------
+    @_ledger_call
+    def tuning_applied_through(self, agent: str, profiles: Union[str, Path]) -> Optional[str]:
+        """The timestamp of the newest event of ``agent`` already turned into a
+        change of the profile file ``profiles``; None when none was."""
+        agent = _check_agent(agent)
+        if not self._has_current_schema():
+            return None
+        with self._transaction(write=False) as conn:
+            row = conn.execute(
+                "SELECT through FROM tuning_applied WHERE agent = ? AND profiles = ?", (agent, _profiles_key(profiles))
+            ).fetchone()
+        return row["through"] if row else None
+
+    @_ledger_call
+    def record_tuning_applied(self, agent: str, profiles: Union[str, Path], through: str, changes: dict[str, Any]) -> None:
+        """Remember that ``agent``'s events up to ``through`` were applied to ``profiles`` as ``changes``."""
+        with self._transaction(write=True) as conn:
+            conn.execute(
+                "INSERT INTO tuning_applied (agent, profiles, through, at, changes) VALUES (?, ?, ?, ?, ?) "
+                "ON CONFLICT(agent, profiles) DO UPDATE SET through=excluded.through, at=excluded.at, changes=excluded.changes",
+                (_check_agent(agent), _profiles_key(profiles), through, _now(), json.dumps(changes, sort_keys=True)),
+            )
 
     @_ledger_call
     def record_shadow_gap(self, agent: str, val_loss: float, fp32_val_loss: float, precision: str) -> dict[str, Any]:
@@ -438,7 +687,7 @@ class RolloutLedger:
             )
 
 
-def current_stage(agent: str, settings: Settings) -> Optional[str]:
+def current_stage(agent: str, settings: Settings) -> Optional[Stage]:
     """off | shadow | on | rolled_back, or None for an agent the ledger does not
     manage. Never creates the ledger: without the file every agent is unmanaged."""
     path = Path(settings.state_dir) / LEDGER_FILE

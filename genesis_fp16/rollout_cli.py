@@ -1,4 +1,4 @@
-"""Commands: ``profiles show``, ``rollout status|enable|disable|rollback|history``, ``tune``, ``drill``."""
+"""Commands: ``profiles show``, ``rollout status|enable|disable|rollback|reset|history``, ``tune``, ``drill``."""
 
 from __future__ import annotations
 
@@ -91,9 +91,36 @@ def profiles_show(
         out.print(table)
 
 
+def _check_cells(checks: dict[str, Any]) -> list[tuple[str, str, str]]:
+    """(check, when, what it found) for each kind of quality check that has one."""
+    rows = []
+    gap = checks.get("shadow_gap")
+    if gap:
+        shown = f"{gap['gap']:+.1%}" if gap.get("gap") is not None else "undefined"
+        rows.append(("shadow gap", gap["at"], f"{shown} ({gap['precision']}: {gap['val_loss']:.4g} vs FP32 {gap['fp32_val_loss']:.4g})"))
+    for kind, label in (("canary", "canary"), ("policy_canary", "policy canary"), ("inference_gap", "inference gap")):
+        check = checks.get(kind)
+        if not check:
+            continue
+        m = check["metrics"]
+        if kind == "inference_gap":
+            found = f"{m['gap']:+.1%}" if m.get("gap") is not None else "undefined"
+        else:
+            if kind == "canary":
+                numbers = f"{m['val_loss_ratio']:.3f}x FP32" if m.get("val_loss_ratio") is not None else "ratio undefined"
+            else:
+                numbers = ", ".join(f"{k} {m[k]:.3g}" for k in ("kl", "max_logp_delta", "max_value_delta") if m.get(k) is not None)
+            verdict = "alarm" if check["alarm"] else "ok"
+            if check["alarm"]:
+                verdict += ", confirmed" if m.get("confirmed") else f", {m.get('alarms')} in the window"
+            found = f"{verdict}: {numbers}"
+        rows.append((label, check["at"], f"{found} ({check['precision'] or '-'})"))
+    return rows
+
+
 @rollout_app.command("status")
 def rollout_status(as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
-    """Every agent's stage, since when, who and why; the last shadow gap."""
+    """Every agent's stage, since when, who and why; its latest quality checks (shadow gap, canaries, inference gap)."""
     from .cli import print_json, safe_cells, safe_text
 
     settings = _settings()
@@ -111,11 +138,19 @@ def rollout_status(as_json: bool = typer.Option(False, "--json", help="Print JSO
         shown = f"{gap['gap']:+.1%} ({gap['precision']})" if gap and gap.get("gap") is not None else "-"
         table.add_row(*safe_cells(row["agent"], row["stage"], row["since"], row["actor"], row["reason"], shown))
     out.print(table if rows else "no agents in the ledger yet: genesis-fp16 rollout enable AGENT --shadow")
+    checks = [(row["agent"], *cells) for row in rows for cells in _check_cells(row["last_checks"])]
+    if checks:
+        latest = Table(title="latest quality checks")
+        for col in ("agent", "check", "when", "result"):
+            latest.add_column(col)
+        for cells in checks:
+            latest.add_row(*safe_cells(*cells))
+        out.print(latest)
 
 
 def _change(fn_name: str, agent: str, **kwargs: Any) -> None:
     from .cli import fail, safe_text
-    from .rollout import LedgerError
+    from .rollout import LedgerError, Stage
 
     settings = _settings()
     ledger = _ledger(settings)
@@ -127,10 +162,12 @@ def _change(fn_name: str, agent: str, **kwargs: Any) -> None:
         raise fail(str(exc))
     out.print(Text.assemble(
         safe_text(f"{entry['agent']}: {entry['from_stage'] or 'unmanaged'} -> "),
-        safe_text(entry["to_stage"], "bold"),
+        safe_text(str(entry["to_stage"] or "unmanaged"), "bold"),
         safe_text(f" ({entry['reason']})"),
     ))
-    if not settings.enable_fp16_training and entry["to_stage"] in ("on", "shadow"):
+    if entry["to_stage"] is None:
+        out.print(safe_text("the settings and the agent's profile decide its precision again"))
+    if not settings.enable_fp16_training and entry["to_stage"] in (Stage.ON, Stage.SHADOW):
         out.print("[yellow]note:[/] the kill switch ENABLE_FP16_TRAINING=false is on; it wins: this agent still trains in FP32")
 
 
@@ -165,6 +202,16 @@ def rollout_rollback(
     _change("rollback", agent, reason=reason, actor=actor)
 
 
+@rollout_app.command("reset")
+def rollout_reset(
+    agent: str = typer.Argument(..., help="Agent name."),
+    reason: str = typer.Option("", "--reason", help="Why (kept in the history)."),
+    actor: str = typer.Option("cli", "--actor", help="Who (kept in the history)."),
+) -> None:
+    """Forget AGENT's stage: the settings and its profile decide again, as for an agent never enabled (history kept)."""
+    _change("reset", agent, actor=actor, reason=reason)
+
+
 @rollout_app.command("history")
 def rollout_history(
     agent: Optional[str] = typer.Argument(None, help="Agent name; all agents when left out."),
@@ -184,7 +231,8 @@ def rollout_history(
     for col in ("when", "agent", "actor", "from", "to", "severity", "reason"):
         table.add_column(col)
     for r in rows:
-        table.add_row(*safe_cells(r["when"], r["agent"], r["actor"], r["from_stage"] or "-", r["to_stage"], r["severity"] or "-", r["reason"]))
+        table.add_row(*safe_cells(r["when"], r["agent"], r["actor"], r["from_stage"] or "-", r["to_stage"] or "(reset)",
+                                  r["severity"] or "-", r["reason"]))
     out.print(table)
 
 
@@ -220,14 +268,14 @@ def tune(
     applied = None
     if apply and proposals:
         try:
-            applied = apply_proposals(proposals, path)
+            applied = apply_proposals(proposals, path, ledger=_ledger(settings))
         except (ProfileError, OSError) as exc:
             raise fail(f"could not write {path}: {exc}")
     if as_json:
         print_json({"events": str(events), "profiles_file": str(path), "proposals": [p.as_dict() for p in proposals], "applied": applied})
         return
     if not proposals:
-        out.print(safe_text(f"no profile changes proposed from {events}"))
+        out.print(safe_text(f"no profile changes proposed from {events} (events already applied to {path} are not proposed again)"))
     for p in proposals:
         changes = ", ".join(f"{k} {p.current.get(k)!r} -> {v!r}" for k, v in p.changes.items())
         out.print(Text.assemble(safe_text(p.agent, "bold"), safe_text(f": {changes}")))

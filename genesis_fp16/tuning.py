@@ -20,18 +20,25 @@ changes to each agent's profile, with reasons:
 
 The overflow rate is the one the guard last judged (``guard.decision``);
 without one it is the count of overflow skips over the highest step seen.
+
+Each event is acted on once: `apply` remembers in the rollout ledger, per
+agent and profile file, the newest event it applied, and `propose` reads
+only an agent's later events. Applying the same log twice changes the
+profile once.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Optional, Union
 
 from .canary import CANARY_SUFFIX, SHADOW_SUFFIX
 from .precision import MODES, REDUCED_MODES
 from .profiles import THRESHOLD_DEFAULTS, raw_document, write_profiles
+from .rollout import LEDGER_FILE, RolloutLedger, Stage
 from .settings import PrecisionMode, Settings, load_settings
 from .telemetry import get_logger, read_events
 
@@ -80,6 +87,8 @@ class Proposal:
     current: dict[str, Any]
     reasons: list[str]
     evidence: dict[str, Any]
+    through: Optional[str] = None
+    """The timestamp of the newest of the agent's events it rests on (what `apply` remembers)."""
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -121,7 +130,7 @@ def summarise(events: list[dict[str, Any]]) -> dict[str, AgentSummary]:
             if ev.get("precision") in REDUCED and isinstance(ev.get("training_steps"), int) and ev["training_steps"] > 0:
                 s.judged_overflow_rate = float(ev.get("overflow_rate", 0.0))
                 s.judged_steps = ev["training_steps"]
-        elif name == "rollout.stage_changed" and ev.get("to_stage") == "rolled_back":
+        elif name == "rollout.stage_changed" and ev.get("to_stage") == Stage.ROLLED_BACK:
             s.rollbacks.append({"when": ev.get("timestamp"), "reason": ev.get("reason"), "actor": ev.get("actor"),
                                 "precision": s.precisions[-1] if s.precisions else None})
         elif name == "guard.canary" and ev.get("kind") == "val_loss" and isinstance(ev.get("val_loss_ratio"), (int, float)):
@@ -147,6 +156,51 @@ def _thresholds(agent: str, doc: dict[str, Any]) -> dict[str, Any]:
     return th
 
 
+def _when(timestamp: Any) -> Optional[datetime]:
+    """An event's timestamp as an aware datetime (ISO text compares wrongly: "00Z" > "00.5Z")."""
+    if not isinstance(timestamp, str):
+        return None
+    try:
+        when = datetime.fromisoformat(timestamp.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return when if when.tzinfo is not None else when.replace(tzinfo=timezone.utc)
+
+
+def _newest(events: list[dict[str, Any]]) -> dict[str, str]:
+    """Per agent, the timestamp of its newest event."""
+    out: dict[str, tuple[datetime, str]] = {}
+    for ev in events:
+        agent, when = _agent_of(ev), _when(ev.get("timestamp"))
+        if agent is not None and when is not None and (agent not in out or when > out[agent][0]):
+            out[agent] = (when, ev["timestamp"])
+    return {agent: text for agent, (_, text) in out.items()}
+
+
+def _not_applied(events: list[dict[str, Any]], ledger: Optional[RolloutLedger], path: Path) -> list[dict[str, Any]]:
+    """The events newer than what `apply` already applied to ``path`` for their agent."""
+    if ledger is None:
+        return events
+    cache: dict[str, Optional[datetime]] = {}
+    out = []
+    for ev in events:
+        agent = _agent_of(ev)
+        if agent is not None:
+            if agent not in cache:
+                cache[agent] = _when(ledger.tuning_applied_through(agent, path))
+            through, when = cache[agent], _when(ev.get("timestamp"))
+            if through is not None and when is not None and when <= through:
+                continue
+        out.append(ev)
+    return out
+
+
+def _settings_ledger(settings: Settings) -> Optional[RolloutLedger]:
+    """The settings' ledger when it exists (a dry run creates none)."""
+    path = Path(settings.state_dir) / LEDGER_FILE
+    return RolloutLedger(path) if path.is_file() else None
+
+
 def _pow2_floor(value: float) -> float:
     return float(2 ** math.floor(math.log2(max(value, 1.0))))
 
@@ -156,11 +210,16 @@ def propose(
     *,
     settings: Optional[Settings] = None,
     profiles_path: Union[str, Path, None] = None,
+    ledger: Optional[RolloutLedger] = None,
 ) -> list[Proposal]:
-    """Profile changes the events call for, one `Proposal` per agent that needs any."""
+    """Profile changes the events call for, one `Proposal` per agent that
+    needs any. Events `apply` already applied to this profile file (as the
+    ``ledger``, default the settings', remembers) are left out."""
     settings = settings or load_settings()
     path = Path(profiles_path) if profiles_path else settings.effective_profiles_file
     doc = raw_document(path)
+    events = _not_applied(events, ledger if ledger is not None else _settings_ledger(settings), path)
+    newest = _newest(events)
     proposals = []
     for agent, s in sorted(summarise(events).items()):
         current = _current(agent, doc, settings)
@@ -219,6 +278,7 @@ def propose(
                     "min_scale": s.min_scale,
                     "canary_ratios": s.canary_ratios[-RISING_CANARIES - 1:],
                 },
+                through=newest.get(agent),
             )
         )
     return proposals
@@ -248,9 +308,11 @@ def tune_from_file(events_path: Union[str, Path], **kwargs: Any) -> list[Proposa
     return propose(read_events(Path(events_path)), **kwargs)
 
 
-def apply(proposals: list[Proposal], profiles_path: Union[str, Path]) -> dict[str, Any]:
+def apply(proposals: list[Proposal], profiles_path: Union[str, Path], ledger: Optional[RolloutLedger] = None) -> dict[str, Any]:
     """Merge the proposals into the profile file: validated, written atomically,
-    the previous file kept as ``<name>.bak.<timestamp>``."""
+    the previous file kept as ``<name>.bak.<timestamp>``. The ``ledger``
+    (default: the settings') remembers each proposal's newest event, so
+    `propose` does not propose it again."""
     path = Path(profiles_path)
     doc = raw_document(path)
     agents = doc.setdefault("agents", {})
@@ -262,6 +324,10 @@ def apply(proposals: list[Proposal], profiles_path: Union[str, Path]) -> dict[st
             else:
                 table[key] = value
     written = write_profiles(path, doc, backup=True)
+    ledger = ledger if ledger is not None else RolloutLedger.from_settings(load_settings())
+    for p in proposals:
+        if p.through is not None:
+            ledger.record_tuning_applied(p.agent, path, p.through, p.changes)
     get_logger("genesis_fp16.tuning").info(
         "tuning.applied",
         path=str(written["path"]),

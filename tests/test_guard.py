@@ -297,3 +297,80 @@ def test_recover_builds_restores_once_and_watches_the_new_trainer(state_dir):
     assert restored == state_dir / "good.pt" and guard.tripped is None and guard.trainer is rebuilt
     assert rebuilt.precision.name == "fp32" and rebuilt.training_steps == 3  # the ledger's FP32, the checkpoint's counters
     torch.testing.assert_close(rebuilt.model[0].weight, weights)
+
+
+# -- one noise-aware rule for the shadow; the windows and the canary's schedule in the ledger ----------
+
+def test_shadow_within_fp32_spread_is_not_rolled_back_a_confirmed_gap_is(state_dir):
+    settings = load_settings()
+    RolloutLedger.from_settings(settings).enable("wm", shadow=True)
+    trainer, guard, ledger, batch = _setup(stage=None)
+    for _ in range(4):  # the PointMass case: 1.21x on losses of about 2e-4, one call after another
+        assert guard.check(trainer, val_loss=2.18e-4, fp32_val_loss=1.8e-4, reference="shadow").action == "none"
+    assert guard.check(trainer, val_loss=1.25, fp32_val_loss=1.0, reference="shadow").action == "none"  # one alarm
+    assert ledger.stage("wm") == "shadow"
+    decision = guard.check(trainer, val_loss=1.25, fp32_val_loss=1.0, reference="shadow")  # the second of the last 3
+    assert (decision.severity, decision.action) == ("P1", "rollback") and "confirmed by 2 of the last 3" in decision.reason
+    assert ledger.stage("wm") == "rolled_back" and ledger.guard_window("wm", "shadow") == []  # a rollback clears it
+
+
+def _bf16_guard(agent="wm", **thresholds):
+    """A new ledger object, guard and trainer on the state dir: what a new process opens."""
+    settings = load_settings()
+    ledger = RolloutLedger.from_settings(settings)
+    model = torch.nn.Linear(2, 1)
+    trainer = trainer_for(agent, model, torch.optim.SGD(model.parameters(), lr=0.1), settings=settings, precision="bf16")
+    guard = RollbackGuard(agent, settings=settings, ledger=ledger, thresholds=thresholds or None)
+    guard.attach(trainer)
+    return guard, trainer
+
+
+def test_a_confirmation_begun_in_one_process_is_completed_in_the_next(state_dir):
+    RolloutLedger.from_settings(load_settings()).enable("wm")
+    first, trainer = _bf16_guard()
+    assert first.check(trainer, val_loss=2.0, fp32_val_loss=1.0, reference="canary").action == "none"  # 1 alarm of 1
+    second, trainer = _bf16_guard()  # another process: nothing in memory
+    decision = second.check(trainer, val_loss=2.0, fp32_val_loss=1.0, reference="canary")
+    assert decision.action == "rollback" and "canary, confirmed" in decision.reason
+    assert [c["metrics"]["alarms"] for c in second.ledger.quality_checks("wm", kind="canary")] == [1, 2]
+
+
+def test_canary_schedule_goes_on_across_processes_and_restarts_with_the_stage(state_dir):
+    ledger = RolloutLedger.from_settings(load_settings())
+    ledger.enable("wm")
+    first, _ = _bf16_guard(canary_every=3)
+    assert [first.canary_due() for _ in range(2)] == [False, False]
+    second, _ = _bf16_guard(canary_every=3)
+    assert [second.canary_due() for _ in range(4)] == [True, False, False, True]  # calls 3..6
+    assert ledger.canary_calls("wm") == 6
+    ledger.enable("wm", shadow=True)
+    ledger.enable("wm")  # a new stage on: the first canary comes at call canary_every again
+    assert ledger.canary_calls("wm") == 0 and [second.canary_due() for _ in range(3)] == [False, False, True]
+    assert not any(_bf16_guard("other", canary_every=0)[0].canary_due() for _ in range(3))
+
+
+def test_thresholds_are_typed_and_overrides_validated(state_dir):
+    _, guard, _, _ = _setup()
+    assert guard.thresholds.canary_window == 3 and guard.thresholds["canary_window"] == 3
+    with pytest.raises(ValueError, match="unknown threshold"):
+        _setup(thresholds={"canary_windw": 2})
+    with pytest.raises(ValueError, match="canary_every = -1 is invalid"):
+        _setup(thresholds={"canary_every": -1})
+
+
+def test_a_confirmation_begun_by_another_process_is_completed_here(state_dir):
+    import subprocess
+    import sys
+
+    RolloutLedger.from_settings(load_settings()).enable("wm")
+    code = (
+        "from genesis_fp16.guard import RollbackGuard\n"
+        "g = RollbackGuard('wm')\n"
+        "assert g.canary_due() is False\n"
+        "print(g.check(val_loss=2.0, fp32_val_loss=1.0, reference='canary').action)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "none", out.stderr  # one alarm of one
+    guard, trainer = _bf16_guard()
+    assert guard.ledger.canary_calls("wm") == 1
+    assert guard.check(trainer, val_loss=2.0, fp32_val_loss=1.0, reference="canary").action == "rollback"

@@ -248,3 +248,100 @@ def test_cli_status_piped_shows_whole_timestamps_and_reasons(state_dir):
     assert proc.returncode == 0, proc.stderr
     (row,) = [line for line in proc.stdout.splitlines() if "agent_with_a_rather_long_name" in line]
     assert since in row and reason in row and len(since) >= len("2026-01-01T00:00:00")
+
+
+# -- schema versions, reset, the latest quality checks -----------------------------------------
+
+_V1_SCHEMA = """
+CREATE TABLE stages (agent TEXT PRIMARY KEY, stage TEXT NOT NULL, updated_at TEXT NOT NULL, actor TEXT NOT NULL, reason TEXT NOT NULL);
+CREATE TABLE history (id INTEGER PRIMARY KEY AUTOINCREMENT, agent TEXT NOT NULL, at TEXT NOT NULL, actor TEXT NOT NULL,
+    from_stage TEXT, to_stage TEXT NOT NULL, reason TEXT NOT NULL, severity TEXT);
+CREATE TABLE shadow_gaps (id INTEGER PRIMARY KEY AUTOINCREMENT, agent TEXT NOT NULL, at TEXT NOT NULL, val_loss REAL NOT NULL,
+    fp32_val_loss REAL NOT NULL, gap REAL, precision TEXT NOT NULL);
+CREATE TABLE recommendations (id INTEGER PRIMARY KEY AUTOINCREMENT, agent TEXT NOT NULL, at TEXT NOT NULL, severity TEXT,
+    changes TEXT NOT NULL, reason TEXT NOT NULL);
+CREATE TABLE quality_checks (id INTEGER PRIMARY KEY AUTOINCREMENT, agent TEXT NOT NULL, at TEXT NOT NULL, kind TEXT NOT NULL,
+    precision TEXT, alarm INTEGER, metrics TEXT NOT NULL);
+CREATE TABLE good_checkpoints (agent TEXT PRIMARY KEY, path TEXT NOT NULL, at TEXT NOT NULL);
+INSERT INTO stages VALUES ('wm', 'on', '2026-01-01T00:00:00+00:00', 'cli', 'enabled (on)');
+INSERT INTO history (agent, at, actor, from_stage, to_stage, reason) VALUES ('wm', '2026-01-01T00:00:00+00:00', 'cli', NULL, 'on', 'enabled (on)');
+"""
+
+
+def test_a_ledger_without_schema_version_is_migrated_in_place(state_dir):
+    path = state_dir / LEDGER_FILE
+    conn = sqlite3.connect(path)
+    conn.executescript(_V1_SCHEMA)
+    conn.close()
+    ledger = RolloutLedger(path)
+    assert ledger.stage("wm") == "on" and ledger.guard_window("wm", "canary") == []
+    assert ledger.push_guard_outcome("wm", "canary", True, keep=3) == [True]
+    ledger.reset("wm")  # a history row with no to_stage: the old NOT NULL is gone
+    assert [h["to_stage"] for h in ledger.history("wm")] == ["on", None]
+    conn = sqlite3.connect(path)
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == 2
+    conn.close()
+    assert RolloutLedger(path).stage("wm") is None  # the migrated ledger opens as current
+
+
+def test_a_ledger_from_a_newer_version_is_refused(state_dir):
+    path = state_dir / LEDGER_FILE
+    conn = sqlite3.connect(path)
+    conn.execute("PRAGMA user_version = 99")
+    conn.close()
+    with pytest.raises(LedgerError, match="schema version 99, newer"):
+        RolloutLedger(path).stage("wm")
+
+
+def test_stages_and_severities_are_str_enums(ledger):
+    from genesis_fp16.rollout import Severity, Stage
+
+    entry = ledger.rollback("wm", "bad", severity="P1")
+    assert entry["to_stage"] is Stage.ROLLED_BACK and entry["severity"] is Severity.P1
+    assert ledger.stage("wm") == "rolled_back" and f"{ledger.stage('wm')}" == "rolled_back"
+    assert json.dumps(ledger.history("wm")[-1]["to_stage"]) == '"rolled_back"'
+
+
+def test_reset_forgets_the_stage_and_keeps_history(ledger):
+    ledger.enable("wm", shadow=True)
+    ledger.rollback("wm", "gap", severity="P1")
+    ledger.push_guard_outcome("wm", "shadow", True, keep=3)
+    entry = ledger.reset("wm", actor="ops", reason="start over")
+    assert entry["from_stage"] == "rolled_back" and entry["to_stage"] is None
+    assert ledger.stage("wm") is None and current_stage("wm", load_settings()) is None
+    assert [h["to_stage"] for h in ledger.history("wm")] == ["shadow", "rolled_back", None]
+    assert ledger.history("wm")[-1]["reason"] == "start over" and ledger.guard_window("wm", "shadow") == []
+    assert [row["agent"] for row in ledger.status()] == []
+    with pytest.raises(ValueError, match="'wm' has no stage .* nothing to reset"):
+        ledger.reset("wm")
+
+
+def test_cli_reset(state_dir):
+    runner.invoke(app, ["rollout", "rollback", "wm", "--reason", "gap too big"])
+    r = runner.invoke(app, ["rollout", "reset", "wm", "--reason", "new profile"])
+    assert r.exit_code == 0, r.output
+    assert "wm: rolled_back -> unmanaged (new profile)" in r.stdout and "settings" in r.stdout
+    r = runner.invoke(app, ["rollout", "history", "wm", "--json"])
+    assert [h["to_stage"] for h in json.loads(r.stdout)] == ["rolled_back", None]
+    assert "(reset)" in runner.invoke(app, ["rollout", "history", "wm"]).stdout
+    r = runner.invoke(app, ["rollout", "reset", "wm"])
+    assert r.exit_code == 2 and "nothing to reset" in r.output
+
+
+def test_status_shows_the_latest_quality_check_of_each_kind(ledger):
+    ledger.enable("wm")
+    ledger.record_shadow_gap("wm", val_loss=0.30, fp32_val_loss=0.25, precision="bf16")
+    ledger.record_quality_check("wm", "canary", {"val_loss_ratio": 1.6, "alarms": 1, "confirmed": False}, "bf16", alarm=True)
+    ledger.record_quality_check("wm", "canary", {"val_loss_ratio": 1.01, "alarms": 1, "confirmed": False}, "bf16", alarm=False)
+    ledger.record_quality_check("wm", "inference_gap", {"val_loss": 0.3, "fp32_val_loss": 0.297, "gap": 0.01}, "bf16")
+    checks = ledger.status()[0]["last_checks"]
+    assert checks["canary"]["metrics"]["val_loss_ratio"] == 1.01 and checks["canary"]["at"]
+    assert checks["shadow_gap"]["gap"] == pytest.approx(0.2) and checks["policy_canary"] is None
+    r = runner.invoke(app, ["rollout", "status"], env={"COLUMNS": "200"})
+    assert r.exit_code == 0, r.output
+    assert "latest quality checks" in r.stdout
+    lines = {line.split("│")[2].strip(): line for line in r.stdout.splitlines() if line.count("│") >= 4 and "wm" in line}
+    assert "+20.0%" in lines["shadow gap"] and "ok: 1.010x FP32" in lines["canary"] and "+1.0%" in lines["inference gap"]
+    assert checks["canary"]["at"] in lines["canary"]
+    data = json.loads(runner.invoke(app, ["rollout", "status", "--json"]).stdout)
+    assert data["agents"][0]["last_checks"]["inference_gap"]["metrics"]["gap"] == 0.01

@@ -237,3 +237,35 @@ def test_events_catalogue_lists_every_event():
     assert {"trainer.step_skipped", "guard.rollback", "rollout.stage_changed", "checkpoint.fresh_scaler"} <= set(found)
     missing = {ev: where for ev, where in found.items() if f"`{ev}`" not in catalogue}
     assert not missing, f"events emitted in code but not in docs/EVENTS.md: {missing}"
+
+
+def test_applying_the_same_log_twice_changes_the_profile_once(state_dir):
+    path = state_dir / "profiles.toml"
+    log = state_dir / "canary_events.jsonl"
+    events = [_canary("wm", 1.5), _canary("wm", 1.6),
+              _ev("rollout.stage_changed", agent="wm", to_stage="rolled_back",
+                  reason="P1: validation loss 1.60x the FP32 canary, confirmed (> 1.30x)")]
+    log.write_text("".join(json.dumps(e) + "\n" for e in events))
+    for _ in range(2):
+        r = runner.invoke(app, ["tune", "--events", str(log), "--apply", "--profiles", str(path)])
+        assert r.exit_code == 0, r.output
+    assert load_profiles(path).agents["wm"].thresholds == {"canary_every": 2}  # 5 -> 2 once, not 2 -> 1
+    assert "already applied" in r.stdout
+    # a later event of the same kind is new evidence: acted on once more
+    later = _ev("rollout.stage_changed", agent="wm", to_stage="rolled_back", reason="P1: canary, confirmed")
+    later["timestamp"] = "2026-01-02T00:00:00.500000Z"
+    with log.open("a") as f:
+        f.write(json.dumps(later) + "\n")
+    assert runner.invoke(app, ["tune", "--events", str(log), "--apply", "--profiles", str(path)]).exit_code == 0
+    assert load_profiles(path).agents["wm"].thresholds == {"canary_every": 1}
+
+
+def test_applying_a_real_overflow_log_twice_through_the_api(state_dir):
+    path = state_dir / "profiles.toml"
+    _fp16_run_with_overflows("noisy", every=4)
+    for _ in range(2):
+        proposals = propose(telemetry.read_events(state_dir / "events.jsonl"), profiles_path=path)
+        if proposals:
+            apply(proposals, path)
+    assert load_profiles(path).agents["noisy"].values["growth_interval"] == 4000  # not 8000
+    assert propose(telemetry.read_events(state_dir / "events.jsonl"), profiles_path=path) == []
