@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from genesis_fp16 import guarded
+from genesis_fp16 import registry
 from genesis_fp16.guarded import GuardedTraining
 from genesis_fp16.rollout import RolloutLedger
 from genesis_fp16.settings import load_settings
@@ -48,13 +48,14 @@ def _batches(good_before=8, storm=5, good_after=10):
 def builds(monkeypatch):
     """Count the trainers GuardedTraining builds through the registry."""
     made = []
-    real = guarded.trainer_for
+    real = registry.resolve_trainer
 
     def counting(*args, **kwargs):
-        made.append(real(*args, **kwargs))
-        return made[-1]
+        built = real(*args, **kwargs)
+        made.append(built.trainer)
+        return built
 
-    monkeypatch.setattr(guarded, "trainer_for", counting)
+    monkeypatch.setattr(registry, "resolve_trainer", counting)
     return made
 
 

@@ -9,6 +9,7 @@ import inspect
 import math
 import re
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -306,6 +307,17 @@ class FakeGuard:
     def record_good_checkpoint(self, path) -> None:
         self.last_good_checkpoint = str(path)
 
+    def recover(self, build, load=None):
+        """As the real guard: a new trainer, the last good checkpoint loaded into it, the trip forgotten."""
+        checkpoint = Path(self.last_good_checkpoint) if self.last_good_checkpoint else None
+        trainer = build()
+        if checkpoint is not None:
+            (load or (lambda t, p: t.load_checkpoint(p)))(trainer, checkpoint)
+        self.reset()
+        if self.attached[-1] is not trainer:
+            self.attach(trainer)
+        return trainer, checkpoint
+
     def reset(self) -> None:
         self.resets += 1
 
@@ -344,7 +356,7 @@ async def test_shadow_mode_reports_fp32_gap(monkeypatch):
     assert abs(report.shadow_gap) < 0.2
     recorded = guard.ledger.shadow_gaps
     assert recorded and recorded[0][0] == "world_model" and recorded[0][3] == "bf16"
-    assert wm._shadow is not None and wm._shadow[1].precision.name == "fp32"
+    assert wm.training.shadow is not None and wm.training.shadow.trainer.precision.name == "fp32"
 
 
 async def test_a_rollback_decision_after_the_run_restores_the_last_good_checkpoint(tmp_path, monkeypatch):
