@@ -190,6 +190,10 @@ class GuardedTraining:
             ``trainer.save_checkpoint``), for callers whose checkpoints carry more.
         load: ``load(trainer, path)`` restores one into a rebuilt trainer
             (default ``trainer.load_checkpoint(path, restore_rng=False)``).
+        fp32_reference: train the stage's FP32 reference (shadow, canary)
+            beside the model; False where ``loss_fn`` cannot train a copy
+            (PPO's loss calls its own network) and the caller judges
+            precision its own way (`check_policy_canary`).
 
     Attributes:
         trainer: the trainer in use now (a new one after a rollback or a policy change).
@@ -213,6 +217,7 @@ class GuardedTraining:
         checkpoint_every: int = 100,
         save: Optional[SaveFn] = None,
         load: Optional[LoadFn] = None,
+        fp32_reference: bool = True,
     ) -> None:
         if checkpoint_every < 0:
             raise ValueError(f"GuardedTraining({agent!r}): checkpoint_every={checkpoint_every}; expected 0 (off) or a positive step count")
@@ -222,6 +227,7 @@ class GuardedTraining:
         self.precision_arg, self.overrides = precision, overrides
         self.guard: Optional[Guard] = self._guard(guard)
         self.checkpoint_every = int(checkpoint_every)
+        self.fp32_reference = fp32_reference
         self.checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir is not None else self.settings.state_dir / "checkpoints" / agent
         self.good_path = self.checkpoint_dir / good_name
         self._save = save or (lambda path: self.trainer.save_checkpoint(path))
@@ -346,6 +352,8 @@ class GuardedTraining:
 
     def _reference(self, canary: bool) -> Optional[Reference]:
         stage = self.policy.stage
+        if not self.fp32_reference:
+            return None
         if stage == "shadow" and self.reduced:
             if self.shadow is None:
                 self.shadow = Reference("shadow", *fp32_reference(self.model, self.optimizer, self.trainer, f"{self.agent}{SHADOW_SUFFIX}"))
