@@ -242,25 +242,10 @@ class WorldModel:
         healthy = call.decision is None or call.decision.action != "rollback"
         if checkpoint is not None and self.guard is not None and healthy and math.isfinite(val_loss):
             training.mark_good(checkpoint)
-        report = TrainReport(
-            train_loss=float(np.mean(finite)) if finite else float("nan"),
-            val_loss=val_loss,
-            precision=call.precision,
-            steps=steps,
-            skipped_steps=call.skipped_steps,
-            wall_s=time.perf_counter() - started,
-            transitions=len(x_tr) + len(x_val),
-            trajectories=len(trajectories),
-            fp32_val_loss=call.fp32_val_loss,
-            shadow_gap=call.gap,
-            reference=call.reference if call.fp32_val_loss is not None else None,
-            inference_val_loss_fp32=inference_fp32,
-            inference_gap=inference_gap,
-            rolled_back=call.rolled_back,
-            rollback_reason=call.rollback_reason,
-            checkpoint=checkpoint,
-            guard_decision=call.decision.as_dict() if call.decision is not None else None,
-            events=call.events,
+        report = TrainReport.from_call(
+            call, train_loss=float(np.mean(finite)) if finite else float("nan"), steps=steps, wall_s=time.perf_counter() - started,
+            transitions=len(x_tr) + len(x_val), trajectories=len(trajectories), inference_val_loss_fp32=inference_fp32,
+            inference_gap=inference_gap, checkpoint=checkpoint,
         )
         self._log.info("world_model.trained", **report.log_fields())
         return report

@@ -11,7 +11,7 @@ from typing import Any, Optional
 
 import torch
 
-from genesis_fp16.guarded import Guard, GuardVerdict, QualityLedger
+from genesis_fp16.guarded import CallReport, Guard, GuardVerdict, QualityLedger
 from genesis_fp16.trainer import FP16Trainer
 
 from .dynamics import DynamicsMLP, mse_loss
@@ -57,6 +57,18 @@ class TrainReport:
     checkpoint: Optional[str] = None
     guard_decision: Optional[dict[str, Any]] = None
     events: list[str] = field(default_factory=list)
+
+    @classmethod
+    def from_call(cls, call: CallReport, *, val_loss: Optional[float] = None, **fields: Any) -> "TrainReport":
+        """The report of a `GuardedTraining` call (precision, validation and
+        reference losses, rollback, guard decision, events) and the world
+        model's own ``fields`` (losses, sizes, timing, checkpoint)."""
+        return cls(
+            val_loss=float(call.val_loss if val_loss is None else val_loss), precision=call.precision, skipped_steps=call.skipped_steps,
+            fp32_val_loss=call.fp32_val_loss, shadow_gap=call.gap, reference=call.reference if call.fp32_val_loss is not None else None,
+            rolled_back=call.rolled_back, rollback_reason=call.rollback_reason,
+            guard_decision=call.decision.as_dict() if call.decision is not None else None, events=call.events, **fields,
+        )
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
