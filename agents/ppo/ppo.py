@@ -89,10 +89,7 @@ class PPO:
         self.episode_returns: list[float] = []
         self.history: list[dict[str, Any]] = []
 
-    @property
-    def trainer(self) -> FP16Trainer:
-        """The trainer in use: the guard's (a new FP32 one after a rollback)."""
-        return self.guard.trainer
+    trainer = property(lambda self: self.guard.trainer, doc="The trainer in use: the guard's (a new FP32 one after a rollback).")
 
     # -- observations, actions, rewards ------------------------------------------
     def _prep_obs(self, obs: np.ndarray, update_stats: bool = True) -> np.ndarray:
@@ -285,13 +282,11 @@ class PPO:
             data = {k: v.to(self.device, non_blocking=self.pin) for k, v in data.items()}
         skipped = 0
         steps = 0
-        diagnostics: dict[str, torch.Tensor] = {}
+        diagnostics: dict[str, torch.Tensor] = {}  # the last minibatch's, filled in by loss_fn
 
         def loss_fn(net: ActorCritic, mb: dict[str, torch.Tensor]) -> torch.Tensor:
-            loss, diag = self._loss(net, mb)
-            diagnostics.update(diag)
-            return loss
-
+            loss, last = self._loss(net, mb)
+            return diagnostics.update(last) or loss
         gen = torch.Generator().manual_seed(cfg.seed * 100_003 + self.iteration)
         for _epoch in range(cfg.update_epochs):
             perm = torch.randperm(b, generator=gen)
