@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any, Optional
 
@@ -16,6 +17,13 @@ from .tasks import ResolvedTask, Task, TaskError, get_task
 
 # what needs the optional packages, in a missing extra's error
 EVOLVE = "genesis-fp16 evolve"
+
+
+def world_model_agent(task_id: str) -> str:
+    """The ledger agent of a task's world model: ``world_model.<task id>``, with
+    any character outside letters, digits, ``.``, ``_`` and ``-`` made ``_``
+    (the name is also a checkpoint file name)."""
+    return "world_model." + re.sub(r"[^A-Za-z0-9._-]", "_", task_id)
 
 
 @dataclass
@@ -70,8 +78,9 @@ class EvolveConfig:
     """Address space in MiB an evaluation worker may add; None: no limit."""
     agent: str = "se_darwin"
     """The name the loop logs under and files its replay data under (`<agent>:<run_id>`)."""
-    wm_agent: str = "world_model"
-    """The name the world model's precision is resolved for: its profile and rollout-ledger entry."""
+    wm_agent: Optional[str] = None
+    """The name the world model trains under: its profile, rollout-ledger entry, guard and checkpoint file. None:
+    `world_model.<task id>` (e.g. `world_model.Pendulum-v1`), so one task's rollback leaves the others' world models alone."""
     policy: Optional[str] = None
     """The policy shape, `linear` or `mlp:H`; None: the task's."""
     episode_steps: Optional[int] = None
@@ -85,7 +94,7 @@ class EvolveConfig:
         resolved = (task or get_task(self.env_id)).resolve(target=self.target, policy=self.policy, episode_steps=self.episode_steps)
         cfg = replace(
             self, env_id=resolved.env_id, target=resolved.target, policy=resolved.policy.name, episode_steps=resolved.episode_steps,
-            horizon=self.horizon or resolved.episode_steps,
+            horizon=self.horizon or resolved.episode_steps, wm_agent=self.wm_agent or world_model_agent(resolved.env_id),
         )
         n_train = len(resolved.start_states(cfg.seed).train)
         if cfg.budget < n_train:

@@ -122,13 +122,11 @@ class SEDarwinAgent(RunRecord):
 
         from infrastructure.world_model import WorldModel
 
-        from genesis_fp16.guard import RollbackGuard
-
         torch.manual_seed(self.config.seed)
-        guard = RollbackGuard(self.config.wm_agent, settings=self.settings)
-        return WorldModel(
+        assert self.config.wm_agent is not None  # resolve() names it after the task
+        return WorldModel(  # guarded by its own RollbackGuard(wm_agent)
             self.task.policy.obs_dim, self.task.policy.act_dim, done_head=self.task.learns_termination, buffer=self.buffer,
-            agent=self.config.wm_agent, data_agent=self.data_agent, guard=guard, settings=self.settings, precision=self.config.precision, seed=self.config.seed,
+            agent=self.config.wm_agent, data_agent=self.data_agent, settings=self.settings, precision=self.config.precision, seed=self.config.seed,
             checkpoint_dir=Path(self.settings.state_dir) / "world_model" / self.run_id,
         )
 

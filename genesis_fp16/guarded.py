@@ -1,56 +1,204 @@
-"""Train one agent's bare trainer under a `RollbackGuard`,
-with the rollback done for you.
+"""Train one agent under its rollout policy: the one place that does it.
 
-`GuardedTraining` builds the trainer through ``registry.trainer_for``,
-attaches a guard and records good checkpoints (one before the first step, then
-every ``checkpoint_every`` healthy optimizer steps). When the guard rolls the
-agent back (a P0 trip during `GuardedTraining.step`, or a P1 from
-`GuardedTraining.check`) it rebuilds the trainer through the registry
-(FP32 now: the ledger says ``rolled_back``), restores the last good checkpoint
-once, clears the trip (``guard.reset()``) and goes on: every later step
-trains and counts. ``infrastructure.WorldModel`` does the same for its own
-trainer.
+`GuardedTraining` builds the trainer through ``registry.resolve_trainer``
+(the `EffectivePolicy` kept beside it), attaches a `RollbackGuard` (unless
+the caller passes ``guard=UNGUARDED``), keeps good checkpoints, steps an FP32
+reference beside the reduced-precision run (stage ``shadow``: one copy kept
+for the stage; stage ``on``: a fresh canary every ``guard.canary_every``-th
+reduced-precision call), rebuilds the trainer when settings, profile or
+ledger now resolve to another policy, and handles every rollback through
+``guard.recover()``: a new trainer (FP32: the ledger says ``rolled_back``),
+the last good checkpoint restored into it, the trip cleared, training going
+on. The caller keeps its batches, its loss and its validation:
+
+* ``step(batch, loss_fn)``: one step (and the reference's on the same batch);
+* ``begin_call()`` ... ``finish_call(val_fn)``: one training call, judged at
+  its end and reported as a `CallReport`;
+* ``run(batches, loss_fn, val_fn)``: both together.
+
+``infrastructure.WorldModel``, PPO's guard and the drill train through it.
 """
 
 from __future__ import annotations
 
+import enum
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Optional, Union
+from typing import Any, Callable, Iterable, Optional, Protocol, Union
 
 import torch
 
-from .guard import GuardDecision, RollbackGuard
-from .registry import trainer_for
+from . import registry
+from .canary import CANARY_SUFFIX, SHADOW_SUFFIX, canary_due, fp32_reference
+from .guard import RollbackGuard
+from .policy import EffectivePolicy, resolve_policy
+from .rollout import RolloutLedger
 from .settings import Settings, load_settings
 from .telemetry import get_logger
 from .trainer import FP16Trainer
 
+LossFn = Callable[[torch.nn.Module, Any], torch.Tensor]
+ValFn = Callable[[torch.nn.Module, FP16Trainer], float]
+"""``val_fn(model, trainer) -> validation loss``, under ``trainer.autocast()`` (the reference's is FP32)."""
+SaveFn = Callable[[Path], Path]
+LoadFn = Callable[[FP16Trainer, Path], Any]
+
+
+class GuardChoice(enum.Enum):
+    """``guard=`` without a guard object: the agent's own `RollbackGuard`
+    (``DEFAULT_GUARD``, the default) or none, said explicitly (``UNGUARDED``)."""
+
+    DEFAULT = "default"
+    UNGUARDED = "unguarded"
+
+
+DEFAULT_GUARD = GuardChoice.DEFAULT
+"""The default ``guard=``: ``RollbackGuard(agent)`` with the agent's thresholds."""
+UNGUARDED = GuardChoice.UNGUARDED
+"""Pass as ``guard=`` to train without a rollback guard (no rollback, no canary, no good checkpoints)."""
+
+
+class GuardVerdict(Protocol):
+    """A guard's decision (`genesis_fp16.guard.GuardDecision`)."""
+
+    severity: Optional[str]
+    action: str  # "none", "warn" or "rollback"
+    reason: str
+
+    def as_dict(self) -> dict[str, Any]: ...
+
+
+class QualityLedger(Protocol):
+    """Where reference measurements go (`genesis_fp16.rollout.RolloutLedger`)."""
+
+    def record_shadow_gap(self, agent: str, val_loss: float, fp32_val_loss: float, precision: str) -> object: ...
+
+    def record_quality_check(
+        self, agent: str, kind: str, metrics: dict[str, Any], precision: Optional[str] = None, alarm: Optional[bool] = None
+    ) -> object: ...
+
+
+class Guard(Protocol):
+    """What `GuardedTraining` needs of a rollback guard (`RollbackGuard` is the real one)."""
+
+    tripped: Optional[GuardVerdict]
+    ledger: QualityLedger
+
+    @property
+    def canary_every(self) -> int: ...
+
+    @property
+    def last_good_checkpoint(self) -> Union[str, Path, None]: ...
+
+    def attach(self, trainer: FP16Trainer) -> None: ...
+
+    def check(
+        self, trainer: FP16Trainer, *, val_loss: Optional[float] = None, fp32_val_loss: Optional[float] = None, reference: str = "shadow"
+    ) -> GuardVerdict: ...
+
+    def check_policy_canary(
+        self, trainer: Optional[FP16Trainer] = None, *, kl: float, max_logp_delta: float, max_value_delta: float
+    ) -> GuardVerdict: ...
+
+    def recover(self, build: Callable[[], FP16Trainer], load: Optional[LoadFn] = None) -> tuple[FP16Trainer, Optional[Path]]: ...
+
+    def record_good_checkpoint(self, path: Union[str, Path]) -> None: ...
+
+    def reset(self) -> None: ...
+
+
+@dataclass
+class Reference:
+    """An FP32 copy trained beside the reduced-precision model on the same batches."""
+
+    kind: str
+    """``shadow`` (kept for the rollout stage) or ``canary`` (fresh from the current weights, for one call)."""
+    model: torch.nn.Module
+    trainer: FP16Trainer
+
+
+@dataclass
+class CallReport:
+    """What one training call (``begin_call`` ... ``finish_call``) did."""
+
+    precision: str
+    """The precision that runs after the call (``fp32`` after a rollback)."""
+    val_loss: Optional[float] = None
+    """The validation loss of the weights in use after the call (the restored ones after a rollback); None without ``val_fn``."""
+    fp32_val_loss: Optional[float] = None
+    """The FP32 reference's validation loss; None when no reference trained this call."""
+    gap: Optional[float] = None
+    """``(val_loss - fp32_val_loss) / fp32_val_loss``; None when undefined."""
+    reference: Optional[str] = None
+    """Where ``fp32_val_loss`` comes from: ``shadow``, ``canary`` or None."""
+    canary_due: bool = False
+    """Whether this call was a canary call (every ``guard.canary_every``-th reduced-precision call)."""
+    rolled_back: bool = False
+    rollback_reason: Optional[str] = None
+    """``"<severity>: <reason>"`` of the first rollback in the call."""
+    restored: Optional[str] = None
+    """The checkpoint the rollback restored."""
+    decision: Optional[GuardVerdict] = None
+    """The guard's judgement at the end of the call (None unguarded)."""
+    skipped_steps: int = 0
+    """Steps skipped during the call, over every trainer it used."""
+    events: list[str] = field(default_factory=list)
+    """What happened, in words (``restored <path>``, ``rolled back to fp32: ...``)."""
+
+
+@dataclass
+class _Call:
+    skipped_from: int
+    report: CallReport
+    reference: Optional[Reference] = None
+    skipped_before: int = 0
+    prepare: Optional[Callable[[torch.nn.Module], None]] = None
+
+
+def _restore_weights(trainer: FP16Trainer, path: Path) -> None:
+    # the run goes on with its own randomness, not the checkpoint's
+    trainer.load_checkpoint(path, restore_rng=False)
+
 
 class GuardedTraining:
-    """One agent's trainer, its guard and its good checkpoints.
+    """One agent's trainer under its rollout policy, its guard and its good checkpoints.
 
     Args:
-        agent: the agent's name (its profile, its stage in the rollout ledger).
+        agent: the agent's name (its profile, its stage in the rollout ledger, its guard).
         model: the model the trainer trains.
         optimizer: its optimizer.
         scheduler: an optional LR scheduler.
-        checkpoint_dir: where good checkpoints go (default
-            ``<state_dir>/checkpoints/<agent>``); the newest one is
-            ``<checkpoint_dir>/good.pt``, overwritten atomically.
-        checkpoint_every: record a good checkpoint after every Nth healthy
-            optimizer step (0: only the one before the first step and those
-            from `save_good_checkpoint`).
         settings: the settings (default: ``load_settings()``).
-        precision: an explicit precision for ``registry.trainer_for`` (the
-            ledger and the kill switch still win; a rebuild after a rollback is FP32).
-        overrides: explicit trainer options for ``registry.trainer_for``.
-        guard: a guard to use (default: ``RollbackGuard(agent)`` with the
-            profile's thresholds).
+        precision: an explicit precision for the registry (the ledger and
+            the kill switch still win; a rebuild after a rollback is FP32).
+        overrides: explicit trainer options for the registry.
+        guard: the rollback guard; left out, ``RollbackGuard(agent)`` with the
+            agent's thresholds. ``guard=UNGUARDED`` trains without one (no
+            rollback, no canary, no good checkpoints); ``None`` is refused, so
+            that "no guard" is always said explicitly.
+        checkpoint_dir: where good checkpoints go (default
+            ``<state_dir>/checkpoints/<agent>``). A last good checkpoint the
+            ledger holds from elsewhere (another run of the same agent) is
+            never restored: one of this directory's is written before the first
+            reduced-precision step.
+        good_name: the file name of the good checkpoints written here
+            (``save_good_checkpoint``), overwritten atomically.
+        checkpoint_every: also record a good checkpoint after every Nth
+            healthy optimizer step (0: only the first and those from
+            `save_good_checkpoint` / `mark_good`).
+        save: ``save(path) -> path`` writes a checkpoint (default
+            ``trainer.save_checkpoint``), for callers whose checkpoints carry more.
+        load: ``load(trainer, path)`` restores one into a rebuilt trainer
+            (default ``trainer.load_checkpoint(path, restore_rng=False)``).
+        fp32_reference: train the stage's FP32 reference (shadow, canary)
+            beside the model; False where ``loss_fn`` cannot train a copy
+            (PPO's loss calls its own network) and the caller judges
+            precision its own way (`check_policy_canary`).
 
     Attributes:
-        trainer: the trainer in use now (a new one after a rollback).
-        rollbacks: the `GuardDecision` of each
-            rollback handled, oldest first.
+        trainer: the trainer in use now (a new one after a rollback or a policy change).
+        policy: the `EffectivePolicy` it was built from.
+        rollbacks: the decision of each rollback handled, oldest first.
     """
 
     def __init__(
@@ -60,85 +208,295 @@ class GuardedTraining:
         optimizer: torch.optim.Optimizer,
         *,
         scheduler: Any = None,
-        checkpoint_dir: Optional[Union[str, Path]] = None,
-        checkpoint_every: int = 100,
         settings: Optional[Settings] = None,
         precision: Optional[str] = None,
         overrides: Optional[dict[str, Any]] = None,
-        guard: Optional[RollbackGuard] = None,
+        guard: Union[Guard, GuardChoice] = DEFAULT_GUARD,
+        checkpoint_dir: Optional[Union[str, Path]] = None,
+        good_name: str = "good.pt",
+        checkpoint_every: int = 100,
+        save: Optional[SaveFn] = None,
+        load: Optional[LoadFn] = None,
+        fp32_reference: bool = True,
     ) -> None:
         if checkpoint_every < 0:
             raise ValueError(f"GuardedTraining({agent!r}): checkpoint_every={checkpoint_every}; expected 0 (off) or a positive step count")
         self.agent = agent
         self.settings = settings or load_settings()
+        self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
+        self.precision_arg, self.overrides = precision, overrides
+        self.guard: Optional[Guard] = self._guard(guard)
         self.checkpoint_every = int(checkpoint_every)
+        self.fp32_reference = fp32_reference
         self.checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir is not None else self.settings.state_dir / "checkpoints" / agent
-        self.guard = guard or RollbackGuard(agent, settings=self.settings)
-        self.rollbacks: list[GuardDecision] = []
-        """Every rollback decision this helper handled, oldest first."""
-        self._build = dict(model=model, optimizer=optimizer, scheduler=scheduler, precision=precision, overrides=overrides)
+        self.good_path = self.checkpoint_dir / good_name
+        self._save = save or (lambda path: self.trainer.save_checkpoint(path))
+        self._load = load or _restore_weights
+        self.rollbacks: list[GuardVerdict] = []
+        """Every rollback decision handled, oldest first."""
+        self.shadow: Optional[Reference] = None
+        """Stage ``shadow``: the FP32 copy kept for the stage (None in other stages)."""
+        self._ledger: Optional[QualityLedger] = self.guard.ledger if self.guard is not None else None
+        self._call: Optional[_Call] = None
+        self._handled: Optional[GuardVerdict] = None
+        self._reduced_calls = 0
+        self._owned: Optional[Union[str, Path]] = None  # the last good checkpoint last seen to be this run's
+        self.last_loss: Optional[torch.Tensor] = None
+        """The loss of the last `step` (detached)."""
         self._log = get_logger("genesis_fp16.guarded", agent=agent)
-        self.trainer = self._new_trainer()
-        """The trainer in use; replaced by an FP32 one on a rollback."""
-        self.save_good_checkpoint()
+        self.trainer, self.policy = self._build()
 
-    def _new_trainer(self) -> FP16Trainer:
-        b = self._build
-        trainer = trainer_for(
-            self.agent, b["model"], b["optimizer"], scheduler=b["scheduler"], settings=self.settings,
-            precision=b["precision"], overrides=b["overrides"],
+    def _guard(self, guard: Union[Guard, GuardChoice]) -> Optional[Guard]:
+        if guard is UNGUARDED:
+            return None
+        if guard is DEFAULT_GUARD:
+            return RollbackGuard(self.agent, settings=self.settings)
+        if guard is None:
+            raise TypeError(
+                f"GuardedTraining({self.agent!r}): guard=None; expected a RollbackGuard, nothing (the agent's own "
+                "RollbackGuard) or guard=UNGUARDED to train without one"
+            )
+        return guard
+
+    # -- the trainer -------------------------------------------------------------------
+    def _build(self) -> tuple[FP16Trainer, EffectivePolicy]:
+        built = registry.resolve_trainer(
+            self.agent, self.model, self.optimizer, scheduler=self.scheduler, settings=self.settings,
+            precision=self.precision_arg, overrides=self.overrides,
         )
-        self.guard.attach(trainer)
-        return trainer
+        if self.guard is not None:
+            self.guard.attach(built.trainer)
+        return built.trainer, built.policy
 
+    def _rebuild(self) -> FP16Trainer:
+        self.trainer, self.policy = self._build()
+        return self.trainer
+
+    def policy_changed(self) -> bool:
+        """Whether settings, profile or ledger now resolve to another trainer config or stage than the trainer's."""
+        now = resolve_policy(self.agent, self.settings, precision=self.precision_arg, overrides=self.overrides)
+        return now.config != self.policy.config or now.stage != self.policy.stage
+
+    @property
+    def reduced(self) -> bool:
+        """Whether the trainer in use runs in reduced precision (anything but FP32)."""
+        return self.trainer.precision.name != "fp32"
+
+    # -- good checkpoints -----------------------------------------------------------------
     def save_good_checkpoint(self) -> Path:
-        """Checkpoint the trainer now and record it as the last good one.
+        """Checkpoint the trainer to ``good_path`` now and record it as the last good one.
         Refused while the guard is tripped (that state is not good)."""
-        if self.guard.tripped is not None:
+        return self.mark_good(self._save(self.good_path))
+
+    def mark_good(self, path: Union[str, Path]) -> Path:
+        """Record ``path`` (a checkpoint of the current weights) as the last good one.
+        Refused while the guard is tripped; nothing to record unguarded."""
+        if self.guard is not None and self.guard.tripped is not None and self.guard.tripped is not self._handled:
             raise RuntimeError(
                 f"GuardedTraining({self.agent!r}): the guard is tripped ({self.guard.tripped.reason}); "
                 "a good checkpoint cannot be recorded until the rollback is handled (step() or check() do it)"
             )
-        path = self.trainer.save_checkpoint(self.checkpoint_dir / "good.pt")
-        self.guard.record_good_checkpoint(path)
-        return path
+        if self.guard is not None:
+            self.guard.record_good_checkpoint(path)
+        return Path(path)
 
-    def step(self, batch: Any, loss_fn: Callable[[torch.nn.Module, Any], torch.Tensor]) -> bool:
+    def _owns(self, path: Union[str, Path, None]) -> bool:
+        return path is not None and Path(path).resolve().parent == self.checkpoint_dir.resolve()
+
+    def _ensure_good_checkpoint(self) -> None:
+        """Before reduced-precision steps: a good checkpoint of this run's own
+        (the ledger keeps one per agent across runs: a rollback must never load
+        weights another run trained). FP32 has nothing to roll back."""
+        if self.guard is None or not self.reduced:
+            return
+        last = self.guard.last_good_checkpoint
+        if last is not None and (last == self._owned or self._owns(last)):
+            self._owned = last
+            return
+        self.save_good_checkpoint()
+
+    # -- one training call ------------------------------------------------------------------
+    def _canary_due(self) -> bool:
+        """Count one guarded reduced-precision call; whether it is the
+        ``guard.canary_every``-th (the canary's schedule)."""
+        if self.guard is None or not self.reduced:
+            return False
+        self._reduced_calls += 1
+        return canary_due(self._reduced_calls, self.guard.canary_every)
+
+    def begin_call(self, prepare: Optional[Callable[[torch.nn.Module], None]] = None) -> CallReport:
+        """Start a training call: rebuild the trainer when the policy changed
+        (else clear the guard's judgement of the last call), write a good
+        checkpoint of this run's own if there is none, and set up this call's
+        FP32 reference (stage ``shadow``: the stage's copy; stage ``on``: a fresh
+        canary when one is due). ``prepare(model)`` fits per-call state the
+        model holds (e.g. a normaliser); it is applied to the model, then to the
+        reference, and again after a rollback restored the model. Returns the
+        call's report, filled in by the steps and `finish_call`."""
+        if self.policy_changed():
+            self._rebuild()
+            self.shadow = None  # one copy per stage
+        elif self.guard is not None:
+            self.guard.reset()
+        self._ensure_good_checkpoint()
+        report = CallReport(precision=self.trainer.precision.name, canary_due=self._canary_due())
+        self._call = _Call(skipped_from=self.trainer.skipped_steps, report=report, prepare=prepare)
+        if prepare is not None:
+            prepare(self.model)
+        reference = self._reference(report.canary_due)
+        if reference is not None and prepare is not None and reference.kind == "shadow":
+            prepare(reference.model)
+        self._call.reference = reference
+        report.reference = reference.kind if reference is not None else None
+        return report
+
+    def _reference(self, canary: bool) -> Optional[Reference]:
+        stage = self.policy.stage
+        if not self.fp32_reference:
+            return None
+        if stage == "shadow" and self.reduced:
+            if self.shadow is None:
+                self.shadow = Reference("shadow", *fp32_reference(self.model, self.optimizer, self.trainer, f"{self.agent}{SHADOW_SUFFIX}"))
+            return self.shadow
+        if stage == "on" and canary:
+            return Reference("canary", *fp32_reference(self.model, self.optimizer, self.trainer, f"{self.agent}{CANARY_SUFFIX}"))
+        return None
+
+    def step(self, batch: Any, loss_fn: LossFn, *, fault: Optional[Callable[[torch.Tensor], torch.Tensor]] = None) -> bool:
         """One micro-step: ``loss_fn(model, batch)`` under autocast, backward,
-        and the optimizer step on the last micro-step. Returns False when the
-        step was skipped. A P0 trip is handled before this returns."""
-        before = self.trainer.training_steps
-        stepped = self.trainer.backward_and_step(self.trainer.training_step(batch, loss_fn))
-        optimizer_stepped = stepped and self.trainer.training_steps > before
-        if self.guard.tripped is not None:
-            self._roll_back(self.guard.tripped)
-        elif optimizer_stepped and self.checkpoint_every and self.trainer.training_steps % self.checkpoint_every == 0:
-            self.save_good_checkpoint()
+        and the optimizer step on the last micro-step; the call's FP32
+        reference takes the same batch. ``fault(loss) -> loss`` rewrites the
+        loss first (a rehearsal hook, e.g. a NaN storm; the reference is spared).
+        The loss is kept in ``last_loss``. Returns False when the step was
+        skipped. A P0 trip is rolled back before this returns; later steps
+        train the restored weights (in FP32) and count."""
+        self._ensure_good_checkpoint()
+        trainer = self.trainer
+        before = trainer.training_steps
+        loss = trainer.training_step(batch, loss_fn)
+        if fault is not None:
+            loss = fault(loss)
+        stepped = trainer.backward_and_step(loss)
+        self.last_loss = loss.detach()
+        reference = self._call.reference if self._call is not None else None
+        if reference is not None:
+            reference.trainer.backward_and_step(reference.trainer.training_step(batch, loss_fn))
+        trip = self.guard.tripped if self.guard is not None else None
+        if trip is not None and trip is not self._handled:
+            self._roll_back(trip)
+            if self._call is not None:
+                if self._call.prepare is not None:
+                    self._call.prepare(self.model)  # the restored weights train on this call's data
+                self._call.reference = None  # FP32 now: a reference adds nothing
+        elif stepped and trainer.training_steps > before and self.checkpoint_every and trainer.training_steps % self.checkpoint_every == 0:
+            if self.guard is not None:
+                self.save_good_checkpoint()
         return stepped
 
-    def train(self, batches: Iterable[Any], loss_fn: Callable[[torch.nn.Module, Any], torch.Tensor]) -> int:
+    def train(self, batches: Iterable[Any], loss_fn: LossFn) -> int:
         """`step` over ``batches``; returns how many steps were not skipped."""
         return sum(bool(self.step(batch, loss_fn)) for batch in batches)
 
-    def check(self, **kwargs: Any) -> GuardDecision:
+    def finish_call(self, val_fn: Optional[ValFn] = None) -> CallReport:
+        """End the call: the validation losses (``val_fn`` on the model and on
+        the reference), the shadow gap recorded in the ledger, the guard's
+        judgement (``reference="canary"`` for a canary), a rollback handled as
+        in `step`, and the validation loss measured again on the restored weights."""
+        call = self._call if self._call is not None else _Call(self.trainer.skipped_steps, CallReport(self.trainer.precision.name))
+        report = call.report
+        if val_fn is not None:
+            report.val_loss = val_fn(self.model, self.trainer)
+        reference = call.reference
+        if val_fn is not None and reference is not None and report.val_loss is not None:
+            report.fp32_val_loss = val_fn(reference.model, reference.trainer)
+            report.gap = (report.val_loss - report.fp32_val_loss) / report.fp32_val_loss if report.fp32_val_loss > 0 else None
+            if reference.kind == "shadow":  # a canary's outcome the guard records itself
+                self.ledger.record_shadow_gap(self.agent, report.val_loss, report.fp32_val_loss, self.trainer.precision.name)
+        else:
+            report.reference = None
+        if self.guard is not None:
+            report.decision = self.guard.check(
+                self.trainer, val_loss=report.val_loss, fp32_val_loss=report.fp32_val_loss,
+                reference=report.reference or "shadow",
+            )
+            if report.decision.action == "rollback" and not report.rolled_back:
+                self._roll_back(report.decision)
+                if val_fn is not None:
+                    report.val_loss = val_fn(self.model, self.trainer)  # the restored weights'
+        report.precision = self.trainer.precision.name
+        report.skipped_steps = call.skipped_before + self.trainer.skipped_steps - call.skipped_from
+        self._call = None
+        return report
+
+    def run(self, batches: Iterable[Any], loss_fn: LossFn, val_fn: Optional[ValFn] = None) -> CallReport:
+        """One training call over ``batches``: `begin_call`, `step` each, `finish_call(val_fn)`."""
+        self.begin_call()
+        for batch in batches:
+            self.step(batch, loss_fn)
+        return self.finish_call(val_fn)
+
+    @property
+    def ledger(self) -> QualityLedger:
+        """The guard's ledger, or the settings' when unguarded."""
+        if self._ledger is None:
+            self._ledger = RolloutLedger.from_settings(self.settings)
+        return self._ledger
+
+    # -- judging and rolling back --------------------------------------------------------------
+    def check(self, **kwargs: Any) -> GuardVerdict:
         """``guard.check(trainer, **kwargs)`` (P1/P2: ``val_loss``,
         ``fp32_val_loss``, ``throughput_ratio``, ``reference``); a rollback is
         handled as in `step` before this returns."""
-        decision = self.guard.check(self.trainer, **kwargs)
+        guard = self._require_guard("check")
+        decision = guard.check(self.trainer, **kwargs)
         if decision.action == "rollback":
             self._roll_back(decision)
         return decision
 
-    def _roll_back(self, decision: GuardDecision) -> None:
-        checkpoint = self.guard.last_good_checkpoint
-        if checkpoint is None:
+    def check_policy_canary(self, **gap: float) -> GuardVerdict:
+        """``guard.check_policy_canary(trainer, kl=..., max_logp_delta=...,
+        max_value_delta=...)`` (a policy's canary on a held batch); a confirmed
+        alarm is rolled back as in `step`."""
+        decision = self._require_guard("check_policy_canary").check_policy_canary(self.trainer, **gap)
+        if decision.action == "rollback":
+            self._roll_back(decision)
+        return decision
+
+    def _require_guard(self, what: str) -> Guard:
+        if self.guard is None:
+            raise RuntimeError(f"GuardedTraining({self.agent!r}).{what}: trained with guard=UNGUARDED; there is no guard to judge")
+        return self.guard
+
+    def _roll_back(self, decision: GuardVerdict) -> None:
+        """Through ``guard.recover``: a new trainer (the ledger says
+        rolled_back: FP32), the last good checkpoint restored into it in the
+        dtype that trainer needs, the trip cleared."""
+        guard = self._require_guard("rollback")
+        self._handled = guard.tripped
+        if guard.last_good_checkpoint is None:
             raise RuntimeError(
                 f"GuardedTraining({self.agent!r}): rolled back ({decision.reason}) but no good checkpoint is recorded; "
                 "call save_good_checkpoint() after a healthy run"
             )
-        self.trainer, _ = self.guard.recover(self._new_trainer)  # the ledger says rolled_back: FP32
+        call = self._call
+        if call is not None:
+            call.skipped_before += self.trainer.skipped_steps - call.skipped_from
+        self.trainer, restored = guard.recover(self._rebuild, self._load)
+        self.shadow = None
         self.rollbacks.append(decision)
+        reason = f"{decision.severity}: {decision.reason}"
+        precision = self.trainer.precision.name
+        if call is not None:
+            call.skipped_from = self.trainer.skipped_steps
+            report = call.report
+            if not report.rolled_back:
+                report.rolled_back, report.rollback_reason = True, reason
+                report.restored = str(restored) if restored is not None else None
+            if restored is not None:
+                report.events.append(f"restored {restored}")
+            report.events.append(f"rolled back to {precision}: {reason}")
         self._log.warning(
-            "guarded.restored", severity=decision.severity, reason=decision.reason, checkpoint=str(checkpoint),
-            precision=self.trainer.precision.name, step=self.trainer.training_steps,
+            "guarded.restored", severity=decision.severity, reason=decision.reason,
+            checkpoint=str(restored) if restored is not None else None, precision=precision, step=self.trainer.training_steps,
         )
+

@@ -20,6 +20,7 @@ from typing import Any, Callable, Optional
 
 import torch
 
+from .policy import EffectivePolicy, resolve_policy
 from .settings import DistributedWrap, Settings, load_settings
 from .telemetry import get_logger
 from .trainer import FP16Trainer, FP16TrainingConfig
@@ -164,6 +165,42 @@ def create_trainer(
     return get(registry_name).factory(model, optimizer, config, scheduler, **kwargs)
 
 
+@dataclass(frozen=True)
+class ResolvedTrainer:
+    """A trainer built for an agent and the policy it was built from."""
+
+    trainer: FP16Trainer
+    """The trainer, built by the registry entry the settings name (``auto``, ``ddp``, ``fsdp``)."""
+    policy: EffectivePolicy
+    """What settings, profile, explicit arguments, ledger and kill switch resolved to; ``running`` is what runs."""
+
+
+def resolve_trainer(
+    agent: str,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    *,
+    scheduler: Any = None,
+    settings: Optional[Settings] = None,
+    precision: Optional[str] = None,
+    overrides: Optional[dict[str, Any]] = None,
+    **kwargs: Any,
+) -> ResolvedTrainer:
+    """The trainer ``agent`` should use now and its `EffectivePolicy`: global
+    settings, then its profile, then explicit arguments, then the rollout
+    ledger and the kill switch."""
+    settings = settings or load_settings()
+    policy = resolve_policy(agent, settings, precision=precision, overrides=overrides)
+    name = "auto" if settings.distributed == DistributedWrap.NONE else settings.distributed.value
+    kwargs.setdefault("name", agent)
+    trainer = create_trainer(name, model, optimizer, policy.config, scheduler, **kwargs)
+    policy.running = trainer.precision.name  # what runs: auto resolved for the device, or a fallback
+    get_logger("genesis_fp16.registry").debug(
+        "registry.trainer_resolved", agent=agent, trainer=name, precision=trainer.precision.name, reason=policy.reason
+    )
+    return ResolvedTrainer(trainer, policy)
+
+
 def trainer_for(
     agent: str,
     model: torch.nn.Module,
@@ -175,18 +212,9 @@ def trainer_for(
     overrides: Optional[dict[str, Any]] = None,
     **kwargs: Any,
 ) -> FP16Trainer:
-    """The trainer ``agent`` should use now: global settings, then its profile,
-    then explicit arguments, then the rollout ledger and the kill switch."""
-    from .policy import resolve_policy
-
-    settings = settings or load_settings()
-    policy = resolve_policy(agent, settings, precision=precision, overrides=overrides)
-    name = "auto" if settings.distributed == DistributedWrap.NONE else settings.distributed.value
-    kwargs.setdefault("name", agent)
-    trainer = create_trainer(name, model, optimizer, policy.config, scheduler, **kwargs)
-    policy.running = trainer.precision.name  # what runs: auto resolved for the device, or a fallback
-    trainer.policy = policy  # type: ignore[attr-defined]
-    get_logger("genesis_fp16.registry").debug(
-        "registry.trainer_resolved", agent=agent, trainer=name, precision=trainer.precision.name, reason=policy.reason
-    )
-    return trainer
+    """The trainer ``agent`` should use now (`resolve_trainer` without the
+    policy): global settings, then its profile, then explicit arguments, then
+    the rollout ledger and the kill switch."""
+    return resolve_trainer(
+        agent, model, optimizer, scheduler=scheduler, settings=settings, precision=precision, overrides=overrides, **kwargs
+    ).trainer

@@ -1,66 +1,26 @@
-"""What the world model reports after training, what it needs of the
-rollback guard and the rollout ledger (typed, so any object with these
-methods will do; ``genesis_fp16.guard.RollbackGuard`` is the real one), one
-run's bookkeeping and its validation measurements."""
+"""What the world model reports after training and its validation
+measurements; what it needs of the rollback guard and the ledger is typed in
+``genesis_fp16.guarded`` (`Guard`, `GuardVerdict`, `QualityLedger`)."""
 
 from __future__ import annotations
 
 import contextlib
 import math
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
-from typing import Any, Optional, Protocol, Union
+from typing import Any, Optional
 
 import torch
 
+from genesis_fp16.guarded import CallReport, Guard, GuardVerdict, QualityLedger
 from genesis_fp16.trainer import FP16Trainer
 
 from .dynamics import DynamicsMLP, mse_loss
 
-
-class GuardVerdict(Protocol):
-    """A guard's decision (``genesis_fp16.guard.GuardDecision``)."""
-
-    severity: Optional[str]
-    action: str  # "none", "warn" or "rollback"
-    reason: str
-
-    def as_dict(self) -> dict[str, Any]: ...
+__all__ = ["Guard", "GuardVerdict", "ShadowGapLedger", "TrainReport", "inference_gap_of", "val_loss_of"]
 
 
-class ShadowGapLedger(Protocol):
-    """Where shadow-stage measurements go (``genesis_fp16.rollout.RolloutLedger``)."""
-
-    def record_shadow_gap(self, agent: str, val_loss: float, fp32_val_loss: float, precision: str) -> object: ...
-
-    def record_quality_check(
-        self, agent: str, kind: str, metrics: dict[str, Any], precision: Optional[str] = None, alarm: Optional[bool] = None
-    ) -> object: ...
-
-
-class Guard(Protocol):
-    """A rollback guard (``genesis_fp16.guard.RollbackGuard``): it watches the
-    trainer it is attached to, sets `tripped` on a live P0 trigger and
-    judges a finished run in `check`."""
-
-    tripped: Optional[GuardVerdict]
-    ledger: ShadowGapLedger
-
-    @property
-    def canary_every(self) -> int: ...
-
-    @property
-    def last_good_checkpoint(self) -> Union[str, Path, None]: ...
-
-    def attach(self, trainer: FP16Trainer) -> None: ...
-
-    def check(
-        self, trainer: FP16Trainer, *, val_loss: Optional[float] = None, fp32_val_loss: Optional[float] = None, reference: str = "shadow"
-    ) -> GuardVerdict: ...
-
-    def record_good_checkpoint(self, path: Union[str, Path]) -> None: ...
-
-    def reset(self) -> None: ...
+ShadowGapLedger = QualityLedger
+"""Where shadow-stage measurements go (``genesis_fp16.rollout.RolloutLedger``)."""
 
 
 @dataclass
@@ -98,6 +58,18 @@ class TrainReport:
     guard_decision: Optional[dict[str, Any]] = None
     events: list[str] = field(default_factory=list)
 
+    @classmethod
+    def from_call(cls, call: CallReport, *, val_loss: Optional[float] = None, **fields: Any) -> "TrainReport":
+        """The report of a `GuardedTraining` call (precision, validation and
+        reference losses, rollback, guard decision, events) and the world
+        model's own ``fields`` (losses, sizes, timing, checkpoint)."""
+        return cls(
+            val_loss=float(call.val_loss if val_loss is None else val_loss), precision=call.precision, skipped_steps=call.skipped_steps,
+            fp32_val_loss=call.fp32_val_loss, shadow_gap=call.gap, reference=call.reference if call.fp32_val_loss is not None else None,
+            rolled_back=call.rolled_back, rollback_reason=call.rollback_reason,
+            guard_decision=call.decision.as_dict() if call.decision is not None else None, events=call.events, **fields,
+        )
+
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
 
@@ -108,24 +80,6 @@ class TrainReport:
         fields = {name: getattr(self, name) for name in names}
         fields["wall_s"] = round(self.wall_s, 3)
         return fields
-
-
-@dataclass
-class TrainRun:
-    """One training run's FP32 reference and rollback bookkeeping. A rollback
-    replaces the trainer, whose skipped-step counter then starts from the
-    restored checkpoint's: the steps skipped before are kept in ``skipped_before``."""
-
-    skipped_from: int
-    skipped_before: int = 0
-    rollback_reason: Optional[str] = None
-    events: list[str] = field(default_factory=list)
-    reference: Optional[tuple[DynamicsMLP, FP16Trainer]] = None  # the FP32 copy trained beside the model
-    reference_kind: Optional[str] = None  # "shadow" (stage shadow) or "canary" (stage on)
-
-    @property
-    def rolled_back(self) -> bool:
-        return self.rollback_reason is not None
 
 
 def val_loss_of(model: DynamicsMLP, trainer: FP16Trainer, x: torch.Tensor, y: torch.Tensor, *, autocast: bool = True) -> float:

@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from genesis_fp16 import guarded
-from genesis_fp16.guarded import GuardedTraining
+from genesis_fp16 import registry
+from genesis_fp16.guard import RollbackGuard
+from genesis_fp16.guarded import UNGUARDED, GuardedTraining
 from genesis_fp16.rollout import RolloutLedger
 from genesis_fp16.settings import load_settings
 
@@ -48,13 +49,14 @@ def _batches(good_before=8, storm=5, good_after=10):
 def builds(monkeypatch):
     """Count the trainers GuardedTraining builds through the registry."""
     made = []
-    real = guarded.trainer_for
+    real = registry.resolve_trainer
 
     def counting(*args, **kwargs):
-        made.append(real(*args, **kwargs))
-        return made[-1]
+        built = real(*args, **kwargs)
+        made.append(built.trainer)
+        return built
 
-    monkeypatch.setattr(guarded, "trainer_for", counting)
+    monkeypatch.setattr(registry, "resolve_trainer", counting)
     return made
 
 
@@ -134,3 +136,40 @@ def test_good_checkpoint_refused_while_tripped(state_dir):
         run.trainer.backward_and_step(run.trainer.training_step(batch, _loss_fn))  # bypasses step(): trip unhandled
     with pytest.raises(RuntimeError, match="tripped"):
         run.save_good_checkpoint()
+
+
+def test_guarded_by_default_and_unguarded_only_when_said(state_dir):
+    model, optimizer = _model_and_opt()
+    assert isinstance(GuardedTraining("wm", model, optimizer, precision="bf16").guard, RollbackGuard)
+    plain = GuardedTraining("wm", model, optimizer, precision="bf16", guard=UNGUARDED)
+    assert plain.guard is None and plain.train(_batches(good_before=3, storm=0, good_after=0), _loss_fn) == 3
+    assert not (state_dir / "checkpoints").exists()  # no guard, no good checkpoints
+    with pytest.raises(TypeError, match="guard=UNGUARDED"):
+        GuardedTraining("wm", model, optimizer, guard=None)
+
+
+def test_shadow_and_canary_references_and_one_typed_report(state_dir):
+    """Stage shadow: one FP32 copy kept for the stage, the gap in the ledger;
+    stage on: a fresh canary every canary_every-th reduced-precision call."""
+    ledger = RolloutLedger.from_settings(load_settings())
+    ledger.enable("wm", shadow=True, actor="test")
+    model, optimizer = _model_and_opt()
+    batches = _batches(good_before=6, storm=0, good_after=0)
+    x_val, y_val = torch.randn(64, 4, generator=torch.Generator().manual_seed(3)), torch.zeros(64, 1)
+
+    def val_fn(m, trainer):
+        with torch.no_grad(), trainer.autocast():
+            return float(_loss_fn(m, (x_val, y_val)))
+
+    guard = RollbackGuard("wm", settings=load_settings(), thresholds={"canary_every": 2})
+    run = GuardedTraining("wm", model, optimizer, precision="bf16", guard=guard)
+    shadowed = [run.run(batches, _loss_fn, val_fn) for _ in range(2)]
+    assert [r.reference for r in shadowed] == ["shadow", "shadow"] and run.shadow is not None
+    assert all(r.fp32_val_loss is not None and abs(r.gap) < 0.2 and r.precision == "bf16" for r in shadowed)
+    assert len(ledger.shadow_gaps("wm")) == 2
+    ledger.enable("wm", actor="test")  # stage on: the trainer is rebuilt, the shadow dropped
+    on = [run.run(batches, _loss_fn, val_fn) for _ in range(2)]
+    assert run.shadow is None
+    # the canary counts reduced-precision calls: the shadow stage's two, then these
+    assert [r.reference for r in on] == [None, "canary"] and [r.canary_due for r in on] == [False, True]
+    assert on[1].decision is not None and on[1].decision.action == "none" and not on[1].rolled_back

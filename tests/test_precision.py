@@ -6,6 +6,7 @@ from structlog.testing import capture_logs
 from genesis_fp16 import precision as P
 from genesis_fp16.precision import capability as C
 from genesis_fp16.settings import PrecisionMode
+from genesis_fp16.trainer import FP16TrainingConfig
 
 
 def test_auto_on_cuda_is_fp16_with_scaler_reason():
@@ -223,6 +224,35 @@ def test_fp16_true_converts_the_weights_and_trains_without_a_scaler():
         loss = model(torch.ones(2, 3)).float().sum()
     precision.backward(loss)
     assert precision.optimizer_step(opt) is True and precision.state_dict() == {}
+
+
+@pytest.mark.parametrize("mode", ["fp32", "bf16", "fp16"])
+def test_fp32_weight_modes_cast_fp16_true_weights_back(mode, tmp_path):
+    """A rollback from fp16-true rebuilds the trainer in an FP32-weight mode
+    over the same model and optimizer: the weights (and, once a checkpoint is
+    restored, the optimizer's moments) are FP32 again and training goes on."""
+    from genesis_fp16.registry import create_trainer
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Tanh(), torch.nn.Linear(4, 1))
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    batch = (torch.randn(8, 3), torch.randn(8, 1))
+
+    def loss_fn(m, b):
+        return ((m(b[0]).float() - b[1]) ** 2).mean()
+
+    half = create_trainer("auto", model, opt, FP16TrainingConfig(precision="fp16-true", enabled=True))
+    assert all(p.dtype == torch.float16 for p in model.parameters())
+    half.backward_and_step(half.training_step(batch, loss_fn))
+    good = half.save_checkpoint(tmp_path / "good.pt")
+    params = list(model.parameters())
+    rebuilt = create_trainer(mode, model, opt, FP16TrainingConfig())
+    assert rebuilt.precision.name == mode
+    assert [id(p) for p in model.parameters()] == [id(p) for p in params]  # the optimizer still holds them
+    assert all(p.dtype == torch.float32 for p in model.parameters())
+    rebuilt.load_checkpoint(good)
+    assert all(v.dtype == torch.float32 for s in opt.state.values() for k, v in s.items() if k != "step")
+    assert rebuilt.backward_and_step(rebuilt.training_step(batch, loss_fn))
 
 
 @pytest.mark.parametrize("flags", [frozenset({"avx2"}), frozenset({"avx512_bf16", "amx_bf16"})], ids=["avx2", "amx"])

@@ -21,7 +21,7 @@ def test_python_api_page_runs_as_written(state_dir, capsys):
     for i, block in enumerate(blocks, 1):
         exec(compile(block, f"{DOC.name} block {i}", "exec"), namespace)
     run, ledger = namespace["run"], namespace["ledger"]
-    assert namespace["trainer"].policy.precision == "bf16"
+    assert namespace["resolved"].policy.precision == "bf16"
     assert namespace["decision"].action == "none"  # the shadow gap is small
     assert run.trainer.precision.name == "fp32" and ledger.stage("my_agent") == "rolled_back" and len(run.rollbacks) == 1
     assert "non-finite" in namespace["rollbacks"][-1]["reason"]

@@ -90,24 +90,26 @@ def test_broken_plugin_does_not_hide_builtins(monkeypatch):
 
 def test_trainer_for_follows_settings(monkeypatch):
     monkeypatch.setenv("GENESIS_FP16_PRECISION", "fp16")
-    trainer = registry.trainer_for("agent-a", *model_opt())
+    resolved = registry.resolve_trainer("agent-a", *model_opt())
+    trainer = resolved.trainer
     assert trainer.precision.name == "fp16"
     assert trainer.name == "agent-a"
-    assert trainer.policy.sources["precision"] == "settings"
+    assert resolved.policy.sources["precision"] == "settings"
+    assert registry.trainer_for("agent-a", *model_opt()).precision.name == "fp16"  # the same trainer, without its policy
 
 
 def test_trainer_for_explicit_argument_beats_settings(monkeypatch):
     monkeypatch.setenv("GENESIS_FP16_PRECISION", "fp16")
-    trainer = registry.trainer_for("agent-a", *model_opt(), precision="bf16")
-    assert trainer.precision.name == "bf16"
-    assert trainer.policy.sources["precision"] == "argument"
+    resolved = registry.resolve_trainer("agent-a", *model_opt(), precision="bf16")
+    assert resolved.trainer.precision.name == "bf16"
+    assert resolved.policy.sources["precision"] == "argument"
 
 
 def test_kill_switch_wins_over_explicit_argument(monkeypatch):
     monkeypatch.setenv("ENABLE_FP16_TRAINING", "false")
-    trainer = registry.trainer_for("agent-a", *model_opt(), precision="fp16")
-    assert trainer.precision.name == "fp32"
-    assert "kill switch" in trainer.policy.sources["enabled"]
+    resolved = registry.resolve_trainer("agent-a", *model_opt(), precision="fp16")
+    assert resolved.trainer.precision.name == "fp32"
+    assert "kill switch" in resolved.policy.sources["enabled"]
 
 
 def test_trainer_for_passes_scaler_settings(monkeypatch):
@@ -144,10 +146,16 @@ def test_lazy_factory_that_cannot_load_says_which():
 
 def test_policy_shows_the_precision_that_runs_and_keeps_the_request(monkeypatch):
     monkeypatch.setenv("GENESIS_FP16_PRECISION", "auto")
-    trainer = registry.trainer_for("agent-a", *model_opt())
-    policy = trainer.policy
+    resolved = registry.resolve_trainer("agent-a", *model_opt())
+    trainer, policy = resolved.trainer, resolved.policy
     assert policy.requested == "auto"
     assert policy.running == trainer.precision.name == trainer.get_stats()["precision"] != "auto"
     assert policy.precision == trainer.precision.name
     shown = policy.as_dict()
     assert shown["precision"] == trainer.precision.name and shown["requested"] == "auto" and shown["running"] == trainer.precision.name
+
+
+def test_the_policy_is_declared_beside_the_trainer_not_patched_onto_it():
+    resolved = registry.resolve_trainer("agent-a", *model_opt(), precision="bf16")
+    assert not hasattr(resolved.trainer, "policy")
+    assert resolved.policy.agent == "agent-a" and resolved.policy.running == "bf16"

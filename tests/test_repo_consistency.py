@@ -33,13 +33,13 @@ def _tiny_ppo(**fields: Any) -> PPO:
 def _ppo_agent_name(monkeypatch: pytest.MonkeyPatch) -> str:
     """The agent name PPO resolves its precision policy (and so its profile) under."""
     seen: list[str] = []
-    real = registry.trainer_for
+    real = registry.resolve_trainer
 
     def recording(agent: str, *args: Any, **kwargs: Any) -> Any:
         seen.append(agent)
         return real(agent, *args, **kwargs)
 
-    monkeypatch.setattr(registry, "trainer_for", recording)
+    monkeypatch.setattr(registry, "resolve_trainer", recording)
     _tiny_ppo()
     assert len(seen) == 1
     return seen[0]

@@ -289,3 +289,30 @@ async def test_promoted_probe_that_fails_in_full_is_not_promoted_again(state_dir
     ops = [[e["operator"] for e in g["evaluated"]] for g in report["generations"][1:]]
     assert ops[0] == ["seed"] and ops[1][0] in {"refinement", "revision", "recombination"}
     assert not report["target_reached"] and report["real_episodes"] == 40
+
+
+async def test_each_task_has_its_own_world_model_agent(state_dir):
+    """`world_model.<task id>` by default: a rollback of one task's world model
+    leaves another task's world model in its stage (and precision)."""
+    from genesis_fp16.guard import RollbackGuard
+    from genesis_fp16.rollout import RolloutLedger
+    from infrastructure.world_model import WorldModel
+    from tests.test_world_model import _linear_trajs
+
+    names = [EvolveConfig(env_id=env, budget=100).resolve()[0].wm_agent for env in ("Pendulum-v1", "MountainCarContinuous-v0")]
+    assert names == ["world_model.Pendulum-v1", "world_model.MountainCarContinuous-v0"]
+    assert EvolveConfig(wm_agent="mine").resolve()[0].wm_agent == "mine"
+    settings = load_settings()
+    ledger = RolloutLedger.from_settings(settings)
+    models = {}
+    for name in names:
+        ledger.enable(name, actor="test")
+        models[name] = WorldModel(3, 1, agent=name, settings=settings, precision="bf16", checkpoint_dir=state_dir / "wm" / name)
+    trajs = _linear_trajs(3, 50)
+    for model in models.values():
+        await model.train(20, trajectories=trajs)
+    hit = await models[names[0]].train(20, trajectories=trajs, fault=lambda step, loss: loss * float("nan") if step >= 5 else loss)
+    assert hit.rolled_back and isinstance(models[names[0]].guard, RollbackGuard)
+    assert ledger.stage(names[0]) == "rolled_back" and ledger.stage(names[1]) == "on"
+    assert (await models[names[1]].train(20, trajectories=trajs)).precision == "bf16"
+    assert (state_dir / "wm" / names[0] / f"{names[0]}.pt").exists()  # the name is a checkpoint file name too

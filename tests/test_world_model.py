@@ -9,6 +9,7 @@ import inspect
 import math
 import re
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -306,6 +307,17 @@ class FakeGuard:
     def record_good_checkpoint(self, path) -> None:
         self.last_good_checkpoint = str(path)
 
+    def recover(self, build, load=None):
+        """As the real guard: a new trainer, the last good checkpoint loaded into it, the trip forgotten."""
+        checkpoint = Path(self.last_good_checkpoint) if self.last_good_checkpoint else None
+        trainer = build()
+        if checkpoint is not None:
+            (load or (lambda t, p: t.load_checkpoint(p)))(trainer, checkpoint)
+        self.reset()
+        if self.attached[-1] is not trainer:
+            self.attach(trainer)
+        return trainer, checkpoint
+
     def reset(self) -> None:
         self.resets += 1
 
@@ -344,7 +356,7 @@ async def test_shadow_mode_reports_fp32_gap(monkeypatch):
     assert abs(report.shadow_gap) < 0.2
     recorded = guard.ledger.shadow_gaps
     assert recorded and recorded[0][0] == "world_model" and recorded[0][3] == "bf16"
-    assert wm._shadow is not None and wm._shadow[1].precision.name == "fp32"
+    assert wm.training.shadow is not None and wm.training.shadow.trainer.precision.name == "fp32"
 
 
 async def test_a_rollback_decision_after_the_run_restores_the_last_good_checkpoint(tmp_path, monkeypatch):
@@ -578,3 +590,43 @@ async def test_observed_region_covers_the_training_observations():
     obs = torch.as_tensor(np.concatenate([t.obs for t in trajs]), dtype=torch.float32)
     inside = ((obs >= low) & (obs <= high)).all(dim=1).float().mean()
     assert inside > 0.99
+
+
+async def test_a_world_model_is_guarded_by_default_and_rolls_back_by_itself(monkeypatch, tmp_path):
+    """From the Python API alone: an agent in stage on in bf16, a NaN storm
+    injected through train(fault=...): the model's own RollbackGuard rolls it
+    back, and the next train() runs in FP32 from the last good checkpoint."""
+    from genesis_fp16.checkpoint import load_payload
+    from genesis_fp16.guard import RollbackGuard
+    from genesis_fp16.settings import load_settings
+
+    monkeypatch.setenv("GENESIS_FP16_PRECISION", "bf16")
+    ledger = rollout.RolloutLedger.from_settings(load_settings())
+    ledger.enable("wm_acceptance", actor="test")
+    wm = WorldModel(3, 1, agent="wm_acceptance", checkpoint_dir=tmp_path)
+    assert isinstance(wm.guard, RollbackGuard)
+    trajs = _linear_trajs(3, 50)
+    first = await wm.train(30, trajectories=trajs)
+    assert first.precision == "bf16" and not first.rolled_back
+
+    def storm(step, loss):
+        return loss * float("nan") if 5 <= step < 12 else loss
+
+    hit = await wm.train(30, trajectories=trajs, fault=storm)
+    assert hit.rolled_back and hit.rollback_reason.startswith("P0") and hit.precision == "fp32"
+    assert f"restored {first.checkpoint}" in hit.events
+    assert ledger.stage("wm_acceptance") == "rolled_back"
+    last_good = wm.guard.last_good_checkpoint
+    assert last_good == Path(hit.checkpoint)  # the FP32 run after the restore was healthy
+    saved = load_payload(last_good)["model"]
+    assert all(torch.equal(saved[k], v) for k, v in wm.model.state_dict().items())
+    after = await wm.train(30, trajectories=trajs)
+    assert after.precision == "fp32" and not after.rolled_back and math.isfinite(after.val_loss)
+
+
+def test_no_guard_is_said_explicitly():
+    from genesis_fp16.guarded import UNGUARDED
+
+    with pytest.raises(TypeError, match="guard=UNGUARDED"):
+        WorldModel(3, 1, precision="fp32", guard=None)
+    assert WorldModel(3, 1, precision="fp32", guard=UNGUARDED).guard is None

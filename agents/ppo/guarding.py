@@ -1,12 +1,13 @@
-"""PPO's rollback guard, as the world model has it: P0 on a non-finite
-streak (live, from the trainer's events), P1/P2 on overflow rates after each
-iteration, the rollout ledger and a last good checkpoint; plus a policy
-canary on a held batch that compares the reduced-precision forward with FP32
-(KL of the taken actions, max |log-prob delta|, max |value delta|; thresholds
-``canary_kl``, ``canary_logp_delta``, ``canary_value_delta`` in the profile).
+"""PPO's rollback guard: PPO trains through
+`genesis_fp16.guarded.GuardedTraining` (P0 on a non-finite streak, live; P1/P2
+on the run's statistics after each iteration; rollbacks through
+``guard.recover()``: FP32 from the ledger, the last good checkpoint restored),
+plus a policy canary on a held batch that compares the reduced-precision
+forward with FP32 (KL of the taken actions, max |log-prob delta|, max |value
+delta|; thresholds ``canary_kl``, ``canary_logp_delta``,
+``canary_value_delta`` in the profile), every ``canary_every``-th
+reduced-precision iteration.
 
-A rollback rebuilds the trainer through ``registry.trainer_for`` (FP32 now:
-the ledger says ``rolled_back``) and restores the last good checkpoint.
 Checkpoints are written only while the trainer is in reduced precision (an
 FP32 trainer has nothing to roll back to).
 """
@@ -18,9 +19,9 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from genesis_fp16 import registry
-from genesis_fp16.canary import canary_due, policy_gap
-from genesis_fp16.guard import GuardDecision, RollbackGuard
+from genesis_fp16.canary import policy_gap
+from genesis_fp16.guard import RollbackGuard
+from genesis_fp16.guarded import CallReport, GuardedTraining, GuardVerdict
 from genesis_fp16.settings import Settings, load_settings
 from genesis_fp16.telemetry import get_logger
 from genesis_fp16.trainer import FP16Trainer
@@ -31,9 +32,10 @@ HELD_ROWS = 256  # the held batch: the first rollout's first rows, fixed for the
 
 
 class PPOGuard:
-    """Watches one PPO run's trainers and builds them (`build_trainer`).
-    ``save(path)`` writes a checkpoint of the run (weights, optimizer,
-    normalisation statistics); ``load(path, trainer=...)`` restores one into a trainer."""
+    """One PPO run's `GuardedTraining` (``training``; its trainer is PPO's),
+    the held batch and the policy canary. ``save(path)`` writes a checkpoint
+    of the run (weights, optimizer, normalisation statistics); ``load(path,
+    trainer=...)`` restores one into a trainer."""
 
     def __init__(
         self,
@@ -52,58 +54,70 @@ class PPOGuard:
         self.net = net
         self.settings = settings or load_settings()
         self.guard = RollbackGuard(agent, settings=self.settings)
-        self._optimizer, self._precision, self._overrides = optimizer, precision, overrides
-        self._save, self._load = save, load
         self.checkpoint = Path(self.settings.state_dir) / "ppo" / f"{agent}.seed{seed}.last_good.pt"
+        self.training = GuardedTraining(
+            agent, net, optimizer, settings=self.settings, precision=precision, overrides=overrides, guard=self.guard,
+            checkpoint_dir=self.checkpoint.parent, good_name=self.checkpoint.name, checkpoint_every=0,
+            save=save, load=lambda trainer, path: load(path, trainer=trainer), fp32_reference=False,
+        )
         self.held: Optional[dict[str, torch.Tensor]] = None
-        self.rollbacks: list[str] = []
         self.canaries: list[dict[str, float]] = []
+        self._iteration: Optional[CallReport] = None
+        self._rollbacks_before = 0
         self._log = get_logger("agents.ppo", agent=agent)
 
-    def build_trainer(self) -> FP16Trainer:
-        """The trainer the policy gives now: settings, profile, then the ledger (FP32 once rolled back)."""
-        return registry.trainer_for(
-            self.agent, self.net, self._optimizer, settings=self.settings, precision=self._precision, overrides=self._overrides
-        )
+    @property
+    def trainer(self) -> FP16Trainer:
+        """The trainer in use (an FP32 one after a rollback)."""
+        return self.training.trainer
 
-    def watch(self, trainer: FP16Trainer) -> None:
-        """Attach the guard; in reduced precision, the current weights are the first good checkpoint."""
-        self.guard.attach(trainer)
-        if trainer.precision.name != "fp32":
-            self.guard.record_good_checkpoint(self._save(self.checkpoint))
+    @property
+    def rollbacks(self) -> list[str]:
+        """``"<severity>: <reason>"`` of each rollback, oldest first."""
+        return [f"{d.severity}: {d.reason}" for d in self.training.rollbacks]
 
     def hold(self, data: dict[str, torch.Tensor]) -> None:
         """Keep the first rollout's first rows as the canary's held batch."""
         if self.held is None:
             self.held = {k: data[k][:HELD_ROWS].detach().clone() for k in ("obs", "act")}
 
-    # -- during an update ---------------------------------------------------------------
-    def after_step(self, trainer: FP16Trainer) -> FP16Trainer:
-        """After each optimizer step: the trainer to go on with (a new FP32 one after a P0 trip)."""
-        trip = self.guard.tripped
-        if trip is not None and self.guard.trainer is trainer:
-            return self._roll_back(trip)
-        return trainer
+    def start(self) -> None:
+        """Before the first update: in reduced precision, the current weights are the first good checkpoint."""
+        if self.training.reduced:
+            self.training.save_good_checkpoint()
 
-    # -- after an iteration ------------------------------------------------------------
-    def after_iteration(self, trainer: FP16Trainer, iteration: int) -> FP16Trainer:
+    def begin_iteration(self) -> None:
+        """Before an iteration's update: one training call of `GuardedTraining` (its canary count)."""
+        self._rollbacks_before = len(self.training.rollbacks)
+        self._iteration = self.training.begin_call()
+
+    def step(self, batch: Any, loss_fn: Callable[[torch.nn.Module, Any], torch.Tensor]) -> bool:
+        """One optimizer step (`GuardedTraining.step`); a P0 trip is rolled back before this returns."""
+        return self.training.step(batch, loss_fn)
+
+    def end_iteration(self) -> None:
         """P1/P2 on the run's statistics, the policy canary when due; a healthy
         reduced-precision iteration becomes the last good checkpoint. An FP32
         trainer has nothing to roll back: nothing is judged or written."""
-        if trainer.precision.name == "fp32":
-            return trainer
-        decision = self.guard.check(trainer)
-        if decision.action != "rollback" and canary_due(iteration, self.guard.canary_every):
-            decision = self._policy_canary(trainer)
-        if decision.action == "rollback":
-            return self._roll_back(decision)
-        self.guard.record_good_checkpoint(self._save(self.checkpoint))
-        return trainer
+        due = self._iteration is not None and self._iteration.canary_due
+        self._iteration = None
+        if self.training.reduced:
+            report = self.training.finish_call()
+            if not report.rolled_back and due:
+                self._policy_canary()
+        new = self.training.rollbacks[self._rollbacks_before:]
+        last_good = self.guard.last_good_checkpoint
+        for decision in new:
+            self._log.warning("ppo.rolled_back", reason=f"{decision.severity}: {decision.reason}", precision=self.trainer.precision.name,
+                              checkpoint=str(last_good) if last_good is not None else None)
+        if not new and self.training.reduced:
+            self.training.save_good_checkpoint()
 
-    def _policy_canary(self, trainer: FP16Trainer) -> GuardDecision:
+    def _policy_canary(self) -> GuardVerdict:
         """Log-probs and values of the held batch with and without autocast."""
         if self.held is None:
             raise RuntimeError("PPOGuard: the policy canary needs a held batch; call hold(data) with the first rollout's data first")
+        trainer = self.trainer
         obs, act = self.held["obs"], self.held["act"]
         was_training = self.net.training
         self.net.eval()
@@ -118,13 +132,4 @@ class PPOGuard:
             self.net.train(was_training)
         gap = policy_gap(logp, logp32, value, value32)
         self.canaries.append(gap)
-        return self.guard.check_policy_canary(trainer, **gap)
-
-    def _roll_back(self, decision: GuardDecision) -> FP16Trainer:
-        """The FP32 trainer to go on with, the last good checkpoint restored into it."""
-        trainer, checkpoint = self.guard.recover(self.build_trainer, lambda t, path: self._load(path, trainer=t))
-        restored = str(checkpoint) if checkpoint is not None else None
-        reason = f"{decision.severity}: {decision.reason}"
-        self.rollbacks.append(reason)
-        self._log.warning("ppo.rolled_back", reason=reason, precision=trainer.precision.name, checkpoint=restored)
-        return trainer
+        return self.training.check_policy_canary(**gap)

@@ -74,7 +74,6 @@ class PPO:
         optimizer = torch.optim.Adam(self.net.parameters(), lr=cfg.learning_rate, eps=1e-5, fused=True)
         overrides = {"max_grad_norm": cfg.max_grad_norm}
         self.guard = PPOGuard("ppo", self.net, optimizer, opts.precision, overrides, self.save_checkpoint, self._restore, seed=cfg.seed)
-        self.trainer = self.guard.build_trainer()  # rebuilt by the guard (FP32) on a rollback
         self.obs_rms = RunningMeanStd((self.obs_dim,)) if cfg.normalize_obs else None
         self.ret_rms = RunningMeanStd(()) if cfg.normalize_reward else None
         self._ret_acc = np.zeros(cfg.num_envs)
@@ -89,6 +88,8 @@ class PPO:
         self.time_split = {"env": 0.0, "inference": 0.0, "update": 0.0, "other": 0.0}
         self.episode_returns: list[float] = []
         self.history: list[dict[str, Any]] = []
+
+    trainer = property(lambda self: self.guard.trainer, doc="The trainer in use: the guard's (a new FP32 one after a rollback).")
 
     # -- observations, actions, rewards ------------------------------------------
     def _prep_obs(self, obs: np.ndarray, update_stats: bool = True) -> np.ndarray:
@@ -166,7 +167,7 @@ class PPO:
         ep_ret = np.zeros(n)
         split = self.time_split
         rows = self.buffer.rows
-        self.guard.watch(self.trainer)
+        self.guard.start()
         for iteration in range(1, cfg.num_iterations + 1):
             if cfg.anneal_lr:
                 for group in self.trainer.optimizer.param_groups:
@@ -208,8 +209,9 @@ class PPO:
             advantages, returns = self.buffer.gae(self.value(obs), cfg.gamma, cfg.gae_lambda)
             split["other"] += time.perf_counter() - t0
             t0 = time.perf_counter()
+            self.guard.begin_iteration()
             metrics = self._update(advantages, returns)
-            self.trainer = self.guard.after_iteration(self.trainer, iteration)
+            self.guard.end_iteration()
             split["update"] += time.perf_counter() - t0
             self.iteration = iteration
             elapsed = time.perf_counter() - t_start
@@ -280,6 +282,11 @@ class PPO:
             data = {k: v.to(self.device, non_blocking=self.pin) for k, v in data.items()}
         skipped = 0
         steps = 0
+        diagnostics: dict[str, torch.Tensor] = {}  # the last minibatch's, filled in by loss_fn
+
+        def loss_fn(net: ActorCritic, mb: dict[str, torch.Tensor]) -> torch.Tensor:
+            loss, last = self._loss(net, mb)
+            return diagnostics.update(last) or loss
         gen = torch.Generator().manual_seed(cfg.seed * 100_003 + self.iteration)
         for _epoch in range(cfg.update_epochs):
             perm = torch.randperm(b, generator=gen)
@@ -288,9 +295,7 @@ class PPO:
             shuffled = {k: v[perm] for k, v in data.items()}  # one gather per epoch; minibatches are views
             for start in range(0, b, cfg.minibatch_size):
                 mb = {k: v[start : start + cfg.minibatch_size] for k, v in shuffled.items()}
-                loss, diagnostics = self.trainer.training_step(mb, self._loss)
-                ok = self.trainer.backward_and_step(loss)
-                self.trainer = self.guard.after_step(self.trainer)  # a new FP32 trainer after a P0 rollback
+                ok = self.guard.step(mb, loss_fn)  # a P0 trip is rolled back inside: FP32 from here on
                 steps += 1
                 skipped += 0 if ok else 1
             if cfg.target_kl is not None and float(diagnostics["approx_kl"]) > cfg.target_kl:

@@ -3,12 +3,26 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from pathlib import Path
+from typing import Any, Protocol
 
 import torch
 from torch import nn
 
+from ..rollout import RolloutLedger
+from ..settings import Settings
+
 REDUCED = "fp16" if torch.cuda.is_available() else "bf16"
+
+
+class DrillScratch(Protocol):
+    """What a scenario needs of the drill (`Drill` is one): its scratch
+    settings, ledger and directory, and the training batch."""
+
+    state_dir: Path
+    settings: Settings
+    ledger: RolloutLedger
+    batch: tuple[torch.Tensor, torch.Tensor]
 
 
 @dataclass

@@ -21,7 +21,7 @@ from torch import nn
 from .. import telemetry
 from ..checkpoint import load_payload
 from ..guard import RollbackGuard
-from ..registry import trainer_for
+from ..registry import resolve_trainer, trainer_for
 from ..rollout import RolloutLedger
 from ..settings import Settings, load_settings
 from . import canary
@@ -239,9 +239,10 @@ class Drill:
         agent = "drill_kill_switch"
         self.ledger.enable(agent, actor="drill", reason="drill: kill switch")
         off = self.settings.model_copy(update={"enable_fp16_training": False})
-        trainer = trainer_for(agent, *model_and_optimizer(), settings=off, precision=REDUCED)
+        switched = resolve_trainer(agent, *model_and_optimizer(), settings=off, precision=REDUCED)
         on = self._trainer(agent, *model_and_optimizer())
-        checks = {"with_switch": trainer.precision.name, "source": trainer.policy.sources["enabled"], "without_switch": on.precision.name}
+        checks = {"with_switch": switched.trainer.precision.name, "source": switched.policy.sources["enabled"],
+                  "without_switch": on.precision.name}
         passed = checks["with_switch"] == "fp32" and "kill switch" in checks["source"] and checks["without_switch"] == REDUCED
         detail = f"stage on + precision={REDUCED}: kill switch -> {checks['with_switch']}; without it -> {checks['without_switch']}"
         return ScenarioResult("kill_switch", bool(passed), detail, 0.0, checks)

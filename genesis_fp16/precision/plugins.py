@@ -17,6 +17,7 @@ import torch
 from ..settings import PrecisionConfig
 
 _DEFAULTS = PrecisionConfig()
+_REDUCED_WEIGHT_DTYPES = (torch.float16, torch.bfloat16)
 
 
 @dataclass(frozen=True)
@@ -75,6 +76,15 @@ class Precision:
         return contextlib.nullcontext()
 
     def convert_module(self, module: torch.nn.Module) -> torch.nn.Module:
+        """The module with the weights this mode trains: FP32 master weights.
+        A module that an FP16-weight mode (``fp16-true``) cast in place, e.g.
+        before a rollback rebuilt its trainer in FP32, has its FP16/BF16
+        parameters and buffers cast back to FP32, in place (the optimizer
+        keeps the same parameter objects); without that its next FP32 forward
+        meets FP32 inputs with FP16 weights and fails."""
+        for tensor in (*module.parameters(), *module.buffers()):
+            if tensor.dtype in _REDUCED_WEIGHT_DTYPES:
+                tensor.data = tensor.data.float()
         return module
 
     def backward(self, loss: torch.Tensor) -> None:
