@@ -29,10 +29,10 @@ from typing import Any, Callable, Iterable, Optional, Protocol, Union
 import torch
 
 from . import registry
-from .canary import CANARY_SUFFIX, SHADOW_SUFFIX, canary_due, fp32_reference
+from .canary import CANARY_SUFFIX, SHADOW_SUFFIX, fp32_reference
 from .guard import RollbackGuard
 from .policy import EffectivePolicy, resolve_policy
-from .rollout import RolloutLedger
+from .rollout import RolloutLedger, Stage
 from .settings import Settings, load_settings
 from .telemetry import get_logger
 from .trainer import FP16Trainer
@@ -86,6 +86,8 @@ class Guard(Protocol):
 
     @property
     def canary_every(self) -> int: ...
+
+    def canary_due(self) -> bool: ...
 
     @property
     def last_good_checkpoint(self) -> Union[str, Path, None]: ...
@@ -239,7 +241,6 @@ class GuardedTraining:
         self._ledger: Optional[QualityLedger] = self.guard.ledger if self.guard is not None else None
         self._call: Optional[_Call] = None
         self._handled: Optional[GuardVerdict] = None
-        self._reduced_calls = 0
         self._owned: Optional[Union[str, Path]] = None  # the last good checkpoint last seen to be this run's
         self.last_loss: Optional[torch.Tensor] = None
         """The loss of the last `step` (detached)."""
@@ -317,12 +318,15 @@ class GuardedTraining:
 
     # -- one training call ------------------------------------------------------------------
     def _canary_due(self) -> bool:
-        """Count one guarded reduced-precision call; whether it is the
-        ``guard.canary_every``-th (the canary's schedule)."""
-        if self.guard is None or not self.reduced:
+        """Count one guarded reduced-precision call outside stage ``shadow``
+        (which has its FP32 copy all along): stage ``on``, or reduced precision
+        from the settings or a profile before the ledger has a stage for the
+        agent. Whether it is the ``guard.canary_every``-th: the count lives in
+        the rollout ledger (`RollbackGuard.canary_due`), so the schedule goes
+        on in the next process (each `genesis-fp16 evolve` is one)."""
+        if self.guard is None or not self.reduced or self.policy.stage == Stage.SHADOW:
             return False
-        self._reduced_calls += 1
-        return canary_due(self._reduced_calls, self.guard.canary_every)
+        return self.guard.canary_due()
 
     def begin_call(self, prepare: Optional[Callable[[torch.nn.Module], None]] = None) -> CallReport:
         """Start a training call: rebuild the trainer when the policy changed

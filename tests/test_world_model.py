@@ -292,6 +292,9 @@ class FakeGuard:
         self.verdict = GuardDecision(reason="healthy")
         self.canary_every = 0
 
+    def canary_due(self) -> bool:
+        return False  # canary_every 0: never
+
     def attach(self, trainer) -> None:
         self.attached.append(trainer)
         trainer.add_listener(self._on_event)
