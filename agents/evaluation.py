@@ -8,7 +8,9 @@ space may grow at most ``memory_limit_mb`` over what it holds once started
 (``RLIMIT_AS``, where the platform has it): a runaway evaluation gets a
 ``MemoryError`` in its own process instead of taking the machine's memory.
 A worker dies with the process that started it (``agents.worker_limits``), so
-a ``kill -9`` of the loop leaves no worker behind.
+a ``kill -9`` of the loop leaves no worker behind. How a call is split into
+chunks and put back together is shared with the Ray backend
+(``agents.evaluation_contract``).
 """
 
 from __future__ import annotations
@@ -65,7 +67,7 @@ def make_evaluator(
 ) -> EvaluationBackend:
     """The evaluator ``backend`` names: 'process' (a local spawn pool) or 'ray'
     (tasks on the Ray cluster this process is connected to). ``mujoco_log``:
-    see :class:`Evaluator` (the process pool only)."""
+    see `Evaluator` (the process pool only)."""
     if backend == "process":
         return Evaluator(task, workers=workers, timeout_s=timeout_s, memory_limit_mb=memory_limit_mb, mujoco_log=mujoco_log)
     if backend == "ray":

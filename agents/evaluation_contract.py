@@ -47,6 +47,9 @@ class EvaluationEnvError(EvaluationError):
 
 @dataclass
 class Evaluation:
+    """One candidate's real episodes: per start state, in their order, its
+    return and its transitions (obs, action, reward, next_obs, done)."""
+
     returns: list[float]
     episodes: list[dict[str, np.ndarray]] = field(default_factory=list)
 
