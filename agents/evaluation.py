@@ -8,7 +8,9 @@ space may grow at most ``memory_limit_mb`` over what it holds once started
 (``RLIMIT_AS``, where the platform has it): a runaway evaluation gets a
 ``MemoryError`` in its own process instead of taking the machine's memory.
 A worker dies with the process that started it (``agents.worker_limits``), so
-a ``kill -9`` of the loop leaves no worker behind.
+a ``kill -9`` of the loop leaves no worker behind. How a call is split into
+chunks and put back together is shared with the Ray backend
+(``agents.evaluation_contract``).
 """
 
 from __future__ import annotations
@@ -20,99 +22,43 @@ import time
 from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from concurrent.futures.process import BrokenProcessPool
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Optional, Protocol, Sequence, TypeVar, Union
-
-import numpy as np
+from typing import Any, Callable, Optional, Sequence, TypeVar, Union
 
 from genesis_fp16.extras import require
 from genesis_fp16.telemetry import get_logger
 
-from .tasks import EnvFailure, ResolvedTask, run_episodes
+from .evaluation_contract import (
+    Chunk,
+    Evaluation,
+    EvaluationBackend,
+    EvaluationEnvError,
+    EvaluationError,
+    EvaluationMemoryError,
+    EvaluationTimeout,
+    EvaluationWorkerLost,
+    Job,
+    SingleEvaluation,
+    assemble,
+    check_limits,
+    collect,
+    default_task,
+    over_memory,
+    split_jobs,
+    timed_out,
+    worker_lost,
+)
+from .tasks import ResolvedTask, run_episodes
 from .worker_limits import init_worker
+
+__all__ = [
+    "BACKENDS", "Evaluation", "EvaluationBackend", "EvaluationEnvError", "EvaluationError", "EvaluationMemoryError",
+    "EvaluationTimeout", "EvaluationWorkerLost", "Evaluator", "make_evaluator",
+]
 
 T = TypeVar("T")
 
-
-class EvaluationError(RuntimeError):
-    """A real evaluation failed in its worker: the candidate is charged and skipped."""
-
-
-class EvaluationTimeout(EvaluationError):
-    """A real evaluation did not finish within its timeout."""
-
-
-class EvaluationMemoryError(EvaluationError):
-    """A real evaluation went over its worker's memory limit."""
-
-
-class EvaluationWorkerLost(EvaluationError):
-    """A worker process (or a Ray worker or node, on every retry) died while
-    running the evaluation: charged and skipped like a timeout."""
-
-
-class EvaluationEnvError(EvaluationError):
-    """The task's environment raised in make, reset or step."""
-
-
-@dataclass
-class Evaluation:
-    returns: list[float]
-    episodes: list[dict[str, np.ndarray]] = field(default_factory=list)
-
-    @property
-    def mean_return(self) -> float:
-        return float(np.mean(self.returns)) if self.returns else float("-inf")
-
-    @property
-    def env_steps(self) -> int:
-        """Real env steps of these episodes."""
-        return sum(len(ep["reward"]) for ep in self.episodes if "reward" in ep)
-
-
 BACKENDS = ("process", "ray")
-
-
-class EvaluationBackend(Protocol):
-    """What the loop needs of an evaluator: `Evaluator` (a local
-    process pool, the default) or ``agents.ray_evaluation.RayEvaluator``."""
-
-    task: ResolvedTask
-    workers: int
-    timeout_s: float
-
-    def evaluate(
-        self, params: Sequence[float], states: Sequence[Sequence[float]], *, hang_seconds: float = 0.0, alloc_mb: int = 0
-    ) -> Evaluation: ...
-
-    def evaluate_many(
-        self,
-        jobs: Sequence[tuple[Sequence[float], Sequence[Sequence[float]]]],
-        *,
-        hang_seconds: float = 0.0,
-        alloc_mb: int = 0,
-        per_job_env_errors: bool = False,
-    ) -> list[Union[Evaluation, EvaluationEnvError]]: ...
-
-    def terminate(self) -> None: ...
-
-    def close(self) -> None: ...
-
-
-def check_limits(workers: int, timeout_s: float, memory_limit_mb: Optional[int]) -> None:
-    if workers < 1:
-        raise ValueError(f"workers={workers}: expected >= 1")
-    if timeout_s <= 0:
-        raise ValueError(f"timeout_s={timeout_s}: expected > 0")
-    if memory_limit_mb is not None and memory_limit_mb < 1:
-        raise ValueError(f"memory_limit_mb={memory_limit_mb}: expected >= 1 or None (no limit)")
-
-
-def default_task() -> ResolvedTask:
-    from .tasks.builtin import pendulum
-
-    return pendulum().resolve()
 
 
 def make_evaluator(
@@ -129,18 +75,6 @@ def make_evaluator(
 
         return RayEvaluator(task, workers=workers, timeout_s=timeout_s, memory_limit_mb=memory_limit_mb)
     raise ValueError(f"backend={backend!r}: expected one of {', '.join(BACKENDS)}")
-
-
-class SingleEvaluation:
-    """``evaluate`` for a backend that has ``evaluate_many``."""
-
-    def evaluate(
-        self, params: Sequence[float], states: Sequence[Sequence[float]], *, hang_seconds: float = 0.0, alloc_mb: int = 0
-    ) -> Evaluation:
-        """One real episode per start state for one candidate."""
-        (result,) = self.evaluate_many([(params, states)], hang_seconds=hang_seconds, alloc_mb=alloc_mb)  # type: ignore[attr-defined]
-        assert isinstance(result, Evaluation)  # an env error raised: per_job_env_errors is off
-        return result
 
 
 class Evaluator(SingleEvaluation):
@@ -201,7 +135,7 @@ class Evaluator(SingleEvaluation):
 
     def evaluate_many(
         self,
-        jobs: Sequence[tuple[Sequence[float], Sequence[Sequence[float]]]],
+        jobs: Sequence[Job],
         *,
         hang_seconds: float = 0.0,
         alloc_mb: int = 0,
@@ -215,74 +149,42 @@ class Evaluator(SingleEvaluation):
         with self._lock:
             submitted = self._on_spawner(self._submit, jobs, hang_seconds, alloc_mb)
             deadline = time.monotonic() + self.timeout_s
-            results = []
-            env_errors: dict[int, EvaluationEnvError] = {}
+
+            def get(fut: Future[dict[str, Any]]) -> dict[str, Any]:
+                return fut.result(timeout=max(0.0, deadline - time.monotonic()))
+
             try:
-                for j, idx, fut in submitted:
-                    try:
-                        results.append((j, idx, fut.result(timeout=max(0.0, deadline - time.monotonic()))))
-                    except EnvFailure as exc:
-                        if not per_job_env_errors:
-                            raise
-                        self._log.warning("evolve.evaluation_env_error", episodes=len(jobs[j][1]), error=str(exc))
-                        env_errors.setdefault(j, EvaluationEnvError(f"real evaluation of {len(jobs[j][1])} episodes failed: {exc}"))
+                results, env_errors = collect(submitted, get, jobs, per_job_env_errors=per_job_env_errors, log=self._log)
             except FutureTimeout:
-                n = sum(len(s) for _, s in jobs)
-                self._log.warning("evolve.evaluation_timeout", timeout_s=self.timeout_s, episodes=n)
+                error = timed_out(self._log, jobs, self.timeout_s)
                 self._kill_pool()
-                raise EvaluationTimeout(f"real evaluation of {n} episodes did not finish within {self.timeout_s:g} s") from None
+                raise error from None
             except MemoryError:
                 # raised inside a worker by its RLIMIT_AS; the worker itself survives, but
                 # the other chunks of this call are abandoned with a fresh pool
-                n = sum(len(s) for _, s in jobs)
-                self._log.warning("evolve.evaluation_memory_limit", memory_limit_mb=self.memory_limit_mb, episodes=n)
+                error = over_memory(self._log, jobs, self.memory_limit_mb)
                 self._kill_pool()
-                raise EvaluationMemoryError(
-                    f"real evaluation of {n} episodes went over the worker memory limit ({self.memory_limit_mb} MiB)"
-                ) from None
-            except EnvFailure as exc:  # the env raised: the workers are fine, the pool stays
-                n = sum(len(s) for _, s in jobs)
-                self._log.warning("evolve.evaluation_env_error", episodes=n, error=str(exc))
-                for _, _, fut in submitted:
+                raise error from None
+            except EvaluationEnvError:  # the env raised: the workers are fine, the pool stays
+                for _, fut in submitted:
                     fut.cancel()
-                raise EvaluationEnvError(f"real evaluation of {n} episodes failed: {exc}") from None
+                raise
             except BrokenProcessPool as exc:  # a worker died (killed, or the env called os._exit)
-                n = sum(len(s) for _, s in jobs)
-                self._log.warning("evolve.evaluation_worker_lost", episodes=n, retries=0, error=str(exc))
+                error = worker_lost(self._log, jobs, 0, str(exc), "lost a worker process")
                 self._kill_pool()  # the next call starts a fresh pool
-                raise EvaluationWorkerLost(f"real evaluation of {n} episodes lost a worker process: {exc}") from None
+                raise error from None
             except BaseException:
                 self._kill_pool()
                 raise
-        out: list[Union[Evaluation, EvaluationEnvError]] = []
-        for j, (_, states) in enumerate(jobs):
-            if j in env_errors:
-                out.append(env_errors[j])
-                continue
-            returns: list[float] = [0.0] * len(states)
-            episodes: list[dict[str, np.ndarray]] = [{} for _ in states]
-            for jj, idx, res in results:
-                if jj != j:
-                    continue
-                for k, i in enumerate(idx):
-                    returns[i] = res["returns"][k]
-                    episodes[i] = res["episodes"][k]
-            out.append(Evaluation(returns=returns, episodes=episodes))
-        return out
+        return assemble(jobs, results, env_errors)
 
-    def _submit(self, jobs: Sequence[tuple[Sequence[float], Sequence[Sequence[float]]]], hang_seconds: float, alloc_mb: int) -> list[tuple[int, list[int], Future[dict[str, Any]]]]:
-        """Every job split into per-worker chunks on the pool: (job index, state indices, future)."""
+    def _submit(self, jobs: Sequence[Job], hang_seconds: float, alloc_mb: int) -> list[tuple[Chunk, Future[dict[str, Any]]]]:
+        """Every job's chunks on the pool, each with its future."""
         pool = self._get_pool()
-        submitted = []
-        for j, (params, states) in enumerate(jobs):
-            states = [list(map(float, s)) for s in states]
-            plist = [float(v) for v in params]
-            for w in range(self.workers):
-                idx = list(range(len(states)))[w :: self.workers]
-                if idx:
-                    fut = pool.submit(run_episodes, self.spec, plist, [states[i] for i in idx], hang_seconds, alloc_mb)
-                    submitted.append((j, idx, fut))
-        return submitted
+        return [
+            (chunk, pool.submit(run_episodes, self.spec, chunk.params, chunk.states, hang_seconds, alloc_mb))
+            for chunk in split_jobs(jobs, self.workers)
+        ]
 
     def terminate(self) -> None:
         """Stop the workers now (Ctrl-C): running episodes are abandoned."""

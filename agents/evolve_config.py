@@ -136,6 +136,10 @@ class Candidate:
     real_episodes: int = 0
     full: bool = False  # evaluated on every training start state
 
+    def meets(self, target: float) -> bool:
+        """Whether this candidate is fully evaluated with a mean return of at least ``target``."""
+        return self.full and self.real_return is not None and self.real_return >= target
+
     def as_dict(self) -> dict[str, Any]:
         return {**asdict(self), "params": [float(v) for v in self.params]}
 

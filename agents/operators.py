@@ -24,7 +24,13 @@ ImagineFn = Callable[[np.ndarray], np.ndarray]  # (P, D) params -> (P,) predicte
 
 def pool_failing(pool: Sequence[Candidate], target: float) -> bool:
     """The pool is failing while no fully evaluated candidate meets the target."""
-    return not any(c.full and c.real_return is not None and c.real_return >= target for c in pool)
+    return not any(c.meets(target) for c in pool)
+
+
+def best_first(score: Optional[float]) -> float:
+    """Sort key: the highest score first, an unscored candidate (None) last.
+    A score of 0.0 is a score, so no ``score or default`` here."""
+    return float("inf") if score is None else -score
 
 
 def best_of(pool: Sequence[Candidate]) -> Optional[Candidate]:
@@ -96,7 +102,7 @@ def propose(
     if best is not None:
         for x in refinement(best.params, rng, imagine=imagine, sigma=cfg.refine_sigma, iters=cfg.refine_iters, popsize=cfg.popsize, seed=seed):
             proposals.append(("refinement", x))
-    full = sorted([c for c in pool if c.full], key=lambda c: -(c.real_return or -1e9))
+    full = sorted([c for c in pool if c.full], key=lambda c: best_first(c.real_return))
     if len(full) >= 2:
         for x in recombination(full[0].params, full[1].params, rng, n=cfg.recombinations):
             proposals.append(("recombination", x))
@@ -110,7 +116,7 @@ def propose(
         scores = imagine(np.stack([c.params for c in cands]))
         for c, s in zip(cands, scores):
             c.imagined = float(s)
-        cands.sort(key=lambda c: -(c.imagined or -1e18))
+        cands.sort(key=lambda c: best_first(c.imagined))
     else:
         order = rng.permutation(len(cands))  # nothing to rank by: the ablation picks at random
         cands = [cands[i] for i in order]

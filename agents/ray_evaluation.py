@@ -1,10 +1,11 @@
 """Real evaluations as Ray tasks: ``genesis-fp16 evolve --backend ray``.
 
-The same contract as the process pool (`agents.evaluation.Evaluator`):
-every candidate's start states are split into ``workers`` chunks, one
-stateless Ray task per chunk (several episodes per task, never one per step);
-all of a call's tasks must finish within ``timeout_s`` (``ray.wait``), and a
-late one is cancelled with ``ray.cancel(force=True)``, which kills its worker.
+The same contract as the process pool (`agents.evaluation.Evaluator`; both
+split and reassemble in ``agents.evaluation_contract``): every candidate's
+start states are split into ``workers`` chunks, one stateless Ray task per
+chunk (several episodes per task, never one per step); all of a call's tasks
+must finish within ``timeout_s`` (``ray.wait``), and a late one is cancelled
+with ``ray.cancel(force=True)``, which kills its worker.
 The memory limit is set inside the task (``RLIMIT_AS``, as in a pool worker):
 Ray's own ``memory=`` only schedules. A system failure (the worker process or
 its node died) is retried by Ray up to ``max_retries`` times, then the call
@@ -22,24 +23,29 @@ import threading
 import time
 from typing import Any, Optional, Sequence, Union
 
-import numpy as np
-
 from genesis_fp16.extras import require
 from genesis_fp16.telemetry import get_logger
 
-from .evaluation import (
+from .evaluation_contract import (
+    Chunk,
     Evaluation,
     EvaluationEnvError,
-    EvaluationError,
-    EvaluationMemoryError,
-    EvaluationTimeout,
     EvaluationWorkerLost,
+    Job,
     SingleEvaluation,
+    assemble,
     check_limits,
+    collect,
     default_task,
+    over_memory,
+    split_jobs,
+    timed_out,
+    worker_lost,
 )
 from .ray_task import run_chunk
 from .tasks import EnvFailure, ResolvedTask
+
+__all__ = ["EvaluationWorkerLost", "RayConnectError", "RayEvaluator", "connect_ray"]
 
 RAY = "genesis-fp16 evolve --backend ray"
 PROBE_TIMEOUT_S = 3.0
@@ -116,7 +122,7 @@ class RayEvaluator(SingleEvaluation):
 
     def evaluate_many(
         self,
-        jobs: Sequence[tuple[Sequence[float], Sequence[Sequence[float]]]],
+        jobs: Sequence[Job],
         *,
         hang_seconds: float = 0.0,
         alloc_mb: int = 0,
@@ -124,34 +130,26 @@ class RayEvaluator(SingleEvaluation):
     ) -> list[Union[Evaluation, EvaluationEnvError]]:
         """Several candidates at once, as `agents.evaluation.Evaluator.evaluate_many`."""
         ray = self._ray
-        n = sum(len(s) for _, s in jobs)
         with self._lock:
             submitted = self._submit(jobs, hang_seconds, alloc_mb)
-            self._running = [ref for _, _, ref in submitted]
+            self._running = [ref for _, ref in submitted]
             try:
                 ready, late = ray.wait(self._running, num_returns=len(self._running), timeout=self.timeout_s)
                 if late:
-                    self._log.warning("evolve.evaluation_timeout", timeout_s=self.timeout_s, episodes=n)
+                    error = timed_out(self._log, jobs, self.timeout_s)
                     self._cancel()
-                    raise EvaluationTimeout(f"real evaluation of {n} episodes did not finish within {self.timeout_s:g} s")
-                results: list[tuple[int, list[int], dict[str, Any]]] = []
-                env_errors: dict[int, EvaluationEnvError] = {}
-                for j, idx, ref in submitted:
-                    try:
-                        results.append((j, idx, self._get(ref, n)))
-                    except EnvFailure as exc:
-                        self._log.warning("evolve.evaluation_env_error", episodes=len(jobs[j][1]) if per_job_env_errors else n, error=str(exc))
-                        if not per_job_env_errors:
-                            raise EvaluationEnvError(f"real evaluation of {n} episodes failed: {exc}") from None
-                        env_errors.setdefault(j, EvaluationEnvError(f"real evaluation of {len(jobs[j][1])} episodes failed: {exc}"))
+                    raise error
+                results, env_errors = collect(
+                    submitted, lambda ref: self._get(ref, jobs), jobs, per_job_env_errors=per_job_env_errors, log=self._log
+                )
             except BaseException:
                 self._cancel()
                 raise
             finally:
                 self._running = []
-        return _assemble(jobs, results, env_errors)
+        return assemble(jobs, results, env_errors)
 
-    def _get(self, ref: Any, n: int) -> dict[str, Any]:
+    def _get(self, ref: Any, jobs: Sequence[Job]) -> dict[str, Any]:
         """One task's result; its failure as this module's errors (EnvFailure passes through)."""
         ray = self._ray
         try:
@@ -161,38 +159,26 @@ class RayEvaluator(SingleEvaluation):
             if isinstance(cause, EnvFailure):
                 raise cause from None
             if isinstance(cause, MemoryError):
-                self._log.warning("evolve.evaluation_memory_limit", memory_limit_mb=self.memory_limit_mb, episodes=n)
-                raise EvaluationMemoryError(
-                    f"real evaluation of {n} episodes went over the worker memory limit ({self.memory_limit_mb} MiB)"
-                ) from None
+                raise over_memory(self._log, jobs, self.memory_limit_mb) from None
             if isinstance(cause, SystemExit):
-                return self._lost(n, f"the task exited ({cause})")
+                raise self._lost(jobs, f"the task exited ({cause})")
             raise
         except (ray.exceptions.WorkerCrashedError, ray.exceptions.NodeDiedError, ray.exceptions.LocalRayletDiedError,
                 ray.exceptions.ObjectLostError) as exc:
-            return self._lost(n, f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
+            raise self._lost(jobs, f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
 
-    def _lost(self, n: int, why: str) -> Any:
-        self._log.warning("evolve.evaluation_worker_lost", episodes=n, retries=self.max_retries, error=why)
-        raise EvaluationWorkerLost(
-            f"real evaluation of {n} episodes lost its Ray worker on every try ({1 + self.max_retries}): {why}"
-        )
+    def _lost(self, jobs: Sequence[Job], why: str) -> EvaluationWorkerLost:
+        return worker_lost(self._log, jobs, self.max_retries, why, f"lost its Ray worker on every try ({1 + self.max_retries})")
 
-    def _submit(self, jobs: Sequence[tuple[Sequence[float], Sequence[Sequence[float]]]], hang_seconds: float, alloc_mb: int) -> list[tuple[int, list[int], Any]]:
-        """Every job split into per-worker chunks, as the process pool splits it: (job index, state indices, ref)."""
+    def _submit(self, jobs: Sequence[Job], hang_seconds: float, alloc_mb: int) -> list[tuple[Chunk, Any]]:
+        """Every job's chunks as Ray tasks, each with its object ref."""
         if self._spec_ref is None or self._spec_ref[0] is not self.spec:
             self._spec_ref = (self.spec, self._ray.put(self.spec))
         spec = self._spec_ref[1]
-        submitted = []
-        for j, (params, states) in enumerate(jobs):
-            states = [list(map(float, s)) for s in states]
-            plist = [float(v) for v in params]
-            for w in range(self.workers):
-                idx = list(range(len(states)))[w :: self.workers]
-                if idx:
-                    ref = self._remote.remote(spec, plist, [states[i] for i in idx], hang_seconds, alloc_mb, self.memory_limit_mb)
-                    submitted.append((j, idx, ref))
-        return submitted
+        return [
+            (chunk, self._remote.remote(spec, chunk.params, chunk.states, hang_seconds, alloc_mb, self.memory_limit_mb))
+            for chunk in split_jobs(jobs, self.workers)
+        ]
 
     def _cancel(self) -> None:
         """Force-cancel the running tasks that have not finished, once each.
@@ -223,23 +209,3 @@ class RayEvaluator(SingleEvaluation):
     def __exit__(self, *exc: Any) -> None:
         self.close()
 
-
-def _assemble(
-    jobs: Sequence[tuple[Sequence[float], Sequence[Sequence[float]]]],
-    results: list[tuple[int, list[int], dict[str, Any]]],
-    env_errors: dict[int, EvaluationEnvError],
-) -> list[Union[Evaluation, EvaluationEnvError]]:
-    out: list[Union[Evaluation, EvaluationEnvError]] = []
-    for j, (_, states) in enumerate(jobs):
-        if j in env_errors:
-            out.append(env_errors[j])
-            continue
-        returns: list[float] = [0.0] * len(states)
-        episodes: list[dict[str, np.ndarray]] = [{} for _ in states]
-        for jj, idx, res in results:
-            if jj == j:
-                for k, i in enumerate(idx):
-                    returns[i] = res["returns"][k]
-                    episodes[i] = res["episodes"][k]
-        out.append(Evaluation(returns=returns, episodes=episodes))
-    return out

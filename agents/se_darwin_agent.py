@@ -223,7 +223,7 @@ class SEDarwinAgent(RunRecord):
         if self.generation < 0:
             # generation 0: exploratory policies to seed the model
             seeded = await self._seed_generation()
-            if any(c.full and (c.real_return or -1e9) >= cfg.target for c, _ in seeded):
+            if any(c.meets(cfg.target) for c, _ in seeded):
                 self.reached_at = self.real_episodes
             await self._commit(0, seeded)
             await self._after_generation(0, [c for c, _ in seeded], started)
@@ -266,7 +266,7 @@ class SEDarwinAgent(RunRecord):
         the candidates to the pool."""
         trajs = []
         for cand, res in evaluated:
-            outcome = "target" if cand.full and (cand.real_return or -1e18) >= self.config.target else ("full" if cand.full else "probe")
+            outcome = "target" if cand.meets(self.config.target) else ("full" if cand.full else "probe")
             trajs += trajectories_from_episodes(res.episodes, cand.id, outcome)
             if not any(c is cand for c in self.pool):  # a promoted probe is in the pool already
                 self.pool.append(cand)

@@ -39,6 +39,18 @@ def exploding_drift() -> gym.Env:
     return Drift(explode_above=0.0)
 
 
+class Still(Drift):
+    """Nothing moves and nothing is earned: every return is exactly 0.0."""
+
+    def step(self, action):
+        self.t += 1
+        return np.array([self.x, self.t / 5], np.float32), 0.0, False, self.t >= 5, {}
+
+
+def still() -> gym.Env:
+    return Still()
+
+
 class Camera(Drift):
     observation_space = gym.spaces.Box(0, 255, (8, 8, 3), np.uint8)
 

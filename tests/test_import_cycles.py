@@ -1,64 +1,52 @@
-"""No import cycle among the modules of ``genesis_fp16``, ``agents`` and
-``infrastructure``.
+"""The layering of ``genesis_fp16``, ``agents`` and ``infrastructure``: no
+import circle among their modules, and imports point down only
+(``agents`` -> ``infrastructure`` -> ``genesis_fp16``).
 
-An edge is an ``import`` or ``from ... import`` that runs when the module is
-imported: at module level, in a class body, or under a module-level ``if`` /
-``try`` / ``with``. Imports inside functions run later and are not edges, nor
-are those under ``if TYPE_CHECKING:``. ``from package import name`` is an edge
-to ``package.name`` when that is a module, else to the package; importing
-``a.b.c`` is also an edge to ``a.b`` (its ``__init__`` runs first) unless the
-importer lives in ``a.b``.
+Every ``import`` and ``from ... import`` counts, wherever it is written: at
+module level, in a class body, inside a function or method, under
+``if TYPE_CHECKING:``. A deferred import still makes one module depend on
+the other; deferring it hides a circle from the interpreter, not from the
+design. ``from package import name`` is an edge to ``package.name`` when that
+is a module, else to the package; importing ``a.b.c`` is also an edge to
+``a.b`` (its ``__init__`` runs first) unless the importer lives in ``a.b``.
 """
 
 from __future__ import annotations
 
 import ast
 from pathlib import Path
-from typing import Iterator
 
 REPO = Path(__file__).resolve().parents[1]
 PACKAGES = ("genesis_fp16", "agents", "infrastructure")
 
+# What each package must never import, at any level (DESIGN.md: arrows point down only).
+FORBIDDEN = {"genesis_fp16": ("agents", "infrastructure"), "infrastructure": ("agents",)}
 
-def _module_name(path: Path) -> str:
-    parts = list(path.relative_to(REPO).with_suffix("").parts)
-    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
-
-
-def _modules() -> dict[str, Path]:
-    return {_module_name(path): path for package in PACKAGES for path in sorted((REPO / package).rglob("*.py"))}
-
-
-def _is_type_checking(test: ast.expr) -> bool:
-    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
-        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
-    )
+# Circles that exist today and are being removed on another branch. Each entry
+# is one circle exactly as `cycles` names it; the test fails when an allowed
+# circle disappears, so the allowance is deleted together with the circle.
+# import circles tolerated for now (none): a new one fails the test, and so does
+# an entry here that is no longer a circle
+KNOWN_CIRCLES: set[tuple[str, ...]] = set()
 
 
-def _import_time_statements(body: list[ast.stmt]) -> Iterator[ast.stmt]:
-    """The statements of ``body`` that run at import time, nested blocks included."""
-    for node in body:
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            continue
-        yield node
-        if isinstance(node, ast.If):
-            if not _is_type_checking(node.test):
-                yield from _import_time_statements(node.body)
-            yield from _import_time_statements(node.orelse)
-        elif isinstance(node, ast.Try):
-            for block in (node.body, node.orelse, node.finalbody, *(h.body for h in node.handlers)):
-                yield from _import_time_statements(block)
-        elif isinstance(node, (ast.With, ast.ClassDef)):
-            yield from _import_time_statements(node.body)
+def _modules(root: Path = REPO) -> dict[str, Path]:
+    """Module name -> file, for every module of `PACKAGES` under ``root``."""
+    modules = {}
+    for package in PACKAGES:
+        for path in sorted((root / package).rglob("*.py")):
+            parts = list(path.relative_to(root).with_suffix("").parts)
+            modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return modules
 
 
-def _imports(name: str, path: Path, known: set[str], *, in_functions: bool = False) -> set[str]:
-    """The project modules that importing ``name`` (at ``path``) imports directly;
-    with ``in_functions``, also those its functions import when called."""
+def _imported_names(name: str, path: Path, known: set[str]) -> set[str]:
+    """Every module name the file of ``name`` (at ``path``) imports, relative
+    imports resolved, whether or not it is one of ``known``."""
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
     found: set[str] = set()
-    for node in ast.walk(tree) if in_functions else _import_time_statements(tree.body):
+    for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             found.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
@@ -77,11 +65,15 @@ def _imports(name: str, path: Path, known: set[str], *, in_functions: bool = Fal
     for module in list(found):
         parts = module.split(".")
         found.update(".".join(parts[:i]) for i in range(1, len(parts)) if ".".join(parts[:i]) not in own)
-    return {module for module in found if module in known and module != name}
+    return {module for module in found if module and module != name}
 
 
-def import_graph() -> dict[str, set[str]]:
-    modules = _modules()
+def _imports(name: str, path: Path, known: set[str]) -> set[str]:
+    """The project modules that the module ``name`` (at ``path``) imports."""
+    return _imported_names(name, path, known) & known
+
+
+def import_graph(modules: dict[str, Path]) -> dict[str, set[str]]:
     known = set(modules)
     return {name: _imports(name, path, known) for name, path in modules.items()}
 
@@ -121,6 +113,18 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return sorted(found)
 
 
+def layer_violations(modules: dict[str, Path]) -> list[str]:
+    """``importer -> imported`` for every import that points up a layer (`FORBIDDEN`)."""
+    known = set(modules)
+    found = []
+    for name, path in sorted(modules.items()):
+        banned = FORBIDDEN.get(name.split(".")[0], ())
+        for imported in sorted(_imported_names(name, path, known)):
+            if imported.split(".")[0] in banned:
+                found.append(f"{name} -> {imported}")
+    return found
+
+
 def _parse(source: str, tmp_path: Path, name: str) -> set[str]:
     path = tmp_path / f"{name.rpartition('.')[2]}.py"
     path.write_text(source, encoding="utf-8")
@@ -133,42 +137,85 @@ def test_the_cycle_finder_names_each_cycle() -> None:
     assert cycles({"a": {"b"}, "b": set()}) == []
 
 
-def test_edges_are_the_imports_that_run_at_import_time(tmp_path: Path) -> None:
+def test_every_import_is_an_edge_wherever_it_is_written(tmp_path: Path) -> None:
     source = (
         "from typing import TYPE_CHECKING\n"
         "from . import a\n"
         "from .sub import d\n"
         "import pkg.c\n"
-        "if TYPE_CHECKING:\n    from . import b\n"
         "try:\n    from .sub import something\nexcept ImportError:\n    pass\n"
-        "def f():\n    from . import b\n"
-        "class K:\n    from . import b as bb\n"
     )
-    assert _parse(source, tmp_path, "pkg.x") == {"pkg.a", "pkg.sub.d", "pkg.c", "pkg.sub", "pkg.b"}
-    lazy_only = "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from . import b\ndef f():\n    from . import c\n"
-    assert _parse(lazy_only, tmp_path, "pkg.x") == set()
+    assert _parse(source, tmp_path, "pkg.x") == {"pkg.a", "pkg.sub.d", "pkg.c", "pkg.sub"}
+    assert _parse("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from . import b\n", tmp_path, "pkg.x") == {"pkg.b"}
+    assert _parse("def f():\n    from . import b\n", tmp_path, "pkg.x") == {"pkg.b"}
+    assert _parse("class K:\n    def m(self):\n        import pkg.c\n", tmp_path, "pkg.x") == {"pkg.c"}
+    assert _parse("async def f():\n    if True:\n        from .sub.d import g\n", tmp_path, "pkg.x") == {"pkg.sub.d", "pkg.sub"}
     assert _parse("from .. import a\n", tmp_path, "pkg.sub.d") == {"pkg.a"}
+    assert _parse("def f():\n    from ..c import y\n", tmp_path, "pkg.sub.d") == {"pkg.c"}
     assert _parse("from pkg.sub.d import f\n", tmp_path, "pkg.a") == {"pkg.sub.d", "pkg.sub"}
 
 
+def _tree(root: Path, files: dict[str, str]) -> dict[str, Path]:
+    for relative, source in files.items():
+        (root / relative).parent.mkdir(parents=True, exist_ok=True)
+        (root / relative).write_text(source, encoding="utf-8")
+    return _modules(root)
+
+
+def test_a_circle_through_a_function_level_import_is_found(tmp_path: Path) -> None:
+    modules = _tree(tmp_path, {
+        "agents/__init__.py": "",
+        "agents/a.py": "from .b import B\n",
+        "agents/b.py": "B = 1\ndef make():\n    from .a import A\n",
+        "agents/c.py": "from . import a, b\n",
+    })
+    assert cycles(import_graph(modules)) == [["agents.a", "agents.b"]]
+
+
+def test_the_layer_rule_sees_imports_at_any_level(tmp_path: Path) -> None:
+    modules = _tree(tmp_path, {
+        "genesis_fp16/__init__.py": "",
+        "genesis_fp16/ok.py": "import json\nfrom . import util\nfrom genesis_fp16 import settings\n",
+        "genesis_fp16/late.py": "def f():\n    from agents.tasks import Task\n",
+        "genesis_fp16/sub/deep.py": "class K:\n    def m(self):\n        from ...infrastructure import dynamics\n",
+        "infrastructure/store.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import agents\nimport genesis_fp16\n",
+        "agents/loop.py": "import infrastructure.store\nimport genesis_fp16.ok\n",
+    })
+    assert layer_violations(modules) == [
+        "genesis_fp16.late -> agents", "genesis_fp16.late -> agents.tasks", "genesis_fp16.sub.deep -> infrastructure",
+        "infrastructure.store -> agents",
+    ]
+
+
 def test_the_graph_covers_all_three_packages() -> None:
-    graph = import_graph()
+    graph = import_graph(_modules())
     assert {"genesis_fp16.trainer", "agents.se_darwin_agent", "infrastructure.world_model"} <= set(graph)
     assert "genesis_fp16.settings" in graph["genesis_fp16.trainer"]
+    # a function-level import is an edge: the loop builds its world model on demand
+    assert "infrastructure.world_model" in graph["agents.se_darwin_agent"]
 
 
 def test_no_import_cycle() -> None:
-    found = cycles(import_graph())
-    assert not found, "import cycles: " + "; ".join(" <-> ".join(c) for c in found)
+    found = [tuple(c) for c in cycles(import_graph(_modules()))]
+    new = [c for c in found if c not in KNOWN_CIRCLES]
+    assert not new, "import cycles: " + "; ".join(" <-> ".join(c) for c in new)
+    gone = KNOWN_CIRCLES - set(found)
+    assert not gone, f"no longer circles, delete them from KNOWN_CIRCLES: {sorted(gone)}"
+
+
+def test_imports_point_down_only() -> None:
+    """``genesis_fp16`` imports neither ``agents`` nor ``infrastructure``, and
+    ``infrastructure`` never imports ``agents``: the plugin reaches the agents'
+    commands through entry points instead."""
+    found = layer_violations(_modules())
+    assert not found, "imports up a layer: " + "; ".join(found)
 
 
 def test_registry_and_distributed_never_import_each_other() -> None:
-    """Not even inside a function: the registry names the distributed factories
-    as "module:attr" strings, and the distributed package needs no registry."""
-    modules = _modules()
-    known = set(modules)
-    registry = _imports("genesis_fp16.registry", modules["genesis_fp16.registry"], known, in_functions=True)
-    assert not {m for m in registry if m.startswith("genesis_fp16.distributed")}
-    for name, path in modules.items():
+    """The registry names the distributed factories as "module:attr" strings,
+    and the distributed package needs no registry."""
+    graph = import_graph(_modules())
+    assert not {m for m in graph["genesis_fp16.registry"] if m.startswith("genesis_fp16.distributed")}
+    for name, imported in graph.items():
         if name.startswith("genesis_fp16.distributed"):
-            assert "genesis_fp16.registry" not in _imports(name, path, known, in_functions=True), name
+            assert "genesis_fp16.registry" not in imported, name

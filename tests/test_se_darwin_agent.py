@@ -316,3 +316,67 @@ async def test_each_task_has_its_own_world_model_agent(state_dir):
     assert ledger.stage(names[0]) == "rolled_back" and ledger.stage(names[1]) == "on"
     assert (await models[names[1]].train(20, trajectories=trajs)).precision == "bf16"
     assert (state_dir / "wm" / names[0] / f"{names[0]}.pt").exists()  # the name is a checkpoint file name too
+
+
+class InProcessTaskEvaluator(Evaluator):
+    """A task's real episodes in this process, without the workers' start-up."""
+
+    def evaluate_many(self, jobs, **kw):
+        from agents.evaluation import Evaluation
+        from agents.tasks import run_episodes
+
+        out = []
+        for params, states in jobs:
+            res = run_episodes(self.spec, [float(v) for v in params], [list(map(float, s)) for s in states])
+            out.append(Evaluation(returns=res["returns"], episodes=res["episodes"]))
+        return out
+
+
+async def test_a_return_of_zero_meets_a_target_of_zero(state_dir):
+    """Every episode of Still returns exactly 0.0: with one training start
+    state each generation-0 probe is a full evaluation that meets the target."""
+    from agents.tasks import Task
+
+    import task_envs
+
+    task = Task(env_id="Still", env_factory=task_envs.still, target=0.0, n_train=1, n_heldout=1)
+    config = EvolveConfig(budget=12, init_candidates=4, use_world_model=False, workers=1)
+    agent = SEDarwinAgent(config, task=task, settings=load_settings(), evaluator=InProcessTaskEvaluator(task.resolve(), workers=1))
+    report = await agent.evolve()
+    assert report["target_reached"] and report["stop_reason"] == "target"
+    assert report["episodes_to_target"] == 4 and len(report["generations"]) == 1  # met in generation 0, nothing proposed
+    assert report["train_return"] == 0.0
+    outcomes = [t.outcome for t in ReplayBuffer(settings=load_settings()).sample(agent.data_agent)]
+    assert outcomes == ["target"] * 4
+
+
+def _full(name: str, params, ret: float) -> Candidate:
+    return Candidate(name, np.asarray(params, dtype=float), "seed", 0, real_return=ret, full=True)
+
+
+def test_a_return_of_zero_ranks_as_zero():
+    """Recombination blends the two best full evaluations: 0.0 and -0.5, not -0.5 and -1."""
+    from agents.operators import propose
+
+    pool = [_full("a", [0.0, 1.0], 0.0), _full("b", [1.0, 1.0], -0.5), _full("c", [5.0, 5.0], -1.0)]
+    assert pool[0].meets(0.0) and not pool_failing(pool, 0.0)
+    cfg = EvolveConfig(use_world_model=False, recombinations=3)
+    cands = propose(pool, np.random.default_rng(0), cfg, 1, None, n_params=2)
+    blends = [c.params for c in cands if c.operator == "recombination"]
+    assert len(blends) == 3
+    assert all(b[1] == 1.0 and 0.0 < b[0] < 1.0 for b in blends)  # on the segment from a to b
+
+
+def test_an_imagined_return_of_zero_ranks_as_zero():
+    """Ranked by imagined return: the blends (imagined 0.0) before the refinement (imagined -1)."""
+    from agents.operators import propose
+
+    def imagine(params: np.ndarray) -> np.ndarray:
+        on_segment = (params[:, 1] == 1.0) & (params[:, 0] > 0.0) & (params[:, 0] < 1.0)
+        return np.where(on_segment, 0.0, -1.0)
+
+    pool = [_full("a", [0.0, 1.0], 0.0), _full("b", [1.0, 1.0], -0.5)]
+    cfg = EvolveConfig(recombinations=3, refine_iters=2, popsize=6)
+    cands = propose(pool, np.random.default_rng(0), cfg, 1, imagine, n_params=2)
+    assert [c.operator for c in cands] == ["recombination"] * 3 + ["refinement"]
+    assert [c.imagined for c in cands] == [0.0, 0.0, 0.0, -1.0]
