@@ -245,6 +245,10 @@ class GuardedTraining:
         self.last_loss: Optional[torch.Tensor] = None
         """The loss of the last `step` (detached)."""
         self._log = get_logger("genesis_fp16.guarded", agent=agent)
+        self.trainer: FP16Trainer
+        """The trainer in use now (a new one after a rollback or a policy change)."""
+        self.policy: EffectivePolicy
+        """The effective policy the trainer was built for (settings, profile, ledger)."""
         self.trainer, self.policy = self._build()
 
     def _guard(self, guard: Union[Guard, GuardChoice]) -> Optional[Guard]:
