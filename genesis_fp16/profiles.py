@@ -153,6 +153,12 @@ def validate_table(
     thresholds = values.pop("thresholds", {})
     if not isinstance(thresholds, dict):
         raise ProfileError(f"{where}: key 'thresholds' must be a table, e.g. [agents.NAME.thresholds]")
+    nested = [key for key, value in values.items() if isinstance(value, dict)]
+    if nested and agent is not None:  # [agents.world_model.Pendulum-v1]: TOML split the name at its dot
+        raise ProfileError(
+            f"{where}: table {nested[0]!r} inside it; an agent name with a dot is quoted in TOML: "
+            f'[agents."{agent}.{nested[0]}"]'
+        )
     values = _validated(ProfileTable, values, where, "key", [*PROFILE_KEYS, "thresholds"])
     thresholds = _validated(GuardThresholds, thresholds, where, "threshold", list(GuardThresholds.model_fields))
     inherited = inherited or {}
@@ -180,17 +186,25 @@ class ProfileFile:
     defaults: Profile
     agents: dict[str, Profile]
 
+    def lineage(self, agent: str) -> list[str]:
+        """The tables that apply to ``agent``, least specific first: a dotted
+        name inherits its family's (``world_model.Pendulum-v1`` is layered over
+        ``world_model``), so one table configures every task's world model."""
+        parts = agent.split(".")
+        names = [".".join(parts[: i + 1]) for i in range(len(parts))]
+        return [name for name in names if name in self.agents]
+
     def layer(self, agent: str) -> Profile:
-        """``[defaults]`` under ``[agents.NAME]``."""
-        own = self.agents.get(agent, Profile(agent))
-        return Profile(
-            agent,
-            {**self.defaults.values, **own.values},
-            {**self.defaults.thresholds, **own.thresholds},
-        )
+        """``[defaults]`` under ``[agents.FAMILY]`` under ``[agents.NAME]``."""
+        values, thresholds = dict(self.defaults.values), dict(self.defaults.thresholds)
+        for name in self.lineage(agent):
+            values.update(self.agents[name].values)
+            thresholds.update(self.agents[name].thresholds)
+        return Profile(agent, values, thresholds)
 
     def source_of(self, agent: str, key: str) -> str:
-        section = f"agents.{agent}" if key in self.agents.get(agent, Profile(agent)).values else "defaults"
+        setting = [name for name in self.lineage(agent) if key in self.agents[name].values]
+        section = f'agents."{setting[-1]}"' if setting and "." in setting[-1] else (f"agents.{setting[-1]}" if setting else "defaults")
         return f"{self.path}[{section}]"
 
 

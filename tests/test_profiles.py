@@ -24,6 +24,37 @@ def _write(state_dir: Path, text: str) -> Path:
     return path
 
 
+def test_a_dotted_agent_inherits_its_family_table(state_dir):
+    """The loop's world model is `world_model.<task id>`: `[agents.world_model]`
+    applies to every task's, and a quoted per-task table wins over it."""
+    _write(state_dir, """
+[defaults]
+growth_interval = 1000
+[agents.world_model]
+precision = "bf16"
+init_scale = 1024.0
+[agents.world_model.thresholds]
+overflow_rollback = 0.25
+[agents."world_model.Swimmer-v5"]
+precision = "fp32"
+""")
+    s = load_settings()
+    pendulum = profile_layer("world_model.Pendulum-v1", s)
+    assert pendulum["trainer"] == {"growth_interval": 1000, "precision": "bf16", "loss_scale": 1024.0}
+    assert pendulum["thresholds"] == {"overflow_rollback": 0.25}
+    assert pendulum["sources"]["precision"].endswith("[agents.world_model]")
+    swimmer = profile_layer("world_model.Swimmer-v5", s)
+    assert swimmer["trainer"]["precision"] == "fp32" and swimmer["trainer"]["loss_scale"] == 1024.0
+    assert swimmer["sources"]["precision"].endswith('[agents."world_model.Swimmer-v5"]')
+    assert profile_layer("world_modelx", s)["trainer"] == {"growth_interval": 1000}  # a family is a dotted prefix
+
+
+def test_an_unquoted_dotted_agent_table_says_to_quote_it(state_dir):
+    _write(state_dir, '[agents.world_model.Pendulum-v1]\nprecision = "bf16"\n')
+    with pytest.raises(ProfileError, match=r'quoted in TOML: \[agents."world_model.Pendulum-v1"\]'):
+        profile_layer("world_model.Pendulum-v1", load_settings())
+
+
 def test_no_file_is_an_empty_layer(state_dir):
     layer = profile_layer("wm", load_settings())
     assert layer["trainer"] == {} and layer["thresholds"] == {} and layer["source"] is None
