@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from genesis_fp16.bench.stamp import INTERESTING_FLAGS
+from genesis_fp16.guarded import UNGUARDED
 from genesis_fp16.precision import cpu_flags
 from genesis_fp16.settings import Settings
 from infrastructure.trajectory import Trajectory
@@ -43,7 +44,7 @@ def _trajectories(n: int, length: int, obs_dim: int, act_dim: int) -> list[Traje
 
 def _time_train(threads: int, steps: int, trajs: list[Trajectory], state_dir: Path) -> dict[str, float]:
     settings = Settings(state_dir=state_dir, torch_threads=threads, precision="fp32")
-    wm = WorldModel(trajs[0].obs.shape[1], trajs[0].action.shape[1], agent="threads_bench", guard=None, settings=settings, seed=0)
+    wm = WorldModel(trajs[0].obs.shape[1], trajs[0].action.shape[1], agent="threads_bench", guard=UNGUARDED, settings=settings, seed=0)
     wall, cpu = time.perf_counter(), time.process_time()
     asyncio.run(wm.train(steps, trajectories=trajs, save=False))
     return {"wall_s": time.perf_counter() - wall, "process_cpu_s": time.process_time() - cpu}

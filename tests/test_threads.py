@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 
+from genesis_fp16.guarded import UNGUARDED
 from genesis_fp16.settings import load_settings
 from genesis_fp16.threads import torch_threads
 from infrastructure.trajectory import Trajectory
@@ -66,7 +67,7 @@ def _trajs() -> list[Trajectory]:
 @pytest.mark.parametrize("setting,expected", [("1", 1), ("0", 2)])
 async def test_world_model_training_thread_applies_the_setting(monkeypatch, two_threads, setting, expected):
     monkeypatch.setenv("GENESIS_FP16_TORCH_THREADS", setting)
-    wm = WorldModel(3, 1, agent="threads_test", guard=None, settings=load_settings(), seed=0)
+    wm = WorldModel(3, 1, agent="threads_test", guard=UNGUARDED, settings=load_settings(), seed=0)
     seen: list[tuple[int, str]] = []
     real = wm._train_sync
 
