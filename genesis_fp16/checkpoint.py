@@ -27,6 +27,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Callable, Optional, Union
 
+import numpy as np
 import torch
 
 from .telemetry import get_logger
@@ -250,6 +251,10 @@ def _feed(h: Any, value: Any) -> None:
         h.update((b"l" if isinstance(value, list) else b"u") + struct.pack("<Q", len(value)))
         for item in value:
             _feed(h, item)
+    elif isinstance(value, np.generic):
+        _feed(h, value.item())
+    elif isinstance(value, np.ndarray):
+        _feed(h, torch.from_numpy(np.ascontiguousarray(value)) if value.dtype != object else value.tolist())
     elif isinstance(value, (torch.dtype, torch.device)):
         text = str(value).encode()
         h.update(b"y" + struct.pack("<I", len(text)) + text)
@@ -348,9 +353,14 @@ def optimizer_type_name(optimizer: torch.optim.Optimizer) -> str:
     return f"{cls.__module__}.{cls.__qualname__}"
 
 
-def check_param_groups(saved: Any, live: list[dict[str, Any]], source: str, field: str = "optimizer.param_groups") -> None:
-    """Same number of groups and of parameters per group, and no hyperparameter
-    this optimizer does not know (another optimizer type's ``momentum``, ``betas``)."""
+def check_param_groups(
+    saved: Any, live: list[dict[str, Any]], source: str, field: str = "optimizer.param_groups", *, known_keys_only: bool = True
+) -> None:
+    """Same number of groups and of parameters per group, and numbers where this
+    optimizer has numbers. ``known_keys_only`` (where the checkpoint does not
+    record its optimizer type): refuse groups that have hyperparameters this
+    optimizer does not know *and* lack some it has (SGD's ``momentum`` against
+    Adam's ``betas``): the sign of another optimizer type."""
     if not isinstance(saved, list) or not all(isinstance(g, Mapping) for g in saved):
         raise _bad(source, field, f"a {type(saved).__name__}, expected a list of parameter groups")
     if len(saved) != len(live):
@@ -360,11 +370,14 @@ def check_param_groups(saved: Any, live: list[dict[str, Any]], source: str, fiel
         if not isinstance(params, list) or len(params) != len(want["params"]):
             count = len(params) if isinstance(params, list) else params
             raise _bad(source, f"{field}[{i}].params", f"checkpoint does not fit this optimizer: {count!r} parameters, expected {len(want['params'])}")
-        foreign = sorted(k for k in got if k not in want)
-        if foreign:
+        # an LR scheduler adds initial_lr; a newer torch adds keys one way only:
+        # another optimizer type has keys of its own on both sides
+        foreign = sorted(k for k in got if k not in want and k != "initial_lr")
+        lacking = [k for k in want if k not in got and k != "initial_lr"]
+        if foreign and lacking and known_keys_only:
             raise _bad(source, f"{field}[{i}]", f"checkpoint does not fit this optimizer: hyperparameters {foreign} belong to another optimizer type")
         for key, value in got.items():
-            known = want[key]
+            known = want.get(key)
             if isinstance(known, (int, float)) and not isinstance(known, bool):
                 if isinstance(value, bool) or not isinstance(value, (int, float, torch.Tensor)):
                     raise _bad(source, f"{field}[{i}].{key}", f"{value!r:.60}, expected a number")
@@ -382,7 +395,7 @@ def check_optimizer_state(saved: Any, optimizer: torch.optim.Optimizer, saved_ty
     if not isinstance(saved, Mapping) or not isinstance(saved.get("state"), Mapping):
         raise _bad(source, "optimizer", "expected an optimizer state dict with 'state' and 'param_groups'")
     live_groups = optimizer.state_dict()["param_groups"]
-    check_param_groups(saved.get("param_groups"), live_groups, source)
+    check_param_groups(saved.get("param_groups"), live_groups, source, known_keys_only=saved_type is None)
     ids = [pid for group in saved["param_groups"] for pid in group["params"]]
     params = [p for group in optimizer.param_groups for p in group["params"]]
     by_id = dict(zip(ids, params))

@@ -151,7 +151,8 @@ class FSDPTrainer(DistributedTrainer):
         if not isinstance(saved, dict):
             raise ckpt.CheckpointError(f"{source}: field optimizer: a {type(saved).__name__}, expected a dict")
         if saved.get("param_groups") is not None:
-            ckpt.check_param_groups(saved["param_groups"], self.optimizer.state_dict()["param_groups"], source)
+            live = self.optimizer.state_dict()["param_groups"]
+            ckpt.check_param_groups(saved["param_groups"], live, source, known_keys_only=saved_type is None)
 
     def _load_model_state(self, state: dict[str, Any]) -> None:
         if self._model_from_shards:
