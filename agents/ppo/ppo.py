@@ -9,6 +9,7 @@ checkpoints); the policy is `ActorCritic`.
 from __future__ import annotations
 
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any, Callable, Optional
 
@@ -24,7 +25,7 @@ from .envs import ActionRepeat, VecEnvChoice, build_envs, check_spaces
 from .guarding import PPOGuard
 from .policy import ActorCritic, CompiledFallback
 from .results import TrainResult
-from .rollout import RolloutBuffer, RunningMeanStd
+from .rollout import RolloutBuffer, RunningMeanStd, check_extra, load_normalisers
 
 gym = require("gymnasium", "genesis-fp16 ppo")
 
@@ -349,28 +350,11 @@ class PPO:
         self.iteration = int(extra.get("iteration", 0))
         return extra
 
-    def _check_extra(self, extra: dict[str, Any]) -> None:
-        """PPO's own checkpoint fields are usable, checked before the trainer changes anything."""
-        for key in ("global_step", "iteration"):
-            value = extra.get(key, 0)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise TypeError(f"field extra.{key}: {value!r:.60}, expected an integer >= 0")
-        for key, rms in (("obs_rms", self.obs_rms), ("ret_rms", self.ret_rms)):
-            state = extra.get(key)
-            if not state or rms is None:
-                continue
-            shape = np.shape(rms.mean)
-            if not isinstance(state, dict) or not isinstance(state.get("count"), (int, float)) or any(
-                not isinstance(state.get(part), (list, float, int)) or np.shape(state[part]) != shape for part in ("mean", "var")
-            ):
-                raise TypeError(f"field extra.{key}: expected mean and var of shape {shape} and a count")
-
     def _restore(self, path: str | Path, restore_rng: bool = False, trainer: Optional[FP16Trainer] = None) -> dict[str, Any]:
         """Weights, optimizer and normalisation statistics into ``trainer`` (default: the current one); the counters stay."""
-        extra = (trainer or self.trainer).load_checkpoint(path, restore_rng=restore_rng, check_extra=self._check_extra)
-        for key, rms in (("obs_rms", self.obs_rms), ("ret_rms", self.ret_rms)):
-            if extra.get(key) and rms is not None:
-                rms.load_state_dict(extra[key])
+        normalisers = (self.obs_rms, self.ret_rms)  # checked with the checkpoint, before the trainer changes anything
+        extra = (trainer or self.trainer).load_checkpoint(path, restore_rng=restore_rng, check_extra=partial(check_extra, normalisers=normalisers))
+        load_normalisers(extra, normalisers)
         return extra
 
     # -- reporting ---------------------------------------------------------------------
