@@ -294,6 +294,7 @@ class FP16Trainer:
         return ckpt.build_payload(
             model=self._model_state(),
             optimizer=self.optimizer.state_dict(),
+            optimizer_type=ckpt.optimizer_type_name(self.optimizer),
             scaler=self.precision.state_dict(),
             scheduler=self.scheduler.state_dict() if self.scheduler is not None else None,
             counters=self._counters(),
@@ -308,21 +309,67 @@ class FP16Trainer:
         self._emit("checkpoint.saved", path=str(written), step=self.training_steps)
         return written
 
-    def load_checkpoint(self, path: Union[str, Path], *, restore_rng: bool = True) -> dict[str, Any]:
-        """Restore from ``path``; returns the checkpoint's ``extra`` dict."""
+    def load_checkpoint(
+        self, path: Union[str, Path], *, restore_rng: bool = True, check_extra: Optional[ExtraCheck] = None
+    ) -> dict[str, Any]:
+        """Restore from ``path``; returns the checkpoint's ``extra`` dict.
+
+        All or nothing: the whole checkpoint (digest, model shapes and dtypes,
+        optimizer type and groups, scaler, scheduler, counters, RNG, and
+        ``extra`` through ``check_extra``) is checked before anything changes;
+        a checkpoint that fails raises one `CheckpointError` naming the file
+        and the field, and the trainer is left as it was."""
         payload = ckpt.load_payload(path, map_location=self.device)
-        self.apply_payload(payload, source=str(path), restore_rng=restore_rng)
+        self.apply_payload(payload, source=str(path), restore_rng=restore_rng, check_extra=check_extra)
         return payload.get("extra") or {}
 
-    def apply_payload(self, payload: dict[str, Any], *, source: str = "<memory>", restore_rng: bool = True) -> None:
+    def _check_model_state(self, state: Any, source: str) -> None:
+        ckpt.check_model_state(state, self._model_state(), source)
+
+    def check_payload(self, payload: dict[str, Any], *, source: str = "<memory>", check_extra: Optional[ExtraCheck] = None) -> None:
+        """Raise `CheckpointError` unless all of ``payload`` fits this trainer; changes nothing."""
+        self._check_model_state(payload.get("model"), source)
+        ckpt.check_optimizer_state(payload.get("optimizer"), self.optimizer, payload.get("optimizer_type"), source)
+        ckpt.check_scaler_state(payload.get("scaler"), source)
+        if self.scheduler is not None:
+            ckpt.check_scheduler_state(payload.get("scheduler"), self.scheduler.state_dict(), source)
+        ckpt.check_counters(payload.get("counters"), source)
+        ckpt.check_rng_state(payload.get("rng"), source)
+        extra = payload.get("extra")
+        if extra is not None and not isinstance(extra, dict):
+            raise ckpt.CheckpointError(f"{source}: field extra: a {type(extra).__name__}, expected a dict")
+        if check_extra is not None:
+            try:
+                check_extra(extra or {})
+            except (ValueError, TypeError, ckpt.CheckpointError) as exc:
+                raise ckpt.CheckpointError(f"{source}: {exc}") from None
+
+    def apply_payload(
+        self,
+        payload: dict[str, Any],
+        *,
+        source: str = "<memory>",
+        restore_rng: bool = True,
+        check_extra: Optional[ExtraCheck] = None,
+    ) -> None:
+        """Check ``payload`` whole (`check_payload`), then restore from it. Should
+        restoring fail all the same, what was changed is put back before the
+        `CheckpointError`."""
+        self.check_payload(payload, source=source, check_extra=check_extra)
+        counters = ckpt.check_counters(payload.get("counters"), source)
+        snapshot = _Snapshot.take(self)
+        scaler_state = payload.get("scaler") or {}
         try:
-            self._load_model_state(payload["model"])
+            # the model last: its weights are copied in place, the others' state objects swapped
             if payload.get("optimizer") is not None:
                 self.optimizer.load_state_dict(payload["optimizer"])
-        except (RuntimeError, KeyError, ValueError) as exc:
+            if self.scheduler is not None and payload.get("scheduler") is not None:
+                self.scheduler.load_state_dict(payload["scheduler"])
+            self.precision.load_state_dict(scaler_state)
+            self._load_model_state(payload["model"])
+        except Exception as exc:
+            snapshot.restore(self)
             raise ckpt.CheckpointError(f"{source}: checkpoint does not fit this model/optimizer: {exc}") from None
-        scaler_state = payload.get("scaler") or {}
-        self.precision.load_state_dict(scaler_state)
         if self.precision.uses_scaler and not scaler_state:
             self._emit(
                 CHECKPOINT_WARNING_EVENT,
@@ -331,14 +378,8 @@ class FP16Trainer:
                 saved_precision=payload.get("precision"),
                 reason="checkpoint has no scaler state (saved without a scaler); starting a fresh scaler",
             )
-        if self.scheduler is not None and payload.get("scheduler") is not None:
-            self.scheduler.load_state_dict(payload["scheduler"])
-        counters = payload.get("counters") or {}
-        self.training_steps = int(counters.get("training_steps", 0))
-        self.overflow_steps = int(counters.get("overflow_steps", 0))
-        self.nonfinite_losses = int(counters.get("nonfinite_losses", 0))
-        self.micro_steps = int(counters.get("micro_steps", 0))
-        self.samples_seen = int(counters.get("samples_seen", 0))
+        for name, value in counters.items():
+            setattr(self, name, value)
         self.nonfinite_streak = 0
         self._micro_in_window = 0
         self._last_scale = self.precision.scale
@@ -346,3 +387,34 @@ class FP16Trainer:
         if restore_rng and isinstance(rng.get("torch_cpu"), torch.Tensor):
             torch.set_rng_state(rng["torch_cpu"].cpu())
         self._emit("checkpoint.loaded", path=source, step=self.training_steps, saved_precision=payload.get("precision"))
+
+
+ExtraCheck = Callable[[dict[str, Any]], None]
+"""Checks a checkpoint's ``extra`` dict before a load changes anything; raises
+``ValueError`` or ``TypeError`` naming the field (the trainer adds the file)."""
+
+
+@dataclasses.dataclass
+class _Snapshot:
+    """What a load changes before the model, to put back if a later part fails.
+    Optimizer and scheduler ``load_state_dict`` replace their state objects
+    rather than mutate them, so references are enough. The model comes last
+    and is checked key by key and shape by shape beforehand (weights are
+    copied in place, and a copy of them all would double the memory)."""
+
+    optimizer: dict[str, Any]
+    scaler: dict[str, Any]
+    scheduler: Optional[dict[str, Any]]
+
+    @classmethod
+    def take(cls, trainer: FP16Trainer) -> _Snapshot:
+        optimizer = {"state": trainer.optimizer.state, "param_groups": trainer.optimizer.param_groups}
+        scheduler = dict(vars(trainer.scheduler)) if trainer.scheduler is not None else None
+        return cls(optimizer, trainer.precision.state_dict(), scheduler)
+
+    def restore(self, trainer: FP16Trainer) -> None:
+        vars(trainer.optimizer).update(self.optimizer)
+        trainer.precision.load_state_dict(self.scaler)
+        if self.scheduler is not None:
+            vars(trainer.scheduler).clear()
+            vars(trainer.scheduler).update(self.scheduler)

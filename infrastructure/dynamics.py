@@ -13,6 +13,8 @@ import numpy.typing as npt
 import torch
 from torch import nn
 
+from genesis_fp16.checkpoint import generator_state_problem
+
 from .trajectory import Trajectory
 
 PolicyFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (params [P,D], obs [P,S,obs]) -> actions [P,S,act]
@@ -161,6 +163,17 @@ def check_options(batch_size: int, val_fraction: float) -> None:
         )
     if problems:
         raise ValueError("WorldModel: " + "; ".join(problems))
+
+
+def check_checkpoint_extra(extra: dict) -> None:
+    """A world-model checkpoint's own fields (``trained``, ``sampler_state``) are
+    usable, checked before a load changes anything (`FP16Trainer.load_checkpoint`'s ``check_extra``)."""
+    if not isinstance(extra.get("trained", True), bool):
+        raise TypeError(f"field extra.trained: {extra['trained']!r:.60}, expected True or False")
+    state = extra.get("sampler_state")
+    problem = None if state is None else generator_state_problem(state)
+    if problem:
+        raise TypeError(f"field extra.sampler_state: {problem}")
 
 
 def data_key(traj: Trajectory) -> int:

@@ -21,8 +21,8 @@ from genesis_fp16.threads import torch_threads
 from genesis_fp16.telemetry import get_logger
 from genesis_fp16.trainer import FP16Trainer
 
-from .dynamics import (DynamicsMLP, NonFiniteDataError, NotTrainedError, PolicyFn, ProjectFn, TerminationFn, check_options,
-                       check_sizes, features, imagined_returns, mse_loss, training_data)
+from .dynamics import (DynamicsMLP, NonFiniteDataError, NotTrainedError, PolicyFn, ProjectFn, TerminationFn, check_checkpoint_extra,
+                       check_options, check_sizes, features, imagined_returns, mse_loss, training_data)
 from .replay_buffer import ReplayBuffer
 from .trajectory import Trajectory
 from .world_model_types import ShadowGapLedger, TrainReport, inference_gap_of, val_loss_of
@@ -155,12 +155,13 @@ class WorldModel:
         """Restore what `save()` wrote to `path` (default `checkpoint_path`,
         read with `weights_only=True`); the model then predicts, imagines and
         trains on from it. Returns the path read; raises `CheckpointError`
-        for a missing or unreadable file or one of another model size."""
+        for a missing, unreadable or corrupt file or one of another model, and
+        then nothing (weights, optimizer, sampler, `trained`) has changed."""
         path = Path(path or self.checkpoint_path)
-        extra = self.training.trainer.load_checkpoint(path, restore_rng=False)
-        self.trained = bool(extra.get("trained", True))
-        if isinstance(extra.get("sampler_state"), torch.Tensor):
-            self._generator.set_state(extra["sampler_state"])
+        extra = self.training.trainer.load_checkpoint(path, restore_rng=False, check_extra=check_checkpoint_extra)
+        self.trained = extra.get("trained", True)
+        if extra.get("sampler_state") is not None:
+            self._generator.set_state(extra["sampler_state"].cpu())
         return path
 
     # -- training ---------------------------------------------------------------

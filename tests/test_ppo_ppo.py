@@ -426,3 +426,22 @@ def test_cuda_device_index_beyond_the_visible_gpus_is_a_value_error(monkeypatch)
     assert resolve_device("cuda:0") == torch.device("cuda:0")
     with pytest.raises(ValueError, match="cuda:3"):
         resolve_device("cuda:3")
+
+
+def test_checkpoint_with_bad_normalisation_statistics_changes_nothing(tmp_path):
+    from genesis_fp16.checkpoint import CheckpointError, load_payload, save_payload
+
+    ppo = PPO(tiny("Pendulum-v1", normalize_obs=True, normalize_reward=True, seed=5))
+    ppo.train()
+    payload = load_payload(ppo.save_checkpoint(tmp_path / "ppo.pt"))
+    payload["extra"]["obs_rms"] = {"mean": [0.0], "var": [1.0], "count": 3.0}  # another observation size
+    bad = save_payload(tmp_path / "bad.pt", payload)
+    other = PPO(tiny("Pendulum-v1", normalize_obs=True, normalize_reward=True, seed=6))
+    weights = {k: v.clone() for k, v in other.net.state_dict().items()}
+    mean = other.obs_rms.mean.copy()
+    with pytest.raises(CheckpointError, match="extra.obs_rms") as info:
+        other.load_checkpoint(bad)
+    assert str(bad) in str(info.value)
+    assert all(torch.equal(v, other.net.state_dict()[k]) for k, v in weights.items())
+    np.testing.assert_array_equal(mean, other.obs_rms.mean)
+    ppo.close(), other.close()

@@ -9,6 +9,7 @@ checkpoints); the policy is `ActorCritic`.
 from __future__ import annotations
 
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any, Callable, Optional
 
@@ -24,7 +25,7 @@ from .envs import ActionRepeat, VecEnvChoice, build_envs, check_spaces
 from .guarding import PPOGuard
 from .policy import ActorCritic, CompiledFallback
 from .results import TrainResult
-from .rollout import RolloutBuffer, RunningMeanStd
+from .rollout import RolloutBuffer, RunningMeanStd, check_extra, load_normalisers
 
 gym = require("gymnasium", "genesis-fp16 ppo")
 
@@ -351,10 +352,9 @@ class PPO:
 
     def _restore(self, path: str | Path, restore_rng: bool = False, trainer: Optional[FP16Trainer] = None) -> dict[str, Any]:
         """Weights, optimizer and normalisation statistics into ``trainer`` (default: the current one); the counters stay."""
-        extra = (trainer or self.trainer).load_checkpoint(path, restore_rng=restore_rng)
-        for key, rms in (("obs_rms", self.obs_rms), ("ret_rms", self.ret_rms)):
-            if extra.get(key) and rms is not None:
-                rms.load_state_dict(extra[key])
+        normalisers = (self.obs_rms, self.ret_rms)  # checked with the checkpoint, before the trainer changes anything
+        extra = (trainer or self.trainer).load_checkpoint(path, restore_rng=restore_rng, check_extra=partial(check_extra, normalisers=normalisers))
+        load_normalisers(extra, normalisers)
         return extra
 
     # -- reporting ---------------------------------------------------------------------

@@ -3,6 +3,8 @@ and the running statistics behind observation and reward normalisation."""
 
 from __future__ import annotations
 
+from typing import Optional
+
 import numpy as np
 import torch
 
@@ -80,5 +82,32 @@ class RunningMeanStd:
     def state_dict(self) -> dict:
         return {"mean": np.asarray(self.mean).tolist(), "var": np.asarray(self.var).tolist(), "count": self.count}
 
+    def check_state(self, state: object, field: str) -> None:
+        """Raise ``TypeError`` unless ``state`` loads into this normaliser (same shape)."""
+        shape = np.shape(self.mean)
+        parts = [state.get(part) for part in ("mean", "var")] if isinstance(state, dict) else [None]
+        if not isinstance(state, dict) or not isinstance(state.get("count"), (int, float)) or any(
+            not isinstance(part, (list, float, int)) or np.shape(part) != shape for part in parts
+        ):
+            raise TypeError(f"field {field}: expected mean and var of shape {shape} and a count")
+
     def load_state_dict(self, state: dict) -> None:
         self.mean, self.var, self.count = np.array(state["mean"]), np.array(state["var"]), state["count"]
+
+
+def check_extra(extra: dict, normalisers: tuple[Optional[RunningMeanStd], Optional[RunningMeanStd]]) -> None:
+    """A PPO checkpoint's own fields (steps, ``obs_rms``, ``ret_rms``) are usable:
+    checked before the trainer changes anything (``check_extra`` of its load)."""
+    for key in ("global_step", "iteration"):
+        value = extra.get(key, 0)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise TypeError(f"field extra.{key}: {value!r:.60}, expected an integer >= 0")
+    for key, rms in zip(("obs_rms", "ret_rms"), normalisers):
+        if extra.get(key) and rms is not None:
+            rms.check_state(extra[key], f"extra.{key}")
+
+
+def load_normalisers(extra: dict, normalisers: tuple[Optional[RunningMeanStd], Optional[RunningMeanStd]]) -> None:
+    for key, rms in zip(("obs_rms", "ret_rms"), normalisers):
+        if extra.get(key) and rms is not None:
+            rms.load_state_dict(extra[key])

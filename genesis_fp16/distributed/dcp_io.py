@@ -5,13 +5,17 @@ each rank its shard) and ``trainer.pt`` (the single-process format: scaler,
 scheduler, counters, optimizer hyperparameters, per-rank RNG). DCP's own
 ``.metadata`` file is a pickle; it is read with an allow-list unpickler, and
 the load planner refuses pickled items, so loading a checkpoint never runs
-code from it.
+code from it. ``shards/digests.json`` records the SHA-256 of every shard file
+and of ``.metadata``; they are checked before DCP reads a byte of them, and
+DCP loads into copies of the live tensors, so a damaged checkpoint changes
+nothing.
 """
 
 from __future__ import annotations
 
 import importlib
 import io
+import json
 import os
 import pickle
 import shutil
@@ -19,6 +23,7 @@ from pathlib import Path
 from typing import Any, Union
 
 import torch
+import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import DefaultLoadPlanner, FileSystemReader
 from torch.distributed.checkpoint.api import CheckpointException
@@ -31,6 +36,7 @@ from .. import checkpoint as ckpt
 FSDP_LAYOUT = "fsdp-dcp"
 FSDP_TRAINER_FILE = "trainer.pt"
 FSDP_SHARDS_DIR = "shards"
+DIGEST_MANIFEST = "digests.json"
 
 
 # -- writing ----------------------------------------------------------------------------
@@ -42,7 +48,44 @@ def save_sharded(model: torch.nn.Module, optimizer: torch.optim.Optimizer, shard
     model_sd, optim_sd = get_state_dict(model, optimizer)
     tensors, scalars = _split_optim_state(optim_sd["state"])
     dcp.save({"model": model_sd, "optim": tensors}, checkpoint_id=str(shards))
+    # dcp.save returns once the coordinator wrote .metadata, after every rank's files
+    if not dist.is_initialized() or dist.get_rank() == 0:
+        write_shard_digests(shards)
     return {"param_groups": optim_sd["param_groups"], "scalar_state": scalars}
+
+
+def write_shard_digests(shards: Path) -> Path:
+    """Record the SHA-256 of every file in ``shards`` in its digest manifest (atomically)."""
+    files = {f.name: ckpt.file_digest(f) for f in sorted(Path(shards).iterdir()) if f.is_file() and f.name != DIGEST_MANIFEST}
+    manifest = {"algorithm": ckpt.DIGEST_ALGORITHM, "files": files}
+    return ckpt.atomic_write_text(Path(shards) / DIGEST_MANIFEST, json.dumps(manifest, indent=1, sort_keys=True))
+
+
+def verify_shard_digests(shards: Path) -> None:
+    """Raise `CheckpointError` unless every file the manifest lists is there with
+    its recorded digest; shards written without a manifest only log a note."""
+    manifest_path = Path(shards) / DIGEST_MANIFEST
+    if not manifest_path.is_file():
+        ckpt.note_missing_digest(shards)
+        return
+    try:
+        manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
+        files = manifest["files"]
+        ok = manifest["algorithm"] == ckpt.DIGEST_ALGORITHM and isinstance(files, dict) and ".metadata" in files
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ckpt.CheckpointError(f"{manifest_path}: corrupt: the digest manifest cannot be read ({exc})") from None
+    if not ok:
+        raise ckpt.CheckpointError(f"{manifest_path}: corrupt: the digest manifest is damaged; resume from another checkpoint")
+    for name, recorded in sorted(files.items()):
+        if not isinstance(name, str) or os.path.basename(name) != name or name in ("", ".", ".."):
+            raise ckpt.CheckpointError(f"{manifest_path}: the digest manifest names {name!r}, outside the shards directory")
+        shard = Path(shards) / name
+        if not shard.is_file():
+            raise ckpt.CheckpointError(f"{shard}: missing: the digest manifest lists it; resume from another checkpoint")
+        if ckpt.file_digest(shard) != recorded:
+            raise ckpt.CheckpointError(
+                f"{shard}: corrupt: digest mismatch; the shard changed after it was written: resume from another checkpoint"
+            )
 
 
 def partial_dir(path: Path) -> Path:
@@ -87,13 +130,19 @@ def load_sharded(
     to this world size); ``saved_optimizer`` is the trainer file's optimizer part."""
     model_sd, optim_sd = get_state_dict(model, optimizer)  # targets with the right sharding
     tensors, _ = _split_optim_state(optim_sd["state"])
-    target = {"model": model_sd, "optim": tensors}
+    # get_state_dict hands out the live tensors and dcp.load fills its targets in
+    # place: load into copies, so a load that fails half-way changes nothing
+    target = {"model": _copies(model_sd), "optim": _copies(tensors)}
     _load_shards(target, shards)
     merged = {
         "state": _merge_optim_state(target["optim"], saved_optimizer.get("scalar_state") or {}),
         "param_groups": saved_optimizer.get("param_groups") or optim_sd["param_groups"],
     }
     set_state_dict(model, optimizer, model_state_dict=target["model"], optim_state_dict=merged)
+
+
+def _copies(state: dict[str, Any]) -> dict[str, Any]:
+    return {k: _copies(v) if isinstance(v, dict) else (v.detach().clone() if isinstance(v, torch.Tensor) else v) for k, v in state.items()}
 
 
 def _split_optim_state(state: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -227,6 +276,7 @@ def _load_shards(target: dict[str, Any], shards: Path) -> None:
     """``dcp.load`` into ``target`` through the safe reader and planner; a failure
     is one ``CheckpointError`` (DCP's own ``CheckpointException`` is a
     ``BaseException`` that ``except Exception`` would let through)."""
+    verify_shard_digests(shards)
     reader = _safe_reader(shards)
     # read first: DCP would log the failure with a traceback, then retry a per-rank file
     reader.read_metadata()

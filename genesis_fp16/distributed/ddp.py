@@ -11,6 +11,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from .. import checkpoint as ckpt
+from ..trainer import ExtraCheck
 from .base import DistributedTrainer
 
 
@@ -61,9 +62,11 @@ class DDPTrainer(DistributedTrainer):
         dist.barrier()  # nobody reads the file before rank 0 has renamed it into place
         return path
 
-    def load_checkpoint(self, path: Union[str, Path], *, restore_rng: bool = True) -> dict[str, Any]:
+    def load_checkpoint(
+        self, path: Union[str, Path], *, restore_rng: bool = True, check_extra: Optional[ExtraCheck] = None
+    ) -> dict[str, Any]:
         payload = ckpt.load_payload(path, map_location=self.device)
-        self.apply_payload(payload, source=str(path), restore_rng=restore_rng)
+        self.apply_payload(payload, source=str(path), restore_rng=restore_rng, check_extra=check_extra)
         if restore_rng:
             self._restore_rank_rng(payload)
         return payload.get("extra") or {}

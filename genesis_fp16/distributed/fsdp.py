@@ -25,6 +25,7 @@ from torch.distributed.tensor import DTensor
 from .. import checkpoint as ckpt
 from ..precision import MODES, FP16Mixed, Precision
 from ..settings import PrecisionMode
+from ..trainer import ExtraCheck
 from .base import DistributedTrainer
 from .dcp_io import (
     FSDP_LAYOUT,
@@ -137,6 +138,22 @@ class FSDPTrainer(DistributedTrainer):
 
     _model_from_shards = False
 
+    def _check_model_state(self, state: Any, source: str) -> None:
+        if self._model_from_shards:
+            return
+        # a DTensor's shape is the global one: no gather needed to compare
+        ckpt.check_model_state(state, self.model.state_dict(), source)
+
+    def _check_sharded_optimizer(self, saved: Any, saved_type: Any, source: str) -> None:
+        mine = ckpt.optimizer_type_name(self.optimizer)
+        if saved_type is not None and saved_type != mine:
+            raise ckpt.CheckpointError(f"{source}: field optimizer_type: saved from {saved_type}, this trainer's is {mine}")
+        if not isinstance(saved, dict):
+            raise ckpt.CheckpointError(f"{source}: field optimizer: a {type(saved).__name__}, expected a dict")
+        if saved.get("param_groups") is not None:
+            live = self.optimizer.state_dict()["param_groups"]
+            ckpt.check_param_groups(saved["param_groups"], live, source, known_keys_only=saved_type is None)
+
     def _load_model_state(self, state: dict[str, Any]) -> None:
         if self._model_from_shards:
             return
@@ -160,6 +177,7 @@ class FSDPTrainer(DistributedTrainer):
             payload = ckpt.build_payload(
                 model={},  # in shards/
                 optimizer=optimizer_rest,
+                optimizer_type=ckpt.optimizer_type_name(self.optimizer),
                 scaler=self.precision.state_dict(),
                 scheduler=self.scheduler.state_dict() if self.scheduler is not None else None,
                 counters=self._counters(),
@@ -174,17 +192,24 @@ class FSDPTrainer(DistributedTrainer):
         dist.barrier()
         return path
 
-    def load_checkpoint(self, path: Union[str, Path], *, restore_rng: bool = True) -> dict[str, Any]:
+    def load_checkpoint(
+        self, path: Union[str, Path], *, restore_rng: bool = True, check_extra: Optional[ExtraCheck] = None
+    ) -> dict[str, Any]:
         """Collective. Resharding to another world size is DCP's job and works
         for model and optimizer tensors; the per-rank RNG is then not restored."""
         path = Path(path)
         payload = read_trainer_file(path)
-        load_sharded(self.model, self.optimizer, path / FSDP_SHARDS_DIR, payload.get("optimizer") or {})
-        # apply_payload for scaler, scheduler, counters and RNG; model and
-        # optimizer came from the shards already
+        # model and optimizer come from the shards; apply_payload restores
+        # scaler, scheduler, counters and RNG. Everything is checked before the
+        # shards are read, and they are read into copies.
+        rest = dict(payload, model={}, optimizer=None)
         self._model_from_shards = True
         try:
-            self.apply_payload(dict(payload, model={}, optimizer=None), source=str(path), restore_rng=restore_rng)
+            self.check_payload(rest, source=str(path), check_extra=check_extra)
+            saved_optimizer = payload.get("optimizer") or {}
+            self._check_sharded_optimizer(saved_optimizer, payload.get("optimizer_type"), str(path))
+            load_sharded(self.model, self.optimizer, path / FSDP_SHARDS_DIR, saved_optimizer)
+            self.apply_payload(rest, source=str(path), restore_rng=restore_rng)
         finally:
             self._model_from_shards = False
         if restore_rng:
