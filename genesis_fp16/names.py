@@ -3,12 +3,13 @@
 An agent's name is a directory (``<state_dir>/checkpoints/<agent>``), part of a
 file name (``<agent>.pt``), a ledger row and an ``[agents.NAME]`` table, so it
 is held to what is safe as one path component on every file system: letters,
-digits, ``.``, ``_`` and ``-`` (no separator, so no absolute path or ``..``
-can leave the state dir), not starting with a dot (``.``, ``..`` and hidden
-files), at most `AGENT_NAME_MAX` characters (well under the 255 bytes a file
-name may have, leaving room for suffixes such as ``.fp32_shadow`` and
-``.initial.pt``). A dot inside the name marks a family: ``world_model.Pendulum-v1``
-is a task's world model.
+digits, ``.``, ``_``, ``-``, ``[`` and ``]`` (no separator, so no absolute
+path or ``..`` can leave the state dir; no space, quote, ``*``, ``?``, ``:`` or
+control character that a shell, Windows or a terminal reads), not starting
+with a dot (``.``, ``..`` and hidden files), at most `AGENT_NAME_MAX`
+characters (under the 255 bytes of a file name, with room for suffixes such
+as ``.fp32_shadow`` and ``.initial.pt``). A dot inside the name marks a
+family: ``world_model.Pendulum-v1`` is a task's world model.
 """
 
 from __future__ import annotations
@@ -18,10 +19,10 @@ from typing import Any
 
 AGENT_NAME_MAX = 128
 AGENT_NAME_RULE = (
-    f"1 to {AGENT_NAME_MAX} characters of letters, digits, '.', '_' and '-', not starting with '.' "
+    f"1 to {AGENT_NAME_MAX} characters of letters, digits, '.', '_', '-', '[' and ']', not starting with '.' "
     "(e.g. world_model, world_model.Pendulum-v1, ppo)"
 )
-_AGENT_NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]*")
+_AGENT_NAME = re.compile(r"[A-Za-z0-9_\[\]-][A-Za-z0-9._\[\]-]*")
 
 
 class AgentNameError(ValueError):

@@ -309,7 +309,7 @@ def allowed_values(model: type[BaseModel], field: str) -> str:
     for meta in info.metadata:
         for attr, sym in (("gt", ">"), ("ge", ">="), ("lt", "<"), ("le", "<=")):
             if getattr(meta, attr, None) is not None:
-                bounds.append(f"{sym} {getattr(meta, attr)}")
+                bounds.append(f"{sym} {str(getattr(meta, attr)).replace('e+', 'e')}")  # 3.4e38, as Python reads it
     kind = getattr(annotation, "__name__", str(annotation)).replace("Optional", "")
     number = "an integer" if annotation is int else "a finite number"
     text = f"{number} {' and '.join(bounds)}" if bounds else f"a value of type {kind}"
