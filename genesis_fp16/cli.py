@@ -20,13 +20,24 @@ from rich.table import Table
 from rich.text import Text
 
 from .settings import LogLevel, SettingsError, describe_settings, load_settings, unknown_settings
+from .distributed.launch import DistributedEnvError
 from .extras import MissingExtraError
+from .names import AgentNameError
+from .precision import UnsupportedPrecisionError
+from .profiles import ProfileError
 from .packages import shadowed
 from .checkpoint import strict_json_value  # re-exported: the CLIs import it from here
 from .telemetry import set_console_level, visible_controls
 from .terminal import make_console
 
 COMMAND_GROUP = "genesis_fp16.commands"
+
+# What a person fixes in the configuration (settings, profiles, an agent name,
+# the launch, an extra to install), not in the code: `main` shows it as one
+# line and exit 2 from any command, however deep it was raised.
+CONFIGURATION_ERRORS: tuple[type[Exception], ...] = (
+    SettingsError, ProfileError, AgentNameError, UnsupportedPrecisionError, DistributedEnvError, MissingExtraError,
+)
 
 app = typer.Typer(
     name="genesis-fp16",
@@ -181,11 +192,24 @@ def _register_plugins() -> None:
 _register_plugins()
 
 
+def configuration_error(exc: BaseException) -> Optional[BaseException]:
+    """The configuration error ``exc`` is, or was raised from (``raise ... from``), or None."""
+    cause: Optional[BaseException] = exc
+    while cause is not None:
+        if isinstance(cause, CONFIGURATION_ERRORS):
+            return cause
+        cause = cause.__cause__
+    return None
+
+
 def main(argv: Optional[list[str]] = None) -> None:
     try:
         app(args=argv, standalone_mode=True)
-    except (SettingsError, MissingExtraError) as exc:
-        print_error(str(exc))
+    except Exception as exc:
+        error = configuration_error(exc)
+        if error is None:
+            raise  # a bug keeps its traceback
+        print_error(str(error))
         sys.exit(2)
 
 

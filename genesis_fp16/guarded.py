@@ -31,6 +31,7 @@ import torch
 from . import registry
 from .canary import CANARY_SUFFIX, SHADOW_SUFFIX, fp32_reference
 from .guard import RollbackGuard
+from .names import check_agent_name
 from .policy import EffectivePolicy, resolve_policy
 from .rollout import RolloutLedger, Stage
 from .settings import Settings, load_settings
@@ -223,7 +224,7 @@ class GuardedTraining:
     ) -> None:
         if checkpoint_every < 0:
             raise ValueError(f"GuardedTraining({agent!r}): checkpoint_every={checkpoint_every}; expected 0 (off) or a positive step count")
-        self.agent = agent
+        self.agent = check_agent_name(agent)  # it names the checkpoint directory under the state dir
         self.settings = settings or load_settings()
         self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
         self.precision_arg, self.overrides = precision, overrides

@@ -30,6 +30,7 @@ from typing import Any, Optional, Union
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError, field_validator
 
 from .config import trainer_name
+from .names import AgentNameError, check_agent_name
 from .settings import PrecisionConfig, Settings, allowed_values, no_bool, read_utf8
 
 try:  # Python 3.11+
@@ -221,6 +222,11 @@ def parse_profiles(data: Any, source: Union[str, Path] = "<profiles>") -> Profil
     agents_table = data.get("agents", {})
     if not isinstance(agents_table, dict):
         raise ProfileError(f"{source}: 'agents' must hold tables, one per agent: [agents.NAME]")
+    for name in agents_table:
+        try:
+            check_agent_name(name)
+        except AgentNameError as exc:
+            raise ProfileError(f"{source}: [agents] table: {exc}") from None
     agents = {name: validate_table(table, source, name, defaults.thresholds) for name, table in agents_table.items()}
     return ProfileFile(Path(source) if source != "<profiles>" else None, defaults, agents)
 
@@ -271,6 +277,7 @@ def profile_layer(agent: str, settings: Settings) -> dict[str, Any]:
     Returns ``{"trainer": {config field: value}, "thresholds": {...}, "source": path}``
     (empty dicts and source None without a profile file).
     """
+    check_agent_name(agent)
     pf = profiles_for(settings)
     if pf is None:
         return {"trainer": {}, "thresholds": {}, "source": None, "sources": {}}

@@ -30,6 +30,7 @@ from typing import Any, Callable, Iterator, Optional, TypeVar, Union
 from tenacity import retry, retry_if_exception, stop_after_attempt, wait_random_exponential
 
 from . import storage
+from .names import check_agent_name
 from .settings import Settings, env_name, load_settings
 from .storage import StorageError
 from .telemetry import get_logger
@@ -223,10 +224,6 @@ def _check_row(row: Any) -> dict[str, Any]:
     return dict(row, alarm=None if row["alarm"] is None else bool(row["alarm"]), metrics=json.loads(row["metrics"]))
 
 
-def _check_agent(agent: str) -> str:
-    if not isinstance(agent, str) or not agent.strip():
-        raise ValueError(f"agent name {agent!r}: expected a non-empty string")
-    return agent.strip()
 
 
 class RolloutLedger:
@@ -374,14 +371,14 @@ class RolloutLedger:
         args: tuple[Any, ...] = ()
         if agent is not None:
             select += " WHERE agent = ?"
-            args = (_check_agent(agent),)
+            args = (check_agent_name(agent),)
         with self._transaction(write=False) as conn:
             return conn.execute(select + " ORDER BY id", args).fetchall()
 
     @_ledger_call
     def stage(self, agent: str) -> Optional[Stage]:
         """The agent's stage, or None when the ledger does not manage it (never seen, or reset)."""
-        agent = _check_agent(agent)
+        agent = check_agent_name(agent)
         with self._transaction(write=False) as conn:
             row = conn.execute("SELECT stage FROM stages WHERE agent = ?", (agent,)).fetchone()
         return self._stage_of(row["stage"]) if row else None
@@ -452,7 +449,7 @@ class RolloutLedger:
         with self._transaction(write=False) as conn:
             rows = conn.execute(
                 "SELECT at, val_loss, fp32_val_loss, gap, precision FROM shadow_gaps WHERE agent = ? ORDER BY id",
-                (_check_agent(agent),),
+                (check_agent_name(agent),),
             ).fetchall()
         return [_gap_row(r) for r in rows]
 
@@ -470,7 +467,7 @@ class RolloutLedger:
     @_ledger_call
     def last_good_checkpoint(self, agent: str) -> Optional[Path]:
         with self._transaction(write=False) as conn:
-            row = conn.execute("SELECT path FROM good_checkpoints WHERE agent = ?", (_check_agent(agent),)).fetchone()
+            row = conn.execute("SELECT path FROM good_checkpoints WHERE agent = ?", (check_agent_name(agent),)).fetchone()
         return Path(row["path"]) if row else None
 
     # -- writes ----------------------------------------------------------------
@@ -481,7 +478,7 @@ class RolloutLedger:
         """Write ``to_stage`` (None: forget the agent's stage) and its history
         row. Any stage change also clears the agent's canary schedule and
         confirmation windows: they belong to the stage they were counted in."""
-        agent = _check_agent(agent)
+        agent = check_agent_name(agent)
         if to_stage is not None and to_stage not in STAGES:
             raise ValueError(f"stage {to_stage!r}: allowed values are {', '.join(STAGES)}")
         if severity is not None and severity not in SEVERITIES:
@@ -537,7 +534,7 @@ class RolloutLedger:
         (`stage` is None, as for an agent never seen), its history kept with a
         row whose ``to_stage`` is None. An agent the ledger does not manage is
         a ValueError naming the agents it does."""
-        agent = _check_agent(agent)
+        agent = check_agent_name(agent)
         if self.stage(agent) is None:
             known = [row["agent"] for row in self.status()]
             raise ValueError(
@@ -551,7 +548,7 @@ class RolloutLedger:
     def guard_window(self, agent: str, kind: str) -> list[bool]:
         """The outcomes (True: an alarm) of ``agent``'s last FP32-reference
         checks of ``kind`` (`WINDOW_KINDS`), oldest first; cleared by any stage change."""
-        agent, kind = _check_agent(agent), _check_window_kind(kind)
+        agent, kind = check_agent_name(agent), _check_window_kind(kind)
         if not self._has_current_schema():
             return []
         with self._transaction(write=False) as conn:
@@ -563,7 +560,7 @@ class RolloutLedger:
         """Append one outcome to ``agent``'s window of ``kind``, keep the last
         ``keep``, and return the window (one transaction, so two processes
         never lose each other's outcome)."""
-        agent, kind = _check_agent(agent), _check_window_kind(kind)
+        agent, kind = check_agent_name(agent), _check_window_kind(kind)
         if keep < 1:
             raise ValueError(f"push_guard_outcome: keep={keep}; expected a window of at least 1")
         with self._transaction(write=True) as conn:
@@ -581,13 +578,13 @@ class RolloutLedger:
     def clear_guard_windows(self, agent: str) -> None:
         """Forget ``agent``'s confirmation windows (the next trainer starts new ones)."""
         with self._transaction(write=True) as conn:
-            conn.execute("DELETE FROM guard_windows WHERE agent = ?", (_check_agent(agent),))
+            conn.execute("DELETE FROM guard_windows WHERE agent = ?", (check_agent_name(agent),))
 
     @_ledger_call
     def count_canary_call(self, agent: str) -> int:
         """Count one reduced-precision training call of ``agent`` in stage on
         and return the count (1, 2, ...) since its last stage change."""
-        agent = _check_agent(agent)
+        agent = check_agent_name(agent)
         with self._transaction(write=True) as conn:
             conn.execute(
                 "INSERT INTO canary_calls (agent, calls, updated_at) VALUES (?, 1, ?) "
@@ -599,7 +596,7 @@ class RolloutLedger:
     @_ledger_call
     def canary_calls(self, agent: str) -> int:
         """How many calls `count_canary_call` has counted for ``agent`` since its last stage change."""
-        agent = _check_agent(agent)
+        agent = check_agent_name(agent)
         if not self._has_current_schema():
             return 0
         with self._transaction(write=False) as conn:
@@ -611,7 +608,7 @@ class RolloutLedger:
     def tuning_applied_through(self, agent: str, profiles: Union[str, Path]) -> Optional[str]:
         """The timestamp of the newest event of ``agent`` already turned into a
         change of the profile file ``profiles``; None when none was."""
-        agent = _check_agent(agent)
+        agent = check_agent_name(agent)
         if not self._has_current_schema():
             return None
         with self._transaction(write=False) as conn:
@@ -627,14 +624,14 @@ class RolloutLedger:
             conn.execute(
                 "INSERT INTO tuning_applied (agent, profiles, through, at, changes) VALUES (?, ?, ?, ?, ?) "
                 "ON CONFLICT(agent, profiles) DO UPDATE SET through=excluded.through, at=excluded.at, changes=excluded.changes",
-                (_check_agent(agent), _profiles_key(profiles), through, _now(), json.dumps(changes, sort_keys=True)),
+                (check_agent_name(agent), _profiles_key(profiles), through, _now(), json.dumps(changes, sort_keys=True)),
             )
 
     @_ledger_call
     def record_shadow_gap(self, agent: str, val_loss: float, fp32_val_loss: float, precision: str) -> dict[str, Any]:
         """Record one shadow measurement; ``gap`` is ``(val_loss - fp32) / fp32``
         (0.25 = reduced precision is 25% worse), None when the FP32 loss is 0 or not finite."""
-        agent = _check_agent(agent)
+        agent = check_agent_name(agent)
         val_loss, fp32_val_loss = float(val_loss), float(fp32_val_loss)
         gap = (val_loss - fp32_val_loss) / fp32_val_loss if fp32_val_loss > 0 and math.isfinite(fp32_val_loss) else None
         if gap is not None and not math.isfinite(gap):
@@ -656,7 +653,7 @@ class RolloutLedger:
     ) -> dict[str, Any]:
         """Record one quality check (``kind`` in `QUALITY_KINDS`); ``metrics``
         are JSON numbers (a non-finite one is stored as null)."""
-        agent = _check_agent(agent)
+        agent = check_agent_name(agent)
         if kind not in QUALITY_KINDS:
             raise ValueError(f"quality check kind {kind!r}: allowed values are {', '.join(QUALITY_KINDS)}")
         clean = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in metrics.items()}
@@ -674,7 +671,7 @@ class RolloutLedger:
         with self._transaction(write=True) as conn:
             conn.execute(
                 "INSERT INTO recommendations (agent, at, severity, changes, reason) VALUES (?, ?, ?, ?, ?)",
-                (_check_agent(agent), _now(), severity, json.dumps(changes, sort_keys=True), reason),
+                (check_agent_name(agent), _now(), severity, json.dumps(changes, sort_keys=True), reason),
             )
 
     @_ledger_call
@@ -683,13 +680,14 @@ class RolloutLedger:
             conn.execute(
                 "INSERT INTO good_checkpoints (agent, path, at) VALUES (?, ?, ?) "
                 "ON CONFLICT(agent) DO UPDATE SET path=excluded.path, at=excluded.at",
-                (_check_agent(agent), str(Path(path).resolve()), _now()),
+                (check_agent_name(agent), str(Path(path).resolve()), _now()),
             )
 
 
 def current_stage(agent: str, settings: Settings) -> Optional[Stage]:
     """off | shadow | on | rolled_back, or None for an agent the ledger does not
     manage. Never creates the ledger: without the file every agent is unmanaged."""
+    check_agent_name(agent)
     path = Path(settings.state_dir) / LEDGER_FILE
     if not path.is_file():
         return None

@@ -23,6 +23,17 @@ def _settings():
     return load_settings_or_exit()
 
 
+def _agent_or_exit(agent: str) -> str:
+    """``agent`` when it is a valid agent name, checked before any file is touched."""
+    from .cli import fail
+    from .names import AgentNameError, check_agent_name
+
+    try:
+        return check_agent_name(agent)
+    except AgentNameError as exc:
+        raise fail(str(exc))
+
+
 def _ledger(settings: Any):
     from .cli import fail
     from .rollout import LedgerError, RolloutLedger
@@ -56,6 +67,8 @@ def profiles_show(
     from .cli import fail, print_json, safe_cells, safe_text
     from .profiles import ProfileError, profiles_for
 
+    if agent is not None:
+        _agent_or_exit(agent)
     settings = _settings()
     try:
         pf = profiles_for(settings)
@@ -152,6 +165,7 @@ def _change(fn_name: str, agent: str, **kwargs: Any) -> None:
     from .cli import fail, safe_text
     from .rollout import LedgerError, Stage
 
+    _agent_or_exit(agent)
     settings = _settings()
     ledger = _ledger(settings)
     try:
@@ -220,6 +234,8 @@ def rollout_history(
     """Every stage change: when, who or what, from, to, why."""
     from .cli import fail, print_json, safe_cells
 
+    if agent is not None:
+        _agent_or_exit(agent)
     try:
         rows = _ledger(_settings()).history(agent)
     except ValueError as exc:

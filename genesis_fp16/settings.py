@@ -10,12 +10,16 @@ This is the only module that reads the environment; everything else takes a
 What the sources would silently skip or crash on is refused first, with the
 file and line: a ``.env`` or TOML file that is not UTF-8, an unparseable
 ``.env`` line, malformed TOML, and a ``GENESIS_FP16_*`` name (environment,
-``.env``) or TOML key that is no setting (the closest valid name suggested).
+``.env``) or TOML key that is no setting, or a name a couple of letters from a
+variable outside the prefix (``ENABLE_FP16_TRAINIG`` for the kill switch); the
+closest valid name is suggested. Every number has an upper bound the trainer
+runs with (a loss scale within FP32's range, an interval torch can count).
 """
 
 from __future__ import annotations
 
 import difflib
+import functools
 import io
 import os
 import sys
@@ -41,6 +45,15 @@ ENV_PREFIX = "GENESIS_FP16_"
 CONFIG_FILE_ENV = "GENESIS_FP16_CONFIG_FILE"
 DEFAULT_CONFIG_FILE = "genesis_fp16.toml"
 DOTENV_FILE = ".env"
+
+# Upper bounds the code runs with, so a value that loads also trains.
+FP32_MAX = 3.4028234663852886e38  # torch.finfo(torch.float32).max: GradScaler keeps its scale in FP32
+INT32_MAX = 2**31 - 1  # GradScaler counts clean steps in an int32 tensor: a longer interval is never reached
+INT64_MAX = 2**63 - 1  # the largest integer torch, SQLite (the ledger) and TOML (profiles) hold
+# A name this many edits (insert, delete, replace, swap two neighbours) from a
+# setting's variable is taken for a misspelling of it. The variables are 17+
+# characters long, so 2 edits stay far from unrelated names (PATH, ENABLE_...).
+MAX_NAME_EDITS = 2
 
 
 class PrecisionMode(str, Enum):
@@ -119,14 +132,28 @@ class PrecisionConfig(BaseModel):
         OnUnsupported.FALLBACK,
         description="What to do when the device cannot run the asked precision: fallback (log, use the nearest precision at least as precise as asked: tf32 -> fp32 on a CPU) or error.",
     )
-    init_scale: float = Field(65536.0, gt=0, allow_inf_nan=False, description="GradScaler initial loss scale.")
-    growth_factor: float = Field(2.0, gt=1.0, allow_inf_nan=False, description="GradScaler growth factor.")
+    init_scale: float = Field(
+        65536.0, gt=0, le=FP32_MAX, allow_inf_nan=False,
+        description="GradScaler initial loss scale (at most FP32's largest value, 3.4e38).",
+    )
+    growth_factor: float = Field(
+        2.0, gt=1.0, le=FP32_MAX, allow_inf_nan=False, description="GradScaler growth factor (at most 3.4e38)."
+    )
     backoff_factor: float = Field(0.5, gt=0.0, lt=1.0, description="GradScaler backoff factor.")
-    growth_interval: int = Field(2000, ge=1, description="Clean steps before the scale grows.")
-    max_grad_norm: Optional[float] = Field(1.0, gt=0, allow_inf_nan=False, description="Gradient clipping norm; 'none' disables clipping.")
-    grad_accumulation_steps: int = Field(1, ge=1, description="Micro-steps per optimizer step.")
+    growth_interval: int = Field(
+        2000, ge=1, le=INT32_MAX,
+        description="Clean steps before the scale grows (at most 2147483647: torch counts them in an int32).",
+    )
+    max_grad_norm: Optional[float] = Field(
+        1.0, gt=0, le=FP32_MAX, allow_inf_nan=False,
+        description="Gradient clipping norm (at most 3.4e38); 'none' disables clipping.",
+    )
+    grad_accumulation_steps: int = Field(
+        1, ge=1, le=INT64_MAX, description="Micro-steps per optimizer step (at most 2**63-1)."
+    )
     nonfinite_streak_threshold: int = Field(
-        3, ge=1, description="Consecutive non-finite losses that raise a trainer.nonfinite_streak event."
+        3, ge=1, le=INT64_MAX,
+        description="Consecutive non-finite losses that raise a trainer.nonfinite_streak event (at most 2**63-1).",
     )
 
     @field_validator("precision", "on_unsupported", mode="before")
@@ -211,10 +238,13 @@ class Settings(PrecisionConfig, BaseSettings):
     events_max_bytes: int = Field(
         10 * 1024 * 1024,
         ge=0,
-        description="Size in bytes at which events.jsonl is rotated to events.jsonl.1; 0 disables rotation.",
+        le=INT64_MAX,
+        description="Size in bytes at which events.jsonl is rotated to events.jsonl.1; 0 disables rotation (at most 2**63-1).",
     )
+    # each rotation renames every kept file in turn: a bound keeps it quick
     events_keep: int = Field(
-        3, ge=1, description="Rotated event logs kept (events.jsonl.1 is the newest); older ones are deleted."
+        3, ge=1, le=1000,
+        description="Rotated event logs kept, at most 1000 (events.jsonl.1 is the newest); older ones are deleted.",
     )
     tensorboard_dir: Optional[Path] = Field(
         None,
@@ -279,7 +309,7 @@ def allowed_values(model: type[BaseModel], field: str) -> str:
     for meta in info.metadata:
         for attr, sym in (("gt", ">"), ("ge", ">="), ("lt", "<"), ("le", "<=")):
             if getattr(meta, attr, None) is not None:
-                bounds.append(f"{sym} {getattr(meta, attr)}")
+                bounds.append(f"{sym} {str(getattr(meta, attr)).replace('e+', 'e')}")  # 3.4e38, as Python reads it
     kind = getattr(annotation, "__name__", str(annotation)).replace("Optional", "")
     number = "an integer" if annotation is int else "a finite number"
     text = f"{number} {' and '.join(bounds)}" if bounds else f"a value of type {kind}"
@@ -317,8 +347,49 @@ def _suggest(name: str, valid: list[str]) -> str:
     return f"did you mean {close[0]}?" if close else "no setting has a similar name;"
 
 
+def name_edits(a: str, b: str) -> int:
+    """Edits from ``a`` to ``b``: inserts, deletes, replacements and swaps of
+    two neighbouring characters (the optimal string alignment distance)."""
+    rows = [list(range(len(b) + 1))]
+    for i in range(1, len(a) + 1):
+        row = [i] + [0] * len(b)
+        for j in range(1, len(b) + 1):
+            cost = a[i - 1] != b[j - 1]
+            row[j] = min(rows[i - 1][j] + 1, row[j - 1] + 1, rows[i - 1][j - 1] + cost)
+            if i > 1 and j > 1 and a[i - 1] == b[j - 2] and a[i - 2] == b[j - 1]:
+                row[j] = min(row[j], rows[i - 2][j - 2] + 1)
+        rows.append(row)
+    return rows[-1][-1]
+
+
+@functools.lru_cache(maxsize=4096)  # the same environment is checked at every load
+def near_setting(name: str) -> Optional[str]:
+    """The setting's variable ``name`` is within `MAX_NAME_EDITS` of (any
+    case), or None; a variable itself is None."""
+    upper = name.upper()
+    valid = valid_env_names()
+    if upper in valid:
+        return None
+    near = [(name_edits(upper, v), v) for v in valid if abs(len(v) - len(upper)) <= MAX_NAME_EDITS]
+    best = min(near, default=(MAX_NAME_EDITS + 1, ""))
+    return best[1] if best[0] <= MAX_NAME_EDITS else None
+
+
+def is_unknown_setting(name: str) -> bool:
+    """Whether ``name`` (environment, ``.env``) is meant as a setting but is
+    none: any ``GENESIS_FP16_*`` name that is no variable, and outside the
+    prefix (the kill switch ``ENABLE_FP16_TRAINING``, a mangled prefix) a near
+    miss of a variable; the environment holds many unrelated names."""
+    upper = name.upper()
+    if upper in valid_env_names():
+        return False
+    return upper.startswith(ENV_PREFIX) or near_setting(upper) is not None
+
+
 def _unknown_env(name: str, where: str) -> str:
-    return f"unknown setting {name} {where}; {_suggest(name.upper(), valid_env_names())} `genesis-fp16 doctor` lists the valid names"
+    near = near_setting(name)
+    hint = f"did you mean {near}?" if near else _suggest(name.upper(), valid_env_names())
+    return f"unknown setting {name} {where}; {hint} `genesis-fp16 doctor` lists the valid names"
 
 
 def read_utf8(path: Path, what: str, error: type[ValueError] = SettingsError) -> str:
@@ -356,19 +427,14 @@ def _toml_keys(path: Path) -> list[str]:
 
 
 def unknown_settings() -> list[str]:
-    """One message per ``GENESIS_FP16_*`` name in the environment or ``.env``
-    and per TOML key that is no setting. Raises SettingsError for a file that
+    """One message per name in the environment or ``.env`` that
+    `is_unknown_setting` and per TOML key that is no setting. Raises SettingsError for a file that
     cannot be read at all."""
-    valid = set(valid_env_names())
-    problems = [
-        _unknown_env(name, "in the environment")
-        for name in sorted(os.environ)
-        if name.upper().startswith(ENV_PREFIX) and name.upper() not in valid
-    ]
+    problems = [_unknown_env(name, "in the environment") for name in sorted(os.environ) if is_unknown_setting(name)]
     dotenv = Path(DOTENV_FILE)
     if dotenv.is_file():
         for name, line in _dotenv_names(dotenv):
-            if name.upper().startswith(ENV_PREFIX) and name.upper() not in valid:
+            if is_unknown_setting(name):
                 problems.append(f"{dotenv}:{line}: " + _unknown_env(name, "in the .env file"))
     toml_path = config_file_path()
     if toml_path.is_file():

@@ -16,6 +16,7 @@ import numpy.typing as npt
 import torch
 
 from genesis_fp16.guarded import DEFAULT_GUARD, UNGUARDED, Guard, GuardChoice, GuardedTraining, GuardVerdict
+from genesis_fp16.names import check_agent_name
 from genesis_fp16.settings import Settings, load_settings
 from genesis_fp16.threads import torch_threads
 from genesis_fp16.telemetry import get_logger
@@ -86,7 +87,7 @@ class WorldModel:
         check_options(batch_size, val_fraction)
         self.settings = settings or load_settings()
         self.buffer = buffer
-        self.agent = agent
+        self.agent = check_agent_name(agent)  # it names the checkpoint files (<agent>.pt)
         self.data_agent = data_agent
         if guard is None:
             raise TypeError(f"WorldModel({agent!r}): guard=None; leave it out for RollbackGuard({agent!r}), or pass guard=UNGUARDED")

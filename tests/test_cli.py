@@ -89,3 +89,60 @@ def test_safe_text_makes_control_characters_visible():
     text = safe_text("a\x1b[31mb\x00c\x9bd\u202ee\tf\ng [i]")
     assert text.plain == "a\\x1b[31mb\\x00c\\x9bd\\u202ee\\tf\\ng [i]"
     assert not text.spans  # never parsed as markup
+
+
+def _main(argv, monkeypatch, capsys, **env):
+    from genesis_fp16.cli import main
+
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    return exit_.value.code, capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "argv, env, expected",
+    [
+        (["evolve", "--precision", "tf32", "--budget", "16"], {"GENESIS_FP16_ON_UNSUPPORTED": "error"}, "precision 'tf32' is not supported on cpu"),
+        (["evolve", "--budget", "16"], {"GENESIS_FP16_DISTRIBUTED": "fsdp"}, "not started by torchrun"),
+        (["ppo", "--total-steps", "256"], {"GENESIS_FP16_DISTRIBUTED": "fsdp"}, "not started by torchrun"),
+        (["profiles", "show", "x"], {"ENABLE_FP16_TRAINIG": "false"}, "did you mean ENABLE_FP16_TRAINING?"),
+        (["evolve", "--budget", "16", "--precision", "fp16"], {"GENESIS_FP16_INIT_SCALE": "1e300"}, "GENESIS_FP16_INIT_SCALE='1e300'"),
+        (["rollout", "status"], {"GENESIS_FP16_GROWTH_INTERVAL": "99999999999999999999999"}, "GENESIS_FP16_GROWTH_INTERVAL="),
+        (["drill"], {"GENESIS_FP16_EVENTS_KEEP": "100000"}, "GENESIS_FP16_EVENTS_KEEP='100000'"),
+    ],
+)
+def test_every_configuration_error_is_one_line_and_exit_2(monkeypatch, capsys, tmp_path, argv, env, expected):
+    monkeypatch.chdir(tmp_path)
+    code, err = _main(argv, monkeypatch, capsys, **env)
+    assert code == 2
+    lines = [line for line in err.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1 and expected in lines[0], err
+    assert "Traceback" not in err
+
+
+def test_configuration_error_found_behind_a_wrapping_error():
+    from genesis_fp16.cli import configuration_error
+    from genesis_fp16.profiles import ProfileError
+
+    cause = ProfileError("profiles.toml: bad")
+    try:
+        try:
+            raise cause
+        except ProfileError as exc:
+            raise RuntimeError("world model training failed") from exc
+    except RuntimeError as wrapped:
+        assert configuration_error(wrapped) is cause
+    assert configuration_error(RuntimeError("a bug")) is None
+
+
+def test_a_bug_keeps_its_traceback(monkeypatch):
+    from genesis_fp16 import cli
+
+    def broken(*args, **kwargs):
+        raise ZeroDivisionError("a bug")
+
+    monkeypatch.setattr(cli, "app", broken)
+    with pytest.raises(ZeroDivisionError):
+        cli.main(["doctor"])

@@ -91,3 +91,13 @@ def test_training_config_from_precision_config():
     cfg = FP16TrainingConfig.from_precision_config(pc, enabled=False, device="cpu")
     assert cfg.loss_scale == 256.0 and cfg.growth_interval == 7 and cfg.precision == "fp16"
     assert cfg.enabled is False and cfg.device == "cpu" and cfg.precision_config == pc
+
+
+@pytest.mark.parametrize("field, value", [("loss_scale", 1e300), ("growth_factor", 1e39), ("growth_interval", 2**31),
+                                          ("max_grad_norm", 1e39), ("grad_accumulation_steps", 2**63),
+                                          ("nonfinite_streak_threshold", 2**63)])
+def test_trainer_config_has_the_settings_upper_bounds(field, value):
+    from genesis_fp16.config import FP16TrainingConfig
+
+    with pytest.raises(ValueError, match=f"invalid FP16TrainingConfig: {field}=.*<="):
+        FP16TrainingConfig(**{field: value})

@@ -173,3 +173,11 @@ def test_shadow_and_canary_references_and_one_typed_report(state_dir):
     # the canary counts reduced-precision calls: the shadow stage's two, then these
     assert [r.reference for r in on] == [None, "canary"] and [r.canary_due for r in on] == [False, True]
     assert on[1].decision is not None and on[1].decision.action == "none" and not on[1].rolled_back
+
+
+@pytest.mark.parametrize("name", ["/elsewhere/x", "../x", "..", "a/../../x"])
+def test_an_agent_name_that_would_leave_the_state_dir_is_refused(state_dir, tmp_path, name):
+    model, optimizer = _model_and_opt()
+    with pytest.raises(ValueError, match="invalid agent name"):
+        GuardedTraining(name, model, optimizer, precision="bf16")
+    assert not (tmp_path.parent / "x").exists() and not Path("/elsewhere").exists()

@@ -206,3 +206,24 @@ def test_non_utf8_profile_file_names_file_and_line(state_dir):
     assert "profiles.toml:3:" in str(err.value) and "UTF-8" in str(err.value)
     r = runner.invoke(app, ["profiles", "show", "wm"])
     assert r.exit_code == 2 and "UTF-8" in r.output and "Traceback" not in r.output
+
+
+@pytest.mark.parametrize("table", ['[agents."../x"]', '[agents."/etc/x"]', '[agents.".hidden"]', '[agents."a b"]'])
+def test_a_bad_agent_name_in_the_profile_file_names_the_rule(state_dir, table):
+    (state_dir / "profiles.toml").write_text(f'{table}\nprecision = "bf16"\n')
+    with pytest.raises(ProfileError, match="profiles.toml: \\[agents\\] table: invalid agent name .*letters, digits"):
+        profile_layer("wm", load_settings())
+
+
+def test_profile_layer_refuses_a_bad_agent_name(state_dir):
+    with pytest.raises(ValueError, match="invalid agent name '../x'"):
+        profile_layer("../x", load_settings())
+
+
+@pytest.mark.parametrize("key, value", [("init_scale", 1e300), ("growth_factor", 1e39), ("max_grad_norm", 1e39),
+                                        ("growth_interval", 99999999999999999), ("grad_accumulation_steps", 2**63),
+                                        ("nonfinite_streak_threshold", 2**63)])
+def test_profile_tables_have_the_settings_upper_bounds(state_dir, key, value):
+    (state_dir / "profiles.toml").write_text(f"[agents.wm]\n{key} = {value!r}\n".replace("e+", "e"))
+    with pytest.raises(ProfileError, match=f"{key} = .* is invalid; allowed values are .*<="):
+        profile_layer("wm", load_settings())

@@ -345,3 +345,20 @@ def test_status_shows_the_latest_quality_check_of_each_kind(ledger):
     assert checks["canary"]["at"] in lines["canary"]
     data = json.loads(runner.invoke(app, ["rollout", "status", "--json"]).stdout)
     assert data["agents"][0]["last_checks"]["inference_gap"]["metrics"]["gap"] == 0.01
+
+
+@pytest.mark.parametrize("name", ["/elsewhere/x", "../x", "..", ".hidden", "a b", "x" * 129])
+def test_ledger_refuses_a_bad_agent_name_naming_the_rule(ledger, name):
+    for write in (lambda: ledger.enable(name), lambda: ledger.set_last_good_checkpoint(name, "x.pt"), lambda: ledger.stage(name)):
+        with pytest.raises(ValueError, match="an agent name is 1 to 128 characters of letters, digits"):
+            write()
+    assert ledger.status() == []
+
+
+@pytest.mark.parametrize("command", [["rollout", "enable", "../x"], ["rollout", "rollback", "/elsewhere/x", "--reason", "r"],
+                                     ["rollout", "reset", ".."], ["rollout", "history", "a/b"], ["profiles", "show", "../x"]])
+def test_cli_refuses_a_bad_agent_name_in_one_line_before_touching_the_ledger(state_dir, command):
+    r = runner.invoke(app, command)
+    assert r.exit_code == 2, r.output
+    assert "invalid agent name" in r.output and "Traceback" not in r.output
+    assert not (state_dir / LEDGER_FILE).exists()

@@ -270,3 +270,74 @@ def test_log_levels_in_any_case(monkeypatch):
     s = load_settings()
     assert s.log_level is LogLevel.DEBUG and s.console_log_level is LogLevel.ERROR
     assert LogLevel("warning") is LogLevel.WARNING
+
+
+@pytest.mark.parametrize("name", ["ENABLE_FP16_TRAINIG", "ENABLE_FP16_TRAINNING", "ENABEL_FP16_TRAINING", "enable_fp16_trainig", "ENABLE_BF16_TRAINING"])
+def test_kill_switch_near_miss_in_environment_is_refused_with_a_suggestion(monkeypatch, name):
+    monkeypatch.setenv(name, "false")
+    with pytest.raises(SettingsError) as err:
+        load_settings()
+    assert f"unknown setting {name} in the environment; did you mean ENABLE_FP16_TRAINING?" in str(err.value)
+
+
+def test_kill_switch_near_miss_in_dotenv_names_file_and_line(cwd):
+    (cwd / ".env").write_text("GENESIS_FP16_PRECISION=fp16\nENABLE_FP16_TRAINIG=false\n")
+    with pytest.raises(SettingsError, match=r"\.env:2: unknown setting ENABLE_FP16_TRAINIG in the \.env file; did you mean ENABLE_FP16_TRAINING\?"):
+        load_settings()
+
+
+def test_mangled_prefix_is_refused_with_a_suggestion(monkeypatch):
+    monkeypatch.setenv("GENESIS_FP16PRECISION", "bf16")
+    with pytest.raises(SettingsError, match="did you mean GENESIS_FP16_PRECISION"):
+        load_settings()
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["PATH", "HOME", "ENABLE_SOMETHING_ELSE", "ENABLE_FP16", "ENABLE_TRAINING", "DISABLE_FP16_TRAINING", "FP16_TRAINING",
+     "PYTORCH_ENABLE_MPS_FALLBACK", "NVIDIA_TF32_OVERRIDE", "CUDA_VISIBLE_DEVICES", "GENESIS_HOME", "enable_fp16_training"],
+)
+def test_other_variables_are_not_taken_for_settings(monkeypatch, cwd, name):
+    monkeypatch.setenv(name, "1")
+    (cwd / ".env").write_text(f"{name}=1\n")
+    load_settings()
+
+
+def test_the_kill_switch_itself_in_any_case_is_read(monkeypatch, cwd):
+    (cwd / ".env").write_text("enable_fp16_training=false\n")
+    assert load_settings().enable_fp16_training is False
+
+
+INT32_MAX, INT64_MAX, FP32_MAX = 2**31 - 1, 2**63 - 1, 3.4028234663852886e38
+
+
+@pytest.mark.parametrize(
+    "var, highest, too_high",
+    [
+        ("GENESIS_FP16_INIT_SCALE", FP32_MAX, "1e300"),
+        ("GENESIS_FP16_GROWTH_FACTOR", FP32_MAX, "1e39"),
+        ("GENESIS_FP16_MAX_GRAD_NORM", FP32_MAX, "1e39"),
+        ("GENESIS_FP16_GROWTH_INTERVAL", INT32_MAX, "99999999999999999999999"),
+        ("GENESIS_FP16_GRAD_ACCUMULATION_STEPS", INT64_MAX, str(INT64_MAX + 1)),
+        ("GENESIS_FP16_NONFINITE_STREAK_THRESHOLD", INT64_MAX, str(INT64_MAX + 1)),
+        ("GENESIS_FP16_EVENTS_MAX_BYTES", INT64_MAX, str(INT64_MAX + 1)),
+        ("GENESIS_FP16_EVENTS_KEEP", 1000, "1001"),
+        ("GENESIS_FP16_TORCH_THREADS", 4096, "4097"),
+    ],
+)
+def test_every_number_has_an_upper_bound_named_in_the_error(monkeypatch, var, highest, too_high):
+    monkeypatch.setenv(var, repr(highest))
+    assert getattr(load_settings(), var.removeprefix("GENESIS_FP16_").lower()) == highest
+    monkeypatch.setenv(var, too_high)
+    with pytest.raises(SettingsError) as err:
+        load_settings()
+    message = str(err.value)
+    assert message.startswith(f"invalid setting {var}={too_high!r}") and "<=" in message
+
+
+def test_every_number_setting_has_an_upper_bound():
+    from genesis_fp16.settings import Settings
+
+    for name, info in Settings.model_fields.items():
+        if info.annotation in (int, float) or str(info.annotation) == "typing.Optional[float]":
+            assert any(getattr(meta, "le", None) is not None or getattr(meta, "lt", None) is not None for meta in info.metadata), name

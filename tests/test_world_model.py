@@ -633,3 +633,12 @@ def test_no_guard_is_said_explicitly():
     with pytest.raises(TypeError, match="guard=UNGUARDED"):
         WorldModel(3, 1, precision="fp32", guard=None)
     assert WorldModel(3, 1, precision="fp32", guard=UNGUARDED).guard is None
+
+
+@pytest.mark.parametrize("name", ["/elsewhere/wm", "../wm", ".wm"])
+def test_an_agent_name_outside_the_rule_is_refused(state_dir, name):
+    from genesis_fp16.guarded import UNGUARDED
+    from infrastructure.world_model import WorldModel
+
+    with pytest.raises(ValueError, match="invalid agent name"):
+        WorldModel(3, 1, agent=name, guard=UNGUARDED)
