@@ -67,10 +67,11 @@ class GuardThresholds(BaseModel):
         description="val-loss ratios are taken over max(FP32 val loss, this): tiny losses do not alarm on a ratio alone",
     )
     throughput_ratio: float = Field(0.80, gt=0, le=1, description="P2: throughput below this fraction of FP32 warns")
-    min_steps: int = Field(10, ge=1, description="rates are judged only after this many optimizer steps")
-    canary_every: int = Field(5, ge=0, description="stage on: an FP32 canary every Nth training call (0: never)")
-    canary_confirm: int = Field(2, ge=1, description="canary alarms among the last canary_window that roll back")
-    canary_window: int = Field(3, ge=1, description="how many recent canaries the confirmation counts over")
+    min_steps: int = Field(10, ge=1, le=2**31 - 1, description="rates are judged only after this many optimizer steps")
+    canary_every: int = Field(5, ge=0, le=2**31 - 1, description="stage on: an FP32 canary every Nth training call (0: never)")
+    # the confirmation windows are kept in the rollout ledger: bounded, like the list they hold
+    canary_confirm: int = Field(2, ge=1, le=1000, description="canary alarms among the last canary_window that roll back")
+    canary_window: int = Field(3, ge=1, le=1000, description="how many recent canaries the confirmation counts over")
     canary_kl: float = Field(
         0.1, gt=0, allow_inf_nan=False, description="PPO canary: KL(FP32 || reduced) of the held batch's policy above this alarms"
     )

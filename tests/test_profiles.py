@@ -227,3 +227,10 @@ def test_profile_tables_have_the_settings_upper_bounds(state_dir, key, value):
     (state_dir / "profiles.toml").write_text(f"[agents.wm]\n{key} = {value!r}\n".replace("e+", "e"))
     with pytest.raises(ProfileError, match=f"{key} = .* is invalid; allowed values are .*<="):
         profile_layer("wm", load_settings())
+
+
+@pytest.mark.parametrize("key,value", [("min_steps", 2**31), ("canary_every", 2**40), ("canary_window", 1001), ("canary_confirm", 5000)])
+def test_integer_thresholds_have_upper_bounds(state_dir, key, value):
+    _write(state_dir, f"[agents.wm.thresholds]\n{key} = {value}\n")
+    with pytest.raises(ProfileError, match=key):
+        profile_layer("wm", load_settings())
