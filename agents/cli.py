@@ -341,7 +341,11 @@ def _run(ctx: typer.Context, config: Any, settings: Any, *, resume: Optional[str
         ("generations", str(len(report["generations"]))),
         ("wall time (s)", f"{report['wall_s']:.1f}"),
     ]
-    for failure in report.get("failed_candidates", []):
+    failures = report.get("failed_candidates", [])
+    if failures:
+        charged = sum(f.get("episodes", 0) for f in failures)
+        rows.append(("failed candidates", f"{len(failures)} (charged {charged} real episodes)"))
+    for failure in failures:
         rows.append((f"skipped {failure['candidate']}", failure["error"]))
     if report.get("replay_db"):
         rows.append(("replay buffer", report["replay_db"]))
@@ -369,6 +373,8 @@ def _run(ctx: typer.Context, config: Any, settings: Any, *, resume: Optional[str
         except OSError as exc:
             raise fail(f"--plot {plot}: the figure could not be written ({exc}); the report is in the table above", code=1)
         console.print(safe_text(f"plot written to {plot}"), highlight=False)
+    if report["stop_reason"] == "failed":  # after the report: it says which candidates failed and why
+        raise fail(report["stop_detail"], code=1)
 
 
 def _resumed_agent(ctx: typer.Context, run_id: str, settings: Any, *, baseline: Baseline, **given: Any) -> Any:
