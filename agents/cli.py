@@ -126,7 +126,8 @@ def evolve(
     ),
     ray_address: Optional[str] = typer.Option(
         None, "--ray-address", metavar="auto|HOST:PORT",
-        help="With --backend ray: the cluster to join (default: settings' ray_address); unset: a local Ray with --workers CPUs.",
+        help="With --backend ray: the cluster to join (default: settings' ray_address, read with --backend ray only); "
+        "unset: a local Ray with --workers CPUs.",
     ),
     torch_threads: Optional[int] = typer.Option(
         None, "--torch-threads", min=0,
@@ -198,10 +199,11 @@ def evolve(
     except StorageError as exc:
         raise fail(str(exc), code=exc.exit_code)
 
+    if ray_address is not None and backend != Backend.ray:
+        raise fail(f"--ray-address {ray_address}: it applies to --backend ray only (this run uses --backend {backend.value}); "
+                   "add --backend ray, or leave --ray-address out")
+    # the setting is the default address of the Ray backend: a run on the process pool ignores it
     address = ray_address if ray_address is not None else settings.ray_address
-    if address is not None and backend != Backend.ray:
-        raise fail(f"--ray-address {address}: it applies to --backend ray only (this run uses --backend {backend.value}); "
-                   "add --backend ray, or leave the address out (unset GENESIS_FP16_RAY_ADDRESS)")
     with _ray_connection(backend, address, workers):
         _run(ctx, config, settings, resume=resume, baseline=baseline, env=env, seed=seed, precision=precision, no_world_model=no_world_model,
              budget=budget, workers=workers, backend=backend, target=target, policy=policy, episode_steps=episode_steps,
@@ -218,16 +220,16 @@ def _ray_connection(backend: Backend, address: Optional[str], workers: int) -> I
         return
     from genesis_fp16.cli import fail
 
-    from .ray_evaluation import RayConnectError, connect_ray
+    from .ray_evaluation import RayConnectError, connect_ray, disconnect_ray
 
     try:
-        ray = connect_ray(address, num_cpus=workers)
+        connect_ray(address, num_cpus=workers)
     except RayConnectError as exc:
         raise fail(str(exc))
     try:
         yield
     finally:
-        ray.shutdown()
+        disconnect_ray()
 
 
 def _run(ctx: typer.Context, config: Any, settings: Any, *, resume: Optional[str], baseline: Baseline, env: str, seed: int,
