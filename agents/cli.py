@@ -6,7 +6,7 @@ import asyncio
 import json
 import signal
 import threading
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from enum import Enum
 from pathlib import Path
 from typing import Any, Iterator, Optional
@@ -199,37 +199,37 @@ def evolve(
     except StorageError as exc:
         raise fail(str(exc), code=exc.exit_code)
 
-    if ray_address is not None and backend != Backend.ray:
-        raise fail(f"--ray-address {ray_address}: it applies to --backend ray only (this run uses --backend {backend.value}); "
+    runs_on = _backend_of_run(ctx, backend, resume, Path(settings.state_dir))
+    if ray_address is not None and runs_on != Backend.ray:
+        raise fail(f"--ray-address {ray_address}: it applies to --backend ray only (this run uses --backend {runs_on.value}); "
                    "add --backend ray, or leave --ray-address out")
     # the setting is the default address of the Ray backend: a run on the process pool ignores it
     address = ray_address if ray_address is not None else settings.ray_address
-    with _ray_connection(backend, address, workers):
+    with ExitStack() as connected:
+        if runs_on == Backend.ray:  # connected while the run lasts; a local Ray started here is shut down after it
+            from .ray_evaluation import RayConnectError, ray_connection
+
+            try:
+                connected.enter_context(ray_connection(address, num_cpus=workers))
+            except RayConnectError as exc:
+                raise fail(str(exc))
         _run(ctx, config, settings, resume=resume, baseline=baseline, env=env, seed=seed, precision=precision, no_world_model=no_world_model,
              budget=budget, workers=workers, backend=backend, target=target, policy=policy, episode_steps=episode_steps,
              torch_threads=settings.torch_threads, json_path=json_path, plot=plot, tensorboard=tensorboard)
 
 
-@contextmanager
-def _ray_connection(backend: Backend, address: Optional[str], workers: int) -> Iterator[None]:
-    """With --backend ray: connected to the cluster at ``address`` (or a local
-    Ray with ``workers`` CPUs) while the run lasts, disconnected (a local Ray
-    shut down) after it."""
-    if backend != Backend.ray:
-        yield
-        return
-    from genesis_fp16.cli import fail
+def _backend_of_run(ctx: typer.Context, backend: Backend, resume: Optional[str], state_dir: Path) -> Backend:
+    """The backend the run uses: ``--backend``, or for a ``--resume`` without it
+    the run's own (a run started on Ray resumes on Ray, at the settings' address)."""
+    from .runs import RunError, read_manifest
 
-    from .ray_evaluation import RayConnectError, connect_ray, disconnect_ray
-
+    if resume is None or ctx.get_parameter_source("backend").name != "DEFAULT":
+        return backend
     try:
-        connect_ray(address, num_cpus=workers)
-    except RayConnectError as exc:
-        raise fail(str(exc))
-    try:
-        yield
-    finally:
-        disconnect_ray()
+        saved = read_manifest(state_dir, resume).get("config", {}).get("backend")
+    except RunError:  # resuming it fails, with its own message, once the options are checked
+        return backend
+    return Backend(saved) if saved in {b.value for b in Backend} else backend
 
 
 def _run(ctx: typer.Context, config: Any, settings: Any, *, resume: Optional[str], baseline: Baseline, env: str, seed: int,

@@ -25,7 +25,8 @@ import logging
 import socket
 import threading
 import time
-from typing import Any, Optional, Sequence, Union
+from contextlib import contextmanager
+from typing import Any, Iterator, Optional, Sequence, Union
 
 from genesis_fp16.extras import require
 from genesis_fp16.telemetry import get_logger
@@ -50,7 +51,7 @@ from .ray_reaper import Reaper, start_reaper
 from .ray_task import run_chunk
 from .tasks import EnvFailure, ResolvedTask
 
-__all__ = ["EvaluationWorkerLost", "RayConnectError", "RayEvaluator", "connect_ray", "disconnect_ray"]
+__all__ = ["EvaluationWorkerLost", "RayConnectError", "RayEvaluator", "connect_ray", "disconnect_ray", "ray_connection"]
 
 RAY = "genesis-fp16 evolve --backend ray"
 PROBE_TIMEOUT_S = 3.0
@@ -100,6 +101,16 @@ def connect_ray(address: Optional[str], num_cpus: Optional[int]) -> Any:
     except ConnectionError as exc:
         raise RayConnectError(f"--ray-address {address}: {exc}") from None
     return ray
+
+
+@contextmanager
+def ray_connection(address: Optional[str], num_cpus: Optional[int]) -> Iterator[Any]:
+    """`connect_ray` for a ``with`` block, `disconnect_ray` after it."""
+    ray = connect_ray(address, num_cpus)
+    try:
+        yield ray
+    finally:
+        disconnect_ray()
 
 
 def disconnect_ray() -> None:

@@ -15,7 +15,9 @@ and ``stop`` when it shuts Ray down itself. When the pipe closes without a
 ``stop`` (the driver died) or the driver's process is gone, the reaper kills
 every process with a file open in that session directory (every Ray process
 of the session has its logs there; no other process has), until none is
-left, and exits.
+left, and exits. A driver killed inside ``ray.init``, before it could name
+the directory, is covered by Ray's name for it, which ends in the pid of the
+process that started the session.
 
 Standard library and psutil only: it starts in a fraction of a second.
 """
@@ -23,6 +25,7 @@ Standard library and psutil only: it starts in a fraction of a second.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -37,16 +40,18 @@ REAP_FOR_S = 30.0  # scan again while processes are found (a worker starting as 
 
 
 class Reaper:
-    """The driver's end: `started` the reaper, `session` tells it what to
-    reap, `stop` ends it without reaping (Ray was shut down cleanly)."""
+    """The driver's end of a reaper `start_reaper` started: `session` tells
+    it what to reap, `stop` ends it without reaping."""
 
     def __init__(self, proc: subprocess.Popen) -> None:
         self.proc = proc
 
     def session(self, session_dir: str) -> None:
+        """The Ray session to end if this process dies."""
         self._send(os.path.abspath(session_dir))
 
     def stop(self) -> None:
+        """Ray was shut down here: end the reaper without reaping."""
         self._send(STOP)
         try:
             self.proc.wait(timeout=10)
@@ -66,9 +71,9 @@ class Reaper:
 
 
 def start_reaper() -> Reaper:
-    """A reaper for this process (the driver), before Ray starts: a driver
-    killed while Ray is still starting is then covered too, once it has
-    said which session to reap (`Reaper.session`)."""
+    """A reaper for this process (the driver), started before Ray: a driver
+    killed before it could name its session (`Reaper.session`) still has
+    its processes reaped, found by Ray's session name (`session_pattern`)."""
     # run as a file, not as ``-m agents.ray_reaper``: the package would import torch, seconds of start-up
     run = f"import runpy; runpy.run_path({os.path.abspath(__file__)!r}, run_name='__main__')"
     proc = subprocess.Popen(
@@ -79,25 +84,35 @@ def start_reaper() -> Reaper:
     return Reaper(proc)
 
 
-def in_session(proc: psutil.Process, session_dir: str) -> bool:
-    """Whether ``proc`` belongs to the Ray session at ``session_dir``: a file
-    open there (its logs, its stdout and stderr) or the directory in its command line."""
-    prefix = session_dir.rstrip(os.sep) + os.sep
+def session_pattern(session_dir: str) -> re.Pattern[str]:
+    """Paths inside ``session_dir``, and the directory itself."""
+    return re.compile(re.escape(session_dir.rstrip(os.sep)) + r"(?:$|" + re.escape(os.sep) + ")")
+
+
+def started_by(driver_pid: int) -> re.Pattern[str]:
+    """Paths inside any session ``driver_pid`` started: Ray names a session
+    ``session_<date>_<time>_<microseconds>_<pid of the process that started it>``."""
+    return re.compile(r"[/\\]session_[0-9_-]+_" + str(driver_pid) + r"(?:$|[/\\])")
+
+
+def in_session(proc: psutil.Process, session: re.Pattern[str]) -> bool:
+    """Whether ``proc`` belongs to the session: a file open there (its logs,
+    its stdout and stderr) or the directory in its command line."""
     try:
-        if any(f.path.startswith(prefix) for f in proc.open_files()):
+        if any(session.search(f.path) for f in proc.open_files()):
             return True
-        return any(prefix in arg or arg.endswith(session_dir) for arg in proc.cmdline())
+        return any(session.search(arg) for arg in proc.cmdline())
     except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
         return False
 
 
-def reap(session_dir: str, *, for_s: float = REAP_FOR_S) -> int:
-    """Kill every process of the session until a scan finds none (or
-    ``for_s`` passes); returns how many were killed."""
+def reap(session: re.Pattern[str], *, for_s: float = REAP_FOR_S) -> int:
+    """Kill every process of the session (`session_pattern`, `started_by`)
+    until a scan finds none (or ``for_s`` passes); returns how many were killed."""
     me, killed = os.getpid(), 0
     deadline = time.monotonic() + for_s
     while time.monotonic() < deadline:
-        found = [p for p in psutil.process_iter() if p.pid != me and in_session(p, session_dir)]
+        found = [p for p in psutil.process_iter() if p.pid != me and in_session(p, session)]
         if not found:
             break
         for proc in found:
@@ -111,8 +126,8 @@ def reap(session_dir: str, *, for_s: float = REAP_FOR_S) -> int:
 
 
 def watch(driver_pid: int, commands: IO[str]) -> Optional[str]:
-    """Wait until the driver is gone; returns the session dir to reap, or
-    None (told to stop, or never told a session)."""
+    """Wait until the driver is gone; returns the session dir it named, or
+    None. Exits the process when the driver says ``stop``."""
     try:
         driver = psutil.Process(driver_pid)
     except psutil.NoSuchProcess:
@@ -146,9 +161,11 @@ def alive(proc: Optional[psutil.Process]) -> bool:
 
 
 def main(argv: list[str]) -> int:
-    session_dir = watch(int(argv[0]), sys.stdin)
-    if session_dir is not None:
-        reap(session_dir)
+    """``DRIVER_PID``: wait for the driver to go, then reap the session it
+    named, or any session it started if it named none."""
+    driver_pid = int(argv[0])
+    session_dir = watch(driver_pid, sys.stdin)
+    reap(session_pattern(session_dir) if session_dir is not None else started_by(driver_pid))
     return 0
 
 

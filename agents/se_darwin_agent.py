@@ -378,7 +378,8 @@ class SEDarwinAgent(RunRecord):
         self.rng.bit_generator.state = manifest["rng"]
         self._manifest.update({k: manifest[k] for k in ("started", "sessions", "world_model_checkpoint") if k in manifest})
         self._prior_wall_s = float(manifest.get("wall_s") or 0.0)
-        if self.generation >= 0 and self.buffer.count(self.data_agent)["trajectories"] == 0:
+        # a run whose every evaluation so far failed has no replay data, and needs none
+        if self.generation >= 0 and self._has_data() and self.buffer.count(self.data_agent)["trajectories"] == 0:
             raise runs.RunError(
                 f"run {self.run_id!r}: its replay data is gone from {self.buffer.path} (pruned, or another state dir); it cannot be resumed"
             )

@@ -245,7 +245,7 @@ def test_a_local_rays_processes_die_with_a_killed_evolve(tmp_path):
     import psutil
     from process_helpers import kill_all, read_line, still_alive, wait_until
 
-    from agents.ray_reaper import reap
+    from agents.ray_reaper import reap, session_pattern
 
     startup_s, gone_s = 240, 20  # Ray's own agents lingered 30-60 s: 20 s still tells them apart from a reaped session
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
@@ -274,4 +274,21 @@ def test_a_local_rays_processes_die_with_a_killed_evolve(tmp_path):
         driver.wait(timeout=startup_s)
         kill_all(family)
         if session_dir is not None:
-            reap(session_dir, for_s=10)  # whatever of the session the snapshot missed
+            reap(session_pattern(session_dir), for_s=10)  # whatever of the session the snapshot missed
+
+
+def test_a_resumed_ray_run_uses_the_ray_address_setting(state_dir):
+    """A run started with --backend ray resumes on Ray without --backend
+    again, so the setting's address applies to it (and only then)."""
+    import json
+    from types import SimpleNamespace
+
+    from agents import cli, runs
+
+    path = runs.manifest_path(state_dir, "r1")
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({"format": runs.MANIFEST_FORMAT, "version": runs.MANIFEST_VERSION, "run_id": "r1", "config": {"backend": "ray"}}))
+    ctx = SimpleNamespace(get_parameter_source=lambda name: SimpleNamespace(name="DEFAULT"))  # --backend not given
+    assert cli._backend_of_run(ctx, cli.Backend.process, "r1", state_dir) == cli.Backend.ray
+    assert cli._backend_of_run(ctx, cli.Backend.process, None, state_dir) == cli.Backend.process
+    assert cli._backend_of_run(ctx, cli.Backend.process, "unknown-run", state_dir) == cli.Backend.process

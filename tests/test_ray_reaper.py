@@ -1,6 +1,7 @@
 """The reaper of a local Ray (``agents.ray_reaper``), without Ray: a
 stand-in "session" process with a file open in its session directory is
-killed once the driver dies, and left alone when the driver stops the reaper."""
+killed once the driver dies (whether or not the driver named the session),
+and left alone when the driver stops the reaper."""
 
 from __future__ import annotations
 
@@ -27,17 +28,21 @@ print("up", flush=True)
 threading.Event().wait()
 """
 
-# the driver: starts the reaper and the session process, tells the reaper the
-# session, prints both pids; "stop" as argument: stops the reaper, as a clean shutdown does
+# the driver: starts the reaper, then a session named as Ray names it (ending
+# in the driver's pid) with one process in it; "named" tells the reaper the
+# session, "unnamed" dies before that (as inside ray.init), "stop" stops the
+# reaper as a clean shutdown does. Prints the pids.
 DRIVER = """
-import subprocess, sys, threading
+import os, subprocess, sys, threading
 from agents.ray_reaper import start_reaper
 
-session_dir = sys.argv[1]
 reaper = start_reaper()
+session_dir = os.path.join(sys.argv[1], f"session_2026-01-01_00-00-00_000000_{os.getpid()}")
+os.makedirs(os.path.join(session_dir, "logs"))
 member = subprocess.Popen([sys.executable, "-c", sys.argv[2], session_dir + "/logs/raylet.out"], stdout=subprocess.PIPE, text=True)
 member.stdout.readline()
-reaper.session(session_dir)
+if sys.argv[3] != "unnamed":
+    reaper.session(session_dir)
 if sys.argv[3] == "stop":
     reaper.stop()
 print("pids", member.pid, reaper.proc.pid, reaper.proc.returncode, flush=True)
@@ -46,12 +51,10 @@ threading.Event().wait()
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="POSIX process sessions")
-@pytest.mark.parametrize("how", ["killed", "stop"])
+@pytest.mark.parametrize("how", ["named", "unnamed", "stop"])
 def test_the_session_dies_with_the_driver_unless_the_reaper_was_stopped(how, tmp_path):
-    session_dir = tmp_path / "session_2026-01-01_00-00-00_000000_1"
-    (session_dir / "logs").mkdir(parents=True)
     outsider = subprocess.Popen([sys.executable, "-c", SESSION_PROCESS, str(tmp_path / "other.log")], stdout=subprocess.PIPE, text=True)
-    driver = subprocess.Popen([sys.executable, "-c", DRIVER, str(session_dir), SESSION_PROCESS, how], cwd=ROOT,
+    driver = subprocess.Popen([sys.executable, "-c", DRIVER, str(tmp_path), SESSION_PROCESS, how], cwd=ROOT,
                               stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     procs = [psutil.Process(outsider.pid)]
     try:
@@ -65,26 +68,28 @@ def test_the_session_dies_with_the_driver_unless_the_reaper_was_stopped(how, tmp
             procs.append(reaper)
         driver.kill()
         driver.wait(timeout=STARTUP_S)
-        if how == "killed":
+        if how == "stop":
+            assert is_alive(member)  # the driver's death does not end it by itself, and no reaper did
+        else:
             assert wait_until(lambda: not is_alive(member), GONE_S), "the session's process outlived its driver"
             assert wait_until(lambda: not is_alive(reaper), GONE_S), "the reaper did not exit after its work"
-        else:
-            assert is_alive(member)  # a process the driver's death does not end by itself, and no reaper ended it
         assert is_alive(psutil.Process(outsider.pid))  # a process of no session is never touched
     finally:
         driver.kill()
         driver.wait(timeout=STARTUP_S)
         kill_all(procs)
-        ray_reaper.reap(str(session_dir), for_s=10)  # a session process this test never got the pid of
+        ray_reaper.reap(ray_reaper.started_by(driver.pid), for_s=10)  # a session process this test never got the pid of
         outsider.wait(timeout=STARTUP_S)
 
 
-def test_in_session_matches_open_files_and_the_command_line_only(tmp_path):
-    session_dir = str(tmp_path / "session_x")
+def test_a_process_is_in_a_session_by_its_open_files(tmp_path):
+    session_dir = str(tmp_path / "session_2026-01-01_00-00-00_000000_4242")
     me = psutil.Process()
-    assert not ray_reaper.in_session(me, session_dir)
+    pattern = ray_reaper.session_pattern(session_dir)
+    assert not ray_reaper.in_session(me, pattern)
     os.makedirs(session_dir)
     with open(os.path.join(session_dir, "worker.out"), "w"):
-        assert ray_reaper.in_session(me, session_dir)
-        assert not ray_reaper.in_session(me, session_dir + "2")  # another session whose name starts alike
-    assert not ray_reaper.in_session(me, session_dir)
+        assert ray_reaper.in_session(me, pattern) and ray_reaper.in_session(me, ray_reaper.started_by(4242))
+        assert not ray_reaper.in_session(me, ray_reaper.session_pattern(session_dir[:-1]))  # a session whose name starts alike
+        assert not ray_reaper.in_session(me, ray_reaper.started_by(242))  # a pid that ends alike
+    assert not ray_reaper.in_session(me, pattern)
