@@ -6,7 +6,7 @@ import asyncio
 import json
 import signal
 import threading
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from enum import Enum
 from pathlib import Path
 from typing import Any, Iterator, Optional
@@ -126,7 +126,8 @@ def evolve(
     ),
     ray_address: Optional[str] = typer.Option(
         None, "--ray-address", metavar="auto|HOST:PORT",
-        help="With --backend ray: the cluster to join (default: settings' ray_address); unset: a local Ray with --workers CPUs.",
+        help="With --backend ray: the cluster to join (default: settings' ray_address, read with --backend ray only); "
+        "unset: a local Ray with --workers CPUs.",
     ),
     torch_threads: Optional[int] = typer.Option(
         None, "--torch-threads", min=0,
@@ -198,36 +199,37 @@ def evolve(
     except StorageError as exc:
         raise fail(str(exc), code=exc.exit_code)
 
+    runs_on = _backend_of_run(ctx, backend, resume, Path(settings.state_dir))
+    if ray_address is not None and runs_on != Backend.ray:
+        raise fail(f"--ray-address {ray_address}: it applies to --backend ray only (this run uses --backend {runs_on.value}); "
+                   "add --backend ray, or leave --ray-address out")
+    # the setting is the default address of the Ray backend: a run on the process pool ignores it
     address = ray_address if ray_address is not None else settings.ray_address
-    if address is not None and backend != Backend.ray:
-        raise fail(f"--ray-address {address}: it applies to --backend ray only (this run uses --backend {backend.value}); "
-                   "add --backend ray, or leave the address out (unset GENESIS_FP16_RAY_ADDRESS)")
-    with _ray_connection(backend, address, workers):
+    with ExitStack() as connected:
+        if runs_on == Backend.ray:  # connected while the run lasts; a local Ray started here is shut down after it
+            from .ray_evaluation import RayConnectError, ray_connection
+
+            try:
+                connected.enter_context(ray_connection(address, num_cpus=workers))
+            except RayConnectError as exc:
+                raise fail(str(exc))
         _run(ctx, config, settings, resume=resume, baseline=baseline, env=env, seed=seed, precision=precision, no_world_model=no_world_model,
              budget=budget, workers=workers, backend=backend, target=target, policy=policy, episode_steps=episode_steps,
              torch_threads=settings.torch_threads, json_path=json_path, plot=plot, tensorboard=tensorboard)
 
 
-@contextmanager
-def _ray_connection(backend: Backend, address: Optional[str], workers: int) -> Iterator[None]:
-    """With --backend ray: connected to the cluster at ``address`` (or a local
-    Ray with ``workers`` CPUs) while the run lasts, disconnected (a local Ray
-    shut down) after it."""
-    if backend != Backend.ray:
-        yield
-        return
-    from genesis_fp16.cli import fail
+def _backend_of_run(ctx: typer.Context, backend: Backend, resume: Optional[str], state_dir: Path) -> Backend:
+    """The backend the run uses: ``--backend``, or for a ``--resume`` without it
+    the run's own (a run started on Ray resumes on Ray, at the settings' address)."""
+    from .runs import RunError, read_manifest
 
-    from .ray_evaluation import RayConnectError, connect_ray
-
+    if resume is None or ctx.get_parameter_source("backend").name != "DEFAULT":
+        return backend
     try:
-        ray = connect_ray(address, num_cpus=workers)
-    except RayConnectError as exc:
-        raise fail(str(exc))
-    try:
-        yield
-    finally:
-        ray.shutdown()
+        saved = read_manifest(state_dir, resume).get("config", {}).get("backend")
+    except RunError:  # resuming it fails, with its own message, once the options are checked
+        return backend
+    return Backend(saved) if saved in {b.value for b in Backend} else backend
 
 
 def _run(ctx: typer.Context, config: Any, settings: Any, *, resume: Optional[str], baseline: Baseline, env: str, seed: int,
@@ -341,7 +343,11 @@ def _run(ctx: typer.Context, config: Any, settings: Any, *, resume: Optional[str
         ("generations", str(len(report["generations"]))),
         ("wall time (s)", f"{report['wall_s']:.1f}"),
     ]
-    for failure in report.get("failed_candidates", []):
+    failures = report.get("failed_candidates", [])
+    if failures:
+        charged = sum(f.get("episodes", 0) for f in failures)
+        rows.append(("failed candidates", f"{len(failures)} (charged {charged} real episodes)"))
+    for failure in failures:
         rows.append((f"skipped {failure['candidate']}", failure["error"]))
     if report.get("replay_db"):
         rows.append(("replay buffer", report["replay_db"]))
@@ -369,6 +375,8 @@ def _run(ctx: typer.Context, config: Any, settings: Any, *, resume: Optional[str
         except OSError as exc:
             raise fail(f"--plot {plot}: the figure could not be written ({exc}); the report is in the table above", code=1)
         console.print(safe_text(f"plot written to {plot}"), highlight=False)
+    if report["stop_reason"] == "failed":  # after the report: it says which candidates failed and why
+        raise fail(report["stop_detail"], code=1)
 
 
 def _resumed_agent(ctx: typer.Context, run_id: str, settings: Any, *, baseline: Baseline, **given: Any) -> Any:

@@ -26,8 +26,10 @@ async def run_cma_baseline(config: Optional[EvolveConfig] = None, *, task: Optio
     """Plain CMA-ES (the ``cma`` package) on real returns under the same
     real-episode budget: each candidate is scored on all training start
     states, exactly the objective the loop's target is defined on. A
-    candidate whose evaluation fails (timeout, memory limit, the env raised)
-    is charged, scored -inf and recorded in ``failed_candidates``."""
+    candidate whose evaluation fails (timeout, memory limit, the env raised
+    or gave a non-finite return) is charged, scored -inf and recorded in
+    ``failed_candidates``; a run in which every candidate failed stops as
+    ``failed``."""
     cma = require("cma", EVOLVE)
     require("gymnasium", EVOLVE)
     cfg, resolved = (config or EvolveConfig()).resolve(task)
@@ -54,8 +56,9 @@ async def run_cma_baseline(config: Optional[EvolveConfig] = None, *, task: Optio
                 try:
                     res = await asyncio.to_thread(evaluator.evaluate, x, starts.train)
                 except EvaluationError as exc:
-                    log.warning("evolve.candidate_failed", candidate=f"cma-g{generation}-{len(scores)}", error=str(exc))
-                    failures.append({"candidate": f"cma-g{generation}-{len(scores)}", "generation": generation, "error": str(exc)})
+                    cand = f"cma-g{generation}-{len(scores)}"
+                    log.warning("evolve.candidate_failed", candidate=cand, error=str(exc))
+                    failures.append({"candidate": cand, "generation": generation, "episodes": per_candidate, "error": str(exc)})
                     scores.append(float("-inf"))
                     continue
                 env_steps += res.env_steps
@@ -68,11 +71,13 @@ async def run_cma_baseline(config: Optional[EvolveConfig] = None, *, task: Optio
             if len(scores) == len(xs):
                 es.tell(xs, [-s if np.isfinite(s) else 1e300 for s in scores])
             record = {
-                "generation": generation, "real_episodes": episodes, "env_steps": env_steps, "best_return": best_f, "best_full": True,
+                "generation": generation, "real_episodes": episodes, "env_steps": env_steps,
+                "best_return": best_f if best_x is not None else None, "best_full": True,
                 "best_episodes": len(starts.train), "wm_val_loss": None, "precision": "none",
             }
             generations.append(record)
-            log.info("evolve.generation", generation=generation, real_episodes=episodes, best_return=best_f, wm_val_loss=None, precision="none")
+            log.info("evolve.generation", generation=generation, real_episodes=episodes, best_return=record["best_return"], wm_val_loss=None,
+                     precision="none")
             if on_generation is not None:
                 on_generation(record)
             generation += 1
@@ -95,7 +100,7 @@ async def run_cma_baseline(config: Optional[EvolveConfig] = None, *, task: Optio
         "train_start_states": len(starts.train),
         "precision": "none",
         "wall_s": time.perf_counter() - started,
-        "stop_reason": "target" if reached_at is not None else "budget",
+        "stop_reason": "target" if reached_at is not None else ("budget" if best_x is not None else "failed"),
         "generations": generations,
         "failed_candidates": failures,
         "config": asdict(cfg),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any, Optional
@@ -116,6 +117,8 @@ class EvolveConfig:
                 parse_mode(self.precision)
             except ValueError:
                 problems.append(f"precision={self.precision!r}: expected one of {', '.join(m.value for m in PrecisionMode)}")
+        if self.target is not None and not math.isfinite(self.target):
+            problems.append(f"target={self.target}: expected a finite number (a mean return that counts as solved)")
         if self.backend not in BACKENDS:
             problems.append(f"backend={self.backend!r}: expected one of {', '.join(BACKENDS)}")
         counts = {"init_candidates": self.init_candidates, "eval_top_k": self.eval_top_k, "popsize": self.popsize,

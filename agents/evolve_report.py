@@ -65,7 +65,7 @@ def run_report(
         "wall_s": wall_s,
         "stop_reason": stop_reason,
         "generations": generations,
-        "failed_candidates": failures,  # charged and skipped: {candidate, generation, error}
+        "failed_candidates": failures,  # charged and skipped: {candidate, generation, episodes, error}
         "run_id": run_id,
         "replay_db": replay_db,
         "run_manifest": run_manifest,
@@ -87,8 +87,14 @@ def return_set(full: bool, episodes: int, train_start_states: Optional[int] = No
 
 def stop_detail(report: dict[str, Any]) -> str:
     """Why the run stopped, in one sentence, from its report (``stop_reason``
-    is the machine-readable word: ``target`` or ``budget``)."""
+    is the machine-readable word: ``target``, ``budget``, or ``failed``
+    when every real evaluation failed)."""
     n_train = report["train_start_states"]
+    if report["stop_reason"] == "failed":
+        failures = report.get("failed_candidates") or []
+        first = f"; the first error: {failures[0]['error']}" if failures else ""
+        return (f"every candidate failed: {len(failures)} real evaluation(s), {report['real_episodes']} of {report['budget']} "
+                f"real episodes charged, none gave a usable return{first}")
     if report["stop_reason"] == "target":
         reached = "-" if report["train_return"] is None else f"{report['train_return']:.1f}"
         return (f"target reached on the {n_train} training start states: mean return {reached} >= "

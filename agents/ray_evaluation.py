@@ -12,6 +12,10 @@ its node died) is retried by Ray up to ``max_retries`` times, then the call
 fails with `EvaluationWorkerLost`, charged and skipped like a timeout.
 An env that raises is an `EvaluationEnvError`, exactly as in the pool.
 
+A local Ray that `connect_ray` starts is tied to this process: a reaper
+(``agents.ray_reaper``) ends its processes once this process is gone, even
+after a ``kill -9``; `disconnect_ray` shuts it down and stops the reaper.
+
 Ray is imported only here, and only when this backend is chosen.
 """
 
@@ -21,7 +25,8 @@ import logging
 import socket
 import threading
 import time
-from typing import Any, Optional, Sequence, Union
+from contextlib import contextmanager
+from typing import Any, Iterator, Optional, Sequence, Union
 
 from genesis_fp16.extras import require
 from genesis_fp16.telemetry import get_logger
@@ -42,13 +47,15 @@ from .evaluation_contract import (
     timed_out,
     worker_lost,
 )
+from .ray_reaper import Reaper, start_reaper
 from .ray_task import run_chunk
 from .tasks import EnvFailure, ResolvedTask
 
-__all__ = ["EvaluationWorkerLost", "RayConnectError", "RayEvaluator", "connect_ray"]
+__all__ = ["EvaluationWorkerLost", "RayConnectError", "RayEvaluator", "connect_ray", "disconnect_ray", "ray_connection"]
 
 RAY = "genesis-fp16 evolve --backend ray"
 PROBE_TIMEOUT_S = 3.0
+_reaper: Optional[Reaper] = None  # of the local Ray this process started, while it runs
 
 
 class RayConnectError(ConnectionError):
@@ -72,11 +79,20 @@ def _probe(address: str) -> None:
 
 def connect_ray(address: Optional[str], num_cpus: Optional[int]) -> Any:
     """Connect to the Ray cluster at ``address`` ('auto' or HOST:PORT), or
-    without one start a local Ray with ``num_cpus`` CPUs. Returns the ``ray``
+    without one start a local Ray with ``num_cpus`` CPUs whose processes end
+    with this one (`disconnect_ray` shuts it down). Returns the ``ray``
     module; raises `RayConnectError` when nothing answers there."""
+    global _reaper
     ray = require("ray", RAY)
     if address is None:
-        ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING)
+        reaper = start_reaper()  # first: a driver killed while Ray starts is covered once Ray says where its session is
+        try:
+            context = ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING)
+            reaper.session(context.address_info["session_dir"])
+        except BaseException:
+            reaper.stop()
+            raise
+        _reaper = reaper
         return ray
     if address != "auto":
         _probe(address)
@@ -85,6 +101,25 @@ def connect_ray(address: Optional[str], num_cpus: Optional[int]) -> Any:
     except ConnectionError as exc:
         raise RayConnectError(f"--ray-address {address}: {exc}") from None
     return ray
+
+
+@contextmanager
+def ray_connection(address: Optional[str], num_cpus: Optional[int]) -> Iterator[Any]:
+    """`connect_ray` for a ``with`` block, `disconnect_ray` after it."""
+    ray = connect_ray(address, num_cpus)
+    try:
+        yield ray
+    finally:
+        disconnect_ray()
+
+
+def disconnect_ray() -> None:
+    """Disconnect from Ray; a local Ray `connect_ray` started is shut down and its reaper stopped."""
+    global _reaper
+    require("ray", RAY).shutdown()
+    reaper, _reaper = _reaper, None
+    if reaper is not None:  # after the shutdown: a driver killed during it is still covered
+        reaper.stop()
 
 
 class RayEvaluator(SingleEvaluation):
@@ -201,7 +236,7 @@ class RayEvaluator(SingleEvaluation):
         self._cancel()
         if self._own_ray:
             self._own_ray = False
-            self._ray.shutdown()
+            disconnect_ray()
 
     def __enter__(self) -> "RayEvaluator":
         return self

@@ -10,7 +10,8 @@ Per generation::
 
 Generation 0 seeds the model: a few random policies, one real episode each.
 The loop stops at the target (mean real return over the training start
-states) or when the next real evaluation would exceed the episode budget.
+states) or when the next real evaluation would exceed the episode budget;
+a run in which every real evaluation failed stops as ``failed``.
 With ``use_world_model=False`` the same operators run without a model
 (refinement becomes a Gaussian step, nothing is ranked): the ablation the docs
 measure.
@@ -132,8 +133,8 @@ class SEDarwinAgent(RunRecord):
 
     # -- model-side helpers ---------------------------------------------------------------
     def _imagine_fn(self, generation: int) -> Optional[ImagineFn]:
-        if self.world_model is None or self._imagined_starts is None:
-            return None
+        if self.world_model is None or self._imagined_starts is None or not self._has_data():
+            return None  # an untrained model ranks nothing: propose as the ablation does
         cfg = self.config
         horizon = cfg.horizon or self.task.episode_steps
         return make_imagine(self.world_model, self.task, self._imagined_starts, generation=generation, horizon=horizon)
@@ -161,7 +162,7 @@ class SEDarwinAgent(RunRecord):
         for (cand, _), res in zip(cands, results):
             self.real_episodes += 1
             if isinstance(res, EvaluationEnvError):
-                self._charge_failure(cand, res)
+                self._charge_failure(cand, res, episodes=1)
                 continue
             cand.real_return = res.mean_return
             cand.real_episodes = 1
@@ -177,16 +178,22 @@ class SEDarwinAgent(RunRecord):
         try:
             return await self._real(cand.params, states)
         except EvaluationError as exc:
-            self._charge_failure(cand, exc)
+            self._charge_failure(cand, exc, episodes=len(states))
             return None
 
-    def _charge_failure(self, cand: Candidate, exc: EvaluationError) -> None:
-        """Score a failed candidate -inf, keep it in the pool, record why."""
+    def _charge_failure(self, cand: Candidate, exc: EvaluationError, *, episodes: int) -> None:
+        """Score a failed candidate -inf, keep it in the pool, record why and
+        how many real episodes it was charged."""
         cand.real_return, cand.full = float("-inf"), True
         event = "evolve.candidate_timeout" if isinstance(exc, EvaluationTimeout) else "evolve.candidate_failed"
         self._log.warning(event, candidate=cand.id, error=str(exc))
-        self.failures.append({"candidate": cand.id, "generation": cand.generation, "error": str(exc)})
+        self.failures.append({"candidate": cand.id, "generation": cand.generation, "episodes": episodes, "error": str(exc)})
         self.pool.append(cand)
+
+    def _has_data(self) -> bool:
+        """Whether any real evaluation succeeded: only then has the replay
+        buffer a trajectory the world model can learn from."""
+        return best_of(self.pool) is not None
 
     async def evolve(self) -> dict[str, Any]:
         """Run (or, after `resume`, continue) the loop, then the held-out
@@ -196,6 +203,8 @@ class SEDarwinAgent(RunRecord):
         try:
             with torch_threads(self.settings.torch_threads):
                 stop_reason = await self._loop(started)
+            if not self._has_data():
+                stop_reason = "failed"  # the budget went on evaluations that all failed
             best = best_of([c for c in self.pool if c.full]) or best_of(self.pool)
             heldout = await self._real(best.params, self.starts.heldout) if best is not None else None
         except (asyncio.CancelledError, KeyboardInterrupt):
@@ -278,7 +287,7 @@ class SEDarwinAgent(RunRecord):
         met), then the generation's record is committed to the manifest."""
         wm_report = None
         reached = not pool_failing(self.pool, self.config.target)
-        if self.world_model is not None and not reached:
+        if self.world_model is not None and not reached and self._has_data():
             wm_report = await self.world_model.train(self.config.wm_steps)
         record = generation_record(
             generation, real_episodes=self.real_episodes, env_steps=self.env_steps, best=best_of(self.pool), evaluated=evaluated,
@@ -369,7 +378,8 @@ class SEDarwinAgent(RunRecord):
         self.rng.bit_generator.state = manifest["rng"]
         self._manifest.update({k: manifest[k] for k in ("started", "sessions", "world_model_checkpoint") if k in manifest})
         self._prior_wall_s = float(manifest.get("wall_s") or 0.0)
-        if self.generation >= 0 and self.buffer.count(self.data_agent)["trajectories"] == 0:
+        # a run whose every evaluation so far failed has no replay data, and needs none
+        if self.generation >= 0 and self._has_data() and self.buffer.count(self.data_agent)["trajectories"] == 0:
             raise runs.RunError(
                 f"run {self.run_id!r}: its replay data is gone from {self.buffer.path} (pruned, or another state dir); it cannot be resumed"
             )

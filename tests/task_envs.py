@@ -97,3 +97,36 @@ def mujoco_warning() -> int:
     data.qvel[:] = np.nan
     mujoco.mj_step(model, data)
     return int(data.warning[mujoco.mjtWarning.mjWARN_BADQVEL].number)
+
+
+class NaNReward(Drift):
+    """A simulator that diverged: the reward is NaN for an action above
+    ``nan_above`` (by default for every action)."""
+
+    def __init__(self, nan_above: float = -np.inf) -> None:
+        super().__init__()
+        self.nan_above = nan_above
+
+    def step(self, action):
+        obs, reward, terminated, truncated, info = super().step(action)
+        return obs, float("nan") if float(action[0]) > self.nan_above else reward, terminated, truncated, info
+
+
+def nan_reward() -> gym.Env:
+    return NaNReward()
+
+
+def nan_reward_above_zero() -> gym.Env:
+    return NaNReward(nan_above=0.0)
+
+
+class HugeReward(Drift):
+    """Finite rewards whose sum overflows to inf."""
+
+    def step(self, action):
+        obs, _, terminated, truncated, info = super().step(action)
+        return obs, 1e308, terminated, truncated, info
+
+
+def huge_reward() -> gym.Env:
+    return HugeReward()

@@ -270,3 +270,40 @@ def test_list_tasks():
     assert result.exit_code == 0, result.output
     assert "InvertedPendulum-v5" in result.output and "MountainCarContinuous-v0" in result.output
     assert "any other gymnasium id" in result.output
+
+
+@pytest.fixture
+def nan_task(monkeypatch):
+    """``--env NaNDrift``: a task plugin (named as its env: a resolved config names the task by its env id) whose env gives NaN rewards only."""
+    import task_envs
+
+    from agents.tasks import GROUP, Task, registry
+
+    class EP:
+        name = "NaNDrift"
+
+        def load(self):
+            return lambda: Task(env_id="NaNDrift", env_factory=task_envs.nan_reward, target=0.0, n_train=2, n_heldout=2)
+
+    monkeypatch.setattr(registry, "entry_points", lambda group: [EP()] if group == GROUP else [])
+
+
+@pytest.mark.parametrize("mode", [["--no-world-model"], ["--baseline", "cma"], []])
+def test_a_run_whose_every_candidate_failed_says_so_and_exits_1(mode, tiny, nan_task, tmp_path, state_dir):
+    out = tmp_path / "report.json"
+    result = runner.invoke(app, ["evolve", "--env", "NaNDrift", *mode, "--budget", "16", "--workers", "1", "--json", str(out)])
+    assert result.exit_code == 1, result.output
+    assert "Traceback" not in result.output
+    report = json.loads(out.read_text())  # the report is written before the exit
+    failed = report["failed_candidates"]
+    assert report["stop_reason"] == "failed" and report["real_episodes"] == 16 and report["train_return"] is None
+    assert failed and all("non-finite reward (nan)" in f["error"] for f in failed)
+    assert "16 of 16" in result.stdout and f"{len(failed)} (charged 16 real episodes)" in result.stdout  # the table
+    assert "error: every candidate failed" in result.stderr and "16 of 16 real episodes charged" in result.stderr
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf"])
+def test_a_non_finite_target_is_one_clear_error(value, state_dir):
+    result = runner.invoke(app, ["evolve", f"--target={value}", "--budget", "16"])
+    assert result.exit_code == 2, result.output
+    assert f"target={value}: expected a finite number" in result.output and "Traceback" not in result.output

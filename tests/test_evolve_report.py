@@ -19,3 +19,10 @@ def test_stop_detail_says_which_set_the_target_was_reached_on():
     report.update(stop_reason="budget", train_return=-400.0, episodes_to_target=None, real_episodes=192)
     assert stop_detail(report) == ("budget spent: 192 of 200 real episodes used, and another full evaluation needs 16; "
                                    "target -300 not reached on the training start states")
+
+
+def test_stop_detail_of_a_run_whose_every_candidate_failed():
+    report = {"stop_reason": "failed", "train_start_states": 2, "train_return": None, "target": 0.0, "episodes_to_target": None,
+              "real_episodes": 8, "budget": 8, "failed_candidates": [{"error": "env 'X' returned a non-finite reward (nan)"}] * 3}
+    assert stop_detail(report) == ("every candidate failed: 3 real evaluation(s), 8 of 8 real episodes charged, none gave a usable "
+                                   "return; the first error: env 'X' returned a non-finite reward (nan)")

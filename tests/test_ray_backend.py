@@ -133,7 +133,7 @@ def test_evolve_with_an_address_that_answers_nothing_is_one_clear_line(monkeypat
     monkeypatch.setenv("GENESIS_FP16_RAY_ADDRESS", "127.0.0.1:1")  # the setting is the default address
     result = runner.invoke(app, ["evolve", "--backend", "ray", "--budget", "40"])
     assert result.exit_code == 2 and "no Ray cluster answers there" in result.output, result.output
-    result = runner.invoke(app, ["evolve", "--budget", "40"])
+    result = runner.invoke(app, ["evolve", "--ray-address", "127.0.0.1:1", "--budget", "40"])  # explicit, without --backend ray
     assert result.exit_code == 2 and "applies to --backend ray only" in result.output, result.output
 
 
@@ -195,3 +195,100 @@ def test_failed_tasks_are_not_force_cancelled_so_the_driver_survives(tmp_path):
     env = {**os.environ, "RAY_ADDRESS": "", "GENESIS_FP16_STATE_DIR": str(tmp_path)}
     out = subprocess.run([sys.executable, "-c", STRESS], capture_output=True, text=True, timeout=240, env=env, cwd=tmp_path)
     assert out.returncode == 0 and "memory errors 300" in out.stdout, (out.returncode, out.stdout[-500:], out.stderr[-2000:])
+
+
+def test_the_ray_address_setting_applies_to_the_ray_backend_only(monkeypatch, tmp_path):
+    """GENESIS_FP16_RAY_ADDRESS is the default address of --backend ray; a run
+    on the process pool ignores it. An explicit --ray-address without
+    --backend ray is still an error."""
+    from typer.testing import CliRunner
+
+    from genesis_fp16.cli import app
+
+    runner = CliRunner()
+    monkeypatch.setenv("GENESIS_FP16_RAY_ADDRESS", "127.0.0.1:1")  # nothing answers there: using it would fail the run
+    result = runner.invoke(app, ["evolve", "--no-world-model", "--budget", "16", "--workers", "1"])
+    assert result.exit_code == 0 and "budget spent: 8 of 16" in result.output, result.output
+    result = runner.invoke(app, ["evolve", "--ray-address", "127.0.0.1:1", "--budget", "16"])
+    assert result.exit_code == 2 and "applies to --backend ray only" in result.output, result.output
+
+
+# `genesis-fp16 evolve --backend ray` whose Ray tasks hang, so the run is
+# still going (a local Ray started, a worker busy) when it is killed.
+HANGING_RAY_EVOLVE = """
+from agents import ray_evaluation
+
+
+class HangingRayEvaluator(ray_evaluation.RayEvaluator):
+    def evaluate_many(self, jobs, **kw):
+        print("evaluating", flush=True)
+        return super().evaluate_many(jobs, hang_seconds=3600)
+
+
+if __name__ == "__main__":
+    ray_evaluation.RayEvaluator = HangingRayEvaluator
+    from genesis_fp16.cli import app
+
+    app(["evolve", "--backend", "ray", "--no-world-model", "--budget", "16", "--workers", "1"], prog_name="genesis-fp16")
+"""
+
+
+@pytest.mark.slow
+def test_a_local_rays_processes_die_with_a_killed_evolve(tmp_path):
+    """After a `kill -9` of `evolve --backend ray`, every process of the
+    local Ray it started is gone within seconds (its agents outlived the
+    driver by more than 60 s before the reaper)."""
+    import re
+    import subprocess
+    import sys
+
+    import psutil
+    from process_helpers import kill_all, read_line, still_alive, wait_until
+
+    from agents.ray_reaper import reap, session_pattern
+
+    startup_s, gone_s = 240, 20  # Ray's own agents lingered 30-60 s: 20 s still tells them apart from a reaped session
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    env["GENESIS_FP16_STATE_DIR"] = str(tmp_path / "state")
+    driver = subprocess.Popen([sys.executable, "-c", HANGING_RAY_EVOLVE], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.DEVNULL, text=True)
+    family: list[psutil.Process] = []
+    session_dir = None
+    try:
+        read_line(driver.stdout, startup_s, lambda text: text.startswith("evaluating"))
+
+        def session() -> list[psutil.Process]:
+            return psutil.Process(driver.pid).children(recursive=True)
+
+        # the task's worker is running (a raylet child besides the two agents)
+        assert wait_until(lambda: sum(p.name().startswith("ray::") for p in session()) >= 3, startup_s), [p.name() for p in session()]
+        family = session()
+        gcs = next(p for p in family if p.name() == "gcs_server")
+        session_dir = re.search(r"--log_dir=(.*)/logs", " ".join(gcs.cmdline())).group(1)
+        driver.kill()
+        driver.wait(timeout=startup_s)
+        left = still_alive(family, gone_s)
+        assert not left, f"alive {gone_s} s after evolve was killed: {[(p.pid, p.name()) for p in left]}"
+    finally:
+        driver.kill()
+        driver.wait(timeout=startup_s)
+        kill_all(family)
+        if session_dir is not None:
+            reap(session_pattern(session_dir), for_s=10)  # whatever of the session the snapshot missed
+
+
+def test_a_resumed_ray_run_uses_the_ray_address_setting(state_dir):
+    """A run started with --backend ray resumes on Ray without --backend
+    again, so the setting's address applies to it (and only then)."""
+    import json
+    from types import SimpleNamespace
+
+    from agents import cli, runs
+
+    path = runs.manifest_path(state_dir, "r1")
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({"format": runs.MANIFEST_FORMAT, "version": runs.MANIFEST_VERSION, "run_id": "r1", "config": {"backend": "ray"}}))
+    ctx = SimpleNamespace(get_parameter_source=lambda name: SimpleNamespace(name="DEFAULT"))  # --backend not given
+    assert cli._backend_of_run(ctx, cli.Backend.process, "r1", state_dir) == cli.Backend.ray
+    assert cli._backend_of_run(ctx, cli.Backend.process, None, state_dir) == cli.Backend.process
+    assert cli._backend_of_run(ctx, cli.Backend.process, "unknown-run", state_dir) == cli.Backend.process

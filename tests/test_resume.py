@@ -262,3 +262,20 @@ async def test_a_run_whose_data_is_gone_or_unreadable_is_one_clear_error(state_d
     manifest_path(state_dir, first.run_id).unlink()  # as a run from before manifests were kept
     with pytest.raises(RunError, match="no manifest .* cannot be resumed"):
         SEDarwinAgent.resume(first.run_id, settings=settings)
+
+
+async def test_a_run_whose_every_candidate_failed_so_far_resumes(state_dir):
+    """No replay data is what such a run has, not a sign that its data was pruned."""
+    import task_envs
+
+    from agents.tasks import Task
+
+    task = Task(env_id="NaNDrift", env_factory=task_envs.nan_reward, target=0.0, n_train=2, n_heldout=2)
+    settings = load_settings()
+    first = SEDarwinAgent(config(budget=8, init_candidates=4), task=task, settings=settings, on_generation=interrupt_after(0))
+    with pytest.raises(KeyboardInterrupt):
+        await first.evolve()
+    assert read_manifest(state_dir, first.run_id)["generation"] == 0
+    report = await SEDarwinAgent.resume(first.run_id, task=task, settings=settings).evolve()
+    assert report["resumed_from"]["generation"] == 0 and report["stop_reason"] == "failed" and report["real_episodes"] == 8
+    assert sum(f["episodes"] for f in report["failed_candidates"]) == 8

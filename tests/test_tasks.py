@@ -179,3 +179,82 @@ def test_clamp_projection_bounds_unbounded_dimensions_by_the_data_region():
     assert clamp_projection((-1.0, -inf), (1.0, inf))(obs).tolist() == [[1.0, 10.0], [-1.0, -10.0], [0.5, 0.5]]
     assert clamp_projection((-inf, -inf), (inf, inf)) is None
     assert clamp_projection((-inf, -inf), (inf, inf), data=data)(obs).tolist() == [[3.0, 2.0], [-3.0, -2.0], [0.5, 0.5]]
+
+
+def test_a_non_finite_reward_fails_its_own_job_only():
+    task = Task(env_id="NaNAbove", env_factory=task_envs.nan_reward_above_zero, target=0.0, n_train=2, n_heldout=2).resolve()
+    calm, wild = np.full(task.policy.n_params, -1.0), np.full(task.policy.n_params, 1.0)  # actions stay low / go high
+    state = [[0.5, 0.0]]
+    with Evaluator(task, workers=1, timeout_s=60) as ev:
+        calm_out, wild_out = ev.evaluate_many([(calm, state), (wild, state)], per_job_env_errors=True)
+        with pytest.raises(EvaluationEnvError, match=r"non-finite reward \(nan\) at step 0 of episode 0"):
+            ev.evaluate(wild, state)
+    assert isinstance(calm_out, Evaluation) and np.isfinite(calm_out.returns).all()
+    assert isinstance(wild_out, EvaluationEnvError) and "non-finite reward" in str(wild_out)
+
+
+def test_a_return_that_overflows_is_a_failure():
+    from agents.tasks.episodes import EnvFailure, run_episodes
+
+    task = Task(env_id="Huge", env_factory=task_envs.huge_reward, target=0.0).resolve()
+    with pytest.raises(EnvFailure, match=r"gave episode 0 a non-finite return \(inf\)"):
+        run_episodes(task.episode_spec, np.zeros(task.n_params), [[1.0]])
+
+
+NAN_TASK = Task(env_id="NaNDrift", env_factory=task_envs.nan_reward, target=0.0, n_train=2, n_heldout=2)
+TINY = dict(init_candidates=4, wm_steps=20, refine_iters=2, revision_iters=2, revision_samples=8, popsize=6, horizon=5,
+            extra_imagined_starts=4, workers=1, eval_timeout_s=60)
+
+
+@pytest.mark.parametrize("mode", ["full", "no_world_model", "cma"])
+async def test_a_run_whose_every_candidate_gives_nan_says_it_failed(mode, state_dir):
+    """Every return is NaN: each candidate is charged and listed, the whole
+    budget is spent, nothing is trained on, and the run stops as failed."""
+    from agents.cma_baseline import run_cma_baseline
+
+    config = EvolveConfig(budget=8, use_world_model=mode == "full", **TINY)
+    if mode == "cma":
+        report = await run_cma_baseline(config, task=NAN_TASK)
+    else:
+        report = await SEDarwinAgent(config, task=NAN_TASK, settings=load_settings()).evolve()
+    failed = report["failed_candidates"]
+    assert report["stop_reason"] == "failed" and report["real_episodes"] == 8 and report["env_steps"] == 0
+    assert failed and all("non-finite reward (nan)" in f["error"] for f in failed)
+    assert sum(f["episodes"] for f in failed) == 8  # every charged episode is a listed failure's
+    assert report["train_return"] is None and report["heldout_return"] is None and not report["target_reached"]
+    assert report["stop_detail"].startswith(f"every candidate failed: {len(failed)} real evaluation(s), 8 of 8 real episodes charged")
+    assert all(g["best_return"] is None and g["wm_val_loss"] is None for g in report["generations"])
+
+
+async def test_nan_candidates_are_charged_and_the_others_train_the_model(state_dir):
+    task = Task(env_id="NaNAbove", env_factory=task_envs.nan_reward_above_zero, target=10.0, n_train=2, n_heldout=2)
+    agent = SEDarwinAgent(EvolveConfig(budget=12, seed=1, **TINY), task=task, settings=load_settings())
+    report = await agent.evolve()
+    failed = report["failed_candidates"]
+    assert report["stop_reason"] == "budget" and report["real_episodes"] == 12
+    assert failed and all("non-finite reward" in f["error"] for f in failed) and len(failed) < 4 + 4
+    assert np.isfinite(report["train_return"])
+    # the model trains from the first generation with a usable return on (proposals are blind before it)
+    trained, succeeded = [], False
+    for g in report["generations"]:
+        succeeded = succeeded or bool(g["evaluated"])
+        trained.append(g["wm_val_loss"] is not None)
+        assert trained[-1] == succeeded
+    assert not trained[0] and trained[-1]  # seed 1: every probe of generation 0 fails, a later candidate does not
+
+
+@pytest.mark.parametrize("target", [float("nan"), float("inf"), float("-inf")])
+async def test_a_non_finite_target_is_refused(target, state_dir):
+    from agents.cma_baseline import run_cma_baseline
+
+    with pytest.raises(ValueError, match=f"target={target}: expected a finite number"):
+        EvolveConfig(target=target).validate()
+    with pytest.raises(ValueError, match="expected a finite number"):
+        SEDarwinAgent(EvolveConfig(target=target, use_world_model=False), task=NAN_TASK, settings=load_settings())
+    with pytest.raises(ValueError, match="expected a finite number"):
+        await run_cma_baseline(EvolveConfig(target=target), task=NAN_TASK)
+    drift = Task(env_id="Drift", env_factory=task_envs.drift, target=target)
+    with pytest.raises(TaskError, match=f"'Drift': target {target}: expected a finite number"):
+        drift.resolve()
+    with pytest.raises(TaskError, match="expected a finite number"):
+        Task(env_id="Drift", env_factory=task_envs.drift, target=0.0).resolve(target=target)

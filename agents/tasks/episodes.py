@@ -7,6 +7,7 @@ its own ``set_state(env, row) -> obs`` after ``reset(seed=k)``.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, Sequence
 
@@ -64,7 +65,9 @@ def run_episodes(
     ``done`` marks a termination by the environment (not a time limit).
     ``hang_seconds`` and ``alloc_mb`` exist for the timeout and memory-limit
     tests: the worker sleeps, or allocates that many MiB, first. An exception
-    from the environment becomes `EnvFailure`.
+    from the environment becomes `EnvFailure`, and so does a reward or a
+    return that is not finite: such a return ranks nothing and would poison
+    the replay data, so the candidate is charged and skipped like a crash.
     """
     if hang_seconds:
         import time
@@ -90,9 +93,11 @@ def run_episodes(
             o, a, r, n, d = [], [], [], [], []
             total = 0.0
             stage = "step"
-            for _ in range(spec.steps):
+            for t in range(spec.steps):
                 action = spec.policy.act(params, obs.astype(np.float64)).astype(np.float32)
                 next_obs, reward, terminated, truncated, _ = env.step(action)
+                if not math.isfinite(float(reward)):
+                    raise EnvFailure(f"env {spec.env_id!r} returned a non-finite reward ({float(reward)}) at step {t} of episode {k}")
                 next_obs = np.asarray(next_obs, dtype=np.float32)
                 o.append(obs)
                 a.append(action)
@@ -103,6 +108,8 @@ def run_episodes(
                 obs = next_obs
                 if terminated or truncated:
                     break
+            if not math.isfinite(total):  # finite rewards whose sum overflowed
+                raise EnvFailure(f"env {spec.env_id!r} gave episode {k} a non-finite return ({total})")
             returns.append(total)
             episodes.append(
                 {
@@ -113,7 +120,7 @@ def run_episodes(
                     "done": np.asarray(d, dtype=bool),
                 }
             )
-    except MemoryError:
+    except (MemoryError, EnvFailure):
         raise
     except Exception as exc:
         raise EnvFailure(f"env {spec.env_id!r} raised in {stage}: {type(exc).__name__}: {exc}") from None

@@ -11,6 +11,7 @@ callables a task holds are called by the torch side only when it imagines.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, Sequence
 
@@ -118,6 +119,11 @@ class Task:
             raise TaskError(
                 f"env {self.env_id!r} has no target: neither the task nor its env spec (reward_threshold) gives one; "
                 "pass --target R (the mean return over the training start states that counts as solved)"
+            )
+        if not math.isfinite(resolved_target):
+            raise TaskError(
+                f"env {self.env_id!r}: target {resolved_target}: expected a finite number (the mean return over the training "
+                "start states that counts as solved); pass --target R"
             )
         steps = episode_steps or self.episode_steps or (spec.max_episode_steps if spec and spec.max_episode_steps else DEFAULT_EPISODE_STEPS)
         obs_low, obs_high = np.asarray(obs_space.low, dtype=np.float64), np.asarray(obs_space.high, dtype=np.float64)
