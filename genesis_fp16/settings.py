@@ -215,7 +215,7 @@ class Settings(PrecisionConfig, BaseSettings):
     ray_address: Optional[str] = Field(
         None,
         description="Ray cluster for `evolve --backend ray`: 'auto' (the cluster this node joined) or HOST:PORT of the head; "
-        "unset: a local Ray with --workers CPUs.",
+        "unset: a local Ray with --workers CPUs. Read only by runs on the Ray backend.",
     )
     torch_threads: int = Field(
         1,
