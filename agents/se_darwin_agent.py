@@ -215,6 +215,10 @@ class SEDarwinAgent(RunRecord):
             self._end_session("interrupted", started)
             raise
         except BaseException as exc:
+            # any other error (a precision the device cannot run, a bad checkpoint, ...): the
+            # workers must not outlive the run, or the caller's interpreter waits on them at exit
+            self.evaluator.terminate()
+            self.evaluator.close()
             self._end_session("interrupted", started, error=f"{type(exc).__name__}: {exc}")
             raise
         self.evaluator.close()

@@ -120,6 +120,32 @@ def test_every_configuration_error_is_one_line_and_exit_2(monkeypatch, capsys, t
     lines = [line for line in err.splitlines() if line.startswith("error:")]
     assert len(lines) == 1 and expected in lines[0], err
     assert "Traceback" not in err
+    # a run stopped by the error leaves no evaluation worker behind: one left alive
+    # made pytest's own exit wait on it forever (concurrent.futures joins at exit)
+    assert _workers_gone(), "evaluation workers outlived the failed run"
+
+
+def _workers_gone(timeout_s: float = 30.0) -> bool:
+    import time
+
+    import psutil
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        workers = [c for c in psutil.Process().children(recursive=True) if _is_worker(c)]
+        if not workers:
+            return True
+        time.sleep(0.2)
+    return False
+
+
+def _is_worker(proc) -> bool:
+    import psutil
+
+    try:
+        return "spawn_main" in " ".join(proc.cmdline()) and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
 
 
 def test_configuration_error_found_behind_a_wrapping_error():
