@@ -130,7 +130,7 @@ def evolve(
         "unset: a local Ray with --workers CPUs.",
     ),
     torch_threads: Optional[int] = typer.Option(
-        None, "--torch-threads", min=0,
+        None, "--torch-threads", min=0, max=4096,
         help="torch CPU threads (default: settings' torch_threads, 1: the models are small; 0: torch's default).",
     ),
     json_path: Optional[Path] = typer.Option(None, "--json", help="Write the report as JSON to this file."),
@@ -215,7 +215,7 @@ def evolve(
                 raise fail(str(exc))
         _run(ctx, config, settings, resume=resume, baseline=baseline, env=env, seed=seed, precision=precision, no_world_model=no_world_model,
              budget=budget, workers=workers, backend=backend, target=target, policy=policy, episode_steps=episode_steps,
-             torch_threads=settings.torch_threads, json_path=json_path, plot=plot, tensorboard=tensorboard)
+             json_path=json_path, plot=plot, tensorboard=tensorboard)
 
 
 def _backend_of_run(ctx: typer.Context, backend: Backend, resume: Optional[str], state_dir: Path) -> Backend:
@@ -234,7 +234,7 @@ def _backend_of_run(ctx: typer.Context, backend: Backend, resume: Optional[str],
 
 def _run(ctx: typer.Context, config: Any, settings: Any, *, resume: Optional[str], baseline: Baseline, env: str, seed: int,
          precision: Optional[PrecisionMode], no_world_model: bool, budget: int, workers: int, backend: Backend, target: Optional[float],
-         policy: Optional[str], episode_steps: Optional[int], torch_threads: int, json_path: Optional[Path], plot: Optional[Path],
+         policy: Optional[str], episode_steps: Optional[int], json_path: Optional[Path], plot: Optional[Path],
          tensorboard: Optional[Path]) -> None:
     """The run itself, once its options are checked."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -258,10 +258,6 @@ def _run(ctx: typer.Context, config: Any, settings: Any, *, resume: Optional[str
                                policy=policy, episode_steps=episode_steps)
         budget, seed, no_world_model = agent.config.budget, agent.config.seed, not agent.config.use_world_model
 
-    import torch
-
-    if torch_threads:  # 0: torch's default
-        torch.set_num_threads(torch_threads)
     mode = "cma" if baseline == Baseline.cma else ("no_world_model" if no_world_model else "full")
     progress = Progress(
         TextColumn(f"[bold]evolve[/] {mode} seed {seed}"),

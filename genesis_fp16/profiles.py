@@ -206,8 +206,10 @@ class ProfileFile:
 
     def source_of(self, agent: str, key: str) -> str:
         setting = [name for name in self.lineage(agent) if key in self.agents[name].values]
-        section = f'agents."{setting[-1]}"' if setting and "." in setting[-1] else (f"agents.{setting[-1]}" if setting else "defaults")
-        return f"{self.path}[{section}]"
+        if not setting:
+            return f"{self.path}[defaults]"
+        name = setting[-1]  # the most specific table that sets it; a dotted name is quoted, as in the file
+        return f'{self.path}[agents."{name}"]' if "." in name else f"{self.path}[agents.{name}]"
 
 
 def parse_profiles(data: Any, source: Union[str, Path] = "<profiles>") -> ProfileFile:
