@@ -163,6 +163,22 @@ def _restore_weights(trainer: FP16Trainer, path: Path) -> None:
     trainer.load_checkpoint(path, restore_rng=False)
 
 
+def resolve_guard(owner: str, agent: str, guard: Union[Guard, GuardChoice], settings: Settings) -> Optional[Guard]:
+    """The guard a ``guard=`` argument means: left out (`DEFAULT_GUARD`), the
+    agent's own `RollbackGuard`; `UNGUARDED`, none; a guard, itself. ``None``
+    is refused, so that "no guard" is always said out loud."""
+    if guard is UNGUARDED:
+        return None
+    if guard is DEFAULT_GUARD:
+        return RollbackGuard(agent, settings=settings)
+    if guard is None:
+        raise TypeError(
+            f"{owner}: guard=None; expected a RollbackGuard, nothing (the agent's own "
+            "RollbackGuard) or guard=UNGUARDED to train without one"
+        )
+    return guard
+
+
 class GuardedTraining:
     """One agent's trainer under its rollout policy, its guard and its good checkpoints.
 
@@ -228,7 +244,7 @@ class GuardedTraining:
         self.settings = settings or load_settings()
         self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
         self.precision_arg, self.overrides = precision, overrides
-        self.guard: Optional[Guard] = self._guard(guard)
+        self.guard: Optional[Guard] = resolve_guard(f"GuardedTraining({agent!r})", agent, guard, self.settings)
         self.checkpoint_every = int(checkpoint_every)
         self.fp32_reference = fp32_reference
         self.checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir is not None else self.settings.state_dir / "checkpoints" / agent
@@ -251,18 +267,6 @@ class GuardedTraining:
         self.policy: EffectivePolicy
         """The effective policy the trainer was built for (settings, profile, ledger)."""
         self.trainer, self.policy = self._build()
-
-    def _guard(self, guard: Union[Guard, GuardChoice]) -> Optional[Guard]:
-        if guard is UNGUARDED:
-            return None
-        if guard is DEFAULT_GUARD:
-            return RollbackGuard(self.agent, settings=self.settings)
-        if guard is None:
-            raise TypeError(
-                f"GuardedTraining({self.agent!r}): guard=None; expected a RollbackGuard, nothing (the agent's own "
-                "RollbackGuard) or guard=UNGUARDED to train without one"
-            )
-        return guard
 
     # -- the trainer -------------------------------------------------------------------
     def _build(self) -> tuple[FP16Trainer, EffectivePolicy]:

@@ -15,7 +15,7 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
-from genesis_fp16.guarded import DEFAULT_GUARD, UNGUARDED, Guard, GuardChoice, GuardedTraining, GuardVerdict
+from genesis_fp16.guarded import DEFAULT_GUARD, UNGUARDED, Guard, GuardChoice, GuardedTraining, GuardVerdict, resolve_guard
 from genesis_fp16.names import check_agent_name
 from genesis_fp16.settings import Settings, load_settings
 from genesis_fp16.threads import torch_threads
@@ -89,13 +89,7 @@ class WorldModel:
         self.buffer = buffer
         self.agent = check_agent_name(agent)  # it names the checkpoint files (<agent>.pt)
         self.data_agent = data_agent
-        if guard is None:
-            raise TypeError(f"WorldModel({agent!r}): guard=None; leave it out for RollbackGuard({agent!r}), or pass guard=UNGUARDED")
-        if guard is DEFAULT_GUARD:
-            from genesis_fp16.guard import RollbackGuard
-
-            guard = RollbackGuard(agent, settings=self.settings)
-        self.guard: Optional[Guard] = None if guard is UNGUARDED else guard
+        self.guard: Optional[Guard] = resolve_guard(f"WorldModel({agent!r})", self.agent, guard, self.settings)
         self.requested_precision = precision
         self.batch_size = batch_size
         self.val_fraction = val_fraction
