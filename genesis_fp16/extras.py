@@ -19,6 +19,7 @@ EXTRAS = {
     "matplotlib": "plots",
     "ray": "ray",
     "tensorboard": "tensorboard",
+    "stable_baselines3": "bench",
 }
 
 

@@ -8,11 +8,22 @@
 Any task ``genesis-fp16 evolve --env`` takes (``--target``, ``--policy`` and
 ``--episode-steps`` as there).
 
-For each seed: the full loop, the loop without the world model, plain CMA-ES
-under the same budget, and plain CMA-ES with a long budget (how many real
-episodes it needs, for the ratio). Then world-model validation loss in FP32,
-BF16 and FP16 on the same data and seed. Prints markdown tables and writes
-every run's report as JSON.
+    .venv/bin/python scripts/evolution_table.py --env Swimmer-v5 --methods loop no_model cma_project cma_tuned cma_tuned_norm ars sac
+    .venv/bin/python scripts/evolution_table.py --imagination out.json evolve_report.json
+
+For each seed, every method ``--methods`` names (``--modes`` is the same
+option): ``full`` or ``loop`` (the loop with its world model; ``--ensemble``
+sets its ensemble size where EvolveConfig has that field), ``loop_e1`` (the
+loop with an ensemble of 1), ``no_world_model`` or ``no_model``, ``cma`` or
+``cma_project`` (the project's CMA-ES: 16 episodes per candidate), ``cma_long``
+(the same with a long budget), and the model-free baselines of
+``agents.baselines``: ``cma_tuned`` / ``cma_tuned_norm`` (pycma, one episode per
+candidate, without / with observation normalisation), ``ars`` (ARS V2-t) and
+``sac`` (Stable-Baselines3 SAC for the loop's env steps of the same seed, or
+``--sac-steps``; capped at ``--sac-max-steps``). How a baseline's steps to the
+target are counted: ``agents/baselines/common.py``. Then world-model
+validation loss in FP32, BF16 and FP16 on the same data and seed. Prints
+markdown tables, the host first, and writes every run's report as JSON.
 """
 
 from __future__ import annotations
@@ -20,19 +31,21 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
-import datetime
 import json
+import math
 import platform
 import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, NamedTuple, Optional
 
 import numpy as np
 import torch
 
+from agents.baselines import BaselineConfig, host, run_ars, run_cma_tuned, run_sac
+from agents.baselines.common import Clock
 from agents.plots import table_figure, write_png
 from agents.se_darwin_agent import EvolveConfig, SEDarwinAgent, run_cma_baseline
 from agents.tasks import ResolvedTask, Task, get_task, run_episodes
@@ -58,14 +71,70 @@ def cpu_model() -> str:
     return f"{name} [{', '.join(flags)}]" if flags else name
 
 
+ALIASES = {"loop": "full", "no_model": "no_world_model", "cma_project": "cma"}  # --methods' names -> the report keys
+BASELINES = ("cma_tuned", "cma_tuned_norm", "ars", "sac")
+METHODS = ("full", "loop_e1", "no_world_model", "cma", "cma_long", *BASELINES)
+NAMES = {
+    "full": "SE-Darwin loop with world model",
+    "loop_e1": "SE-Darwin loop, ensemble of 1",
+    "no_world_model": "same loop, world model off",
+    "cma": "plain CMA-ES (same budget)",
+    "cma_tuned": "tuned CMA-ES, 1 episode per candidate",
+    "cma_tuned_norm": "tuned CMA-ES, 1 episode per candidate, normalised observations",
+    "ars": "ARS V2-t",
+    "sac": "SB3 SAC (defaults)",
+}
+
+
+class Options(NamedTuple):
+    """What the methods take beyond the budget: the loop's ensemble size and
+    env-step budget (passed where EvolveConfig has those fields), the
+    baselines' options (agents.baselines)."""
+
+    ensemble: Optional[int] = None
+    budget_steps: Optional[int] = None
+    cma_sigma: float = 0.5
+    cma_popsize: Optional[int] = None
+    check_every: Optional[int] = None
+    stop_at_target: bool = False
+    sac_steps: Optional[int] = None
+    sac_max_steps: Optional[int] = None
+
+
+def evolve_fields() -> set[str]:
+    """EvolveConfig's field names: an option of the loop is passed only where it is a field (the ensemble lands with issue 26)."""
+    return {f.name for f in dataclasses.fields(EvolveConfig)}
+
+
 def run_mode(
-    mode: str, seed: int, budget: int, state_dir: Path, wm_precision: Optional[str], task: dict[str, Any], custom: Optional[Task] = None
+    mode: str, seed: int, budget: int, state_dir: Path, wm_precision: Optional[str], task: dict[str, Any], custom: Optional[Task] = None,
+    opts: Optional[Options] = None,
 ) -> dict[str, Any]:
+    opts = opts or Options()
+    if mode in BASELINES:
+        cfg = BaselineConfig(
+            env_id=task["env_id"], seed=seed, budget=budget, budget_steps=opts.budget_steps, target=task["target"], policy=task["policy"],
+            episode_steps=task["episode_steps"], check_every=opts.check_every, stop_at_target=opts.stop_at_target,
+        )
+        if mode == "ars":
+            return run_ars(cfg, task=custom)
+        if mode == "sac":
+            return run_sac(cfg, total_steps=opts.sac_steps, max_steps=opts.sac_max_steps, task=custom)
+        return run_cma_tuned(cfg, sigma0=opts.cma_sigma, popsize=opts.cma_popsize, normalize=mode == "cma_tuned_norm", task=custom)
+    clock = Clock()
     settings = load_settings(state_dir=state_dir)
-    config = EvolveConfig(seed=seed, budget=budget, use_world_model=mode != "no_world_model", precision=wm_precision, **task)
+    fields, extra = evolve_fields(), {}
+    if mode in ("full", "loop_e1") and "ensemble" in fields and (mode == "loop_e1" or opts.ensemble is not None):
+        extra["ensemble"] = 1 if mode == "loop_e1" else opts.ensemble
+    if opts.budget_steps is not None and "budget_steps" in fields:
+        extra["budget_steps"] = opts.budget_steps
+    config = EvolveConfig(seed=seed, budget=budget, use_world_model=mode != "no_world_model", precision=wm_precision, **task, **extra)
     if mode.startswith("cma"):
-        return asyncio.run(run_cma_baseline(config, task=custom))
-    return asyncio.run(SEDarwinAgent(config, task=custom, settings=settings).evolve())
+        report = asyncio.run(run_cma_baseline(config, task=custom))
+    else:
+        report = asyncio.run(SEDarwinAgent(config, task=custom, settings=settings).evolve())
+    report.setdefault("cpu_s", clock.cpu_s)  # this process and the evaluation workers it waited for
+    return report
 
 
 def precision_table(task: ResolvedTask, seeds: list[int], steps: int, episodes: int, state_dir: Path) -> list[dict[str, Any]]:
@@ -111,12 +180,7 @@ def markdown(results: dict[str, Any]) -> str:
         "median held-out return | median best train return | median wall s |",
         "|---|---|---|---|---|---|---|---|",
     ]
-    names = {
-        "full": "SE-Darwin loop with world model",
-        "no_world_model": "same loop, world model off",
-        "cma": "plain CMA-ES (same budget)",
-        "cma_long": f"plain CMA-ES (budget {results['cma_long_budget']})",
-    }
+    names = {**NAMES, "cma_long": f"plain CMA-ES (budget {results['cma_long_budget']})"}
     for mode, reports in results["runs"].items():
         reached = [r for r in reports if r["target_reached"]]
         to_target = [r["episodes_to_target"] if r["target_reached"] else None for r in reports]
@@ -149,11 +213,98 @@ def markdown(results: dict[str, Any]) -> str:
             lines.append(
                 f"| {row['seed']} | {row['transitions']} | {row['fp32']:.5f} | {row['bf16']:.5f} | {row['fp16']:.5f} | {gb:+.2%} | {gf:+.2%} |"
             )
-    env = results["environment"]
-    lines += ["", f"Measured {env['date']} on {env['cpu']} ({env['cores']} cores, shared), torch {env['torch']}, python {env['python']}."]
+    if any(mode in results["runs"] for mode in BASELINES):
+        lines += ["", comparison(results)]
+    measured = host_line(results["environment"])
     if results.get("kept"):
         kept = results["kept"]
-        lines[-1] += f" Modes {', '.join(kept['modes'])} kept from the run of {kept['from']['date']} (--keep-finished)."
+        measured += f" Modes {', '.join(kept['modes'])} kept from the run of {kept['from']['date']} (--keep-finished)."
+    return "\n".join([measured, "", *lines])
+
+
+def host_line(env: Optional[dict[str, Any]]) -> str:
+    """Where a table was measured, as its report recorded it."""
+    if not env:
+        return "Measured on a host the report does not record."
+    flags = f", flags {' '.join(env['flags']) or 'none of avx2/avx512/amx/f16c'}" if "flags" in env else ""
+    return f"Measured {env['date']} on {env['cpu']} ({env['cores']} cores, shared{flags}), torch {env['torch']}, python {env['python']}."
+
+
+def _steps_to_target(report: dict[str, Any]) -> Optional[float]:
+    """Env steps when the target was met: a baseline records it; the loop stops there, so its env steps are that number."""
+    if not report["target_reached"]:
+        return None
+    return float(report["env_steps_to_target"] if report.get("env_steps_to_target") is not None else report["env_steps"])
+
+
+def _reached(reports: list[dict[str, Any]]) -> tuple[str, Optional[float], Optional[float], Optional[float]]:
+    """(reached n/seeds, median episodes and env steps to the target when most seeds got there, median env steps spent)."""
+    hits = [r for r in reports if r["target_reached"]]
+    majority = len(hits) * 2 > len(reports)
+    eps = _median([float(r["episodes_to_target"]) for r in hits]) if majority else None
+    steps = _median([_steps_to_target(r) for r in hits]) if majority else None
+    return f"{len(hits)}/{len(reports)}", eps, steps, _median([float(r["env_steps"]) for r in reports])
+
+
+def _method_settings(mode: str, reports: list[dict[str, Any]]) -> str:
+    if not reports or "settings" not in reports[0]:
+        ensemble = sorted({str(r["config"]["ensemble"]) for r in reports if "ensemble" in r.get("config", {})})
+        return f"ensemble {'/'.join(ensemble)}" if ensemble else "-"
+    s = reports[0]["settings"]
+    if mode.startswith("cma_tuned"):
+        final = _median([r["settings"]["sigma_final"] for r in reports])
+        return f"sigma0 {s['sigma0']:g} (final median {final:.3g}), popsize {s['popsize']}, {s['policy']}"
+    if mode == "ars":
+        return f"{s['version']}: alpha {s['step_size']:g}, nu {s['noise']:g}, N {s['directions']}, b {s['top']}"
+    if mode == "sac":
+        capped = [r for r in reports if r["settings"]["capped"]]
+        cap = f"; CAPPED at {capped[0]['settings']['steps_run']} env steps on {len(capped)} seed(s)" if capped else ""
+        return f"SB3 {s['stable_baselines3']} defaults, env steps asked {'/'.join(str(r['settings']['steps_asked']) for r in reports)}{cap}"
+    return "-"
+
+
+def _fmt(value: Optional[float], spec: str = ".1f") -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def comparison(results: dict[str, Any]) -> str:
+    """Every method against the target at equal real budget: reached, env
+    steps to the target, held-out return, time; then the ratio of the best
+    tuned model-free baseline's (CMA-ES, ARS) env steps to the loop's, and SAC's."""
+    runs = results["runs"]
+    lines = [
+        "| method | reached target | median real episodes to target | median env steps to target | median env steps spent | "
+        "median held-out return | median wall s | median CPU s | settings |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    stats = {}
+    for mode, reports in runs.items():
+        reached, eps, steps, spent = stats[mode] = _reached(reports)
+        cpu = _median([r.get("cpu_s") for r in reports])
+        lines.append(
+            f"| {NAMES.get(mode, mode)} | {reached} | {_fmt(eps, '.0f')} | {_fmt(steps, '.0f')} | {_fmt(spent, '.0f')} | "
+            f"{_fmt(_median([r['heldout_return'] for r in reports]))} | {_fmt(_median([r['wall_s'] for r in reports]))} | {_fmt(cpu)} | "
+            f"{_method_settings(mode, reports)} |"
+        )
+    loop = stats.get("full")
+    lines.append("")
+    if loop is None or loop[2] is None:
+        lines.append("The loop did not reach the target on most seeds (or did not run): no ratio of env steps to the target.")
+        return "\n".join(lines)
+    tuned = [m for m in ("cma_tuned", "cma_tuned_norm", "ars") if m in stats]
+    there = [m for m in tuned if stats[m][2] is not None]
+    if there:
+        best = min(there, key=lambda m: stats[m][2])
+        lines.append(f"Best tuned model-free baseline: {NAMES[best]}, a median of {stats[best][2]:.0f} env steps to the target; "
+                     f"the loop {loop[2]:.0f}: **{stats[best][2] / loop[2]:.1f}x** the loop's.")
+    elif tuned:
+        most = max(stats[m][3] or 0.0 for m in tuned)
+        lines.append(f"No tuned model-free baseline ({', '.join(tuned)}) reached the target on most seeds within a median of {most:.0f} "
+                     f"env steps: **> {most / loop[2]:.1f}x** the loop's {loop[2]:.0f}.")
+    if "sac" in stats:
+        sac = stats["sac"]
+        lines.append(f"SAC: a median of {sac[2]:.0f} env steps to the target, {sac[2] / loop[2]:.1f}x the loop's." if sac[2] is not None
+                     else f"SAC did not reach the target on most seeds in a median of {_fmt(sac[3], '.0f')} env steps.")
     return "\n".join(lines)
 
 
@@ -229,7 +380,96 @@ def imagination(tables: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-SAME_SETTINGS = ("env", "target", "policy", "episode_steps", "n_train", "n_heldout", "seeds", "budget", "cma_long_budget", "wm_precision", "termination")
+def baseline_summary(tables: list[dict[str, Any]]) -> str:
+    """One row per table with the model-free baselines: the loop against
+    the best tuned baseline (CMA-ES with one episode per candidate, ARS)
+    and SAC, in env steps to the target and held-out return."""
+    lines = [
+        "| task (target) | seeds | loop: reached | loop: median env steps to target | loop: median held-out | best tuned baseline | "
+        "its reached | its median env steps to target | its median held-out | baseline / loop env steps | SAC: reached | "
+        "SAC: median env steps to target | SAC: median held-out |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for t in tables:
+        runs = t["runs"]
+        if not any(m in runs for m in BASELINES):
+            continue
+        loop = _reached(runs["full"]) if "full" in runs else ("-", None, None, None)
+        tuned = {m: _reached(runs[m]) for m in ("cma_tuned", "cma_tuned_norm", "ars") if m in runs}
+        there = [m for m in tuned if tuned[m][2] is not None]
+        best = min(there, key=lambda m: tuned[m][2]) if there else (max(tuned, key=lambda m: _median([r["heldout_return"] for r in runs[m]]) or -math.inf)
+                                                                  if tuned else None)
+        cells = [f"{t['env']} ({t['target']:g})", str(len(t["seeds"])), loop[0], _fmt(loop[2], ".0f"),
+                 _fmt(_median([r["heldout_return"] for r in runs.get("full", [])]))]
+        if best is None:
+            cells += ["-"] * 5
+        else:
+            b = tuned[best]
+            if b[2] is not None and loop[2]:
+                ratio = f"{b[2] / loop[2]:.1f}x"
+            elif loop[2] and b[3]:
+                ratio = f"> {b[3] / loop[2]:.1f}x (not there in {b[3]:.0f})"
+            else:
+                ratio = "-"
+            cells += [NAMES[best], b[0], _fmt(b[2], ".0f"), _fmt(_median([r["heldout_return"] for r in runs[best]])), ratio]
+        sac = _reached(runs["sac"]) if "sac" in runs else None
+        cells += [sac[0], _fmt(sac[2], ".0f"), _fmt(_median([r["heldout_return"] for r in runs["sac"]]))] if sac else ["-"] * 3
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def _number(value: Any) -> Optional[float]:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) else None
+
+
+def imagination_quality(tables: list[dict[str, Any]]) -> str:
+    """What the loop's reports say of its imagination (issue 26): the rank
+    correlation of imagined vs real returns pooled over the run, the share
+    of real returns inside the imagined interval (calibration), the relative
+    error, and the model's share of the wall time; medians over seeds."""
+    lines = [
+        "| task (target) | method | seeds with the key | Spearman: median (per seed) | calibration | relative error | candidates | "
+        "truncated | model share of wall time |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for t in tables:
+        for mode in ("full", "loop_e1"):
+            reports = t["runs"].get(mode, [])
+            if not reports:
+                continue
+            img = [r["imagination"] for r in reports if isinstance(r.get("imagination"), dict)]
+            shares = [_number(r["time_share"].get("model_share")) for r in reports if isinstance(r.get("time_share"), dict)]
+
+            def med(key: str) -> Optional[float]:
+                return _median([_number(i.get(key)) for i in img])
+
+            rho = [_number(i.get("spearman")) for i in img]
+            per_seed = ", ".join(_fmt(v, ".2f") for v in rho)
+            cells = [
+                f"{t['env']} ({t['target']:g})", NAMES.get(mode, mode), f"{len(img)}/{len(reports)}",
+                f"{_fmt(_median(rho), '.2f')} ({per_seed})" if img else "- (no `imagination` in the report)",
+                _fmt(med("calibration"), ".2f"), _fmt(med("rel_error"), ".2f"), _fmt(med("candidates"), ".0f"), _fmt(med("truncated"), ".2f"),
+                _fmt(_median(shares), ".0%") if shares else "-",
+            ]
+            lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def as_table(data: dict[str, Any], path: Path) -> dict[str, Any]:
+    """A report of this script as it is; a plain `genesis-fp16 evolve --json`
+    report (one run, no "runs") as a table of that one run."""
+    if "runs" in data:
+        return data
+    if "env" in data and "generations" in data:
+        return {"env": data["env"], "target": data["target"], "seeds": [data.get("seed")], "budget": data.get("budget"),
+                "cma_long_budget": 0, "runs": {data.get("mode") or "full": [data]}, "environment": data.get("environment")}
+    raise SystemExit(f"{path}: neither a report of this script (no 'runs') nor a `genesis-fp16 evolve --json` report (no 'env' and 'generations')")
+
+
+SAME_SETTINGS = (
+    "env", "target", "policy", "episode_steps", "n_train", "n_heldout", "seeds", "budget", "cma_long_budget", "wm_precision", "termination",
+    "options",
+)
 
 
 def finished_modes(path: Path, results: dict[str, Any]) -> tuple[dict[str, list[dict[str, Any]]], dict[str, Any]]:
@@ -259,7 +499,32 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
     parser.add_argument("--budget", type=int, default=200)
     parser.add_argument("--cma-long-budget", type=int, default=2000, help="budget of the long CMA-ES run (0: skip)")
-    parser.add_argument("--modes", nargs="+", default=["full", "no_world_model", "cma", "cma_long"])
+    parser.add_argument(
+        "--methods", "--modes", dest="modes", nargs="+", default=["full", "no_world_model", "cma", "cma_long"],
+        choices=[*METHODS, *ALIASES], metavar="METHOD",
+        help=f"what to run, in this order: {', '.join(METHODS)} (aliases: {', '.join(f'{a}={m}' for a, m in ALIASES.items())})",
+    )
+    parser.add_argument("--ensemble", type=int, default=None, help="the loop's world-model ensemble size (where EvolveConfig has `ensemble`)")
+    parser.add_argument(
+        "--budget-steps", type=int, default=None,
+        help="a real env-step budget beside --budget: every baseline's, and the loop's where EvolveConfig has `budget_steps`",
+    )
+    parser.add_argument("--cma-sigma", type=float, default=0.5, help="initial step size of the tuned CMA-ES")
+    parser.add_argument("--cma-popsize", type=int, default=None, help="population of the tuned CMA-ES (default: pycma's, 4 + 3 ln n)")
+    parser.add_argument(
+        "--check-every", type=int, default=None,
+        help="real episodes between a baseline's off-budget target checks (default: every generation / iteration; SAC: 5 episodes)",
+    )
+    parser.add_argument("--stop-at-target", action="store_true", help="baselines stop at their first check that meets the target, as the loop does")
+    parser.add_argument(
+        "--sac-steps", type=int, default=None,
+        help="SAC's env steps (default: the loop's env steps of the same seed when `full` ran before, else --budget-steps, "
+        "else --budget full-length episodes)",
+    )
+    parser.add_argument(
+        "--sac-max-steps", type=int, default=100_000,
+        help="cap on SAC's env steps (its gradient steps take hours on a CPU beyond this); a capped run says so in the table (0: no cap)",
+    )
     parser.add_argument("--precision-steps", type=int, default=800)
     parser.add_argument("--precision-episodes", type=int, default=12)
     parser.add_argument(
@@ -297,14 +562,47 @@ def main(argv: Optional[list[str]] = None) -> int:
         except MissingExtraError as exc:
             parser.error(str(exc))
     if read:
-        tables = [json.loads(path.read_text()) for path in read]
-        print(summary(tables) if args.summarize else imagination(tables))
+        tables = [as_table(json.loads(path.read_text()), path) for path in read]
+        for path, t in zip(read, tables):
+            print(f"{path}: {host_line(t.get('environment'))}")
+        print()
+        if args.summarize:
+            print(summary(tables))
+            if any(m in t["runs"] for t in tables for m in BASELINES):
+                print("\n" + baseline_summary(tables))
+        else:
+            print(imagination(tables) + "\n\n" + imagination_quality(tables))
         if args.plot is not None:
             write_png(table_figure(tables[0]), args.plot, "evolution_table.py --plot")
             print(f"plot written to {args.plot}", file=sys.stderr)
         return 0
+    modes = list(dict.fromkeys(ALIASES.get(m, m) for m in args.modes))
+    fields = evolve_fields()
+    if "loop_e1" in modes and "ensemble" not in fields:
+        parser.error("--methods loop_e1: EvolveConfig has no `ensemble` field in this checkout (the ensemble world model is not merged)")
+    notes = []
+    if args.ensemble is not None and "ensemble" not in fields:
+        notes.append(f"--ensemble {args.ensemble} not passed: EvolveConfig has no `ensemble` field in this checkout")
+    if args.budget_steps is not None and "budget_steps" not in fields and {"full", "loop_e1", "no_world_model"} & set(modes):
+        notes.append(f"--budget-steps {args.budget_steps} not passed to the loop: EvolveConfig has no `budget_steps` field (episodes only)")
+    for option in ("budget_steps", "cma_popsize", "check_every", "sac_steps", "ensemble"):
+        value = getattr(args, option)
+        if value is not None and value < 1:
+            parser.error(f"--{option.replace('_', '-')} {value}: expected at least 1")
+    if args.sac_max_steps < 0:
+        parser.error(f"--sac-max-steps {args.sac_max_steps}: expected at least 1, or 0 (no cap)")
+    if "sac" in modes:
+        try:  # before any run: a missing extra must not cost a measurement
+            require("stable_baselines3", "evolution_table.py --methods sac")
+        except MissingExtraError as exc:
+            parser.error(str(exc))
+    for note in notes:
+        print(f"note: {note}", file=sys.stderr)
+    options = Options(
+        ensemble=args.ensemble, budget_steps=args.budget_steps, cma_sigma=args.cma_sigma, cma_popsize=args.cma_popsize,
+        check_every=args.check_every, stop_at_target=args.stop_at_target, sac_steps=args.sac_steps, sac_max_steps=args.sac_max_steps or None,
+    )
     torch.set_num_threads(1)
-    import os
 
     task = {"env_id": args.env, "target": args.target, "policy": args.policy, "episode_steps": args.episode_steps}
     custom = None
@@ -326,13 +624,9 @@ def main(argv: Optional[list[str]] = None) -> int:
         "cma_long_budget": args.cma_long_budget,
         "wm_precision": args.wm_precision,
         "termination": "learned (done head)" if resolved.learns_termination else ("task function" if resolved.task.termination else "never"),
-        "environment": {
-            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-            "cpu": cpu_model(),
-            "cores": os.cpu_count(),
-            "torch": torch.__version__,
-            "python": platform.python_version(),
-        },
+        "options": options._asdict(),
+        "notes": notes,
+        "environment": {**host(), "cpu": cpu_model()},
         "runs": {},
     }
     if args.keep_finished:
@@ -345,19 +639,24 @@ def main(argv: Optional[list[str]] = None) -> int:
             print(f"keeping {', '.join(sorted(kept))} from {args.out}", file=sys.stderr)
     with tempfile.TemporaryDirectory(prefix="evolution_table_") as tmp:
         state = Path(tmp)
-        for mode in args.modes:
+        for mode in modes:
             if (mode == "cma_long" and not args.cma_long_budget) or mode in results["runs"]:
                 continue
             budget = args.cma_long_budget if mode == "cma_long" else args.budget
+            loop_steps = {r["seed"]: r["env_steps"] for r in results["runs"].get("full", [])}
             reports = []
             for seed in args.seeds:
                 t0 = time.perf_counter()
-                report = run_mode(mode, seed, budget, state / mode, args.wm_precision, task, custom)
+                opts = options
+                if mode == "sac" and args.sac_steps is None and seed in loop_steps:
+                    opts = options._replace(sac_steps=int(loop_steps[seed]))
+                report = run_mode(mode, seed, budget, state / mode, args.wm_precision, task, custom, opts)
                 report["mode"] = mode
                 reports.append(report)
                 print(
                     f"{mode:15s} seed {seed}: reached={report['target_reached']} episodes_to_target={report['episodes_to_target']} "
-                    f"env_steps={report['env_steps']} train={report['train_return']} heldout={report['heldout_return']} wall={time.perf_counter() - t0:.1f}s",
+                    f"env_steps={report['env_steps']} train={report['train_return']} heldout={report['heldout_return']} wall={time.perf_counter() - t0:.1f}s "
+                    f"cpu={report.get('cpu_s', float('nan')):.1f}s",
                     file=sys.stderr,
                     flush=True,
                 )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import re
@@ -135,3 +136,128 @@ def test_plot_refuses_several_reports(tmp_path, capsys):
         evolution_table.main(["--summarize", *reports, "--plot", str(tmp_path / "x.png")])
     assert info.value.code == 2 and "--plot draws one report; got 2" in capsys.readouterr().err
     assert not (tmp_path / "x.png").exists()
+
+
+# --- the model-free baselines and the imagination report (issue 26) ---
+
+
+def _evolve_report(spearman=0.72, share=0.41):
+    """A plain `genesis-fp16 evolve --json` report, as the loop writes it (no "runs")."""
+    gens = [{"evaluated": [{"id": f"c{i}", "imagined": float(i), "real_return": float(i) * 2} for i in range(4)]}]
+    return {
+        **run(56, 11200, -180.0), "env": "Pendulum-v1", "target": -300.0, "seed": 0, "mode": "full", "budget": 200, "generations": gens,
+        "imagination": {"spearman": spearman, "calibration": 0.8, "rel_error": 0.25, "candidates": 40, "truncated": 0.1},
+        "time_share": {"model_share": share, "real_share": 1 - share},
+    }
+
+
+def test_imagination_reads_a_plain_evolve_report_and_this_scripts_own(tmp_path, capsys):
+    plain = tmp_path / "evolve.json"
+    plain.write_text(json.dumps(_evolve_report()))
+    own = tmp_path / "table.json"
+    t = table([run(None)] * 3)
+    t["runs"]["full"] = [_evolve_report(0.5, 0.3), _evolve_report(0.7, 0.5), {**run(None), "generations": []}]  # one seed from before issue 26
+    t["environment"] = {"date": "2026-11-25 06:00 UTC", "cpu": "AMD EPYC", "cores": 2, "flags": ["avx2"], "torch": "2.13.0", "python": "3.11.7"}
+    own.write_text(json.dumps(t))
+    assert evolution_table.main(["--imagination", str(plain), str(own)]) == 0
+    out = capsys.readouterr().out
+    assert f"{plain}: Measured on a host the report does not record." in out
+    assert f"{own}: Measured 2026-11-25 06:00 UTC on AMD EPYC (2 cores, shared, flags avx2), torch 2.13.0" in out
+    assert "| Pendulum-v1 (-300) | 4 | 1.5 | 3.0 | 1.00 |" in out  # the pooled pairs of the plain report
+    assert "| Pendulum-v1 (-300) | SE-Darwin loop with world model | 1/1 | 0.72 (0.72) | 0.80 | 0.25 | 40 | 0.10 | 41% |" in out
+    assert "| SE-Darwin loop with world model | 2/3 | 0.60 (0.50, 0.70) | 0.80 | 0.25 | 40 | 0.10 | 40% |" in out
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"hello": 1}))
+    with pytest.raises(SystemExit, match="neither a report of this script"):
+        evolution_table.main(["--imagination", str(bad)])
+
+
+def _baseline(reached_at, steps_to, spent, heldout, method, **settings):
+    return {**run(reached_at, spent, heldout), "env_steps_to_target": steps_to, "wall_s": 1.0, "cpu_s": 2.0, "method": method, "settings": settings}
+
+
+def _with_baselines(ars_hits=True):
+    t = table([run(None)] * 3)
+    t["runs"] = {"full": [{**run(40, 8000), "wall_s": 3.0}, {**run(56, 11200), "wall_s": 3.0}, {**run(None, 40000, -900.0), "wall_s": 3.0}]}
+    cma = dict(sigma0=0.5, sigma_final=0.3, popsize=12, policy="linear")
+    t["runs"]["cma_tuned"] = [_baseline(None, None, 40000, -500.0, "cma_tuned", **cma)] * 3
+    ars = dict(version="V2-t", step_size=0.02, noise=0.01, directions=1, top=1)
+    t["runs"]["ars"] = [_baseline(100 if ars_hits else None, 20000 if ars_hits else None, 40000, -250.0, "ars", **ars)] * 3
+    sac = dict(stable_baselines3="2.9.2", steps_asked=11200, steps_run=11200, capped=False)
+    t["runs"]["sac"] = [_baseline(30, 6000, 11200, -150.0, "sac", **sac)] * 3
+    t["environment"] = None
+    return t
+
+
+def test_comparison_gives_the_best_tuned_baselines_ratio_to_the_loop_and_sacs():
+    text = evolution_table.comparison(_with_baselines())
+    assert "| tuned CMA-ES, 1 episode per candidate | 0/3 | - | - | 40000 | -500.0 | 1.0 | 2.0 | sigma0 0.5 (final median 0.3), popsize 12, linear |" in text
+    assert "| ARS V2-t | 3/3 | 100 | 20000 | 40000 | -250.0 | 1.0 | 2.0 | V2-t: alpha 0.02, nu 0.01, N 1, b 1 |" in text
+    # the loop: a median of 9600 env steps over the seeds that reached (8000, 11200)
+    assert "Best tuned model-free baseline: ARS V2-t, a median of 20000 env steps to the target; the loop 9600: **2.1x** the loop's." in text
+    assert "SAC: a median of 6000 env steps to the target, 0.6x the loop's." in text
+    text = evolution_table.comparison(_with_baselines(ars_hits=False))
+    assert "No tuned model-free baseline (cma_tuned, ars) reached the target on most seeds within a median of 40000 env steps: **> 4.2x**" in text
+    row = evolution_table.baseline_summary([_with_baselines()]).splitlines()[2]
+    assert row == ("| Pendulum-v1 (-300) | 3 | 2/3 | 9600 | -200.0 | ARS V2-t | 3/3 | 20000 | -250.0 | 2.1x | 3/3 | 6000 | -150.0 |")
+
+
+def _fake_loop(monkeypatch, fields):
+    made = []
+    config = dataclasses.make_dataclass("FakeConfig", [(name, object, dataclasses.field(default=None)) for name in fields])
+
+    class Agent:
+        def __init__(self, cfg, task=None, settings=None):
+            made.append(cfg)
+
+        async def evolve(self):
+            return {**run(40, 8000), "wall_s": 1.0}
+
+    monkeypatch.setattr(evolution_table, "EvolveConfig", config)
+    monkeypatch.setattr(evolution_table, "SEDarwinAgent", Agent)
+    return made
+
+
+BASE_FIELDS = ["seed", "budget", "use_world_model", "precision", "env_id", "target", "policy", "episode_steps"]
+
+
+def test_the_loop_gets_the_ensemble_and_the_step_budget_only_where_evolve_config_has_them(monkeypatch, tmp_path):
+    task = {"env_id": "Pendulum-v1", "target": None, "policy": None, "episode_steps": None}
+    made = _fake_loop(monkeypatch, [*BASE_FIELDS, "ensemble", "budget_steps"])
+    opts = evolution_table.Options(ensemble=5, budget_steps=900)
+    evolution_table.run_mode("full", 0, 200, tmp_path, None, task, None, opts)
+    evolution_table.run_mode("loop_e1", 0, 200, tmp_path, None, task, None, opts)
+    evolution_table.run_mode("no_world_model", 0, 200, tmp_path, None, task, None, opts)
+    assert [(c.ensemble, c.budget_steps, c.use_world_model) for c in made] == [(5, 900, True), (1, 900, True), (None, 900, False)]
+    made = _fake_loop(monkeypatch, BASE_FIELDS)
+    report = evolution_table.run_mode("full", 0, 200, tmp_path, None, task, None, opts)
+    assert "ensemble" not in {f.name for f in dataclasses.fields(made[0])} and report["cpu_s"] >= 0
+
+
+def test_loop_e1_is_refused_without_an_ensemble_and_ensemble_is_noted(monkeypatch, capsys, tmp_path):
+    monkeypatch.setattr(evolution_table, "evolve_fields", lambda: set(BASE_FIELDS))  # EvolveConfig before the ensemble
+    with pytest.raises(SystemExit) as info:
+        evolution_table.main(["--methods", "loop_e1", "--precision-steps", "0"])
+    assert info.value.code == 2 and "EvolveConfig has no `ensemble` field" in capsys.readouterr().err
+    ran = []
+    monkeypatch.setattr(evolution_table, "run_mode", lambda mode, *a: ran.append((mode, a[-1])) or {
+        **run(40, 1234), "wall_s": 1.0, "seed": a[0], "train_return": -250.0, "budget": 200})
+    argv = ["--methods", "loop", "sac", "--ensemble", "5", "--seeds", "0", "--precision-steps", "0", "--cma-long-budget", "0",
+            "--out", str(tmp_path / "t.json")]
+    pytest.importorskip("stable_baselines3")  # the script checks the extra before it runs anything
+    assert evolution_table.main(argv) == 0
+    assert "note: --ensemble 5 not passed: EvolveConfig has no `ensemble` field" in capsys.readouterr().err
+    assert [m for m, _ in ran] == ["full", "sac"] and ran[1][1].sac_steps == 1234  # SAC runs for the loop's env steps of the same seed
+    assert json.loads((tmp_path / "t.json").read_text())["notes"]
+
+
+def test_a_baseline_through_the_script(tmp_path):
+    out = tmp_path / "t.json"
+    argv = ["--env", "MountainCarContinuous-v0", "--episode-steps", "40", "--methods", "ars", "--seeds", "0", "--budget", "32",
+            "--cma-long-budget", "0", "--precision-steps", "0", "--out", str(out)]
+    assert evolution_table.main(argv) == 0
+    report = json.loads(out.read_text())
+    (ars,) = report["runs"]["ars"]
+    assert ars["real_episodes"] == 32 and ars["env_steps"] <= 32 * 40 and ars["settings"]["directions"] == 16
+    assert report["markdown"].startswith("Measured ") and "| ARS V2-t | 0/1 |" in report["markdown"]
+    assert report["options"]["cma_sigma"] == 0.5 and "flags" in report["environment"]
