@@ -182,7 +182,7 @@ def _with_baselines(ars_hits=True):
     cma = dict(sigma0=0.5, sigma_final=0.3, popsize=12, policy="linear")
     t["runs"]["cma_tuned"] = [_baseline(None, None, 40000, -500.0, "cma_tuned", **cma)] * 3
     ars = dict(version="V2-t", step_size=0.02, noise=0.01, directions=1, top=1)
-    t["runs"]["ars"] = [_baseline(100 if ars_hits else None, 20000 if ars_hits else None, 40000, -250.0, "ars", **ars)] * 3
+    t["runs"]["ars"] = [{**_baseline(100 if ars_hits else None, 20000 if ars_hits else None, 40000, -250.0, "ars", **ars), "check_wall_s": 0.5}] * 3
     sac = dict(stable_baselines3="2.9.2", steps_asked=11200, steps_run=11200, capped=False)
     t["runs"]["sac"] = [_baseline(30, 6000, 11200, -150.0, "sac", **sac)] * 3
     t["environment"] = None
@@ -192,7 +192,7 @@ def _with_baselines(ars_hits=True):
 def test_comparison_gives_the_best_tuned_baselines_ratio_to_the_loop_and_sacs():
     text = evolution_table.comparison(_with_baselines())
     assert "| tuned CMA-ES, 1 episode per candidate | 0/3 | - | - | 40000 | -500.0 | 1.0 | 2.0 | sigma0 0.5 (final median 0.3), popsize 12, linear |" in text
-    assert "| ARS V2-t | 3/3 | 100 | 20000 | 40000 | -250.0 | 1.0 | 2.0 | V2-t: alpha 0.02, nu 0.01, N 1, b 1 |" in text
+    assert "| ARS V2-t | 3/3 | 100 | 20000 | 40000 | -250.0 | 1.0 (0.5 in checks) | 2.0 | V2-t: alpha 0.02, nu 0.01, N 1, b 1 |" in text
     # the loop: a median of 9600 env steps over the seeds that reached (8000, 11200)
     assert "Best tuned model-free baseline: ARS V2-t, a median of 20000 env steps to the target; the loop 9600: **2.1x** the loop's." in text
     assert "SAC: a median of 6000 env steps to the target, 0.6x the loop's." in text
