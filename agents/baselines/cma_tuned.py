@@ -110,11 +110,13 @@ def run_cma_tuned(
         "start_states": f"candidate c starts from training state c mod {len(starts.train)}",
         "final_solution": "the CMA-ES mean" + (", normalisation folded into the first layer" if normalize else ""),
     }
-    return baseline_report(
+    report = baseline_report(
         "cma_tuned_norm" if normalize else "cma_tuned", cfg, resolved, starts, watch=watch, checked_on=checked_on, real_episodes=episodes,
         env_steps=steps, train_return=train, heldout_return=heldout, clock=clock, settings=settings, failures=failures,
         stop_reason="failed" if episodes and not scored else None,
     )
+    report["sigma0"] = sigma0  # the step size used, beside the report's keys (the table names it)
+    return report
 
 
 def _evaluate(evaluator: EvaluationBackend, jobs: Sequence[tuple[np.ndarray, Any]]) -> list[Union[Evaluation, Exception]]:
