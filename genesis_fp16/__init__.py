@@ -2,6 +2,7 @@
 
 from .checkpoint import CheckpointError
 from .config import FP16TrainingConfig
+from .device import DeviceUnavailableError
 from .packages import PackageShadowedError, PackageShadowedWarning, warn_if_shadowed
 from .precision import UnsupportedPrecisionError
 from .settings import PrecisionConfig, Settings, SettingsError, load_settings
@@ -15,6 +16,7 @@ warn_if_shadowed()
 
 __all__ = [
     "CheckpointError",
+    "DeviceUnavailableError",
     "FP16Trainer",
     "FP16TrainingConfig",
     "PackageShadowedError",

@@ -20,6 +20,7 @@ from rich.table import Table
 from rich.text import Text
 
 from .settings import LogLevel, SettingsError, describe_settings, load_settings, unknown_settings
+from .device import DeviceUnavailableError
 from .distributed.launch import DistributedEnvError
 from .extras import MissingExtraError
 from .names import AgentNameError
@@ -36,7 +37,8 @@ COMMAND_GROUP = "genesis_fp16.commands"
 # the launch, an extra to install), not in the code: `main` shows it as one
 # line and exit 2 from any command, however deep it was raised.
 CONFIGURATION_ERRORS: tuple[type[Exception], ...] = (
-    SettingsError, ProfileError, AgentNameError, UnsupportedPrecisionError, DistributedEnvError, MissingExtraError,
+    SettingsError, ProfileError, AgentNameError, UnsupportedPrecisionError, DeviceUnavailableError, DistributedEnvError,
+    MissingExtraError,
 )
 
 app = typer.Typer(

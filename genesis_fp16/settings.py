@@ -22,6 +22,7 @@ import difflib
 import functools
 import io
 import os
+import re
 import sys
 from enum import Enum
 from pathlib import Path
@@ -104,6 +105,11 @@ class DistributedWrap(str, Enum):
     NONE = "none"
     DDP = "ddp"
     FSDP = "fsdp"
+
+
+DEVICE_PATTERN = re.compile(r"auto|cpu|cuda(:[0-9]+)?")
+"""What ``GENESIS_FP16_DEVICE`` accepts: auto, cpu, cuda or cuda:N."""
+DEVICE_CHOICES = "auto, cpu, cuda or cuda:N (N: a CUDA device index, 0 for the first GPU)"
 
 
 class SettingsError(ValueError):
@@ -224,6 +230,11 @@ class Settings(PrecisionConfig, BaseSettings):
         description="torch CPU threads (torch.set_num_threads) that the agents and the world model's training apply; "
         "0 keeps torch's default (one per core). 1 is fastest for their small models (docs/EMBEDDING.md).",
     )
+    device: str = Field(
+        "auto",
+        description="Where the world model trains and imagines: auto (the first CUDA GPU when torch sees one, else the CPU), "
+        "cpu, cuda or cuda:N. A device that is not there follows on_unsupported (error, or fall back to the CPU with a logged reason).",
+    )
     distributed: DistributedWrap = Field(
         DistributedWrap.NONE, description="none|ddp|fsdp: how trainers wrap models under torchrun."
     )
@@ -251,6 +262,16 @@ class Settings(PrecisionConfig, BaseSettings):
         description="Where `evolve` and `ppo` write TensorBoard scalars from their events (the tensorboard extra); "
         "unset: none are written (--tensorboard DIR for one command).",
     )
+
+    @field_validator("device", mode="before")
+    @classmethod
+    def _device_name(cls, value: Any) -> Any:
+        if not isinstance(value, str):
+            raise ValueError(f"expected {DEVICE_CHOICES}")
+        name = value.strip().lower()
+        if not DEVICE_PATTERN.fullmatch(name):
+            raise ValueError(f"expected {DEVICE_CHOICES}")
+        return name
 
     @classmethod
     def settings_customise_sources(
@@ -297,6 +318,8 @@ def env_name(field: str) -> str:
 def allowed_values(model: type[BaseModel], field: str) -> str:
     """What ``field`` of ``model`` accepts, in words, from its type and bounds
     (error messages of settings, trainer configs and profiles)."""
+    if field == "device" and model is Settings:
+        return DEVICE_CHOICES
     info = model.model_fields[field]
     annotation = info.annotation
     for candidate in getattr(annotation, "__args__", (annotation,)):
@@ -315,6 +338,7 @@ def allowed_values(model: type[BaseModel], field: str) -> str:
     text = f"{number} {' and '.join(bounds)}" if bounds else f"a value of type {kind}"
     if field == "max_grad_norm":
         text += ", or 'none' to disable clipping"
+
     return text
 
 

@@ -1,5 +1,7 @@
 """An async, learned dynamics model: (observation, action) ->
-(next-observation delta, reward); `WorldModel` says how it trains."""
+(next-observation delta, reward), a probabilistic ensemble
+(`infrastructure.ensemble`) on a chosen device; `WorldModel` says how it
+trains, `infrastructure.imagination` how it imagines."""
 
 from __future__ import annotations
 
@@ -9,12 +11,14 @@ import numbers
 import time
 from functools import partial
 from pathlib import Path
-from typing import Callable, Optional, Sequence, Union
+from typing import Any, Callable, Optional, Sequence, Union
 
 import numpy as np
 import numpy.typing as npt
 import torch
 
+from genesis_fp16 import checkpoint as ckpt
+from genesis_fp16.device import DeviceArg, resolve_device
 from genesis_fp16.guarded import DEFAULT_GUARD, UNGUARDED, Guard, GuardChoice, GuardedTraining, GuardVerdict, resolve_guard
 from genesis_fp16.names import check_agent_name
 from genesis_fp16.settings import Settings, load_settings
@@ -22,14 +26,20 @@ from genesis_fp16.threads import torch_threads
 from genesis_fp16.telemetry import get_logger
 from genesis_fp16.trainer import FP16Trainer
 
-from .dynamics import (DynamicsMLP, NonFiniteDataError, NotTrainedError, PolicyFn, ProjectFn, TerminationFn, check_checkpoint_extra,
-                       check_options, check_sizes, features, imagined_returns, mse_loss, training_data)
+from .dynamics import (NonFiniteDataError, NotTrainedError, PolicyFn, ProjectFn, TerminationFn, check_checkpoint_extra, check_options,
+                       check_sizes, features, training_data)
+from .ensemble import EnsembleDynamics, check_architecture, ensemble_loss, member_losses
+from .imagination import Imagination, imagine_uncertain
 from .replay_buffer import ReplayBuffer
 from .trajectory import Trajectory
 from .world_model_types import ShadowGapLedger, TrainReport, inference_gap_of, val_loss_of
 
-__all__ = ["DynamicsMLP", "Guard", "GuardVerdict", "NonFiniteDataError", "NotTrainedError", "ShadowGapLedger", "TrainReport",
-           "UNGUARDED", "WorldModel", "features"]
+__all__ = ["EnsembleDynamics", "Guard", "GuardVerdict", "Imagination", "NonFiniteDataError", "NotTrainedError", "ShadowGapLedger",
+           "TrainReport", "UNGUARDED", "WorldModel", "features"]
+
+DEFAULT_ENSEMBLE = 5
+DEFAULT_HIDDEN = 64
+DEFAULT_LAYERS = 2
 
 FaultFn = Callable[[int, torch.Tensor], torch.Tensor]
 
@@ -38,8 +48,18 @@ class WorldModel:
     """Learned dynamics for one environment: (observation, action) ->
     (next-observation delta, reward[, termination]).
 
+    * A probabilistic ensemble (`EnsembleDynamics`, PETS-style): ``ensemble``
+      members as batched weights, each trained on its own bootstrap of the
+      data by the Gaussian negative log-likelihood; the ``elites`` best by
+      validation loss imagine (`imagine_uncertain`: particles through sampled
+      members, a pessimistic score, truncation where the members disagree).
+      ``ensemble=1, probabilistic=False`` is one deterministic network trained
+      by squared error, for comparison.
     * The label never enters the inputs: training and prediction both call
       `features` (observation and action only).
+    * It trains, validates and imagines on ``device`` (and so do its FP32
+      shadow and canary, copies of it); the data moves there once per
+      `train()` call.
     * `await train()` runs in a worker thread (torch releases the GIL in its
       kernels, so the event loop keeps running); concurrent calls are
       serialised by an `asyncio.Lock`.
@@ -59,7 +79,25 @@ class WorldModel:
             `guard=UNGUARDED` (from `genesis_fp16.guarded`) trains without one:
             no rollback, no canary.
         precision: asks for a precision instead of settings and profile.
+        device: where the model lives: ``auto`` (CUDA when torch sees it,
+            else the CPU), ``cpu``, ``cuda``, ``cuda:N`` or a `torch.device`;
+            left out, the setting ``GENESIS_FP16_DEVICE``. A device that is not
+            there follows ``GENESIS_FP16_ON_UNSUPPORTED``: ``error`` raises
+            `genesis_fp16.device.DeviceUnavailableError`, ``fallback`` runs on
+            the CPU and logs ``world_model.device_fallback`` with the reason.
+        ensemble: members of the ensemble (1: a single network).
+        elites: the members imagination and prediction use, the best by
+            validation loss after each `train()`; left out, every member.
+        hidden: units per hidden layer (SiLU).
+        layers: hidden layers per member.
+        probabilistic: a Gaussian head (mean and soft-bounded log-variance,
+            trained by negative log-likelihood); False: the mean alone, trained
+            by squared error, and imagination without sampling.
         done_head: also learn termination (a 0/1 logit) for imagined rollouts.
+        lr: Adam's learning rate.
+        batch_size: transitions per member per optimizer step.
+        val_fraction: the share of transitions held out for validation (and elites).
+        seed: the weights' initialisation, the bootstraps, the batches and the split.
         checkpoint_dir: default `<state_dir>/world_model`.
         max_transitions: the most recent transitions `train()` reads from `buffer`.
     """
@@ -75,7 +113,12 @@ class WorldModel:
         guard: Union[Guard, GuardChoice] = DEFAULT_GUARD,
         settings: Optional[Settings] = None,
         precision: Optional[str] = None,
-        hidden: int = 64,
+        device: DeviceArg = None,
+        ensemble: int = DEFAULT_ENSEMBLE,
+        elites: Optional[int] = None,
+        hidden: int = DEFAULT_HIDDEN,
+        layers: int = DEFAULT_LAYERS,
+        probabilistic: bool = True,
         done_head: bool = False,
         lr: float = 1e-3,
         batch_size: int = 256,
@@ -89,6 +132,11 @@ class WorldModel:
         self.buffer = buffer
         self.agent = check_agent_name(agent)  # it names the checkpoint files (<agent>.pt)
         self.data_agent = data_agent
+        self._log = get_logger("infrastructure.world_model", agent=agent)
+        choice = resolve_device(self.settings.device if device is None else device, self.settings.on_unsupported, owner=f"WorldModel({agent!r})")
+        if choice.fallback_reason is not None:
+            self._log.warning("world_model.device_fallback", requested=choice.requested, device=str(choice.device), reason=choice.fallback_reason)
+        self.device = choice.device
         self.guard: Optional[Guard] = resolve_guard(f"WorldModel({agent!r})", self.agent, guard, self.settings)
         self.requested_precision = precision
         self.batch_size = batch_size
@@ -98,13 +146,14 @@ class WorldModel:
         self.max_transitions = max_transitions
         self.checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir else Path(self.settings.state_dir) / "world_model"
         torch.manual_seed(seed)
-        self.model = DynamicsMLP(obs_dim, act_dim, hidden, done_head=done_head)
+        self.model = EnsembleDynamics(
+            obs_dim, act_dim, ensemble=ensemble, elites=elites, hidden=hidden, layers=layers, probabilistic=probabilistic, done_head=done_head,
+        ).to(self.device)
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=lr)
         self.trained = False
         self._training: Optional[GuardedTraining] = None
         self._lock = asyncio.Lock()
-        self._generator = torch.Generator().manual_seed(seed)
-        self._log = get_logger("infrastructure.world_model", agent=agent)
+        self._generator = torch.Generator().manual_seed(seed)  # on the CPU: the same draws on every device
         self.history: list[TrainReport] = []
 
     # -- trainer --------------------------------------------------------------
@@ -140,20 +189,28 @@ class WorldModel:
         return self.checkpoint_dir / f"{self.agent}.pt"
 
     def save(self, path: Union[str, Path, None] = None) -> Path:
-        """Write weights, normaliser, optimizer and scaler state atomically to
-        `path` (default `checkpoint_path`); returns the path written."""
+        """Write weights, normaliser, reward range, elites, optimizer and
+        scaler state atomically to `path` (default `checkpoint_path`); returns
+        the path written."""
         # the batch sampler's state too, so a loaded model trains on as this one would
-        extra = {"trained": self.trained, "agent": self.agent, "sampler_state": self._generator.get_state()}
+        extra = {"trained": self.trained, "agent": self.agent, "sampler_state": self._generator.get_state(),
+                 "architecture": self.model.spec.as_dict()}
         return self.training.trainer.save_checkpoint(path or self.checkpoint_path, extra=extra)
 
     def load(self, path: Union[str, Path, None] = None) -> Path:
         """Restore what `save()` wrote to `path` (default `checkpoint_path`,
-        read with `weights_only=True`); the model then predicts, imagines and
-        trains on from it. Returns the path read; raises `CheckpointError`
-        for a missing, unreadable or corrupt file or one of another model, and
-        then nothing (weights, optimizer, sampler, `trained`) has changed."""
+        read with `weights_only=True` onto this model's device, whichever
+        device saved it); the model then predicts, imagines and trains on
+        from it. Returns the path read; raises `CheckpointError` for a
+        missing, unreadable or corrupt file or one of another model (another
+        architecture, or the single network of earlier versions), and then
+        nothing (weights, optimizer, sampler, `trained`) has changed."""
         path = Path(path or self.checkpoint_path)
-        extra = self.training.trainer.load_checkpoint(path, restore_rng=False, check_extra=check_checkpoint_extra)
+        trainer = self.training.trainer
+        payload = ckpt.load_payload(path, map_location=trainer.device)
+        check_architecture(payload, self.model.spec, str(path))
+        trainer.apply_payload(payload, source=str(path), restore_rng=False, check_extra=check_checkpoint_extra)
+        extra = payload.get("extra") or {}
         self.trained = extra.get("trained", True)
         if extra.get("sampler_state") is not None:
             self._generator.set_state(extra["sampler_state"].cpu())
@@ -193,18 +250,27 @@ class WorldModel:
             self.history.append(report)
             return report
 
+    def _on_device(self, tensor: torch.Tensor) -> torch.Tensor:
+        if self.device.type == "cuda":  # from pinned host memory, the copy runs asynchronously
+            return tensor.pin_memory().to(self.device, non_blocking=True)
+        return tensor.to(self.device)
+
     def _train_sync(self, trajectories: list[Trajectory], steps: int, fault: Optional[FaultFn], save: bool) -> TrainReport:
         started = time.perf_counter()
-        x_tr, y_tr, x_val, y_val = self._dataset(trajectories)
+        x_tr, y_tr, x_val, y_val = (self._on_device(t) for t in self._dataset(trajectories))  # once per call
         training = self.training
         # the normaliser is fitted to this call's data, on the model, its FP32 reference and restored weights alike
         training.begin_call(prepare=lambda model: model.fit_normaliser(x_tr, y_tr))
         xn_tr, yn_tr = self.model.normalise_x(x_tr), self.model.normalise_y(y_tr)
         losses: list[torch.Tensor] = []
-        n = len(xn_tr)
+        n, members = len(xn_tr), self.model.members
+        # each member trains on its own bootstrap of this call's data (one network: the data as it is);
+        # indices come from the CPU generator, so every device draws the same batches
+        boot = torch.randint(n, (members, n), generator=self._generator) if members > 1 else None
         for step in range(steps):
-            idx = torch.randint(n, (min(self.batch_size, n),), generator=self._generator)
-            training.step((xn_tr[idx], yn_tr[idx]), mse_loss, fault=None if fault is None else partial(fault, step))
+            idx = torch.randint(n, (members, min(self.batch_size, n)), generator=self._generator)
+            rows = (boot.gather(1, idx) if boot is not None else idx).to(self.device, non_blocking=True)
+            training.step((xn_tr[rows], yn_tr[rows]), ensemble_loss, fault=None if fault is None else partial(fault, step))
             losses.append(training.last_loss)
             # Hand the GIL over now rather than at the interpreter's 5 ms forced
             # switch: with tiny tensors this thread is mostly Python overhead,
@@ -218,6 +284,9 @@ class WorldModel:
         if self.guard is not None and trainer.precision.name != "fp32":  # recorded where the canaries are
             gap = {"val_loss": val_loss, "fp32_val_loss": inference_fp32, "gap": inference_gap}
             self.guard.ledger.record_quality_check(self.agent, "inference_gap", gap, precision=trainer.precision.name)
+        self.model.eval()
+        with torch.no_grad():  # the elites: the members with the lowest FP32 validation loss
+            self.model.set_elites(member_losses(self.model, self.model.normalise_x(x_val), self.model.normalise_y(y_val)))
         self.trained = True
         checkpoint = str(self.save()) if save else None
         healthy = call.decision is None or call.decision.action != "rollback"
@@ -226,7 +295,8 @@ class WorldModel:
         report = TrainReport.from_call(
             call, train_loss=float(np.mean(finite)) if finite else float("nan"), steps=steps, wall_s=time.perf_counter() - started,
             transitions=len(x_tr) + len(x_val), trajectories=len(trajectories), inference_val_loss_fp32=inference_fp32,
-            inference_gap=inference_gap, checkpoint=checkpoint,
+            inference_gap=inference_gap, checkpoint=checkpoint, device=str(self.device),
+            member_val_loss=[float(v) for v in self.model.member_val_loss], elites=self.model.elites,
         )
         self._log.info("world_model.trained", **report.log_fields())
         return report
@@ -238,9 +308,12 @@ class WorldModel:
 
     def predict_sync(self, obs: npt.ArrayLike, action: npt.ArrayLike) -> tuple[torch.Tensor, torch.Tensor]:
         """`(next_obs, reward)` for observations `(N, obs_dim)` and actions
-        `(N, act_dim)`, in FP32; `NotTrainedError` before training."""
+        `(N, act_dim)`: the elites' mean prediction, FP32 tensors on the CPU;
+        `NotTrainedError` before training."""
         self._require_trained()
-        return self.model.predict_next(torch.as_tensor(obs, dtype=torch.float32), torch.as_tensor(action, dtype=torch.float32))
+        obs_t, act_t = (torch.as_tensor(np.asarray(v), dtype=torch.float32, device=self.device) for v in (obs, action))
+        next_obs, reward = self.model.predict_next(obs_t, act_t)
+        return next_obs.cpu(), reward.cpu()
 
     async def predict(self, obs: npt.ArrayLike, action: npt.ArrayLike) -> tuple[torch.Tensor, torch.Tensor]:
         """`(next_obs, reward)`, FP32 tensors `(N, obs_dim)` and `(N,)`, for
@@ -251,12 +324,48 @@ class WorldModel:
             return await asyncio.to_thread(self.predict_sync, obs, action)
 
     def observed_region(self, spread: float = 4.0) -> tuple[torch.Tensor, torch.Tensor]:
-        """(low, high) per observation dimension: the training data's mean
-        -/+ ``spread`` standard deviations (the normaliser's statistics), the
-        region where the model's predictions rest on data. Imagination may
-        clamp rollouts into it where the observation space is unbounded."""
+        """(low, high) per observation dimension, on the CPU: the training
+        data's mean -/+ ``spread`` standard deviations (the normaliser's
+        statistics), the region where the model's predictions rest on data.
+        Imagination may clamp rollouts into it where the observation space is unbounded."""
         self._require_trained()
-        return self.model.observed_region(spread)
+        low, high = self.model.observed_region(spread)
+        return low.cpu(), high.cpu()
+
+    def imagine_uncertain(
+        self,
+        policy: PolicyFn,
+        params: npt.ArrayLike,
+        start_obs: npt.ArrayLike,
+        horizon: int,
+        *,
+        particles: Optional[int] = None,
+        kappa: float = 1.0,
+        project: Optional[ProjectFn] = None,
+        terminated: Optional[TerminationFn] = None,
+        discount: float = 1.0,
+        episode_steps: Optional[int] = None,
+        seed: int = 0,
+        max_disagreement: Optional[float] = None,
+    ) -> Imagination:
+        """Imagined returns of P candidate policies (``params`` (P, D)) from S
+        start observations (``start_obs`` (S, obs_dim), or (obs_dim,) for one
+        start state), ``particles`` per (candidate, start), with what the model
+        is unsure of: an `Imagination` (per-particle returns, mean, spread,
+        the score ``mean - kappa * std`` the search maximises, an interval,
+        the share truncated where the members disagree). One batched forward
+        per time step for all rollouts, in FP32 on the model's device;
+        ``policy(params, obs)`` gets tensors there. A rollout stops at
+        ``terminated(obs)``, else a ``done_head`` model's survival
+        probability weighs it; ``project`` maps imagined observations back
+        onto what the env can produce; ``episode_steps`` beyond ``horizon``
+        are valued by extrapolation. Same ``seed``, same result. See
+        `infrastructure.imagination.imagine_uncertain`."""
+        self._require_trained()
+        return imagine_uncertain(
+            self.model, policy, params, start_obs, horizon, particles=particles, kappa=kappa, project=project, terminated=terminated,
+            discount=discount, episode_steps=episode_steps, seed=seed, max_disagreement=max_disagreement,
+        )
 
     def imagine(
         self,
@@ -268,24 +377,26 @@ class WorldModel:
         project: Optional[ProjectFn] = None,
         discount: float = 1.0,
         terminated: Optional[TerminationFn] = None,
+        **options: Any,
     ) -> torch.Tensor:
         """Predicted returns of P candidate policies from S start observations:
-        a (P, S) tensor. One batched model forward per time step for all P*S
-        rollouts. Imagination runs in FP32: errors compound over ``horizon``
-        steps, and inference is cheap next to real episodes.
+        a (P, S) tensor on the CPU, the mean over the particles of
+        `imagine_uncertain` (which takes the same arguments; ``options`` are
+        its ``particles``, ``episode_steps``, ``seed`` and ``max_disagreement``).
 
         ``params`` is (P, D); ``start_obs`` is (S, obs_dim), or (obs_dim,) for
         one start state (the result is then (P, 1)). A rollout stops at
         ``terminated(obs)``, else a ``done_head`` model's survival probability weighs it."""
-        self._require_trained()
-        return imagined_returns(self.model, policy, params, start_obs, horizon, project=project, discount=discount, terminated=terminated)
+        imagined = self.imagine_uncertain(policy, params, start_obs, horizon, project=project, discount=discount, terminated=terminated, **options)
+        return imagined.returns.mean(dim=-1)
 
     async def aimagine(
         self, policy: PolicyFn, params: npt.ArrayLike, start_obs: npt.ArrayLike, horizon: int, *,
-        project: Optional[ProjectFn] = None, discount: float = 1.0, terminated: Optional[TerminationFn] = None,
+        project: Optional[ProjectFn] = None, discount: float = 1.0, terminated: Optional[TerminationFn] = None, **options: Any,
     ) -> torch.Tensor:
         """`imagine` in a worker thread, after any running `train()`; the same
         arguments, the same `(P, S)` returns, the same `NotTrainedError`."""
         async with self._lock:
-            return await asyncio.to_thread(self.imagine, policy, params, start_obs, horizon, project=project, discount=discount, terminated=terminated)
-
+            return await asyncio.to_thread(
+                partial(self.imagine, policy, params, start_obs, horizon, project=project, discount=discount, terminated=terminated, **options)
+            )

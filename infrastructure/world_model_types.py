@@ -14,7 +14,7 @@ import torch
 from genesis_fp16.guarded import CallReport, Guard, GuardVerdict, QualityLedger
 from genesis_fp16.trainer import FP16Trainer
 
-from .dynamics import DynamicsMLP, mse_loss
+from .ensemble import EnsembleDynamics, member_losses
 
 __all__ = ["Guard", "GuardVerdict", "ShadowGapLedger", "TrainReport", "inference_gap_of", "val_loss_of"]
 
@@ -36,7 +36,9 @@ class TrainReport:
     ``inference_gap`` compare the same weights without autocast.
     ``rolled_back``, ``rollback_reason``, ``checkpoint`` (restored or saved) and
     ``guard_decision`` say what the guard did; ``events`` lists the events the
-    call logged.
+    call logged. ``device`` is where it trained; ``member_val_loss`` each
+    member's FP32 validation loss and ``elites`` the members chosen by it,
+    best first.
     """
 
     train_loss: float
@@ -57,6 +59,9 @@ class TrainReport:
     checkpoint: Optional[str] = None
     guard_decision: Optional[dict[str, Any]] = None
     events: list[str] = field(default_factory=list)
+    device: Optional[str] = None  # where the model trained (cpu, cuda:0, ...)
+    member_val_loss: Optional[list[float]] = None  # each member's FP32 validation loss, in member order
+    elites: Optional[list[int]] = None  # the members imagination uses, best first
 
     @classmethod
     def from_call(cls, call: CallReport, *, val_loss: Optional[float] = None, **fields: Any) -> "TrainReport":
@@ -76,21 +81,25 @@ class TrainReport:
     def log_fields(self) -> dict[str, Any]:
         """The fields of the ``world_model.trained`` event."""
         names = ("train_loss", "val_loss", "precision", "steps", "skipped_steps", "wall_s", "transitions",
-                 "fp32_val_loss", "reference", "inference_val_loss_fp32", "inference_gap", "rolled_back")
+                 "fp32_val_loss", "reference", "inference_val_loss_fp32", "inference_gap", "rolled_back", "device", "elites")
         fields = {name: getattr(self, name) for name in names}
         fields["wall_s"] = round(self.wall_s, 3)
         return fields
 
 
-def val_loss_of(model: DynamicsMLP, trainer: FP16Trainer, x: torch.Tensor, y: torch.Tensor, *, autocast: bool = True) -> float:
-    """Validation loss of ``model`` on raw ``(x, y)``, under ``trainer``'s autocast unless ``autocast`` is False."""
+def val_loss_of(model: EnsembleDynamics, trainer: FP16Trainer, x: torch.Tensor, y: torch.Tensor, *, autocast: bool = True) -> float:
+    """Validation loss of ``model`` on raw ``(x, y)`` (on the model's device),
+    under ``trainer``'s autocast unless ``autocast`` is False: the mean over
+    all members (not only the elites, so that a model and its FP32 reference
+    are compared on the same thing) of each member's squared error of its
+    normalised mean, plus the done head's cross-entropy (`member_losses`)."""
     model.eval()
     with torch.no_grad(), (trainer.autocast() if autocast else contextlib.nullcontext()):
-        return float(mse_loss(model, (model.normalise_x(x), model.normalise_y(y))))
+        return float(member_losses(model, model.normalise_x(x), model.normalise_y(y)).mean())
 
 
 def inference_gap_of(
-    model: DynamicsMLP, trainer: FP16Trainer, val_loss: float, x: torch.Tensor, y: torch.Tensor
+    model: EnsembleDynamics, trainer: FP16Trainer, val_loss: float, x: torch.Tensor, y: torch.Tensor
 ) -> tuple[float, Optional[float]]:
     """The inference-side precision gap of the current weights: their
     validation loss without autocast, and ``(val_loss - that) / that`` (None

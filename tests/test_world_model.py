@@ -20,7 +20,9 @@ from agents.tasks.builtin import pendulum
 from agents.tasks.torch_policy import BatchedPolicy
 from genesis_fp16 import rollout
 from genesis_fp16.guard import GuardDecision
-from infrastructure.dynamics import DynamicsMLP, training_data
+from infrastructure import imagination
+from infrastructure.dynamics import training_data
+from infrastructure.ensemble import EnsembleDynamics
 from infrastructure.replay_buffer import ReplayBuffer, Trajectory, trajectories_from_episodes
 from infrastructure.world_model import NonFiniteDataError, NotTrainedError, WorldModel, features
 
@@ -67,9 +69,10 @@ def test_features_hold_no_label_and_are_shared():
     # the label (reward, next observation) is not an argument of the feature function ...
     assert list(inspect.signature(features).parameters) == ["obs", "action"]
     wm = WorldModel(3, 1, precision="fp32")
-    assert wm.model.net[0].in_features == 4  # obs (3) + action (1), nothing else
-    # ... and both training and prediction call it
-    src_train, src_predict = inspect.getsource(training_data), inspect.getsource(DynamicsMLP.predict_next)
+    assert wm.model.hidden_layers[0].weight.shape[1] == 4  # obs (3) + action (1), nothing else
+    # ... and training, prediction and imagination call it
+    src_train, src_predict = inspect.getsource(training_data), inspect.getsource(EnsembleDynamics.predict_next)
+    assert "features(obs, action)" in inspect.getsource(imagination.imagine_uncertain)
     assert "training_data(" in inspect.getsource(WorldModel._dataset)
     assert "predict_next(" in inspect.getsource(WorldModel.predict_sync)
     assert "features(obs, act)" in src_train and "features(obs, action)" in src_predict

@@ -1,5 +1,6 @@
 """The batched torch twin of `agents.tasks.policies.PolicySpec` for
-imagination: P parameter vectors on (P, S, obs_dim) observations at once."""
+imagination: P parameter vectors on (P, S, obs_dim) observations at once,
+on whatever device the observations are (the world model's)."""
 
 from __future__ import annotations
 
@@ -7,22 +8,37 @@ from typing import Callable, Optional
 
 import torch
 
+
+class OnDevice:
+    """Constant tensors, made on the CPU and copied once to each device asked for."""
+
+    def __init__(self, *tensors: torch.Tensor) -> None:
+        self._copies: dict[torch.device, tuple[torch.Tensor, ...]] = {torch.device("cpu"): tensors}
+
+    def on(self, device: torch.device) -> tuple[torch.Tensor, ...]:
+        if device not in self._copies:
+            self._copies[device] = tuple(t.to(device) for t in self._copies[torch.device("cpu")])
+        return self._copies[device]
+
 from .policies import PolicySpec
 
 
 class BatchedPolicy:
     """``policy(params (P, D), obs (P, S, obs_dim)) -> actions (P, S, act_dim)``,
-    the same network and layout as ``PolicySpec.act``."""
+    the same network and layout as ``PolicySpec.act``, on the device of ``obs``."""
 
     def __init__(self, spec: PolicySpec) -> None:
         self.spec = spec
         self.scale = torch.tensor(spec.obs_scale, dtype=torch.float32)
         self.center = torch.tensor(spec.center, dtype=torch.float32)
         self.half = torch.tensor(spec.half_range, dtype=torch.float32)
+        self._constants = OnDevice(self.scale, self.center, self.half)
 
     def __call__(self, params: torch.Tensor, obs: torch.Tensor) -> torch.Tensor:
         n_p, i = params.shape[0], 0
-        x = obs * self.scale
+        scale, center, half = self._constants.on(obs.device)
+        params = params.to(obs.device)
+        x = obs * scale
         layers = self.spec.layers()
         for k, (fan_in, fan_out) in enumerate(layers):
             w = params[:, i : i + fan_in * fan_out].reshape(n_p, fan_in, fan_out)
@@ -30,7 +46,7 @@ class BatchedPolicy:
             b = params[:, i : i + fan_out]
             i += fan_out
             x = torch.tanh(torch.baddbmm(b.unsqueeze(1), x, w))
-        return self.center + self.half * x
+        return center + half * x
 
 
 def clamp_projection(
@@ -48,10 +64,12 @@ def clamp_projection(
     hi_free = data[1].float() if data is not None else torch.full_like(hi, far)
     if data is None and not (torch.isfinite(lo).any() or torch.isfinite(hi).any()):
         return None
-    lo = torch.where(torch.isfinite(lo), lo, lo_free)
-    hi = torch.where(torch.isfinite(hi), hi, hi_free)
+    lo = torch.where(torch.isfinite(lo), lo, lo_free.cpu())
+    hi = torch.where(torch.isfinite(hi), hi, hi_free.cpu())
+    bounds = OnDevice(lo, hi)
 
     def project(obs: torch.Tensor) -> torch.Tensor:
-        return torch.maximum(torch.minimum(obs, hi), lo)
+        low, high = bounds.on(obs.device)
+        return torch.maximum(torch.minimum(obs, high), low)
 
     return project

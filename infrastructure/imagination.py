@@ -1,0 +1,219 @@
+"""Imagination that knows what it does not know: candidate policies rolled
+out inside an `EnsembleDynamics`, scored by what the model is sure of.
+
+* Trajectory sampling (PETS's TS-inf): K particles per (candidate, start
+  state); particle k follows elite member ``k % M`` (M = min(K, elites)) for
+  the whole rollout, and its next state and reward are drawn from that
+  member's Gaussian. The noise comes from a generator seeded by ``seed`` on
+  the model's device, and is the same for every candidate (common random
+  numbers: candidates are compared on the same draws, and a candidate's
+  result does not depend on which others are imagined beside it). One
+  batched ensemble forward per time step serves all candidates x starts x
+  particles (rows arranged as ``[M, rows / M, in]``).
+* Rewards are clipped into the range seen in the training data, so an
+  imagined return never exceeds ``horizon`` times the largest reward seen.
+* Disagreement: per (candidate, start) and step, the spread of the
+  particles' predicted mean next-observation deltas (their standard
+  deviation, weighted by the probability that each particle is still alive,
+  over the normaliser's delta standard deviation, averaged over the
+  dimensions). Where it passes ``max_disagreement`` the model is off its
+  data: the rollout is truncated, adds no more reward from the model, and its
+  remaining steps are valued at the lowest reward seen per step (0 where that
+  is higher and the rollout can terminate: ending the episode is then the
+  worse case), as MOPO penalises uncertainty. The share truncated is reported.
+* The score is pessimistic: the particles' mean return minus ``kappa`` times
+  their spread.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from dataclasses import dataclass
+from typing import Optional
+
+import numpy as np
+import numpy.typing as npt
+import torch
+
+from .dynamics import PolicyFn, ProjectFn, TerminationFn, features
+from .ensemble import EnsembleDynamics, run_layers
+
+DEFAULT_PARTICLES = 10
+"""Particles per (candidate, start) when ``particles`` is left out: two per elite of a 5-member ensemble."""
+DEFAULT_MAX_DISAGREEMENT = 1.0
+"""Truncate where the particles' predicted deltas spread by more than one
+standard deviation of the deltas in the training data (see `imagine_uncertain`)."""
+LOWEST_SCORE = -1e30
+"""The score of a candidate whose imagined return is not finite (a diverged rollout): it ranks last."""
+INTERVAL_STDS = 2.0
+"""``low`` / ``high``: the mean -/+ this many standard deviations over the particles."""
+
+
+@dataclass(frozen=True)
+class Imagination:
+    """What `imagine_uncertain` (``WorldModel.imagine_uncertain``) imagined for P candidates from S starts with K particles."""
+
+    returns: torch.Tensor
+    """(P, S, K) per-particle imagined returns, float32 on the CPU."""
+    mean: np.ndarray
+    """(P,) mean over starts and particles."""
+    std: np.ndarray
+    """(P,) standard deviation over the K particles of each particle's mean over the starts (0 for one particle)."""
+    score: np.ndarray
+    """(P,) ``mean - kappa * std``: what the search maximises (pessimism, as MOPO); `LOWEST_SCORE` where not finite."""
+    low: np.ndarray
+    """(P,) the imagined interval of the candidate's mean return over the starts: ``mean - 2 * std`` ..."""
+    high: np.ndarray
+    """(P,) ... ``mean + 2 * std``."""
+    truncated: np.ndarray
+    """(P,) the share of the candidate's rollouts (one per start) truncated by disagreement."""
+    horizon: int
+    """Time steps imagined (an extrapolated tail beyond them is not counted here)."""
+
+
+def _check(value: object, name: str, least: int, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < least:
+        raise ValueError(f"WorldModel.imagine: {name}={value!r}: expected at least {what}")
+    return int(value)
+
+
+def _checked_inputs(
+    model: EnsembleDynamics, params: npt.ArrayLike, start_obs: npt.ArrayLike, horizon: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    params_t = torch.as_tensor(np.asarray(params), dtype=torch.float32, device=device)
+    start = torch.as_tensor(np.asarray(start_obs), dtype=torch.float32, device=device)
+    obs_dim = model.obs_dim
+    if start.ndim not in (1, 2) or start.shape[-1] != obs_dim:
+        raise ValueError(
+            f"WorldModel.imagine: start_obs of shape {tuple(start.shape)}: expected (S, {obs_dim}) or ({obs_dim},) "
+            "for one start state, observations of the environment this model was trained on"
+        )
+    if params_t.ndim != 2:
+        raise ValueError(f"WorldModel.imagine: params of shape {tuple(params_t.shape)}: expected (P, D), one row per candidate policy")
+    _check(horizon, "horizon", 1, "1 time step")
+    return params_t, start.reshape(-1, obs_dim)
+
+
+def _spread(values: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """Weighted standard deviation over dim 1 of ``values [P, K, S, d]`` with ``weight [P, K, S]``; 0 where no weight."""
+    w = weight.unsqueeze(-1)
+    total = w.sum(1, keepdim=True)
+    safe = total.clamp_min(1e-12)
+    mean = (w * values).sum(1, keepdim=True) / safe
+    var = (w * (values - mean) ** 2).sum(1, keepdim=True) / safe
+    return torch.where(total > 1e-12, var.sqrt(), torch.zeros_like(var)).squeeze(1)
+
+
+def imagine_uncertain(
+    model: EnsembleDynamics,
+    policy: PolicyFn,
+    params: npt.ArrayLike,
+    start_obs: npt.ArrayLike,
+    horizon: int,
+    *,
+    particles: Optional[int] = None,
+    kappa: float = 1.0,
+    project: Optional[ProjectFn] = None,
+    terminated: Optional[TerminationFn] = None,
+    discount: float = 1.0,
+    episode_steps: Optional[int] = None,
+    seed: int = 0,
+    max_disagreement: Optional[float] = None,
+) -> Imagination:
+    """Imagined returns of P candidate policies (``params`` (P, D)) from S
+    start observations (``start_obs`` (S, obs_dim), or (obs_dim,) for one),
+    K particles each (``particles``, default `DEFAULT_PARTICLES`), in FP32 on
+    the model's device; see the module's docstring. ``policy(params, obs (P,
+    N, obs_dim)) -> actions (P, N, act_dim)`` gets tensors on that device.
+
+    A rollout stops at ``terminated(obs)`` where given, else a done-head
+    model's survival probability weighs the rest of it. ``project(obs)``
+    maps imagined observations back onto what the env can produce.
+    ``max_disagreement`` (default `DEFAULT_MAX_DISAGREEMENT`; ``inf`` turns
+    truncation off) is the spread that truncates a rollout. Where
+    ``episode_steps`` exceeds ``horizon``, the remaining steps are valued at
+    the rollout's mean reward over the last quarter of the horizon (an
+    extrapolation, not a learned value). Same ``seed``, same result."""
+    device = model.x_mean.device
+    params_t, start = _checked_inputs(model, params, start_obs, horizon, device)
+    k_total = _check(particles if particles is not None else DEFAULT_PARTICLES, "particles", 1, "1 rollout per candidate and start")
+    if episode_steps is not None:
+        _check(episode_steps, "episode_steps", horizon, f"the horizon ({horizon} steps): the episode's length")
+    if not (isinstance(kappa, numbers.Real) and math.isfinite(kappa) and kappa >= 0):
+        raise ValueError(f"WorldModel.imagine: kappa={kappa!r}: expected a finite number >= 0 (0: the plain mean)")
+    if not (isinstance(discount, numbers.Real) and 0.0 < discount <= 1.0):
+        raise ValueError(f"WorldModel.imagine: discount={discount!r}: expected a number in (0, 1]")
+    limit = DEFAULT_MAX_DISAGREEMENT if max_disagreement is None else max_disagreement
+    if not (isinstance(limit, numbers.Real) and limit > 0):  # NaN fails too
+        raise ValueError(f"WorldModel.imagine: max_disagreement={max_disagreement!r}: expected a number > 0 (inf: never truncate)")
+
+    n_p, n_s, d = params_t.shape[0], start.shape[0], model.obs_dim
+    n_m = min(k_total, len(model.elite_index))
+    # particles per member; particle k = j * n_m + m. A deterministic head gives every particle of
+    # a member the same rollout: one each is computed, and particle k repeats member k % n_m's
+    n_j = -(-k_total // n_m) if model.probabilistic else 1
+    keep = torch.arange(k_total, device=device) % (n_j * n_m)
+    weights = model.layer_weights(model.elite_index[:n_m])
+    n_g = model.n_gauss
+    y_mean, y_std = model.y_mean[:n_g].float(), model.y_std[:n_g].float()
+    r_low, r_high = model.reward_low.float(), model.reward_high.float()
+    can_end = terminated is not None or model.done_head
+    floor = torch.minimum(r_low, torch.zeros_like(r_low)) if can_end else r_low  # per step, once truncated
+    generator = torch.Generator(device=device).manual_seed(int(seed))
+
+    obs = start.expand(n_p, n_j, n_m, n_s, d).contiguous()  # [P, J, M, S, d]
+    total = torch.zeros(n_p, n_j, n_m, n_s, device=device)
+    recent = torch.zeros_like(total)  # per-step values over the last quarter of the horizon
+    alive = torch.ones_like(total)  # the probability that the particle has not terminated yet
+    stopped = torch.zeros(n_p, n_s, dtype=torch.bool, device=device)
+    last_quarter = horizon - max(1, horizon // 4)
+    weight = 1.0
+    model.eval()
+    with torch.no_grad():
+        for t in range(horizon):
+            action = policy(params_t, obs.reshape(n_p, n_j * n_m * n_s, d)).reshape(n_p, n_j, n_m, n_s, -1)
+            x = features(obs, action).permute(2, 0, 1, 3, 4).reshape(n_m, n_p * n_j * n_s, -1)
+            mean, logvar, done = model.heads(run_layers(model.normalise_x(x), weights))
+            mean = (mean * y_std + y_mean).reshape(n_m, n_p, n_j, n_s, n_g)
+            sample = mean
+            if logvar is not None:
+                noise = torch.randn(n_m, 1, n_j, n_s, n_g, generator=generator, device=device)
+                sample = mean + noise * torch.exp(0.5 * logvar).reshape(n_m, n_p, n_j, n_s, n_g) * y_std
+            mean, sample = mean.permute(1, 2, 0, 3, 4), sample.permute(1, 2, 0, 3, 4)  # [P, J, M, S, n]
+            spread = _spread(mean[..., :d].reshape(n_p, n_j * n_m, n_s, d)[:, keep], alive.reshape(n_p, n_j * n_m, n_s)[:, keep])
+            stopped |= ~((spread / y_std[:d]).mean(-1) <= limit)  # NaN counts as disagreement
+            value = torch.where(stopped[:, None, None, :], floor, sample[..., d].clamp(r_low, r_high))
+            # a terminated rollout adds nothing, even where its imagined state has diverged (0 * inf)
+            value = torch.where(alive > 0, alive * value, torch.zeros_like(alive))
+            total += weight * value
+            if t >= last_quarter:
+                recent += value
+            weight *= discount
+            obs = obs + sample[..., :d]
+            if project is not None:
+                obs = project(obs)
+            if terminated is not None:
+                alive = alive * (~terminated(obs)).float()
+            elif done is not None:
+                alive = alive * (1.0 - torch.sigmoid(done.reshape(n_m, n_p, n_j, n_s).permute(1, 2, 0, 3)))
+        if episode_steps is not None and episode_steps > horizon:
+            rest = episode_steps - horizon
+            steps_left = weight * (rest if discount == 1.0 else (1.0 - discount**rest) / (1.0 - discount))
+            per_step = torch.where(stopped[:, None, None, :], floor * alive, recent / (horizon - last_quarter))
+            total += steps_left * per_step
+    returns = total.reshape(n_p, n_j * n_m, n_s)[:, keep].permute(0, 2, 1).float().cpu()
+    return summarise(returns, kappa, stopped.float().mean(1).cpu().numpy(), horizon)
+
+
+def summarise(returns: torch.Tensor, kappa: float, truncated: np.ndarray, horizon: int) -> Imagination:
+    """The `Imagination` of per-particle returns ``(P, S, K)``."""
+    per_particle = returns.double().mean(1)  # (P, K): each particle's mean over the starts
+    mean = per_particle.mean(1).numpy()
+    std = per_particle.std(1).numpy() if per_particle.shape[1] > 1 else np.zeros(len(mean))
+    score = mean - kappa * std
+    score = np.where(np.isfinite(score), score, LOWEST_SCORE)
+    return Imagination(
+        returns=returns, mean=mean, std=std, score=score, low=mean - INTERVAL_STDS * std, high=mean + INTERVAL_STDS * std,
+        truncated=np.asarray(truncated, dtype=float), horizon=int(horizon),
+    )
