@@ -246,6 +246,20 @@ class EnsembleDynamics(nn.Module):
         return obs + out[..., : self.obs_dim], out[..., self.obs_dim]
 
 
+def bootstrap(n: int, members: int, generator: torch.Generator) -> Optional[torch.Tensor]:
+    """Each member's bootstrap of ``n`` training rows, ``[members, n]``
+    indices drawn with replacement from ``generator`` (on the CPU); None for
+    a single network, which trains on the data as it is."""
+    return torch.randint(n, (members, n), generator=generator) if members > 1 else None
+
+
+def batch_rows(boot: Optional[torch.Tensor], n: int, members: int, batch: int, generator: torch.Generator) -> torch.Tensor:
+    """The rows of one optimizer step, ``[members, min(batch, n)]``: each
+    member's batch, drawn uniformly from its bootstrap (or from all ``n`` rows)."""
+    idx = torch.randint(n, (members, min(batch, n)), generator=generator)
+    return boot.gather(1, idx) if boot is not None else idx
+
+
 def ensemble_loss(model: EnsembleDynamics, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
     """The training loss of a batch ``x [E, B, in]``, ``y [E, B, out]``
     (normalised; one batch per member), averaged over the members and
