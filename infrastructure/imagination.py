@@ -181,6 +181,7 @@ def imagine_uncertain(
     can_end = terminated is not None or model.done_head
     floor = torch.minimum(r_low, torch.zeros_like(r_low)) if can_end else r_low  # per step, once truncated
     generator = torch.Generator(device=device).manual_seed(int(seed))
+    judge = n_m > 1 and math.isfinite(limit)  # one network cannot disagree with itself; inf: never truncate
 
     obs = start.expand(n_p, n_j, n_m, n_s, d).contiguous()  # [P, J, M, S, d]
     total = torch.zeros(n_p, n_j, n_m, n_s, device=device)
@@ -194,20 +195,21 @@ def imagine_uncertain(
         for t in range(horizon):
             action = policy(params_t, obs.reshape(n_p, n_j * n_m * n_s, d)).reshape(n_p, n_j, n_m, n_s, -1)
             x = features(obs, action)
-            probe, probe_alive = _probe(x, alive)  # [P, S, in]: one live particle per rollout, for every member
             rows = n_p * n_j * n_s
-            x = torch.cat([x.permute(2, 0, 1, 3, 4).reshape(n_m, rows, -1), probe.reshape(1, n_p * n_s, -1).expand(n_m, -1, -1)], dim=1)
-            raw = run_layers(model.normalise_x(x), weights)
+            x_rows = x.permute(2, 0, 1, 3, 4).reshape(n_m, rows, -1)
+            if judge:  # one live particle per rollout, seen by every member, in the same forward
+                probe, probe_alive = _probe(x, alive)
+                x_rows = torch.cat([x_rows, probe.reshape(1, n_p * n_s, -1).expand(n_m, -1, -1)], dim=1)
+            raw = run_layers(model.normalise_x(x_rows), weights)
             mean, logvar, done = model.heads(raw[:, :rows])
-            # the members' disagreement on the same state, in units of the data's delta std
-            disagreement = model.heads(raw[:, rows:])[0][..., :d].std(0, correction=0).mean(-1).reshape(n_p, n_s)
-            stopped |= (probe_alive > 0) & ~(disagreement <= limit)  # NaN counts as disagreement
-            mean = (mean * y_std + y_mean).reshape(n_m, n_p, n_j, n_s, n_g)
-            sample = mean
+            if judge:  # the members' disagreement on one state, in units of the data's delta std; NaN counts as disagreement
+                disagreement = model.heads(raw[:, rows:])[0][..., :d].std(0, correction=0).mean(-1).reshape(n_p, n_s)
+                stopped |= (probe_alive > 0) & ~(disagreement <= limit)
+            sample = (mean * y_std + y_mean).reshape(n_m, n_p, n_j, n_s, n_g)
             if logvar is not None:
                 noise = torch.randn(n_m, 1, n_j, n_s, n_g, generator=generator, device=device)
-                sample = mean + noise * torch.exp(0.5 * logvar).reshape(n_m, n_p, n_j, n_s, n_g) * y_std
-            mean, sample = mean.permute(1, 2, 0, 3, 4), sample.permute(1, 2, 0, 3, 4)  # [P, J, M, S, n]
+                sample = sample + noise * torch.exp(0.5 * logvar).reshape(n_m, n_p, n_j, n_s, n_g) * y_std
+            sample = sample.permute(1, 2, 0, 3, 4)  # [P, J, M, S, n]
             value = torch.where(stopped[:, None, None, :], floor, sample[..., d].clamp(r_low, r_high))
             # a terminated rollout adds nothing, even where its imagined state has diverged (0 * inf)
             value = torch.where(alive > 0, alive * value, torch.zeros_like(alive))

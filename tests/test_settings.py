@@ -34,6 +34,8 @@ def test_defaults(state_dir):
         ("GENESIS_FP16_GROWTH_FACTOR", "inf", "finite"),
         ("GENESIS_FP16_MAX_GRAD_NORM", "inf", "finite"),
         ("GENESIS_FP16_GROWTH_INTERVAL", "1.5", "an integer >= 1"),
+        ("GENESIS_FP16_DEVICE", "gpu", "auto, cpu, cuda or cuda:N"),
+        ("GENESIS_FP16_DEVICE", "cuda:-1", "auto, cpu, cuda or cuda:N"),
     ],
 )
 def test_invalid_value_names_variable_value_and_allowed(monkeypatch, var, value, allowed):

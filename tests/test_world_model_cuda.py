@@ -1,0 +1,60 @@
+"""The world model on a CUDA device: FP16 with the gradient scaler, BF16,
+the FP32 shadow on the same device, imagination, and a checkpoint written on
+the GPU loaded on the CPU. Skipped without a GPU; `pytest -m gpu` on a GPU
+machine (scripts/gpu_acceptance.sh) runs them."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from genesis_fp16 import rollout
+from genesis_fp16.guarded import UNGUARDED
+from infrastructure.world_model import WorldModel
+from tests.test_world_model import FakeGuard, _linear_trajs
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
+
+
+def linear_policy(params: torch.Tensor, obs: torch.Tensor) -> torch.Tensor:
+    assert params.device == obs.device and obs.device.type == "cuda"
+    return torch.tanh(torch.einsum("pd,psd->ps", params, obs)).unsqueeze(-1)
+
+
+async def test_fp16_with_the_scaler_trains_on_cuda():
+    wm = WorldModel(3, 1, device="cuda", precision="fp16", guard=UNGUARDED, seed=0)
+    assert all(p.device.type == "cuda" for p in wm.model.parameters())
+    report = await wm.train(300, trajectories=_linear_trajs(), save=False)
+    assert report.precision == "fp16" and report.device.startswith("cuda") and wm.trainer.scaler.is_enabled()
+    assert wm.trainer.device.type == "cuda" and math.isfinite(report.val_loss) and report.val_loss < 0.05
+    next_obs, reward = wm.predict_sync(np.zeros((2, 3)), np.zeros((2, 1)))
+    assert next_obs.device.type == "cpu" and reward.shape == (2,)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or not torch.cuda.is_bf16_supported(), reason="needs BF16 on CUDA")
+async def test_bf16_trains_on_cuda_beside_its_fp32_shadow_on_the_same_device(monkeypatch):
+    monkeypatch.setattr(rollout, "current_stage", lambda agent, settings: "shadow")
+    wm = WorldModel(3, 1, device="cuda", precision="bf16", guard=FakeGuard(), seed=0)
+    report = await wm.train(200, trajectories=_linear_trajs(), save=False)
+    assert report.precision == "bf16" and report.fp32_val_loss is not None and abs(report.shadow_gap) < 0.5
+    shadow = wm.training.shadow
+    assert shadow is not None and all(p.device.type == "cuda" for p in shadow.model.parameters())
+
+
+async def test_imagination_runs_on_cuda_and_a_gpu_checkpoint_loads_on_the_cpu(tmp_path):
+    trajs = _linear_trajs(4, 60)
+    wm = WorldModel(3, 1, device="cuda", precision="fp32", guard=UNGUARDED, seed=0, checkpoint_dir=tmp_path)
+    await wm.train(150, trajectories=trajs)
+    params, start = np.random.default_rng(1).normal(size=(4, 3)), np.zeros((5, 3), np.float32)
+    a = wm.imagine_uncertain(linear_policy, params, start, 20, seed=2)
+    b = wm.imagine_uncertain(linear_policy, params, start, 20, seed=2)
+    assert a.returns.device.type == "cpu" and a.returns.shape == (4, 5, 5) and torch.equal(a.returns, b.returns)
+    assert np.isfinite(a.score).all()
+    on_cpu = WorldModel(3, 1, device="cpu", precision="fp32", guard=UNGUARDED, seed=3, checkpoint_dir=tmp_path)
+    on_cpu.load()
+    obs, act = torch.tensor(trajs[0].obs), torch.tensor(trajs[0].action)
+    torch.testing.assert_close(on_cpu.predict_sync(obs, act)[0], wm.predict_sync(obs, act)[0], rtol=1e-4, atol=1e-4)
+    assert on_cpu.model.elites == wm.model.elites
