@@ -164,7 +164,7 @@ class EnsembleDynamics(nn.Module):
         self.register_buffer("reward_low", torch.zeros(()))
         self.register_buffer("reward_high", torch.zeros(()))
         self.register_buffer("elite_index", torch.arange(n_elites))
-        self.register_buffer("member_val_loss", torch.full((self.members,), float("nan")))
+        self.register_buffer("member_val_loss", torch.full((self.members,), float("inf")))  # inf: not measured yet
 
     # -- the normaliser and the data's range ------------------------------------------
     def fit_normaliser(self, x: torch.Tensor, y: torch.Tensor) -> None:

@@ -171,11 +171,11 @@ async def test_canary_every_zero_never_trains_a_copy(tmp_path):
 async def test_every_call_reports_the_inference_side_gap(tmp_path):
     guard = _guard("world_model", canary_every=0)
     wm = WorldModel(3, 1, guard=guard, settings=guard.settings, precision="bf16", checkpoint_dir=tmp_path, hidden=16)
-    healthy = await wm.train(20, trajectories=_trajs(), save=False)
+    healthy = await wm.train(100, trajectories=_trajs(), save=False)
     assert healthy.inference_val_loss_fp32 is not None and abs(healthy.inference_gap) < 0.05
     assert healthy.inference_gap == pytest.approx((healthy.val_loss - healthy.inference_val_loss_fp32) / healthy.inference_val_loss_fp32)
     wm.model.register_forward_hook(_quantise_under_autocast)
-    degraded = await wm.train(20, trajectories=_trajs(), save=False)
+    degraded = await wm.train(100, trajectories=_trajs(), save=False)
     assert degraded.inference_gap > 0.1  # the fault is in the forward only: the weights are as good as before
     recorded = guard.ledger.quality_checks("world_model", kind="inference_gap")
     assert len(recorded) == 2 and recorded[-1]["precision"] == "bf16"
