@@ -12,6 +12,9 @@
 # 6. the RLHF forensics on CUDA: the static probe at length 512 (fp16_pure, bf16_pure,
 #    fp32_baseline) and a quick PPO sweep (one seed per configuration); the first
 #    forensics command builds the FP32 initial checkpoint on the CPU (about 15 s) if missing
+# 7. `genesis-fp16 evolve` (Pendulum-v1, 48 real episodes) with the world model on CUDA
+#    (GENESIS_FP16_DEVICE=cuda, ON_UNSUPPORTED=error: no silent CPU fallback) in FP16 with the
+#    scaler and in BF16; its events must show the world model trained on cuda in that precision
 #
 # Each step writes its JSON (and a log) to OUT_DIR and the script goes on when
 # one fails; the exit code is the number of failed steps. It refuses to start
@@ -64,6 +67,29 @@ step forensics_probe_cuda "$PY" -m genesis_fp16.cli forensics probe --device cud
     --configs fp16_pure,bf16_pure,fp32_baseline --seq-lengths 512 --json "$OUT_DIR/forensics_probe_cuda.json"
 step forensics_sweep_cuda "$PY" -m genesis_fp16.cli forensics sweep --device cuda --quick --seeds 1 \
     --out "$OUT_DIR/forensics_sweep_cuda" --json "$OUT_DIR/forensics_sweep_cuda.json"
+
+check_wm_events() {  # check_wm_events STATE_DIR PRECISION: world_model.trained events on cuda in PRECISION
+    "$PY" - "$1" "$2" <<'PYEOF'
+import sys
+from pathlib import Path
+from genesis_fp16.telemetry import read_events
+state, precision = Path(sys.argv[1]), sys.argv[2]
+trained = [e for e in read_events(state / "events.jsonl", include_rotated=True) if e.get("event") == "world_model.trained"]
+print(f"{len(trained)} world_model.trained events: devices {sorted({e.get('device') for e in trained})}, "
+      f"precisions {sorted({e.get('precision') for e in trained})}")
+assert trained, "the world model never trained"
+assert all(str(e.get("device", "")).startswith("cuda") for e in trained), "the world model trained off the GPU"
+assert all(e.get("precision") == precision for e in trained), f"expected every call in {precision}"
+PYEOF
+}
+for prec in fp16 bf16; do
+    state="$OUT_DIR/evolve_cuda_${prec}_state"
+    rm -rf "$state"
+    step "evolve_cuda_${prec}" env GENESIS_FP16_DEVICE=cuda GENESIS_FP16_ON_UNSUPPORTED=error GENESIS_FP16_STATE_DIR="$state" \
+        "$PY" -m genesis_fp16.cli evolve --env Pendulum-v1 --budget 48 --seed 0 --precision "$prec" \
+        --json "$OUT_DIR/evolve_cuda_${prec}.json"
+    step "evolve_cuda_${prec}_on_gpu" check_wm_events "$state" "$prec"
+done
 
 echo "gpu_acceptance: $failed step(s) failed; results in $OUT_DIR/"
 exit "$failed"
