@@ -1,6 +1,7 @@
-"""The world model's data and network: the features it reads, the targets it
-learns, the MLP with its normaliser, and the checks and the seeded
-train/validation split applied to replay trajectories before training."""
+"""The world model's data: the features it reads, the targets it learns, and
+the checks and the seeded train/validation split applied to replay
+trajectories before training; and `DynamicsMLP`, the single network the
+world model was before the ensemble (`infrastructure.ensemble`)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,6 @@ import numbers
 from typing import Callable, Optional, Sequence
 
 import numpy as np
-import numpy.typing as npt
 import torch
 from torch import nn
 
@@ -55,7 +55,9 @@ def targets(obs: torch.Tensor, next_obs: torch.Tensor, reward: torch.Tensor, don
 
 
 class DynamicsMLP(nn.Module):
-    """MLP on normalised features; the normaliser statistics are buffers, so
+    """One MLP on normalised features, the world model before the ensemble:
+    ``scripts/canary_threshold.py`` trains it, and `WorldModel.load` names its
+    checkpoints when refusing them. The normaliser statistics are buffers, so
     they travel with every checkpoint. With ``done_head`` a last output is the
     logit of termination (its target is 0/1, never normalised)."""
 

@@ -11,7 +11,7 @@ import numbers
 import time
 from functools import partial
 from pathlib import Path
-from typing import Any, Callable, Optional, Sequence, Union
+from typing import Callable, Optional, Sequence, Union
 
 import numpy as np
 import numpy.typing as npt
@@ -380,26 +380,32 @@ class WorldModel:
         project: Optional[ProjectFn] = None,
         discount: float = 1.0,
         terminated: Optional[TerminationFn] = None,
-        **options: Any,
+        particles: Optional[int] = None,
+        episode_steps: Optional[int] = None,
+        seed: int = 0,
+        max_disagreement: Optional[float] = None,
     ) -> torch.Tensor:
         """Predicted returns of P candidate policies from S start observations:
         a (P, S) tensor on the CPU, the mean over the particles of
-        `imagine_uncertain` (which takes the same arguments; ``options`` are
-        its ``particles``, ``episode_steps``, ``seed`` and ``max_disagreement``).
+        `imagine_uncertain` (the same arguments, without the score's ``kappa``).
 
         ``params`` is (P, D); ``start_obs`` is (S, obs_dim), or (obs_dim,) for
         one start state (the result is then (P, 1)). A rollout stops at
         ``terminated(obs)``, else a ``done_head`` model's survival probability weighs it."""
-        imagined = self.imagine_uncertain(policy, params, start_obs, horizon, project=project, discount=discount, terminated=terminated, **options)
+        imagined = self.imagine_uncertain(
+            policy, params, start_obs, horizon, particles=particles, project=project, terminated=terminated, discount=discount,
+            episode_steps=episode_steps, seed=seed, max_disagreement=max_disagreement,
+        )
         return imagined.returns.mean(dim=-1)
 
     async def aimagine(
         self, policy: PolicyFn, params: npt.ArrayLike, start_obs: npt.ArrayLike, horizon: int, *,
-        project: Optional[ProjectFn] = None, discount: float = 1.0, terminated: Optional[TerminationFn] = None, **options: Any,
+        project: Optional[ProjectFn] = None, discount: float = 1.0, terminated: Optional[TerminationFn] = None,
+        particles: Optional[int] = None, episode_steps: Optional[int] = None, seed: int = 0, max_disagreement: Optional[float] = None,
     ) -> torch.Tensor:
         """`imagine` in a worker thread, after any running `train()`; the same
         arguments, the same `(P, S)` returns, the same `NotTrainedError`."""
+        imagine = partial(self.imagine, project=project, discount=discount, terminated=terminated, particles=particles,
+                          episode_steps=episode_steps, seed=seed, max_disagreement=max_disagreement)
         async with self._lock:
-            return await asyncio.to_thread(
-                partial(self.imagine, policy, params, start_obs, horizon, project=project, discount=discount, terminated=terminated, **options)
-            )
+            return await asyncio.to_thread(imagine, policy, params, start_obs, horizon)
