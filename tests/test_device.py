@@ -32,6 +32,7 @@ def test_another_device_name_is_a_settings_error(monkeypatch, value):
 
 
 def test_the_default_is_auto_which_is_the_cpu_without_cuda(monkeypatch):
+    monkeypatch.delenv("GENESIS_FP16_DEVICE")  # the tests' own cpu (conftest)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert load_settings().device == "auto"
     assert resolve_device("auto", OnUnsupported.ERROR, owner="t").device == torch.device("cpu")
@@ -42,6 +43,7 @@ def test_the_default_is_auto_which_is_the_cpu_without_cuda(monkeypatch):
 def test_cuda_without_cuda_is_one_clear_error_under_on_unsupported_error(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     monkeypatch.setenv("GENESIS_FP16_ON_UNSUPPORTED", "error")
+    assert load_settings().device == "cpu"  # the tests' own (conftest): a device="cuda" argument wins over it
     with pytest.raises(DeviceUnavailableError, match=r"WorldModel\('world_model'\): device 'cuda' is not available: torch sees no CUDA.*GENESIS_FP16_DEVICE"):
         WorldModel(3, 1, guard=UNGUARDED, device="cuda")
     monkeypatch.setenv("GENESIS_FP16_DEVICE", "cuda:0")  # from the setting as well
