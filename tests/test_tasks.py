@@ -203,7 +203,7 @@ def test_a_return_that_overflows_is_a_failure():
 
 NAN_TASK = Task(env_id="NaNDrift", env_factory=task_envs.nan_reward, target=0.0, n_train=2, n_heldout=2)
 TINY = dict(init_candidates=4, wm_steps=20, refine_iters=2, revision_iters=2, revision_samples=8, popsize=6, horizon=5,
-            extra_imagined_starts=4, workers=1, eval_timeout_s=60)
+            imagine_starts=4, workers=1, eval_timeout_s=60)
 
 
 @pytest.mark.parametrize("mode", ["full", "no_world_model", "cma"])
