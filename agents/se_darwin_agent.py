@@ -358,6 +358,7 @@ class SEDarwinAgent(RunRecord):
         options: Optional[dict[str, Any]] = None,
         task: Optional[Task] = None,
         buffer: Optional[ReplayBuffer] = None,
+        world_model: Optional[WorldModel] = None,
         evaluator: Optional[EvaluationBackend] = None,
         on_generation: Optional[Callable[[dict[str, Any]], None]] = None,
     ) -> "SEDarwinAgent":
@@ -365,7 +366,8 @@ class SEDarwinAgent(RunRecord):
         last committed generation: its own config (``budget`` and
         ``budget_steps`` may change it, ``workers`` and ``backend`` too; every other option in ``options``, keyed as in
         `EvolveConfig`, must equal the run's; ``task`` for a run of a
-        task that is not registered), pool, generator state,
+        task that is not registered; ``world_model``, ``buffer`` and
+        ``evaluator`` as in the constructor), pool, generator state,
         episodes spent and world-model snapshot. Replay rows of a generation
         that was cut off are deleted: that generation runs again. Raises
         `agents.runs.RunError` when the run cannot be resumed."""
@@ -383,7 +385,8 @@ class SEDarwinAgent(RunRecord):
                 done = ", ".join(f"{k} {v:.1f}" if isinstance(v, float) else f"{k} {v}" for k, v in (manifest.get("report") or {}).items())
                 raise runs.RunError(f"run {run_id!r} already finished ({done}); nothing to resume. Start a new run without --resume")
             config = resumed_config(manifest, budget=budget, budget_steps=budget_steps, workers=workers, options=options or {}, backend=backend)
-            agent = cls(config, task=task, settings=settings, buffer=buffer, evaluator=evaluator, on_generation=on_generation, run_id=run_id)
+            agent = cls(config, task=task, settings=settings, buffer=buffer, world_model=world_model, evaluator=evaluator,
+                        on_generation=on_generation, run_id=run_id)
             agent._lock = lock
             agent._restore(manifest)
         except BaseException:
