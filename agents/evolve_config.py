@@ -118,6 +118,8 @@ class EvolveConfig:
                 f"(generation 0's {cfg.init_candidates} episodes and one full evaluation on {n_train} training start states, "
                 f"each episode up to {steps} steps)"
             )
+        if cfg.horizon is not None and cfg.horizon > steps:
+            raise TaskError(f"horizon={cfg.horizon}: expected at most the episode length ({steps} steps); leave it None for the whole episode")
         return cfg, resolved
 
     def validate(self) -> None:

@@ -189,6 +189,8 @@ def test_the_new_options_are_checked():
         config(kappa=float("nan"), particles=0, imagine_starts=0).validate()
     assert all(s in str(err.value) for s in ("kappa=nan: expected a finite number >= 0", "particles=0: expected >= 1",
                                                "imagine_starts=0: expected >= 1"))
+    with pytest.raises(ValueError, match=r"horizon=201: expected at most the episode length \(200 steps\)"):
+        config(horizon=201).resolve()
     assert EvolveConfig().racing and EvolveConfig().eval_top_k == 3 and EvolveConfig().kappa == 1.0 and EvolveConfig().imagine_starts == 8
 
 

@@ -230,7 +230,7 @@ def test_cli_resume_end_to_end(monkeypatch, tmp_path, state_dir):
     original = se_darwin_agent.EvolveConfig
     monkeypatch.setattr(se_darwin_agent, "EvolveConfig", lambda **kw: original(**{**config().__dict__, **kw}))
     monkeypatch.setattr(se_darwin_agent, "Evaluator", lambda *a, **kw: InterruptOnEvaluation(full=2))
-    cut = runner.invoke(app, ["evolve", "--budget", "40", "--workers", "1"])
+    cut = runner.invoke(app, ["evolve", "--budget", "40", "--workers", "1", "--no-racing"])  # the CLI's own flag wins over config()
     assert cut.exit_code == 130, cut.output
     (run_id,) = [p.name for p in (state_dir / "runs").iterdir()]
     assert f"genesis-fp16 evolve --resume {run_id}" in cut.output
