@@ -61,7 +61,7 @@ class EvolveConfig:
     kappa: float = 1.0
     """Pessimism of the search: a candidate's imagined score is the particles' mean return minus `kappa` times their spread."""
     particles: Optional[int] = None
-    """Imagined rollouts per candidate and start state; None: the world model's own choice (one per elite member)."""
+    """Imagined rollouts per candidate and start state; None: the world model's default (one per elite member of its default ensemble)."""
     horizon: Optional[int] = None
     """Imagined steps per rollout; None: the episode length. A shorter horizon is extended to the episode by the model."""
     wm_steps: int = 800

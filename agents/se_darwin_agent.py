@@ -118,7 +118,8 @@ class SEDarwinAgent(RunRecord):
         self._prior_wall_s = 0.0  # wall time of earlier sessions of this run
 
     @property
-    def real_episodes(self) -> int:  # type: ignore[override]
+    def real_episodes(self) -> int:
+        """Real episodes charged so far (`RealEpisodes`), every session of the run."""
         return self.real.real_episodes
 
     @property
