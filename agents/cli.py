@@ -114,12 +114,20 @@ def evolve(
     budget: int = typer.Option(
         200, "--budget", min=MIN_BUDGET, help=f"Real episodes the search may spend (at least {MIN_BUDGET}: one full evaluation)."
     ),
+    budget_steps: Optional[int] = typer.Option(
+        None, "--budget-steps", min=1, help="Real env steps the search may spend, beside --budget (default: no limit).",
+    ),
     seed: int = typer.Option(0, "--seed", help="Seed: start states, initial policies, model init."),
     precision: Optional[PrecisionMode] = typer.Option(
         None, "--precision", help="World-model training precision; default: settings and the world_model profile."
     ),
     baseline: Baseline = typer.Option(Baseline.none, "--baseline", help="cma: plain CMA-ES on real returns instead of the loop."),
     no_world_model: bool = typer.Option(False, "--no-world-model", help="Ablation: the same loop without the world model."),
+    racing: bool = typer.Option(True, "--racing/--no-racing", help="Race real evaluations: stop a candidate that can no longer win."),
+    kappa: float = typer.Option(1.0, "--kappa", min=0.0, help="Pessimism: a candidate's imagined score is mean - kappa * spread."),
+    particles: Optional[int] = typer.Option(None, "--particles", min=1, help="Imagined rollouts per candidate and start state "
+                                            "(default: the world model's)."),
+    imagine_starts: int = typer.Option(8, "--imagine-starts", min=1, help="Start states the search imagines from per generation."),
     workers: int = typer.Option(2, "--workers", min=1, help="Worker processes for real episodes (with --backend ray: tasks per candidate)."),
     backend: Backend = typer.Option(
         Backend.process, "--backend", help="Where real episodes run: process (a local pool) or ray (a Ray cluster; the ray extra)."
@@ -143,7 +151,7 @@ def evolve(
     ),
     resume: Optional[str] = typer.Option(
         None, "--resume", metavar="RUN_ID",
-        help="Continue an interrupted run (ids: genesis-fp16 state list) with its own options; --budget may change its budget.",
+        help="Continue an interrupted run (ids: genesis-fp16 state list) with its own options; --budget and --budget-steps may change.",
     ),
 ) -> None:
     """Evolve a policy for a task: the SE-Darwin loop with an FP16/BF16 world model (or a baseline)."""
@@ -161,17 +169,14 @@ def evolve(
         settings = settings.model_copy(update={"torch_threads": torch_threads})
     if baseline == Baseline.cma and no_world_model:
         raise fail("--baseline cma and --no-world-model are exclusive: CMA-ES never uses the world model")
+    # the options a resumed run must match (or may change: budgets, workers, backend), by flag name
+    given = dict(env=env, seed=seed, precision=precision, no_world_model=no_world_model, budget=budget, budget_steps=budget_steps,
+                 workers=workers, backend=backend, target=target, policy=policy, episode_steps=episode_steps, racing=racing, kappa=kappa,
+                 particles=particles, imagine_starts=imagine_starts)
     config = EvolveConfig(
-        env_id=env,
-        budget=budget,
-        seed=seed,
-        precision=precision.value if precision is not None else None,
-        use_world_model=not no_world_model,
-        workers=workers,
-        backend=backend.value,
-        target=target,
-        policy=policy,
-        episode_steps=episode_steps,
+        env_id=env, budget=budget, budget_steps=budget_steps, seed=seed, precision=precision.value if precision is not None else None,
+        use_world_model=not no_world_model, workers=workers, backend=backend.value, target=target, policy=policy,
+        episode_steps=episode_steps, racing=racing, kappa=kappa, particles=particles, imagine_starts=imagine_starts,
     )
     if plot is not None:  # first: cma warns on import when matplotlib is missing
         require("matplotlib", f"{EVOLVE} --plot")
@@ -213,9 +218,7 @@ def evolve(
                 connected.enter_context(ray_connection(address, num_cpus=workers))
             except RayConnectError as exc:
                 raise fail(str(exc))
-        _run(ctx, config, settings, resume=resume, baseline=baseline, env=env, seed=seed, precision=precision, no_world_model=no_world_model,
-             budget=budget, workers=workers, backend=backend, target=target, policy=policy, episode_steps=episode_steps,
-             json_path=json_path, plot=plot, tensorboard=tensorboard)
+        _run(ctx, config, settings, given, resume=resume, baseline=baseline, json_path=json_path, plot=plot, tensorboard=tensorboard)
 
 
 def _backend_of_run(ctx: typer.Context, backend: Backend, resume: Optional[str], state_dir: Path) -> Backend:
@@ -232,11 +235,9 @@ def _backend_of_run(ctx: typer.Context, backend: Backend, resume: Optional[str],
     return Backend(saved) if saved in {b.value for b in Backend} else backend
 
 
-def _run(ctx: typer.Context, config: Any, settings: Any, *, resume: Optional[str], baseline: Baseline, env: str, seed: int,
-         precision: Optional[PrecisionMode], no_world_model: bool, budget: int, workers: int, backend: Backend, target: Optional[float],
-         policy: Optional[str], episode_steps: Optional[int], json_path: Optional[Path], plot: Optional[Path],
-         tensorboard: Optional[Path]) -> None:
-    """The run itself, once its options are checked."""
+def _run(ctx: typer.Context, config: Any, settings: Any, given: dict[str, Any], *, resume: Optional[str], baseline: Baseline,
+         json_path: Optional[Path], plot: Optional[Path], tensorboard: Optional[Path]) -> None:
+    """The run itself, once its options are checked; ``given``: the options by flag name."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
     from rich.table import Table
     from rich.text import Text
@@ -247,15 +248,14 @@ def _run(ctx: typer.Context, config: Any, settings: Any, *, resume: Optional[str
     from genesis_fp16.tensorboard_sink import tensorboard_events
 
     from .evaluation import EvaluationError
-    from .evolve_report import return_set
+    from .evolve_report import report_rows, return_set
     from .runs import RunStorageError
     from .se_darwin_agent import SEDarwinAgent, run_cma_baseline
 
     agent = None
+    budget, seed, no_world_model = given["budget"], given["seed"], given["no_world_model"]
     if resume is not None:
-        agent = _resumed_agent(ctx, resume, settings, baseline=baseline, env=env, seed=seed, precision=precision,
-                               no_world_model=no_world_model, budget=budget, workers=workers, backend=backend, target=target,
-                               policy=policy, episode_steps=episode_steps)
+        agent = _resumed_agent(ctx, resume, settings, baseline=baseline, **given)
         budget, seed, no_world_model = agent.config.budget, agent.config.seed, not agent.config.use_world_model
 
     mode = "cma" if baseline == Baseline.cma else ("no_world_model" if no_world_model else "full")
@@ -272,7 +272,11 @@ def _run(ctx: typer.Context, config: Any, settings: Any, *, resume: Optional[str
 
     def on_generation(record: dict[str, Any]) -> None:
         progress.update(task_id, completed=min(record["real_episodes"], budget))
-        ops = ",".join(e["operator"] for e in record.get("evaluated", []) if e.get("operator") != "seed") or "-"
+        # a raced candidate stopped early shows the episodes it got
+        ops = ",".join(e["operator"] + ("" if e.get("full", True) else f"({e['episodes']} ep)")
+                       for e in record.get("evaluated", []) if e.get("operator") != "seed") or "-"
+        rho = (record.get("imagination") or {}).get("spearman")
+        ops += f" rho {rho:.2f}" if rho is not None else ""
         # a probe's one episode and a full evaluation's mean are not comparable: say which one "best" is
         measured = f" ({return_set(record['best_full'], record['best_episodes'])})" if record["best_return"] is not None else ""
         progress.console.print(
@@ -323,36 +327,7 @@ def _run(ctx: typer.Context, config: Any, settings: Any, *, resume: Optional[str
     table = Table(title=safe_text(f"evolve: {report['mode']} on {report['env']}, seed {report['seed']}"))
     table.add_column("metric")
     table.add_column("value")  # left: some values are sentences (why the run stopped)
-    n_train, n_heldout = report["train_start_states"], report["heldout_episodes"]
-    heldout = _fmt(report["heldout_return"])
-    if report["target_reached"] and report["heldout_return"] is not None and report["heldout_return"] < report["target"]:
-        heldout += " (below the target, which is judged on the training start states only)"
-    rows = [
-        ("stopped", report["stop_detail"]),
-        ("target reached", f"{report['target_reached']} (target {report['target']:g}: mean return on the {n_train} training start states)"),
-        ("real episodes", f"{report['real_episodes']} of {report['budget']}"),
-        ("real env steps", str(report["env_steps"])),
-        ("episodes to target", str(report["episodes_to_target"]) if report["episodes_to_target"] is not None else "-"),
-        (f"best return, full ({n_train} training start states)", _fmt(report["train_return"])),
-        (f"best return, held-out ({n_heldout} held-out start states)", heldout),
-        ("world-model precision", str(report["precision"])),
-        ("generations", str(len(report["generations"]))),
-        ("wall time (s)", f"{report['wall_s']:.1f}"),
-    ]
-    failures = report.get("failed_candidates", [])
-    if failures:
-        charged = sum(f.get("episodes", 0) for f in failures)
-        rows.append(("failed candidates", f"{len(failures)} (charged {charged} real episodes)"))
-    for failure in failures:
-        rows.append((f"skipped {failure['candidate']}", failure["error"]))
-    if report.get("replay_db"):
-        rows.append(("replay buffer", report["replay_db"]))
-    if report.get("run_id"):
-        rows.append(("run", report["run_id"]))
-    if report.get("resumed"):
-        origin = report["resumed_from"]
-        rows.append(("resumed after", f"generation {origin['generation']}, {origin['real_episodes']} real episodes"))
-    for name, value in rows:
+    for name, value in report_rows(report):
         table.add_row(*safe_cells(name, value))
     out.print(table)
     if json_path is not None:
@@ -377,7 +352,7 @@ def _run(ctx: typer.Context, config: Any, settings: Any, *, resume: Optional[str
 
 def _resumed_agent(ctx: typer.Context, run_id: str, settings: Any, *, baseline: Baseline, **given: Any) -> Any:
     """The run ``run_id`` ready to continue; an option given on the command
-    line must match the run's own (budget and workers may change)."""
+    line must match the run's own (the budgets, workers and backend may change)."""
     from genesis_fp16.cli import fail
 
     from infrastructure.replay_buffer import ReplayBufferError
@@ -390,14 +365,16 @@ def _resumed_agent(ctx: typer.Context, run_id: str, settings: Any, *, baseline: 
     explicit = {name: value for name, value in given.items() if ctx.get_parameter_source(name).name != "DEFAULT"}
     backend = explicit.get("backend")
     as_config = {"env": "env_id", "seed": "seed", "precision": "precision", "no_world_model": "use_world_model", "target": "target",
-                 "policy": "policy", "episode_steps": "episode_steps"}
+                 "policy": "policy", "episode_steps": "episode_steps", "racing": "racing", "kappa": "kappa", "particles": "particles",
+                 "imagine_starts": "imagine_starts"}
     options = {as_config[k]: v for k, v in explicit.items() if k in as_config}
     if "precision" in options:
         options["precision"] = options["precision"].value
     if "use_world_model" in options:
         options["use_world_model"] = not options["use_world_model"]
     try:
-        return SEDarwinAgent.resume(run_id, settings=settings, budget=explicit.get("budget"), workers=explicit.get("workers"),
+        return SEDarwinAgent.resume(run_id, settings=settings, budget=explicit.get("budget"), budget_steps=explicit.get("budget_steps"),
+                                    workers=explicit.get("workers"),
                                     backend=backend.value if backend is not None else None, options=options)
     except (RunError, ValueError, ReplayBufferError) as exc:
         raise fail(str(exc))

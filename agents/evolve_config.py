@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any, Optional
 
 import numpy as np
@@ -13,7 +13,7 @@ from genesis_fp16.precision import parse_mode
 from genesis_fp16.settings import PrecisionMode
 
 from .evaluation import BACKENDS
-from .runs import RunError
+from .runs import MANIFEST_VERSION, RunError
 from .tasks import ResolvedTask, Task, TaskError, get_task
 
 # what needs the optional packages, in a missing extra's error
@@ -36,7 +36,10 @@ class EvolveConfig:
     env_id: str = "Pendulum-v1"
     """The task: a registered name (`genesis-fp16 evolve --list-tasks`) or any gymnasium id."""
     budget: int = 200
-    """Real episodes the run may spend, the only currency that counts; at least one full evaluation (the task's training start states)."""
+    """Real episodes the run may spend; at least one full evaluation (the task's training start states)."""
+    budget_steps: Optional[int] = None
+    """Real env steps the run may spend, beside `budget`; None: no limit. The loop stops when the next evaluation could
+    exceed either (an episode may run `episode_steps` steps); at least one full evaluation's worth."""
     seed: int = 0
     """Seeds the start states, the candidates, the operators and the world model."""
     precision: Optional[str] = None
@@ -47,12 +50,20 @@ class EvolveConfig:
     """Mean return on the training start states that counts as solved; None: the task's, else the env spec's `reward_threshold`."""
     init_candidates: int = 8
     """Generation 0: random policies, one real episode each (so at most `budget`)."""
-    eval_top_k: int = 1
-    """Candidates per generation, best imagined first, that get real episodes."""
-    extra_imagined_starts: int = 16
-    """Random start states only the model sees, beside the training ones: they regularise the search inside the model."""
+    eval_top_k: int = 3
+    """Candidates per generation, best imagined first, that get real episodes (raced: see `racing`)."""
+    racing: bool = True
+    """Race real evaluations: a candidate runs on 2, 4, 8, ... training start states and stops once it can no longer beat
+    the best fully evaluated candidate nor reach the target (`agents.racing`). False: every candidate runs on all of them."""
+    imagine_starts: int = 8
+    """Start states the search imagines from per generation: training start states first (a fresh subset each generation
+    when there are more of them), then states only the model sees."""
+    kappa: float = 1.0
+    """Pessimism of the search: a candidate's imagined score is the particles' mean return minus `kappa` times their spread."""
+    particles: Optional[int] = None
+    """Imagined rollouts per candidate and start state; None: the world model's default (one per elite member of its default ensemble)."""
     horizon: Optional[int] = None
-    """Imagined steps per rollout; None: the episode length."""
+    """Imagined steps per rollout; None: the episode length. A shorter horizon is extended to the episode by the model."""
     wm_steps: int = 800
     """World-model optimizer steps per generation."""
     popsize: int = 16
@@ -100,6 +111,15 @@ class EvolveConfig:
         n_train = len(resolved.start_states(cfg.seed).train)
         if cfg.budget < n_train:
             raise TaskError(f"budget={cfg.budget}: expected at least {n_train} real episodes (one full evaluation on {cfg.env_id}'s training start states)")
+        steps = resolved.episode_steps
+        if cfg.budget_steps is not None and cfg.budget_steps < max(n_train, cfg.init_candidates) * steps:
+            raise TaskError(
+                f"budget_steps={cfg.budget_steps}: expected at least {max(n_train, cfg.init_candidates) * steps} real env steps "
+                f"(generation 0's {cfg.init_candidates} episodes and one full evaluation on {n_train} training start states, "
+                f"each episode up to {steps} steps)"
+            )
+        if cfg.horizon is not None and cfg.horizon > steps:
+            raise TaskError(f"horizon={cfg.horizon}: expected at most the episode length ({steps} steps); leave it None for the whole episode")
         return cfg, resolved
 
     def validate(self) -> None:
@@ -121,8 +141,11 @@ class EvolveConfig:
             problems.append(f"target={self.target}: expected a finite number (a mean return that counts as solved)")
         if self.backend not in BACKENDS:
             problems.append(f"backend={self.backend!r}: expected one of {', '.join(BACKENDS)}")
+        if not (math.isfinite(self.kappa) and self.kappa >= 0):
+            problems.append(f"kappa={self.kappa}: expected a finite number >= 0 (0: the particles' mean alone)")
         counts = {"init_candidates": self.init_candidates, "eval_top_k": self.eval_top_k, "popsize": self.popsize,
-                  "workers": self.workers, "horizon": self.horizon, "episode_steps": self.episode_steps}
+                  "workers": self.workers, "horizon": self.horizon, "episode_steps": self.episode_steps, "budget_steps": self.budget_steps,
+                  "imagine_starts": self.imagine_starts, "particles": self.particles}
         problems += [f"{name}={value}: expected >= 1" for name, value in counts.items() if value is not None and value < 1]
         if problems:
             raise ValueError("invalid evolve options: " + "; ".join(problems))
@@ -134,10 +157,18 @@ class Candidate:
     params: np.ndarray
     operator: str
     generation: int
-    imagined: Optional[float] = None
-    real_return: Optional[float] = None  # mean over the training start states
+    imagined: Optional[float] = None  # the search's score
+    real_return: Optional[float] = None  # mean over the training start states it was run on
     real_episodes: int = 0
     full: bool = False  # evaluated on every training start state
+    starts: list[int] = field(default_factory=list)  # indices into the training start states, in the order run
+    returns: list[float] = field(default_factory=list)  # its real return on each of them
+    confirmed: Optional[bool] = None  # met the target and was run on the validation start states: did it hold?
+    validation_return: Optional[float] = None  # mean over the validation start states
+
+    def start_returns(self) -> dict[int, float]:
+        """Training start index -> real return, for the start states it was run on."""
+        return dict(zip(self.starts, self.returns))
 
     def meets(self, target: float) -> bool:
         """Whether this candidate is fully evaluated with a mean return of at least ``target``."""
@@ -155,10 +186,17 @@ CONFIG_FIELDS = {f.name for f in fields(EvolveConfig)}
 
 
 def resumed_config(
-    manifest: dict[str, Any], *, budget: Optional[int], workers: Optional[int], options: dict[str, Any], backend: Optional[str] = None
+    manifest: dict[str, Any], *, budget: Optional[int], workers: Optional[int], options: dict[str, Any], backend: Optional[str] = None,
+    budget_steps: Optional[int] = None,
 ) -> EvolveConfig:
-    """The run's own config, with the budget, workers and backend the caller may change."""
+    """The run's own config, with the budgets, workers and backend the caller may change."""
     run_id, saved = manifest["run_id"], dict(manifest["config"])
+    if int(manifest.get("version") or 0) < MANIFEST_VERSION:
+        raise RunError(
+            f"run {run_id!r}: its manifest is version {manifest.get('version')!r}, written before raced evaluations and the search in "
+            f"normalised coordinates (version {MANIFEST_VERSION}); this version cannot continue it. Resume it with the version that "
+            "started it, or start a new run"
+        )
     unknown = sorted(set(saved) - CONFIG_FIELDS)
     if unknown:
         raise RunError(f"run {run_id!r}: its manifest has options this version does not know ({', '.join(unknown)}); resume it with the version that started it")
@@ -166,13 +204,18 @@ def resumed_config(
     if mismatched:
         raise RunError(
             f"run {run_id!r} was started with other options: {'; '.join(mismatched)}. A resumed run keeps its own options "
-            "(only --budget, --workers and --backend may change); resume it without these, or start a new run"
+            "(only --budget, --budget-steps, --workers and --backend may change); resume it without these, or start a new run"
         )
     if budget is not None:
         spent = int(manifest["real_episodes"])
         if budget < spent:
             raise RunError(f"budget={budget}: run {run_id!r} has already spent {spent} real episodes; expected a budget of at least {spent}")
         saved["budget"] = budget
+    if budget_steps is not None:
+        spent_steps = int(manifest.get("env_steps") or 0)
+        if budget_steps < spent_steps:
+            raise RunError(f"budget_steps={budget_steps}: run {run_id!r} has already spent {spent_steps} real env steps; expected at least that")
+        saved["budget_steps"] = budget_steps
     if workers is not None:
         saved["workers"] = workers
     if backend is not None:

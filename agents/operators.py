@@ -1,30 +1,25 @@
-"""The search operators and the imagined objective they search on.
-
-Each operator takes plain arrays and an optional imagine function, so tests
-can run them on a synthetic objective.
+"""The search operators. Each takes plain arrays and an optional imagine
+function, so tests can run them on a synthetic objective; `propose` runs
+them in the search's z-coordinates (`agents.search_space`).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable, Optional, Sequence
+from typing import Optional, Sequence
 
 import numpy as np
 
 from genesis_fp16.extras import require
 
 from .evolve_config import EVOLVE, Candidate, EvolveConfig
-
-if TYPE_CHECKING:
-    from infrastructure.world_model import WorldModel
-
-    from .tasks import ImaginedStarts, ResolvedTask
-
-ImagineFn = Callable[[np.ndarray], np.ndarray]  # (P, D) params -> (P,) predicted mean return
+from .imagination import ImagineFn
+from .search_space import SearchSpace
 
 
 def pool_failing(pool: Sequence[Candidate], target: float) -> bool:
-    """The pool is failing while no fully evaluated candidate meets the target."""
-    return not any(c.meets(target) for c in pool)
+    """The pool is failing while no fully evaluated candidate meets the
+    target, one whose confirmation on the validation start states failed aside."""
+    return not any(c.meets(target) and c.confirmed is not False for c in pool)
 
 
 def best_first(score: Optional[float]) -> float:
@@ -91,29 +86,35 @@ def cma_in_model(x0: np.ndarray, sigma: float, imagine: ImagineFn, *, iters: int
 
 def propose(
     pool: Sequence[Candidate], rng: np.random.Generator, cfg: EvolveConfig, generation: int, imagine: Optional[ImagineFn], *, n_params: int,
+    space: Optional[SearchSpace] = None,
 ) -> list[Candidate]:
     """One generation's proposals from the pool: refinement of the best,
     recombination of the two best fully evaluated, revision while the pool is
     failing; ranked by imagined return, or shuffled without a model.
-    ``n_params``: the task's policy size (fresh starts of revision)."""
+    ``n_params``: the task's policy size (fresh starts of revision). The
+    operators work in ``space``'s z-coordinates (None: the raw parameters),
+    ``imagine`` takes z-coordinates too; the candidates hold raw parameters."""
+    to_z = space.to_z if space is not None else np.asarray
     seed = cfg.seed * 1000 + generation * 10
     proposals: list[tuple[str, np.ndarray]] = []
     best = best_of(pool)
     if best is not None:
-        for x in refinement(best.params, rng, imagine=imagine, sigma=cfg.refine_sigma, iters=cfg.refine_iters, popsize=cfg.popsize, seed=seed):
+        for x in refinement(to_z(best.params), rng, imagine=imagine, sigma=cfg.refine_sigma, iters=cfg.refine_iters, popsize=cfg.popsize,
+                            seed=seed):
             proposals.append(("refinement", x))
     full = sorted([c for c in pool if c.full], key=lambda c: best_first(c.real_return))
     if len(full) >= 2:
-        for x in recombination(full[0].params, full[1].params, rng, n=cfg.recombinations):
+        for x in recombination(to_z(full[0].params), to_z(full[1].params), rng, n=cfg.recombinations):
             proposals.append(("recombination", x))
     for x in revision(
         pool, rng, target=float(cfg.target if cfg.target is not None else -np.inf), n_params=n_params, imagine=imagine, samples=cfg.revision_samples,
         iters=cfg.revision_iters, sigma=cfg.revision_sigma, popsize=cfg.popsize, seed=seed + 1,
     ):
         proposals.append(("revision", x))
-    cands = [Candidate(f"g{generation}-{k}-{op}", x, op, generation) for k, (op, x) in enumerate(proposals)]
-    if imagine is not None and cands:
-        scores = imagine(np.stack([c.params for c in cands]))
+    scores = imagine(np.stack([x for _, x in proposals])) if imagine is not None and proposals else None
+    to_raw = space.to_raw if space is not None else np.asarray
+    cands = [Candidate(f"g{generation}-{k}-{op}", to_raw(x), op, generation) for k, (op, x) in enumerate(proposals)]
+    if scores is not None:
         for c, s in zip(cands, scores):
             c.imagined = float(s)
         cands.sort(key=lambda c: best_first(c.imagined))
@@ -121,26 +122,3 @@ def propose(
         order = rng.permutation(len(cands))  # nothing to rank by: the ablation picks at random
         cands = [cands[i] for i in order]
     return cands
-
-
-def make_imagine(
-    world_model: WorldModel, task: ResolvedTask, starts: ImaginedStarts, *, generation: int, horizon: int
-) -> ImagineFn:
-    """The objective the operators search on: a policy's mean imagined return
-    over the training start states plus random ones that only the model sees,
-    drawn per generation (they regularise the search). Imagined rollouts use
-    the task's projection (else a clamp into the observation box, and into
-    the model's data region where the box is unbounded) and stop at its
-    termination function (else the model's done head, if it has one)."""
-    from .tasks.torch_policy import BatchedPolicy, clamp_projection
-
-    start_obs = starts.for_generation(generation)
-    policy = BatchedPolicy(task.policy)
-    project = task.task.project or clamp_projection(task.obs_low, task.obs_high, data=world_model.observed_region())
-
-    def imagine(params: np.ndarray) -> np.ndarray:
-        returns = world_model.imagine(policy, params, start_obs, horizon, project=project, terminated=task.task.termination)
-        scores = returns.mean(dim=1).numpy().astype(float)
-        return np.where(np.isfinite(scores), scores, -1e30)  # a diverged imagined rollout ranks last
-
-    return imagine

@@ -1,6 +1,6 @@
 """How an evolution run records itself in its manifest (``agents.runs``):
-sessions, committed progress and world-model snapshots. A base of
-`agents.se_darwin_agent.SEDarwinAgent`."""
+sessions, committed progress (and reading it back on resume) and
+world-model snapshots. A base of `agents.se_darwin_agent.SEDarwinAgent`."""
 
 from __future__ import annotations
 
@@ -10,11 +10,18 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
+import numpy as np
+
 from genesis_fp16.settings import Settings
+from infrastructure.replay_buffer import ReplayBuffer
 
 from . import runs
-from .evolve_config import EvolveConfig
+from .evolve_config import Candidate, EvolveConfig
 from .evolve_report import SUMMARY_KEYS
+from .real_episodes import RealEpisodes
+from .search_space import ObsStats
+from .tasks import ResolvedTask
+from .time_share import TimeShare
 
 if TYPE_CHECKING:
     import structlog
@@ -27,17 +34,79 @@ class RunRecord:
 
     settings: Settings
     config: EvolveConfig
+    task: ResolvedTask
     run_id: str
+    data_agent: str
+    buffer: ReplayBuffer
     world_model: Optional[WorldModel]
     generation: int
-    real_episodes: int
+    real: RealEpisodes
+    pool: list[Candidate]
+    generations: list[dict[str, Any]]
+    rng: np.random.Generator
+    obs_stats: ObsStats
+    time: TimeShare
+    reached_at: Optional[int]
+    budget_exhausted: Optional[str]
+    unconfirmed: Optional[str]
+    resumed_from: Optional[dict[str, Any]]
     _lock: runs.RunLock
     _manifest: dict[str, Any]
     _prior_wall_s: float
     _log: "structlog.stdlib.BoundLogger"
 
-    def _progress(self) -> dict[str, Any]:
+    def _has_data(self) -> bool:
         raise NotImplementedError
+
+    def _progress(self) -> dict[str, Any]:
+        """What a resume needs, as of the last committed generation."""
+        return {
+            "generation": self.generation,
+            **self.real.progress(),
+            "reached_at": self.reached_at,
+            "budget_exhausted": self.budget_exhausted,
+            "unconfirmed": self.unconfirmed,
+            "rng": self.rng.bit_generator.state,
+            "pool": [c.as_dict() for c in self.pool],
+            "generations": self.generations,
+            "obs_stats": self.obs_stats.as_dict(),
+            "time": self.time.snapshot(),
+        }
+
+    def _restore(self, manifest: dict[str, Any]) -> None:
+        """The state `_progress` wrote; the replay rows of a cut-off generation deleted, the world-model snapshot loaded."""
+        from genesis_fp16.checkpoint import CheckpointError
+
+        self.generation = int(manifest["generation"])
+        self.real.restore(manifest)
+        self.reached_at = manifest.get("reached_at")
+        self.budget_exhausted, self.unconfirmed = manifest.get("budget_exhausted"), manifest.get("unconfirmed")
+        self.pool = [Candidate.from_dict(c) for c in manifest["pool"]]
+        self.generations = list(manifest["generations"])
+        self.rng.bit_generator.state = manifest["rng"]
+        self.obs_stats = ObsStats.from_dict(self.task.policy.obs_dim, manifest["obs_stats"])
+        self.time.seconds.update(TimeShare(manifest["time"]).seconds)  # the object the evaluations already hold
+        self._manifest.update({k: manifest[k] for k in ("started", "sessions", "world_model_checkpoint") if k in manifest})
+        self._prior_wall_s = float(manifest.get("wall_s") or 0.0)
+        # a run whose every evaluation so far failed has no replay data, and needs none
+        if self.generation >= 0 and self._has_data() and self.buffer.count(self.data_agent)["trajectories"] == 0:
+            raise runs.RunError(
+                f"run {self.run_id!r}: its replay data is gone from {self.buffer.path} (pruned, or another state dir); it cannot be resumed"
+            )
+        discarded = self.buffer.delete_generations_after(self.data_agent, self.generation)
+        snapshot = manifest.get("world_model_checkpoint")
+        if self.world_model is not None and snapshot:
+            path = runs.world_model_dir(Path(self.settings.state_dir), self.run_id) / snapshot
+            try:
+                self.world_model.load(path)
+            except CheckpointError as exc:
+                raise runs.RunError(f"run {self.run_id!r}: its world-model snapshot cannot be loaded ({exc}); the run cannot be resumed") from None
+            self.world_model.save()  # the model's own checkpoint (a rollback may restore it) matches the committed generation again
+        self.resumed_from = {
+            "generation": self.generation, "real_episodes": self.real.real_episodes, "discarded_trajectories": discarded,
+            "session": len(self._manifest["sessions"]) + 1,
+        }
+        self._log.info("evolve.resumed", **self.resumed_from)
 
     @property
     def manifest_path(self) -> Path:
@@ -55,7 +124,7 @@ class RunRecord:
         if not self._lock.acquire():
             raise runs.RunError(f"run {self.run_id!r} is running in another process; wait for it to end, then resume it")
         self._manifest["sessions"].append(
-            {"started": time.time(), "pid": os.getpid(), "from_generation": self.generation, "real_episodes": self.real_episodes}
+            {"started": time.time(), "pid": os.getpid(), "from_generation": self.generation, "real_episodes": self.real.real_episodes}
         )
         try:
             self._write_manifest(status="running", pid=os.getpid(), wall_s=self._prior_wall_s, **self._progress())

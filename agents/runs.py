@@ -41,7 +41,7 @@ except ImportError:  # pragma: no cover - Windows
     fcntl = None  # type: ignore[assignment]
 
 MANIFEST_FORMAT = "genesis-fp16.run"
-MANIFEST_VERSION = 1
+MANIFEST_VERSION = 2  # 2: raced evaluations, observation statistics, confirmations, time shares
 RUNS_DIR = "runs"
 MANIFEST_FILE = "run.json"
 LOCK_FILE = "lock"

@@ -39,7 +39,7 @@ def test_mkdocs_build_strict(tmp_path):
     assert "WorldModel" in page and "TrainReport" in page and "ReplayBuffer" in page
     assert "delete_trajectories" in page and "NonFiniteDataError" in page and "aimagine" in page
     agents = (tmp_path / "site" / "reference" / "agents" / "index.html").read_text(encoding="utf-8")
-    assert "the only currency that counts" in agents  # EvolveConfig's field docstrings are rendered
+    assert "Real env steps the run may spend" in agents  # EvolveConfig's field docstrings are rendered
     for ref in (tmp_path / "site" / "reference").rglob("*.html"):
         assert ":class:`" not in ref.read_text(encoding="utf-8"), f"a Sphinx role renders literally in {ref.parent.name}"
 

@@ -34,7 +34,7 @@ def tiny(monkeypatch):
 
     def make(**kw):
         base = dict(init_candidates=8, wm_steps=40, refine_iters=2, revision_iters=2, revision_samples=8,
-                    popsize=6, horizon=20, extra_imagined_starts=4, eval_timeout_s=60)
+                    popsize=6, horizon=10, imagine_starts=4, eval_timeout_s=60)
         base.update(kw)
         return original(**base)
 
@@ -59,6 +59,11 @@ def test_entry_point_registers_evolve():
         (["--budget", "5"], "--budget"),
         (["--baseline", "cma", "--no-world-model"], "exclusive"),
         (["--precision", "fp8"], "fp8"),
+        (["--budget-steps", "3000"], "budget_steps=3000: expected at least 3200 real env steps"),
+        (["--kappa", "-1"], "--kappa"),
+        (["--kappa", "nan"], "--kappa"),
+        (["--particles", "0"], "--particles"),
+        (["--imagine-starts", "0"], "--imagine-starts"),
     ],
 )
 def test_bad_input_one_clear_error(args, expected):
@@ -104,6 +109,19 @@ def test_tiny_run_writes_json_report(tiny, tmp_path, state_dir):
     assert "best return, full (16 training start states)" in result.stdout
     assert "best return, held-out (20 held-out start states)" in result.stdout
     assert Path(report["replay_db"]).is_file() and Path(report["replay_db"]).parent == state_dir
+
+
+def test_search_and_budget_flags_reach_the_config(tiny, tmp_path, state_dir):
+    out = tmp_path / "report.json"
+    result = runner.invoke(app, ["evolve", "--budget", "16", "--budget-steps", "3200", "--no-racing", "--kappa", "0.5", "--particles", "2",
+                                 "--imagine-starts", "3", "--workers", "1", "--json", str(out)])
+    assert result.exit_code == 0, result.output
+    report = json.loads(out.read_text())
+    assert {k: report["config"][k] for k in ("budget_steps", "racing", "kappa", "particles", "imagine_starts")} == {
+        "budget_steps": 3200, "racing": False, "kappa": 0.5, "particles": 2, "imagine_starts": 3}
+    assert report["budget_steps"] == 3200 and report["stop_reason"] == "budget" and report["budget_exhausted"] == "episodes"
+    assert set(report["time_share"]) >= {"model_train", "imagine", "search", "real_episodes", "other", "model_share"}
+    assert report["imagination"]["candidates"] == 0 and "wall time in the model" in result.stdout
 
 
 def test_tiny_run_plot_and_tensorboard(tiny, tmp_path, state_dir):

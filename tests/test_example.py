@@ -26,7 +26,7 @@ def custom_task(monkeypatch):
 async def test_custom_task_example_runs(custom_task, tmp_path):
     tiny = dict(
         init_candidates=4, wm_steps=20, refine_iters=2, revision_iters=2, revision_samples=8, popsize=4, horizon=10,
-        extra_imagined_starts=2, workers=1, eval_timeout_s=60,
+        imagine_starts=2, workers=1, eval_timeout_s=60,
     )
     report = await custom_task.evolve(12, seed=0, state_dir=str(tmp_path), **tiny)
     assert report["env"] == "Thermostat-v0" and report["config"]["policy"] == "linear"

@@ -157,9 +157,10 @@ def test_a_resumed_run_may_change_its_backend():
     from dataclasses import asdict
 
     from agents.evolve_config import EvolveConfig, resumed_config
+    from agents.runs import MANIFEST_VERSION
 
     saved = asdict(EvolveConfig())
-    manifest = {"run_id": "r", "config": saved, "real_episodes": 0}
+    manifest = {"run_id": "r", "version": MANIFEST_VERSION, "config": saved, "real_episodes": 0}
     assert resumed_config(manifest, budget=None, workers=None, options={}, backend="ray").backend == "ray"
     del saved["backend"]  # a run started before backends existed: the process pool
     assert resumed_config(manifest, budget=None, workers=None, options={}).backend == "process"

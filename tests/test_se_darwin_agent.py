@@ -121,7 +121,7 @@ def test_real_evaluation_matches_in_process_episodes():
 def tiny_config(**kw) -> EvolveConfig:
     base = dict(
         budget=24, init_candidates=8, wm_steps=40, refine_iters=2, revision_iters=2, revision_samples=8,
-        popsize=6, horizon=20, extra_imagined_starts=4, workers=1, eval_timeout_s=60,
+        popsize=6, horizon=20, imagine_starts=4, workers=1, eval_timeout_s=60,
     )
     base.update(kw)
     return EvolveConfig(**base)
@@ -220,7 +220,7 @@ class InProcessEvaluator(Evaluator):
         return out
 
 
-RUN_SPECIFIC = ("run_id", "run_manifest", "wall_s", "elapsed_s", "wm_wall_s")  # names, paths and times of the run
+RUN_SPECIFIC = ("run_id", "run_manifest", "wall_s", "elapsed_s", "wm_wall_s", "time_share", "time")  # names, paths and times of the run
 
 
 def _comparable(report: dict) -> dict:
@@ -277,7 +277,10 @@ async def test_probe_meeting_the_target_is_promoted_to_a_full_evaluation(state_d
     report = await agent.evolve()
     gen1 = report["generations"][1]["evaluated"]
     assert [e["operator"] for e in gen1] == ["seed"] and gen1[0]["id"].startswith("g0-")  # verified, nothing proposed
-    assert report["target_reached"] and report["episodes_to_target"] == 8 + 16
+    # the full evaluation met the target, and the 8 validation start states confirmed it (charged too)
+    assert report["target_reached"] and report["episodes_to_target"] == 8 + 16 + 8
+    assert report["confirmations"] == [{"candidate": gen1[0]["id"], "generation": 1, "train_return": report["train_return"],
+                                        "validation_return": report["validation_return"], "episodes": 8, "confirmed": True}]
     assert len(agent.pool) == 8 and len({c.id for c in agent.pool}) == 8  # promoted in place, not added twice
 
 
@@ -288,7 +291,8 @@ async def test_promoted_probe_that_fails_in_full_is_not_promoted_again(state_dir
     report = await agent.evolve()
     ops = [[e["operator"] for e in g["evaluated"]] for g in report["generations"][1:]]
     assert ops[0] == ["seed"] and ops[1][0] in {"refinement", "revision", "recombination"}
-    assert not report["target_reached"] and report["real_episodes"] == 40
+    # the budget stops the run once another full evaluation (16 episodes) no longer fits
+    assert not report["target_reached"] and report["real_episodes"] + 16 > 40 >= report["real_episodes"]
 
 
 async def test_each_task_has_its_own_world_model_agent(state_dir):
@@ -339,12 +343,13 @@ async def test_a_return_of_zero_meets_a_target_of_zero(state_dir):
 
     import task_envs
 
-    task = Task(env_id="Still", env_factory=task_envs.still, target=0.0, n_train=1, n_heldout=1)
+    task = Task(env_id="Still", env_factory=task_envs.still, target=0.0, n_train=1, n_heldout=1, n_validation=8)
     config = EvolveConfig(budget=12, init_candidates=4, use_world_model=False, workers=1)
     agent = SEDarwinAgent(config, task=task, settings=load_settings(), evaluator=InProcessTaskEvaluator(task.resolve(), workers=1))
     report = await agent.evolve()
     assert report["target_reached"] and report["stop_reason"] == "target"
-    assert report["episodes_to_target"] == 4 and len(report["generations"]) == 1  # met in generation 0, nothing proposed
+    # met in generation 0 and confirmed on the 8 validation start states; nothing proposed
+    assert report["episodes_to_target"] == 4 + 8 and len(report["generations"]) == 1
     assert report["train_return"] == 0.0
     outcomes = [t.outcome for t in ReplayBuffer(settings=load_settings()).sample(agent.data_agent)]
     assert outcomes == ["target"] * 4

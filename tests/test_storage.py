@@ -327,7 +327,7 @@ def tiny(monkeypatch):
 
     def make(**kw):
         base = dict(init_candidates=8, wm_steps=20, refine_iters=2, revision_iters=2, revision_samples=8,
-                    popsize=6, horizon=20, extra_imagined_starts=4, eval_timeout_s=60)
+                    popsize=6, horizon=20, imagine_starts=4, eval_timeout_s=60)
         base.update(kw)
         return original(**base)
 

@@ -67,9 +67,21 @@ def test_numpy_and_torch_policies_agree(policy):
 def test_default_start_states_are_disjoint_reset_seeds():
     task = Task(env_id="Drift", env_factory=task_envs.drift, target=0.0).resolve()
     s0, s1 = task.start_states(0), task.start_states(1)
-    assert len(s0.train) == 16 and len(s0.heldout) == 20
-    seeds = [set(s.ravel()) for s in (s0.train, s0.heldout, s1.train, s1.heldout)]
+    assert len(s0.train) == 16 and len(s0.heldout) == 20 and len(s0.validation) == 8
+    seeds = [set(s.ravel()) for s in (s0.train, s0.heldout, s0.validation, s1.train, s1.heldout, s1.validation)]
     assert sum(len(s) for s in seeds) == len(set().union(*seeds))
+    assert len(Task(env_id="Drift", env_factory=task_envs.drift, target=0.0, n_validation=3).resolve().start_states(0).validation) == 3
+
+
+def test_pendulum_start_states_are_three_disjoint_sets():
+    from agents.tasks import get_task
+
+    starts = get_task("Pendulum-v1").resolve().start_states(0)
+    assert (len(starts.train), len(starts.validation), len(starts.heldout)) == (16, 8, 20)
+    rows = [tuple(r) for s in (starts.train, starts.validation, starts.heldout) for r in s]
+    assert len(set(rows)) == len(rows)
+    assert np.all(np.abs(starts.validation[:, 0]) <= np.pi) and np.all(np.abs(starts.validation[:, 1]) <= 1.0)  # Pendulum's reset range
+    np.testing.assert_array_equal(starts.validation, get_task("Pendulum-v1").resolve().start_states(0).validation)  # fixed per seed
 
 
 def test_tasks_that_cannot_run_are_clear_errors():
@@ -203,7 +215,7 @@ def test_a_return_that_overflows_is_a_failure():
 
 NAN_TASK = Task(env_id="NaNDrift", env_factory=task_envs.nan_reward, target=0.0, n_train=2, n_heldout=2)
 TINY = dict(init_candidates=4, wm_steps=20, refine_iters=2, revision_iters=2, revision_samples=8, popsize=6, horizon=5,
-            extra_imagined_starts=4, workers=1, eval_timeout_s=60)
+            imagine_starts=4, workers=1, eval_timeout_s=60)
 
 
 @pytest.mark.parametrize("mode", ["full", "no_world_model", "cma"])

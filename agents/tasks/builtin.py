@@ -16,6 +16,7 @@ def pendulum() -> Task:
     return Task(
         env_id="Pendulum-v1", target=pendulum_states.TARGET_RETURN, policy=f"mlp:{pendulum_states.HIDDEN}",
         episode_steps=pendulum_states.EPISODE_STEPS, n_train=pendulum_states.N_TRAIN_STARTS, n_heldout=pendulum_states.N_HELDOUT_STARTS,
+        n_validation=pendulum_states.N_VALIDATION_STARTS,
         exact_states=ExactStates(
             split=pendulum_states.start_states, set_state=pendulum_states.set_state,
             observe=pendulum_states.observation, extra=pendulum_states.extra_states,

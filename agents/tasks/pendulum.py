@@ -27,23 +27,29 @@ EPISODE_STEPS = 200
 TARGET_RETURN = -300.0
 N_TRAIN_STARTS = 16
 N_HELDOUT_STARTS = 20
+N_VALIDATION_STARTS = 8
 # thdot is in [-8, 8]; the policy sees it scaled to about [-1, 1]
 OBS_SCALE = (1.0, 1.0, 1.0 / 8.0)
 N_PARAMS = OBS_DIM * HIDDEN + HIDDEN + HIDDEN * ACT_DIM + ACT_DIM
 
 
-def start_states(seed: int = 0, n_train: int = N_TRAIN_STARTS, n_heldout: int = N_HELDOUT_STARTS) -> StartStates:
+def start_states(
+    seed: int = 0, n_train: int = N_TRAIN_STARTS, n_heldout: int = N_HELDOUT_STARTS, n_validation: int = N_VALIDATION_STARTS
+) -> StartStates:
     """Fixed start states from Pendulum's own reset distribution
     (theta uniform in [-pi, pi], theta_dot uniform in [-1, 1]). Training angles
     are stratified so every region of the circle is covered; held-out ones are
-    drawn independently from a different stream and never seen by the search."""
+    drawn independently from a different stream and never seen by the search;
+    validation ones (which confirm a target met on the training states) from a third."""
     rng = np.random.default_rng(10_000 + seed)
     edges = np.linspace(-math.pi, math.pi, n_train + 1)
     theta = rng.uniform(edges[:-1], edges[1:])
     train = np.stack([theta, rng.uniform(-1.0, 1.0, n_train)], axis=1)
     rng_h = np.random.default_rng(20_000 + seed)
     heldout = np.stack([rng_h.uniform(-math.pi, math.pi, n_heldout), rng_h.uniform(-1.0, 1.0, n_heldout)], axis=1)
-    return StartStates(train=train, heldout=heldout)
+    rng_v = np.random.default_rng(30_000 + seed)
+    validation = np.stack([rng_v.uniform(-math.pi, math.pi, n_validation), rng_v.uniform(-1.0, 1.0, n_validation)], axis=1)
+    return StartStates(train=train, heldout=heldout, validation=validation)
 
 
 def extra_states(rng: np.random.Generator, n: int) -> np.ndarray:

@@ -35,14 +35,19 @@ class TaskError(ValueError):
 
 @dataclass(frozen=True)
 class StartStates:
+    """A run's start states, three disjoint sets: ``train`` (the search and
+    the target test), ``validation`` (confirms a target met on ``train``
+    before the run stops) and ``heldout`` (only the final report)."""
+
     train: np.ndarray  # (n_train, k): one row per start state
     heldout: np.ndarray  # (n_heldout, k)
+    validation: np.ndarray  # (n_validation, k)
 
 
 @dataclass(frozen=True)
 class ExactStates:
     """Start states a task sets itself instead of ``reset(seed=k)``.
-    ``split(seed)`` gives the train/held-out states; ``set_state(env, row)``
+    ``split(seed)`` gives the train, held-out and validation states; ``set_state(env, row)``
     sets one after a reset and returns its observation (runs in workers: a
     module-level function); ``observe(rows)`` gives observations without an
     env and ``extra(rng, n)`` draws states only the model sees."""
@@ -70,6 +75,7 @@ class Task:
     env_factory: Optional[Callable[[], "gym.Env"]] = None
     n_train: int = 16
     n_heldout: int = 20
+    n_validation: int = 8
     exact_states: Optional[ExactStates] = None
     obs_scale: Optional[tuple[float, ...]] = None
     project: Optional[ProjectFn] = None
@@ -178,13 +184,17 @@ class ResolvedTask:
         )
 
     def start_states(self, seed: int) -> StartStates:
-        """Train and held-out start states; by default disjoint sets of reset seeds."""
+        """Train, held-out and validation start states; by default disjoint
+        ranges of reset seeds (train from ``1e6 (seed + 1)``, validation
+        300,000 and held-out 500,000 above it; the states only the model sees
+        are drawn 800,000 above)."""
         if self.task.exact_states is not None:
             return self.task.exact_states.split(seed)
         base = 1_000_000 * (seed + 1)
         train = np.arange(self.task.n_train, dtype=np.float64) + base
         heldout = np.arange(self.task.n_heldout, dtype=np.float64) + base + 500_000
-        return StartStates(train=train[:, None], heldout=heldout[:, None])
+        validation = np.arange(self.task.n_validation, dtype=np.float64) + base + 300_000
+        return StartStates(train=train[:, None], heldout=heldout[:, None], validation=validation[:, None])
 
     def reset_observations(self, seeds: Sequence[int]) -> np.ndarray:
         """Observations after ``reset(seed=s)`` for each seed (no steps: no real episode spent)."""
@@ -198,21 +208,33 @@ class ResolvedTask:
 
 
 class ImaginedStarts:
-    """Start observations the operators imagine from: the training start
-    states plus ``extra`` states only the model sees, drawn per generation."""
+    """Start observations the search imagines from: ``n`` per generation,
+    training start states first (a fresh subset each generation when there
+    are more than ``n``), then states only the model sees, drawn per generation."""
 
     POOL = 64  # reset seeds drawn once for the extra states of a seed-reset task
 
-    def __init__(self, task: ResolvedTask, train: np.ndarray, seed: int, extra: int) -> None:
-        self.task, self.train, self.seed, self.extra = task, train, seed, extra
-        if task.task.exact_states is None:
-            self.train_obs = task.reset_observations([int(s[0]) for s in train])
+    def __init__(self, task: ResolvedTask, train: np.ndarray, seed: int, n: int) -> None:
+        self.task, self.train, self.seed, self.n = task, train, seed, n
+        exact = task.task.exact_states
+        if exact is None:
+            self.train_obs = task.reset_observations([int(s[0]) for s in train]).astype(np.float32)
             self.pool = task.reset_observations(range(1_000_000 * (seed + 1) + 800_000, 1_000_000 * (seed + 1) + 800_000 + self.POOL))
+        else:
+            self.train_obs = exact.observe(train).astype(np.float32)
+
+    def train_observations(self, indices: Sequence[int]) -> np.ndarray:
+        """Observations of the training start states ``indices`` (in that order)."""
+        return self.train_obs[list(indices)]
 
     def for_generation(self, generation: int) -> np.ndarray:
         g = np.random.default_rng([self.seed, generation, 7])
+        n_train = len(self.train)
+        if self.n <= n_train:
+            return self.train_obs[np.sort(g.choice(n_train, size=self.n, replace=False))]
+        extra = self.n - n_train
         exact = self.task.task.exact_states
         if exact is not None:
-            return exact.observe(np.concatenate([self.train, exact.extra(g, self.extra)])).astype(np.float32)
-        idx = g.choice(len(self.pool), size=min(self.extra, len(self.pool)), replace=False)
-        return np.concatenate([self.train_obs, self.pool[idx]]).astype(np.float32)
+            return np.concatenate([self.train_obs, exact.observe(exact.extra(g, extra)).astype(np.float32)])
+        idx = g.choice(len(self.pool), size=min(extra, len(self.pool)), replace=False)
+        return np.concatenate([self.train_obs, self.pool[idx].astype(np.float32)])

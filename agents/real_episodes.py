@@ -1,0 +1,151 @@
+"""The loop's real episodes under its budgets: generation 0's probes, raced
+evaluations on the training start states (`agents.racing`), and the
+confirmation of a target on the validation start states. Every episode run
+is charged, a failed or stopped candidate's too; the held-out start states
+are not used here (only by the final report)."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from typing import TYPE_CHECKING, Any, Optional, Sequence
+
+import numpy as np
+
+from .evaluation import Evaluation, EvaluationBackend, EvaluationEnvError, EvaluationError, EvaluationTimeout
+from .evolve_config import Candidate, EvolveConfig
+from .racing import race, race_order, stage_sizes
+from .tasks import StartStates
+from .time_share import TimeShare
+
+if TYPE_CHECKING:
+    import structlog
+
+
+class RealEpisodes:
+    """What the run spent (``real_episodes``, ``env_steps`` of the episodes
+    that finished), what failed (``failures``) and every confirmation tried
+    (``confirmations``); kept in the run manifest (`progress`, `restore`)."""
+
+    def __init__(self, evaluator: EvaluationBackend, config: EvolveConfig, starts: StartStates, time: TimeShare,
+                 log: "structlog.stdlib.BoundLogger") -> None:
+        self.evaluator, self.config, self.starts, self.time, self._log = evaluator, config, starts, time, log
+        self.order = race_order(len(starts.train), config.seed)
+        self.stages = stage_sizes(len(starts.train), config.racing)
+        self.real_episodes = 0
+        self.env_steps = 0
+        self.failures: list[dict[str, Any]] = []  # candidates charged and skipped (or not confirmed), and why
+        self.confirmations: list[dict[str, Any]] = []
+
+    @property
+    def target(self) -> float:
+        assert self.config.target is not None  # resolve() fills it in
+        return self.config.target
+
+    # -- budgets --------------------------------------------------------------------------
+    def steps_charged(self) -> int:
+        """Env steps counted against ``budget_steps``: those of the episodes that
+        finished, and a failed episode at its longest (its steps are not known)."""
+        assert self.config.episode_steps is not None
+        return self.env_steps + sum(int(f["episodes"]) for f in self.failures) * self.config.episode_steps
+
+    def over_budget(self, episodes: int) -> Optional[str]:
+        """Which budget ``episodes`` more real episodes could exceed:
+        ``episodes``, ``env_steps`` (each may run ``episode_steps`` steps), or None."""
+        cfg = self.config
+        assert cfg.episode_steps is not None
+        if self.real_episodes + episodes > cfg.budget:
+            return "episodes"
+        if cfg.budget_steps is not None and self.steps_charged() + episodes * cfg.episode_steps > cfg.budget_steps:
+            return "env_steps"
+        return None
+
+    # -- evaluations ----------------------------------------------------------------------
+    async def evaluate(self, params: np.ndarray, states: np.ndarray) -> Evaluation:
+        with self.time.measure("real_episodes"):
+            return await asyncio.to_thread(self.evaluator.evaluate, params, states)
+
+    def charge_failure(self, cand: Candidate, exc: EvaluationError, *, episodes: int, score: bool = True) -> None:
+        """Record why ``cand`` failed and how many real episodes it was
+        charged; with ``score`` it is scored -inf (the caller keeps it in the pool)."""
+        if score:
+            cand.real_return, cand.full = float("-inf"), True
+        event = "evolve.candidate_timeout" if isinstance(exc, EvaluationTimeout) else "evolve.candidate_failed"
+        self._log.warning(event, candidate=cand.id, error=str(exc))
+        self.failures.append({"candidate": cand.id, "generation": cand.generation, "episodes": episodes, "error": str(exc)})
+
+    async def seed(self, cands: Sequence[tuple[Candidate, int]]) -> list[tuple[Candidate, Evaluation]]:
+        """Generation 0: one episode per candidate on its training start
+        state (index). An env that raises loses its own candidate only (scored
+        -inf, not returned): the others' episodes ran and count."""
+        train = self.starts.train
+        with self.time.measure("real_episodes"):
+            results = await asyncio.to_thread(functools.partial(
+                self.evaluator.evaluate_many, [(c.params, train[[i]]) for c, i in cands], per_job_env_errors=True))
+        out = []
+        for (cand, i), res in zip(cands, results):
+            self.real_episodes += 1
+            if isinstance(res, EvaluationEnvError):
+                self.charge_failure(cand, res, episodes=1)
+                continue
+            self._score(cand, [i], res)
+            out.append((cand, res))
+        return out
+
+    async def race(self, cand: Candidate, incumbent: Optional[Candidate]) -> Optional[Evaluation]:
+        """``cand`` raced on the training start states against ``incumbent``
+        (None: run on all of them); its returns, real episodes and whether it
+        is full are set on it. None when an evaluation failed: it is then
+        scored -inf and charged every episode of the race."""
+        result = await race(self.evaluate, cand.params, self.starts.train, self.order, self.stages,
+                            incumbent=incumbent.start_returns() if incumbent is not None else None, target=self.target)
+        self.real_episodes += result.episodes
+        if result.error is not None:
+            self.charge_failure(cand, result.error, episodes=result.episodes)
+            return None
+        assert result.evaluation is not None
+        self._score(cand, result.starts, result.evaluation)
+        return result.evaluation
+
+    def _score(self, cand: Candidate, starts: list[int], res: Evaluation) -> None:
+        cand.starts, cand.returns = list(starts), [float(r) for r in res.returns]
+        cand.real_return, cand.real_episodes = res.mean_return, len(res.returns)
+        cand.full = len(res.returns) == len(self.starts.train)
+        self.env_steps += res.env_steps
+
+    async def confirm(self, cand: Candidate, generation: int) -> Optional[bool]:
+        """Run ``cand`` (which met the target on every training start state) on
+        the validation start states: whether their mean meets the target too
+        (an evaluation that fails does not); None, and nothing run, when the
+        budgets have no room for them. The episodes never reach the replay
+        buffer, so the validation set stays out of the search."""
+        n = len(self.starts.validation)
+        if self.over_budget(n) is not None:
+            return None
+        self.real_episodes += n
+        try:
+            res = await self.evaluate(cand.params, self.starts.validation)
+        except EvaluationError as exc:
+            self.charge_failure(cand, exc, episodes=n, score=False)
+            cand.confirmed = False
+        else:
+            self.env_steps += res.env_steps
+            cand.validation_return = res.mean_return
+            cand.confirmed = bool(res.mean_return >= self.target)
+        self.confirmations.append({
+            "candidate": cand.id, "generation": generation, "train_return": cand.real_return,
+            "validation_return": cand.validation_return, "episodes": n, "confirmed": cand.confirmed,
+        })
+        self._log.info("evolve.confirmation", **self.confirmations[-1])
+        return cand.confirmed
+
+    # -- the run manifest -----------------------------------------------------------------
+    def progress(self) -> dict[str, Any]:
+        return {"real_episodes": self.real_episodes, "env_steps": self.env_steps, "failures": self.failures,
+                "confirmations": self.confirmations}
+
+    def restore(self, manifest: dict[str, Any]) -> None:
+        self.real_episodes = int(manifest["real_episodes"])
+        self.env_steps = int(manifest.get("env_steps") or 0)
+        self.failures = list(manifest.get("failures") or [])
+        self.confirmations = list(manifest.get("confirmations") or [])

@@ -1,0 +1,128 @@
+"""Stand-ins for the evolution loop's two expensive parts, so loop tests run
+in milliseconds and their numbers are known: an evaluator whose return is a
+closed form of the parameters and the start state, and a world model whose
+`imagine_uncertain` has the shape of `infrastructure.imagination.Imagination`."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Optional
+
+import numpy as np
+import torch
+
+from agents.evaluation import Evaluation, EvaluationEnvError
+from agents.tasks import ResolvedTask
+from infrastructure.world_model_types import TrainReport
+
+STEPS = 5  # transitions per fake episode (what the replay buffer stores)
+
+
+def distance_return(params: np.ndarray, state: np.ndarray) -> float:
+    """-100 per unit of distance from the origin, minus 10 |theta|: the start state matters, the policy more."""
+    return -100.0 * float(np.linalg.norm(np.asarray(params, dtype=float))) - 10.0 * abs(float(state[0]))
+
+
+class FakeEvaluator:
+    """``evaluate``/``evaluate_many`` like `agents.evaluation.Evaluator`: one
+    episode per start state whose return is ``score(params, state)`` and whose
+    transitions are small deterministic arrays (``STEPS`` long). ``calls``
+    records the number of start states of each call; ``fail_on(params, states)``
+    may return an error to raise."""
+
+    def __init__(self, task: ResolvedTask, score: Callable[[np.ndarray, np.ndarray], float] = distance_return,
+                 fail_on: Optional[Callable[[np.ndarray, np.ndarray], Optional[Exception]]] = None) -> None:
+        self.task, self.workers, self.timeout_s = task, 1, 60.0
+        self.score, self.fail_on = score, fail_on
+        self.calls: list[int] = []
+
+    def _episode(self, params: np.ndarray, state: np.ndarray) -> tuple[float, dict[str, np.ndarray]]:
+        ret = self.score(params, state)
+        obs_dim, act_dim = self.task.policy.obs_dim, self.task.policy.act_dim
+        base = np.cos(np.arange(STEPS * obs_dim, dtype=np.float32).reshape(STEPS, obs_dim) + float(state[0]))
+        return ret, {
+            "obs": base, "next_obs": base + 0.1, "action": np.full((STEPS, act_dim), 0.5, np.float32),
+            "reward": np.full(STEPS, ret / STEPS, np.float32), "done": np.zeros(STEPS, np.float32),
+        }
+
+    def evaluate(self, params, states, **kw) -> Evaluation:
+        params, states = np.asarray(params, dtype=float), np.asarray(states, dtype=float)
+        self.calls.append(len(states))
+        if self.fail_on is not None and (error := self.fail_on(params, states)) is not None:
+            raise error
+        returns, episodes = zip(*(self._episode(params, s) for s in states))
+        return Evaluation(returns=list(returns), episodes=list(episodes))
+
+    def evaluate_many(self, jobs, *, per_job_env_errors: bool = False, **kw):
+        out = []
+        for params, states in jobs:
+            try:
+                out.append(self.evaluate(params, states))
+            except EvaluationEnvError as exc:
+                if not per_job_env_errors:
+                    raise
+                out.append(exc)
+        return out
+
+    def terminate(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+@dataclass(frozen=True)
+class Imagination:
+    """The fields of `infrastructure.imagination.Imagination` the loop reads."""
+
+    returns: torch.Tensor
+    mean: np.ndarray
+    std: np.ndarray
+    score: np.ndarray
+    low: np.ndarray
+    high: np.ndarray
+    truncated: np.ndarray
+    horizon: int
+
+
+class FakeWorldModel:
+    """Imagines ``bias + scale * (-100 |params|)`` per start state, with an
+    interval of +-``width`` and ``std`` as the particles' spread; records each
+    call's arguments in ``calls``."""
+
+    precision = "fp32"
+
+    def __init__(self, *, bias: float = 0.0, scale: float = 1.0, width: float = 50.0, std: float = 5.0) -> None:
+        self.bias, self.scale, self.width, self.std = bias, scale, width, std
+        self.trained = False
+        self.train_calls = 0
+        self.calls: list[dict] = []
+
+    async def train(self, steps: int) -> TrainReport:
+        self.trained = True
+        self.train_calls += 1
+        return TrainReport(train_loss=0.1, val_loss=0.2, precision="fp32", steps=steps, skipped_steps=0, wall_s=0.0, transitions=0,
+                           trajectories=0)
+
+    def imagine_uncertain(self, policy, params, start_obs, horizon, *, particles=None, kappa=1.0, project=None, terminated=None,
+                          discount=1.0, episode_steps=None, seed=0, max_disagreement=None) -> Imagination:
+        params = np.asarray(params, dtype=float)
+        self.calls.append({"P": len(params), "S": len(start_obs), "obs": np.asarray(start_obs), "horizon": horizon, "kappa": kappa, "particles": particles,
+                           "episode_steps": episode_steps, "seed": seed})
+        mean = self.bias + self.scale * (-100.0 * np.linalg.norm(params, axis=1))
+        returns = torch.tensor(np.repeat(mean[:, None, None], len(start_obs), axis=1).repeat(2, axis=2), dtype=torch.float32)
+        std = np.full(len(params), self.std)
+        return Imagination(returns, mean, std, mean - kappa * std, mean - self.width, mean + self.width, np.zeros(len(params)), horizon)
+
+    def save(self, path: Optional[Path] = None) -> Path:
+        path = Path(path) if path is not None else Path("/dev/null")
+        if path != Path("/dev/null"):
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps({"trained": self.trained}))
+        return path
+
+    def load(self, path: Optional[Path] = None) -> Path:
+        self.trained = True
+        return Path(path) if path is not None else Path("/dev/null")
