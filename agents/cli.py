@@ -128,6 +128,7 @@ def evolve(
     particles: Optional[int] = typer.Option(None, "--particles", min=1, help="Imagined rollouts per candidate and start state "
                                             "(default: the world model's)."),
     imagine_starts: int = typer.Option(8, "--imagine-starts", min=1, help="Start states the search imagines from per generation."),
+    ensemble: int = typer.Option(5, "--ensemble", min=1, help="World-model ensemble members; 1: one deterministic network."),
     workers: int = typer.Option(2, "--workers", min=1, help="Worker processes for real episodes (with --backend ray: tasks per candidate)."),
     backend: Backend = typer.Option(
         Backend.process, "--backend", help="Where real episodes run: process (a local pool) or ray (a Ray cluster; the ray extra)."
@@ -172,11 +173,11 @@ def evolve(
     # the options a resumed run must match (or may change: budgets, workers, backend), by flag name
     given = dict(env=env, seed=seed, precision=precision, no_world_model=no_world_model, budget=budget, budget_steps=budget_steps,
                  workers=workers, backend=backend, target=target, policy=policy, episode_steps=episode_steps, racing=racing, kappa=kappa,
-                 particles=particles, imagine_starts=imagine_starts)
+                 particles=particles, imagine_starts=imagine_starts, ensemble=ensemble)
     config = EvolveConfig(
         env_id=env, budget=budget, budget_steps=budget_steps, seed=seed, precision=precision.value if precision is not None else None,
         use_world_model=not no_world_model, workers=workers, backend=backend.value, target=target, policy=policy,
-        episode_steps=episode_steps, racing=racing, kappa=kappa, particles=particles, imagine_starts=imagine_starts,
+        episode_steps=episode_steps, racing=racing, kappa=kappa, particles=particles, imagine_starts=imagine_starts, ensemble=ensemble,
     )
     if plot is not None:  # first: cma warns on import when matplotlib is missing
         require("matplotlib", f"{EVOLVE} --plot")
@@ -366,7 +367,7 @@ def _resumed_agent(ctx: typer.Context, run_id: str, settings: Any, *, baseline: 
     backend = explicit.get("backend")
     as_config = {"env": "env_id", "seed": "seed", "precision": "precision", "no_world_model": "use_world_model", "target": "target",
                  "policy": "policy", "episode_steps": "episode_steps", "racing": "racing", "kappa": "kappa", "particles": "particles",
-                 "imagine_starts": "imagine_starts"}
+                 "imagine_starts": "imagine_starts", "ensemble": "ensemble"}
     options = {as_config[k]: v for k, v in explicit.items() if k in as_config}
     if "precision" in options:
         options["precision"] = options["precision"].value

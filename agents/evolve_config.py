@@ -66,6 +66,8 @@ class EvolveConfig:
     """Imagined steps per rollout; None: the episode length. A shorter horizon is extended to the episode by the model."""
     wm_steps: int = 800
     """World-model optimizer steps per generation."""
+    ensemble: int = 5
+    """Members of the world model's probabilistic ensemble; 1: one network with a deterministic head (the comparison)."""
     popsize: int = 16
     """CMA-ES population of the searches inside the model (refinement and revision)."""
     refine_iters: int = 30
@@ -145,7 +147,7 @@ class EvolveConfig:
             problems.append(f"kappa={self.kappa}: expected a finite number >= 0 (0: the particles' mean alone)")
         counts = {"init_candidates": self.init_candidates, "eval_top_k": self.eval_top_k, "popsize": self.popsize,
                   "workers": self.workers, "horizon": self.horizon, "episode_steps": self.episode_steps, "budget_steps": self.budget_steps,
-                  "imagine_starts": self.imagine_starts, "particles": self.particles}
+                  "imagine_starts": self.imagine_starts, "particles": self.particles, "ensemble": self.ensemble}
         problems += [f"{name}={value}: expected >= 1" for name, value in counts.items() if value is not None and value < 1]
         if problems:
             raise ValueError("invalid evolve options: " + "; ".join(problems))

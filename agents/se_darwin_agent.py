@@ -152,6 +152,7 @@ class SEDarwinAgent(RunRecord):
         return WorldModel(  # guarded by its own RollbackGuard(wm_agent)
             self.task.policy.obs_dim, self.task.policy.act_dim, done_head=self.task.learns_termination, buffer=self.buffer,
             agent=self.config.wm_agent, data_agent=self.data_agent, settings=self.settings, precision=self.config.precision, seed=self.config.seed,
+            ensemble=self.config.ensemble, probabilistic=self.config.ensemble > 1,
             checkpoint_dir=Path(self.settings.state_dir) / "world_model" / self.run_id,
         )
 

@@ -115,7 +115,7 @@ def test_cma_tuned_charges_one_episode_per_candidate_and_respects_the_budget():
     assert len(fake.checks) == 2 + 2 and not fake.closed  # a check per told generation, then train and held-out; ours to close
     assert len(fake.checks[-1]) == len(starts.heldout) and report["heldout_episodes"] == 20
     assert report["method"] == "cma_tuned" and report["sigma0"] == report["settings"]["sigma0"] == 0.5 and report["cpu_s"] >= 0
-    assert report["check_episodes"] == 2 * 16
+    assert report["check_episodes"] == 2 * len(starts.validation) == 2 * 8  # checks run on the validation states
 
 
 def test_cma_tuned_env_step_budget_and_failures_are_charged():

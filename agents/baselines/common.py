@@ -83,11 +83,9 @@ class BaselineConfig:
 
 def target_states(starts: StartStates) -> tuple[np.ndarray, str]:
     """The start states a target check runs on and their name: the task's
-    validation set where `StartStates` has one, else the training states."""
-    if "validation" in {f.name for f in dataclasses.fields(starts)}:
-        validation = getattr(starts, "validation")  # a field only newer StartStates declare (checked just above)
-        if validation is not None and len(validation):
-            return np.asarray(validation), "validation"
+    validation set (as the loop confirms its target), else the training states."""
+    if len(starts.validation):
+        return np.asarray(starts.validation), "validation"
     return np.asarray(starts.train), "training"
 
 
