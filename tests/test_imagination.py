@@ -141,3 +141,25 @@ def test_a_diverged_rollout_scores_lowest(wm):
 def test_bad_arguments_are_refused(wm, options, message):
     with pytest.raises(ValueError, match=message):
         wm.imagine_uncertain(linear_policy, PARAMS, START, 10, **options)
+
+
+def test_a_rollout_truncated_later_keeps_its_own_rate_at_most_the_datas_mean(wm, monkeypatch):
+    """An episode that cannot end, truncated at the second check (step DISAGREEMENT_EVERY): the rest of the
+    horizon at the rollout's own mean value per step so far, never above the data's mean reward per step."""
+    from infrastructure import imagination
+
+    every = imagination.DISAGREEMENT_EVERY
+    first_four = wm.imagine_uncertain(linear_policy, PARAMS, START, every, particles=3, max_disagreement=math.inf)
+    real_probe, calls = imagination._probe, []
+
+    def probe_dead_first(x: torch.Tensor, alive: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        calls.append(1)
+        features, probe_alive = real_probe(x, alive)
+        return features, probe_alive if len(calls) > 1 else torch.zeros_like(probe_alive)  # no live probe at the first check
+
+    monkeypatch.setattr(imagination, "_probe", probe_dead_first)
+    later = wm.imagine_uncertain(linear_policy, PARAMS, START, 10, particles=3, max_disagreement=1e-12)
+    assert (later.truncated == 1.0).all() and len(calls) >= 2
+    data_mean = float(wm.model.y_mean[wm.model.obs_dim])
+    rate = torch.clamp(first_four.returns / every, max=data_mean)
+    torch.testing.assert_close(later.returns, first_four.returns + (10 - every) * rate, rtol=1e-4, atol=1e-4)
