@@ -99,13 +99,26 @@ def _global_options(
 
 
 @app.command()
-def doctor(as_json: bool = typer.Option(False, "--json", help="Print JSON instead of tables.")) -> None:
-    """Torch version, devices, what each supports, what `auto` picks and why, and the settings in effect."""
+def doctor(
+    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of tables."),
+    recalibrate: bool = typer.Option(
+        False, "--recalibrate",
+        help="Forget auto's measured decisions (the rollout ledger's calibrations): each workload is measured again on its next run.",
+    ),
+) -> None:
+    """Torch version, devices, what each supports, what `auto` picks and why (its measured decisions too), and the settings in effect."""
     settings = load_settings_or_exit(check_names=False)  # doctor lists the valid names: a misspelled one must not stop it
     unknown = unknown_settings()
     import torch
 
     from .precision import MODES, capability_report, cpu_flags, cpu_has_fast_bf16, cpu_has_native_bf16
+    from .rollout import LEDGER_FILE, RolloutLedger
+
+    ledger_path = settings.state_dir / LEDGER_FILE
+    cleared = None
+    if recalibrate:
+        cleared = RolloutLedger(ledger_path).clear_calibrations() if ledger_path.is_file() else 0
+    calibrations = RolloutLedger(ledger_path).calibrations() if ledger_path.is_file() else []
 
     devices = ["cpu"] + [f"cuda:{i}" for i in range(torch.cuda.device_count())]
     reports = [capability_report(d) for d in devices]
@@ -124,6 +137,9 @@ def doctor(as_json: bool = typer.Option(False, "--json", help="Print JSON instea
         "auto_device": primary["device"],
         "auto_precision": primary["auto_precision"],
         "auto_reason": primary["auto_reason"],
+        "auto_decides_by": settings.auto_precision.value,
+        "calibrations": calibrations,
+        "calibrations_cleared": cleared,
         "settings": json.loads(settings.model_dump_json()),
         "unknown_settings": unknown,
     }
@@ -139,7 +155,16 @@ def doctor(as_json: bool = typer.Option(False, "--json", help="Print JSON instea
         sup = rep["support"]
         table.add_row(*safe_cells(rep["device"], rep["name"], *(sup[m] for m in modes), rep["auto_precision"]))
     out.print(table)
-    out.print(Text.assemble("auto picks ", safe_text(data["auto_precision"], "bold"), " on ", safe_text(f"{data['auto_device']}: {data['auto_reason']}")))
+    if settings.auto_precision.value == "measure":
+        out.print(safe_text(
+            "auto measures each workload the first time a trainer meets it (GENESIS_FP16_AUTO_PRECISION=measure); "
+            f"where it cannot, the flag rule picks {data['auto_precision']} on {data['auto_device']}: {data['auto_reason']}"
+        ))
+    else:
+        out.print(Text.assemble("auto picks ", safe_text(data["auto_precision"], "bold"), " on ", safe_text(f"{data['auto_device']}: {data['auto_reason']}")))
+    if cleared is not None:
+        out.print(safe_text(f"recalibrate: forgot {cleared} measured decision(s); each workload is measured again on its next run"))
+    out.print(_calibration_table(calibrations))
     out.print(safe_text(f"CPU flags: {', '.join(interesting) or 'none of interest'}"))
     st = Table(title="settings in effect")
     st.add_column("variable")
@@ -150,6 +175,23 @@ def doctor(as_json: bool = typer.Option(False, "--json", help="Print JSON instea
     out.print(st)
     for problem in unknown:
         console.print(Text.assemble(("warning:", "yellow"), " ", safe_text(problem)), highlight=False)
+
+
+def _calibration_table(calibrations: list[dict[str, Any]]) -> Table:
+    table = Table(title=f"auto's measured decisions ({len(calibrations)}; `doctor --recalibrate` forgets them)")
+    for col in ("when", "workload", "device", "speed vs fp32", "loss vs fp32", "verdict", "cost s"):
+        table.add_column(col)
+    for rec in calibrations:
+        work = rec.get("workload") or {}
+        speed = ", ".join(f"{m} {v:.2f}x" if isinstance(v, (int, float)) else f"{m} -" for m, v in (rec.get("speed") or {}).items() if m != "fp32")
+        ratio = ", ".join(f"{m} {v:.3f}" if isinstance(v, (int, float)) else f"{m} inf" for m, v in (rec.get("loss_ratio") or {}).items() if m != "fp32")
+        what = f"{work.get('model')} {work.get('parameters')} params, {work.get('optimizer')}, batch {json.dumps(work.get('batch'))}"
+        where = f"{work.get('device_name')} ({work.get('threads')} threads)"
+        cost = rec.get("cost_s")
+        table.add_row(*safe_cells(
+            rec.get("at"), what, where, speed or "-", ratio or "-", rec.get("precision"), f"{cost:.3f}" if isinstance(cost, (int, float)) else "-",
+        ))
+    return table
 
 
 @app.command()

@@ -352,16 +352,38 @@ class GuardedTraining:
         elif self.guard is not None:
             self.guard.reset()
         self._ensure_good_checkpoint()
-        report = CallReport(precision=self.trainer.precision.name, canary_due=self._canary_due())
+        report = CallReport(precision=self.trainer.precision.name)
         self._call = _Call(skipped_from=self.trainer.skipped_steps, report=report, prepare=prepare)
         if prepare is not None:
             prepare(self.model)
-        reference = self._reference(report.canary_due)
-        if reference is not None and prepare is not None and reference.kind == "shadow":
-            prepare(reference.model)
-        self._call.reference = reference
-        report.reference = reference.kind if reference is not None else None
+        if not self.trainer.calibration_pending:  # else the first step's `calibrate` does it
+            self._set_up_reference(self._call)
         return report
+
+    def _set_up_reference(self, call: _Call) -> None:
+        report = call.report
+        report.precision = self.trainer.precision.name
+        report.canary_due = self._canary_due()
+        reference = self._reference(report.canary_due)
+        if reference is not None and call.prepare is not None and reference.kind == "shadow":
+            call.prepare(reference.model)
+        call.reference = reference
+        report.reference = reference.kind if reference is not None else None
+
+    def calibrate(self, batch: Any, loss_fn: LossFn) -> None:
+        """Decide a measured ``precision="auto"`` on ``batch`` now
+        (`FP16Trainer.calibrate`; the first `step` does it with its own batch),
+        then what a reduced precision needs: a good checkpoint of this run's
+        own, and the call's FP32 reference. A caller whose training loss calls
+        another network than the one it is given (PPO) calls this first with a
+        loss that uses it."""
+        if not self.trainer.calibration_pending:
+            return
+        self.trainer.calibrate(batch, loss_fn)
+        self.policy.running = self.trainer.precision.name
+        self._ensure_good_checkpoint()
+        if self._call is not None:
+            self._set_up_reference(self._call)
 
     def _reference(self, canary: bool) -> Optional[Reference]:
         stage = self.policy.stage
@@ -383,6 +405,7 @@ class GuardedTraining:
         The loss is kept in ``last_loss``. Returns False when the step was
         skipped. A P0 trip is rolled back before this returns; later steps
         train the restored weights (in FP32) and count."""
+        self.calibrate(batch, loss_fn)
         self._ensure_good_checkpoint()
         trainer = self.trainer
         before = trainer.training_steps

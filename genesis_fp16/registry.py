@@ -193,10 +193,13 @@ def resolve_trainer(
     policy = resolve_policy(agent, settings, precision=precision, overrides=overrides)
     name = "auto" if settings.distributed == DistributedWrap.NONE else settings.distributed.value
     kwargs.setdefault("name", agent)
+    if get(name).source == "builtin" and name == "auto":
+        kwargs.setdefault("settings", settings)  # where a measured auto keeps its calibrations
     trainer = create_trainer(name, model, optimizer, policy.config, scheduler, **kwargs)
-    policy.running = trainer.precision.name  # what runs: auto resolved for the device, or a fallback
+    # what runs: auto resolved for the device, or a fallback; a measured auto is known after its first batch
+    policy.running = None if trainer.calibration_pending else trainer.precision.name
     get_logger("genesis_fp16.registry").debug(
-        "registry.trainer_resolved", agent=agent, trainer=name, precision=trainer.precision.name, reason=policy.reason
+        "registry.trainer_resolved", agent=agent, trainer=name, precision=policy.precision, reason=policy.reason
     )
     return ResolvedTrainer(trainer, policy)
 

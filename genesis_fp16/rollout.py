@@ -144,11 +144,17 @@ CREATE TABLE IF NOT EXISTS tuning_applied (
     changes TEXT NOT NULL,
     PRIMARY KEY (agent, profiles)
 );
+CREATE TABLE IF NOT EXISTS calibrations (
+    key TEXT PRIMARY KEY,
+    at TEXT NOT NULL,
+    precision TEXT NOT NULL,
+    record TEXT NOT NULL
+);
 """
 # PRAGMA user_version of a ledger with the schema above. 0 is a ledger written
 # before versioning (to_stage NOT NULL, no guard_windows / canary_calls /
-# tuning_applied): `_migrate` brings it here.
-SCHEMA_VERSION = 2
+# tuning_applied), 2 one without calibrations: `_migrate` brings them here.
+SCHEMA_VERSION = 3
 
 
 class LedgerError(StorageError):
@@ -218,6 +224,15 @@ def _check_window_kind(kind: str) -> str:
 
 def _profiles_key(path: Union[str, Path]) -> str:
     return str(Path(path).expanduser().resolve())
+
+
+def _calibration_row(text: str) -> Optional[dict[str, Any]]:
+    """A stored calibration, or None for a row that is not a JSON object (never trusted further)."""
+    try:
+        record = json.loads(text)
+    except ValueError:
+        return None
+    return record if isinstance(record, dict) else None
 
 
 def _check_row(row: Any) -> dict[str, Any]:
@@ -626,6 +641,44 @@ class RolloutLedger:
                 "ON CONFLICT(agent, profiles) DO UPDATE SET through=excluded.through, at=excluded.at, changes=excluded.changes",
                 (check_agent_name(agent), _profiles_key(profiles), through, _now(), json.dumps(changes, sort_keys=True)),
             )
+
+    # -- what `precision=auto` measured (genesis_fp16.calibration) -----------------------
+    @_ledger_call
+    def calibration(self, key: str) -> Optional[dict[str, Any]]:
+        """The calibration recorded for workload ``key``, or None."""
+        if not self._has_current_schema():
+            return None
+        with self._transaction(write=False) as conn:
+            row = conn.execute("SELECT record FROM calibrations WHERE key = ?", (str(key),)).fetchone()
+        return _calibration_row(row["record"]) if row else None
+
+    @_ledger_call
+    def calibrations(self) -> list[dict[str, Any]]:
+        """Every recorded calibration, oldest first."""
+        if not self._has_current_schema():
+            return []
+        with self._transaction(write=False) as conn:
+            rows = conn.execute("SELECT record FROM calibrations ORDER BY at, key").fetchall()
+        return [r for r in (_calibration_row(row["record"]) for row in rows) if r is not None]
+
+    @_ledger_call
+    def record_calibration(self, record: dict[str, Any]) -> None:
+        """Keep a calibration (a JSON object with ``key``, ``at`` and ``precision``), replacing the workload's last."""
+        text = json.dumps(record, sort_keys=True, allow_nan=False)
+        with self._transaction(write=True) as conn:
+            conn.execute(
+                "INSERT INTO calibrations (key, at, precision, record) VALUES (?, ?, ?, ?) "
+                "ON CONFLICT(key) DO UPDATE SET at=excluded.at, precision=excluded.precision, record=excluded.record",
+                (str(record["key"]), str(record["at"]), str(record["precision"]), text),
+            )
+
+    @_ledger_call
+    def clear_calibrations(self) -> int:
+        """Forget every calibration (`genesis-fp16 doctor --recalibrate`); returns how many there were."""
+        if not self._has_current_schema():
+            return 0
+        with self._transaction(write=True) as conn:
+            return conn.execute("DELETE FROM calibrations").rowcount
 
     @_ledger_call
     def record_shadow_gap(self, agent: str, val_loss: float, fp32_val_loss: float, precision: str) -> dict[str, Any]:

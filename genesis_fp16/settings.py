@@ -78,6 +78,16 @@ class OnUnsupported(str, Enum):
     ERROR = "error"
 
 
+class AutoPrecision(str, Enum):
+    """How ``precision=auto`` decides: measure (time each precision the device
+    runs on the workload itself, once per workload and host, and keep the
+    decision in the rollout ledger) or rule (read the device's capability
+    flags only)."""
+
+    MEASURE = "measure"
+    RULE = "rule"
+
+
 class LogFormat(str, Enum):
     """How events are written to stderr."""
 
@@ -235,6 +245,12 @@ class Settings(PrecisionConfig, BaseSettings):
         description="Where the world model trains and imagines: auto (the first CUDA GPU when torch sees one, else the CPU), "
         "cpu, cuda or cuda:N. A device that is not there follows on_unsupported (error, or fall back to the CPU with a logged reason).",
     )
+    auto_precision: AutoPrecision = Field(
+        AutoPrecision.MEASURE,
+        description="How precision=auto decides: measure (a short calibration of each precision the device runs, on "
+        "copies of the model and optimizer, the first time a trainer meets a workload; cached in the rollout ledger, "
+        "`genesis-fp16 doctor` lists the decisions) or rule (CPU flags and device type only).",
+    )
     distributed: DistributedWrap = Field(
         DistributedWrap.NONE, description="none|ddp|fsdp: how trainers wrap models under torchrun."
     )
@@ -262,6 +278,11 @@ class Settings(PrecisionConfig, BaseSettings):
         description="Where `evolve` and `ppo` write TensorBoard scalars from their events (the tensorboard extra); "
         "unset: none are written (--tensorboard DIR for one command).",
     )
+
+    @field_validator("auto_precision", mode="before")
+    @classmethod
+    def _auto_lower_case(cls, value: Any) -> Any:
+        return value.strip().lower() if isinstance(value, str) else value
 
     @field_validator("device", mode="before")
     @classmethod

@@ -11,6 +11,7 @@ optimizer step ``unscale_`` -> ``clip_grad_norm_`` -> ``optimizer_step``
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import time
 from collections.abc import Mapping
@@ -19,10 +20,12 @@ from typing import Any, Callable, ClassVar, ContextManager, Iterator, Optional, 
 
 import torch
 
+from . import calibration as cal
 from . import checkpoint as ckpt
 from .config import FP16TrainingConfig
-from .precision import MODES, Precision, resolve_precision
-from .settings import PrecisionMode
+from .precision import MODES, Precision, capability, resolve_precision
+from .rollout import LedgerError, RolloutLedger
+from .settings import AutoPrecision, PrecisionMode, Settings, load_settings
 from .telemetry import EventListener, get_logger
 
 CHECKPOINT_WARNING_EVENT = "checkpoint.fresh_scaler"
@@ -42,6 +45,10 @@ class FP16Trainer:
     swaps variants there (the FSDP trainer's FP16 uses a sharded scaler)."""
 
     precision_plugins: ClassVar[Mapping[PrecisionMode, type[Precision]]] = MODES
+    measures_auto: ClassVar[bool] = True
+    """Whether ``precision="auto"`` may be decided by measuring the first batch
+    (`genesis_fp16.calibration`); the distributed trainers keep the flag rule,
+    so that every rank decides alike without a collective."""
 
     def __init__(
         self,
@@ -52,6 +59,7 @@ class FP16Trainer:
         *,
         name: str = "trainer",
         listeners: Optional[list[EventListener]] = None,
+        settings: Optional[Settings] = None,
     ) -> None:
         # the caller's config is never mutated
         self.config = dataclasses.replace(config) if config is not None else FP16TrainingConfig()
@@ -59,17 +67,29 @@ class FP16Trainer:
         self.optimizer = optimizer
         self.scheduler = scheduler
         self.name = name
+        self.settings = settings
+        """Where ``auto`` reads how to decide and keeps its calibrations (None: ``load_settings()`` when needed)."""
         self.device = torch.device(self.config.device) if self.config.device else _infer_device(model)
-        self.precision: Precision = resolve_precision(
-            self.config.requested_precision,
-            self.device,
-            self.config.on_unsupported,
-            self.config.scaler_options(),
-            plugins=self.precision_plugins,
-        )
-        self.model = self.precision.convert_module(model)  # fp16-true casts the weights; others return it as is
         self.listeners: list[EventListener] = list(listeners or [])
         self._log = get_logger("genesis_fp16.trainer", trainer=name)
+        self.calibration: Optional[cal.Calibration] = None
+        """The measurement ``auto`` decided by (measured now or cached); None before, or when the rule decided."""
+        self.auto_reason: Optional[str] = None
+        """Why ``auto`` runs what it runs, once decided; None when a precision was asked for by name."""
+        self._pending_scaler: Optional[dict[str, Any]] = None
+        self._auto_pending = self.config.requested_precision == PrecisionMode.AUTO and self._auto_measures()
+        if self._auto_pending:
+            # nothing runs in it: the first training_step measures and replaces it (`calibrate`)
+            self.precision: Precision = self.precision_plugins[PrecisionMode.FP32](self.device, self.config.scaler_options())
+        else:
+            self.precision = resolve_precision(
+                self.config.requested_precision,
+                self.device,
+                self.config.on_unsupported,
+                self.config.scaler_options(),
+                plugins=self.precision_plugins,
+            )
+        self.model = self.precision.convert_module(model)  # fp16-true casts the weights; others return it as is
         self.training_steps = 0  # optimizer steps attempted (skipped ones included)
         self.overflow_steps = 0
         self.nonfinite_losses = 0
@@ -117,10 +137,136 @@ class FP16Trainer:
 
     def autocast(self) -> ContextManager[Any]:
         """The forward context of this trainer's precision (null for FP32)."""
+        if self._auto_pending:
+            self._decide_by_rule("autocast() was entered before any training_step, so there was no batch to measure on")
         return self.precision.forward_context()
 
+    # -- precision=auto by measurement --------------------------------------------
+    def _auto_measures(self) -> bool:
+        if not self.measures_auto:
+            return False
+        settings = self.settings or load_settings(check_names=False)
+        return settings.auto_precision == AutoPrecision.MEASURE
+
+    @property
+    def calibration_pending(self) -> bool:
+        """Whether ``precision="auto"`` waits for the first batch to be measured on."""
+        return self._auto_pending
+
+    def calibrate(self, batch: Any, compute_loss_fn: Callable[[torch.nn.Module, Any], torch.Tensor]) -> Optional[cal.Calibration]:
+        """Decide ``precision="auto"`` on ``batch``, once (`training_step` calls it
+        on its first batch): the ledger's decision for this workload if there is
+        one, else a calibration on copies of the model and optimizer (this
+        model, its optimizer and the RNGs are left as they were), recorded in
+        the ledger. Returns the calibration used; None when the flag rule
+        decided because the workload cannot be measured (logged with the reason)."""
+        if not self._auto_pending:
+            return self.calibration
+        settings = self.settings or load_settings(check_names=False)
+        key = cal.workload_key(cal.workload(self.model, self.optimizer, batch, self.device))
+        ledger = RolloutLedger.from_settings(settings)
+        result, source = self._cached(ledger, key), "cached"
+        if result is None:
+            try:
+                result, source = self.measure_auto(batch, compute_loss_fn), "measured"
+            except cal.CalibrationUnavailable as exc:
+                self._decide_by_rule(str(exc))
+                return None
+            try:
+                ledger.record_calibration(result.as_record())
+            except LedgerError as exc:  # the decision stands for this trainer; the next one measures again
+                self._emit("precision.calibration_not_saved", "warning", key=key, reason=str(exc))
+        self.calibration = result
+        self._adopt(PrecisionMode(result.precision), result.reason, source, key=key, speed=result.speed, cost_s=result.cost_s)
+        return result
+
+    def _cached(self, ledger: RolloutLedger, key: str) -> Optional[cal.Calibration]:
+        try:
+            record = ledger.calibration(key)
+        except LedgerError as exc:
+            self._emit("precision.calibration_unreadable", "warning", key=key, reason=str(exc))
+            return None
+        found = cal.Calibration.from_record(record) if record is not None else None
+        if found is None or PrecisionMode(found.precision) not in cal.candidates(self.device):
+            return None
+        return found
+
+    def _decide_by_rule(self, why: str) -> None:
+        mode, reason = capability.auto_precision(self.device)
+        self._adopt(mode, f"auto could not measure: {why}; {reason}", "rule", level="warning")
+
+    def _adopt(self, mode: PrecisionMode, reason: str, source: str, *, level: str = "info", **figures: Any) -> None:
+        self._auto_pending = False
+        self.precision = self.precision_plugins[mode](self.device, self.config.scaler_options())
+        if self._pending_scaler and self.precision.uses_scaler:
+            self.precision.load_state_dict(self._pending_scaler)  # a checkpoint loaded before the decision
+        self._pending_scaler = None
+        self._last_scale = self.precision.scale
+        self.auto_reason = reason
+        self._emit("precision.auto_selected", level, device=str(self.device), precision=mode.value, source=source, reason=reason, **figures)
+
+    def _calibration_copy(self, mode: PrecisionMode) -> "FP16Trainer":
+        try:
+            model, optimizer = copy.deepcopy((self.model, self.optimizer))  # one memo: the copy's optimizer holds the copy's parameters
+        except Exception as exc:
+            raise cal.CalibrationUnavailable(f"the model or its optimizer cannot be copied ({type(exc).__name__}: {exc})") from None
+        optimizer.zero_grad(set_to_none=True)
+        config = dataclasses.replace(self.config, precision=PrecisionMode.FP32.value, enabled=True, device=str(self.device))
+        trainer = FP16Trainer(model, optimizer, config, name=f"{self.name}.calibration.{mode.value}")
+        trainer.precision = self.precision_plugins[mode](self.device, self.config.scaler_options())
+        trainer._last_scale = trainer.precision.scale
+        return trainer
+
+    def measure_auto(self, batch: Any, loss_fn: Callable[[torch.nn.Module, Any], torch.Tensor]) -> cal.Calibration:
+        """Measure now what ``auto`` picks for this workload (`genesis_fp16.calibration`),
+        on copies: this trainer, its model, optimizer and the RNGs are left as
+        they were, and the ledger is neither read nor written (`calibrate` is
+        the cached path; `genesis-fp16 bench` compares this pick with its own
+        timings). Raises `CalibrationUnavailable` where the workload cannot be measured."""
+        described = cal.workload(self.model, self.optimizer, batch, self.device)
+        key = cal.workload_key(described)
+        real = list(self.model.parameters())
+        grads = [None if p.grad is None else p.grad.detach().clone() for p in real]
+        clock = cal.clock(self.device)
+        started = clock()
+        counted = {"steps": 0}
+
+        def runner(trainer: FP16Trainer) -> Callable[[int], None]:
+            def run(n: int) -> None:
+                for _ in range(n):
+                    trainer.backward_and_step(trainer.training_step(batch, loss_fn))
+            return run
+
+        failure: Optional[BaseException] = None
+        try:
+            with cal.preserved_rng(self.device):
+                copies = {mode: self._calibration_copy(mode) for mode in cal.candidates(self.device)}
+                seconds, losses = cal.measure(
+                    {mode: runner(t) for mode, t in copies.items()},
+                    {mode: (lambda t=t: cal.final_loss(t.model, batch, loss_fn)) for mode, t in copies.items()},
+                    self.device,
+                )
+                counted["steps"] = max(t.training_steps for t in copies.values())
+        except cal.CalibrationUnavailable:
+            raise
+        except Exception as exc:  # a real fault of the loss shows again in the real step that follows, unmeasured
+            failure = exc
+        finally:
+            touched = any((p.grad is not None) != (g is not None) or (g is not None and not torch.equal(p.grad, g)) for p, g in zip(real, grads))
+            for p, g in zip(real, grads):
+                p.grad = g
+        if touched:
+            raise cal.CalibrationUnavailable("the loss function trains another model than the one it is given")
+        if failure is not None:
+            raise cal.CalibrationUnavailable(f"a calibration step failed ({type(failure).__name__}: {failure})")
+        return cal.measured(key, described, seconds, losses, clock() - started, counted["steps"])
+
     def training_step(self, batch: Any, compute_loss_fn: Callable[[torch.nn.Module, Any], torch.Tensor]) -> torch.Tensor:
-        """Run ``compute_loss_fn(model, batch)`` under autocast and return the loss."""
+        """Run ``compute_loss_fn(model, batch)`` under autocast and return the
+        loss. With ``precision="auto"`` measured, the first call decides the
+        precision first (`calibrate`)."""
+        if self._auto_pending:
+            self.calibrate(batch, compute_loss_fn)
         if not self.model.training:
             # Only after someone switched the model to eval (validation, inference):
             # model.train() walks every submodule, about 2 us each, which is 1-2% of a
@@ -141,6 +287,8 @@ class FP16Trainer:
         overflow detected by the scaler). A skipped step zeroes the gradients,
         is counted and does not advance the scheduler.
         """
+        if self._auto_pending:
+            self._decide_by_rule("backward_and_step came before any training_step, so there was no batch to measure on")
         self.micro_steps += 1
         finite = (not self.config.check_finite_loss) or self._all_finite(loss)
         if not finite:
@@ -238,7 +386,8 @@ class FP16Trainer:
         `micro_steps`, `overflow_steps` and `overflow_rate`, `skipped_steps`
         and `failed_step_rate`, `current_scale` and `scaler_enabled`,
         `nonfinite_losses` and `nonfinite_streak`, `samples_seen`,
-        `samples_per_s`, `grad_accumulation_steps`."""
+        `samples_per_s`, `grad_accumulation_steps`, and `auto_reason` (why
+        ``auto`` runs what it runs; None when a precision was asked for by name)."""
         elapsed = time.perf_counter() - self._started
         return {
             "precision": self.precision.name,
@@ -257,12 +406,14 @@ class FP16Trainer:
             "samples_seen": self.samples_seen,
             "samples_per_s": self.samples_seen / elapsed if elapsed > 0 else 0.0,
             "grad_accumulation_steps": self.config.grad_accumulation_steps,
+            "auto_reason": self.auto_reason,
         }
 
     # -- precision casts ---------------------------------------------------------
     def cast_model_to_fp16(self) -> torch.nn.Module:
         """Cast the weights themselves to FP16 (inference / deployment). Training
         afterwards runs without master weights and without a scaler."""
+        self._auto_pending = False
         self.precision = self.precision_plugins[PrecisionMode.FP16_TRUE](self.device, self.config.scaler_options())
         self.model = self.precision.convert_module(self.model)
         self._last_scale = self.precision.scale
@@ -378,6 +529,8 @@ class FP16Trainer:
                 saved_precision=payload.get("precision"),
                 reason="checkpoint has no scaler state (saved without a scaler); starting a fresh scaler",
             )
+        if self._auto_pending and scaler_state:
+            self._pending_scaler = dict(scaler_state)  # for the precision `calibrate` picks, if it has a scaler
         for name, value in counters.items():
             setattr(self, name, value)
         self.nonfinite_streak = 0

@@ -43,6 +43,10 @@ def _isolated_state(tmp_path_factory, monkeypatch):
     # the world model's device: the CPU, whatever the machine has (auto would pick a GPU where
     # there is one); the CUDA tests ask for device="cuda" by name
     monkeypatch.setenv("GENESIS_FP16_DEVICE", "cpu")
+    # precision=auto by the flag rule: a measured auto would decide by this machine's timings, so the
+    # suite's outcome would depend on its load; the tests of the measured path set it to measure and
+    # inject the timings (tests/test_calibration.py)
+    monkeypatch.setenv("GENESIS_FP16_AUTO_PRECISION", "rule")
     telemetry.configure_logging(force=True)
     telemetry.reset_once()
     yield state

@@ -13,7 +13,7 @@ import pytest
 from typer.testing import CliRunner
 
 from genesis_fp16.cli import app
-from genesis_fp16.rollout import LEDGER_FILE, LedgerError, RolloutLedger, current_stage
+from genesis_fp16.rollout import LEDGER_FILE, SCHEMA_VERSION, LedgerError, RolloutLedger, current_stage
 from genesis_fp16.settings import load_settings
 
 runner = CliRunner()
@@ -279,9 +279,10 @@ def test_a_ledger_without_schema_version_is_migrated_in_place(state_dir):
     ledger.reset("wm")  # a history row with no to_stage: the old NOT NULL is gone
     assert [h["to_stage"] for h in ledger.history("wm")] == ["on", None]
     conn = sqlite3.connect(path)
-    assert conn.execute("PRAGMA user_version").fetchone()[0] == 2
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 3
     conn.close()
     assert RolloutLedger(path).stage("wm") is None  # the migrated ledger opens as current
+    assert RolloutLedger(path).calibrations() == []  # version 3 added the calibrations table
 
 
 def test_a_ledger_from_a_newer_version_is_refused(state_dir):

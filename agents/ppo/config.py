@@ -24,7 +24,7 @@ class ConfigError(ValueError):
 
 
 # the modes the PPO update runs in: FP32, or autocast to FP16 (with the gradient scaler) or BF16
-PRECISIONS = (PrecisionMode.FP32, PrecisionMode.FP16, PrecisionMode.BF16)
+PRECISIONS = (PrecisionMode.FP32, PrecisionMode.FP16, PrecisionMode.BF16, PrecisionMode.AUTO)
 # deprecated keys, read into ``precision``: use_amp (bool) and amp_dtype (float16 | bfloat16)
 LEGACY_AMP_KEYS = ("use_amp", "amp_dtype")
 LEGACY_AMP_DTYPES = {"float16": PrecisionMode.FP16, "bfloat16": PrecisionMode.BF16}
@@ -43,8 +43,9 @@ class Optimizations:
     force_dummy_vec_env: bool = False
     """true forces in-process (sync) envs whatever vec_env says (conflicts with vec_env: async)."""
     precision: str = "fp32"
-    """fp32 | fp16 | bf16: the precision of the PPO update through FP16Trainer (fp16 and bf16
-    autocast; fp16 adds the gradient scaler). Rollout inference stays FP32. Replaces the
+    """fp32 | fp16 | bf16 | auto: the precision of the PPO update through FP16Trainer (fp16 and bf16
+    autocast; fp16 adds the gradient scaler; auto measures the update on copies of the network
+    at the first update, genesis_fp16.calibration). Rollout inference stays FP32. Replaces the
     deprecated use_amp / amp_dtype, which still load."""
     use_torch_compile: bool = False
     """torch.compile the policy/value network; a failure falls back to eager with a logged reason."""

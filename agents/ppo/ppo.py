@@ -248,7 +248,7 @@ class PPO:
         Written for few ops: a 64-unit network is launch-bound, so every op
         in the forward (and its node in the backward) shows in updates/s."""
         cfg = self.cfg
-        out, value = self.forward(mb["obs"])
+        out, value = (self.forward if net is self.net else net)(mb["obs"])  # a copy (auto's calibration) uses its own
         newlogp, entropy = net.log_prob_entropy(out, mb["act"])
         logratio = newlogp - mb["logp"]
         ratio = logratio.exp()
@@ -369,7 +369,8 @@ class PPO:
                 f"on: {self.trainer.precision.name} autocast"
                 + (", gradient scaler" if self.trainer.scaler.is_enabled() else "")
                 if self.trainer.precision.name != "fp32"
-                else ("off" if o.precision == "fp32" else "off (resolved to fp32 by policy/kill switch)"),
+                else ("off" if o.precision == "fp32" else "auto: measured at the first update" if self.trainer.calibration_pending
+                      else "off (resolved to fp32 by policy/kill switch)"),
             ),
             ("torch.compile", self._compile_state()),
             (

@@ -12,6 +12,7 @@ from typing import Any, Union
 
 from ..checkpoint import atomic_write_bytes, atomic_write_text
 from ..extras import require
+from .auto import markdown as auto_markdown
 
 PathLike = Union[str, Path]
 
@@ -68,7 +69,7 @@ def markdown_table(result: dict[str, Any]) -> str:
     for kind in ("not_applicable", "failed"):
         for item in result.get(kind, []):
             lines.append(f"| {item['size']} | | {item['precision']} | {kind.replace('_', ' ')} | | | | | | | {item['reason']} |")
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines) + "\n" + auto_markdown(result.get("auto", []))
 
 
 def write_plot(path: PathLike, result: dict[str, Any]) -> Path:

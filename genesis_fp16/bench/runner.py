@@ -10,6 +10,7 @@ import torch
 
 from ..precision import REDUCED_MODES
 from ..telemetry import get_logger
+from .auto import GOAL, auto_row
 from .harness import Cell, build_cell, calibrate, prime_cell, run_quality, time_pair
 from .models import make_task
 from .options import BenchOptions, check_clock, not_applicable_reason, pick_device
@@ -69,6 +70,7 @@ def _run(options: BenchOptions, device: torch.device, progress: Optional[Progres
         load_avg=header["load_avg_start"][0],
     )
     rows: list[dict[str, Any]] = []
+    auto_rows: list[dict[str, Any]] = []
     failed: list[dict[str, Any]] = []
     for spec in options.sizes:
         precisions = [p for s, p in planned if s is spec]
@@ -102,8 +104,11 @@ def _run(options: BenchOptions, device: torch.device, progress: Optional[Progres
             log.info("bench.row", **{k: row[k] for k in ("size", "precision", "samples_per_s", "overhead_vs_raw", "val_loss_delta_vs_fp32")})
         rows.extend(size_rows)
         del cells
+        if size_rows:
+            auto_rows.append(auto_row(spec, task, options, device, size_rows))
+            log.info("bench.auto", **{k: v for k, v in auto_rows[-1].items() if not isinstance(v, dict)})
     header["load_avg_end"] = list(os.getloadavg())
-    result = {"header": header, "rows": rows, "not_applicable": not_applicable, "failed": failed}
+    result = {"header": header, "rows": rows, "auto": auto_rows, "not_applicable": not_applicable, "failed": failed}
     result["summary"] = summarize(result)
     log.info("bench.finished", rows=len(rows), failed=len(failed), **{k: v for k, v in result["summary"].items() if not isinstance(v, (dict, list))})
     return result
@@ -185,5 +190,9 @@ def summarize(result: dict[str, Any]) -> dict[str, Any]:
         mem = {r["precision"]: r["peak_mem_vs_fp32"] for r in rows if r["size"] == "L"}
         for p in ("fp16", "bf16"):
             check(f"{p} peak memory at L vs fp32", mem.get(p), lambda v: v <= 0.65, "<= 0.65 (35% lower)")
+    versus = [a["auto_vs_fastest"] for a in result.get("auto", []) if a["auto_vs_fastest"] is not None]
+    if versus:
+        out["min_auto_vs_fastest"] = min(versus)
+        check("auto's pick vs the fastest passing precision, every size", min(versus), lambda v: v >= GOAL, f">= {GOAL}")
     out["checks"] = checks
     return out

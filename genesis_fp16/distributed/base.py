@@ -32,6 +32,7 @@ class DistributedTrainer(FP16Trainer):
     rank-tagged events. Subclasses wrap the model."""
 
     wrap_name = "distributed"
+    measures_auto = False  # every rank must pick alike: auto follows the flag rule here
 
     def __init__(
         self,

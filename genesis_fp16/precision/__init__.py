@@ -23,6 +23,7 @@ from .capability import (
     Support,
     auto_precision,
     cpu_flags,
+    cpu_name,
     cpu_has_fast_bf16,
     cpu_has_native_bf16,
     cuda_supports_bf16,
@@ -108,7 +109,8 @@ def resolve_precision(
 ) -> Precision:
     """Turn a requested mode into a plugin from ``plugins`` for ``device``.
 
-    ``auto`` picks by `auto_precision` and logs why, once. A mode the
+    ``auto`` picks by the flag rule `auto_precision` and logs why, once
+    (a trainer that measures ``auto`` decides itself, `genesis_fp16.calibration`). A mode the
     device cannot run follows ``on_unsupported``: ``error`` raises, ``fallback``
     logs and runs `fallback_for` (never a less precise mode); a mode that runs but is slow
     here runs as asked and warns once. Nothing is substituted silently.
@@ -150,7 +152,8 @@ def resolve_precision(
             "precision.slow_on_device",
             device=str(device),
             precision=mode.value,
-            reason=f"{mode.value} runs on {device.type} but is not faster than fp32 here: {capability.slow_reason(device, mode)}",
+            reason=f"{mode.value} runs on {device.type} as asked, without the hardware the flag rule counts as fast: "
+            f"{capability.slow_reason(device, mode)}",
         )
     return plugins[mode](device, scaler)
 
@@ -191,6 +194,7 @@ __all__ = [
     "AT_LEAST_AS_PRECISE",
     "capability_report",
     "cpu_flags",
+    "cpu_name",
     "cpu_has_fast_bf16",
     "cpu_has_native_bf16",
     "cuda_supports_bf16",

@@ -36,6 +36,19 @@ def cpu_flags() -> frozenset[str]:
     return frozenset()
 
 
+@functools.lru_cache(maxsize=1)
+def cpu_name() -> str:
+    """The CPU's model name (``/proc/cpuinfo``), or ``cpu`` where it cannot be read."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return "cpu"
+    for line in text.splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip() or "cpu"
+    return "cpu"
+
+
 def cpu_has_native_bf16() -> bool:
     """AVX512-BF16 or AMX-BF16: the CPU has BF16 instructions (not that they are fast)."""
     flags = cpu_flags()
@@ -43,9 +56,9 @@ def cpu_has_native_bf16() -> bool:
 
 
 def cpu_has_fast_bf16() -> bool:
-    """AMX-BF16: BF16 autocast measured 2.28x FP32 at size L (docs/PERFORMANCE.md).
-    AVX512-BF16 without AMX is not enough: on such a CPU BF16 autocast measured
-    0.66-0.74x FP32 at every bench size (docs/PERFORMANCE.md)."""
+    """AMX-BF16: the flag rule's test for a CPU where BF16 pays. Only a rule:
+    whether it pays depends on the workload (``auto`` measures it by default,
+    `genesis_fp16.calibration`)."""
     return "amx_bf16" in cpu_flags()
 
 
@@ -64,21 +77,23 @@ def cuda_supports_tf32(device: torch.device) -> bool:
 
 
 def slow_reason(device: Union[str, torch.device], mode: PrecisionMode) -> str:
-    """Why ``mode`` is `Support.SLOW` on ``device``, with the measured figure."""
+    """Why the flag rule calls ``mode`` `Support.SLOW` on ``device``: facts
+    about this device only (its flags), never another host's figures; whether
+    it is slower for a given model is what ``auto`` measures."""
     device = torch.device(device)
     if device.type == "cpu" and mode == PrecisionMode.BF16:
         if cpu_has_native_bf16():
             return (
-                "CPU has AVX512-BF16 but no AMX: BF16 autocast measured 0.66-0.74x fp32 at every bench size "
-                "on such a CPU (docs/PERFORMANCE.md)"
+                "this CPU has AVX512-BF16 but no AMX tiles; whether BF16 pays depends on the model "
+                "(not measured here: precision=auto measures it)"
             )
-        return "CPU has no BF16 instructions: BF16 is emulated"
+        return "this CPU has no BF16 instructions: BF16 is emulated"
     if device.type == "cpu" and mode in (PrecisionMode.FP16, PrecisionMode.FP16_TRUE):
         return (
-            "FP16 on CPU is not faster than fp32: measured 0.05x fp32 for an LSTM, 0.66-1.02x for MLPs "
-            "(docs/PERFORMANCE.md)"
+            "this CPU has no FP16 matrix units: FP16 autocast converts in software "
+            "(not measured here: precision=auto measures it)"
         )
-    return f"{mode.value} on {device.type} runs through autocast without measured hardware support"
+    return f"{mode.value} on {device.type} runs through autocast without known hardware support"
 
 
 def unsupported_reason(device: Union[str, torch.device], mode: PrecisionMode) -> Optional[str]:
@@ -125,17 +140,20 @@ def device_support(device: Union[str, torch.device], mode: PrecisionMode) -> Sup
 SUPPORT_REASONS = {
     ("cuda", PrecisionMode.FP16): "CUDA tensor cores run FP16; a gradient scaler keeps small gradients",
     ("cuda", PrecisionMode.BF16): "CUDA device reports BF16 support",
-    ("cpu", PrecisionMode.BF16): "CPU has AMX-BF16 (BF16 autocast measured 2.28x FP32 at size L)",
+    ("cpu", PrecisionMode.BF16): "CPU has AMX-BF16 tiles",
 }
 
 
 def auto_precision(device: Union[str, torch.device]) -> tuple[PrecisionMode, str]:
-    """What ``auto`` picks on ``device`` and why (never tf32 or fp16-true: those are asked for by name)."""
+    """What the flag rule picks on ``device`` and why, from its flags and type
+    alone (never tf32 or fp16-true: those are asked for by name). The reasons
+    state facts about this device, no figures: ``auto`` with
+    ``GENESIS_FP16_AUTO_PRECISION=measure`` (the default) measures instead."""
     device = torch.device(device)
     if device.type == "cuda":
-        return PrecisionMode.FP16, "CUDA: FP16 with a gradient scaler (Precision-RL finding: least train/inference mismatch)"
+        return PrecisionMode.FP16, "rule: CUDA device, FP16 with a gradient scaler (Precision-RL finding: least train/inference mismatch)"
     if device.type == "cpu" and device_support(device, PrecisionMode.BF16) == Support.NATIVE:
-        return PrecisionMode.BF16, "CPU with AMX-BF16: BF16 autocast measured faster than FP32 (2.28x at size L)"
+        return PrecisionMode.BF16, "rule: this CPU has AMX-BF16 tiles, so BF16 (not measured for this model)"
     if device.type == "cpu" and cpu_has_native_bf16():
-        return PrecisionMode.FP32, "CPU has AVX512-BF16 but no AMX: BF16 measured slower than FP32 (0.66x at size L)"
-    return PrecisionMode.FP32, f"{device.type}: no reduced precision measured faster than FP32 here"
+        return PrecisionMode.FP32, "rule: this CPU has AVX512-BF16 but no AMX tiles, so FP32 (not measured for this model)"
+    return PrecisionMode.FP32, f"rule: no reduced precision with hardware support on this {device.type}, so FP32"

@@ -1,0 +1,297 @@
+"""``precision=auto`` by measurement: time each precision on the workload itself.
+
+No flag rule is right for every model: on one AMX CPU BF16 trains a 64-unit
+MLP at 0.70x FP32 and a 1024-unit one at 2.96x; on an AVX512-BF16 CPU
+without AMX the same rule would keep FP32 for a model that trains 1.99x
+faster in BF16 (issue "auto decides by measuring"). So the first time a
+trainer with ``precision="auto"`` (and ``GENESIS_FP16_AUTO_PRECISION=measure``,
+the default) trains a workload, it trains copies of its model and optimizer
+for a few steps on its first batch in each precision the device runs
+(`candidates`), times them (`time_step`, warm-up excluded, the precisions
+interleaved round by round), checks each against FP32 with the canary's
+loss-ratio rule (`loss_ratio`), and `decide` picks the fastest that passes
+when it is at least `SPEED_MARGIN` times as fast as FP32 (else FP32). The
+real model, its optimizer and every RNG are untouched: the run's trajectory
+is the one the chosen precision gives when asked for by name.
+
+A workload is keyed by `workload` (parameter shapes and dtypes, optimizer,
+batch shapes, device and its name, the CPU flags that matter, torch
+version, torch threads); the decision is kept in the rollout ledger
+(`RolloutLedger.record_calibration`) and reused until the key changes.
+`genesis-fp16 doctor` lists the decisions; ``doctor --recalibrate`` clears them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import math
+import statistics
+import time
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, fields
+from datetime import datetime, timezone
+from typing import Any, Callable, Iterator, Optional, Union
+
+import torch
+
+from .precision import capability
+from .precision.capability import Support
+from .profiles import GuardThresholds
+from .settings import PrecisionMode
+
+RECORD_VERSION = 1
+"""Of the key and the record: a new version ignores (and replaces) older decisions."""
+CANDIDATE_ORDER = (PrecisionMode.FP32, PrecisionMode.BF16, PrecisionMode.FP16)
+"""What ``auto`` may pick (never tf32 or fp16-true: those are asked for by name)."""
+WARMUP_STEPS = 1
+"""Untimed optimizer steps per precision first (allocator, autocast caches, lazy init)."""
+PROBE_SLOWER = 2.0
+"""One timed step each first: a precision this many times slower than FP32 there is out (it cannot
+win); it is not timed further and its loss is not checked (its record says so with no loss ratio)."""
+ROUNDS = 3
+"""Timed rounds of the precisions still in; each times every one in turn, so drift in the machine's
+load hits all alike."""
+STEPS_PER_ROUND = 3
+"""Optimizer steps per precision and round; a precision's time is its median round's, per step."""
+SPEED_MARGIN = 1.05
+"""A reduced precision is picked only when at least this many times as fast as FP32: within 5% the
+measurement cannot tell them apart, and FP32 is the safer of two equals."""
+CPU_FLAGS_OF_INTEREST = ("avx2", "avx512f", "avx512_bf16", "avx512_fp16", "amx_bf16", "amx_tile", "f16c")
+
+THRESHOLDS = GuardThresholds()
+"""The guard's default thresholds: the canary's loss-ratio limit and floor are the calibration's."""
+_INF = "inf"
+
+
+def _number(value: Any, optional: bool) -> Optional[float]:
+    if value is None and optional:
+        return None
+    if value == _INF:
+        return math.inf
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"expected a number, got {value!r}")
+    return float(value)
+
+
+class CalibrationUnavailable(RuntimeError):
+    """The workload cannot be measured (e.g. its loss ignores the model it is given)."""
+
+
+def candidates(device: Union[str, torch.device]) -> list[PrecisionMode]:
+    """The precisions ``auto`` times on ``device``: FP32 and each of BF16 and
+    FP16 the device runs at all (slowly included: measuring is the point)."""
+    return [m for m in CANDIDATE_ORDER if capability.device_support(device, m) != Support.NONE]
+
+
+def device_name(device: Union[str, torch.device]) -> str:
+    device = torch.device(device)
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    if device.type == "cpu":
+        return capability.cpu_name()
+    return device.type
+
+
+def batch_signature(batch: Any) -> Any:
+    """The shapes and dtypes of ``batch`` (tensors, nested in tuples, lists and dicts); other values by type."""
+    if isinstance(batch, torch.Tensor):
+        return [list(batch.shape), str(batch.dtype).removeprefix("torch.")]
+    if isinstance(batch, (tuple, list)):
+        return [batch_signature(item) for item in batch]
+    if isinstance(batch, Mapping):
+        return {str(k): batch_signature(v) for k, v in sorted(batch.items(), key=lambda kv: str(kv[0]))}
+    return type(batch).__name__
+
+
+def workload(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: Any, device: Union[str, torch.device]
+) -> dict[str, Any]:
+    """What the decision depends on, as plain data; `workload_key` hashes it."""
+    device = torch.device(device)
+    shapes = [[list(p.shape), str(p.dtype).removeprefix("torch.")] for p in model.parameters()]
+    digest = hashlib.sha256(json.dumps(shapes).encode()).hexdigest()[:16]
+    flags = sorted(f for f in capability.cpu_flags() if f in CPU_FLAGS_OF_INTEREST)
+    return {
+        "version": RECORD_VERSION,
+        "model": type(model).__name__,
+        "parameters": int(sum(p.numel() for p in model.parameters())),
+        "tensors": len(shapes),
+        "signature": digest,
+        "optimizer": type(optimizer).__name__,
+        "batch": batch_signature(batch),
+        "device": device.type,
+        "device_name": device_name(device),
+        "cpu_flags": flags,
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+    }
+
+
+def workload_key(described: Mapping[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(described, sort_keys=True).encode()).hexdigest()[:20]
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def time_step(mode: PrecisionMode, run: Callable[[], None], steps: int, device: Union[str, torch.device]) -> float:
+    """Seconds per optimizer step of ``run()`` (``steps`` of them) for ``mode``
+    on ``device``'s clock: on a CPU this process's CPU time (other processes'
+    load does not count; every torch thread does), on CUDA the wall time
+    between two synchronisations. Tests patch this to inject timings."""
+    device = torch.device(device)
+    read = clock(device)
+    _sync(device)
+    start = read()
+    run()
+    _sync(device)
+    return (read() - start) / steps
+
+
+def measure(
+    runs: Mapping[PrecisionMode, Callable[[int], None]], losses: Mapping[PrecisionMode, Callable[[], float]],
+    device: Union[str, torch.device],
+) -> tuple[dict[str, float], dict[str, float]]:
+    """Time ``runs[mode](n)`` (n optimizer steps of that precision's copy):
+    `WARMUP_STEPS` untimed, one probe step (a precision `PROBE_SLOWER` times
+    slower than FP32 is out), then `ROUNDS` interleaved rounds of
+    `STEPS_PER_ROUND` for the others. Returns (seconds per step, final loss)
+    per precision; the losses of those still in only, all after the same steps."""
+    fp32 = PrecisionMode.FP32
+    for run in runs.values():
+        run(WARMUP_STEPS)
+    probe = {m: time_step(m, lambda r=run: r(1), 1, device) for m, run in runs.items()}
+    still_in = [m for m in runs if m == fp32 or probe[m] <= PROBE_SLOWER * probe[fp32]]
+    rounds: dict[PrecisionMode, list[float]] = {m: [] for m in still_in}
+    for _ in range(ROUNDS):
+        for m in still_in:
+            rounds[m].append(time_step(m, lambda r=runs[m]: r(STEPS_PER_ROUND), STEPS_PER_ROUND, device))
+    seconds = {m.value: statistics.median(rounds[m]) if m in rounds else probe[m] for m in runs}
+    return seconds, {m.value: losses[m]() for m in still_in}
+
+
+def loss_ratio(loss: float, fp32_loss: float, floor: float = THRESHOLDS.val_loss_floor) -> float:
+    """The canary's rule (`genesis_fp16.judge.judge_gap`): the loss over FP32's,
+    taken over ``max(FP32 loss, floor)``, so tiny losses do not fail on a ratio
+    alone. Written as ``1 + (loss - fp32) / max(|fp32|, floor)``, which is that
+    ratio for a positive FP32 loss and stays meaningful for a negative one (a
+    Gaussian NLL); inf when the loss is not finite."""
+    if not math.isfinite(loss):
+        return math.inf
+    if not math.isfinite(fp32_loss):
+        return 1.0  # nothing to compare against: FP32 itself failed; the speed decides among the finite
+    return 1.0 + (loss - fp32_loss) / max(abs(fp32_loss), floor)
+
+
+def decide(
+    seconds: Mapping[str, float], ratios: Mapping[str, float], *, limit: float = THRESHOLDS.canary_val_loss_ratio,
+    margin: float = SPEED_MARGIN,
+) -> tuple[str, str, dict[str, bool]]:
+    """(precision, reason, passed): the fastest precision whose loss ratio is
+    at most ``limit``, when at least ``margin`` times as fast as FP32; else
+    FP32. A precision without a ratio (out on speed at the probe) does not pass."""
+    fp32 = PrecisionMode.FP32.value
+    passed = {m: m == fp32 or (m in ratios and ratios[m] <= limit) for m in seconds}
+    speed = {m: seconds[fp32] / s if s > 0 else math.inf for m, s in seconds.items()}
+    figures = ", ".join(f"{m} {speed[m]:.2f}x" for m in seconds if m != fp32)
+    reduced = [m for m in seconds if m != fp32 and passed[m]]
+    failed = [f"{m} (loss {ratios[m]:.3g}x fp32, over {limit})" for m in seconds if m != fp32 and m in ratios and not passed[m]]
+    failed_text = f"; failed the FP32 check: {', '.join(failed)}" if failed else ""
+    if not reduced:
+        return fp32, f"measured here: {figures or 'only fp32 runs'} fp32{failed_text}: fp32", passed
+    best = min(reduced, key=lambda m: seconds[m])
+    if speed[best] >= margin:
+        return best, f"measured here: {figures} fp32{failed_text}: {best} is the fastest that passes", passed
+    return fp32, f"measured here: {figures} fp32{failed_text}: none at least {margin:.2f}x fp32, so fp32", passed
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """One workload's measurement and the decision taken from it."""
+
+    key: str
+    workload: dict[str, Any]
+    precision: str
+    """The verdict: what ``auto`` trains this workload in."""
+    reason: str
+    seconds: dict[str, float]
+    """Median seconds per optimizer step, per precision timed."""
+    speed: dict[str, float]
+    """FP32's seconds over each precision's (above 1: faster than FP32)."""
+    loss_ratio: dict[str, Optional[float]]
+    """Each precision's loss after the calibration steps against FP32's (`loss_ratio`; inf when
+    not finite); None for one out on speed at the probe (not checked)."""
+    passed: dict[str, bool]
+    cost_s: float
+    """What the calibration took, on the same clock (the copies' steps included, the warm-up too)."""
+    steps: int
+    """Optimizer steps per precision (warm-up included)."""
+    at: str
+    version: int = RECORD_VERSION
+
+    def as_record(self) -> dict[str, Any]:
+        """Plain JSON data (a non-finite number as the string ``inf``)."""
+        record = asdict(self)
+        for name in ("seconds", "speed", "loss_ratio"):
+            record[name] = {m: (_INF if v is not None and not math.isfinite(v) else v) for m, v in record[name].items()}
+        return record
+
+    @classmethod
+    def from_record(cls, record: Mapping[str, Any]) -> Optional["Calibration"]:
+        """The calibration a ledger row holds, or None for one of another version or shape (never trusted further)."""
+        names = {f.name for f in fields(cls)}
+        if set(record) != names or record.get("version") != RECORD_VERSION:
+            return None
+        try:
+            values = dict(record)
+            for name in ("seconds", "speed", "loss_ratio"):
+                values[name] = {str(k): _number(v, name == "loss_ratio") for k, v in dict(record[name]).items()}
+            values["passed"] = {str(k): bool(v) for k, v in dict(record["passed"]).items()}
+            values["workload"] = dict(record["workload"])
+            precision = str(record["precision"])
+            PrecisionMode(precision)
+        except (TypeError, ValueError):
+            return None
+        return cls(**{**values, "precision": precision, "cost_s": float(values["cost_s"]), "steps": int(values["steps"])})
+
+
+def measured(
+    key: str, described: dict[str, Any], seconds: dict[str, float], losses: dict[str, float], cost_s: float, steps: int
+) -> Calibration:
+    """The `Calibration` of a measurement (`measure`): per-step seconds, and
+    final losses for the precisions not out on speed."""
+    fp32 = PrecisionMode.FP32.value
+    ratios = {m: loss_ratio(loss, losses[fp32]) for m, loss in losses.items()}
+    precision, reason, passed = decide(seconds, ratios)
+    speed = {m: seconds[fp32] / s if s > 0 else math.inf for m, s in seconds.items()}
+    return Calibration(
+        key=key, workload=described, precision=precision, reason=reason, seconds=dict(seconds), speed=speed,
+        loss_ratio={m: ratios.get(m) for m in seconds}, passed=passed, cost_s=float(cost_s), steps=int(steps),
+        at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    )
+
+
+def clock(device: Union[str, torch.device]) -> Callable[[], float]:
+    """The clock `time_step` reads on ``device`` (for the calibration's own cost)."""
+    return time.perf_counter if torch.device(device).type == "cuda" else time.process_time
+
+
+@contextlib.contextmanager
+def preserved_rng(device: Union[str, torch.device]) -> Iterator[None]:
+    """Torch's CPU RNG (and ``device``'s, on CUDA) as they were afterwards: the calibration draws nothing from the run's streams."""
+    device = torch.device(device)
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        yield
+
+
+def final_loss(model: torch.nn.Module, batch: Any, loss_fn: Callable[[torch.nn.Module, Any], torch.Tensor]) -> float:
+    """The loss of a calibration copy on the calibration batch, in FP32 (no autocast), in eval mode."""
+    model.eval()
+    with torch.no_grad():
+        loss = loss_fn(model, batch)
+    value = float(loss.detach().float().reshape(-1)[0]) if loss.numel() else math.nan
+    return value
