@@ -155,23 +155,42 @@ def time_step(mode: PrecisionMode, run: Callable[[], None], steps: int, device: 
 def measure(
     runs: Mapping[PrecisionMode, Callable[[int], None]], losses: Mapping[PrecisionMode, Callable[[], float]],
     device: Union[str, torch.device],
-) -> tuple[dict[str, float], dict[str, float]]:
+) -> tuple[dict[str, float], dict[str, float], dict[str, str]]:
     """Time ``runs[mode](n)`` (n optimizer steps of that precision's copy):
     `WARMUP_STEPS` untimed, one probe step (a precision `PROBE_SLOWER` times
     slower than FP32 is out), then `ROUNDS` interleaved rounds of
-    `STEPS_PER_ROUND` for the others. Returns (seconds per step, final loss)
-    per precision; the losses of those still in only, all after the same steps."""
+    `STEPS_PER_ROUND` for the others. Returns (seconds per step, final loss,
+    failed) per precision: the losses of those still in only, all after the
+    same steps; ``failed`` names each reduced precision whose steps raised
+    (e.g. oneDNN has no FP16 LSTM kernel on a CPU) with the error: it is out.
+    FP32's own error is raised."""
     fp32 = PrecisionMode.FP32
-    for run in runs.values():
-        run(WARMUP_STEPS)
-    probe = {m: time_step(m, lambda r=run: r(1), 1, device) for m, run in runs.items()}
-    still_in = [m for m in runs if m == fp32 or probe[m] <= PROBE_SLOWER * probe[fp32]]
+    failed: dict[str, str] = {}
+    probe: dict[PrecisionMode, float] = {}
+
+    def attempt(mode: PrecisionMode, step: Callable[[], float]) -> Optional[float]:
+        if mode == fp32:
+            return step()
+        try:
+            return step()
+        except Exception as exc:  # this precision cannot run the workload here: it is out, with the reason
+            text = str(exc).strip()
+            failed[mode.value] = f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}"[:300]
+            return None
+
+    for mode, run in runs.items():
+        seconds = attempt(mode, lambda r=run, m=mode: (r(WARMUP_STEPS), time_step(m, lambda: r(1), 1, device))[1])
+        if seconds is not None:
+            probe[mode] = seconds
+    still_in = [m for m in probe if m == fp32 or probe[m] <= PROBE_SLOWER * probe[fp32]]
     rounds: dict[PrecisionMode, list[float]] = {m: [] for m in still_in}
     for _ in range(ROUNDS):
-        for m in still_in:
-            rounds[m].append(time_step(m, lambda r=runs[m]: r(STEPS_PER_ROUND), STEPS_PER_ROUND, device))
-    seconds = {m.value: statistics.median(rounds[m]) if m in rounds else probe[m] for m in runs}
-    return seconds, {m.value: losses[m]() for m in still_in}
+        for m in [m for m in still_in if m.value not in failed]:
+            seconds = attempt(m, lambda m=m: time_step(m, lambda: runs[m](STEPS_PER_ROUND), STEPS_PER_ROUND, device))
+            if seconds is not None:
+                rounds[m].append(seconds)
+    timed = {m.value: statistics.median(rounds[m]) if rounds.get(m) else probe[m] for m in probe if m.value not in failed}
+    return timed, {m.value: losses[m]() for m in still_in if m.value not in failed}, failed
 
 
 def loss_ratio(loss: float, fp32_loss: float, floor: float = THRESHOLDS.val_loss_floor) -> float:
@@ -189,18 +208,20 @@ def loss_ratio(loss: float, fp32_loss: float, floor: float = THRESHOLDS.val_loss
 
 def decide(
     seconds: Mapping[str, float], ratios: Mapping[str, float], *, limit: float = THRESHOLDS.canary_val_loss_ratio,
-    margin: float = SPEED_MARGIN,
+    margin: float = SPEED_MARGIN, errors: Optional[Mapping[str, str]] = None,
 ) -> tuple[str, str, dict[str, bool]]:
     """(precision, reason, passed): the fastest precision whose loss ratio is
     at most ``limit``, when at least ``margin`` times as fast as FP32; else
-    FP32. A precision without a ratio (out on speed at the probe) does not pass."""
+    FP32. A precision without a ratio (out on speed at the probe) does not
+    pass; ``errors`` (precisions that could not run, with why) go into the reason."""
     fp32 = PrecisionMode.FP32.value
     passed = {m: m == fp32 or (m in ratios and ratios[m] <= limit) for m in seconds}
     speed = {m: seconds[fp32] / s if s > 0 else math.inf for m, s in seconds.items()}
     figures = ", ".join(f"{m} {speed[m]:.2f}x" for m in seconds if m != fp32)
     reduced = [m for m in seconds if m != fp32 and passed[m]]
-    failed = [f"{m} (loss {ratios[m]:.3g}x fp32, over {limit})" for m in seconds if m != fp32 and m in ratios and not passed[m]]
-    failed_text = f"; failed the FP32 check: {', '.join(failed)}" if failed else ""
+    failing = [f"{m} (loss {ratios[m]:.3g}x fp32, over {limit})" for m in seconds if m != fp32 and m in ratios and not passed[m]]
+    failed_text = f"; failed the FP32 check: {', '.join(failing)}" if failing else ""
+    failed_text += "".join(f"; {m} could not run ({why})" for m, why in (errors or {}).items())
     if not reduced:
         return fp32, f"measured here: {figures or 'only fp32 runs'} fp32{failed_text}: fp32", passed
     best = min(reduced, key=lambda m: seconds[m])
@@ -226,6 +247,8 @@ class Calibration:
     """Each precision's loss after the calibration steps against FP32's (`loss_ratio`; inf when
     not finite); None for one out on speed at the probe (not checked)."""
     passed: dict[str, bool]
+    failed: dict[str, str]
+    """Each precision whose steps raised on this workload, with the error (it was out)."""
     cost_s: float
     """What the calibration took, on the same clock (the copies' steps included, the warm-up too)."""
     steps: int
@@ -251,6 +274,7 @@ class Calibration:
             for name in ("seconds", "speed", "loss_ratio"):
                 values[name] = {str(k): _number(v, name == "loss_ratio") for k, v in dict(record[name]).items()}
             values["passed"] = {str(k): bool(v) for k, v in dict(record["passed"]).items()}
+            values["failed"] = {str(k): str(v) for k, v in dict(record["failed"]).items()}
             values["workload"] = dict(record["workload"])
             precision = str(record["precision"])
             PrecisionMode(precision)
@@ -260,17 +284,18 @@ class Calibration:
 
 
 def measured(
-    key: str, described: dict[str, Any], seconds: dict[str, float], losses: dict[str, float], cost_s: float, steps: int
+    key: str, described: dict[str, Any], seconds: dict[str, float], losses: dict[str, float], cost_s: float, steps: int,
+    failed: Optional[dict[str, str]] = None,
 ) -> Calibration:
     """The `Calibration` of a measurement (`measure`): per-step seconds, and
     final losses for the precisions not out on speed."""
     fp32 = PrecisionMode.FP32.value
     ratios = {m: loss_ratio(loss, losses[fp32]) for m, loss in losses.items()}
-    precision, reason, passed = decide(seconds, ratios)
+    precision, reason, passed = decide(seconds, ratios, errors=failed)
     speed = {m: seconds[fp32] / s if s > 0 else math.inf for m, s in seconds.items()}
     return Calibration(
         key=key, workload=described, precision=precision, reason=reason, seconds=dict(seconds), speed=speed,
-        loss_ratio={m: ratios.get(m) for m in seconds}, passed=passed, cost_s=float(cost_s), steps=int(steps),
+        loss_ratio={m: ratios.get(m) for m in seconds}, passed=passed, failed=dict(failed or {}), cost_s=float(cost_s), steps=int(steps),
         at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
     )
 

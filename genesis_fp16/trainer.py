@@ -241,7 +241,7 @@ class FP16Trainer:
         try:
             with cal.preserved_rng(self.device):
                 copies = {mode: self._calibration_copy(mode) for mode in cal.candidates(self.device)}
-                seconds, losses = cal.measure(
+                seconds, losses, failed = cal.measure(
                     {mode: runner(t) for mode, t in copies.items()},
                     {mode: (lambda t=t: cal.final_loss(t.model, batch, loss_fn)) for mode, t in copies.items()},
                     self.device,
@@ -259,7 +259,7 @@ class FP16Trainer:
             raise cal.CalibrationUnavailable("the loss function trains another model than the one it is given")
         if failure is not None:
             raise cal.CalibrationUnavailable(f"a calibration step failed ({type(failure).__name__}: {failure})")
-        return cal.measured(key, described, seconds, losses, clock() - started, counted["steps"])
+        return cal.measured(key, described, seconds, losses, clock() - started, counted["steps"], failed)
 
     def training_step(self, batch: Any, compute_loss_fn: Callable[[torch.nn.Module, Any], torch.Tensor]) -> torch.Tensor:
         """Run ``compute_loss_fn(model, batch)`` under autocast and return the

@@ -15,6 +15,8 @@
 # 7. `genesis-fp16 evolve` (Pendulum-v1, 48 real episodes) with the world model on CUDA
 #    (GENESIS_FP16_DEVICE=cuda, ON_UNSUPPORTED=error: no silent CPU fallback) in FP16 with the
 #    scaler and in BF16; its events must show the world model trained on cuda in that precision
+# 8. precision=auto by measurement on CUDA (scripts/auto_precision_table.py --device cuda) and the
+#    decision a default-precision evolve on CUDA records (genesis-fp16 doctor --json)
 #
 # Each step writes its JSON (and a log) to OUT_DIR and the script goes on when
 # one fails; the exit code is the number of failed steps. It refuses to start
@@ -90,6 +92,16 @@ for prec in fp16 bf16; do
         --json "$OUT_DIR/evolve_cuda_${prec}.json"
     step "evolve_cuda_${prec}_on_gpu" check_wm_events "$state" "$prec"
 done
+
+# 8. auto by measurement on CUDA: what it picks between FP16 (scaler) and BF16 for each workload,
+#    against each precision at length, and the decision `evolve` records in the ledger (doctor)
+step auto_precision_cuda "$PY" scripts/auto_precision_table.py --device cuda --repeats 3 \
+    --json "$OUT_DIR/auto_precision_cuda.json"
+state="$OUT_DIR/evolve_cuda_auto_state"
+rm -rf "$state"
+step evolve_cuda_auto env GENESIS_FP16_DEVICE=cuda GENESIS_FP16_ON_UNSUPPORTED=error GENESIS_FP16_STATE_DIR="$state" \
+    "$PY" -m genesis_fp16.cli evolve --env Pendulum-v1 --budget 48 --seed 0 --json "$OUT_DIR/evolve_cuda_auto.json"
+step evolve_cuda_auto_decision env GENESIS_FP16_STATE_DIR="$state" "$PY" -m genesis_fp16.cli doctor --json  # its log is the JSON
 
 echo "gpu_acceptance: $failed step(s) failed; results in $OUT_DIR/"
 exit "$failed"

@@ -340,3 +340,22 @@ def test_ppo_auto_measures_its_update_on_copies_of_its_own_network(measure):
         ppo.close()
     assert ppo.trainer.precision.name == "bf16"
     assert [e["source"] for e in logs if e["event"] == "precision.auto_selected"] == ["measured"]
+
+
+def test_a_precision_that_cannot_run_the_workload_is_out_and_the_others_still_decide(measure):
+    measure.set({"fp32": 1.0e-3, "bf16": 0.5e-3, "fp16": 0.4e-3})
+
+    class NoHalf(torch.nn.Module):  # as oneDNN's LSTM on a CPU: no FP16 kernel
+        def __init__(self):
+            super().__init__()
+            self.body = _mlp(16)
+
+        def forward(self, x):
+            if torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.float16:
+                raise RuntimeError("could not create a primitive descriptor for the forward propagation primitive")
+            return self.body(x)
+
+    trainer = _auto_trainer(NoHalf())
+    _train(trainer, 1)
+    assert trainer.precision.name == "bf16" and set(trainer.calibration.seconds) == {"fp32", "bf16"}
+    assert "primitive descriptor" in trainer.calibration.failed["fp16"] and "fp16 could not run" in trainer.auto_reason

@@ -96,3 +96,16 @@ def test_forensics_sweep_step_runs_on_cuda():
     for cfg in parse_configs("fp16_pure,bf16_pure,fp32_baseline"):
         result = run_one(assets, cfg, 0, SweepArgs(max_steps=2, batch=4, gen_len=8))
         assert result["summary"]["steps_done"] >= 1, result
+
+
+def test_cuda_auto_measures_fp16_against_bf16_and_keeps_the_decision(monkeypatch, state_dir):
+    from genesis_fp16.rollout import LEDGER_FILE, RolloutLedger
+
+    monkeypatch.setenv("GENESIS_FP16_AUTO_PRECISION", "measure")
+    trainer = make("auto")
+    assert trainer.calibration_pending
+    trainer.backward_and_step(trainer.training_step(batch(), loss_fn))
+    timed = set(trainer.calibration.seconds)
+    assert {"fp32", "fp16"} <= timed and ("bf16" in timed) == torch.cuda.is_bf16_supported()
+    assert trainer.precision.name == trainer.calibration.precision
+    assert [r["key"] for r in RolloutLedger(state_dir / LEDGER_FILE).calibrations()] == [trainer.calibration.key]

@@ -1,0 +1,38 @@
+"""scripts/auto_precision_table.py on a tiny budget: a row per workload with
+each precision's speed at length, auto's picks and their cost."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "auto_precision_table.py"
+
+
+def _load():
+    spec = importlib.util.spec_from_file_location("auto_precision_table", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_table_has_a_row_per_workload(tmp_path, capsys):
+    table = _load()
+    out = tmp_path / "auto.json"
+    assert table.main(["--workloads", "S,world_model", "--repeats", "2", "--rounds", "1", "--seconds", "0.05", "--json", str(out)]) == 0
+    data = json.loads(out.read_text())
+    assert [r["workload"] for r in data["rows"]] == ["S", "world_model"]
+    for row in data["rows"]:
+        assert set(row["speed_vs_fp32"]) | set(row["could_not_run"]) == {"fp32", "bf16", "fp16"} and row["speed_vs_fp32"]["fp32"] == 1.0
+        assert len(row["auto_picks"]) == 2 and set(row["auto_picks"]) <= {"fp32", "bf16", "fp16"}
+        assert row["fastest_passing"] in row["speed_vs_fp32"] and row["auto_vs_fastest_min"] > 0
+        assert all(c > 0 for c in row["calibration_s"])
+    assert "| world_model |" in capsys.readouterr().out
+
+
+def test_unknown_workloads_are_refused():
+    with pytest.raises(SystemExit):
+        _load().main(["--workloads", "XL"])
