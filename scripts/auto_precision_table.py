@@ -129,6 +129,22 @@ def at_length(workload: Workload, warmup: int, rounds: int, steps: int, device: 
     return out
 
 
+def render(header: dict[str, Any], rows: list[dict[str, Any]], rounds: int) -> None:
+    """The Markdown table (a precision out after the first round shows no loss ratio: it ran fewer steps)."""
+    print(f"{header['date']}  {header['device_name']}  torch {header['torch']}  CPU flags {' '.join(header['cpu_flags'])}  {header['clock']}, "
+          f"load average {header['load_avg_start']:.1f} -> {header['load_avg_end']:.1f}")
+    print("| workload | speed vs fp32 at length | loss vs fp32 | fastest passing | auto picks | auto's pick vs fastest (worst) | calibration s (median) |")
+    print("|---|---|---|---|---|---:|---:|")
+    for r in rows:
+        speed = ", ".join(f"{k} {v:.2f}x" for k, v in r["speed_vs_fp32"].items() if k != "fp32")
+        speed += "".join(f", {k} cannot run" for k in r["could_not_run"])
+        loss = ", ".join(
+            f"{k} {v:.3f}" if r["rounds"][k] == rounds else f"{k} - (out after round 1)" for k, v in r["loss_ratio"].items() if k != "fp32"
+        )
+        print(f"| {r['workload']} | {speed} | {loss} | {r['fastest_passing']} | {', '.join(r['auto_picks'])} | "
+              f"{r['auto_vs_fastest_min']:.2f} | {r['calibration_s_median']:.3f} |")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--workloads", default=",".join(WORKLOADS), help=f"comma list of {','.join(WORKLOADS)}")
@@ -137,7 +153,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=2.0, help="about how long each precision runs at length, in total")
     parser.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
     parser.add_argument("--json", default=None, help="write the rows here")
+    parser.add_argument("--render", default=None, metavar="JSON", help="print the table of an earlier run's --json and exit")
     args = parser.parse_args(argv)
+    if args.render:
+        saved = json.loads(open(args.render, encoding="utf-8").read())
+        render(saved["header"], saved["rows"], saved["header"]["rounds"])
+        return 0
     names = [n.strip() for n in args.workloads.split(",") if n.strip()]
     unknown = [n for n in names if n not in WORKLOADS]
     if unknown or not names or args.repeats < 1 or args.rounds < 1 or args.seconds <= 0:
@@ -185,19 +206,10 @@ def main(argv: list[str] | None = None) -> int:
         "device": str(device), "device_name": cal.device_name(device),
         "cpu_flags": sorted(f for f in cpu_flags() if f in INTERESTING_FLAGS), "threads": 1,
         "clock": "process CPU time" if device.type == "cpu" else "wall time between CUDA synchronisations",
-        "load_avg_start": load_start[0], "load_avg_end": os.getloadavg()[0],
+        "load_avg_start": load_start[0], "load_avg_end": os.getloadavg()[0], "rounds": args.rounds,
         "command": "python scripts/auto_precision_table.py " + " ".join(argv if argv is not None else sys.argv[1:]),
     }
-    print(f"{header['date']}  {header['device_name']}  torch {header['torch']}  CPU flags {' '.join(header['cpu_flags'])}  {header['clock']}, "
-          f"load average {header['load_avg_start']:.1f} -> {header['load_avg_end']:.1f}")
-    print("| workload | speed vs fp32 at length | loss vs fp32 | fastest passing | auto picks | auto's pick vs fastest (worst) | calibration s (median) |")
-    print("|---|---|---|---|---|---:|---:|")
-    for r in rows:
-        speed = ", ".join(f"{k} {v:.2f}x" for k, v in r["speed_vs_fp32"].items() if k != "fp32")
-        speed += "".join(f", {k} cannot run" for k in r["could_not_run"])
-        loss = ", ".join(f"{k} {v:.3f}" for k, v in r["loss_ratio"].items() if k != "fp32")
-        print(f"| {r['workload']} | {speed} | {loss} | {r['fastest_passing']} | {', '.join(r['auto_picks'])} | "
-              f"{r['auto_vs_fastest_min']:.2f} | {r['calibration_s_median']:.3f} |")
+    render(header, rows, args.rounds)
     if args.json:
         from genesis_fp16.checkpoint import atomic_write_text
 

@@ -1,4 +1,4 @@
-"""scripts/auto_precision_table.py on a tiny budget: a row per workload with
+"""scripts/auto_precision_table.py (the table of docs/PERFORMANCE.md, "auto by measurement") on a tiny budget: a row per workload with
 each precision's speed at length, auto's picks and their cost."""
 
 from __future__ import annotations
@@ -31,6 +31,8 @@ def test_the_table_has_a_row_per_workload(tmp_path, capsys):
         assert row["fastest_passing"] in row["speed_vs_fp32"] and row["auto_vs_fastest_min"] > 0
         assert all(c > 0 for c in row["calibration_s"])
     assert "| world_model |" in capsys.readouterr().out
+    assert table.main(["--render", str(out)]) == 0  # the table again, from the JSON
+    assert "| S |" in capsys.readouterr().out
 
 
 def test_unknown_workloads_are_refused():
