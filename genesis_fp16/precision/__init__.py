@@ -121,7 +121,7 @@ def resolve_precision(
     policy = parse_on_unsupported(on_unsupported)
     if mode == PrecisionMode.AUTO:
         mode, reason = capability.auto_precision(device)
-        log_once(log, f"auto:{device}", "info", "precision.auto_selected", device=str(device), precision=mode.value, reason=reason)
+        log_once(log, f"auto:{device}", "info", "precision.auto_selected", device=str(device), precision=mode.value, source="rule", reason=reason)
         return plugins[mode](device, scaler)
     support = capability.device_support(device, mode)
     if support == Support.NONE:
