@@ -229,7 +229,6 @@ class FP16Trainer:
         grads = [None if p.grad is None else p.grad.detach().clone() for p in real]
         clock = cal.clock(self.device)
         started = clock()
-        counted = {"steps": 0}
 
         def runner(trainer: FP16Trainer) -> Callable[[int], None]:
             def run(n: int) -> None:
@@ -246,7 +245,6 @@ class FP16Trainer:
                     {mode: (lambda t=t: cal.final_loss(t.model, batch, loss_fn)) for mode, t in copies.items()},
                     self.device,
                 )
-                counted["steps"] = max(t.training_steps for t in copies.values())
         except cal.CalibrationUnavailable:
             raise
         except Exception as exc:  # a real fault of the loss shows again in the real step that follows, unmeasured
@@ -259,7 +257,7 @@ class FP16Trainer:
             raise cal.CalibrationUnavailable("the loss function trains another model than the one it is given")
         if failure is not None:
             raise cal.CalibrationUnavailable(f"a calibration step failed ({type(failure).__name__}: {failure})")
-        return cal.measured(key, described, seconds, losses, clock() - started, counted["steps"], failed)
+        return cal.measured(key, described, seconds, losses, clock() - started, max(t.training_steps for t in copies.values()), failed)
 
     def training_step(self, batch: Any, compute_loss_fn: Callable[[torch.nn.Module, Any], torch.Tensor]) -> torch.Tensor:
         """Run ``compute_loss_fn(model, batch)`` under autocast and return the
