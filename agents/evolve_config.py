@@ -23,7 +23,8 @@ DEFAULT_HORIZON = 200
 """Imagined steps per rollout when `EvolveConfig.horizon` is None, on tasks whose episodes are longer (the rest of the
 episode is extrapolated from the last quarter's mean reward). Chosen by measurement (docs/EVOLUTION.md, "The imagined
 horizon"): on Swimmer-v5 and InvertedPendulum-v5 a model trained on a run's data ranks its candidates as well at 200 steps
-as at 1000, and imagination costs about a fifth. Pendulum-v1's 200-step episodes are imagined whole, as before."""
+as at 1000, and a run costs a quarter to a fifth of the CPU (the loop's held-out returns on Swimmer-v5 are mixed across
+seeds). Pendulum-v1's 200-step episodes are imagined whole, as before."""
 
 
 def world_model_agent(task_id: str) -> str:
