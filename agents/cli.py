@@ -129,6 +129,10 @@ def evolve(
                                             "(default: the world model's)."),
     imagine_starts: int = typer.Option(8, "--imagine-starts", min=1, help="Start states the search imagines from per generation."),
     ensemble: int = typer.Option(5, "--ensemble", min=1, help="World-model ensemble members; 1: one deterministic network."),
+    horizon: Optional[int] = typer.Option(
+        None, "--horizon", min=1, help="Imagined steps per rollout, at most the episode (default: 200, or the episode where shorter); "
+        "the rest of the episode is extrapolated.",
+    ),
     workers: int = typer.Option(2, "--workers", min=1, help="Worker processes for real episodes (with --backend ray: tasks per candidate)."),
     backend: Backend = typer.Option(
         Backend.process, "--backend", help="Where real episodes run: process (a local pool) or ray (a Ray cluster; the ray extra)."
@@ -173,11 +177,12 @@ def evolve(
     # the options a resumed run must match (or may change: budgets, workers, backend), by flag name
     given = dict(env=env, seed=seed, precision=precision, no_world_model=no_world_model, budget=budget, budget_steps=budget_steps,
                  workers=workers, backend=backend, target=target, policy=policy, episode_steps=episode_steps, racing=racing, kappa=kappa,
-                 particles=particles, imagine_starts=imagine_starts, ensemble=ensemble)
+                 particles=particles, imagine_starts=imagine_starts, ensemble=ensemble, horizon=horizon)
     config = EvolveConfig(
         env_id=env, budget=budget, budget_steps=budget_steps, seed=seed, precision=precision.value if precision is not None else None,
         use_world_model=not no_world_model, workers=workers, backend=backend.value, target=target, policy=policy,
         episode_steps=episode_steps, racing=racing, kappa=kappa, particles=particles, imagine_starts=imagine_starts, ensemble=ensemble,
+        **({} if horizon is None else {"horizon": horizon}),  # not given: the config's default (DEFAULT_HORIZON, capped by the episode)
     )
     if plot is not None:  # first: cma warns on import when matplotlib is missing
         require("matplotlib", f"{EVOLVE} --plot")
@@ -367,7 +372,7 @@ def _resumed_agent(ctx: typer.Context, run_id: str, settings: Any, *, baseline: 
     backend = explicit.get("backend")
     as_config = {"env": "env_id", "seed": "seed", "precision": "precision", "no_world_model": "use_world_model", "target": "target",
                  "policy": "policy", "episode_steps": "episode_steps", "racing": "racing", "kappa": "kappa", "particles": "particles",
-                 "imagine_starts": "imagine_starts", "ensemble": "ensemble"}
+                 "imagine_starts": "imagine_starts", "ensemble": "ensemble", "horizon": "horizon"}
     options = {as_config[k]: v for k, v in explicit.items() if k in as_config}
     if "precision" in options:
         options["precision"] = options["precision"].value

@@ -39,7 +39,7 @@ from infrastructure.replay_buffer import ReplayBuffer, trajectories_from_episode
 from . import runs
 from .cma_baseline import run_cma_baseline
 from .evaluation import Evaluation, EvaluationBackend, Evaluator
-from .evolve_config import EVOLVE, Candidate, EvolveConfig, resumed_config
+from .evolve_config import EVOLVE, Candidate, EvolveConfig, default_horizon, resumed_config
 from .evolve_report import generation_record, run_report
 from .imagination import ImagineFn, Imaginer, make_imagine
 from .imagination_stats import candidate_record, summary
@@ -161,7 +161,7 @@ class SEDarwinAgent(RunRecord):
         if self.world_model is None or self._imagined_starts is None or not self._has_data():
             return None  # an untrained model ranks nothing: propose as the ablation does
         cfg = self.config
-        return make_imagine(self.world_model, self.task, self._imagined_starts, generation=generation, horizon=cfg.horizon or self.task.episode_steps,
+        return make_imagine(self.world_model, self.task, self._imagined_starts, generation=generation, horizon=cfg.horizon or default_horizon(self.task.episode_steps),
                             kappa=cfg.kappa, particles=cfg.particles, seed=cfg.seed, time=self.time)
 
     def _propose(self, generation: int) -> list[Candidate]:

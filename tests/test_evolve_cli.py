@@ -64,6 +64,8 @@ def test_entry_point_registers_evolve():
         (["--kappa", "nan"], "--kappa"),
         (["--particles", "0"], "--particles"),
         (["--imagine-starts", "0"], "--imagine-starts"),
+        (["--horizon", "0"], "--horizon"),
+        (["--horizon", "201"], "horizon=201: expected at most the episode length (200 steps)"),
     ],
 )
 def test_bad_input_one_clear_error(args, expected):
@@ -114,11 +116,11 @@ def test_tiny_run_writes_json_report(tiny, tmp_path, state_dir):
 def test_search_and_budget_flags_reach_the_config(tiny, tmp_path, state_dir):
     out = tmp_path / "report.json"
     result = runner.invoke(app, ["evolve", "--budget", "16", "--budget-steps", "3200", "--no-racing", "--kappa", "0.5", "--particles", "2",
-                                 "--imagine-starts", "3", "--workers", "1", "--json", str(out)])
+                                 "--imagine-starts", "3", "--horizon", "7", "--workers", "1", "--json", str(out)])
     assert result.exit_code == 0, result.output
     report = json.loads(out.read_text())
-    assert {k: report["config"][k] for k in ("budget_steps", "racing", "kappa", "particles", "imagine_starts")} == {
-        "budget_steps": 3200, "racing": False, "kappa": 0.5, "particles": 2, "imagine_starts": 3}
+    assert {k: report["config"][k] for k in ("budget_steps", "racing", "kappa", "particles", "imagine_starts", "horizon")} == {
+        "budget_steps": 3200, "racing": False, "kappa": 0.5, "particles": 2, "imagine_starts": 3, "horizon": 7}
     assert report["budget_steps"] == 3200 and report["stop_reason"] == "budget" and report["budget_exhausted"] == "episodes"
     assert set(report["time_share"]) >= {"model_train", "imagine", "search", "real_episodes", "other", "model_share"}
     assert report["imagination"]["candidates"] == 0 and "wall time in the model" in result.stdout

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from agents.evaluation import Evaluation, EvaluationEnvError, EvaluationTimeout
-from agents.evolve_config import Candidate
+from agents.evolve_config import DEFAULT_HORIZON, Candidate
 from agents.racing import can_still_win, race, race_order, stage_sizes, upper_bound
 from agents.runs import RunError, manifest_path, read_manifest, write_manifest
 from agents.se_darwin_agent import EvolveConfig, SEDarwinAgent
@@ -192,6 +192,25 @@ def test_the_new_options_are_checked():
     with pytest.raises(ValueError, match=r"horizon=201: expected at most the episode length \(200 steps\)"):
         config(horizon=201).resolve()
     assert EvolveConfig().racing and EvolveConfig().eval_top_k == 3 and EvolveConfig().kappa == 1.0 and EvolveConfig().imagine_starts == 8
+
+
+def test_the_default_horizon_is_capped_on_long_episodes_and_the_episode_on_pendulum():
+    assert DEFAULT_HORIZON == 200
+    # Pendulum-v1's 200-step episodes are imagined whole, as before the cap
+    assert config(horizon=None).resolve()[0].horizon == PENDULUM.episode_steps == 200
+    assert config(horizon=None, episode_steps=120).resolve()[0].horizon == 120  # an episode shorter than the cap: the episode
+    assert config(horizon=None, episode_steps=1000).resolve()[0].horizon == DEFAULT_HORIZON  # a long episode: the cap
+    assert config(horizon=300, episode_steps=1000).resolve()[0].horizon == 300  # an explicit horizon wins
+    # a registered long-episode task (the report's config is the resolved one: it records the horizon used)
+    swimmer, task = EvolveConfig(env_id="Swimmer-v5").resolve()
+    assert task.episode_steps == 1000 and swimmer.horizon == DEFAULT_HORIZON
+
+
+async def test_the_search_imagines_the_capped_horizon_and_extrapolates_to_the_episode(state_dir):
+    agent = agent_with_fakes(config(target=10.0, horizon=None, episode_steps=400))
+    await agent.evolve()
+    assert {c["horizon"] for c in agent.world_model.calls} == {DEFAULT_HORIZON}
+    assert {c["episode_steps"] for c in agent.world_model.calls} == {400}
 
 
 async def test_a_failed_stage_charges_the_whole_race(state_dir):
