@@ -33,7 +33,9 @@ def best_of(pool: Sequence[Candidate]) -> Optional[Candidate]:
     scored = [c for c in pool if c.real_return is not None and c.real_return > float("-inf")]
     if not scored:
         return None
-    # a full evaluation outranks a single-episode score of the same value
+    # any full evaluation outranks any partial score, however high: a one-episode probe is verified first only
+    # when it meets the target (SEDarwinAgent._promotable); a better probe below the target stays unrefined
+    # (Swimmer-v5 seed 2: a probe at 132.2 under a full evaluation at -7.8; docs/EVOLUTION.md, issue notes)
     return max(scored, key=lambda c: (c.full, c.real_return))
 
 
