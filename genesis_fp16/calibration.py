@@ -206,6 +206,17 @@ def loss_ratio(loss: float, fp32_loss: float, floor: float = THRESHOLDS.val_loss
     return 1.0 + (loss - fp32_loss) / max(abs(fp32_loss), floor)
 
 
+def passes(ratio: Optional[float], limit: float = THRESHOLDS.canary_val_loss_ratio) -> bool:
+    """Whether a loss ratio (`loss_ratio`) passes the FP32 check; None (not checked) does not."""
+    return ratio is not None and ratio <= limit
+
+
+def speeds(seconds: Mapping[str, float]) -> dict[str, float]:
+    """Each precision's speed against FP32's: FP32's seconds per step over its own."""
+    fp32 = seconds[PrecisionMode.FP32.value]
+    return {m: fp32 / s if s > 0 else math.inf for m, s in seconds.items()}
+
+
 def decide(
     seconds: Mapping[str, float], ratios: Mapping[str, float], *, limit: float = THRESHOLDS.canary_val_loss_ratio,
     margin: float = SPEED_MARGIN, errors: Optional[Mapping[str, str]] = None,
@@ -215,8 +226,8 @@ def decide(
     FP32. A precision without a ratio (out on speed at the probe) does not
     pass; ``errors`` (precisions that could not run, with why) go into the reason."""
     fp32 = PrecisionMode.FP32.value
-    passed = {m: m == fp32 or (m in ratios and ratios[m] <= limit) for m in seconds}
-    speed = {m: seconds[fp32] / s if s > 0 else math.inf for m, s in seconds.items()}
+    passed = {m: m == fp32 or passes(ratios.get(m), limit) for m in seconds}
+    speed = speeds(seconds)
     figures = ", ".join(f"{m} {speed[m]:.2f}x" for m in seconds if m != fp32)
     reduced = [m for m in seconds if m != fp32 and passed[m]]
     failing = [f"{m} (loss {ratios[m]:.3g}x fp32, over {limit})" for m in seconds if m != fp32 and m in ratios and not passed[m]]
@@ -292,9 +303,8 @@ def measured(
     fp32 = PrecisionMode.FP32.value
     ratios = {m: loss_ratio(loss, losses[fp32]) for m, loss in losses.items()}
     precision, reason, passed = decide(seconds, ratios, errors=failed)
-    speed = {m: seconds[fp32] / s if s > 0 else math.inf for m, s in seconds.items()}
     return Calibration(
-        key=key, workload=described, precision=precision, reason=reason, seconds=dict(seconds), speed=speed,
+        key=key, workload=described, precision=precision, reason=reason, seconds=dict(seconds), speed=speeds(seconds),
         loss_ratio={m: ratios.get(m) for m in seconds}, passed=passed, failed=dict(failed or {}), cost_s=float(cost_s), steps=int(steps),
         at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
     )

@@ -180,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
         fp32 = long["fp32"]["s_per_step"]
         errors = {k: v["error"] for k, v in long.items() if "error" in v}
         long = {k: v for k, v in long.items() if "error" not in v}
-        passing = [k for k, v in long.items() if v["loss_ratio"] <= cal.THRESHOLDS.canary_val_loss_ratio]
+        passing = [k for k, v in long.items() if cal.passes(v["loss_ratio"])]
         fastest = min(passing, key=lambda k: long[k]["s_per_step"])
         picks, costs = [], []
         for _ in range(args.repeats):

@@ -6,7 +6,6 @@ closed form of the parameters and the start state, and a world model whose
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -15,6 +14,7 @@ import torch
 
 from agents.evaluation import Evaluation, EvaluationEnvError
 from agents.tasks import ResolvedTask
+from infrastructure.imagination import Imagination
 from infrastructure.world_model_types import TrainReport
 
 STEPS = 5  # transitions per fake episode (what the replay buffer stores)
@@ -71,20 +71,6 @@ class FakeEvaluator:
 
     def close(self) -> None:
         pass
-
-
-@dataclass(frozen=True)
-class Imagination:
-    """The fields of `infrastructure.imagination.Imagination` the loop reads."""
-
-    returns: torch.Tensor
-    mean: np.ndarray
-    std: np.ndarray
-    score: np.ndarray
-    low: np.ndarray
-    high: np.ndarray
-    truncated: np.ndarray
-    horizon: int
 
 
 class FakeWorldModel:

@@ -37,7 +37,7 @@ def auto_row(spec: SizeSpec, task: Task, options: BenchOptions, device: torch.de
     fp32 = next((r for r in rows if r["precision"] == "fp32"), None)
     passing = [
         r for r in rows
-        if r["precision"] in pickable and fp32 is not None and cal.loss_ratio(r["val_loss"], fp32["val_loss"]) <= cal.THRESHOLDS.canary_val_loss_ratio
+        if r["precision"] in pickable and fp32 is not None and cal.passes(cal.loss_ratio(r["val_loss"], fp32["val_loss"]))
     ]
     fastest = max(passing, key=lambda r: r["samples_per_s"]) if passing else None
     picked = next((r for r in rows if result is not None and r["precision"] == result.precision), None)
