@@ -181,3 +181,30 @@ def test_an_agent_name_that_would_leave_the_state_dir_is_refused(state_dir, tmp_
     with pytest.raises(ValueError, match="invalid agent name"):
         GuardedTraining(name, model, optimizer, precision="bf16")
     assert not (tmp_path.parent / "x").exists() and not Path("/elsewhere").exists()
+
+
+def test_policy_is_resolved_again_only_when_the_ledger_or_profile_changed(state_dir, monkeypatch):
+    """PPO begins a training call every iteration: with nothing changed on
+    disk the policy is not read again; a stage set from elsewhere (another
+    process writing the ledger) or a new profile file still takes effect at
+    the next call."""
+    from genesis_fp16 import guarded
+
+    calls = []
+    real = guarded.resolve_policy
+    monkeypatch.setattr(guarded, "resolve_policy", lambda *a, **k: calls.append(a) or real(*a, **k))
+    model, optimizer = _model_and_opt()
+    run = GuardedTraining("wm", model, optimizer, guard=UNGUARDED)
+    assert run.trainer.precision.name == "fp32"
+    for _ in range(3):
+        run.begin_call()
+    assert calls == []  # nothing changed on disk: no ledger or profile read
+    RolloutLedger.from_settings(load_settings()).enable("wm", actor="test")  # as `genesis-fp16 rollout enable wm` would
+    first = run.trainer
+    run.begin_call()
+    assert len(calls) == 1 and run.policy.stage == "on" and run.trainer is not first  # rebuilt for the new stage
+    run.begin_call()
+    assert len(calls) == 1
+    (state_dir / "profiles.toml").write_text('[agents.wm]\nprecision = "fp16"\n')
+    run.begin_call()
+    assert len(calls) == 2 and run.trainer.precision.name == "fp16"
