@@ -23,6 +23,7 @@ from genesis_fp16.trainer import FP16Trainer
 from .config import PPOConfig, as_dict
 from .envs import ActionRepeat, VecEnvChoice, build_envs, check_spaces
 from .guarding import PPOGuard
+from .loss import LossSettings, can_fuse, fused_ppo_loss, ppo_loss
 from .policy import ActorCritic, CompiledFallback
 from .results import TrainResult
 from .rollout import RolloutBuffer, RunningMeanStd, check_extra, load_normalisers
@@ -80,6 +81,7 @@ class PPO:
         self._ret_acc = np.zeros(cfg.num_envs)
         self.noise_gen = torch.Generator().manual_seed(cfg.seed)
         self.forward = self.net.forward
+        self.loss_settings, self.fuse = LossSettings.of(cfg), opts.fused_update and not opts.use_torch_compile
         if opts.use_torch_compile:
             self.forward = CompiledFallback(self.net.forward, opts.compile_mode, "ActorCritic.forward")
         self.pin = opts.use_pinned_memory and self.device.type == "cuda"
@@ -242,35 +244,11 @@ class PPO:
         )
 
     def _loss(self, net: ActorCritic, mb: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """(loss, diagnostics) for one minibatch; the diagnostics are detached
-        scalar tensors: pg_loss, v_loss, entropy, approx_kl.
-
-        Written for few ops: a 64-unit network is launch-bound, so every op
-        in the forward (and its node in the backward) shows in updates/s."""
-        cfg = self.cfg
-        out, value = (self.forward if net is self.net else net)(mb["obs"])  # a copy (auto's calibration) uses its own
-        newlogp, entropy = net.log_prob_entropy(out, mb["act"])
-        logratio = newlogp - mb["logp"]
-        ratio = logratio.exp()
-        adv = mb["adv"]
-        if cfg.norm_adv:
-            adv = (adv - adv.mean()) / (adv.std() + 1e-8)
-        pg_loss = -torch.min(adv * ratio, adv * ratio.clamp(1 - cfg.clip_coef, 1 + cfg.clip_coef)).mean()
-        value = value.float()
-        if cfg.clip_vloss:
-            v_unclipped = (value - mb["ret"]) ** 2
-            v_clipped = mb["val"] + torch.clamp(value - mb["val"], -cfg.clip_coef, cfg.clip_coef)
-            v_loss = 0.5 * torch.max(v_unclipped, (v_clipped - mb["ret"]) ** 2).mean()
-        else:
-            v_loss = 0.5 * (value - mb["ret"]).square().mean()
-        entropy = entropy.mean()
-        loss = pg_loss + cfg.vf_coef * v_loss
-        if cfg.ent_coef:
-            loss = loss - cfg.ent_coef * entropy
-        with torch.no_grad():
-            approx_kl = ((ratio - 1) - logratio).mean()
-        diagnostics = {"pg_loss": pg_loss.detach(), "v_loss": v_loss.detach(), "entropy": entropy.detach(), "approx_kl": approx_kl}
-        return loss, diagnostics
+        """(loss, diagnostics) for one minibatch (`agents.ppo.loss`): the fused loss where it computes the same
+        thing (``fused_update``, FP32, no value clipping, no compiled forward), else through autograd."""
+        if self.fuse and can_fuse(self.loss_settings):
+            return fused_ppo_loss(net, mb, self.loss_settings)
+        return ppo_loss(net, self.forward if net is self.net else net, mb, self.loss_settings)  # a copy (auto's calibration): its own
 
     def _update(self, advantages: torch.Tensor, returns: torch.Tensor) -> dict[str, Any]:
         """``update_epochs`` passes over the rollout in shuffled minibatches;
