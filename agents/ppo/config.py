@@ -61,15 +61,12 @@ class Optimizations:
     """With batch_inference, envs per forward pass (0 = all envs in one pass)."""
     action_repeat: int = 1
     """Repeat each chosen action this many env steps, summing the rewards (stops at episode end)."""
-    fused_update: bool = True
-    """The update's loss as one autograd node with its gradients written out (agents/ppo/loss.py): the same
-    numbers as autograd's, fewer ops. Applies in FP32 without value clipping or torch.compile; false: autograd."""
 
     def validate(self) -> None:
         _choice("training.optimizations.vec_env", self.vec_env, VEC_ENV_MODES)
         self.precision = _precision("training.optimizations.precision", self.precision).value
         _choice("training.optimizations.compile_mode", self.compile_mode, COMPILE_MODES)
-        for name in ("use_subproc_vec_env", "force_dummy_vec_env", "use_torch_compile", "use_pinned_memory", "batch_inference", "fused_update"):
+        for name in ("use_subproc_vec_env", "force_dummy_vec_env", "use_torch_compile", "use_pinned_memory", "batch_inference"):
             _bool(f"training.optimizations.{name}", getattr(self, name))
         _int("training.optimizations.num_workers", self.num_workers, 0)
         _int("training.optimizations.inference_batch_size", self.inference_batch_size, 0)
