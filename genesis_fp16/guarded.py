@@ -32,7 +32,7 @@ from . import registry
 from .canary import CANARY_SUFFIX, SHADOW_SUFFIX, fp32_reference
 from .guard import RollbackGuard
 from .names import check_agent_name
-from .policy import EffectivePolicy, policy_inputs, resolve_policy
+from .policy import EffectivePolicy, resolve_policy
 from .rollout import RolloutLedger, Stage
 from .settings import Settings, load_settings
 from .telemetry import get_logger
@@ -270,7 +270,6 @@ class GuardedTraining:
 
     # -- the trainer -------------------------------------------------------------------
     def _build(self) -> tuple[FP16Trainer, EffectivePolicy]:
-        self._inputs = policy_inputs(self.settings)  # before resolving: a change during it is seen at the next check
         built = registry.resolve_trainer(
             self.agent, self.model, self.optimizer, scheduler=self.scheduler, settings=self.settings,
             precision=self.precision_arg, overrides=self.overrides,
@@ -285,13 +284,9 @@ class GuardedTraining:
 
     def policy_changed(self) -> bool:
         """Whether settings, profile or ledger now resolve to another trainer
-        config or stage than the trainer's. Resolved again only when the ledger
-        or the profile file changed on disk since the last resolution (`policy_inputs`)."""
-        inputs = policy_inputs(self.settings)
-        if inputs == self._inputs:
-            return False
+        config or stage than the trainer's (cheap while neither file changed:
+        both reads are cached by the file's stat)."""
         now = resolve_policy(self.agent, self.settings, precision=self.precision_arg, overrides=self.overrides)
-        self._inputs = inputs
         return now.config != self.policy.config or now.stage != self.policy.stage
 
     @property

@@ -12,9 +12,7 @@ where it came from, for ``genesis-fp16 profiles show``.
 
 from __future__ import annotations
 
-import os
 from dataclasses import asdict, dataclass, field, fields
-from pathlib import Path
 from typing import Any, Optional
 
 from .config import PRECISION_FIELDS, FP16TrainingConfig, precision_name, validate_precision
@@ -64,28 +62,6 @@ class EffectivePolicy:
             "agent": self.agent, "precision": self.precision, "requested": self.requested, "stage": self.stage,
             "shadow": self.shadow, **asdict(self),
         }
-
-
-def policy_inputs(settings: Settings) -> tuple[Optional[tuple[int, int, int]], ...]:
-    """What `resolve_policy` reads besides ``settings`` (fixed for a
-    process), as a cheap fingerprint: the (inode, size, modification time in
-    ns) of the rollout ledger, its write-ahead log and the profile file, None
-    for a file that is not there. An equal fingerprint means the same policy:
-    a caller that resolves once per iteration (PPO) skips the ledger and
-    profile reads, 3-4 ms per call, while nothing changed on disk."""
-    from .rollout import LEDGER_FILE
-
-    ledger = Path(settings.state_dir) / LEDGER_FILE
-    paths = (ledger, ledger.with_name(ledger.name + "-wal"), Path(settings.effective_profiles_file))
-
-    def stat(path: Path) -> Optional[tuple[int, int, int]]:
-        try:
-            st = os.stat(path)
-        except OSError:
-            return None
-        return (st.st_ino, st.st_size, st.st_mtime_ns)
-
-    return tuple(stat(path) for path in paths)
 
 
 def resolve_policy(

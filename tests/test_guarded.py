@@ -183,28 +183,31 @@ def test_an_agent_name_that_would_leave_the_state_dir_is_refused(state_dir, tmp_
     assert not (tmp_path.parent / "x").exists() and not Path("/elsewhere").exists()
 
 
-def test_policy_is_resolved_again_only_when_the_ledger_or_profile_changed(state_dir, monkeypatch):
-    """PPO begins a training call every iteration: with nothing changed on
-    disk the policy is not read again; a stage set from elsewhere (another
-    process writing the ledger) or a new profile file still takes effect at
-    the next call."""
-    from genesis_fp16 import guarded
+def test_the_ledger_is_read_again_only_when_it_changed(state_dir, monkeypatch):
+    """PPO begins a training call every iteration: with the ledger unchanged
+    on disk its stage is not read again; a stage set from elsewhere (another
+    process writing the ledger) still takes effect at the next call, and so
+    does a new profile file."""
+    from genesis_fp16 import rollout
 
-    calls = []
-    real = guarded.resolve_policy
-    monkeypatch.setattr(guarded, "resolve_policy", lambda *a, **k: calls.append(a) or real(*a, **k))
+    reads = []
+    real = rollout.RolloutLedger.stage
+    monkeypatch.setattr(rollout.RolloutLedger, "stage", lambda self, agent: reads.append(agent) or real(self, agent))
     model, optimizer = _model_and_opt()
+    ledger = RolloutLedger.from_settings(load_settings())
+    ledger.disable("wm", actor="test")  # the ledger exists and manages the agent
     run = GuardedTraining("wm", model, optimizer, guard=UNGUARDED)
-    assert run.trainer.precision.name == "fp32"
+    assert run.trainer.precision.name == "fp32" and run.policy.stage == "off"
+    before = len(reads)
     for _ in range(3):
         run.begin_call()
-    assert calls == []  # nothing changed on disk: no ledger or profile read
-    RolloutLedger.from_settings(load_settings()).enable("wm", actor="test")  # as `genesis-fp16 rollout enable wm` would
+    assert len(reads) == before  # nothing changed on disk: no ledger read
     first = run.trainer
+    ledger.enable("wm", actor="test")  # as `genesis-fp16 rollout enable wm` from another process would
     run.begin_call()
-    assert len(calls) == 1 and run.policy.stage == "on" and run.trainer is not first  # rebuilt for the new stage
+    assert len(reads) == before + 1 and run.policy.stage == "on" and run.trainer is not first  # rebuilt for the new stage
     run.begin_call()
-    assert len(calls) == 1
+    assert len(reads) == before + 1
     (state_dir / "profiles.toml").write_text('[agents.wm]\nprecision = "fp16"\n')
     run.begin_call()
-    assert len(calls) == 2 and run.trainer.precision.name == "fp16"
+    assert run.trainer.precision.name == "fp16"
