@@ -20,6 +20,7 @@ EXTRAS = {
     "ray": "ray",
     "tensorboard": "tensorboard",
     "stable_baselines3": "bench",
+    "envpool": "envpool",
 }
 
 

@@ -283,7 +283,9 @@ class GuardedTraining:
         return self.trainer
 
     def policy_changed(self) -> bool:
-        """Whether settings, profile or ledger now resolve to another trainer config or stage than the trainer's."""
+        """Whether settings, profile or ledger now resolve to another trainer
+        config or stage than the trainer's (cheap while neither file changed:
+        both reads are cached by the file's stat)."""
         now = resolve_policy(self.agent, self.settings, precision=self.precision_arg, overrides=self.overrides)
         return now.config != self.policy.config or now.stage != self.policy.stage
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import functools
 import json
 import math
+import os
 import sqlite3
 from contextlib import contextmanager
 from datetime import datetime, timezone
@@ -737,11 +738,40 @@ class RolloutLedger:
             )
 
 
+_STAGES: dict[tuple[str, str], tuple[tuple[tuple[int, int, int], ...], Optional[Stage]]] = {}
+"""(ledger path, agent) -> (the ledger's and its write-ahead log's stat when read, the stage read)."""
+
+
+def _ledger_stat(path: Path) -> Optional[tuple[tuple[int, int, int], ...]]:
+    """(inode, size, mtime in ns) of the ledger file and of its write-ahead log
+    (every committed write changes one of them); None without the ledger."""
+    out = []
+    for file in (path, path.with_name(path.name + "-wal")):
+        try:
+            st = os.stat(file)
+        except FileNotFoundError:
+            if file == path:
+                return None
+            continue
+        out.append((st.st_ino, st.st_size, st.st_mtime_ns))
+    return tuple(out)
+
+
 def current_stage(agent: str, settings: Settings) -> Optional[Stage]:
     """off | shadow | on | rolled_back, or None for an agent the ledger does not
-    manage. Never creates the ledger: without the file every agent is unmanaged."""
+    manage. Never creates the ledger: without the file every agent is unmanaged.
+    Read again only when the ledger file or its write-ahead log changed since
+    the last read (a trainer resolves its policy at every training call: PPO
+    once per iteration, where a read costs a few milliseconds)."""
     check_agent_name(agent)
     path = Path(settings.state_dir) / LEDGER_FILE
-    if not path.is_file():
+    stat = _ledger_stat(path)  # before reading: a write during the read is seen at the next call
+    if stat is None or not path.is_file():
         return None
-    return RolloutLedger(path).stage(agent)
+    key = (str(path), agent)
+    cached = _STAGES.get(key)
+    if cached is not None and cached[0] == stat:
+        return cached[1]
+    stage = RolloutLedger(path).stage(agent)
+    _STAGES[key] = (stat, stage)
+    return stage

@@ -1,5 +1,6 @@
 #!/usr/bin/env python
-"""Stable-Baselines3 PPO vs genesis-fp16 PPO on the same settings.
+"""Stable-Baselines3 PPO vs genesis-fp16 PPO on the same settings, beside
+the raw env-stepping rate.
 
     .venv/bin/python scripts/bench_ppo_vs_sb3.py [--env CartPole-v1] [--steps 100000] [--repeats 3] [--json PATH]
 
@@ -8,14 +9,22 @@ Both use 8 in-process environments (SB3's DummyVecEnv, our SyncVectorEnv),
 critic MLPs, the same learning rate / gamma / GAE lambda / entropy / clip
 values, FP32 on the CPU. Each measurement runs in its own subprocess with
 OMP_NUM_THREADS=1; the two alternate (SB3 first on odd repeats, ours first on
-even ones) and the ratio is of the medians. Needs the ``bench`` extra
-(``pip install -e .[bench]``).
+even ones) and the ratio is of the medians. Every run is timed twice: by
+wall clock and by the process's CPU time (``time.process_time``, user +
+system of all its threads), over training only (not start-up or the final
+evaluation). On a shared machine the wall-clock ratio moves with other
+people's load; the CPU-time ratio much less, so it is the one to read there
+(the load average before each run is in the JSON). Each repeat also steps
+gymnasium's ``SyncVectorEnv`` x8 with random actions (SAME_STEP autoreset,
+actions sampled beforehand): the raw limit a PPO on these envs approaches.
+Needs the ``bench`` extra (``pip install -e .[bench]``).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -24,6 +33,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = dict(num_envs=8, num_steps=128, update_epochs=4, minibatch_size=256)
+CPU_FLAGS = {"avx2", "avx512f", "avx512_bf16", "avx512_fp16", "amx_bf16", "amx_tile", "f16c"}  # the ones a figure is read against
 
 
 def _ours_config(env_id: str, steps: int, seed: int):
@@ -34,12 +44,43 @@ def _ours_config(env_id: str, steps: int, seed: int):
 
 
 def worker_ours(env_id: str, steps: int, seed: int) -> dict:
-    from agents.ppo.ppo import run
+    import numpy as np
 
-    result = run(_ours_config(env_id, steps, seed))
-    return {"impl": "ours", "env_steps": result.env_steps, "wall_s": result.wall_s,
-            "env_steps_per_s": result.env_steps_per_s, "eval_return": result.eval_return,
-            "time_split_s": result.time_split_s}
+    from agents.ppo.ppo import PPO
+
+    ppo = PPO(_ours_config(env_id, steps, seed))
+    try:
+        cpu0 = time.process_time()
+        result = ppo.train()
+        cpu = time.process_time() - cpu0
+        eval_return = float(np.mean(ppo.evaluate()))
+    finally:
+        ppo.close()
+    return {"impl": "ours", "env_steps": result.env_steps, "wall_s": result.wall_s, "cpu_s": cpu,
+            "env_steps_per_s": result.env_steps_per_s, "env_steps_per_cpu_s": result.env_steps / cpu,
+            "eval_return": eval_return, "time_split_s": result.time_split_s}
+
+
+def worker_raw(env_id: str, steps: int, seed: int) -> dict:
+    """gymnasium's SyncVectorEnv x8 stepped with random actions: no policy, no learning."""
+    import gymnasium as gym
+
+    n = SHARED["num_envs"]
+    envs = gym.vector.SyncVectorEnv([lambda: gym.make(env_id)] * n, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+    try:
+        envs.reset(seed=seed)
+        envs.action_space.seed(seed)
+        vector_steps = max(1, steps // n)
+        actions = [envs.action_space.sample() for _ in range(vector_steps)]
+        cpu0, wall0 = time.process_time(), time.perf_counter()
+        for a in actions:
+            envs.step(a)
+        cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
+    finally:
+        envs.close()
+    total = vector_steps * n
+    return {"impl": "raw", "env_steps": total, "wall_s": wall, "cpu_s": cpu, "env_steps_per_s": total / wall,
+            "env_steps_per_cpu_s": total / cpu}
 
 
 def worker_sb3(env_id: str, steps: int, seed: int) -> dict:
@@ -61,18 +102,18 @@ def worker_sb3(env_id: str, steps: int, seed: int) -> dict:
         seed=seed, device="cpu", verbose=0,
     )
     total = cfg.num_iterations * cfg.batch_size  # the same number of env steps as ours
-    t0 = time.perf_counter()
+    t0, cpu0 = time.perf_counter(), time.process_time()
     model.learn(total_timesteps=total)
-    wall = time.perf_counter() - t0
+    wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
     eval_env = make_vec_env(env_id, n_envs=1, seed=seed + 10_000)
     mean, _ = evaluate_policy(model, eval_env, n_eval_episodes=cfg.eval_episodes, deterministic=True)
-    return {"impl": "sb3", "env_steps": model.num_timesteps, "wall_s": wall,
-            "env_steps_per_s": model.num_timesteps / wall, "eval_return": float(mean)}
+    return {"impl": "sb3", "env_steps": model.num_timesteps, "wall_s": wall, "cpu_s": cpu,
+            "env_steps_per_s": model.num_timesteps / wall, "env_steps_per_cpu_s": model.num_timesteps / cpu, "eval_return": float(mean)}
 
 
 def _spawn(impl: str, env_id: str, steps: int, seed: int) -> dict:
     cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", impl, "--env", env_id, "--steps", str(steps), "--seed", str(seed)]
-    env = {**__import__("os").environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}  # a subprocess needs its env
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}  # a subprocess needs its env
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT)
     if proc.returncode != 0:
         raise SystemExit(f"{impl} worker failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
@@ -86,10 +127,11 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--json", type=Path, default=None)
-    ap.add_argument("--worker", choices=["ours", "sb3"], help=argparse.SUPPRESS)
+    ap.add_argument("--raw-steps", type=int, default=None, help="env steps of the raw SyncVectorEnv measurement (default: --steps)")
+    ap.add_argument("--worker", choices=["ours", "sb3", "raw"], help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
-        fn = worker_ours if args.worker == "ours" else worker_sb3
+        fn = {"ours": worker_ours, "sb3": worker_sb3, "raw": worker_raw}[args.worker]
         print(json.dumps(fn(args.env, args.steps, args.seed)))
         return
     try:
@@ -100,27 +142,40 @@ def main() -> None:
 
     import torch
 
-    runs = {"ours": [], "sb3": []}
+    runs: dict[str, list[dict]] = {"ours": [], "sb3": [], "raw": []}
     for rep in range(args.repeats):
-        order = ["sb3", "ours"] if rep % 2 == 0 else ["ours", "sb3"]
+        order = ["sb3", "ours", "raw"] if rep % 2 == 0 else ["raw", "ours", "sb3"]
         for impl in order:
-            res = _spawn(impl, args.env, args.steps, args.seed + rep)
+            load = os.getloadavg()[0]
+            res = _spawn(impl, args.env, args.raw_steps or args.steps if impl == "raw" else args.steps, args.seed + rep)
+            res["load_avg_before"] = load
             runs[impl].append(res)
-            print(f"repeat {rep + 1}/{args.repeats} {impl:4s}: {res['env_steps_per_s']:8,.0f} env steps/s, "
-                  f"eval return {res['eval_return']:.1f}, wall {res['wall_s']:.1f} s", flush=True)
+            ret = f", eval return {res['eval_return']:.1f}" if "eval_return" in res else ""
+            print(f"repeat {rep + 1}/{args.repeats} {impl:4s}: {res['env_steps_per_cpu_s']:8,.0f} env steps per CPU-s, "
+                  f"{res['env_steps_per_s']:8,.0f} per wall-s{ret} (load {load:.1f})", flush=True)
     med = {k: statistics.median(r["env_steps_per_s"] for r in v) for k, v in runs.items()}
-    ratio = med["ours"] / med["sb3"]
-    pair_ratios = [o["env_steps_per_s"] / s["env_steps_per_s"] for o, s in zip(runs["ours"], runs["sb3"])]
+    med_cpu = {k: statistics.median(r["env_steps_per_cpu_s"] for r in v) for k, v in runs.items()}
+    ratio, ratio_cpu = med["ours"] / med["sb3"], med_cpu["ours"] / med_cpu["sb3"]
+    pairs = list(zip(runs["ours"], runs["sb3"]))
+    pair_ratios = [o["env_steps_per_s"] / s["env_steps_per_s"] for o, s in pairs]
+    pair_ratios_cpu = [o["env_steps_per_cpu_s"] / s["env_steps_per_cpu_s"] for o, s in pairs]
     cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), platform.processor())
+    flags = next((l.split(":", 1)[1].split() for l in open("/proc/cpuinfo") if l.startswith("flags")), [])
     summary = {
         "env": args.env, "steps": args.steps, "repeats": args.repeats, "settings": SHARED,
-        "median_env_steps_per_s": med, "ratio_of_medians": ratio, "pair_ratios": pair_ratios,
-        "eval_returns": {k: [r["eval_return"] for r in v] for k, v in runs.items()},
-        "runs": runs, "torch": torch.__version__, "cpu": cpu, "cores": len(__import__("os").sched_getaffinity(0)),
-        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "load_avg": list(__import__("os").getloadavg()),
+        "median_env_steps_per_s": med, "median_env_steps_per_cpu_s": med_cpu, "ratio_of_medians": ratio,
+        "ratio_of_medians_cpu": ratio_cpu, "pair_ratios": pair_ratios, "pair_ratios_cpu": pair_ratios_cpu,
+        "share_of_raw_cpu": {k: med_cpu[k] / med_cpu["raw"] for k in ("ours", "sb3")},
+        "eval_returns": {k: [r["eval_return"] for r in runs[k]] for k in ("ours", "sb3")},
+        "runs": runs, "torch": torch.__version__, "cpu": cpu, "cpu_flags": sorted(set(flags) & CPU_FLAGS),
+        "cores": len(os.sched_getaffinity(0)), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "load_avg": list(os.getloadavg()),
     }
-    print(f"median env steps/s: ours {med['ours']:,.0f}, SB3 {med['sb3']:,.0f}; ratio {ratio:.2f}x "
-          f"(per pair: {', '.join(f'{r:.2f}' for r in pair_ratios)})")
+    print(f"per CPU-second: ours {med_cpu['ours']:,.0f}, SB3 {med_cpu['sb3']:,.0f}, raw SyncVectorEnv {med_cpu['raw']:,.0f}; "
+          f"ours/SB3 {ratio_cpu:.2f}x (per pair: {', '.join(f'{r:.2f}' for r in pair_ratios_cpu)}); "
+          f"ours {100 * summary['share_of_raw_cpu']['ours']:.0f}% of raw, SB3 {100 * summary['share_of_raw_cpu']['sb3']:.0f}%")
+    print(f"per wall-second: ours {med['ours']:,.0f}, SB3 {med['sb3']:,.0f}; ratio {ratio:.2f}x "
+          f"(per pair: {', '.join(f'{r:.2f}' for r in pair_ratios)}); load average now {os.getloadavg()[0]:.1f}")
     print(f"final eval returns: ours {summary['eval_returns']['ours']}, SB3 {summary['eval_returns']['sb3']}")
     if args.json:
         from genesis_fp16.checkpoint import atomic_write_text

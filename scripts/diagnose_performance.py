@@ -1,20 +1,24 @@
 #!/usr/bin/env python
 """Measure each PPO stage on its own: environment stepping, batched inference, the update.
 
-    .venv/bin/python scripts/diagnose_performance.py --test all|env|inference|update [--env CartPole-v1] [--json PATH]
+    .venv/bin/python scripts/diagnose_performance.py --test all|env|inference|update [--env CartPole-v1] [--clock cpu|wall] [--json PATH]
     .venv/bin/python scripts/diagnose_performance.py --compare BEFORE.json AFTER.json
 
 env:       sync (our in-process vector env) vs sync_gymnasium (gymnasium SyncVectorEnv) vs async
            (subprocess AsyncVectorEnv), 8 envs, env steps/s with random actions
-inference: batched (one forward for all envs, NumPy fast path on CPU), chunks of 4, per-env
-           forwards, and batched through torch; vector steps/s
+inference: the rollout's per-step actor forward and pick, batched (one forward for all envs),
+           in chunks of 4 and per env; vector steps/s
 update:    one PPO update (4 epochs x minibatches over an 8x128 rollout) in FP32, AMP BF16,
            AMP FP16 (CPU: slow by design, shown for completeness), torch.compile, and FP32
            with 2 torch threads instead of 1; updates/s
 
 Repeats alternate the variants within one run and report medians: on a shared
-machine only ratios measured side by side mean much. Run with OMP_NUM_THREADS=1
-on small CPUs (PPO's 64-unit MLPs lose to thread wake-ups otherwise).
+machine only ratios measured side by side mean much. ``--clock cpu`` (the
+default) times by this process's CPU time, which other people's load moves
+much less than the wall clock; the ``async`` env variant is always timed by
+the wall clock (its work runs in subprocesses, whose CPU time this process
+does not see). The load average is recorded. Run with OMP_NUM_THREADS=1 on
+small CPUs (PPO's 64-unit MLPs lose to thread wake-ups otherwise).
 """
 
 from __future__ import annotations
@@ -30,6 +34,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+
+CLOCK = {"cpu": time.process_time, "wall": time.perf_counter}
+now = time.process_time  # set by --clock
 
 
 def _cfg(env_id: str, **kw):
@@ -54,10 +62,11 @@ def bench_env(env_id: str, repeats: int, steps: int) -> dict:
             for mode, env in envs.items():
                 env.action_space.seed(0)
                 actions = [env.action_space.sample() for _ in range(steps)]
-                t0 = time.perf_counter()
+                clock = time.perf_counter if mode == "async" else now  # subprocess work is not this process's CPU time
+                t0 = clock()
                 for a in actions:
                     env.step(a)
-                samples[mode].append(steps * 8 / (time.perf_counter() - t0))
+                samples[mode].append(steps * 8 / (clock() - t0))
     finally:
         for env in envs.values():
             env.close()
@@ -80,11 +89,12 @@ def bench_inference(env_id: str, repeats: int, steps: int) -> dict:
     samples = {k: [] for k in learners}
     for _ in range(repeats):
         for name, ppo in learners.items():
-            noise = [ppo._draw_noise() for _ in range(steps)]
-            t0 = time.perf_counter()
-            for nz in noise:
-                ppo.act(obs, nz)
-            samples[name].append(steps / (time.perf_counter() - t0))
+            with torch.inference_mode():  # one rollout's perturbations, as the training loop draws them
+                rollout = ppo.net.perturbation(ppo._draw_noise())
+            t0 = now()
+            for i in range(steps):
+                ppo.act(obs, rollout[i % len(rollout)])
+            samples[name].append(steps / (now() - t0))
     for ppo in learners.values():
         ppo.close()
     return {k: {"value": statistics.median(v), "unit": "vector steps/s (8 envs)", "samples": v} for k, v in samples.items()}
@@ -113,10 +123,10 @@ def bench_update(env_id: str, repeats: int, updates: int, device: str) -> dict:
         for name, ppo in learners.items():
             adv, ret = ppo.buffer.gae(torch.zeros(ppo.cfg.num_envs), ppo.cfg.gamma, ppo.cfg.gae_lambda)
             torch.set_num_threads(ppo.cfg.optimizations.num_workers or 1)  # each variant its own thread count
-            t0 = time.perf_counter()
+            t0 = now()
             for _ in range(updates):
                 ppo._update(adv, ret)
-            samples[name].append(updates / (time.perf_counter() - t0))
+            samples[name].append(updates / (now() - t0))
     for name, ppo in learners.items():
         info[name] = {"precision": ppo.trainer.precision.name, "scaler": ppo.trainer.scaler.is_enabled(),
                       "compile_active": bool(getattr(ppo.forward, "active", False))}
@@ -158,7 +168,10 @@ def main() -> None:
     ap.add_argument("--device", default="auto", help="auto | cpu | cuda (for the update test)")
     ap.add_argument("--json", type=Path)
     ap.add_argument("--compare", nargs=2, type=Path, metavar=("BEFORE", "AFTER"))
+    ap.add_argument("--clock", choices=sorted(CLOCK), default="cpu", help="cpu: this process's CPU time (default); wall: elapsed time")
     args = ap.parse_args()
+    global now
+    now = CLOCK[args.clock]
     if args.compare:
         for p in args.compare:
             if not p.exists():
@@ -172,7 +185,7 @@ def main() -> None:
         results.update(bench_inference(args.env, args.repeats, 500))
     if args.test in ("all", "update"):
         results.update(bench_update(args.env, args.repeats, 3, args.device))
-    data = {"meta": meta(), "env": args.env, "results": results}
+    data = {"meta": {**meta(), "clock": args.clock}, "env": args.env, "results": results}
     for key, r in results.items():
         extra = f" ({r['precision']}, scaler={r['scaler']}, compiled={r['compile_active']})" if "precision" in r else ""
         print(f"{key:24s} {r['value']:12,.1f} {r['unit']}{extra}")

@@ -181,3 +181,33 @@ def test_an_agent_name_that_would_leave_the_state_dir_is_refused(state_dir, tmp_
     with pytest.raises(ValueError, match="invalid agent name"):
         GuardedTraining(name, model, optimizer, precision="bf16")
     assert not (tmp_path.parent / "x").exists() and not Path("/elsewhere").exists()
+
+
+def test_the_ledger_is_read_again_only_when_it_changed(state_dir, monkeypatch):
+    """PPO begins a training call every iteration: with the ledger unchanged
+    on disk its stage is not read again; a stage set from elsewhere (another
+    process writing the ledger) still takes effect at the next call, and so
+    does a new profile file."""
+    from genesis_fp16 import rollout
+
+    reads = []
+    real = rollout.RolloutLedger.stage
+    monkeypatch.setattr(rollout.RolloutLedger, "stage", lambda self, agent: reads.append(agent) or real(self, agent))
+    model, optimizer = _model_and_opt()
+    ledger = RolloutLedger.from_settings(load_settings())
+    ledger.disable("wm", actor="test")  # the ledger exists and manages the agent
+    run = GuardedTraining("wm", model, optimizer, guard=UNGUARDED)
+    assert run.trainer.precision.name == "fp32" and run.policy.stage == "off"
+    before = len(reads)
+    for _ in range(3):
+        run.begin_call()
+    assert len(reads) == before  # nothing changed on disk: no ledger read
+    first = run.trainer
+    ledger.enable("wm", actor="test")  # as `genesis-fp16 rollout enable wm` from another process would
+    run.begin_call()
+    assert len(reads) == before + 1 and run.policy.stage == "on" and run.trainer is not first  # rebuilt for the new stage
+    run.begin_call()
+    assert len(reads) == before + 1
+    (state_dir / "profiles.toml").write_text('[agents.wm]\nprecision = "fp16"\n')
+    run.begin_call()
+    assert run.trainer.precision.name == "fp16"

@@ -38,9 +38,11 @@ def test_batched_inference_picks_the_same_actions_as_per_env(env_id):
         torch.manual_seed(0)
         ppo = PPO(tiny(env_id, num_envs=8, num_steps=16, minibatch_size=16, seed=3, **kw))
         calls = []
-        original = ppo.forward
-        ppo.forward = lambda x, _f=original: (calls.append(x.shape[0]), _f(x))[1]
-        acts = [ppo.act(obs, ppo._draw_noise())[0] for _ in range(5)]
+        original = ppo.actor
+        ppo.actor = lambda x, _f=original: (calls.append(x.shape[0]), _f(x))[1]
+        with torch.inference_mode():
+            perturbation = ppo.net.perturbation(ppo._draw_noise())
+        acts = [ppo.act(obs, perturbation[t]) for t in range(5)]
         results[name] = (torch.stack(acts), calls)
         ppo.close()
     assert results["batched"][1] == [8] * 5
@@ -56,15 +58,31 @@ def test_batched_inference_picks_the_same_actions_as_per_env(env_id):
 
 @pytest.mark.parametrize("env_id", ["CartPole-v1", "Pendulum-v1"])
 def test_rollout_log_probs_are_the_losss_log_probs(env_id):
-    """The rollout and the update use one policy: the log-probability stored
-    with an action equals the one the loss computes for it before any update."""
+    """The rollout and the update use one policy: the actor the rollout steps
+    with is the network's actor, and the log-probability and value stored with
+    each action (one forward over the rollout, before the update) are the ones
+    the network gives it."""
     ppo = PPO(tiny(env_id, num_envs=8, seed=4))
     obs = torch.randn(8, ppo.obs_dim)
-    action, logp, value = ppo.act(obs, ppo._draw_noise())
     with torch.inference_mode():
-        out, v = ppo.net(obs)
-        torch.testing.assert_close(ppo.net.log_prob_entropy(out, action)[0], logp)
-    torch.testing.assert_close(v, value)
+        torch.testing.assert_close(ppo.net.actor(obs), ppo.net(obs)[0])
+    seen = []
+
+    def update(advantages, returns):
+        b = ppo.buffer
+        with torch.inference_mode():
+            out, value = ppo.net(b.obs.view(-1, ppo.obs_dim))
+            logp, _ = ppo.net.log_prob_entropy(out, b.act.view(-1, *ppo.act_shape))
+        seen.append((logp, b.logp.view(-1).clone(), value, b.val.view(-1).clone()))
+        return {"update_steps": 0, "skipped_steps": 0}
+
+    ppo._update = update
+    ppo.train()
+    assert len(seen) == ppo.cfg.num_iterations
+    for logp, stored_logp, value, stored_value in seen:
+        torch.testing.assert_close(stored_logp, logp)
+        torch.testing.assert_close(stored_value, value)
+        assert stored_logp.abs().sum() > 0 and stored_value.abs().sum() > 0  # filled in, not the buffer's zeros
     ppo.close()
 
 
@@ -131,8 +149,10 @@ def test_compile_failure_falls_back_to_eager_with_a_logged_reason(monkeypatch, s
     ppo.train()
     ppo.close()
     events = [e for e in read_events(state_dir / "events.jsonl") if e["event"] == "ppo.compile_fallback"]
-    assert len(events) == 1 and "no C++ compiler" in events[0]["reason"] and events[0]["mode"] == "reduce-overhead"
-    assert not ppo.forward.active
+    # one event per compiled function: the full forward (rollout scoring, update) and the rollout's actor
+    assert sorted(e["function"] for e in events) == ["ActorCritic.actor", "ActorCritic.forward"]
+    assert all("no C++ compiler" in e["reason"] and e["mode"] == "reduce-overhead" for e in events)
+    assert not ppo.forward.active and not ppo.actor.active
     assert "fallback" in dict(ppo.optimization_summary())["torch.compile"]
     assert ppo.global_step == 64
 
@@ -146,7 +166,7 @@ def test_compile_wraps_the_forward_when_it_works(monkeypatch):
 
     monkeypatch.setattr(torch, "compile", fake_compile)
     ppo = PPO(tiny(use_torch_compile=True, compile_mode="max-autotune"))
-    assert calls == ["max-autotune"] and isinstance(ppo.forward, CompiledFallback) and ppo.forward.active
+    assert calls == ["max-autotune"] * 2 and all(isinstance(f, CompiledFallback) and f.active for f in (ppo.forward, ppo.actor))
     assert dict(ppo.optimization_summary())["torch.compile"] == "on (mode max-autotune)"
     ppo.close()
 
@@ -386,24 +406,28 @@ def test_chunked_inference_keeps_each_chunks_values_when_compiled_outputs_are_re
         buffers = {}
 
         def compiled(x):
-            out, value = fn(x)
+            outs = fn(x)
+            single = isinstance(outs, torch.Tensor)
+            outs = (outs,) if single else outs
             if x.shape not in buffers:
-                buffers[x.shape] = (torch.empty_like(out), torch.empty_like(value))
-            b_out, b_val = buffers[x.shape]
-            b_out.copy_(out), b_val.copy_(value)
-            return b_out, b_val
+                buffers[x.shape] = tuple(torch.empty_like(o) for o in outs)
+            for b, o in zip(buffers[x.shape], outs):
+                b.copy_(o)
+            return buffers[x.shape][0] if single else buffers[x.shape]
 
         return compiled
 
-    obs = torch.randn(8, 4, generator=torch.Generator().manual_seed(0))
-    values = {}
+    obs = torch.randn(8, 3, generator=torch.Generator().manual_seed(0))
+    actions = {}
     for name, kw in {"batched": {}, "chunk3": dict(inference_batch_size=3), "per_env": dict(batch_inference=False)}.items():
         monkeypatch.setattr(torch, "compile", static_output_compile)
-        ppo = PPO(tiny(num_envs=8, seed=3, use_torch_compile=True, compile_mode="reduce-overhead", **kw))
-        values[name] = ppo.act(obs, ppo._draw_noise())[2]
+        ppo = PPO(tiny("Pendulum-v1", num_envs=8, seed=3, use_torch_compile=True, compile_mode="reduce-overhead", **kw))
+        with torch.inference_mode():
+            perturbation = ppo.net.perturbation(ppo._draw_noise())
+        actions[name] = ppo.act(obs, perturbation[0])
         ppo.close()
-    torch.testing.assert_close(values["chunk3"], values["batched"])
-    torch.testing.assert_close(values["per_env"], values["batched"])
+    torch.testing.assert_close(actions["chunk3"], actions["batched"])
+    torch.testing.assert_close(actions["per_env"], actions["batched"])
 
 
 def test_a_given_vector_env_must_use_same_step_autoreset():

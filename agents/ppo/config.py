@@ -29,7 +29,7 @@ PRECISIONS = (PrecisionMode.FP32, PrecisionMode.FP16, PrecisionMode.BF16, Precis
 LEGACY_AMP_KEYS = ("use_amp", "amp_dtype")
 LEGACY_AMP_DTYPES = {"float16": PrecisionMode.FP16, "bfloat16": PrecisionMode.BF16}
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune")
-VEC_ENV_MODES = ("auto", "sync", "async")
+VEC_ENV_MODES = ("auto", "sync", "async", "envpool")
 
 
 @dataclass
@@ -37,7 +37,8 @@ class Optimizations:
     """The training-speed flags, ``training.optimizations`` in configs/base.yaml."""
 
     vec_env: str = "auto"
-    """auto | sync | async. auto times one env step against a subprocess round trip at start-up and picks the faster."""
+    """auto | sync | async | envpool. auto times one env step against a subprocess round trip at start-up (and, with the
+    envpool extra installed and an env id EnvPool has, one EnvPool vector step) and picks the fastest."""
     use_subproc_vec_env: bool = False
     """true asks for subprocess (async) envs without measuring when vec_env is auto."""
     force_dummy_vec_env: bool = False
@@ -71,6 +72,11 @@ class Optimizations:
         _int("training.optimizations.num_workers", self.num_workers, 0)
         _int("training.optimizations.inference_batch_size", self.inference_batch_size, 0)
         _int("training.optimizations.action_repeat", self.action_repeat, 1)
+        if self.vec_env == "envpool" and self.action_repeat > 1:
+            raise ConfigError(
+                f"training.optimizations.vec_env='envpool' with action_repeat={self.action_repeat}: EnvPool steps its own envs, "
+                "so the ActionRepeat wrapper cannot wrap them; use vec_env sync or async for action repeat"
+            )
         if self.force_dummy_vec_env and self.vec_env == "async":
             raise ConfigError(
                 "training.optimizations.force_dummy_vec_env=true conflicts with vec_env='async': "

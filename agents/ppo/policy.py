@@ -1,7 +1,7 @@
 """The actor-critic policy: one network, its action distribution, and the
 optional ``torch.compile`` wrapper of its forward.
 
-Sampling uses noise drawn for all envs at once from one generator
+Sampling uses noise drawn for a whole rollout at once from one generator
 (Gumbel-max for discrete actions, ``mean + std * eps`` for continuous), so
 chunked or per-env inference picks exactly the actions batched inference
 picks. There are no ``torch.distributions`` objects: their argument
@@ -81,22 +81,34 @@ class ActorCritic(nn.Module):
         entropy = (0.5 + 0.5 * math.log(2 * math.pi) + log_std).sum(-1) if with_entropy else None
         return logp, entropy
 
-    def sample(self, out: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
-        """Actions from the actor output and pre-drawn noise (uniform for discrete,
-        standard normal for continuous): deterministic given the noise."""
-        out = out.float()
-        if self.discrete:
-            gumbel = -torch.log(-torch.log(noise.clamp(1e-20, 1.0 - 1e-7)))
-            return torch.argmax(out + gumbel, dim=-1)
-        return out + self.log_std.float().exp() * noise
+    def actor(self, obs: torch.Tensor) -> torch.Tensor:
+        """The actor's output alone (logits or mean): the rollout's per-step
+        forward. The values and log-probabilities of a rollout come from one
+        `forward` over all of it afterwards (the policy does not change
+        during a rollout), so each step runs half the network in five ops."""
+        h = self.hidden
+        x = torch.tanh(torch.addmm(self.b1[:h], obs, self.w1[:h].t()))
+        x = torch.tanh(torch.addmm(self.b2[0, 0], x, self.w2[0]))
+        return F.linear(x, self.actor_head.weight, self.actor_head.bias)
 
-    def act(self, forward: Forward, obs: torch.Tensor, noise: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(actions, log-probs, values) for ``obs`` through ``forward`` (this
-        network's forward, eager or compiled)."""
-        out, value = forward(obs)
-        action = self.sample(out, noise)
-        logp, _ = self.log_prob_entropy(out, action, with_entropy=False)
-        return action, logp, value.float()
+    def perturbation(self, noise: torch.Tensor) -> torch.Tensor:
+        """What sampling adds to the actor output, from pre-drawn noise
+        (uniform for discrete actions: Gumbel noise, whose argmax with the
+        logits is a categorical sample; standard normal for continuous ones:
+        scaled by the standard deviation). Computed once for a whole rollout."""
+        if self.discrete:
+            return -torch.log(-torch.log(noise.clamp(1e-20, 1.0 - 1e-7)))
+        return self.log_std.float().exp() * noise
+
+    def pick(self, out: torch.Tensor, perturbation: torch.Tensor) -> torch.Tensor:
+        """Actions from the actor output and this step's `perturbation`: deterministic given the noise."""
+        if self.discrete:
+            return torch.argmax(out.float() + perturbation, dim=-1)
+        return out.float() + perturbation
+
+    def sample(self, out: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
+        """Actions from the actor output and pre-drawn noise (`perturbation`, then `pick`)."""
+        return self.pick(out, self.perturbation(noise))
 
 
 class CompiledFallback:

@@ -23,6 +23,7 @@ from genesis_fp16.trainer import FP16Trainer
 from .config import PPOConfig, as_dict
 from .envs import ActionRepeat, VecEnvChoice, build_envs, check_spaces
 from .guarding import PPOGuard
+from .loss import LossSettings, ppo_loss
 from .policy import ActorCritic, CompiledFallback
 from .results import TrainResult
 from .rollout import RolloutBuffer, RunningMeanStd, check_extra, load_normalisers
@@ -79,9 +80,11 @@ class PPO:
         self.ret_rms = RunningMeanStd(()) if cfg.normalize_reward else None
         self._ret_acc = np.zeros(cfg.num_envs)
         self.noise_gen = torch.Generator().manual_seed(cfg.seed)
-        self.forward = self.net.forward
+        self.forward, self.actor = self.net.forward, self.net.actor
+        self.loss_settings = LossSettings.of(cfg)
         if opts.use_torch_compile:
             self.forward = CompiledFallback(self.net.forward, opts.compile_mode, "ActorCritic.forward")
+            self.actor = CompiledFallback(self.net.actor, opts.compile_mode, "ActorCritic.actor")
         self.pin = opts.use_pinned_memory and self.device.type == "cuda"
         self.buffer = RolloutBuffer(cfg.num_steps, cfg.num_envs, self.obs_dim, self.act_shape, self.discrete, self.pin)
         self.global_step = 0
@@ -110,34 +113,41 @@ class PPO:
         return host.to(self.device, non_blocking=self.pin)
 
     def _draw_noise(self) -> torch.Tensor:
-        n = self.cfg.num_envs
+        """One rollout's sampling noise, (num_steps, num_envs, ...), drawn at once from the run's generator."""
+        t, n = self.cfg.num_steps, self.cfg.num_envs
         if self.discrete:
-            return torch.rand((n, self.net.actor_head.out_features), generator=self.noise_gen)
-        return torch.randn((n, *self.act_shape), generator=self.noise_gen)
+            return torch.rand((t, n, self.net.actor_head.out_features), generator=self.noise_gen)
+        return torch.randn((t, n, *self.act_shape), generator=self.noise_gen)
 
     @torch.inference_mode()
-    def act(self, obs: torch.Tensor, noise: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(actions, log-probs, values) for a batch of host observations, honouring
-        ``batch_inference`` / ``inference_batch_size``. Results on the host."""
+    def act(self, obs: torch.Tensor, perturbation: torch.Tensor) -> torch.Tensor:
+        """Actions for a batch of host observations: the actor's output plus
+        this step's perturbation (`ActorCritic.perturbation`), honouring
+        ``batch_inference`` / ``inference_batch_size``. On the host."""
         o = self.cfg.optimizations
         n = obs.shape[0]
         chunk = (o.inference_batch_size or n) if o.batch_inference else 1
         if chunk >= n:  # one forward: no slicing or concatenation (per-op dispatch shows at 8 envs)
             x = self._to_device(obs, self.buffer.obs_stage if self.pin else None)
-            action, logp, value = self.net.act(self.forward, x, noise.to(self.device, non_blocking=self.pin))
-            return action.cpu(), logp.cpu(), value.cpu()
-        acts, logps, vals = [], [], []
+            return self.net.pick(self.actor(x), perturbation.to(self.device, non_blocking=self.pin)).cpu()
+        acts = []
         for start in range(0, n, chunk):
             sl = slice(start, min(n, start + chunk))
             x = self._to_device(obs[sl], self.buffer.obs_stage[sl] if self.pin else None)
-            eps = noise[sl].to(self.device, non_blocking=self.pin)
-            action, logp, value = self.net.act(self.forward, x, eps)
-            acts.append(action)
-            logps.append(logp)
-            # copied: a compiled forward (CUDA graphs in reduce-overhead) may
-            # return a static buffer that its next call overwrites
-            vals.append(value.clone())
-        return torch.cat(acts).cpu(), torch.cat(logps).cpu(), torch.cat(vals).cpu()
+            # pick makes a new tensor: a compiled actor's static output buffer (CUDA graphs) may be overwritten next call
+            acts.append(self.net.pick(self.actor(x), perturbation[sl].to(self.device, non_blocking=self.pin)))
+        return torch.cat(acts).cpu()
+
+    @torch.inference_mode()
+    def _score_rollout(self) -> None:
+        """The rollout's log-probabilities and values, in one forward over all
+        of it (the policy does not change during a rollout), into the buffer."""
+        b = self.buffer
+        out, value = self.forward(self._to_device(b.obs.view(-1, self.obs_dim)))
+        acts = self._to_device(b.act.view(-1, *self.act_shape))
+        logp, _ = self.net.log_prob_entropy(out, acts, with_entropy=False)
+        b.logp.copy_(logp.view_as(b.logp))
+        b.val.copy_(value.float().view_as(b.val))
 
     @torch.inference_mode()
     def value(self, obs: torch.Tensor) -> torch.Tensor:
@@ -173,9 +183,13 @@ class PPO:
             if cfg.anneal_lr:
                 for group in self.trainer.optimizer.param_groups:
                     group["lr"] = cfg.learning_rate * (1.0 - (iteration - 1.0) / cfg.num_iterations)
+            t0 = time.perf_counter()
+            with torch.inference_mode():
+                perturbation = self.net.perturbation(self._draw_noise())
+            split["inference"] += time.perf_counter() - t0
             for step in range(cfg.num_steps):
                 t0 = time.perf_counter()
-                action, logp, value = self.act(obs, self._draw_noise())
+                action = self.act(obs, perturbation[step])
                 t1 = time.perf_counter()
                 next_obs_np, reward, terminated, truncated, infos = self.envs.step(self._env_action(action))
                 t2 = time.perf_counter()
@@ -192,8 +206,6 @@ class PPO:
                         reward_used[idx] += cfg.gamma * final_v.numpy()
                 rows["obs"][step] = obs.numpy()
                 rows["act"][step] = action.numpy()
-                rows["logp"][step] = logp.numpy()
-                rows["val"][step] = value.numpy()
                 rows["rew"][step] = reward_used
                 rows["done"][step] = done
                 if done.any():
@@ -207,8 +219,11 @@ class PPO:
                 split["other"] += t3 - t2
                 self.global_step += n * repeat
             t0 = time.perf_counter()
+            self._score_rollout()
+            t1 = time.perf_counter()
             advantages, returns = self.buffer.gae(self.value(obs), cfg.gamma, cfg.gae_lambda)
-            split["other"] += time.perf_counter() - t0
+            split["inference"] += t1 - t0
+            split["other"] += time.perf_counter() - t1
             t0 = time.perf_counter()
             self.guard.begin_iteration()
             metrics = self._update(advantages, returns)
@@ -242,35 +257,8 @@ class PPO:
         )
 
     def _loss(self, net: ActorCritic, mb: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """(loss, diagnostics) for one minibatch; the diagnostics are detached
-        scalar tensors: pg_loss, v_loss, entropy, approx_kl.
-
-        Written for few ops: a 64-unit network is launch-bound, so every op
-        in the forward (and its node in the backward) shows in updates/s."""
-        cfg = self.cfg
-        out, value = (self.forward if net is self.net else net)(mb["obs"])  # a copy (auto's calibration) uses its own
-        newlogp, entropy = net.log_prob_entropy(out, mb["act"])
-        logratio = newlogp - mb["logp"]
-        ratio = logratio.exp()
-        adv = mb["adv"]
-        if cfg.norm_adv:
-            adv = (adv - adv.mean()) / (adv.std() + 1e-8)
-        pg_loss = -torch.min(adv * ratio, adv * ratio.clamp(1 - cfg.clip_coef, 1 + cfg.clip_coef)).mean()
-        value = value.float()
-        if cfg.clip_vloss:
-            v_unclipped = (value - mb["ret"]) ** 2
-            v_clipped = mb["val"] + torch.clamp(value - mb["val"], -cfg.clip_coef, cfg.clip_coef)
-            v_loss = 0.5 * torch.max(v_unclipped, (v_clipped - mb["ret"]) ** 2).mean()
-        else:
-            v_loss = 0.5 * (value - mb["ret"]).square().mean()
-        entropy = entropy.mean()
-        loss = pg_loss + cfg.vf_coef * v_loss
-        if cfg.ent_coef:
-            loss = loss - cfg.ent_coef * entropy
-        with torch.no_grad():
-            approx_kl = ((ratio - 1) - logratio).mean()
-        diagnostics = {"pg_loss": pg_loss.detach(), "v_loss": v_loss.detach(), "entropy": entropy.detach(), "approx_kl": approx_kl}
-        return loss, diagnostics
+        """(loss, diagnostics) for one minibatch (`agents.ppo.loss`)."""
+        return ppo_loss(net, self.forward if net is self.net else net, mb, self.loss_settings)  # a copy (auto's calibration): its own
 
     def _update(self, advantages: torch.Tensor, returns: torch.Tensor) -> dict[str, Any]:
         """``update_epochs`` passes over the rollout in shuffled minibatches;
@@ -387,11 +375,13 @@ class PPO:
         return rows
 
     def _compile_state(self) -> str:
-        if not isinstance(self.forward, CompiledFallback):
+        compiled = [f for f in (self.forward, self.actor) if isinstance(f, CompiledFallback)]
+        if not compiled:
             return "off"
-        if self.forward.active:
-            return f"on (mode {self.forward.mode})" if self.forward.mode != "default" else "on"
-        return f"fallback to eager ({self.forward.failed_reason})"
+        failed = [f"{f.name}: {f.failed_reason}" for f in compiled if not f.active]
+        if not failed:
+            return f"on (mode {compiled[0].mode})" if compiled[0].mode != "default" else "on"
+        return f"fallback to eager ({'; '.join(failed)})"
 
     def resolved_optimizations(self) -> dict[str, Any]:
         o = as_dict(self.cfg)["optimizations"]
@@ -399,7 +389,7 @@ class PPO:
         o["vec_env_resolved"] = self.vec_choice.mode if self.vec_choice else None
         o["precision_requested"] = o["precision"]
         o["precision"] = self.trainer.precision.name
-        o["compile_active"] = isinstance(self.forward, CompiledFallback) and self.forward.active
+        o["compile_active"] = all(isinstance(f, CompiledFallback) and f.active for f in (self.forward, self.actor))
         o["pinned_active"] = self.pin
         return o
 
