@@ -39,7 +39,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, NamedTuple, Optional
+from typing import Any, NamedTuple, Optional, Sequence
 
 import numpy as np
 import torch
@@ -458,6 +458,54 @@ def imagination_quality(tables: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def merge_tables(tables: list[dict[str, Any]], paths: Sequence[Path]) -> list[dict[str, Any]]:
+    """Tables of the same task and target merged into one: each method's
+    runs from every file, sorted by seed. A method measured twice on the same
+    seed is an error (which of the two would the table show?)."""
+    merged: dict[tuple[str, float], dict[str, Any]] = {}
+    origin: dict[tuple[str, float, str, Any], Path] = {}
+    for t, path in zip(tables, paths):
+        key = (t["env"], float(t["target"]))
+        into = merged.setdefault(key, {**t, "seeds": [], "runs": {}})
+        for mode, reports in t["runs"].items():
+            for r in reports:
+                seen = origin.setdefault((*key, mode, r.get("seed")), path)
+                if seen is not path:
+                    raise SystemExit(f"--merge: {mode} seed {r.get('seed')} of {key[0]} (target {key[1]:g}) is in both {seen} and {path}")
+                into["runs"].setdefault(mode, []).append(r)
+    for t in merged.values():
+        for reports in t["runs"].values():
+            reports.sort(key=lambda r: (r.get("seed") is None, r.get("seed")))
+        t["seeds"] = sorted({r.get("seed") for reports in t["runs"].values() for r in reports if r.get("seed") is not None})
+    return list(merged.values())
+
+
+def seed_table(t: dict[str, Any]) -> str:
+    """Every method of a (merged) table, seed by seed: held-out return, and
+    env steps to the target where it was met."""
+    seeds = t["seeds"]
+    lines = [
+        f"{t['env']}, target {t['target']:g}, seeds {', '.join(str(s) for s in seeds)}:",
+        "",
+        "| method | reached | held-out return per seed | median held-out | env steps to target per seed | median env steps to target | "
+        "median env steps spent | median CPU s |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for mode, reports in t["runs"].items():
+        by_seed = {r.get("seed"): r for r in reports}
+        heldout = " / ".join(_fmt(_number(by_seed[s]["heldout_return"])) if s in by_seed else "." for s in seeds)
+        to_target = " / ".join(_fmt(_steps_to_target(by_seed[s]), ".0f") if s in by_seed else "." for s in seeds)
+        reached, _, steps, _ = _reached(reports)
+        cpu = _median([_number(r.get("cpu_s")) for r in reports])
+        cells = [NAMES.get(mode, mode), reached, heldout, _fmt(_median([_number(r["heldout_return"]) for r in reports])), to_target,
+                 _fmt(steps, ".0f"), _fmt(_median([_number(r.get("env_steps")) for r in reports]), ".0f"), _fmt(cpu, ".0f")]
+        lines.append("| " + " | ".join(cells) + " |")
+    lines += ["", "(`.`: not measured on that seed; `-`: not reached. A loop's env steps to the target are the steps it ran: it stops "
+              "there; a baseline's are those at its first check that met the target, checked off the budget. CPU s: the runs of this script "
+              "only, a plain `evolve --json` report does not record it.)"]
+    return "\n".join(lines)
+
+
 def as_table(data: dict[str, Any], path: Path) -> dict[str, Any]:
     """A report of this script as it is; a plain `genesis-fp16 evolve --json`
     report (one run, no "runs") as a table of that one run."""
@@ -547,6 +595,11 @@ def main(argv: Optional[list[str]] = None) -> int:
     )
     parser.add_argument("--summarize", type=Path, nargs="+", default=None, help="print one summary row per JSON this script wrote; run nothing")
     parser.add_argument(
+        "--merge", action="store_true",
+        help="with --summarize or --imagination: merge the JSONs of one task and target (several seed groups and methods, plain "
+        "`evolve --json` reports too) into one table, and print a per-seed table of every method",
+    )
+    parser.add_argument(
         "--imagination", type=Path, nargs="+", default=None,
         help="print, per JSON this script wrote, how the loop's imagined returns ranked against the real ones; run nothing",
     )
@@ -564,11 +617,17 @@ def main(argv: Optional[list[str]] = None) -> int:
             require("matplotlib", "evolution_table.py --plot")
         except MissingExtraError as exc:
             parser.error(str(exc))
+    if args.merge and not read:
+        parser.error("--merge goes with --summarize or --imagination (the JSONs to merge)")
     if read:
         tables = [as_table(json.loads(path.read_text()), path) for path in read]
         for path, t in zip(read, tables):
             print(f"{path}: {host_line(t.get('environment'))}")
         print()
+        if args.merge:
+            tables = merge_tables(tables, read)
+            for t in tables:
+                print(seed_table(t) + "\n")
         if args.summarize:
             print(summary(tables))
             if any(m in t["runs"] for t in tables for m in BASELINES):

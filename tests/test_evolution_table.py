@@ -54,12 +54,13 @@ def test_summary_gives_no_median_when_most_seeds_missed():
 @pytest.mark.parametrize("option, make", [("--summarize", "summary"), ("--imagination", "imagination")])
 def test_docs_tables_are_the_commands_output_on_the_shipped_reports(option, make):
     doc = (ROOT / "docs" / "EVOLUTION.md").read_text()
-    command = next(b for b in doc.split("```") if option in b)
+    # the first code block with the option that reads reports one by one (a --merge block: the merged-table test below)
+    command = next(b for b in doc.split("```")[1::2] if option in b and "--merge" not in b)
     files = re.findall(r"docs/evolution/[\w.-]+\.json", command)
     assert files, f"the {option} command names no report"
     expected = getattr(evolution_table, make)([json.loads((ROOT / f).read_text()) for f in files]).splitlines()
     lines = doc.splitlines()
-    start = lines.index(expected[0])  # the table's header row
+    start = lines.index(expected[0], doc[: doc.index(command)].count("\n"))  # the table's header row, after the command
     assert lines[start : start + len(expected)] == expected, f"docs/EVOLUTION.md's table is not the {option} output; rerun it"
 
 
@@ -261,3 +262,49 @@ def test_a_baseline_through_the_script(tmp_path):
     assert ars["real_episodes"] == 32 and ars["env_steps"] <= 32 * 40 and ars["settings"]["directions"] == 16
     assert report["markdown"].startswith("Measured ") and "| ARS V2-t | 0/1 |" in report["markdown"]
     assert report["options"]["cma_sigma"] == 0.5 and "flags" in report["environment"]
+
+
+def _seeded(seed, reached_at, heldout, **extra):
+    return {**run(reached_at, 1000 * (seed + 1), heldout), "seed": seed, **extra}
+
+
+def test_merge_joins_seed_groups_and_methods_of_one_task(tmp_path, capsys):
+    first = table([run(None)] * 3)
+    first["seeds"], first["runs"] = [0, 1, 2], {"full": [_seeded(s, 40, -200.0) for s in (0, 1, 2)],
+                                               "ars": [_seeded(s, None, -900.0, cpu_s=1.0) for s in (0, 1, 2)]}
+    second = table([run(None)] * 3)
+    second["seeds"], second["runs"] = [3, 4], {"full": [_seeded(s, None, -300.0, cpu_s=4.0) for s in (4, 3)],
+                                              "loop_e1": [_seeded(s, 48, -250.0) for s in (3, 4)]}
+    other = {**table([run(None)] * 3), "env": "Swimmer-v5", "runs": {"full": [_seeded(0, None, 30.0)]}}
+    paths = []
+    for name, t in (("a", first), ("b", second), ("c", other)):
+        paths.append(tmp_path / f"{name}.json")
+        paths[-1].write_text(json.dumps(t))
+    assert evolution_table.main(["--summarize", *map(str, paths), "--merge"]) == 0
+    out = capsys.readouterr().out
+    assert "Pendulum-v1, target -300, seeds 0, 1, 2, 3, 4:" in out and "Swimmer-v5, target -300, seeds 0:" in out
+    # seeds in order whichever file and order they came in; a seed a method did not run is '.'
+    assert ("| SE-Darwin loop with world model | 3/5 | -200.0 / -200.0 / -200.0 / -300.0 / -300.0 | -200.0 | 1000 / 2000 / 3000 / - / - "
+            "| 2000 | 3000 | 4 |") in out
+    assert "| ARS V2-t | 0/3 | -900.0 / -900.0 / -900.0 / . / . | -900.0 | - / - / - / . / . | - | 2000 | 1 |" in out
+    assert "| SE-Darwin loop, ensemble of 1 | 2/2 | . / . / . / -250.0 / -250.0 |" in out
+    paths.append(tmp_path / "again.json")
+    paths[-1].write_text(json.dumps(second))
+    with pytest.raises(SystemExit, match="full seed 4 of Pendulum-v1 .* is in both"):
+        evolution_table.main(["--summarize", *map(str, paths), "--merge"])
+    with pytest.raises(SystemExit):
+        evolution_table.main(["--merge"])
+
+
+def test_docs_merged_tables_are_the_commands_output_on_the_shipped_reports():
+    doc = (ROOT / "docs" / "EVOLUTION.md").read_text()
+    blocks = [b for b in doc.split("```") if "--merge" in b and "evolution_table.py" in b]
+    assert blocks, "docs/EVOLUTION.md shows no --merge table"
+    lines = doc.splitlines()
+    for command in blocks:
+        files = re.findall(r"docs/evolution/[\w.-]+\.json", command)
+        tables = [evolution_table.as_table(json.loads((ROOT / f).read_text()), ROOT / f) for f in files]
+        for merged in evolution_table.merge_tables(tables, files):
+            expected = evolution_table.seed_table(merged).splitlines()[:-2]  # the table, without its caption
+            start = lines.index(expected[0])  # the table's title line (every table has the same header row)
+            assert lines[start : start + len(expected)] == expected, f"{expected[0]} in docs/EVOLUTION.md is not the command's output"
