@@ -25,12 +25,18 @@ def _script():
     return module
 
 
-def test_ranks_a_tiny_runs_candidates(tmp_path, state_dir, capsys):
+def _tiny_run(tmp_path: Path) -> Path:
+    """A tiny Pendulum run's report (its replay data stays in the state dir)."""
     config = EvolveConfig(budget=24, seed=1, workers=1, init_candidates=8, wm_steps=40, refine_iters=2, revision_iters=2,
                           revision_samples=8, popsize=6, horizon=10, imagine_starts=4, eval_timeout_s=60)
     report = asyncio.run(SEDarwinAgent(config, settings=load_settings()).evolve())
     path = tmp_path / "report.json"
     path.write_text(json.dumps(report, default=str))
+    return path
+
+
+def test_ranks_a_tiny_runs_candidates(tmp_path, state_dir, capsys):
+    path = _tiny_run(tmp_path)
     args = ["--report", str(path), "--state-dir", str(state_dir), "--steps", "5", "--horizons", "3", "--ensembles", "2", "1",
             "--starts", "2", "--particles", "2"]
     assert _script().main(args) == 0
@@ -42,11 +48,7 @@ def test_ranks_a_tiny_runs_candidates(tmp_path, state_dir, capsys):
 
 
 def test_looks_closer_at_the_incumbent_and_its_neighbours(tmp_path, state_dir, capsys):
-    config = EvolveConfig(budget=24, seed=1, workers=1, init_candidates=8, wm_steps=40, refine_iters=2, revision_iters=2,
-                          revision_samples=8, popsize=6, horizon=10, imagine_starts=4, eval_timeout_s=60)
-    report = asyncio.run(SEDarwinAgent(config, settings=load_settings()).evolve())
-    path = tmp_path / "report.json"
-    path.write_text(json.dumps(report, default=str))
+    path = _tiny_run(tmp_path)
     args = ["--report", str(path), "--state-dir", str(state_dir), "--steps", "5", "--horizons", "3", "7", "--ensembles", "2",
             "--starts", "2", "--particles", "2", "--incumbent", "--perturb", "4", "--sigma", "0.1"]
     assert _script().main(args) == 0
