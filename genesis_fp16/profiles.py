@@ -32,6 +32,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError, 
 from .config import trainer_name
 from .names import AgentNameError, check_agent_name
 from .settings import PrecisionConfig, Settings, allowed_values, no_bool, read_utf8
+from .storage import FileStamp, file_stamp
 
 try:  # Python 3.11+
     import tomllib
@@ -242,21 +243,20 @@ def _read_toml(path: Path) -> dict[str, Any]:
         raise ProfileError(f"{path}: not valid TOML ({exc})") from None
 
 
-_CACHE: dict[Path, tuple[float, int, ProfileFile]] = {}
+_CACHE: dict[Path, tuple[FileStamp, ProfileFile]] = {}
 
 
 def load_profiles(path: Union[str, Path]) -> ProfileFile:
     """Read and validate a profile file (cached until the file changes)."""
     path = Path(path)
-    try:
-        stat = path.stat()
-    except FileNotFoundError:
-        raise ProfileError(f"{path}: profile file does not exist") from None
+    stamp = file_stamp(path)
+    if stamp is None:
+        raise ProfileError(f"{path}: profile file does not exist")
     cached = _CACHE.get(path)
-    if cached and cached[0] == stat.st_mtime and cached[1] == stat.st_size:
-        return cached[2]
+    if cached and cached[0] == stamp:
+        return cached[1]
     parsed = parse_profiles(_read_toml(path), path)
-    _CACHE[path] = (stat.st_mtime, stat.st_size, parsed)
+    _CACHE[path] = (stamp, parsed)
     return parsed
 
 

@@ -20,7 +20,6 @@ from __future__ import annotations
 import functools
 import json
 import math
-import os
 import sqlite3
 from contextlib import contextmanager
 from datetime import datetime, timezone
@@ -738,23 +737,8 @@ class RolloutLedger:
             )
 
 
-_STAGES: dict[tuple[str, str], tuple[tuple[tuple[int, int, int], ...], Optional[Stage]]] = {}
-"""(ledger path, agent) -> (the ledger's and its write-ahead log's stat when read, the stage read)."""
-
-
-def _ledger_stat(path: Path) -> Optional[tuple[tuple[int, int, int], ...]]:
-    """(inode, size, mtime in ns) of the ledger file and of its write-ahead log
-    (every committed write changes one of them); None without the ledger."""
-    out = []
-    for file in (path, path.with_name(path.name + "-wal")):
-        try:
-            st = os.stat(file)
-        except FileNotFoundError:
-            if file == path:
-                return None
-            continue
-        out.append((st.st_ino, st.st_size, st.st_mtime_ns))
-    return tuple(out)
+_STAGES: dict[tuple[str, str], tuple[tuple[storage.FileStamp, Optional[storage.FileStamp]], Optional[Stage]]] = {}
+"""(ledger path, agent) -> (the stamps of the ledger and of its write-ahead log when read, the stage read)."""
 
 
 def current_stage(agent: str, settings: Settings) -> Optional[Stage]:
@@ -765,13 +749,14 @@ def current_stage(agent: str, settings: Settings) -> Optional[Stage]:
     once per iteration, where a read costs a few milliseconds)."""
     check_agent_name(agent)
     path = Path(settings.state_dir) / LEDGER_FILE
-    stat = _ledger_stat(path)  # before reading: a write during the read is seen at the next call
-    if stat is None or not path.is_file():
+    ledger = storage.file_stamp(path)  # before reading: a write during the read is seen at the next call
+    if ledger is None:
         return None
+    stamp = (ledger, storage.file_stamp(path.with_name(path.name + "-wal")))  # every committed write changes one of them
     key = (str(path), agent)
     cached = _STAGES.get(key)
-    if cached is not None and cached[0] == stat:
+    if cached is not None and cached[0] == stamp:
         return cached[1]
     stage = RolloutLedger(path).stage(agent)
-    _STAGES[key] = (stat, stage)
+    _STAGES[key] = (stamp, stage)
     return stage

@@ -45,6 +45,20 @@ class StorageError(RuntimeError):
         return 2 if self.kind in ("path", "corrupt") else 1
 
 
+FileStamp = tuple[int, int, int]
+
+
+def file_stamp(path: PathLike) -> Optional[FileStamp]:
+    """(inode, size, modification time in ns) of a regular file, None when
+    there is none: what a read cache compares to know the file changed
+    (a rewrite, an atomic replace and an append each change one of them)."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_ino, st.st_size, st.st_mtime_ns) if stat.S_ISREG(st.st_mode) else None
+
+
 def can_write(path: PathLike) -> bool:
     """Whether this process may write ``path`` (an existing file or directory)."""
     return os.access(path, os.W_OK)

@@ -33,7 +33,6 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = dict(num_envs=8, num_steps=128, update_epochs=4, minibatch_size=256)
-CPU_FLAGS = {"avx2", "avx512f", "avx512_bf16", "avx512_fp16", "amx_bf16", "amx_tile", "f16c"}  # the ones a figure is read against
 
 
 def _ours_config(env_id: str, steps: int, seed: int):
@@ -138,9 +137,7 @@ def main() -> None:
         import stable_baselines3  # noqa: F401
     except ImportError:
         raise SystemExit("stable-baselines3 is not installed: pip install -e '.[bench]'")
-    import platform
-
-    import torch
+    from agents.baselines.common import host
 
     runs: dict[str, list[dict]] = {"ours": [], "sb3": [], "raw": []}
     for rep in range(args.repeats):
@@ -159,16 +156,15 @@ def main() -> None:
     pairs = list(zip(runs["ours"], runs["sb3"]))
     pair_ratios = [o["env_steps_per_s"] / s["env_steps_per_s"] for o, s in pairs]
     pair_ratios_cpu = [o["env_steps_per_cpu_s"] / s["env_steps_per_cpu_s"] for o, s in pairs]
-    cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), platform.processor())
-    flags = next((l.split(":", 1)[1].split() for l in open("/proc/cpuinfo") if l.startswith("flags")), [])
+    where = host()  # CPU model, the flags a figure is read against, cores, torch, date
     summary = {
         "env": args.env, "steps": args.steps, "repeats": args.repeats, "settings": SHARED,
         "median_env_steps_per_s": med, "median_env_steps_per_cpu_s": med_cpu, "ratio_of_medians": ratio,
         "ratio_of_medians_cpu": ratio_cpu, "pair_ratios": pair_ratios, "pair_ratios_cpu": pair_ratios_cpu,
         "share_of_raw_cpu": {k: med_cpu[k] / med_cpu["raw"] for k in ("ours", "sb3")},
         "eval_returns": {k: [r["eval_return"] for r in runs[k]] for k in ("ours", "sb3")},
-        "runs": runs, "torch": torch.__version__, "cpu": cpu, "cpu_flags": sorted(set(flags) & CPU_FLAGS),
-        "cores": len(os.sched_getaffinity(0)), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "runs": runs, "torch": where["torch"], "cpu": where["cpu"], "cpu_flags": where["flags"], "cores": len(os.sched_getaffinity(0)),
+        "date": where["date"],
         "load_avg": list(os.getloadavg()),
     }
     print(f"per CPU-second: ours {med_cpu['ours']:,.0f}, SB3 {med_cpu['sb3']:,.0f}, raw SyncVectorEnv {med_cpu['raw']:,.0f}; "

@@ -495,10 +495,10 @@ def seed_table(t: dict[str, Any]) -> str:
         by_seed = {r.get("seed"): r for r in reports}
         heldout = " / ".join(_fmt(_number(by_seed[s]["heldout_return"])) if s in by_seed else "." for s in seeds)
         to_target = " / ".join(_fmt(_steps_to_target(by_seed[s]), ".0f") if s in by_seed else "." for s in seeds)
-        reached, _, steps, _ = _reached(reports)
+        reached, _, steps, spent = _reached(reports)
         cpu = _median([_number(r.get("cpu_s")) for r in reports])
         cells = [NAMES.get(mode, mode), reached, heldout, _fmt(_median([_number(r["heldout_return"]) for r in reports])), to_target,
-                 _fmt(steps, ".0f"), _fmt(_median([_number(r.get("env_steps")) for r in reports]), ".0f"), _fmt(cpu, ".0f")]
+                 _fmt(steps, ".0f"), _fmt(spent, ".0f"), _fmt(cpu, ".0f")]
         lines.append("| " + " | ".join(cells) + " |")
     lines += ["", "(`.`: not measured on that seed; `-`: not reached. A loop's env steps to the target are the steps it ran: it stops "
               "there; a baseline's are those at its first check that met the target, checked off the budget. CPU s: the runs of this script "

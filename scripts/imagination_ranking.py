@@ -101,9 +101,9 @@ def closer_look(args: argparse.Namespace, task, manifest: dict, seed: int, wm: W
         print("  no fully evaluated candidate: nothing to look at closer")
         return
 
-    def imagine(params: np.ndarray, start_obs: np.ndarray, horizon: int, kappa: float = 0.0):
+    def imagine(params: np.ndarray, start_obs: np.ndarray, horizon: int, kappa: float, episode_steps: int):
         return wm.imagine_uncertain(policy, params, start_obs, horizon, particles=args.particles, kappa=kappa, project=project,
-                                    terminated=task.task.termination, episode_steps=horizon, seed=0)
+                                    terminated=task.task.termination, episode_steps=episode_steps, seed=0)
 
     with Evaluator(task, workers=1) as evaluator:
         if args.incumbent:
@@ -122,7 +122,7 @@ def closer_look(args: argparse.Namespace, task, manifest: dict, seed: int, wm: W
                   "dimension " + " ".join(f"{v:.3f}" for v in err))
             for horizon in args.horizons:
                 h = min(horizon, len(real_r))
-                im = imagine(best.params[None], obs[:1], h)
+                im = imagine(best.params[None], obs[:1], h, kappa=0.0, episode_steps=h)  # the first h steps, no extrapolation
                 print(f"    open loop, first {h} steps of start 0: real {real_r[:h].sum():.2f}, imagined {float(im.mean[0]):.2f} "
                       f"(+- {float(im.std[0]):.2f} over particles)")
         if args.perturb:
@@ -132,8 +132,7 @@ def closer_look(args: argparse.Namespace, task, manifest: dict, seed: int, wm: W
             raw = space.to_raw(z0 + args.sigma * rng.standard_normal((args.perturb, z0.size)))
             real = np.array([evaluator.evaluate(p, starts[:2]).mean_return for p in raw])
             horizon = max(args.horizons)
-            im = wm.imagine_uncertain(policy, raw, obs[:2], min(horizon, task.episode_steps), particles=args.particles, kappa=1.0,
-                                      project=project, terminated=task.task.termination, episode_steps=task.episode_steps, seed=0)
+            im = imagine(raw, obs[:2], min(horizon, task.episode_steps), kappa=1.0, episode_steps=task.episode_steps)  # as the loop scores
             top = np.argsort(-np.asarray(im.score))[: max(1, args.perturb // 4)]
             print(f"  {args.perturb} policies at sigma {args.sigma} around the incumbent (2 start states, horizon {horizon}): real "
                   f"{real.min():.1f} .. {real.max():.1f} (mean {real.mean():.1f}); Spearman of the score {_rho(spearman(list(im.score), list(real)))}; "

@@ -3,20 +3,15 @@ each precision's speed at length, auto's picks and their cost."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
+from scripts_loader import load_script
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "auto_precision_table.py"
 
 
 def _load():
-    spec = importlib.util.spec_from_file_location("auto_precision_table", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("auto_precision_table")
 
 
 def test_the_table_has_a_row_per_workload(tmp_path, capsys):

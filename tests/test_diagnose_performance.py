@@ -3,22 +3,14 @@ the current PPO (its inference stage calls the rollout's own act)."""
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
-
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "diagnose_performance.py"
+from scripts_loader import load_script
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _script():
-    spec = importlib.util.spec_from_file_location("diagnose_performance", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    assert spec.loader is not None
-    spec.loader.exec_module(module)
-    return module
+    return load_script("diagnose_performance")
 
 
 @pytest.mark.parametrize("env_id", ["CartPole-v1", "Pendulum-v1"])

@@ -8,7 +8,6 @@ scripts/train_distributed.py. Workers write their observations with
 
 from __future__ import annotations
 
-import importlib.util
 import io
 import json
 import os
@@ -29,6 +28,7 @@ from genesis_fp16 import FP16Trainer, FP16TrainingConfig
 from genesis_fp16 import distributed as gd
 from genesis_fp16 import registry
 from genesis_fp16.checkpoint import CheckpointError
+from scripts_loader import load_script
 
 pytestmark = pytest.mark.distributed
 
@@ -452,12 +452,7 @@ def test_train_distributed_script_under_torchrun(tmp_path: Path) -> None:
 
 
 def _load_script() -> Any:
-    spec = importlib.util.spec_from_file_location("train_distributed", REPO / "scripts" / "train_distributed.py")
-    module = importlib.util.module_from_spec(spec)
-    assert spec.loader is not None
-    sys.modules[spec.name] = module  # dataclasses look their module up while the class is built
-    spec.loader.exec_module(module)
-    return module
+    return load_script("train_distributed")
 
 
 @pytest.fixture

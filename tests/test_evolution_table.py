@@ -3,17 +3,15 @@
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import json
 import re
 from pathlib import Path
 
 import pytest
+from scripts_loader import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
-spec = importlib.util.spec_from_file_location("evolution_table", ROOT / "scripts" / "evolution_table.py")
-evolution_table = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(evolution_table)
+evolution_table = load_script("evolution_table")
 
 
 def run(reached_at, steps=1000, heldout=-200.0):

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import json
 from pathlib import Path
 
@@ -11,18 +10,14 @@ import pytest
 
 from agents.se_darwin_agent import EvolveConfig, SEDarwinAgent
 from genesis_fp16.settings import load_settings
+from scripts_loader import load_script
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "imagination_ranking.py"
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _script():
-    spec = importlib.util.spec_from_file_location("imagination_ranking", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    assert spec.loader is not None
-    spec.loader.exec_module(module)
-    return module
+    return load_script("imagination_ranking")
 
 
 def _tiny_run(tmp_path: Path) -> Path:

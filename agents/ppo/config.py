@@ -37,8 +37,8 @@ class Optimizations:
     """The training-speed flags, ``training.optimizations`` in configs/base.yaml."""
 
     vec_env: str = "auto"
-    """auto | sync | async | envpool. auto times one env step against a subprocess round trip at start-up (and, with the
-    envpool extra installed and an env id EnvPool has, one EnvPool vector step) and picks the fastest."""
+    """auto | sync | async | envpool. auto picks envpool for a MuJoCo env EnvPool has (the envpool extra installed, no
+    action repeat); otherwise it times one env step against a subprocess round trip at start-up and picks the faster."""
     use_subproc_vec_env: bool = False
     """true asks for subprocess (async) envs without measuring when vec_env is auto."""
     force_dummy_vec_env: bool = False

@@ -27,22 +27,13 @@ gym = require("gymnasium", "genesis-fp16 ppo")
 PURPOSE = "genesis-fp16 ppo with vec_env: envpool"
 
 
-def envpool_available() -> bool:
-    """Whether the envpool package imports here (the ``envpool`` extra)."""
-    try:
-        import envpool  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
 @lru_cache(maxsize=1)
 def envpool_ids() -> frozenset[str]:
-    """The env ids EnvPool has (empty without the extra)."""
-    if not envpool_available():
+    """The env ids EnvPool has; empty without the ``envpool`` extra."""
+    try:
+        import envpool
+    except ImportError:
         return frozenset()
-    import envpool
-
     return frozenset(envpool.list_all_envs())
 
 

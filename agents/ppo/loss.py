@@ -7,11 +7,11 @@ every op in the forward (and its node in the backward) shows in updates/s.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
-from .policy import ActorCritic
+from .policy import ActorCritic, Forward
 
 Diagnostics = dict[str, torch.Tensor]
 
@@ -36,7 +36,7 @@ def _normalised(adv: torch.Tensor, on: bool) -> torch.Tensor:
 
 
 def ppo_loss(
-    net: ActorCritic, forward: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]], mb: dict[str, torch.Tensor], s: LossSettings,
+    net: ActorCritic, forward: Forward, mb: dict[str, torch.Tensor], s: LossSettings,
 ) -> tuple[torch.Tensor, Diagnostics]:
     """(loss, diagnostics) through autograd; the diagnostics are detached
     scalars: pg_loss, v_loss, entropy, approx_kl."""

@@ -106,10 +106,6 @@ class ActorCritic(nn.Module):
             return torch.argmax(out.float() + perturbation, dim=-1)
         return out.float() + perturbation
 
-    def sample(self, out: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
-        """Actions from the actor output and pre-drawn noise (`perturbation`, then `pick`)."""
-        return self.pick(out, self.perturbation(noise))
-
 
 class CompiledFallback:
     """Calls ``torch.compile(fn)``; if compiling or running it raises, logs the
