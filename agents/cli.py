@@ -125,6 +125,12 @@ def evolve(
     no_world_model: bool = typer.Option(False, "--no-world-model", help="Ablation: the same loop without the world model."),
     racing: bool = typer.Option(True, "--racing/--no-racing", help="Race real evaluations: stop a candidate that can no longer win."),
     kappa: float = typer.Option(1.0, "--kappa", min=0.0, help="Pessimism: a candidate's imagined score is mean - kappa * spread."),
+    trust_spearman: float = typer.Option(
+        0.3, "--trust-spearman", min=-1.0, max=1.0, help="The model's proposals get real episodes while the rank correlation of its "
+        "imagined against the real returns of the last audited candidates is at least this; below it, CMA-ES on one-episode probes.",
+    ),
+    no_probe_search: bool = typer.Option(False, "--no-probe-search", help="Always give the model's proposals the real episodes "
+                                         "(the loop before probe search)."),
     particles: Optional[int] = typer.Option(None, "--particles", min=1, help="Imagined rollouts per candidate and start state "
                                             "(default: the world model's)."),
     imagine_starts: int = typer.Option(8, "--imagine-starts", min=1, help="Start states the search imagines from per generation."),
@@ -177,11 +183,13 @@ def evolve(
     # the options a resumed run must match (or may change: budgets, workers, backend), by flag name
     given = dict(env=env, seed=seed, precision=precision, no_world_model=no_world_model, budget=budget, budget_steps=budget_steps,
                  workers=workers, backend=backend, target=target, policy=policy, episode_steps=episode_steps, racing=racing, kappa=kappa,
-                 particles=particles, imagine_starts=imagine_starts, ensemble=ensemble, horizon=horizon)
+                 particles=particles, imagine_starts=imagine_starts, ensemble=ensemble, horizon=horizon, trust_spearman=trust_spearman,
+                 no_probe_search=no_probe_search)
     config = EvolveConfig(
         env_id=env, budget=budget, budget_steps=budget_steps, seed=seed, precision=precision.value if precision is not None else None,
         use_world_model=not no_world_model, workers=workers, backend=backend.value, target=target, policy=policy,
         episode_steps=episode_steps, racing=racing, kappa=kappa, particles=particles, imagine_starts=imagine_starts, ensemble=ensemble,
+        trust_spearman=None if no_probe_search else trust_spearman,
         **({} if horizon is None else {"horizon": horizon}),  # not given: the config's default (DEFAULT_HORIZON, capped by the episode)
     )
     if plot is not None:  # first: cma warns on import when matplotlib is missing
@@ -279,8 +287,10 @@ def _run(ctx: typer.Context, config: Any, settings: Any, given: dict[str, Any], 
     def on_generation(record: dict[str, Any]) -> None:
         progress.update(task_id, completed=min(record["real_episodes"], budget))
         # a raced candidate stopped early shows the episodes it got
-        ops = ",".join(e["operator"] + ("" if e.get("full", True) else f"({e['episodes']} ep)")
-                       for e in record.get("evaluated", []) if e.get("operator") != "seed") or "-"
+        probes = [e for e in record.get("evaluated", []) if e.get("operator") == "probe"]
+        ops = ",".join([f"{len(probes)} probes (1 ep)"] * bool(probes) + [
+            e["operator"] + ("" if e.get("full", True) else f"({e['episodes']} ep)")
+            for e in record.get("evaluated", []) if e.get("operator") not in ("seed", "probe")]) or "-"
         rho = (record.get("imagination") or {}).get("spearman")
         ops += f" rho {rho:.2f}" if rho is not None else ""
         # a probe's one episode and a full evaluation's mean are not comparable: say which one "best" is
@@ -372,8 +382,10 @@ def _resumed_agent(ctx: typer.Context, run_id: str, settings: Any, *, baseline: 
     backend = explicit.get("backend")
     as_config = {"env": "env_id", "seed": "seed", "precision": "precision", "no_world_model": "use_world_model", "target": "target",
                  "policy": "policy", "episode_steps": "episode_steps", "racing": "racing", "kappa": "kappa", "particles": "particles",
-                 "imagine_starts": "imagine_starts", "ensemble": "ensemble", "horizon": "horizon"}
+                 "imagine_starts": "imagine_starts", "ensemble": "ensemble", "horizon": "horizon", "trust_spearman": "trust_spearman"}
     options = {as_config[k]: v for k, v in explicit.items() if k in as_config}
+    if explicit.get("no_probe_search"):
+        options["trust_spearman"] = None
     if "precision" in options:
         options["precision"] = options["precision"].value
     if "use_world_model" in options:

@@ -95,6 +95,17 @@ class EvolveConfig:
     """Random policies revision ranks by imagined return before its search starts from the best."""
     recombinations: int = 3
     """Blends of the two best fully evaluated candidates per generation."""
+    trust_spearman: Optional[float] = 0.3
+    """The model's proposals get real episodes while the Spearman correlation of imagined against real returns over the
+    last `trust_window` audited candidates is at least this; below it, and before any audit, a generation is a probe
+    generation: CMA-ES on one-episode probes (`agents.probe_search`). None: the model's proposals always get them (the
+    loop before probe search; a resumed run that predates it keeps that)."""
+    trust_window: int = 12
+    """Audited candidates (the latest) whose rank correlation decides `trust_spearman`."""
+    probe_sigma: float = 0.5
+    """Initial CMA-ES step size of the probe search, in normalised coordinates (the tuned CMA-ES yardstick's sigma0)."""
+    probe_popsize: Optional[int] = None
+    """Probes per probe generation; None: pycma's default population, 4 + 3 ln(policy parameters)."""
     workers: int = 2
     """Processes (or Ray tasks at a time) running real episodes."""
     backend: str = "process"
@@ -161,6 +172,14 @@ class EvolveConfig:
             problems.append(f"backend={self.backend!r}: expected one of {', '.join(BACKENDS)}")
         if not (math.isfinite(self.kappa) and self.kappa >= 0):
             problems.append(f"kappa={self.kappa}: expected a finite number >= 0 (0: the particles' mean alone)")
+        if self.trust_spearman is not None and not (math.isfinite(self.trust_spearman) and -1.0 <= self.trust_spearman <= 1.0):
+            problems.append(f"trust_spearman={self.trust_spearman}: expected a rank correlation in [-1, 1], or None (always trust the model)")
+        if self.trust_window < 3:
+            problems.append(f"trust_window={self.trust_window}: expected at least 3 audited candidates (fewer have no rank correlation)")
+        if not (math.isfinite(self.probe_sigma) and self.probe_sigma > 0):
+            problems.append(f"probe_sigma={self.probe_sigma}: expected a finite number > 0 (CMA-ES's initial step size)")
+        if self.probe_popsize is not None and self.probe_popsize < 2:
+            problems.append(f"probe_popsize={self.probe_popsize}: expected at least 2, or None (pycma's default)")
         counts = {"init_candidates": self.init_candidates, "eval_top_k": self.eval_top_k, "popsize": self.popsize,
                   "workers": self.workers, "horizon": self.horizon, "episode_steps": self.episode_steps, "budget_steps": self.budget_steps,
                   "imagine_starts": self.imagine_starts, "particles": self.particles, "ensemble": self.ensemble}
@@ -218,6 +237,7 @@ def resumed_config(
     unknown = sorted(set(saved) - CONFIG_FIELDS)
     if unknown:
         raise RunError(f"run {run_id!r}: its manifest has options this version does not know ({', '.join(unknown)}); resume it with the version that started it")
+    saved.setdefault("trust_spearman", None)  # a run started before probe search goes on without it
     mismatched = [f"{k}={v!r} (the run has {saved.get(k)!r})" for k, v in options.items() if saved.get(k) != v]
     if mismatched:
         raise RunError(

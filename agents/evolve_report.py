@@ -20,12 +20,13 @@ SUMMARY_KEYS = ("real_episodes", "target_reached", "episodes_to_target", "train_
 def generation_record(
     generation: int, *, real_episodes: int, env_steps: int, best: Optional[Candidate], evaluated: Sequence[Candidate], proposals: int,
     wm_report: Optional["TrainReport"], precision: str, elapsed_s: float, imagination: Optional[dict[str, Any]] = None,
-    time: Optional[dict[str, float]] = None, confirmations: Sequence[dict[str, Any]] = (),
+    time: Optional[dict[str, float]] = None, confirmations: Sequence[dict[str, Any]] = (), probe: Optional[dict[str, Any]] = None,
 ) -> dict[str, Any]:
     """One committed generation. ``imagination``: the imagined-vs-real
     comparison of its candidates (`agents.imagination_stats`, with their
     ``records``), None when nothing was imagined; ``time``: its wall seconds
-    per bucket (`agents.time_share`); ``confirmations``: the validation runs it tried."""
+    per bucket (`agents.time_share`); ``confirmations``: the validation runs it tried;
+    ``probe``: a probe generation's search (`agents.probe_search`), None in the others."""
     return {
         "generation": generation,
         "real_episodes": real_episodes,
@@ -47,6 +48,7 @@ def generation_record(
         "imagination": imagination,
         "time": time,
         "confirmations": list(confirmations),
+        "probe": probe,
     }
 
 

@@ -9,16 +9,18 @@ when a run imagines."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
 
 import numpy as np
 
+from .imagination_stats import candidate_record, summary
 from .time_share import TimeShare
 
 if TYPE_CHECKING:
     from infrastructure.imagination import Imagination
     from infrastructure.world_model import WorldModel
 
+    from .evolve_config import Candidate
     from .tasks import ImaginedStarts, ResolvedTask
 
 ImagineFn = Callable[[np.ndarray], np.ndarray]  # (P, D) params -> (P,) score to maximise
@@ -74,3 +76,20 @@ def make_imagine(
         world_model, task, starts.for_generation(generation), horizon=horizon, kappa=kappa, particles=particles,
         seed=seed * 10_000 + generation, time=time if time is not None else TimeShare(),
     )
+
+
+def audit(imaginer: Imaginer, starts: "ImaginedStarts", evaluated: Sequence["Candidate"], *, every: bool = False) -> dict[str, Any]:
+    """A generation's imagined-vs-real comparison (`agents.imagination_stats`):
+    each candidate the search scored (``every``: each candidate, a probe
+    generation's), imagined again on exactly the training start states it was
+    run on, with the generation's ``records``."""
+    records = []
+    for cand in evaluated:
+        if cand.imagined is None and not every:
+            continue
+        im = imaginer.imagine(cand.params[None], starts.train_observations(cand.starts))
+        records.append(candidate_record(
+            cand.id, imagined_mean=float(im.mean[0]), low=float(im.low[0]), high=float(im.high[0]), real_mean=float(np.mean(cand.returns)),
+            truncated=float(im.truncated[0]), states=len(cand.starts),
+        ))
+    return {**summary(records), "records": records}

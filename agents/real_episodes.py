@@ -1,4 +1,4 @@
-"""The loop's real episodes under its budgets: generation 0's probes, raced
+"""The loop's real episodes under its budgets: one-episode probes, raced
 evaluations on the training start states (`agents.racing`), and the
 confirmation of a target on the validation start states. Every episode run
 is charged, a failed or stopped candidate's too; the held-out start states
@@ -74,8 +74,8 @@ class RealEpisodes:
         self._log.warning(event, candidate=cand.id, error=str(exc))
         self.failures.append({"candidate": cand.id, "generation": cand.generation, "episodes": episodes, "error": str(exc)})
 
-    async def seed(self, cands: Sequence[tuple[Candidate, int]]) -> list[tuple[Candidate, Evaluation]]:
-        """Generation 0: one episode per candidate on its training start
+    async def probe(self, cands: Sequence[tuple[Candidate, int]]) -> list[tuple[Candidate, Evaluation]]:
+        """Probes (generation 0's, the probe search's): one episode per candidate on its training start
         state (index). An env that raises loses its own candidate only (scored
         -inf, not returned): the others' episodes ran and count."""
         train = self.starts.train

@@ -8,7 +8,7 @@ import os
 import time
 from dataclasses import asdict
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional, TypeVar
 
 import numpy as np
 
@@ -16,17 +16,22 @@ from genesis_fp16.settings import Settings
 from infrastructure.replay_buffer import ReplayBuffer
 
 from . import runs
-from .evolve_config import Candidate, EvolveConfig
+from .evaluation import EvaluationBackend
+from .evolve_config import Candidate, EvolveConfig, resumed_config
 from .evolve_report import SUMMARY_KEYS
+from .probe_search import ProbeSearch
 from .real_episodes import RealEpisodes
 from .search_space import ObsStats
-from .tasks import ResolvedTask
+from .tasks import ResolvedTask, Task
 from .time_share import TimeShare
 
 if TYPE_CHECKING:
     import structlog
 
     from infrastructure.world_model import WorldModel
+
+
+_Run = TypeVar("_Run", bound="RunRecord")
 
 
 class RunRecord:
@@ -45,6 +50,7 @@ class RunRecord:
     generations: list[dict[str, Any]]
     rng: np.random.Generator
     obs_stats: ObsStats
+    probe: ProbeSearch
     time: TimeShare
     reached_at: Optional[int]
     budget_exhausted: Optional[str]
@@ -54,6 +60,56 @@ class RunRecord:
     _manifest: dict[str, Any]
     _prior_wall_s: float
     _log: "structlog.stdlib.BoundLogger"
+
+    # -- resume -------------------------------------------------------------------------------
+    @classmethod
+    def resume(
+        cls: type[_Run],
+        run_id: str,
+        *,
+        settings: Optional[Settings] = None,
+        budget: Optional[int] = None,
+        budget_steps: Optional[int] = None,
+        workers: Optional[int] = None,
+        backend: Optional[str] = None,
+        options: Optional[dict[str, Any]] = None,
+        task: Optional[Task] = None,
+        buffer: Optional[ReplayBuffer] = None,
+        world_model: Optional[WorldModel] = None,
+        evaluator: Optional[EvaluationBackend] = None,
+        on_generation: Optional[Callable[[dict[str, Any]], None]] = None,
+    ) -> _Run:
+        """The interrupted run ``run_id``, ready to `evolve` on from its
+        last committed generation: its own config (``budget`` and
+        ``budget_steps`` may change it, ``workers`` and ``backend`` too; every other option in ``options``, keyed as in
+        `EvolveConfig`, must equal the run's; ``task`` for a run of a
+        task that is not registered; ``world_model``, ``buffer`` and
+        ``evaluator`` as in the constructor), pool, generator state,
+        episodes spent and world-model snapshot. Replay rows of a generation
+        that was cut off are deleted: that generation runs again. Raises
+        `agents.runs.RunError` when the run cannot be resumed."""
+        from genesis_fp16.settings import load_settings
+
+        settings = settings or load_settings()
+        state_dir = Path(settings.state_dir)
+        manifest = runs.read_manifest(state_dir, run_id)  # unknown id: an error, and no lock file made
+        lock = runs.RunLock(state_dir, run_id)
+        if not lock.acquire():
+            raise runs.RunError(f"run {run_id!r} is running (pid {manifest.get('pid')}); wait for it to end or stop it, then resume it")
+        try:
+            manifest = runs.read_manifest(state_dir, run_id)  # as it is now that no one else writes it
+            if manifest.get("status") == "finished":
+                done = ", ".join(f"{k} {v:.1f}" if isinstance(v, float) else f"{k} {v}" for k, v in (manifest.get("report") or {}).items())
+                raise runs.RunError(f"run {run_id!r} already finished ({done}); nothing to resume. Start a new run without --resume")
+            config = resumed_config(manifest, budget=budget, budget_steps=budget_steps, workers=workers, options=options or {}, backend=backend)
+            agent = cls(config, task=task, settings=settings, buffer=buffer, world_model=world_model, evaluator=evaluator,
+                        on_generation=on_generation, run_id=run_id)
+            agent._lock = lock
+            agent._restore(manifest)
+        except BaseException:
+            lock.release()
+            raise
+        return agent
 
     def _has_data(self) -> bool:
         raise NotImplementedError
@@ -70,6 +126,7 @@ class RunRecord:
             "pool": [c.as_dict() for c in self.pool],
             "generations": self.generations,
             "obs_stats": self.obs_stats.as_dict(),
+            "probe_search": self.probe.as_dict(),
             "time": self.time.snapshot(),
         }
 
@@ -85,6 +142,11 @@ class RunRecord:
         self.generations = list(manifest["generations"])
         self.rng.bit_generator.state = manifest["rng"]
         self.obs_stats = ObsStats.from_dict(self.task.policy.obs_dim, manifest["obs_stats"])
+        cfg = self.config
+        try:
+            self.probe = ProbeSearch.from_dict(manifest.get("probe_search") or {}, seed=cfg.seed, sigma0=cfg.probe_sigma, popsize=cfg.probe_popsize)
+        except ValueError as exc:
+            raise runs.RunError(f"run {self.run_id!r}: {exc}; the run cannot be resumed") from None
         self.time.seconds.update(TimeShare(manifest["time"]).seconds)  # the object the evaluations already hold
         self._manifest.update({k: manifest[k] for k in ("started", "sessions", "world_model_checkpoint") if k in manifest})
         self._prior_wall_s = float(manifest.get("wall_s") or 0.0)

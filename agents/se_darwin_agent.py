@@ -9,6 +9,12 @@ Per generation::
     the same start states, imagined again --> how well the model predicted them
     trajectories --ReplayBuffer (one transaction)--> await WorldModel.train()
 
+Only while the model has shown that it ranks (the rank correlation of its
+imagined against the real returns of the last audited candidates) do its
+proposals get the real episodes; before that, and whenever it falls below,
+a generation is a probe generation (`agents.probe_search`): CMA-ES on
+one-episode probes, its mean raced, every probe audited.
+
 Generation 0 seeds the model: a few random policies, one real episode each.
 The loop stops when a candidate's mean real return over every training start
 state meets the target and its mean over the validation start states
@@ -39,12 +45,12 @@ from infrastructure.replay_buffer import ReplayBuffer, trajectories_from_episode
 from . import runs
 from .cma_baseline import run_cma_baseline
 from .evaluation import Evaluation, EvaluationBackend, Evaluator
-from .evolve_config import EVOLVE, Candidate, EvolveConfig, default_horizon, resumed_config
+from .evolve_config import EVOLVE, Candidate, EvolveConfig, default_horizon
 from .evolve_report import generation_record, run_report
-from .imagination import ImagineFn, Imaginer, make_imagine
-from .imagination_stats import candidate_record, summary
+from .imagination import ImagineFn, Imaginer, audit, make_imagine
 from .mujoco_log import mujoco_log_for
 from .operators import best_of, pool_failing, propose, recombination, refinement, revision
+from .probe_search import ProbeSearch, trust
 from .real_episodes import RealEpisodes
 from .run_record import RunRecord
 from .search_space import ObsStats
@@ -98,10 +104,12 @@ class SEDarwinAgent(RunRecord):
         if self.world_model is not None:  # resets only, no real episode; an env failing there fails here, before any
             self._imagined_starts = ImaginedStarts(self.task, self.starts.train, self.config.seed, self.config.imagine_starts)
         self._imaginer: Optional[Imaginer] = None  # the current generation's
+        self._trust_rho: Optional[float] = None  # the rank correlation the last trust decision saw
         self.time = TimeShare()
         self.evaluator = evaluator or self._make_evaluator()
         self.real = RealEpisodes(self.evaluator, self.config, self.starts, self.time, self._log)
         self.obs_stats = ObsStats(self.task.policy.obs_dim)  # the search's coordinates (agents.search_space)
+        self.probe = ProbeSearch(seed=self.config.seed, sigma0=self.config.probe_sigma, popsize=self.config.probe_popsize)
         self.on_generation = on_generation
         self.pool: list[Candidate] = []
         self.generations: list[dict[str, Any]] = []
@@ -175,23 +183,11 @@ class SEDarwinAgent(RunRecord):
         self.time.add("search", time.perf_counter() - started - (self.time.seconds["imagine"] - imagined))
         return cands
 
-    def _audit(self, evaluated: Sequence[tuple[Candidate, Evaluation]]) -> Optional[dict[str, Any]]:
-        """The generation's imagined-vs-real comparison (`agents.imagination_stats`):
-        each candidate the search scored, imagined again on exactly the
-        training start states it was run on. None when nothing was imagined."""
-        imaginer, starts = self._imaginer, self._imagined_starts
-        if imaginer is None or starts is None:
+    def _audit(self, evaluated: Sequence[tuple[Candidate, Evaluation]], every: bool = False) -> Optional[dict[str, Any]]:
+        """The generation's imagined-vs-real comparison (`agents.imagination.audit`); None without a model."""
+        if self._imaginer is None or self._imagined_starts is None:
             return None
-        records = []
-        for cand, _ in evaluated:
-            if cand.imagined is None:
-                continue
-            im = imaginer.imagine(cand.params[None], starts.train_observations(cand.starts))
-            records.append(candidate_record(
-                cand.id, imagined_mean=float(im.mean[0]), low=float(im.low[0]), high=float(im.high[0]), real_mean=float(np.mean(cand.returns)),
-                truncated=float(im.truncated[0]), states=len(cand.starts),
-            ))
-        return {**summary(records), "records": records}
+        return audit(self._imaginer, self._imagined_starts, [c for c, _ in evaluated], every=every)
 
     def _has_data(self) -> bool:
         """Whether any real evaluation succeeded: only then has the replay
@@ -245,7 +241,7 @@ class SEDarwinAgent(RunRecord):
             step = max(1, n_train // cfg.init_candidates)
             params = self.task.policy.random_params(self.rng, cfg.init_candidates, 1.0)
             probes = [(Candidate(f"g0-{k}-seed", p, "seed", 0), (k * step) % n_train) for k, p in enumerate(params)]
-            seeded = await self.real.seed(probes)
+            seeded = await self.real.probe(probes)
             self.pool += [c for c, _ in probes if not any(c is s for s, _ in seeded)]  # failed: scored -inf, kept, charged
             for cand, _ in seeded:
                 if cand.meets(cfg.target) and self.reached_at is None and self.budget_exhausted is None:
@@ -260,6 +256,13 @@ class SEDarwinAgent(RunRecord):
                 break
             clock = self.time.snapshot()
             promoted = self._promotable()
+            if promoted is None and not self._trusted():
+                # a round and the race after it must fit; where not, the search's mean is raced alone (its final
+                # answer), and once that is done the model's proposals get what is left
+                final = self.real.over_budget(self.probe.size(self.task.n_params) + 1 + n_train) is not None
+                if not final or self.probe.active():
+                    await self._probe_generation(generation, started, clock, final=final)
+                    continue
             cands = [promoted] if promoted is not None else await asyncio.to_thread(self._propose, generation)
             evaluated: list[tuple[Candidate, Evaluation]] = []
             for cand in cands[: cfg.eval_top_k]:
@@ -276,6 +279,59 @@ class SEDarwinAgent(RunRecord):
             await self._commit(generation, evaluated)
             await self._after_generation(generation, [c for c, _ in evaluated], started, clock, proposals=[] if promoted else cands, audit=audit)
         return "target" if self.reached_at is not None else "budget"
+
+    def _trusted(self) -> bool:
+        """Whether the model's proposals get this generation's real episodes (`agents.probe_search.trust`); always
+        without a model (the ablation proposes blind) or with ``trust_spearman`` None."""
+        cfg = self.config
+        if self.world_model is None or cfg.trust_spearman is None:
+            return True
+        trusted, self._trust_rho = trust(self.generations, threshold=cfg.trust_spearman, window=cfg.trust_window)
+        return trusted
+
+    async def _probe_generation(self, generation: int, started: float, clock: dict[str, float], *, final: bool) -> None:
+        """A probe round (`agents.probe_search`): the search's mean and population, one real episode each on one
+        training start state, CMA-ES told the returns, the mean raced when due; ``final``: the mean raced alone."""
+        n_train, space, incumbent = len(self.starts.train), self.obs_stats.space(self.task.policy), self._incumbent([])
+        if not self.probe.active():
+            self.probe.start(space.to_z((incumbent or best_of(self.pool) or self.pool[0]).params), generation)
+        info = {"trust_spearman": self._trust_rho, "sigma": self.probe.sigma, "probes": 0 if final else self.probe.population + 1,
+                "segment": len(self.probe.segments) - 1, "final": final}
+        state = self.real.order[self.probe.rounds % n_train]  # every probe of a round on one start state: paired, and audited alike
+        mean = Candidate(f"g{generation}-mean-probe", space.to_raw(self.probe.mean), "probe_mean", generation)
+        zs = np.empty((0, self.task.n_params)) if final else self.probe.ask()
+        probes = [] if final else [(mean, state)] + [
+            (Candidate(f"g{generation}-{k}-probe", space.to_raw(z), "probe", generation), state) for k, z in enumerate(zs)]
+        self.probe.rounds += 1
+        results = await self.real.probe(probes) if probes else []
+        self.pool += [c for c, _ in probes if not any(c is r for r, _ in results)]  # failed: scored -inf, kept, charged
+        evaluated: list[tuple[Candidate, Evaluation]] = list(results)
+        base = incumbent.start_returns()[state] if incumbent is not None else 0.0  # a constant within the round: CMA-ES ranks alike
+        gains = [c.real_return - base if c.real_return is not None else -np.inf for c, _ in probes]
+        if final:
+            self.probe.end()
+        else:
+            self.probe.tell(generation, gains[1:])
+        for cand, _ in results:
+            if cand.meets(self.config.target):  # a task with one training start state
+                await self._confirm(cand, generation)
+        last = final or self.real.over_budget(n_train + len(probes)) is not None  # no later round could race it
+        meets = mean.real_return is not None and mean.real_return >= self.config.target
+        if (final or self.probe.race_due(incumbent is not None, gains[0], meets=meets, last=last)) and self.reached_at is None \
+                and self.budget_exhausted is None and self.real.over_budget(n_train) is None:
+            self.probe.raced = self.probe.rounds
+            raced = Candidate(f"g{generation}-mean", mean.params, "probe_mean", generation)
+            res = await self.real.race(raced, incumbent)
+            if res is None:
+                self.pool.append(raced)
+            else:
+                evaluated.append((raced, res))
+                if raced.meets(self.config.target):
+                    await self._confirm(raced, generation)
+        self._imaginer = self._make_imaginer(generation) if self.world_model is not None else None
+        audit = self._audit(evaluated, every=True)
+        await self._commit(generation, evaluated)
+        await self._after_generation(generation, [c for c, _ in evaluated], started, clock, audit=audit, probe=info)
 
     async def _confirm(self, cand: Candidate, generation: int) -> None:
         """A candidate met the target on every training start state: the run
@@ -319,7 +375,7 @@ class SEDarwinAgent(RunRecord):
 
     async def _after_generation(
         self, generation: int, evaluated: Sequence[Candidate], started: float, clock: dict[str, float], proposals: Sequence[Candidate] = (),
-        audit: Optional[dict[str, Any]] = None,
+        audit: Optional[dict[str, Any]] = None, probe: Optional[dict[str, Any]] = None,
     ) -> None:
         """The world model learns from everything so far (unless the target is
         met), then the generation's record is committed to the manifest."""
@@ -330,7 +386,7 @@ class SEDarwinAgent(RunRecord):
         record = generation_record(
             generation, real_episodes=self.real_episodes, env_steps=self.env_steps, best=best_of(self.pool), evaluated=evaluated,
             proposals=len(proposals), wm_report=wm_report, precision=self._precision(), elapsed_s=time.perf_counter() - started,
-            imagination=audit, time=self.time.since(clock), confirmations=[c for c in self.real.confirmations if c["generation"] == generation],
+            imagination=audit, time=self.time.since(clock), confirmations=[c for c in self.real.confirmations if c["generation"] == generation], probe=probe,
         )
         self.generations.append(record)
         self._save_progress(generation, started)  # committed: a resume continues after this generation
@@ -345,56 +401,6 @@ class SEDarwinAgent(RunRecord):
         )
         if self.on_generation is not None:
             self.on_generation(record)
-
-    # -- resume (the manifest's reading and writing are RunRecord's) ----------------------------
-    @classmethod
-    def resume(
-        cls,
-        run_id: str,
-        *,
-        settings: Optional[Settings] = None,
-        budget: Optional[int] = None,
-        budget_steps: Optional[int] = None,
-        workers: Optional[int] = None,
-        backend: Optional[str] = None,
-        options: Optional[dict[str, Any]] = None,
-        task: Optional[Task] = None,
-        buffer: Optional[ReplayBuffer] = None,
-        world_model: Optional[WorldModel] = None,
-        evaluator: Optional[EvaluationBackend] = None,
-        on_generation: Optional[Callable[[dict[str, Any]], None]] = None,
-    ) -> "SEDarwinAgent":
-        """The interrupted run ``run_id``, ready to `evolve` on from its
-        last committed generation: its own config (``budget`` and
-        ``budget_steps`` may change it, ``workers`` and ``backend`` too; every other option in ``options``, keyed as in
-        `EvolveConfig`, must equal the run's; ``task`` for a run of a
-        task that is not registered; ``world_model``, ``buffer`` and
-        ``evaluator`` as in the constructor), pool, generator state,
-        episodes spent and world-model snapshot. Replay rows of a generation
-        that was cut off are deleted: that generation runs again. Raises
-        `agents.runs.RunError` when the run cannot be resumed."""
-        from genesis_fp16.settings import load_settings
-
-        settings = settings or load_settings()
-        state_dir = Path(settings.state_dir)
-        manifest = runs.read_manifest(state_dir, run_id)  # unknown id: an error, and no lock file made
-        lock = runs.RunLock(state_dir, run_id)
-        if not lock.acquire():
-            raise runs.RunError(f"run {run_id!r} is running (pid {manifest.get('pid')}); wait for it to end or stop it, then resume it")
-        try:
-            manifest = runs.read_manifest(state_dir, run_id)  # as it is now that no one else writes it
-            if manifest.get("status") == "finished":
-                done = ", ".join(f"{k} {v:.1f}" if isinstance(v, float) else f"{k} {v}" for k, v in (manifest.get("report") or {}).items())
-                raise runs.RunError(f"run {run_id!r} already finished ({done}); nothing to resume. Start a new run without --resume")
-            config = resumed_config(manifest, budget=budget, budget_steps=budget_steps, workers=workers, options=options or {}, backend=backend)
-            agent = cls(config, task=task, settings=settings, buffer=buffer, world_model=world_model, evaluator=evaluator,
-                        on_generation=on_generation, run_id=run_id)
-            agent._lock = lock
-            agent._restore(manifest)
-        except BaseException:
-            lock.release()
-            raise
-        return agent
 
     def _precision(self) -> str:
         if self.world_model is None:

@@ -65,6 +65,8 @@ def test_entry_point_registers_evolve():
         (["--particles", "0"], "--particles"),
         (["--imagine-starts", "0"], "--imagine-starts"),
         (["--horizon", "0"], "--horizon"),
+        (["--trust-spearman", "1.5"], "--trust-spearman"),
+        (["--trust-spearman", "nan"], "--trust-spearman"),
         (["--horizon", "201"], "horizon=201: expected at most the episode length (200 steps)"),
     ],
 )
@@ -92,7 +94,8 @@ def test_budget_minimum_in_help_is_the_real_rule():
 
 def test_tiny_run_writes_json_report(tiny, tmp_path, state_dir):
     out = tmp_path / "report.json"
-    result = runner.invoke(app, ["evolve", "--budget", "24", "--seed", "1", "--precision", "bf16", "--workers", "1", "--json", str(out)])
+    result = runner.invoke(app, ["evolve", "--budget", "24", "--seed", "1", "--precision", "bf16", "--workers", "1", "--no-probe-search",
+                                 "--json", str(out)])
     assert result.exit_code == 0, result.output
     report = json.loads(out.read_text())
     for key in REPORT_KEYS:

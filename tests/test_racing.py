@@ -29,7 +29,7 @@ STARTS = PENDULUM.start_states(0)
 
 def config(**kw) -> EvolveConfig:
     base = dict(budget=60, init_candidates=4, wm_steps=1, refine_iters=2, revision_iters=2, revision_samples=8, popsize=6,
-                imagine_starts=4, workers=1, horizon=50)
+                imagine_starts=4, workers=1, horizon=50, trust_spearman=None)
     base.update(kw)
     return EvolveConfig(**base)
 

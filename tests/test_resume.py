@@ -6,6 +6,7 @@ mismatched runs are clear errors."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 
 import numpy as np
@@ -15,7 +16,8 @@ from typer.testing import CliRunner
 
 from agents import pendulum_task, se_darwin_agent
 from agents.evaluation import Evaluation, Evaluator
-from agents.runs import RunError, RunLock, manifest_path, read_manifest
+from agents.evolve_config import resumed_config
+from agents.runs import MANIFEST_VERSION, RunError, RunLock, manifest_path, read_manifest
 from agents.se_darwin_agent import EvolveConfig, SEDarwinAgent
 from genesis_fp16 import telemetry
 from genesis_fp16.cli import app
@@ -67,6 +69,7 @@ def config(**kw) -> EvolveConfig:
         budget=40, init_candidates=8, wm_steps=30, refine_iters=2, revision_iters=2, revision_samples=8,
         popsize=6, horizon=15, imagine_starts=4, workers=1, eval_timeout_s=60,
         eval_top_k=1, racing=False,  # one full evaluation per generation: resume is what is tested here (racing: test_racing.py)
+        trust_spearman=None,  # probe generations resumed: test_probe_search.py
     )
     base.update(kw)
     return EvolveConfig(**base)
@@ -230,7 +233,7 @@ def test_cli_resume_end_to_end(monkeypatch, tmp_path, state_dir):
     original = se_darwin_agent.EvolveConfig
     monkeypatch.setattr(se_darwin_agent, "EvolveConfig", lambda **kw: original(**{**config().__dict__, **kw}))
     monkeypatch.setattr(se_darwin_agent, "Evaluator", lambda *a, **kw: InterruptOnEvaluation(full=2))
-    cut = runner.invoke(app, ["evolve", "--budget", "40", "--workers", "1", "--no-racing"])  # the CLI's own flag wins over config()
+    cut = runner.invoke(app, ["evolve", "--budget", "40", "--workers", "1", "--no-racing", "--no-probe-search"])  # the CLI flags win over config()
     assert cut.exit_code == 130, cut.output
     (run_id,) = [p.name for p in (state_dir / "runs").iterdir()]
     assert f"genesis-fp16 evolve --resume {run_id}" in cut.output
@@ -281,3 +284,26 @@ async def test_a_run_whose_every_candidate_failed_so_far_resumes(state_dir):
     report = await SEDarwinAgent.resume(first.run_id, task=task, settings=settings).evolve()
     assert report["resumed_from"]["generation"] == 0 and report["stop_reason"] == "failed" and report["real_episodes"] == 8
     assert sum(f["episodes"] for f in report["failed_candidates"]) == 8
+
+
+async def test_resume_inside_the_probe_search_gives_the_uninterrupted_result(tmp_path):
+    # trust 1.0: probe generations in a row, so the interruption falls inside one CMA-ES segment
+    cfg = dict(budget=90, trust_spearman=1.0)
+    whole = load_settings(state_dir=tmp_path / "whole")
+    expected = await SEDarwinAgent(config(**cfg), settings=whole, evaluator=InProcessEvaluator(workers=1)).evolve()
+    assert sum(g["probe"] is not None for g in expected["generations"]) >= 3
+
+    settings = load_settings(state_dir=tmp_path / "cut")
+    first = SEDarwinAgent(config(**cfg), settings=settings, evaluator=InProcessEvaluator(workers=1), on_generation=interrupt_after(2))
+    with pytest.raises(KeyboardInterrupt):
+        await first.evolve()
+    manifest = read_manifest(settings.state_dir, first.run_id)
+    assert len(manifest["probe_search"]["segments"][0]["told"]) == 2  # the search's record, rebuilt on resume
+    report = await SEDarwinAgent.resume(first.run_id, settings=settings, evaluator=InProcessEvaluator(workers=1)).evolve()
+    assert comparable(report) == comparable(expected)
+
+
+def test_a_run_from_before_probe_search_resumes_without_it():
+    manifest = {"run_id": "r", "version": MANIFEST_VERSION, "real_episodes": 8,
+                "config": {k: v for k, v in dataclasses.asdict(config()).items() if k != "trust_spearman"}}
+    assert resumed_config(manifest, budget=None, workers=None, options={}).trust_spearman is None

@@ -122,6 +122,7 @@ def tiny_config(**kw) -> EvolveConfig:
     base = dict(
         budget=24, init_candidates=8, wm_steps=40, refine_iters=2, revision_iters=2, revision_samples=8,
         popsize=6, horizon=20, imagine_starts=4, workers=1, eval_timeout_s=60,
+        trust_spearman=None,  # the model's proposals get every generation (probe generations: test_probe_search.py)
     )
     base.update(kw)
     return EvolveConfig(**base)
