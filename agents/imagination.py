@@ -81,15 +81,19 @@ def make_imagine(
 def audit(imaginer: Imaginer, starts: "ImaginedStarts", evaluated: Sequence["Candidate"], *, every: bool = False) -> dict[str, Any]:
     """A generation's imagined-vs-real comparison (`agents.imagination_stats`):
     each candidate the search scored (``every``: each candidate, a probe
-    generation's), imagined again on exactly the training start states it was
-    run on, with the generation's ``records``."""
-    records = []
-    for cand in evaluated:
-        if cand.imagined is None and not every:
-            continue
-        im = imaginer.imagine(cand.params[None], starts.train_observations(cand.starts))
-        records.append(candidate_record(
-            cand.id, imagined_mean=float(im.mean[0]), low=float(im.low[0]), high=float(im.high[0]), real_mean=float(np.mean(cand.returns)),
-            truncated=float(im.truncated[0]), states=len(cand.starts),
-        ))
+    round's), imagined again on exactly the training start states it was run
+    on (one batched call per set of start states: a probe round's share one),
+    with the generation's ``records`` in the order of ``evaluated``."""
+    cands = [c for c in evaluated if c.imagined is not None or every]
+    groups: dict[tuple[int, ...], list[int]] = {}
+    for k, cand in enumerate(cands):
+        groups.setdefault(tuple(cand.starts), []).append(k)
+    records: list[dict[str, Any]] = [{} for _ in cands]
+    for states, members in groups.items():
+        im = imaginer.imagine(np.stack([cands[k].params for k in members]), starts.train_observations(list(states)))
+        for j, k in enumerate(members):
+            records[k] = candidate_record(
+                cands[k].id, imagined_mean=float(im.mean[j]), low=float(im.low[j]), high=float(im.high[j]),
+                real_mean=float(np.mean(cands[k].returns)), truncated=float(im.truncated[j]), states=len(states),
+            )
     return {**summary(records), "records": records}
