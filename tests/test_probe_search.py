@@ -1,6 +1,7 @@
 """Probe search (`agents.probe_search`): the trust gate, CMA-ES's state kept
 in the manifest and replayed, and the loop's probe generations (one start
-state per round, every probe charged, stored and audited; the mean raced)."""
+state per round, every probe charged, stored and audited; the mean raced):
+what docs/EVOLUTION.md's "Probe search" runs at full size, on tiny budgets here."""
 
 from __future__ import annotations
 
