@@ -97,6 +97,10 @@ def test_loss_returns_its_diagnostics():
     assert all(not d.requires_grad and d.dim() == 0 for d in diagnostics.values())
     expected = diagnostics["pg_loss"] + 0.5 * diagnostics["v_loss"] - 0.01 * diagnostics["entropy"]
     torch.testing.assert_close(loss.detach(), expected)
+    # the value term is SB3's: vf_coef times the plain MSE of the value head against the returns
+    with torch.no_grad():
+        _, value = ppo.net(mb["obs"])
+    torch.testing.assert_close(diagnostics["v_loss"], torch.nn.functional.mse_loss(value.float(), mb["ret"]))
     assert loss.requires_grad
     ppo.close()
 

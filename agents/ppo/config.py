@@ -117,7 +117,8 @@ class PPOConfig:
     ent_coef: float = 0.0
     """Entropy bonus coefficient."""
     vf_coef: float = 0.5
-    """Value loss coefficient."""
+    """Value loss coefficient: the loss adds ``vf_coef`` times the MSE of the value head, as SB3's ``vf_coef`` (CleanRL's is
+    on half the MSE)."""
     max_grad_norm: float = 0.5
     """Gradient clipping norm (applied by FP16Trainer after unscaling)."""
     norm_adv: bool = True

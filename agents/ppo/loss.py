@@ -1,6 +1,9 @@
 """PPO's loss for one minibatch: the clipped surrogate, the value loss
 (optionally clipped) and the entropy bonus, with per-minibatch advantage
-normalisation. Written for few ops: a 64-unit network is launch-bound, so
+normalisation. ``pg_loss + vf_coef * MSE(value, return) - ent_coef * entropy``,
+as Stable-Baselines3 writes it (CleanRL halves the MSE: its ``vf_coef`` 0.5 is
+0.25 here); with separate actor and critic networks the weight reaches the
+policy's step only through the global gradient-norm clip. Written for few ops: a 64-unit network is launch-bound, so
 every op in the forward (and its node in the backward) shows in updates/s.
 """
 
@@ -50,9 +53,9 @@ def ppo_loss(
     if s.clip_vloss:
         v_unclipped = (value - mb["ret"]) ** 2
         v_clipped = mb["val"] + torch.clamp(value - mb["val"], -s.clip_coef, s.clip_coef)
-        v_loss = 0.5 * torch.max(v_unclipped, (v_clipped - mb["ret"]) ** 2).mean()
+        v_loss = torch.max(v_unclipped, (v_clipped - mb["ret"]) ** 2).mean()
     else:
-        v_loss = 0.5 * (value - mb["ret"]).square().mean()
+        v_loss = (value - mb["ret"]).square().mean()  # SB3's value loss, the plain MSE (CleanRL halves it)
     entropy = entropy.mean()
     loss = pg_loss + s.vf_coef * v_loss
     if s.ent_coef:
