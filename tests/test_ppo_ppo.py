@@ -473,3 +473,20 @@ def test_checkpoint_with_bad_normalisation_statistics_changes_nothing(tmp_path):
     assert all(torch.equal(v, other.net.state_dict()[k]) for k, v in weights.items())
     np.testing.assert_array_equal(mean, other.obs_rms.mean)
     ppo.close(), other.close()
+
+
+def test_numpy_tanh_matches_torch_and_falls_back_where_it_must():
+    from agents.ppo.policy import tanh
+
+    x = torch.randn(64, 32, requires_grad=True)
+    ref = x.detach().clone().requires_grad_(True)
+    y, y_ref = tanh(x), torch.tanh(ref)
+    torch.testing.assert_close(y, y_ref)
+    g = torch.randn_like(y)
+    y.backward(g)
+    y_ref.backward(g)
+    torch.testing.assert_close(x.grad, ref.grad)  # torch's own tanh backward
+    with torch.inference_mode():
+        torch.testing.assert_close(tanh(x[:, ::2]), torch.tanh(x[:, ::2]))  # a strided view, in inference mode
+    half = x.detach().to(torch.bfloat16)
+    assert torch.equal(tanh(half), torch.tanh(half)) and tanh(half).dtype == torch.bfloat16  # autocast's dtypes: torch's kernel
