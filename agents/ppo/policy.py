@@ -39,11 +39,11 @@ class _NumpyTanh(torch.autograd.Function):
 
 
 def tanh(x: torch.Tensor) -> torch.Tensor:
-    """``torch.tanh``; on a float32 CPU tensor computed by NumPy, whose tanh is
-    several times faster than torch 2.13's on the CPUs measured (a 256x128
-    block: 12.6 against 117 us on an AMD EPYC with AVX512, 85 us at torch's
-    AVX2 level; docs/PPO.md), same values to float32 rounding. Other devices
-    and dtypes (autocast's BF16/FP16), and code being compiled, use torch's."""
+    """``torch.tanh``; on a float32 CPU tensor computed by NumPy, whose tanh
+    was several times faster than torch 2.13's on the CPU measured (the
+    end-to-end effect: docs/PPO.md, "tanh through NumPy"), same values to
+    float32 rounding. Other devices and dtypes (autocast's BF16/FP16), and
+    code being compiled, use torch's."""
     if x.device.type != "cpu" or x.dtype != torch.float32 or torch.compiler.is_compiling():
         return torch.tanh(x)
     if x.requires_grad and torch.is_grad_enabled():
