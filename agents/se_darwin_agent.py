@@ -268,13 +268,7 @@ class SEDarwinAgent(RunRecord):
             for cand in cands[: cfg.eval_top_k]:
                 if self.real.over_budget(n_train) is not None or self.reached_at is not None or self.budget_exhausted is not None:
                     break
-                res = await self.real.race(cand, self._incumbent([c for c, _ in evaluated]))
-                if res is None:
-                    self.pool.append(cand)  # failed: scored -inf, kept, charged
-                    continue
-                evaluated.append((cand, res))
-                if cand.meets(cfg.target):
-                    await self._confirm(cand, generation)
+                await self._race(cand, self._incumbent([c for c, _ in evaluated]), evaluated, generation)
             audit = self._audit(evaluated) if promoted is None else None
             await self._commit(generation, evaluated)
             await self._after_generation(generation, [c for c, _ in evaluated], started, clock, proposals=[] if promoted else cands, audit=audit)
@@ -320,18 +314,23 @@ class SEDarwinAgent(RunRecord):
         if (final or self.probe.race_due(incumbent is not None, gains[0], meets=meets, last=last)) and self.reached_at is None \
                 and self.budget_exhausted is None and self.real.over_budget(n_train) is None:
             self.probe.raced = self.probe.rounds
-            raced = Candidate(f"g{generation}-mean", mean.params, "probe_mean", generation)
-            res = await self.real.race(raced, incumbent)
-            if res is None:
-                self.pool.append(raced)
-            else:
-                evaluated.append((raced, res))
-                if raced.meets(self.config.target):
-                    await self._confirm(raced, generation)
+            await self._race(Candidate(f"g{generation}-mean", mean.params, "probe_mean", generation), incumbent, evaluated, generation)
         self._imaginer = self._make_imaginer(generation) if self.world_model is not None else None
         audit = self._audit(evaluated, every=True)
         await self._commit(generation, evaluated)
         await self._after_generation(generation, [c for c, _ in evaluated], started, clock, audit=audit, probe=info)
+
+    async def _race(self, cand: Candidate, incumbent: Optional[Candidate], evaluated: list[tuple[Candidate, Evaluation]],
+                    generation: int) -> None:
+        """Race ``cand`` against ``incumbent``: evaluated, it joins ``evaluated`` (and is confirmed if it meets the
+        target); failed, it joins the pool scored -inf (charged)."""
+        res = await self.real.race(cand, incumbent)
+        if res is None:
+            self.pool.append(cand)
+            return
+        evaluated.append((cand, res))
+        if cand.meets(self.config.target):
+            await self._confirm(cand, generation)
 
     async def _confirm(self, cand: Candidate, generation: int) -> None:
         """A candidate met the target on every training start state: the run

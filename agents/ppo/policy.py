@@ -23,12 +23,16 @@ from genesis_fp16.telemetry import get_logger
 Forward = Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
 
 
+def _numpy_tanh(x: torch.Tensor) -> torch.Tensor:
+    return torch.from_numpy(np.tanh(x.detach().numpy()))
+
+
 class _NumpyTanh(torch.autograd.Function):
     """tanh through NumPy's vectorised kernel, the backward torch's own."""
 
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
-        y = torch.from_numpy(np.tanh(x.detach().numpy()))
+        y = _numpy_tanh(x)
         ctx.save_for_backward(y)
         return y
 
@@ -48,7 +52,7 @@ def tanh(x: torch.Tensor) -> torch.Tensor:
         return torch.tanh(x)
     if x.requires_grad and torch.is_grad_enabled():
         return _NumpyTanh.apply(x)
-    return torch.from_numpy(np.tanh(x.detach().numpy()))
+    return _numpy_tanh(x)
 
 
 def _layer(inp: int, out: int, std: float = math.sqrt(2)) -> nn.Linear:
