@@ -77,6 +77,13 @@ def _safe_data(agent: Any) -> str:
     )
 
 
+def _positive(value: float) -> float:
+    """A step size: a finite number > 0 (typer's ranges take neither an open bound nor NaN)."""
+    if not (value > 0 and value != float("inf")):
+        raise typer.BadParameter(f"{value}: expected a finite number > 0")
+    return value
+
+
 def _list_tasks(value: bool) -> None:
     """--list-tasks: the registered task names, then exit."""
     if not value:
@@ -129,6 +136,8 @@ def evolve(
         0.3, "--trust-spearman", min=-1.0, max=1.0, help="The model's proposals get real episodes while the rank correlation of its "
         "imagined against the real returns of the last audited candidates is at least this; below it, CMA-ES on one-episode probes.",
     ),
+    probe_sigma: float = typer.Option(0.5, "--probe-sigma", callback=_positive, help="Initial CMA-ES step size of the probe "
+                                      "search, in normalised coordinates."),
     no_probe_search: bool = typer.Option(False, "--no-probe-search", help="Always give the model's proposals the real episodes "
                                          "(the loop before probe search)."),
     particles: Optional[int] = typer.Option(None, "--particles", min=1, help="Imagined rollouts per candidate and start state "
@@ -184,12 +193,12 @@ def evolve(
     given = dict(env=env, seed=seed, precision=precision, no_world_model=no_world_model, budget=budget, budget_steps=budget_steps,
                  workers=workers, backend=backend, target=target, policy=policy, episode_steps=episode_steps, racing=racing, kappa=kappa,
                  particles=particles, imagine_starts=imagine_starts, ensemble=ensemble, horizon=horizon, trust_spearman=trust_spearman,
-                 no_probe_search=no_probe_search)
+                 probe_sigma=probe_sigma, no_probe_search=no_probe_search)
     config = EvolveConfig(
         env_id=env, budget=budget, budget_steps=budget_steps, seed=seed, precision=precision.value if precision is not None else None,
         use_world_model=not no_world_model, workers=workers, backend=backend.value, target=target, policy=policy,
         episode_steps=episode_steps, racing=racing, kappa=kappa, particles=particles, imagine_starts=imagine_starts, ensemble=ensemble,
-        trust_spearman=None if no_probe_search else trust_spearman,
+        trust_spearman=None if no_probe_search else trust_spearman, probe_sigma=probe_sigma,
         **({} if horizon is None else {"horizon": horizon}),  # not given: the config's default (DEFAULT_HORIZON, capped by the episode)
     )
     if plot is not None:  # first: cma warns on import when matplotlib is missing
@@ -382,7 +391,8 @@ def _resumed_agent(ctx: typer.Context, run_id: str, settings: Any, *, baseline: 
     backend = explicit.get("backend")
     as_config = {"env": "env_id", "seed": "seed", "precision": "precision", "no_world_model": "use_world_model", "target": "target",
                  "policy": "policy", "episode_steps": "episode_steps", "racing": "racing", "kappa": "kappa", "particles": "particles",
-                 "imagine_starts": "imagine_starts", "ensemble": "ensemble", "horizon": "horizon", "trust_spearman": "trust_spearman"}
+                 "imagine_starts": "imagine_starts", "ensemble": "ensemble", "horizon": "horizon", "trust_spearman": "trust_spearman",
+                 "probe_sigma": "probe_sigma"}
     options = {as_config[k]: v for k, v in explicit.items() if k in as_config}
     if explicit.get("no_probe_search"):
         options["trust_spearman"] = None

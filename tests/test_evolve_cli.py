@@ -67,6 +67,8 @@ def test_entry_point_registers_evolve():
         (["--horizon", "0"], "--horizon"),
         (["--trust-spearman", "1.5"], "--trust-spearman"),
         (["--trust-spearman", "nan"], "--trust-spearman"),
+        (["--probe-sigma", "0"], "--probe-sigma"),
+        (["--probe-sigma", "nan"], "--probe-sigma"),
         (["--horizon", "201"], "horizon=201: expected at most the episode length (200 steps)"),
     ],
 )
@@ -330,3 +332,14 @@ def test_a_non_finite_target_is_one_clear_error(value, state_dir):
     result = runner.invoke(app, ["evolve", f"--target={value}", "--budget", "16"])
     assert result.exit_code == 2, result.output
     assert f"target={value}: expected a finite number" in result.output and "Traceback" not in result.output
+
+
+def test_probe_sigma_flag_reaches_the_probe_search(tiny, tmp_path, state_dir):
+    out = tmp_path / "report.json"
+    result = runner.invoke(app, ["evolve", "--budget", "40", "--seed", "1", "--precision", "bf16", "--workers", "1", "--probe-sigma", "0.8",
+                                 "--json", str(out)])
+    assert result.exit_code == 0, result.output
+    report = json.loads(out.read_text())
+    assert report["config"]["probe_sigma"] == 0.8
+    probes = [g["probe"] for g in report["generations"] if g["probe"] is not None]
+    assert probes and probes[0]["sigma"] == 0.8 and probes[0]["segment"] == 0
