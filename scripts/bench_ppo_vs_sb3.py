@@ -35,19 +35,19 @@ ROOT = Path(__file__).resolve().parents[1]
 SHARED = dict(num_envs=8, num_steps=128, update_epochs=4, minibatch_size=256)
 
 
-def _ours_config(env_id: str, steps: int, seed: int):
+def _ours_config(env_id: str, steps: int, seed: int, vec_env: str = "sync"):
     from agents.ppo.config import load_config
 
     return load_config(ROOT / "configs" / "base.yaml", env_id=env_id, total_steps=steps, seed=seed,
-                       vec_env="sync", device="cpu", **SHARED)
+                       vec_env=vec_env, device="cpu", **SHARED)
 
 
-def worker_ours(env_id: str, steps: int, seed: int) -> dict:
+def worker_ours(env_id: str, steps: int, seed: int, vec_env: str) -> dict:
     import numpy as np
 
     from agents.ppo.ppo import PPO
 
-    ppo = PPO(_ours_config(env_id, steps, seed))
+    ppo = PPO(_ours_config(env_id, steps, seed, vec_env))
     try:
         cpu0 = time.process_time()
         result = ppo.train()
@@ -57,15 +57,21 @@ def worker_ours(env_id: str, steps: int, seed: int) -> dict:
         ppo.close()
     return {"impl": "ours", "env_steps": result.env_steps, "wall_s": result.wall_s, "cpu_s": cpu,
             "env_steps_per_s": result.env_steps_per_s, "env_steps_per_cpu_s": result.env_steps / cpu,
-            "eval_return": eval_return, "time_split_s": result.time_split_s}
+            "eval_return": eval_return, "time_split_s": result.time_split_s, "vec_env": ppo.vec_choice.mode if ppo.vec_choice is not None else None}
 
 
-def worker_raw(env_id: str, steps: int, seed: int) -> dict:
-    """gymnasium's SyncVectorEnv x8 stepped with random actions: no policy, no learning."""
+def worker_raw(env_id: str, steps: int, seed: int, vec_env: str) -> dict:
+    """The engine ours steps (gymnasium's SyncVectorEnv x8, or EnvPool x8 with ``--vec-env envpool``) stepped with
+    random actions: no policy, no learning."""
     import gymnasium as gym
 
     n = SHARED["num_envs"]
-    envs = gym.vector.SyncVectorEnv([lambda: gym.make(env_id)] * n, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+    if vec_env == "envpool":
+        from agents.ppo.envpool_env import EnvPoolVectorEnv
+
+        envs = EnvPoolVectorEnv(env_id, n, seed=seed)
+    else:
+        envs = gym.vector.SyncVectorEnv([lambda: gym.make(env_id)] * n, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
     try:
         envs.reset(seed=seed)
         envs.action_space.seed(seed)
@@ -82,7 +88,7 @@ def worker_raw(env_id: str, steps: int, seed: int) -> dict:
             "env_steps_per_cpu_s": total / cpu}
 
 
-def worker_sb3(env_id: str, steps: int, seed: int) -> dict:
+def worker_sb3(env_id: str, steps: int, seed: int, vec_env: str) -> dict:  # SB3 always steps its DummyVecEnv
     import torch
     from stable_baselines3 import PPO
     from stable_baselines3.common.env_util import make_vec_env
@@ -110,8 +116,9 @@ def worker_sb3(env_id: str, steps: int, seed: int) -> dict:
             "env_steps_per_s": model.num_timesteps / wall, "env_steps_per_cpu_s": model.num_timesteps / cpu, "eval_return": float(mean)}
 
 
-def _spawn(impl: str, env_id: str, steps: int, seed: int) -> dict:
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", impl, "--env", env_id, "--steps", str(steps), "--seed", str(seed)]
+def _spawn(impl: str, env_id: str, steps: int, seed: int, vec_env: str) -> dict:
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", impl, "--env", env_id, "--steps", str(steps), "--seed", str(seed),
+           "--vec-env", vec_env]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}  # a subprocess needs its env
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT)
     if proc.returncode != 0:
@@ -127,11 +134,13 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--raw-steps", type=int, default=None, help="env steps of the raw SyncVectorEnv measurement (default: --steps)")
+    ap.add_argument("--vec-env", choices=["sync", "envpool"], default="sync",
+                    help="our PPO's env engine (SB3 steps its DummyVecEnv either way); the raw rate is measured on the same engine")
     ap.add_argument("--worker", choices=["ours", "sb3", "raw"], help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
         fn = {"ours": worker_ours, "sb3": worker_sb3, "raw": worker_raw}[args.worker]
-        print(json.dumps(fn(args.env, args.steps, args.seed)))
+        print(json.dumps(fn(args.env, args.steps, args.seed, args.vec_env)))
         return
     try:
         import stable_baselines3  # noqa: F401
@@ -144,7 +153,7 @@ def main() -> None:
         order = ["sb3", "ours", "raw"] if rep % 2 == 0 else ["raw", "ours", "sb3"]
         for impl in order:
             load = os.getloadavg()[0]
-            res = _spawn(impl, args.env, args.raw_steps or args.steps if impl == "raw" else args.steps, args.seed + rep)
+            res = _spawn(impl, args.env, args.raw_steps or args.steps if impl == "raw" else args.steps, args.seed + rep, args.vec_env)
             res["load_avg_before"] = load
             runs[impl].append(res)
             ret = f", eval return {res['eval_return']:.1f}" if "eval_return" in res else ""
@@ -158,7 +167,7 @@ def main() -> None:
     pair_ratios_cpu = [o["env_steps_per_cpu_s"] / s["env_steps_per_cpu_s"] for o, s in pairs]
     where = host()  # CPU model, the flags a figure is read against, cores, torch, date
     summary = {
-        "env": args.env, "steps": args.steps, "repeats": args.repeats, "settings": SHARED,
+        "env": args.env, "steps": args.steps, "repeats": args.repeats, "settings": SHARED, "vec_env": args.vec_env,
         "median_env_steps_per_s": med, "median_env_steps_per_cpu_s": med_cpu, "ratio_of_medians": ratio,
         "ratio_of_medians_cpu": ratio_cpu, "pair_ratios": pair_ratios, "pair_ratios_cpu": pair_ratios_cpu,
         "share_of_raw_cpu": {k: med_cpu[k] / med_cpu["raw"] for k in ("ours", "sb3")},
@@ -167,7 +176,7 @@ def main() -> None:
         "date": where["date"],
         "load_avg": list(os.getloadavg()),
     }
-    print(f"per CPU-second: ours {med_cpu['ours']:,.0f}, SB3 {med_cpu['sb3']:,.0f}, raw SyncVectorEnv {med_cpu['raw']:,.0f}; "
+    print(f"per CPU-second: ours {med_cpu['ours']:,.0f}, SB3 {med_cpu['sb3']:,.0f}, raw {'EnvPool' if args.vec_env == 'envpool' else 'SyncVectorEnv'} {med_cpu['raw']:,.0f}; "
           f"ours/SB3 {ratio_cpu:.2f}x (per pair: {', '.join(f'{r:.2f}' for r in pair_ratios_cpu)}); "
           f"ours {100 * summary['share_of_raw_cpu']['ours']:.0f}% of raw, SB3 {100 * summary['share_of_raw_cpu']['sb3']:.0f}%")
     print(f"per wall-second: ours {med['ours']:,.0f}, SB3 {med['sb3']:,.0f}; ratio {ratio:.2f}x "

@@ -95,8 +95,12 @@ def test_ppo_trains_on_envpool(state_dir):
 def test_auto_picks_envpool_for_a_mujoco_env_it_has_and_nothing_else(monkeypatch):
     monkeypatch.setattr(ppo_envs, "envpool_ids", lambda: frozenset({"HalfCheetah-v5", "CartPole-v1"}))
     fn = make_env_fn("CartPole-v1", 0)
-    timed = dict(step_s=1e-5, round_trip_s=4e-5, cores=2)
+    timed = dict(step_s=1e-5, round_trip_s=4e-5, cores=ppo_envs.ENVPOOL_MIN_CORES)
     assert choose_vec_env(Optimizations(), fn, 8, env_id="HalfCheetah-v5", **timed).mode == "envpool"
+    # too few cores for its thread pool: left out, and the reason says so
+    few = choose_vec_env(Optimizations(), fn, 8, env_id="HalfCheetah-v5", **{**timed, "cores": 2})
+    assert few.mode == "sync" and "EnvPool left out on 2 cores" in few.reason
+    assert choose_vec_env(Optimizations(vec_env="envpool"), fn, 8, env_id="HalfCheetah-v5", **{**timed, "cores": 2}).mode == "envpool"
     assert choose_vec_env(Optimizations(), fn, 8, env_id="CartPole-v1", **timed).mode == "sync"  # classic control: in process
     assert choose_vec_env(Optimizations(action_repeat=2), fn, 8, env_id="HalfCheetah-v5", **timed).mode == "sync"
     assert choose_vec_env(Optimizations(vec_env="sync"), fn, 8, env_id="HalfCheetah-v5", **timed).mode == "sync"

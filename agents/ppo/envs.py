@@ -127,9 +127,12 @@ def time_subprocess_round_trip(trips: int = 200, payload_size: int = 64) -> floa
             proc.terminate()
 
 
+ENVPOOL_MIN_CORES = 4  # auto's EnvPool rule: its C++ thread pool needs cores beside the learner's (measured slower on 2)
+
+
 @dataclass(frozen=True)
 class VecEnvChoice:
-    mode: str  # "sync" | "async"
+    mode: str  # "sync" | "async" | "envpool"
     reason: str
     step_s: Optional[float] = None
     round_trip_s: Optional[float] = None
@@ -160,24 +163,28 @@ def choose_vec_env(
     ``auto`` picks EnvPool, by rule and not by timing (its envs reset from
     other random numbers than gymnasium's, so a choice that followed the
     machine's load would change the run), for a MuJoCo ``env_id`` EnvPool has
-    when the extra is installed and there is no action repeat; otherwise it
-    times in-process against subprocess envs."""
+    when the extra is installed, there is no action repeat and the machine
+    has at least `ENVPOOL_MIN_CORES` cores (on 2 cores its thread pool made
+    PPO slower than in-process envs: docs/PPO.md, "EnvPool inside PPO");
+    otherwise it times in-process against subprocess envs."""
     if opts.force_dummy_vec_env:
         return VecEnvChoice("sync", "force_dummy_vec_env=true")
     if opts.vec_env in ("sync", "async", "envpool"):
         return VecEnvChoice(opts.vec_env, f"vec_env={opts.vec_env}")
     if opts.use_subproc_vec_env:
         return VecEnvChoice("async", "vec_env=auto with use_subproc_vec_env=true")
-    if env_id is not None and opts.action_repeat == 1 and env_id in envpool_ids() and is_mujoco(env_id):
-        return VecEnvChoice("envpool", f"{env_id} is a MuJoCo env EnvPool has (the envpool extra is installed)")
-    if num_envs == 1:
-        return VecEnvChoice("sync", "one env: nothing to run in parallel")
     cores = cores or available_cores()
+    envpool_fits = env_id is not None and opts.action_repeat == 1 and env_id in envpool_ids() and is_mujoco(env_id)
+    if envpool_fits and cores >= ENVPOOL_MIN_CORES:
+        return VecEnvChoice("envpool", f"{env_id} is a MuJoCo env EnvPool has (the envpool extra is installed), {cores} cores")
+    left_out = f"EnvPool left out on {cores} cores (auto needs {ENVPOOL_MIN_CORES}); " if envpool_fits else ""
+    if num_envs == 1:
+        return VecEnvChoice("sync", left_out + "one env: nothing to run in parallel")
     step_s = time_env_step(env_fn) if step_s is None else step_s
     round_trip_s = time_subprocess_round_trip() if round_trip_s is None else round_trip_s
     sync_cost, async_cost = estimate_costs(step_s, round_trip_s, num_envs, cores)
     mode = "async" if async_cost < sync_cost else "sync"
-    reason = (
+    reason = left_out + (
         f"measured env step {step_s * 1e6:.1f} us, subprocess round trip {round_trip_s * 1e6:.1f} us, "
         f"{num_envs} envs on {cores} cores: in-process {sync_cost * 1e6:.0f} us vs subprocess "
         f"{async_cost * 1e6:.0f} us per vector step"
