@@ -138,6 +138,8 @@ def evolve(
     ),
     probe_sigma: float = typer.Option(0.5, "--probe-sigma", callback=_positive, help="Initial CMA-ES step size of the probe "
                                       "search, in normalised coordinates."),
+    probe_screen: int = typer.Option(4, "--probe-screen", min=1, help="While the model's rank correlation is positive, CMA-ES samples "
+                                     "this many populations per probe round and the model picks the one that runs; 1: no screening."),
     no_probe_search: bool = typer.Option(False, "--no-probe-search", help="Always give the model's proposals the real episodes "
                                          "(the loop before probe search)."),
     particles: Optional[int] = typer.Option(None, "--particles", min=1, help="Imagined rollouts per candidate and start state "
@@ -193,12 +195,12 @@ def evolve(
     given = dict(env=env, seed=seed, precision=precision, no_world_model=no_world_model, budget=budget, budget_steps=budget_steps,
                  workers=workers, backend=backend, target=target, policy=policy, episode_steps=episode_steps, racing=racing, kappa=kappa,
                  particles=particles, imagine_starts=imagine_starts, ensemble=ensemble, horizon=horizon, trust_spearman=trust_spearman,
-                 probe_sigma=probe_sigma, no_probe_search=no_probe_search)
+                 probe_sigma=probe_sigma, probe_screen=probe_screen, no_probe_search=no_probe_search)
     config = EvolveConfig(
         env_id=env, budget=budget, budget_steps=budget_steps, seed=seed, precision=precision.value if precision is not None else None,
         use_world_model=not no_world_model, workers=workers, backend=backend.value, target=target, policy=policy,
         episode_steps=episode_steps, racing=racing, kappa=kappa, particles=particles, imagine_starts=imagine_starts, ensemble=ensemble,
-        trust_spearman=None if no_probe_search else trust_spearman, probe_sigma=probe_sigma,
+        trust_spearman=None if no_probe_search else trust_spearman, probe_sigma=probe_sigma, probe_screen=probe_screen,
         **({} if horizon is None else {"horizon": horizon}),  # not given: the config's default (DEFAULT_HORIZON, capped by the episode)
     )
     if plot is not None:  # first: cma warns on import when matplotlib is missing
@@ -392,7 +394,7 @@ def _resumed_agent(ctx: typer.Context, run_id: str, settings: Any, *, baseline: 
     as_config = {"env": "env_id", "seed": "seed", "precision": "precision", "no_world_model": "use_world_model", "target": "target",
                  "policy": "policy", "episode_steps": "episode_steps", "racing": "racing", "kappa": "kappa", "particles": "particles",
                  "imagine_starts": "imagine_starts", "ensemble": "ensemble", "horizon": "horizon", "trust_spearman": "trust_spearman",
-                 "probe_sigma": "probe_sigma"}
+                 "probe_sigma": "probe_sigma", "probe_screen": "probe_screen"}
     options = {as_config[k]: v for k, v in explicit.items() if k in as_config}
     if explicit.get("no_probe_search"):
         options["trust_spearman"] = None

@@ -106,6 +106,9 @@ class EvolveConfig:
     """Initial CMA-ES step size of the probe search, in normalised coordinates (the tuned CMA-ES yardstick's sigma0)."""
     probe_popsize: Optional[int] = None
     """Probes per probe generation; None: pycma's default population, 4 + 3 ln(policy parameters)."""
+    probe_screen: int = 4
+    """Pre-selection in probe generations: while the model's rank correlation is positive, CMA-ES samples this many
+    populations and the model's imagined scores pick the one that gets real episodes; 1: no screening."""
     workers: int = 2
     """Processes (or Ray tasks at a time) running real episodes."""
     backend: str = "process"
@@ -182,7 +185,7 @@ class EvolveConfig:
             problems.append(f"probe_popsize={self.probe_popsize}: expected at least 2, or None (pycma's default)")
         counts = {"init_candidates": self.init_candidates, "eval_top_k": self.eval_top_k, "popsize": self.popsize,
                   "workers": self.workers, "horizon": self.horizon, "episode_steps": self.episode_steps, "budget_steps": self.budget_steps,
-                  "imagine_starts": self.imagine_starts, "particles": self.particles, "ensemble": self.ensemble}
+                  "imagine_starts": self.imagine_starts, "particles": self.particles, "ensemble": self.ensemble, "probe_screen": self.probe_screen}
         problems += [f"{name}={value}: expected >= 1" for name, value in counts.items() if value is not None and value < 1]
         if problems:
             raise ValueError("invalid evolve options: " + "; ".join(problems))
@@ -238,6 +241,7 @@ def resumed_config(
     if unknown:
         raise RunError(f"run {run_id!r}: its manifest has options this version does not know ({', '.join(unknown)}); resume it with the version that started it")
     saved.setdefault("trust_spearman", None)  # a run started before probe search goes on without it
+    saved.setdefault("probe_screen", 1)  # or before the model screened the probes
     mismatched = [f"{k}={v!r} (the run has {saved.get(k)!r})" for k, v in options.items() if saved.get(k) != v]
     if mismatched:
         raise RunError(

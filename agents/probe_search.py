@@ -39,7 +39,7 @@ which checks that the replay asks for exactly the recorded probes).
 from __future__ import annotations
 
 import math
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
@@ -83,6 +83,7 @@ class ProbeSearch:
         self._es: Any = None
         self._rng: Optional[np.random.Generator] = None
         self._asked: Optional[np.ndarray] = None
+        self._picked: Optional[dict[str, Any]] = None  # the screen's pick of the asked population (`ask`)
 
     def _new_es(self, x0: np.ndarray, segment: int) -> None:
         cma = require("cma", EVOLVE)
@@ -130,9 +131,20 @@ class ProbeSearch:
     def population(self) -> int:
         return int(self._es.popsize)
 
-    def ask(self) -> np.ndarray:
-        """The segment's next population, (popsize, n) in z-coordinates."""
-        self._asked = np.asarray(self._es.ask(), dtype=np.float64)
+    def ask(self, screen: Optional[Callable[[np.ndarray], np.ndarray]] = None, oversample: int = 1) -> np.ndarray:
+        """The segment's next population, (popsize, n) in z-coordinates. With
+        ``screen`` (z-points -> scores, higher better) and ``oversample`` k > 1,
+        CMA-ES samples k populations and the population is the ``screen``'s
+        best popsize of them (pre-selection, the model picking which samples
+        get a real episode); the pick is recorded so that a replay asks alike."""
+        if screen is None or oversample <= 1:
+            self._asked, self._picked = np.asarray(self._es.ask(), dtype=np.float64), None
+            return self._asked.copy()
+        pool = np.asarray(self._es.ask(number=oversample * self.population), dtype=np.float64)
+        scores = np.asarray(screen(pool), dtype=np.float64)
+        order = sorted(range(len(pool)), key=lambda i: (-scores[i] if np.isfinite(scores[i]) else math.inf, i))
+        self._picked = {"oversample": oversample, "picked": sorted(order[: self.population])}
+        self._asked = pool[self._picked["picked"]]
         return self._asked.copy()
 
     def tell(self, generation: int, scores: Sequence[float]) -> None:
@@ -140,8 +152,11 @@ class ProbeSearch:
         assert self._asked is not None and len(scores) == len(self._asked)
         f = [-float(s) if math.isfinite(s) else TOLD_FAILED for s in scores]
         self._es.tell(list(self._asked), f)
-        self.segments[-1]["told"].append({"generation": generation, "z": self._asked.tolist(), "f": f})
-        self._asked = None
+        told: dict[str, Any] = {"generation": generation, "z": self._asked.tolist(), "f": f}
+        if self._picked is not None:
+            told["screened"] = self._picked
+        self.segments[-1]["told"].append(told)
+        self._asked = self._picked = None
 
     @property
     def mean(self) -> np.ndarray:
@@ -167,7 +182,12 @@ class ProbeSearch:
             last = search.segments[-1]
             search._new_es(np.asarray(last["x0"], dtype=np.float64), len(search.segments) - 1)
             for told in last["told"]:
-                asked = np.asarray(search._es.ask(), dtype=np.float64)
+                screened = told.get("screened")
+                if screened is None:
+                    asked = np.asarray(search._es.ask(), dtype=np.float64)
+                else:
+                    pool = np.asarray(search._es.ask(number=int(screened["oversample"]) * search.population), dtype=np.float64)
+                    asked = pool[[int(i) for i in screened["picked"]]]
                 recorded = np.asarray(told["z"], dtype=np.float64)
                 if asked.shape != recorded.shape or not np.allclose(asked, recorded, rtol=0.0, atol=1e-9):
                     raise ValueError(f"the probe search of generation {told['generation']} does not replay to the probes it recorded")

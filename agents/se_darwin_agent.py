@@ -293,7 +293,10 @@ class SEDarwinAgent(RunRecord):
                 "segment": len(self.probe.segments) - 1, "final": final}
         state = self.real.order[self.probe.rounds % n_train]  # every probe of a round on one start state: paired, and audited alike
         mean = Candidate(f"g{generation}-mean-probe", space.to_raw(self.probe.mean), "probe_mean", generation)
-        zs = np.empty((0, self.task.n_params)) if final else self.probe.ask()
+        imaginer = self._imaginer = self._make_imaginer(generation) if self.world_model is not None else None
+        # while the model ranks at all (correlation > 0), it screens: CMA-ES samples k populations, its imagination picks one
+        info["screened"] = k = self.config.probe_screen if imaginer is not None and not final and (self._trust_rho or 0.0) > 0 else 1
+        zs = np.empty((0, self.task.n_params)) if final else self.probe.ask((lambda z: imaginer.score(space.to_raw(z))) if k > 1 else None, k)
         probes = [] if final else [(mean, state)] + [
             (Candidate(f"g{generation}-{k}-probe", space.to_raw(z), "probe", generation), state) for k, z in enumerate(zs)]
         self.probe.rounds += 1
@@ -315,7 +318,6 @@ class SEDarwinAgent(RunRecord):
                 and self.budget_exhausted is None and self.real.over_budget(n_train) is None:
             self.probe.raced = self.probe.rounds
             await self._race(Candidate(f"g{generation}-mean", mean.params, "probe_mean", generation), incumbent, evaluated, generation)
-        self._imaginer = self._make_imaginer(generation) if self.world_model is not None else None
         audit = self._audit(evaluated, every=True)
         await self._commit(generation, evaluated)
         await self._after_generation(generation, [c for c, _ in evaluated], started, clock, audit=audit, probe=info)

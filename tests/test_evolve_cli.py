@@ -69,6 +69,7 @@ def test_entry_point_registers_evolve():
         (["--trust-spearman", "nan"], "--trust-spearman"),
         (["--probe-sigma", "0"], "--probe-sigma"),
         (["--probe-sigma", "nan"], "--probe-sigma"),
+        (["--probe-screen", "0"], "--probe-screen"),
         (["--horizon", "201"], "horizon=201: expected at most the episode length (200 steps)"),
     ],
 )
@@ -334,12 +335,12 @@ def test_a_non_finite_target_is_one_clear_error(value, state_dir):
     assert f"target={value}: expected a finite number" in result.output and "Traceback" not in result.output
 
 
-def test_probe_sigma_flag_reaches_the_probe_search(tiny, tmp_path, state_dir):
+def test_probe_flags_reach_the_probe_search(tiny, tmp_path, state_dir):
     out = tmp_path / "report.json"
     result = runner.invoke(app, ["evolve", "--budget", "40", "--seed", "1", "--precision", "bf16", "--workers", "1", "--probe-sigma", "0.8",
-                                 "--json", str(out)])
+                                 "--probe-screen", "2", "--json", str(out)])
     assert result.exit_code == 0, result.output
     report = json.loads(out.read_text())
-    assert report["config"]["probe_sigma"] == 0.8
+    assert report["config"]["probe_sigma"] == 0.8 and report["config"]["probe_screen"] == 2
     probes = [g["probe"] for g in report["generations"] if g["probe"] is not None]
     assert probes and probes[0]["sigma"] == 0.8 and probes[0]["segment"] == 0

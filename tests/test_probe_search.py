@@ -58,6 +58,30 @@ def test_probe_search_replays_from_its_manifest_record():
         ProbeSearch.from_dict(saved, seed=3, sigma0=0.5, popsize=None)
 
 
+def test_screening_gives_the_screens_best_samples_and_replays():
+    def screen(z: np.ndarray) -> np.ndarray:  # the "model": closer to 1 is better
+        return -np.sum((z - 1.0) ** 2, axis=1)
+
+    plain, screened = search_fresh(5), search_fresh(5)
+    pool = np.asarray(search_fresh(5)._es.ask(number=3 * 4), dtype=np.float64)  # what a 3x oversample draws
+    zs = screened.ask(screen, oversample=3)
+    assert zs.shape == (4, 3)
+    best = sorted(range(12), key=lambda i: -screen(pool)[i])[:4]
+    np.testing.assert_array_equal(zs, pool[sorted(best)])  # the screen's best four of the twelve, in drawn order
+    assert screen(zs).min() >= np.sort(screen(pool))[-4]
+    np.testing.assert_array_equal(plain.ask(screen, oversample=1), pool[:4])  # no oversample: CMA-ES's own population
+    screened.tell(1, list(screen(zs)))
+    record = screened.as_dict()["segments"][0]["told"][0]
+    assert record["screened"] == {"oversample": 3, "picked": sorted(best)}
+    saved = json.loads(json.dumps(screened.as_dict()))
+    again = ProbeSearch.from_dict(saved, seed=5, sigma0=0.5, popsize=4)
+    np.testing.assert_array_equal(again.mean, screened.mean)
+    np.testing.assert_array_equal(again.ask(), screened.ask())
+    saved["segments"][0]["told"][0]["screened"]["picked"] = [0, 1, 2, 3] if sorted(best) != [0, 1, 2, 3] else [4, 5, 6, 7]
+    with pytest.raises(ValueError, match="generation 1 does not replay"):
+        ProbeSearch.from_dict(saved, seed=5, sigma0=0.5, popsize=4)
+
+
 def test_an_ended_segment_is_not_continued():
     search = ProbeSearch(seed=0, sigma0=0.5, popsize=4)
     search.start(np.zeros(3), generation=1)
@@ -145,3 +169,36 @@ async def test_where_no_round_fits_the_mean_is_raced_alone_then_the_model_propos
     assert [e["operator"] for e in gen2["evaluated"]] == ["probe_mean"] and gen2["evaluated"][0]["episodes"] > 1
     assert all(g["probe"] is None for g in report["generations"][3:])  # the search ended: what is left goes to the model
     assert report["real_episodes"] <= 60
+
+
+@pytest.mark.parametrize("rho, screened", [(0.5, 3), (-0.5, 1)])
+async def test_a_probe_round_is_screened_while_the_model_ranks(state_dir, monkeypatch, rho, screened):
+    agent = SEDarwinAgent(tiny_config(budget=90, probe_screen=3), settings=load_settings())
+
+    def never_trusted() -> bool:  # the model's rank correlation so far is rho: below the trust threshold either way
+        agent._trust_rho = rho
+        return False
+
+    monkeypatch.setattr(agent, "_trusted", never_trusted)
+    scored: list[int] = []
+    make = agent._make_imaginer
+
+    def counting(generation):
+        imaginer = make(generation)
+        if imaginer is not None:
+            score = imaginer.score
+            imaginer.score = lambda params: (scored.append(len(params)), score(params))[1]
+        return imaginer
+
+    monkeypatch.setattr(agent, "_make_imaginer", counting)
+    report = await agent.evolve()
+    rounds = [g["probe"] for g in report["generations"] if g["probe"] is not None and not g["probe"]["final"]]
+    lam = agent.probe.size(agent.task.n_params)
+    assert len(rounds) >= 2 and all(p["screened"] == screened for p in rounds)
+    told = [t for seg in agent.probe.segments for t in seg["told"]]
+    assert len(told) == len(rounds)
+    assert all(t.get("screened", {"oversample": 1})["oversample"] == screened for t in told)
+    assert scored == ([3 * lam] * len(rounds) if screened > 1 else [])  # the model scored three populations per round, or none
+    for g in report["generations"]:  # still one real episode per probe, every probe audited
+        if g["probe"] is not None and not g["probe"]["final"]:
+            assert sum(e["operator"] == "probe" for e in g["evaluated"]) == lam

@@ -307,3 +307,11 @@ def test_a_run_from_before_probe_search_resumes_without_it():
     manifest = {"run_id": "r", "version": MANIFEST_VERSION, "real_episodes": 8,
                 "config": {k: v for k, v in dataclasses.asdict(config()).items() if k != "trust_spearman"}}
     assert resumed_config(manifest, budget=None, workers=None, options={}).trust_spearman is None
+
+
+def test_a_run_from_before_screening_resumes_without_it():
+    manifest = {"run_id": "r", "version": MANIFEST_VERSION, "real_episodes": 8,
+                "config": {k: v for k, v in dataclasses.asdict(config(probe_screen=4)).items() if k != "probe_screen"}}
+    assert resumed_config(manifest, budget=None, workers=None, options={}).probe_screen == 1
+    manifest["config"]["probe_screen"] = 4  # a run that screened goes on screening
+    assert resumed_config(manifest, budget=None, workers=None, options={}).probe_screen == 4
