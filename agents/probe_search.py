@@ -138,14 +138,22 @@ class ProbeSearch:
         best popsize of them (pre-selection, the model picking which samples
         get a real episode); the pick is recorded so that a replay asks alike."""
         if screen is None or oversample <= 1:
-            self._asked, self._picked = np.asarray(self._es.ask(), dtype=np.float64), None
+            self._asked, self._picked = self._draw(None), None
             return self._asked.copy()
-        pool = np.asarray(self._es.ask(number=oversample * self.population), dtype=np.float64)
+        pool = self._draw({"oversample": oversample})
         scores = np.asarray(screen(pool), dtype=np.float64)
-        order = sorted(range(len(pool)), key=lambda i: (-scores[i] if np.isfinite(scores[i]) else math.inf, i))
-        self._picked = {"oversample": oversample, "picked": sorted(order[: self.population])}
+        best = np.argsort(-np.where(np.isfinite(scores), scores, -np.inf), kind="stable")[: self.population]
+        self._picked = {"oversample": oversample, "picked": sorted(int(i) for i in best)}
         self._asked = pool[self._picked["picked"]]
         return self._asked.copy()
+
+    def _draw(self, screened: Optional[dict[str, Any]]) -> np.ndarray:
+        """CMA-ES's next samples: one population, or ``screened["oversample"]`` of them (a screen's pool);
+        with ``screened["picked"]``, the picked rows of that pool (a replay)."""
+        if screened is None:
+            return np.asarray(self._es.ask(), dtype=np.float64)
+        pool = np.asarray(self._es.ask(number=int(screened["oversample"]) * self.population), dtype=np.float64)
+        return pool[[int(i) for i in screened["picked"]]] if "picked" in screened else pool
 
     def tell(self, generation: int, scores: Sequence[float]) -> None:
         """The asked population's scores (higher is better; -inf: the probe failed)."""
@@ -182,12 +190,7 @@ class ProbeSearch:
             last = search.segments[-1]
             search._new_es(np.asarray(last["x0"], dtype=np.float64), len(search.segments) - 1)
             for told in last["told"]:
-                screened = told.get("screened")
-                if screened is None:
-                    asked = np.asarray(search._es.ask(), dtype=np.float64)
-                else:
-                    pool = np.asarray(search._es.ask(number=int(screened["oversample"]) * search.population), dtype=np.float64)
-                    asked = pool[[int(i) for i in screened["picked"]]]
+                asked = search._draw(told.get("screened"))
                 recorded = np.asarray(told["z"], dtype=np.float64)
                 if asked.shape != recorded.shape or not np.allclose(asked, recorded, rtol=0.0, atol=1e-9):
                     raise ValueError(f"the probe search of generation {told['generation']} does not replay to the probes it recorded")

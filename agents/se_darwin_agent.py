@@ -293,10 +293,10 @@ class SEDarwinAgent(RunRecord):
                 "segment": len(self.probe.segments) - 1, "final": final}
         state = self.real.order[self.probe.rounds % n_train]  # every probe of a round on one start state: paired, and audited alike
         mean = Candidate(f"g{generation}-mean-probe", space.to_raw(self.probe.mean), "probe_mean", generation)
-        imaginer = self._imaginer = self._make_imaginer(generation) if self.world_model is not None else None
-        # while the model ranks at all (correlation > 0), it screens: CMA-ES samples k populations, its imagination picks one
-        info["screened"] = k = self.config.probe_screen if imaginer is not None and not final and (self._trust_rho or 0.0) > 0 else 1
-        zs = np.empty((0, self.task.n_params)) if final else self.probe.ask((lambda z: imaginer.score(space.to_raw(z))) if k > 1 else None, k)
+        imaginer = self._imaginer = self._make_imaginer(generation)
+        # while the model ranks at all (correlation > 0), it screens: CMA-ES samples `screen` populations, its imagination picks one
+        info["screened"] = screen = self.config.probe_screen if imaginer is not None and not final and (self._trust_rho or 0.0) > 0 else 1
+        zs = np.empty((0, self.task.n_params)) if final else self.probe.ask((lambda z: imaginer.score(space.to_raw(z))) if screen > 1 else None, screen)
         probes = [] if final else [(mean, state)] + [
             (Candidate(f"g{generation}-{k}-probe", space.to_raw(z), "probe", generation), state) for k, z in enumerate(zs)]
         self.probe.rounds += 1
