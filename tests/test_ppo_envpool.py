@@ -99,13 +99,13 @@ def test_auto_picks_envpool_for_a_mujoco_env_it_has_and_nothing_else(monkeypatch
     assert choose_vec_env(Optimizations(), fn, 8, env_id="HalfCheetah-v5", **timed).mode == "envpool"
     # too few cores for its thread pool: left out, and the reason says so
     few = choose_vec_env(Optimizations(), fn, 8, env_id="HalfCheetah-v5", **{**timed, "cores": 2})
-    assert few.mode == "sync" and "EnvPool left out on 2 cores" in few.reason
+    assert few.mode == "mujoco" and "EnvPool left out on 2 cores" in few.reason  # in process: the lean MuJoCo step
     assert choose_vec_env(Optimizations(vec_env="envpool"), fn, 8, env_id="HalfCheetah-v5", **{**timed, "cores": 2}).mode == "envpool"
     assert choose_vec_env(Optimizations(), fn, 8, env_id="CartPole-v1", **timed).mode == "sync"  # classic control: in process
     assert choose_vec_env(Optimizations(action_repeat=2), fn, 8, env_id="HalfCheetah-v5", **timed).mode == "sync"
     assert choose_vec_env(Optimizations(vec_env="sync"), fn, 8, env_id="HalfCheetah-v5", **timed).mode == "sync"
     monkeypatch.setattr(ppo_envs, "envpool_ids", lambda: frozenset())  # the extra is not installed
-    assert choose_vec_env(Optimizations(), fn, 8, env_id="HalfCheetah-v5", **timed).mode == "sync"
+    assert choose_vec_env(Optimizations(), fn, 8, env_id="HalfCheetah-v5", **timed).mode == "mujoco"
 
 
 def test_envpool_without_the_extra_or_with_action_repeat_is_a_clear_error(monkeypatch):

@@ -166,10 +166,12 @@ def choose_vec_env(
     when the extra is installed, there is no action repeat and the machine
     has at least `ENVPOOL_MIN_CORES` cores (on 2 cores its thread pool made
     PPO slower than in-process envs: docs/PPO.md, "EnvPool inside PPO");
-    otherwise it times in-process against subprocess envs."""
+    otherwise it times in-process against subprocess envs. In process means
+    `MujocoVectorEnv` for the MuJoCo envs it steps (gymnasium's results, step
+    for step, so this choice changes no run), `InProcessVectorEnv` otherwise."""
     if opts.force_dummy_vec_env:
         return VecEnvChoice("sync", "force_dummy_vec_env=true")
-    if opts.vec_env in ("sync", "async", "envpool"):
+    if opts.vec_env in ("sync", "async", "envpool", "mujoco"):
         return VecEnvChoice(opts.vec_env, f"vec_env={opts.vec_env}")
     if opts.use_subproc_vec_env:
         return VecEnvChoice("async", "vec_env=auto with use_subproc_vec_env=true")
@@ -178,16 +180,19 @@ def choose_vec_env(
     if envpool_fits and cores >= ENVPOOL_MIN_CORES:
         return VecEnvChoice("envpool", f"{env_id} is a MuJoCo env EnvPool has (the envpool extra is installed), {cores} cores")
     left_out = f"EnvPool left out on {cores} cores (auto needs {ENVPOOL_MIN_CORES}); " if envpool_fits else ""
+    # in process, the lean MuJoCo step where it applies: the same results as gymnasium's, step for step
+    in_process = "mujoco" if env_id is not None and opts.action_repeat == 1 and lean_mujoco_supported(env_id) else "sync"
+    lean = f"; in-process means the lean MuJoCo step for {env_id}" if in_process == "mujoco" else ""
     if num_envs == 1:
-        return VecEnvChoice("sync", left_out + "one env: nothing to run in parallel")
+        return VecEnvChoice(in_process, left_out + "one env: nothing to run in parallel" + lean)
     step_s = time_env_step(env_fn) if step_s is None else step_s
     round_trip_s = time_subprocess_round_trip() if round_trip_s is None else round_trip_s
     sync_cost, async_cost = estimate_costs(step_s, round_trip_s, num_envs, cores)
-    mode = "async" if async_cost < sync_cost else "sync"
+    mode = "async" if async_cost < sync_cost else in_process
     reason = left_out + (
         f"measured env step {step_s * 1e6:.1f} us, subprocess round trip {round_trip_s * 1e6:.1f} us, "
         f"{num_envs} envs on {cores} cores: in-process {sync_cost * 1e6:.0f} us vs subprocess "
-        f"{async_cost * 1e6:.0f} us per vector step"
+        f"{async_cost * 1e6:.0f} us per vector step" + (lean if mode == "mujoco" else "")
     )
     return VecEnvChoice(mode, reason, step_s, round_trip_s, sync_cost, async_cost)
 
@@ -199,6 +204,23 @@ def is_mujoco(env_id: str) -> bool:
     except gym.error.Error:
         return False
     return isinstance(entry, str) and entry.startswith("gymnasium.envs.mujoco")
+
+
+# the MuJoCo envs `agents.ppo.mujoco_env.MujocoVectorEnv` steps, by gymnasium entry point -> how many leading
+# qpos entries their observation leaves out (with exclude_current_positions_from_observation)
+LEAN_MUJOCO_LAYOUTS = {
+    "gymnasium.envs.mujoco.half_cheetah_v5:HalfCheetahEnv": 1,
+    "gymnasium.envs.mujoco.swimmer_v5:SwimmerEnv": 2,
+}
+
+
+def lean_mujoco_supported(env_id: str) -> bool:
+    """Whether `MujocoVectorEnv` steps ``env_id`` (by its registered entry point)."""
+    try:
+        entry = gym.spec(env_id).entry_point
+    except gym.error.Error:
+        return False
+    return isinstance(entry, str) and entry in LEAN_MUJOCO_LAYOUTS
 
 
 class InProcessVectorEnv(gym.vector.VectorEnv):
@@ -258,8 +280,9 @@ class InProcessVectorEnv(gym.vector.VectorEnv):
 
 
 def make_vector_env(env_fns: list[EnvFn], mode: str) -> gym.vector.VectorEnv:
-    """sync: `InProcessVectorEnv`; sync_gymnasium: gymnasium's
-    ``SyncVectorEnv``; async: ``AsyncVectorEnv`` (one subprocess per env).
+    """sync: `InProcessVectorEnv`; mujoco: `MujocoVectorEnv` (its envs only,
+    else ValueError); sync_gymnasium: gymnasium's ``SyncVectorEnv``; async:
+    ``AsyncVectorEnv`` (one subprocess per env).
     All use SAME_STEP autoreset: a finished env returns its reset observation
     in the same step, with the final observation in ``infos['final_obs']``
     (what GAE needs to bootstrap a truncated episode)."""
@@ -270,7 +293,11 @@ def make_vector_env(env_fns: list[EnvFn], mode: str) -> gym.vector.VectorEnv:
         return InProcessVectorEnv(env_fns)
     if mode == "sync_gymnasium":
         return gym.vector.SyncVectorEnv(env_fns, autoreset_mode=autoreset)
-    raise ValueError(f"vec env mode {mode!r}: expected sync, sync_gymnasium or async")
+    if mode == "mujoco":
+        from .mujoco_env import MujocoVectorEnv  # it builds on InProcessVectorEnv above
+
+        return MujocoVectorEnv(env_fns)
+    raise ValueError(f"vec env mode {mode!r}: expected sync, mujoco, sync_gymnasium or async")
 
 
 def build_envs(env_id: str, num_envs: int, seed: int, opts: Optimizations, **env_kwargs: Any):
