@@ -4,7 +4,9 @@ the raw env-stepping rate.
 
     .venv/bin/python scripts/bench_ppo_vs_sb3.py [--env CartPole-v1] [--steps 100000] [--repeats 3] [--json PATH]
 
-Both use 8 in-process environments (SB3's DummyVecEnv, our SyncVectorEnv),
+Both use 8 in-process environments (SB3's DummyVecEnv; ours what ``--vec-env``
+says, by default what ``genesis-fp16 ppo`` picks: for HalfCheetah-v5 and
+Swimmer-v5 the lean MuJoCo step, gymnasium's results step for step),
 128 steps per rollout, 4 epochs, minibatch 256, separate 64-64 tanh actor and
 critic MLPs, the same learning rate / gamma / GAE lambda / entropy / clip
 values, FP32 on the CPU. Each measurement runs in its own subprocess with
@@ -134,8 +136,10 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--raw-steps", type=int, default=None, help="env steps of the raw SyncVectorEnv measurement (default: --steps)")
-    ap.add_argument("--vec-env", choices=["sync", "envpool"], default="sync",
-                    help="our PPO's env engine (SB3 steps its DummyVecEnv either way); the raw rate is measured on the same engine")
+    ap.add_argument("--vec-env", choices=["auto", "sync", "mujoco", "envpool"], default="auto",
+                    help="our PPO's env engine (SB3 steps its DummyVecEnv either way; auto: what `genesis-fp16 ppo` picks, "
+                         "the lean MuJoCo step for the envs it has); the raw rate is measured on gymnasium's SyncVectorEnv, "
+                         "or on EnvPool with envpool")
     ap.add_argument("--worker", choices=["ours", "sb3", "raw"], help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
@@ -168,6 +172,7 @@ def main() -> None:
     where = host()  # CPU model, the flags a figure is read against, cores, torch, date
     summary = {
         "env": args.env, "steps": args.steps, "repeats": args.repeats, "settings": SHARED, "vec_env": args.vec_env,
+        "vec_env_resolved": sorted({str(r["vec_env"]) for r in runs["ours"]}),
         "median_env_steps_per_s": med, "median_env_steps_per_cpu_s": med_cpu, "ratio_of_medians": ratio,
         "ratio_of_medians_cpu": ratio_cpu, "pair_ratios": pair_ratios, "pair_ratios_cpu": pair_ratios_cpu,
         "share_of_raw_cpu": {k: med_cpu[k] / med_cpu["raw"] for k in ("ours", "sb3")},
@@ -176,6 +181,7 @@ def main() -> None:
         "date": where["date"],
         "load_avg": list(os.getloadavg()),
     }
+    print(f"our engine: {', '.join(summary['vec_env_resolved'])}")
     print(f"per CPU-second: ours {med_cpu['ours']:,.0f}, SB3 {med_cpu['sb3']:,.0f}, raw {'EnvPool' if args.vec_env == 'envpool' else 'SyncVectorEnv'} {med_cpu['raw']:,.0f}; "
           f"ours/SB3 {ratio_cpu:.2f}x (per pair: {', '.join(f'{r:.2f}' for r in pair_ratios_cpu)}); "
           f"ours {100 * summary['share_of_raw_cpu']['ours']:.0f}% of raw, SB3 {100 * summary['share_of_raw_cpu']['sb3']:.0f}%")

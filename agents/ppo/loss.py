@@ -9,9 +9,11 @@ every op in the forward (and its node in the backward) shows in updates/s.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 
 from .policy import ActorCritic, Forward
@@ -38,12 +40,87 @@ def _normalised(adv: torch.Tensor, on: bool) -> torch.Tensor:
     return (adv - adv.mean()) / (adv.std() + 1e-8) if on else adv
 
 
+_HALF_LOG_2PI = 0.5 * math.log(2 * math.pi)
+_DIAGNOSTICS = ("pg_loss", "v_loss", "entropy", "approx_kl")
+
+
+class _GaussianLossTail(torch.autograd.Function):
+    """The loss from the network's outputs on for a Gaussian policy (log-prob,
+    ratio, clipped surrogate, value MSE, entropy bonus) as one autograd node:
+    NumPy on the float32 CPU arrays forward, the gradients with respect to the
+    mean, the value and ``log_std`` written out backward. The unfused loss is
+    about 30 small torch ops forward and 25 autograd nodes backward, each
+    costing more dispatch than arithmetic at minibatch 256; this is about 25
+    NumPy calls. The values and gradients agree with the unfused loss to
+    float32 rounding (``tests/test_ppo_loss.py``). Gradient rules as torch's:
+    the surrogate's gradient flows where the unclipped term is the minimum
+    (ties included: torch splits a tie's gradient and the clamp passes its
+    share inside the range), entropy's constant per-row value."""
+
+    @staticmethod
+    def forward(ctx: Any, mean: torch.Tensor, value: torch.Tensor, log_std: torch.Tensor, act: torch.Tensor,
+                logp_old: torch.Tensor, adv: torch.Tensor, ret: torch.Tensor, s: LossSettings) -> tuple[torch.Tensor, torch.Tensor]:
+        mu, v, ls = mean.detach().numpy(), value.detach().numpy(), log_std.detach().numpy()
+        a, adv_np = act.numpy(), adv.numpy()
+        d = a - mu
+        inv_var = np.exp(-2.0 * ls)
+        dz = d * d * inv_var
+        logratio = (-0.5 * dz.sum(1) - (ls.sum() + _HALF_LOG_2PI * ls.size)) - logp_old.numpy()
+        ratio = np.exp(logratio)
+        if s.norm_adv:
+            adv_np = (adv_np - adv_np.mean()) / (adv_np.std(ddof=1) + 1e-8)  # torch's std is the unbiased one
+        unclipped, clipped = adv_np * ratio, adv_np * np.clip(ratio, 1 - s.clip_coef, 1 + s.clip_coef)
+        pg_loss = -np.minimum(unclipped, clipped).mean()
+        vd = v - ret.numpy()
+        v_loss = (vd * vd).mean()
+        entropy = (0.5 + _HALF_LOG_2PI + ls).sum()
+        loss = pg_loss + s.vf_coef * v_loss - s.ent_coef * entropy
+        approx_kl = ((ratio - 1) - logratio).mean()
+        ctx.saved = (d, inv_var, dz, adv_np * ratio * (unclipped <= clipped), vd, s)
+        diagnostics = torch.tensor([pg_loss, v_loss, entropy, approx_kl], dtype=torch.float32)
+        ctx.mark_non_differentiable(diagnostics)
+        return torch.tensor(loss, dtype=torch.float32), diagnostics
+
+    @staticmethod
+    def backward(ctx: Any, grad_loss: torch.Tensor, _grad_diagnostics: Any) -> tuple[Any, ...]:
+        d, inv_var, dz, active, vd, s = ctx.saved
+        gl = float(grad_loss)
+        n = vd.shape[0]
+        g = (-gl / n) * active  # d loss / d logp: the surrogate's, through the ratio (d ratio / d logp = ratio)
+        gd = g[:, None] * inv_var
+        d_mean = gd * d
+        d_log_std = (g[:, None] * (dz - 1.0)).sum(0) - gl * s.ent_coef
+        d_value = (gl * 2.0 * s.vf_coef / n) * vd
+        return (torch.from_numpy(d_mean), torch.from_numpy(d_value.astype(np.float32, copy=False)),
+                torch.from_numpy(d_log_std.astype(np.float32, copy=False)), None, None, None, None, None)
+
+
+def _fused(net: ActorCritic, out: torch.Tensor, value: torch.Tensor, s: LossSettings) -> bool:
+    """Whether `_GaussianLossTail` serves this call: a Gaussian policy, float32 on the CPU (autocast's BF16/FP16
+    and other devices keep the unfused ops), not inside torch.compile, no value clipping."""
+    return (not net.discrete and not s.clip_vloss and out.device.type == "cpu" and out.dtype == torch.float32
+            and value.dtype == torch.float32 and not torch.compiler.is_compiling())
+
+
 def ppo_loss(
     net: ActorCritic, forward: Forward, mb: dict[str, torch.Tensor], s: LossSettings,
 ) -> tuple[torch.Tensor, Diagnostics]:
     """(loss, diagnostics) through autograd; the diagnostics are detached
-    scalars: pg_loss, v_loss, entropy, approx_kl."""
+    scalars: pg_loss, v_loss, entropy, approx_kl. A Gaussian policy in
+    float32 on the CPU goes through `_GaussianLossTail` (same values and
+    gradients, fewer ops); the rest through `unfused_loss`."""
     out, value = forward(mb["obs"])
+    if _fused(net, out, value, s):
+        loss, diag = _GaussianLossTail.apply(out, value, net.log_std, mb["act"], mb["logp"], mb["adv"], mb["ret"], s)
+        return loss, dict(zip(_DIAGNOSTICS, diag.unbind()))
+    return unfused_loss(net, out, value, mb, s)
+
+
+def unfused_loss(
+    net: ActorCritic, out: torch.Tensor, value: torch.Tensor, mb: dict[str, torch.Tensor], s: LossSettings,
+) -> tuple[torch.Tensor, Diagnostics]:
+    """The loss in torch ops from the network's outputs ``out`` and ``value``: every
+    policy, precision and device."""
     newlogp, entropy = net.log_prob_entropy(out, mb["act"])
     logratio = newlogp - mb["logp"]
     ratio = logratio.exp()
