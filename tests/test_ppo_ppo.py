@@ -57,6 +57,29 @@ def test_batched_inference_picks_the_same_actions_as_per_env(env_id):
 
 
 @pytest.mark.parametrize("env_id", ["CartPole-v1", "Pendulum-v1"])
+def test_the_lean_rollout_actor_picks_acts_actions_bit_for_bit(env_id):
+    obs = torch.randn(8, 4 if env_id == "CartPole-v1" else 3, generator=torch.Generator().manual_seed(1))
+    ppo = PPO(tiny(env_id, num_envs=8, num_steps=16, minibatch_size=16, seed=5))
+    with torch.inference_mode():
+        perturbation = ppo.net.perturbation(ppo._draw_noise())
+    lean = ppo._rollout_actor(perturbation)
+    assert lean.__qualname__.startswith("ActorCritic.rollout_actor")
+    for t in range(16):
+        assert torch.equal(lean(obs, t), ppo.act(obs, perturbation[t]))
+    before = lean(obs, 0).clone()
+    with torch.no_grad():  # an update changes the weights in place: the actor's views follow them
+        ppo.net.w1.mul_(1.5)
+        ppo.net.actor_head.bias.add_(0.3)
+    assert torch.equal(lean(obs, 0), ppo.act(obs, perturbation[0]))
+    assert torch.equal(ppo._rollout_actor(perturbation)(obs, 0), ppo.act(obs, perturbation[0]))
+    assert not torch.equal(lean(obs, 0), before) or env_id == "CartPole-v1"
+    # chunked inference keeps act (and so the test above of chunked against batched)
+    chunked = PPO(tiny(env_id, num_envs=8, num_steps=16, minibatch_size=16, seed=5, inference_batch_size=3))
+    assert chunked._rollout_actor(perturbation).__qualname__.startswith("PPO._rollout_actor")
+    ppo.close(), chunked.close()
+
+
+@pytest.mark.parametrize("env_id", ["CartPole-v1", "Pendulum-v1"])
 def test_rollout_log_probs_are_the_losss_log_probs(env_id):
     """The rollout and the update use one policy: the actor the rollout steps
     with is the network's actor, and the log-probability and value stored with

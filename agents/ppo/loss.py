@@ -60,24 +60,33 @@ class _GaussianLossTail(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, mean: torch.Tensor, value: torch.Tensor, log_std: torch.Tensor, act: torch.Tensor,
                 logp_old: torch.Tensor, adv: torch.Tensor, ret: torch.Tensor, s: LossSettings) -> tuple[torch.Tensor, torch.Tensor]:
+        # sums as np.add.reduce and np.dot: ndarray.mean and .std are Python-level wrappers, several us each
+        add = np.add.reduce
         mu, v, ls = mean.detach().numpy(), value.detach().numpy(), log_std.detach().numpy()
         a, adv_np = act.numpy(), adv.numpy()
+        n = v.shape[0]
         d = a - mu
         inv_var = np.exp(-2.0 * ls)
-        dz = d * d * inv_var
-        logratio = (-0.5 * dz.sum(1) - (ls.sum() + _HALF_LOG_2PI * ls.size)) - logp_old.numpy()
+        dz = d * d
+        dz *= inv_var
+        logratio = add(dz, axis=1)
+        logratio *= -0.5
+        logratio -= logp_old.numpy() + (add(ls) + _HALF_LOG_2PI * ls.size)
         ratio = np.exp(logratio)
         if s.norm_adv:
-            adv_np = (adv_np - adv_np.mean()) / (adv_np.std(ddof=1) + 1e-8)  # torch's std is the unbiased one
-        unclipped, clipped = adv_np * ratio, adv_np * np.clip(ratio, 1 - s.clip_coef, 1 + s.clip_coef)
-        pg_loss = -np.minimum(unclipped, clipped).mean()
+            centred = adv_np - add(adv_np) / n
+            adv_np = centred / (math.sqrt(float(np.dot(centred, centred)) / (n - 1)) + 1e-8)  # torch's std: the unbiased one
+        unclipped = adv_np * ratio
+        clipped = adv_np * np.minimum(np.maximum(ratio, 1 - s.clip_coef), 1 + s.clip_coef)
+        pg_loss = -float(add(np.minimum(unclipped, clipped))) / n
         vd = v - ret.numpy()
-        v_loss = (vd * vd).mean()
-        entropy = (0.5 + _HALF_LOG_2PI + ls).sum()
+        v_loss = float(np.dot(vd, vd)) / n
+        entropy = float(add(ls)) + (0.5 + _HALF_LOG_2PI) * ls.size
         loss = pg_loss + s.vf_coef * v_loss - s.ent_coef * entropy
-        approx_kl = ((ratio - 1) - logratio).mean()
-        ctx.saved = (d, inv_var, dz, adv_np * ratio * (unclipped <= clipped), vd, s)
-        diagnostics = torch.tensor([pg_loss, v_loss, entropy, approx_kl], dtype=torch.float32)
+        approx_kl = (float(add(ratio)) - n - float(add(logratio))) / n
+        unclipped *= unclipped <= clipped  # the surrogate's gradient flows where the unclipped term is the minimum
+        ctx.saved = (d, inv_var, dz, unclipped, vd, s)
+        diagnostics = torch.from_numpy(np.array([pg_loss, v_loss, entropy, approx_kl], dtype=np.float32))
         ctx.mark_non_differentiable(diagnostics)
         return torch.tensor(loss, dtype=torch.float32), diagnostics
 
@@ -86,13 +95,13 @@ class _GaussianLossTail(torch.autograd.Function):
         d, inv_var, dz, active, vd, s = ctx.saved
         gl = float(grad_loss)
         n = vd.shape[0]
-        g = (-gl / n) * active  # d loss / d logp: the surrogate's, through the ratio (d ratio / d logp = ratio)
-        gd = g[:, None] * inv_var
-        d_mean = gd * d
-        d_log_std = (g[:, None] * (dz - 1.0)).sum(0) - gl * s.ent_coef
-        d_value = (gl * 2.0 * s.vf_coef / n) * vd
-        return (torch.from_numpy(d_mean), torch.from_numpy(d_value.astype(np.float32, copy=False)),
-                torch.from_numpy(d_log_std.astype(np.float32, copy=False)), None, None, None, None, None)
+        g = active * np.float32(-gl / n)  # d loss / d logp: the surrogate's, through the ratio (d ratio / d logp = ratio)
+        d_mean = g[:, None] * inv_var
+        d_mean *= d
+        d_log_std = np.dot(g, dz) - (np.add.reduce(g) + np.float32(gl * s.ent_coef))  # sum_i g_i (dz_ij - 1) - ent_coef
+        d_value = vd * np.float32(gl * 2.0 * s.vf_coef / n)
+        return (torch.from_numpy(d_mean), torch.from_numpy(d_value), torch.from_numpy(d_log_std.astype(np.float32, copy=False)),
+                None, None, None, None, None)
 
 
 def _fused(net: ActorCritic, out: torch.Tensor, value: torch.Tensor, s: LossSettings) -> bool:

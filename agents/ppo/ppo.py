@@ -138,6 +138,16 @@ class PPO:
             acts.append(self.net.pick(self.actor(x), perturbation[sl].to(self.device, non_blocking=self.pin)))
         return torch.cat(acts).cpu()
 
+    def _rollout_actor(self, perturbation: torch.Tensor) -> Callable[[torch.Tensor, int], torch.Tensor]:
+        """Step ``t``'s actions in this rollout: `act` with ``perturbation[t]``; on a CPU
+        device, with one forward for all envs and no compiled actor,
+        `ActorCritic.rollout_actor`, the same actions in fewer ops."""
+        o = self.cfg.optimizations
+        one_forward = o.batch_inference and (o.inference_batch_size or self.cfg.num_envs) >= self.cfg.num_envs
+        if self.device.type == "cpu" and one_forward and not isinstance(self.actor, CompiledFallback):
+            return self.net.rollout_actor(perturbation)
+        return lambda obs, t: self.act(obs, perturbation[t])
+
     @torch.inference_mode()
     def _score_rollout(self) -> None:
         """The rollout's log-probabilities and values, in one forward over all
@@ -186,10 +196,11 @@ class PPO:
             t0 = time.perf_counter()
             with torch.inference_mode():
                 perturbation = self.net.perturbation(self._draw_noise())
+            actor = self._rollout_actor(perturbation)
             split["inference"] += time.perf_counter() - t0
             for step in range(cfg.num_steps):
                 t0 = time.perf_counter()
-                action = self.act(obs, perturbation[step])
+                action = actor(obs, step)
                 t1 = time.perf_counter()
                 next_obs_np, reward, terminated, truncated, infos = self.envs.step(self._env_action(action))
                 t2 = time.perf_counter()
