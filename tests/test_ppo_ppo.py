@@ -513,3 +513,41 @@ def test_numpy_tanh_matches_torch_and_falls_back_where_it_must():
         torch.testing.assert_close(tanh(x[:, ::2]), torch.tanh(x[:, ::2]))  # a strided view, in inference mode
     half = x.detach().to(torch.bfloat16)
     assert torch.equal(tanh(half), torch.tanh(half)) and tanh(half).dtype == torch.bfloat16  # autocast's dtypes: torch's kernel
+
+
+@pytest.mark.parametrize("discrete", [False, True])
+def test_the_towers_node_gives_autograds_outputs_and_gradients(discrete, monkeypatch):
+    from agents.ppo import policy
+
+    torch.manual_seed(0)
+    net = policy.ActorCritic(7, 3, discrete=discrete, hidden=16)
+    obs = torch.randn(40, 7)
+    g_out, g_value = torch.randn(40, 3), torch.randn(40)
+    applied = []
+    original = policy._Towers.apply
+    monkeypatch.setattr(policy._Towers, "apply", lambda *a: (applied.append(1), original(*a))[1])
+
+    def outputs_and_grads():
+        net.zero_grad(set_to_none=True)
+        out, value = net(obs)
+        ((out * g_out).sum() + (value * g_value).sum()).backward()
+        return out.detach(), value.detach(), {n: p.grad.clone() for n, p in net.named_parameters() if p.grad is not None}
+
+    fused = outputs_and_grads()
+    assert applied == [1]
+    monkeypatch.setattr(policy._Towers, "apply", None)  # the autograd path: the same ops, node by node
+    with torch.autocast("cpu", enabled=False):
+        monkeypatch.setattr(torch, "is_autocast_enabled", lambda *a: True)  # the guard that sends autocast to autograd
+        reference = outputs_and_grads()
+    monkeypatch.undo()
+    assert torch.equal(fused[0], reference[0]) and torch.equal(fused[1], reference[1])  # the same ops forward
+    assert fused[2].keys() == reference[2].keys()
+    for name, grad in reference[2].items():
+        torch.testing.assert_close(fused[2][name], grad, rtol=1e-5, atol=1e-7, msg=lambda m: f"{name}: {m}")
+    # no grad (rollout scoring), autocast: the plain forward
+    monkeypatch.setattr(policy._Towers, "apply", lambda *a: (applied.append(1), original(*a))[1])
+    with torch.no_grad():
+        net(obs)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out, _ = net(obs)
+    assert out.dtype == torch.bfloat16 and applied == [1]

@@ -55,6 +55,47 @@ def tanh(x: torch.Tensor) -> torch.Tensor:
     return _numpy_tanh(x)
 
 
+def _tanh_(x: torch.Tensor) -> torch.Tensor:
+    """tanh in place, through NumPy (float32 CPU tensors only)."""
+    x_np = x.numpy()
+    np.tanh(x_np, out=x_np)
+    return x
+
+
+class _Towers(torch.autograd.Function):
+    """`ActorCritic.forward` as one autograd node, float32 on the CPU: the same
+    ops forward (so the same outputs, bit for bit), and backward the layers'
+    gradients written out as a dozen matmuls and tanh-backward passes, where
+    autograd would walk about fifteen nodes of a network whose every op costs
+    more dispatch than arithmetic. Gradients agree with autograd's to float32
+    rounding (``tests/test_ppo_ppo.py``)."""
+
+    @staticmethod
+    def forward(ctx: Any, obs: torch.Tensor, w1: torch.Tensor, b1: torch.Tensor, w2: torch.Tensor, b2: torch.Tensor,
+                wa: torch.Tensor, ba: torch.Tensor, wc: torch.Tensor, bc: torch.Tensor, hidden: int) -> tuple[torch.Tensor, torch.Tensor]:
+        h1 = _tanh_(torch.addmm(b1, obs, w1.t()))  # (B, 2H)
+        x = h1.view(-1, 2, hidden).transpose(0, 1)  # (2, B, H)
+        h2 = _tanh_(torch.baddbmm(b2, x, w2))
+        out = torch.addmm(ba, h2[0], wa.t())
+        value = torch.addmm(bc, h2[1], wc.t()).squeeze(-1)
+        ctx.save_for_backward(obs, h1, h2, w2, wa, wc)
+        return out, value
+
+    @staticmethod
+    def backward(ctx: Any, g_out: torch.Tensor, g_value: torch.Tensor) -> tuple[Any, ...]:
+        obs, h1, h2, w2, wa, wc = ctx.saved_tensors
+        g_value = g_value.unsqueeze(-1)  # (B, 1)
+        g_h2 = torch.stack((g_out.mm(wa), g_value.mm(wc)))  # (2, B, H)
+        g_z2 = torch.ops.aten.tanh_backward(g_h2, h2)
+        x = h1.view(-1, 2, h2.shape[-1]).transpose(0, 1)
+        g_w2 = torch.bmm(x.transpose(1, 2), g_z2)
+        g_b2 = g_z2.sum(1, keepdim=True)
+        g_h1 = torch.bmm(g_z2, w2.transpose(1, 2)).transpose(0, 1).reshape(h1.shape)
+        g_z1 = torch.ops.aten.tanh_backward(g_h1, h1)
+        return (None, g_z1.t().mm(obs), g_z1.sum(0), g_w2, g_b2, g_out.t().mm(h2[0]), g_out.sum(0),
+                g_value.t().mm(h2[1]), g_value.sum(0), None)
+
+
 def _layer(inp: int, out: int, std: float = math.sqrt(2)) -> nn.Linear:
     layer = nn.Linear(inp, out)
     nn.init.orthogonal_(layer.weight, std)
@@ -89,7 +130,13 @@ class ActorCritic(nn.Module):
         self.log_std = nn.Parameter(torch.zeros(act_dim), requires_grad=not discrete)
 
     def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(actor output: logits or mean, value)."""
+        """(actor output: logits or mean, value). Training in float32 on the CPU
+        (outside autocast and torch.compile) goes through `_Towers`: the same
+        outputs, one autograd node."""
+        if (obs.device.type == "cpu" and obs.dtype == torch.float32 and self.w1.dtype == torch.float32 and torch.is_grad_enabled()
+                and self.w1.requires_grad and not torch.is_autocast_enabled("cpu") and not torch.compiler.is_compiling()):
+            return _Towers.apply(obs, self.w1, self.b1, self.w2, self.b2, self.actor_head.weight, self.actor_head.bias,
+                                 self.critic_head.weight, self.critic_head.bias, self.hidden)
         h = tanh(torch.addmm(self.b1, obs, self.w1.t()))  # (B, 2H)
         h = h.view(-1, 2, self.hidden).transpose(0, 1)  # (2, B, H)
         h = tanh(torch.baddbmm(self.b2, h, self.w2))
