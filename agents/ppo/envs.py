@@ -16,7 +16,7 @@ import os
 import statistics
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 import numpy as np
 
@@ -25,10 +25,10 @@ from genesis_fp16.telemetry import get_logger
 
 from .config import Optimizations
 from .envpool_env import EnvPoolVectorEnv, envpool_ids
+from .mujoco_env import MujocoVectorEnv, lean_mujoco_supported
+from .vector_env import EnvFn, InProcessVectorEnv
 
 gym = require("gymnasium", "genesis-fp16 ppo")
-
-EnvFn = Callable[[], gym.Env]
 
 
 class ActionRepeat(gym.Wrapper):
@@ -206,79 +206,6 @@ def is_mujoco(env_id: str) -> bool:
     return isinstance(entry, str) and entry.startswith("gymnasium.envs.mujoco")
 
 
-# the MuJoCo envs `agents.ppo.mujoco_env.MujocoVectorEnv` steps, by gymnasium entry point -> how many leading
-# qpos entries their observation leaves out (with exclude_current_positions_from_observation)
-LEAN_MUJOCO_LAYOUTS = {
-    "gymnasium.envs.mujoco.half_cheetah_v5:HalfCheetahEnv": 1,
-    "gymnasium.envs.mujoco.swimmer_v5:SwimmerEnv": 2,
-}
-
-
-def lean_mujoco_supported(env_id: str) -> bool:
-    """Whether `MujocoVectorEnv` steps ``env_id`` (by its registered entry point)."""
-    try:
-        entry = gym.spec(env_id).entry_point
-    except gym.error.Error:
-        return False
-    return isinstance(entry, str) and entry in LEAN_MUJOCO_LAYOUTS
-
-
-class InProcessVectorEnv(gym.vector.VectorEnv):
-    """In-process vector env with the ``SyncVectorEnv`` same-step autoreset
-    contract, minus some per-step overhead: results go into preallocated
-    arrays. Actions go to each env as the array's own elements (NumPy
-    scalars): gymnasium 1.4's ``Discrete.contains``, which CartPole asserts on
-    every step, takes 1.7 us for one and 2.2 us for a Python int. Measured
-    against ``SyncVectorEnv`` by ``scripts/diagnose_performance.py --test env``."""
-
-    def __init__(self, env_fns: list[EnvFn]) -> None:
-        self.envs = [fn() for fn in env_fns]
-        self.num_envs = len(self.envs)
-        first = self.envs[0]
-        if first.observation_space.shape is None:
-            for env in self.envs:
-                env.close()
-            raise ValueError(
-                f"observation space {first.observation_space} not supported (expected a space with a shape, e.g. Box)"
-            )
-        self.single_observation_space = first.observation_space
-        self.single_action_space = first.action_space
-        self.observation_space = gym.vector.utils.batch_space(first.observation_space, self.num_envs)
-        self.action_space = gym.vector.utils.batch_space(first.action_space, self.num_envs)
-        self.metadata = dict(first.metadata, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
-        shape = first.observation_space.shape
-        self._obs = np.zeros((self.num_envs, *shape), dtype=first.observation_space.dtype)
-        self._rew = np.zeros(self.num_envs, dtype=np.float64)
-        self._term = np.zeros(self.num_envs, dtype=bool)
-        self._trunc = np.zeros(self.num_envs, dtype=bool)
-
-    def reset(self, *, seed: Any = None, options: Optional[dict] = None):
-        seeds = [seed + i for i in range(self.num_envs)] if isinstance(seed, int) else (seed or [None] * self.num_envs)
-        for i, env in enumerate(self.envs):
-            self._obs[i], _ = env.reset(seed=seeds[i], options=options)
-        return self._obs.copy(), {}
-
-    def step(self, actions: Any):
-        acts = np.asarray(actions)
-        final_obs = final_mask = None
-        for i, env in enumerate(self.envs):
-            obs, reward, terminated, truncated, _ = env.step(acts[i])
-            if terminated or truncated:
-                if final_obs is None:
-                    final_obs = np.full(self.num_envs, None, dtype=object)
-                    final_mask = np.zeros(self.num_envs, dtype=bool)
-                final_obs[i], final_mask[i] = obs, True
-                obs, _ = env.reset()
-            self._obs[i] = obs
-            self._rew[i], self._term[i], self._trunc[i] = reward, terminated, truncated
-        infos = {} if final_obs is None else {"final_obs": final_obs, "_final_obs": final_mask}
-        return self._obs.copy(), self._rew.copy(), self._term.copy(), self._trunc.copy(), infos
-
-    def close_extras(self, **kwargs: Any) -> None:
-        for env in self.envs:
-            env.close()
-
-
 def make_vector_env(env_fns: list[EnvFn], mode: str) -> gym.vector.VectorEnv:
     """sync: `InProcessVectorEnv`; mujoco: `MujocoVectorEnv` (its envs only,
     else ValueError); sync_gymnasium: gymnasium's ``SyncVectorEnv``; async:
@@ -294,8 +221,6 @@ def make_vector_env(env_fns: list[EnvFn], mode: str) -> gym.vector.VectorEnv:
     if mode == "sync_gymnasium":
         return gym.vector.SyncVectorEnv(env_fns, autoreset_mode=autoreset)
     if mode == "mujoco":
-        from .mujoco_env import MujocoVectorEnv  # it builds on InProcessVectorEnv above
-
         return MujocoVectorEnv(env_fns)
     raise ValueError(f"vec env mode {mode!r}: expected sync, mujoco, sync_gymnasium or async")
 

@@ -25,10 +25,26 @@ import numpy as np
 
 from genesis_fp16.extras import require
 
-from .envs import LEAN_MUJOCO_LAYOUTS as LAYOUTS
-from .envs import EnvFn, InProcessVectorEnv
+from .vector_env import EnvFn, InProcessVectorEnv
 
 gym = require("gymnasium", "genesis-fp16 ppo")
+
+# the env classes this module steps, by gymnasium entry point -> how many leading qpos entries their
+# observation leaves out (with exclude_current_positions_from_observation)
+LAYOUTS = {
+    "gymnasium.envs.mujoco.half_cheetah_v5:HalfCheetahEnv": 1,
+    "gymnasium.envs.mujoco.swimmer_v5:SwimmerEnv": 2,
+}
+
+
+def lean_mujoco_supported(env_id: str) -> bool:
+    """Whether `MujocoVectorEnv` steps ``env_id`` (by its registered entry point)."""
+    try:
+        entry = gym.spec(env_id).entry_point
+    except gym.error.Error:
+        return False
+    return isinstance(entry, str) and entry in LAYOUTS
+
 
 # wrappers whose per-step work this class does itself: the time limit, and the reset-before-step order
 _ALLOWED_WRAPPERS = ("TimeLimit", "OrderEnforcing")

@@ -139,9 +139,8 @@ class PPO:
         return torch.cat(acts).cpu()
 
     def _rollout_actor(self, perturbation: torch.Tensor) -> Callable[[torch.Tensor, int], torch.Tensor]:
-        """Step ``t``'s actions in this rollout: `act` with ``perturbation[t]``; on a CPU
-        device, with one forward for all envs and no compiled actor,
-        `ActorCritic.rollout_actor`, the same actions in fewer ops."""
+        """Step ``t``'s actions in this rollout: `act` with ``perturbation[t]``, or on a CPU with one
+        forward for all envs and no compiled actor `ActorCritic.rollout_actor` (the same, in fewer ops)."""
         o = self.cfg.optimizations
         one_forward = o.batch_inference and (o.inference_batch_size or self.cfg.num_envs) >= self.cfg.num_envs
         if self.device.type == "cpu" and one_forward and not isinstance(self.actor, CompiledFallback):
