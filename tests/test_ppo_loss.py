@@ -1,5 +1,5 @@
-"""PPO's loss (`agents.ppo.loss`): the fused Gaussian tail gives the unfused
-loss's values and gradients to float32 rounding, on ties (ratio exactly 1, as
+"""PPO's loss (`agents.ppo.loss`): the fused Gaussian and categorical tails
+give the unfused loss's values and gradients to float32 rounding, on ties (ratio exactly 1, as
 on an update's first minibatch), on ratios clipped on either side with
 advantages of either sign, with and without advantage normalisation and the
 entropy bonus; and it steps aside where it does not apply."""
@@ -19,7 +19,10 @@ def _minibatch(net: ActorCritic, n: int, seed: int, ratio_spread: float) -> dict
     obs = torch.randn(n, 5, generator=g)
     with torch.no_grad():
         out, value = net(obs)
-        act = out + net.log_std.exp() * torch.randn(out.shape, generator=g)
+        if net.discrete:
+            act = torch.multinomial(torch.softmax(out, -1), 1, generator=g).squeeze(-1).float()
+        else:
+            act = out + net.log_std.exp() * torch.randn(out.shape, generator=g)
         logp, _ = net.log_prob_entropy(out, act, with_entropy=False)
     # ratio_spread 0: the rollout's own log-probabilities (ratio exactly 1: every surrogate term a tie)
     logp_old = logp + ratio_spread * torch.randn(n, generator=g)
@@ -35,16 +38,18 @@ def _loss_and_grads(net: ActorCritic, mb: dict[str, torch.Tensor], s: LossSettin
         out, value = net(mb["obs"])
         loss, diag = unfused_loss(net, out, value, mb, s)
     loss.backward()
-    return loss.detach(), {k: v.detach() for k, v in diag.items()}, {n: p.grad.clone() for n, p in net.named_parameters()}
+    return loss.detach(), {k: v.detach() for k, v in diag.items()}, {n: p.grad.clone() for n, p in net.named_parameters() if p.requires_grad}
 
 
+@pytest.mark.parametrize("discrete", [False, True])
 @pytest.mark.parametrize("ratio_spread", [0.0, 0.3, 1.5])
 @pytest.mark.parametrize("norm_adv, ent_coef", [(True, 0.0), (False, 0.01), (True, 0.05)])
-def test_the_fused_tail_has_the_unfused_losss_values_and_gradients(ratio_spread, norm_adv, ent_coef):
+def test_the_fused_tail_has_the_unfused_losss_values_and_gradients(ratio_spread, norm_adv, ent_coef, discrete):
     torch.manual_seed(0)
-    net = ActorCritic(5, 3, discrete=False, hidden=16)
+    net = ActorCritic(5, 3, discrete=discrete, hidden=16)
     with torch.no_grad():
         net.log_std.copy_(torch.tensor([-0.5, 0.0, 0.4]))
+        net.actor_head.weight.mul_(100.0)  # logits far from uniform: the categorical entropy's gradient is not ~0
     s = LossSettings(clip_coef=0.2, vf_coef=0.5, ent_coef=ent_coef, norm_adv=norm_adv, clip_vloss=False)
     mb = _minibatch(net, 64, seed=1, ratio_spread=ratio_spread)
     assert ppo_loss_module._fused(net, *net(mb["obs"]), s)
@@ -65,15 +70,15 @@ def test_the_fused_tail_steps_aside_where_it_does_not_apply():
     s = LossSettings(0.2, 0.5, 0.0, True, clip_vloss=False)
     gaussian, categorical = ActorCritic(5, 3, discrete=False, hidden=8), ActorCritic(5, 3, discrete=True, hidden=8)
     obs = torch.randn(4, 5)
-    assert ppo_loss_module._fused(gaussian, *gaussian(obs), s)
-    assert not ppo_loss_module._fused(categorical, *categorical(obs), s)
-    assert not ppo_loss_module._fused(gaussian, *gaussian(obs), LossSettings(0.2, 0.5, 0.0, True, clip_vloss=True))
+    assert ppo_loss_module._fused(gaussian, *gaussian(obs), s) and ppo_loss_module._fused(categorical, *categorical(obs), s)
+    clip_vloss = LossSettings(0.2, 0.5, 0.0, True, clip_vloss=True)
+    assert not ppo_loss_module._fused(gaussian, *gaussian(obs), clip_vloss)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         out, value = gaussian(obs)
     assert out.dtype == torch.bfloat16 and not ppo_loss_module._fused(gaussian, out, value, s)
-    # a discrete policy's loss runs unfused and still trains
-    mb = {"obs": obs, "act": torch.tensor([0, 1, 2, 1]), "logp": torch.full((4,), -1.1), "adv": torch.randn(4),
+    # value clipping: the unfused loss, which still trains
+    mb = {"obs": obs, "act": torch.tensor([0.0, 1.0, 2.0, 1.0]), "logp": torch.full((4,), -1.1), "adv": torch.randn(4),
           "ret": torch.randn(4), "val": torch.zeros(4)}
-    loss, _ = ppo_loss(categorical, categorical.forward, mb, s)
+    loss, _ = ppo_loss(categorical, categorical.forward, mb, clip_vloss)
     loss.backward()
     assert categorical.w1.grad is not None

@@ -44,6 +44,44 @@ _HALF_LOG_2PI = 0.5 * math.log(2 * math.pi)
 _DIAGNOSTICS = ("pg_loss", "v_loss", "entropy", "approx_kl")
 
 
+_add = np.add.reduce  # sums as np.add.reduce and np.dot: ndarray.mean and .std are Python-level wrappers, several us each
+
+
+def _ppo_terms(logp: np.ndarray, logp_old: np.ndarray, adv: np.ndarray, v: np.ndarray, ret: np.ndarray, s: LossSettings):
+    """The policy-independent part of the fused loss, from the new log-probabilities:
+    (pg_loss, v_loss, approx_kl, active, vd). ``active`` is d(-pg_loss * n)/d logp: the
+    normalised advantage times the ratio where the unclipped term is the minimum (ties
+    included: torch splits a tie's gradient and the clamp passes its share inside the
+    range), else 0; ``vd`` the value error."""
+    n = v.shape[0]
+    logratio = logp - logp_old
+    ratio = np.exp(logratio)
+    if s.norm_adv:
+        centred = adv - _add(adv) / n
+        adv = centred / (math.sqrt(float(np.dot(centred, centred)) / (n - 1)) + 1e-8)  # torch's std: the unbiased one
+    unclipped = adv * ratio
+    clipped = adv * np.minimum(np.maximum(ratio, 1 - s.clip_coef), 1 + s.clip_coef)
+    pg_loss = -float(_add(np.minimum(unclipped, clipped))) / n
+    vd = v - ret
+    v_loss = float(np.dot(vd, vd)) / n
+    approx_kl = (float(_add(ratio)) - n - float(_add(logratio))) / n
+    unclipped *= unclipped <= clipped
+    return pg_loss, v_loss, approx_kl, unclipped, vd
+
+
+def _outputs(ctx: Any, pg_loss: float, v_loss: float, entropy: float, approx_kl: float, s: LossSettings):
+    diagnostics = torch.from_numpy(np.array([pg_loss, v_loss, entropy, approx_kl], dtype=np.float32))
+    ctx.mark_non_differentiable(diagnostics)
+    loss = pg_loss + s.vf_coef * v_loss - s.ent_coef * entropy
+    return torch.tensor(loss, dtype=torch.float32), diagnostics
+
+
+def _backward_terms(active: np.ndarray, vd: np.ndarray, gl: float, s: LossSettings) -> tuple[np.ndarray, torch.Tensor]:
+    """(d loss / d logp, d loss / d value) for an upstream gradient ``gl``."""
+    n = vd.shape[0]
+    return active * np.float32(-gl / n), torch.from_numpy(vd * np.float32(gl * 2.0 * s.vf_coef / n))
+
+
 class _GaussianLossTail(torch.autograd.Function):
     """The loss from the network's outputs on for a Gaussian policy (log-prob,
     ratio, clipped surrogate, value MSE, entropy bonus) as one autograd node:
@@ -52,62 +90,73 @@ class _GaussianLossTail(torch.autograd.Function):
     about 30 small torch ops forward and 25 autograd nodes backward, each
     costing more dispatch than arithmetic at minibatch 256; this is about 25
     NumPy calls. The values and gradients agree with the unfused loss to
-    float32 rounding (``tests/test_ppo_loss.py``). Gradient rules as torch's:
-    the surrogate's gradient flows where the unclipped term is the minimum
-    (ties included: torch splits a tie's gradient and the clamp passes its
-    share inside the range), entropy's constant per-row value."""
+    float32 rounding (``tests/test_ppo_loss.py``)."""
 
     @staticmethod
     def forward(ctx: Any, mean: torch.Tensor, value: torch.Tensor, log_std: torch.Tensor, act: torch.Tensor,
                 logp_old: torch.Tensor, adv: torch.Tensor, ret: torch.Tensor, s: LossSettings) -> tuple[torch.Tensor, torch.Tensor]:
-        # sums as np.add.reduce and np.dot: ndarray.mean and .std are Python-level wrappers, several us each
-        add = np.add.reduce
-        mu, v, ls = mean.detach().numpy(), value.detach().numpy(), log_std.detach().numpy()
-        a, adv_np = act.numpy(), adv.numpy()
-        n = v.shape[0]
-        d = a - mu
+        mu, ls = mean.detach().numpy(), log_std.detach().numpy()
+        d = act.numpy() - mu
         inv_var = np.exp(-2.0 * ls)
         dz = d * d
         dz *= inv_var
-        logratio = add(dz, axis=1)
-        logratio *= -0.5
-        logratio -= logp_old.numpy() + (add(ls) + _HALF_LOG_2PI * ls.size)
-        ratio = np.exp(logratio)
-        if s.norm_adv:
-            centred = adv_np - add(adv_np) / n
-            adv_np = centred / (math.sqrt(float(np.dot(centred, centred)) / (n - 1)) + 1e-8)  # torch's std: the unbiased one
-        unclipped = adv_np * ratio
-        clipped = adv_np * np.minimum(np.maximum(ratio, 1 - s.clip_coef), 1 + s.clip_coef)
-        pg_loss = -float(add(np.minimum(unclipped, clipped))) / n
-        vd = v - ret.numpy()
-        v_loss = float(np.dot(vd, vd)) / n
-        entropy = float(add(ls)) + (0.5 + _HALF_LOG_2PI) * ls.size
-        loss = pg_loss + s.vf_coef * v_loss - s.ent_coef * entropy
-        approx_kl = (float(add(ratio)) - n - float(add(logratio))) / n
-        unclipped *= unclipped <= clipped  # the surrogate's gradient flows where the unclipped term is the minimum
-        ctx.saved = (d, inv_var, dz, unclipped, vd, s)
-        diagnostics = torch.from_numpy(np.array([pg_loss, v_loss, entropy, approx_kl], dtype=np.float32))
-        ctx.mark_non_differentiable(diagnostics)
-        return torch.tensor(loss, dtype=torch.float32), diagnostics
+        logp = _add(dz, axis=1)
+        logp *= -0.5
+        logp -= _add(ls) + _HALF_LOG_2PI * ls.size
+        pg_loss, v_loss, approx_kl, active, vd = _ppo_terms(logp, logp_old.numpy(), adv.numpy(), value.detach().numpy(), ret.numpy(), s)
+        ctx.saved = (d, inv_var, dz, active, vd, s)
+        return _outputs(ctx, pg_loss, v_loss, float(_add(ls)) + (0.5 + _HALF_LOG_2PI) * ls.size, approx_kl, s)
 
     @staticmethod
     def backward(ctx: Any, grad_loss: torch.Tensor, _grad_diagnostics: Any) -> tuple[Any, ...]:
         d, inv_var, dz, active, vd, s = ctx.saved
         gl = float(grad_loss)
-        n = vd.shape[0]
-        g = active * np.float32(-gl / n)  # d loss / d logp: the surrogate's, through the ratio (d ratio / d logp = ratio)
-        d_mean = g[:, None] * inv_var
+        g, d_value = _backward_terms(active, vd, gl, s)
+        d_mean = g[:, None] * inv_var  # d logp / d mean = (a - mean) / var
         d_mean *= d
-        d_log_std = np.dot(g, dz) - (np.add.reduce(g) + np.float32(gl * s.ent_coef))  # sum_i g_i (dz_ij - 1) - ent_coef
-        d_value = vd * np.float32(gl * 2.0 * s.vf_coef / n)
-        return (torch.from_numpy(d_mean), torch.from_numpy(d_value), torch.from_numpy(d_log_std.astype(np.float32, copy=False)),
+        d_log_std = np.dot(g, dz) - (_add(g) + np.float32(gl * s.ent_coef))  # sum_i g_i (dz_ij - 1) - ent_coef
+        return (torch.from_numpy(d_mean), d_value, torch.from_numpy(d_log_std.astype(np.float32, copy=False)),
                 None, None, None, None, None)
 
 
+class _CategoricalLossTail(torch.autograd.Function):
+    """`_GaussianLossTail` for a categorical policy: the log-softmax of the
+    logits, the taken actions' log-probabilities and the entropy in NumPy
+    forward, the gradient with respect to the logits and the value written out
+    backward (d logp / d z = onehot - p; d entropy / d z = -p (log p + H))."""
+
+    @staticmethod
+    def forward(ctx: Any, logits: torch.Tensor, value: torch.Tensor, act: torch.Tensor, logp_old: torch.Tensor,
+                adv: torch.Tensor, ret: torch.Tensor, s: LossSettings) -> tuple[torch.Tensor, torch.Tensor]:
+        z = logits.detach().numpy()
+        rows, taken = np.arange(z.shape[0]), act.numpy().astype(np.int64)
+        shifted = z - np.maximum.reduce(z, axis=1)[:, None]
+        e = np.exp(shifted)
+        total = _add(e, axis=1)
+        logp_all = shifted - np.log(total)[:, None]
+        p = e / total[:, None]
+        entropy = -_add(p * logp_all, axis=1)
+        pg_loss, v_loss, approx_kl, active, vd = _ppo_terms(logp_all[rows, taken], logp_old.numpy(), adv.numpy(),
+                                                           value.detach().numpy(), ret.numpy(), s)
+        ctx.saved = (rows, taken, p, logp_all, entropy, active, vd, s)
+        return _outputs(ctx, pg_loss, v_loss, float(_add(entropy)) / z.shape[0], approx_kl, s)
+
+    @staticmethod
+    def backward(ctx: Any, grad_loss: torch.Tensor, _grad_diagnostics: Any) -> tuple[Any, ...]:
+        rows, taken, p, logp_all, entropy, active, vd, s = ctx.saved
+        gl = float(grad_loss)
+        g, d_value = _backward_terms(active, vd, gl, s)
+        d_logits = p * -g[:, None]
+        d_logits[rows, taken] += g
+        if s.ent_coef:
+            d_logits += p * (logp_all + entropy[:, None]) * np.float32(gl * s.ent_coef / vd.shape[0])
+        return torch.from_numpy(d_logits), d_value, None, None, None, None, None
+
+
 def _fused(net: ActorCritic, out: torch.Tensor, value: torch.Tensor, s: LossSettings) -> bool:
-    """Whether `_GaussianLossTail` serves this call: a Gaussian policy, float32 on the CPU (autocast's BF16/FP16
+    """Whether a fused tail serves this call: float32 on the CPU (autocast's BF16/FP16
     and other devices keep the unfused ops), not inside torch.compile, no value clipping."""
-    return (not net.discrete and not s.clip_vloss and out.device.type == "cpu" and out.dtype == torch.float32
+    return (not s.clip_vloss and out.device.type == "cpu" and out.dtype == torch.float32
             and value.dtype == torch.float32 and not torch.compiler.is_compiling())
 
 
@@ -115,12 +164,15 @@ def ppo_loss(
     net: ActorCritic, forward: Forward, mb: dict[str, torch.Tensor], s: LossSettings,
 ) -> tuple[torch.Tensor, Diagnostics]:
     """(loss, diagnostics) through autograd; the diagnostics are detached
-    scalars: pg_loss, v_loss, entropy, approx_kl. A Gaussian policy in
-    float32 on the CPU goes through `_GaussianLossTail` (same values and
-    gradients, fewer ops); the rest through `unfused_loss`."""
+    scalars: pg_loss, v_loss, entropy, approx_kl. In float32 on the CPU it
+    goes through `_GaussianLossTail` or `_CategoricalLossTail` (same values
+    and gradients, fewer ops); the rest through `unfused_loss`."""
     out, value = forward(mb["obs"])
     if _fused(net, out, value, s):
-        loss, diag = _GaussianLossTail.apply(out, value, net.log_std, mb["act"], mb["logp"], mb["adv"], mb["ret"], s)
+        if net.discrete:
+            loss, diag = _CategoricalLossTail.apply(out, value, mb["act"], mb["logp"], mb["adv"], mb["ret"], s)
+        else:
+            loss, diag = _GaussianLossTail.apply(out, value, net.log_std, mb["act"], mb["logp"], mb["adv"], mb["ret"], s)
         return loss, dict(zip(_DIAGNOSTICS, diag.unbind()))
     return unfused_loss(net, out, value, mb, s)
 
