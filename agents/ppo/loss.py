@@ -47,7 +47,9 @@ _DIAGNOSTICS = ("pg_loss", "v_loss", "entropy", "approx_kl")
 _add = np.add.reduce  # sums as np.add.reduce and np.dot: ndarray.mean and .std are Python-level wrappers, several us each
 
 
-def _ppo_terms(logp: np.ndarray, logp_old: np.ndarray, adv: np.ndarray, v: np.ndarray, ret: np.ndarray, s: LossSettings):
+def _ppo_terms(
+    logp: np.ndarray, logp_old: np.ndarray, adv: np.ndarray, v: np.ndarray, ret: np.ndarray, s: LossSettings,
+) -> tuple[float, float, float, np.ndarray, np.ndarray]:
     """The policy-independent part of the fused loss, from the new log-probabilities:
     (pg_loss, v_loss, approx_kl, active, vd). ``active`` is d(-pg_loss * n)/d logp: the
     normalised advantage times the ratio where the unclipped term is the minimum (ties
@@ -69,7 +71,10 @@ def _ppo_terms(logp: np.ndarray, logp_old: np.ndarray, adv: np.ndarray, v: np.nd
     return pg_loss, v_loss, approx_kl, unclipped, vd
 
 
-def _outputs(ctx: Any, pg_loss: float, v_loss: float, entropy: float, approx_kl: float, s: LossSettings):
+def _outputs(
+    ctx: Any, pg_loss: float, v_loss: float, entropy: float, approx_kl: float, s: LossSettings,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The node's outputs: the loss, and the diagnostics (not differentiable)."""
     diagnostics = torch.from_numpy(np.array([pg_loss, v_loss, entropy, approx_kl], dtype=np.float32))
     ctx.mark_non_differentiable(diagnostics)
     loss = pg_loss + s.vf_coef * v_loss - s.ent_coef * entropy

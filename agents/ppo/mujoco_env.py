@@ -46,8 +46,9 @@ def lean_mujoco_supported(env_id: str) -> bool:
     return isinstance(entry, str) and entry in LAYOUTS
 
 
-# wrappers whose per-step work this class does itself: the time limit, and the reset-before-step order
-_ALLOWED_WRAPPERS = ("TimeLimit", "OrderEnforcing")
+# the wrappers whose per-step work this class does itself (exactly these classes, not subclasses):
+# the time limit, and the reset-before-step order
+_ALLOWED_WRAPPERS = (gym.wrappers.TimeLimit, gym.wrappers.OrderEnforcing)
 
 
 @dataclass(frozen=True)
@@ -69,13 +70,12 @@ def _layout(env: gym.Env) -> tuple[_Layout, int]:
     max_steps: Optional[int] = None
     layer = env
     while isinstance(layer, gym.Wrapper):
-        name = type(layer).__name__
-        if name not in _ALLOWED_WRAPPERS:
+        if type(layer) not in _ALLOWED_WRAPPERS:
             raise ValueError(
-                f"wrapper {name} around {entry}: the lean MuJoCo step replaces only {', '.join(_ALLOWED_WRAPPERS)} "
-                "(action repeat and other wrappers need vec_env sync)"
+                f"wrapper {type(layer).__name__} around {entry}: the lean MuJoCo step replaces only "
+                f"{', '.join(w.__name__ for w in _ALLOWED_WRAPPERS)} (action repeat and other wrappers need vec_env sync)"
             )
-        if name == "TimeLimit":
+        if type(layer) is gym.wrappers.TimeLimit:
             max_steps = int(layer._max_episode_steps)
         layer = layer.env
     if max_steps is None:

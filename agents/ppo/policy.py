@@ -186,12 +186,7 @@ class ActorCritic(nn.Module):
 
         def step(obs: torch.Tensor, t: int) -> torch.Tensor:
             with torch.inference_mode():
-                x = torch.addmm(b1, obs, w1)
-                x_np = x.numpy()
-                np.tanh(x_np, out=x_np)
-                x = torch.addmm(b2, x, w2)
-                x_np = x.numpy()
-                np.tanh(x_np, out=x_np)
+                x = _tanh_(torch.addmm(b2, _tanh_(torch.addmm(b1, obs, w1)), w2))
                 out = torch.addmm(b3, x, w3)
                 return torch.argmax(out.add_(pert[t]), dim=-1) if self.discrete else out.add_(pert[t])
 
