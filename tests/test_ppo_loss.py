@@ -52,7 +52,7 @@ def test_the_fused_tail_has_the_unfused_losss_values_and_gradients(ratio_spread,
         net.actor_head.weight.mul_(100.0)  # logits far from uniform: the categorical entropy's gradient is not ~0
     s = LossSettings(clip_coef=0.2, vf_coef=0.5, ent_coef=ent_coef, norm_adv=norm_adv, clip_vloss=False)
     mb = _minibatch(net, 64, seed=1, ratio_spread=ratio_spread)
-    assert ppo_loss_module._fused(net, *net(mb["obs"]), s)
+    assert ppo_loss_module._fused(*net(mb["obs"]), s)
     fused, unfused = _loss_and_grads(net, mb, s, True), _loss_and_grads(net, mb, s, False)
     torch.testing.assert_close(fused[0], unfused[0], rtol=1e-5, atol=1e-6)
     for key in unfused[1]:
@@ -70,12 +70,12 @@ def test_the_fused_tail_steps_aside_where_it_does_not_apply():
     s = LossSettings(0.2, 0.5, 0.0, True, clip_vloss=False)
     gaussian, categorical = ActorCritic(5, 3, discrete=False, hidden=8), ActorCritic(5, 3, discrete=True, hidden=8)
     obs = torch.randn(4, 5)
-    assert ppo_loss_module._fused(gaussian, *gaussian(obs), s) and ppo_loss_module._fused(categorical, *categorical(obs), s)
+    assert ppo_loss_module._fused(*gaussian(obs), s) and ppo_loss_module._fused(*categorical(obs), s)
     clip_vloss = LossSettings(0.2, 0.5, 0.0, True, clip_vloss=True)
-    assert not ppo_loss_module._fused(gaussian, *gaussian(obs), clip_vloss)
+    assert not ppo_loss_module._fused(*gaussian(obs), clip_vloss)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         out, value = gaussian(obs)
-    assert out.dtype == torch.bfloat16 and not ppo_loss_module._fused(gaussian, out, value, s)
+    assert out.dtype == torch.bfloat16 and not ppo_loss_module._fused(out, value, s)
     # value clipping: the unfused loss, which still trains
     mb = {"obs": obs, "act": torch.tensor([0.0, 1.0, 2.0, 1.0]), "logp": torch.full((4,), -1.1), "adv": torch.randn(4),
           "ret": torch.randn(4), "val": torch.zeros(4)}

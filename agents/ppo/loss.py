@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .policy import ActorCritic, Forward
+from .policy import ActorCritic, Forward, numpy_path
 
 Diagnostics = dict[str, torch.Tensor]
 
@@ -158,11 +158,10 @@ class _CategoricalLossTail(torch.autograd.Function):
         return torch.from_numpy(d_logits), d_value, None, None, None, None, None
 
 
-def _fused(net: ActorCritic, out: torch.Tensor, value: torch.Tensor, s: LossSettings) -> bool:
-    """Whether a fused tail serves this call: float32 on the CPU (autocast's BF16/FP16
-    and other devices keep the unfused ops), not inside torch.compile, no value clipping."""
-    return (not s.clip_vloss and out.device.type == "cpu" and out.dtype == torch.float32
-            and value.dtype == torch.float32 and not torch.compiler.is_compiling())
+def _fused(out: torch.Tensor, value: torch.Tensor, s: LossSettings) -> bool:
+    """Whether a fused tail serves this call: `numpy_path` (autocast's BF16/FP16, other devices and compiled
+    code keep the unfused ops) and no value clipping."""
+    return not s.clip_vloss and numpy_path(out, value)
 
 
 def ppo_loss(
@@ -173,7 +172,7 @@ def ppo_loss(
     goes through `_GaussianLossTail` or `_CategoricalLossTail` (same values
     and gradients, fewer ops); the rest through `unfused_loss`."""
     out, value = forward(mb["obs"])
-    if _fused(net, out, value, s):
+    if _fused(out, value, s):
         if net.discrete:
             loss, diag = _CategoricalLossTail.apply(out, value, mb["act"], mb["logp"], mb["adv"], mb["ret"], s)
         else:

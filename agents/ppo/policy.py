@@ -23,6 +23,13 @@ from genesis_fp16.telemetry import get_logger
 Forward = Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
 
 
+def numpy_path(*tensors: torch.Tensor) -> bool:
+    """Whether NumPy may compute on these tensors in place of torch: float32 on
+    the CPU, outside torch.compile (the rule of `tanh`, `_Towers` and the fused
+    loss tails in `agents.ppo.loss`)."""
+    return not torch.compiler.is_compiling() and all(t.device.type == "cpu" and t.dtype == torch.float32 for t in tensors)
+
+
 def _numpy_tanh(x: torch.Tensor) -> torch.Tensor:
     return torch.from_numpy(np.tanh(x.detach().numpy()))
 
@@ -48,7 +55,7 @@ def tanh(x: torch.Tensor) -> torch.Tensor:
     end-to-end effect: docs/PPO.md, "tanh through NumPy"), same values to
     float32 rounding. Other devices and dtypes (autocast's BF16/FP16), and
     code being compiled, use torch's."""
-    if x.device.type != "cpu" or x.dtype != torch.float32 or torch.compiler.is_compiling():
+    if not numpy_path(x):
         return torch.tanh(x)
     if x.requires_grad and torch.is_grad_enabled():
         return _NumpyTanh.apply(x)
@@ -133,8 +140,8 @@ class ActorCritic(nn.Module):
         """(actor output: logits or mean, value). Training in float32 on the CPU
         (outside autocast and torch.compile) goes through `_Towers`: the same
         outputs, one autograd node."""
-        if (obs.device.type == "cpu" and obs.dtype == torch.float32 and self.w1.dtype == torch.float32 and torch.is_grad_enabled()
-                and self.w1.requires_grad and not torch.is_autocast_enabled("cpu") and not torch.compiler.is_compiling()):
+        if (torch.is_grad_enabled() and self.w1.requires_grad and not torch.is_autocast_enabled("cpu")
+                and numpy_path(obs, self.w1)):
             return _Towers.apply(obs, self.w1, self.b1, self.w2, self.b2, self.actor_head.weight, self.actor_head.bias,
                                  self.critic_head.weight, self.critic_head.bias, self.hidden)
         h = tanh(torch.addmm(self.b1, obs, self.w1.t()))  # (B, 2H)
