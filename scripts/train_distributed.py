@@ -202,7 +202,9 @@ def run(args: Args, ctx: Any) -> int:
             inject = args.inject_step is not None and step + 1 == args.inject_step and ctx.rank == args.inject_overflow_rank
             for micro in range(args.accum):
                 trainer.module.inject = inject and micro == args.accum - 1
-                loss = trainer.training_step(make_batch(step, ctx.rank, ctx.world_size, args, micro), loss_fn)
+                # the data is drawn on the CPU (the same batches on every device), then moved to the model's
+                x, y = make_batch(step, ctx.rank, ctx.world_size, args, micro)
+                loss = trainer.training_step((x.to(ctx.device), y.to(ctx.device)), loss_fn)
                 trainer.backward_and_step(loss)
                 losses.append(float(loss.detach()))
             trainer.module.inject = False

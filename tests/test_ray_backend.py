@@ -12,7 +12,8 @@ import time
 
 import numpy as np
 import pytest
-import ray
+
+ray = pytest.importorskip("ray", reason="the ray extra is not installed: pip install -e '.[ray]' (dev includes it)")
 
 from agents.evaluation import EvaluationEnvError, EvaluationError, EvaluationTimeout, Evaluator, make_evaluator
 from agents.ray_evaluation import EvaluationWorkerLost, RayConnectError, RayEvaluator, connect_ray
