@@ -59,6 +59,13 @@ def started_for(state_dir: str) -> list[psutil.Process]:
     return found
 
 
+def left_of(state_dir: str, family: list[psutil.Process]) -> list[psutil.Process]:
+    """What is alive of the run: by its environment, and of the descendants seen at the kill."""
+    found = {p.pid: p for p in started_for(state_dir)}
+    found.update((p.pid, p) for p in family if alive(p))
+    return list(found.values())
+
+
 def workers_of(pid: int, backend: str) -> list[psutil.Process]:
     try:
         family = psutil.Process(pid).children(recursive=True)
@@ -97,14 +104,14 @@ def one_run(index: int, loaded: bool, delay_s: float, grace_s: float, backend: s
         evolve.wait()
         killed = time.monotonic()
         time.sleep(grace_s)
-        left = started_for(state_dir)
+        left = left_of(state_dir, family)
         detail = (f"workers after {first_worker_s:.1f} s, killed {delay_s:.2f} s later with {len(family)} descendants; "
                   f"{len(left)} alive {grace_s:g} s later")
         if left:
             detail += ": " + ", ".join(f"{p.pid} {' '.join(p.cmdline())[-60:]!r}" for p in left)
-            while started_for(state_dir) and time.monotonic() - killed < LINGER_S:
+            while left_of(state_dir, family) and time.monotonic() - killed < LINGER_S:
                 time.sleep(0.05)
-            lingering = started_for(state_dir)
+            lingering = left_of(state_dir, family)
             detail += (f"; still {len(lingering)} after {LINGER_S:g} s" if lingering
                        else f"; all gone {time.monotonic() - killed:.1f} s after the kill")
         return not left, detail
