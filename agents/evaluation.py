@@ -15,7 +15,6 @@ chunks and put back together is shared with the Ray backend
 
 from __future__ import annotations
 
-import multiprocessing
 import os
 import threading
 import time
@@ -49,7 +48,7 @@ from .evaluation_contract import (
     worker_lost,
 )
 from .tasks import ResolvedTask, run_episodes
-from .worker_limits import init_worker
+from .worker_limits import death_signal_context, init_worker
 
 __all__ = [
     "BACKENDS", "Evaluation", "EvaluationBackend", "EvaluationEnvError", "EvaluationError", "EvaluationMemoryError",
@@ -108,7 +107,7 @@ class Evaluator(SingleEvaluation):
         if self._pool is None:
             self._pool = ProcessPoolExecutor(
                 max_workers=self.workers,
-                mp_context=multiprocessing.get_context("spawn"),
+                mp_context=death_signal_context(),
                 initializer=init_worker,
                 initargs=(self.memory_limit_mb, os.getpid(), None if self.mujoco_log is None else str(self.mujoco_log)),
             )

@@ -166,16 +166,24 @@ class RunLock:
 
 
 def is_running(state_dir: Path, run_id: str) -> bool:
-    """Whether another open file description holds the run's lock."""
-    lock = RunLock(state_dir, run_id)
-    if not lock.path.exists():
+    """Whether another open file description holds the run's lock. The lock
+    file is opened read-only (flock needs no write access), so a run in a
+    read-only state dir is still told apart from a running one."""
+    path = RunLock(state_dir, run_id).path
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:  # no lock file (never run here, or pruned), or unreadable: nothing holds it
         return False
     try:
-        free = lock.acquire()
-    except RunStorageError:
+        if fcntl is None:
+            return False
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
         return False
-    lock.release()
-    return not free
+    finally:
+        os.close(fd)  # drops the probe's flock
 
 
 def effective_status(state_dir: Path, manifest: Optional[dict[str, Any]], run_id: str) -> str:
@@ -238,10 +246,11 @@ def _files_bytes(paths: Sequence[Path]) -> int:
     return sum(p.stat().st_size for p in paths if p.is_file())
 
 
-def replay_buffer_if_present(state_dir: Path) -> Optional[ReplayBuffer]:
-    """The state dir's replay buffer, without creating one where there is none."""
+def replay_buffer_if_present(state_dir: Path, *, read_only: bool = False) -> Optional[ReplayBuffer]:
+    """The state dir's replay buffer, without creating one where there is none
+    (``read_only``: opened for reading, so a read-only state dir can be listed)."""
     path = Path(state_dir) / REPLAY_FILE
-    return ReplayBuffer(path) if path.is_file() else None
+    return ReplayBuffer(path, read_only=read_only) if path.is_file() else None
 
 
 def _started_from_id(run_id: str) -> Optional[float]:
@@ -266,7 +275,7 @@ def list_runs(state_dir: Path) -> list[RunInfo]:
         except RunError:
             manifests[path.parent.name] = None
     usage: dict[str, dict[str, Any]] = {}
-    buffer = replay_buffer_if_present(state_dir)
+    buffer = replay_buffer_if_present(state_dir, read_only=True)
     if buffer is not None:
         usage = buffer.usage()
     by_run: dict[str, list[str]] = {}

@@ -95,7 +95,7 @@ def prune_command(
     from genesis_fp16.telemetry import get_logger
     from infrastructure.replay_buffer import ReplayBufferError
 
-    from .runs import parse_duration, prune, select_for_pruning
+    from .runs import RunStorageError, parse_duration, prune, select_for_pruning
 
     if keep is None and older_than is None:
         raise fail("state prune: give --keep N and/or --older-than DURATION (e.g. --keep 5, --older-than 7d); add --dry-run to see first")
@@ -118,7 +118,7 @@ def prune_command(
         return
     try:
         result = prune(state_dir, chosen, vacuum=vacuum)
-    except ReplayBufferError as exc:
+    except (ReplayBufferError, RunStorageError) as exc:  # a read-only state dir: the lock or the database refuses
         raise fail(f"{exc}; nothing was deleted")
     get_logger("agents.state").info(
         "state.pruned", runs=len(result.deleted), trajectories=result.replay_rows, freed_bytes=result.freed_bytes, vacuum=vacuum

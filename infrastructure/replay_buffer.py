@@ -92,7 +92,13 @@ class ReplayBuffer:
     an id (`Trajectory.id`) by which `delete_trajectories` removes it. Raises
     `ReplayBufferError` when the file cannot be used."""
 
-    def __init__(self, path: Union[str, Path, None] = None, *, settings: Optional[Settings] = None, busy_timeout_s: float = 5.0) -> None:
+    def __init__(
+        self, path: Union[str, Path, None] = None, *, settings: Optional[Settings] = None, busy_timeout_s: float = 5.0,
+        read_only: bool = False,
+    ) -> None:
+        """``read_only``: open an existing database for reading only, creating
+        and migrating nothing (works in a read-only state dir); a write then
+        raises `ReplayBufferError` of kind ``read_only``."""
         dir_name = None  # how messages name the directory: the variable when it came from settings
         if path is None:
             from genesis_fp16.settings import load_settings
@@ -102,16 +108,22 @@ class ReplayBuffer:
             dir_name = env_name("state_dir")
         self.path = Path(path)
         self.busy_timeout_s = busy_timeout_s
+        self.read_only = read_only
         self._log = get_logger("infrastructure.replay_buffer", path=str(self.path))
         try:
-            storage.prepare_dir(self.path.parent, name=dir_name)
+            storage.prepare_dir(self.path.parent, name=dir_name, create=not read_only, writable=not read_only)
         except storage.StorageError as exc:
             raise ReplayBufferError(str(exc), exc.kind) from None
-        self._init_schema()
+        if read_only:
+            self._run(self._check_schema_version)
+        else:
+            self._init_schema()
 
     # -- connections ---------------------------------------------------------
     def _connect(self) -> sqlite3.Connection:
         try:
+            if self.read_only:
+                return storage.connect_read_only(self.path, timeout=self.busy_timeout_s)
             conn = sqlite3.connect(self.path, timeout=self.busy_timeout_s, isolation_level=None)
         except sqlite3.Error as exc:
             raise self._fault(exc) from None
@@ -137,18 +149,21 @@ class ReplayBuffer:
             conn.execute("PRAGMA synchronous=FULL")  # a committed generation survives power loss too
             conn.executescript(_SCHEMA)
             conn.execute("INSERT OR IGNORE INTO meta (key, value) VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
-            row = conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
-            if row is None or int(row[0]) > SCHEMA_VERSION:
-                raise ReplayBufferError(
-                    f"{self.path}: replay schema version {row and row[0]!r} is newer than this code reads ({SCHEMA_VERSION})",
-                    "corrupt",
-                )
+            self._check_schema_version(conn)
         except sqlite3.DatabaseError as exc:
             if _is_locked(exc):
                 raise
             raise self._fault(exc) from None
         finally:
             conn.close()
+
+    def _check_schema_version(self, conn: sqlite3.Connection) -> None:
+        row = conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
+        if row is None or int(row[0]) > SCHEMA_VERSION:
+            raise ReplayBufferError(
+                f"{self.path}: replay schema version {row and row[0]!r} is newer than this code reads ({SCHEMA_VERSION})",
+                "corrupt",
+            )
 
     def _run(self, fn, *, write: bool = False):  # type: ignore[no-untyped-def]
         @_retry_locked

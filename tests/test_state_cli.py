@@ -5,7 +5,12 @@ the rollout ledger, the event log or a running run."""
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -16,7 +21,7 @@ from agents.se_darwin_agent import SEDarwinAgent
 from genesis_fp16.cli import app
 from genesis_fp16.rollout import RolloutLedger
 from genesis_fp16.settings import load_settings
-from infrastructure.replay_buffer import ReplayBuffer, Trajectory
+from infrastructure.replay_buffer import ReplayBuffer, ReplayBufferError, Trajectory
 from tests.test_resume import InProcessEvaluator, config
 
 runner = CliRunner()
@@ -162,3 +167,81 @@ def test_bad_input_one_clear_error(three_runs, args, expected):
 
 def test_parse_duration():
     assert [parse_duration(t) for t in ("90s", "30m", "12h", "7d", "2w", "1.5h")] == [90, 1800, 43200, 604800, 1209600, 5400]
+
+
+# -- a read-only state dir ---------------------------------------------------------------
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _read_only_mount_works(path: Path) -> bool:
+    probe = subprocess.run(["unshare", "--user", "--map-root-user", "--mount", "sh", "-c",
+                            'mount --bind -o ro "$0" "$0" && ! touch "$0/probe" 2>/dev/null', str(path)],
+                           capture_output=True, timeout=60)
+    return probe.returncode == 0 and not (path / "probe").exists()
+
+
+def cli_on_read_only(state_dir: Path, *args: str) -> subprocess.CompletedProcess:
+    """The CLI in a mount namespace where ``state_dir`` is a read-only bind
+    mount: writes fail with EROFS even for root (which ignores chmod)."""
+    if shutil.which("unshare") is None or not _read_only_mount_works(state_dir):
+        pytest.skip("needs `unshare --user --mount` and a bind mount (Linux, user namespaces allowed) for a truly read-only dir")
+    script = 'mount --bind -o ro "$0" "$0" && exec "$@"'
+    return subprocess.run(["unshare", "--user", "--map-root-user", "--mount", "sh", "-c", script, str(state_dir),
+                           sys.executable, "-m", "genesis_fp16.cli", *args],
+                          cwd=ROOT, env=dict(os.environ), capture_output=True, text=True, timeout=300)
+
+
+def tree(path: Path) -> dict:
+    return {str(p.relative_to(path)): (p.stat().st_size, p.stat().st_mtime_ns) for p in sorted(path.rglob("*"))}
+
+
+def test_list_and_dry_run_work_on_a_read_only_state_dir(three_runs):
+    """Listing is a read: `state list` and `state prune --dry-run` answer on a
+    read-only state dir (no schema set-up, no lock file opened for writing)."""
+    expected = listed()
+    before = tree(three_runs)
+    shown = cli_on_read_only(three_runs, "state", "list", "--json")
+    assert shown.returncode == 0, shown.stderr
+    assert json.loads(shown.stdout) == expected
+    table = cli_on_read_only(three_runs, "state", "list")
+    assert table.returncode == 0 and "seed0-old" in table.stdout and "replay database" in table.stdout, table.stderr
+    dry = cli_on_read_only(three_runs, "state", "prune", "--keep", "1", "--dry-run", "--json")
+    assert dry.returncode == 0, dry.stderr
+    assert [r["run_id"] for r in json.loads(dry.stdout)["would_delete"]] == ["seed0-mid", "seed0-old"]
+    assert tree(three_runs) == before
+
+
+def test_a_running_run_in_a_read_only_state_dir_is_listed_running(three_runs):
+    holder = RunLock(three_runs, "seed0-old")
+    assert holder.acquire()
+    try:
+        shown = cli_on_read_only(three_runs, "state", "list", "--json")
+        assert shown.returncode == 0, shown.stderr
+        assert {r["run_id"]: r["status"] for r in json.loads(shown.stdout)["runs"]}["seed0-old"] == "running"
+    finally:
+        holder.release()
+
+
+def test_prune_on_a_read_only_state_dir_is_one_clear_error(three_runs):
+    before = tree(three_runs)
+    result = cli_on_read_only(three_runs, "state", "prune", "--keep", "1")
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr and "read-only file system" in result.stderr.lower() and "nothing was deleted" in result.stderr
+    assert tree(three_runs) == before
+
+
+def test_a_read_only_replay_buffer_creates_nothing_and_refuses_writes(state_dir):
+    make_run(state_dir, "seed0-a", 0)
+    path = state_dir / "replay.sqlite"
+    files = sorted(p.name for p in state_dir.iterdir())
+    buffer = ReplayBuffer(path, read_only=True)
+    assert buffer.usage()["se_darwin:seed0-a"]["trajectories"] == 3
+    with pytest.raises(ReplayBufferError) as err:
+        buffer.delete_agents(["se_darwin:seed0-a"])
+    assert err.value.kind == "read_only"
+    assert ReplayBuffer(path).count()["trajectories"] == 3
+    with pytest.raises(ReplayBufferError):  # nothing there to read: created by no one
+        ReplayBuffer(state_dir / "missing.sqlite", read_only=True)
+    assert not (state_dir / "missing.sqlite").exists()
+    assert files == sorted(p.name for p in state_dir.iterdir() if p.name not in ("replay.sqlite-wal", "replay.sqlite-shm"))

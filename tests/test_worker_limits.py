@@ -64,6 +64,70 @@ def test_workers_die_when_their_parent_is_killed(state):
         kill_all(family)
 
 
+# An evolve-like parent whose main module takes long to import in a spawned
+# worker (as `genesis_fp16.cli` and torch do on a loaded machine): it prints
+# the workers' pids as soon as they exist, long before they reach the pool's
+# initializer. Run from a file: spawn re-runs a main module that has a path.
+SLOW_MAIN = """
+import json, multiprocessing, os, sys, threading, time
+if __name__ == "__mp_main__":  # a spawned worker re-running this module
+    time.sleep(600)
+from concurrent.futures import ProcessPoolExecutor
+from agents import worker_limits
+
+if __name__ == "__main__":
+    pool = ProcessPoolExecutor(2, mp_context=worker_limits.death_signal_context(), initializer=worker_limits.init_worker,
+                               initargs=(None, os.getpid()))
+    for _ in range(2):
+        pool.submit(int)
+    print("workers", json.dumps(sorted(p.pid for p in multiprocessing.active_children())), flush=True)
+    threading.Event().wait()
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's; elsewhere the watch thread starts in the initializer")
+def test_workers_killed_while_still_importing_die_with_their_parent(tmp_path):
+    """A `kill -9` of the parent while its workers are still importing its
+    main module (before any pool initializer can run) ends them too: the death
+    signal is set before the worker imports anything."""
+    script = tmp_path / "slow_main.py"
+    script.write_text(SLOW_MAIN)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+    parent = subprocess.Popen([sys.executable, str(script)], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.DEVNULL, text=True)
+    family: list[psutil.Process] = []
+    try:
+        line = read_line(parent.stdout, STARTUP_S, lambda text: text.startswith("workers "))
+        pids = json.loads(line.split(" ", 1)[1])
+        assert len(pids) == 2
+        family = psutil.Process(parent.pid).children(recursive=True)
+        assert set(pids) <= {p.pid for p in family}
+        parent.kill()
+        parent.wait(timeout=STARTUP_S)
+        left = still_alive(family, GONE_S)
+        assert not left, f"alive {GONE_S} s after their parent was killed: {[(p.pid, p.cmdline()[-3:]) for p in left]}"
+    finally:
+        parent.kill()
+        parent.wait(timeout=STARTUP_S)
+        kill_all(family)
+
+
+def test_the_armed_command_line_sets_the_signal_before_multiprocessing_starts():
+    """The prelude goes in front of multiprocessing's own program, and exits
+    at once in a child whose parent is already gone (no signal will come)."""
+    cmd = ["python", "-I", "-c", "from multiprocessing.spawn import spawn_main; spawn_main(pipe_handle=5)", "--multiprocessing-fork"]
+    armed = worker_limits.armed_command_line(cmd, 4242)
+    assert armed[:3] == cmd[:3] and armed[4:] == cmd[4:]
+    assert armed[3].endswith(cmd[3]) and "prctl(1, signal.SIGKILL" in armed[3] and "!= 4242" in armed[3]
+    assert worker_limits.armed_command_line(["frozen.exe", "--multiprocessing-fork"], 4242) == ["frozen.exe", "--multiprocessing-fork"]
+    orphan = subprocess.run([sys.executable, "-c", worker_limits.armed_command_line(["-c", "print('ran')"], os.getpid() + 1)[1]],
+                            capture_output=True, text=True, timeout=STARTUP_S)
+    assert (orphan.returncode, orphan.stdout) == (worker_limits.ORPHAN_EXIT_CODE, "")
+    kept = subprocess.run([sys.executable, "-c", worker_limits.armed_command_line(["-c", "print('ran')"], os.getpid())[1]],
+                          capture_output=True, text=True, timeout=STARTUP_S)
+    assert (kept.returncode, kept.stdout) == (0, "ran\n")
+
+
 WATCHED = """
 import os, threading
 from agents import worker_limits
