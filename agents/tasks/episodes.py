@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, Sequence
 
 import numpy as np
 
+from infrastructure.trajectory import first_non_finite
+
 from .policies import PolicySpec
 
 if TYPE_CHECKING:
@@ -22,8 +24,27 @@ SetStateFn = Callable[["gym.Env", Sequence[float]], np.ndarray]
 
 
 class EnvFailure(RuntimeError):
-    """The task's environment raised in make, reset or step: the candidate is
-    charged and skipped, and the message says where."""
+    """The task's environment raised in make, reset or step, or returned data
+    that is not finite: the candidate is charged and skipped, and the message
+    says where."""
+
+
+def refuse_non_finite(who: str, field: str, value: Any, step: int, episode: int) -> None:
+    """Raise `EnvFailure` when ``value`` (``field`` of ``step`` of
+    ``episode``: the obs from reset, an action, a reward or a next_obs) is
+    NaN or inf once stored as float32, as the replay buffer stores it: a
+    reward of 1e39 is inf there. One bad number would stop every later
+    training of the world model on the buffer, so it costs its candidate
+    instead. ``who`` produced the value: ``env 'X'``, or the policy."""
+    bad = first_non_finite(value)
+    if bad is None:
+        return
+    number = float(np.asarray(value, dtype=np.float64).reshape(-1)[bad])
+    shown = str(number) if np.ndim(value) == 0 else f"{field}[{bad}] = {number}"
+    if math.isfinite(number):
+        shown += ", inf as float32"
+    where = " from reset" if field == "obs" else ""
+    raise EnvFailure(f"{who} returned a non-finite {field} ({shown}){where} at step {step} of episode {episode}")
 
 
 @dataclass(frozen=True)
@@ -65,9 +86,11 @@ def run_episodes(
     ``done`` marks a termination by the environment (not a time limit).
     ``hang_seconds`` and ``alloc_mb`` exist for the timeout and memory-limit
     tests: the worker sleeps, or allocates that many MiB, first. An exception
-    from the environment becomes `EnvFailure`, and so does a reward or a
-    return that is not finite: such a return ranks nothing and would poison
-    the replay data, so the candidate is charged and skipped like a crash.
+    from the environment becomes `EnvFailure`, and so does an observation
+    (from reset or step), an action or a reward that is not finite as
+    float32 (`refuse_non_finite`), or a return that is not finite: such a
+    return ranks nothing and the data would poison the replay buffer, so the
+    candidate is charged and skipped like a crash.
     """
     if hang_seconds:
         import time
@@ -86,18 +109,21 @@ def run_episodes(
         raise EnvFailure(f"env {spec.env_id!r} raised in make: {type(exc).__name__}: {exc}") from None
     returns: list[float] = []
     episodes: list[dict[str, np.ndarray]] = []
+    who, policy = f"env {spec.env_id!r}", f"the policy on env {spec.env_id!r}"  # how a non-finite value's source is named
     try:
         for k, state in enumerate(states):
             stage = "reset"
             obs = _reset(spec, env, k, state)
+            refuse_non_finite(who, "obs", obs, 0, k)
             o, a, r, n, d = [], [], [], [], []
             total = 0.0
             stage = "step"
             for t in range(spec.steps):
                 action = spec.policy.act(params, obs.astype(np.float64)).astype(np.float32)
+                refuse_non_finite(policy, "action", action, t, k)  # before a simulator steps on it
                 next_obs, reward, terminated, truncated, _ = env.step(action)
-                if not math.isfinite(float(reward)):
-                    raise EnvFailure(f"env {spec.env_id!r} returned a non-finite reward ({float(reward)}) at step {t} of episode {k}")
+                refuse_non_finite(who, "reward", float(reward), t, k)
+                refuse_non_finite(who, "next_obs", next_obs, t, k)
                 next_obs = np.asarray(next_obs, dtype=np.float32)
                 o.append(obs)
                 a.append(action)
