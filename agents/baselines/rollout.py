@@ -10,13 +10,13 @@ with ``k`` the state's place in the list.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Optional, Sequence
 
 import numpy as np
 
 from ..tasks import EnvFailure, EpisodeSpec
+from ..tasks.episodes import refuse_non_finite
 
 if TYPE_CHECKING:
     import gymnasium as gym
@@ -65,18 +65,22 @@ class EpisodeRunner:
 
     def _run(self, policy: PolicyFn, states: Sequence[Sequence[float]], first: int = 0) -> list[Episode]:
         n, act_dim = len(states), self.spec.policy.act_dim
+        who, by_policy = f"env {self.spec.env_id!r}", f"the policy on env {self.spec.env_id!r}"
         envs = [self._env(i) for i in range(n)]
         obs = np.stack([self._reset(env, first + k, state) for k, (env, state) in enumerate(zip(envs, states))])
+        for i in range(n):  # the same float32 check as the workers' episodes (agents.tasks.episodes)
+            refuse_non_finite(who, "obs", obs[i], 0, first + i)
         seen: list[list[np.ndarray]] = [[] for _ in range(n)]
         totals, running = np.zeros(n), list(range(n))
         for t in range(self.spec.steps):
             actions = np.asarray(policy(obs[running]), dtype=np.float32).reshape(len(running), act_dim)
             still = []
             for i, action in zip(running, actions):
+                refuse_non_finite(by_policy, "action", action, t, first + i)
                 seen[i].append(obs[i].copy())
                 next_obs, reward, terminated, truncated, _ = envs[i].step(action)
-                if not math.isfinite(float(reward)):
-                    raise EnvFailure(f"env {self.spec.env_id!r} returned a non-finite reward ({float(reward)}) at step {t}")
+                refuse_non_finite(who, "reward", float(reward), t, first + i)
+                refuse_non_finite(who, "next_obs", next_obs, t, first + i)
                 totals[i] += float(reward)
                 obs[i] = np.asarray(next_obs, dtype=np.float64)
                 if not (terminated or truncated):
