@@ -13,12 +13,17 @@ ARRAY_FIELDS = ("obs", "action", "reward", "next_obs", "done")
 FLOAT_FIELDS = ("obs", "action", "reward", "next_obs")  # stored as float32: NaN and inf are refused
 
 
+_F32_INF_FROM = 2.0**128 * (1 - 2.0**-25)  # the smallest magnitude that float32 rounds to inf
+
+
 def first_non_finite(values: ArrayLike) -> Optional[int]:
     """Where ``values`` stop being finite once stored as float32 (how the
     replay buffer keeps them): the index along the first axis of the first
     entry holding NaN or inf, or None when all are finite. A float64 beyond
     float32's range (1e39) counts as inf, since that is what would be stored.
     A scalar is one entry (0 or None). Torch-free: the episode workers use it."""
+    if isinstance(values, float):  # a reward, once per env step: the cheapest test
+        return None if abs(values) < _F32_INF_FROM else 0
     with np.errstate(over="ignore"):  # the overflow to inf is what this looks for, not a warning
         stored = np.asarray(values, dtype=np.float32)
     finite = np.isfinite(stored)

@@ -165,3 +165,19 @@ def nan_last_obs_above_zero() -> gym.Env:
 
 def nan_reset_obs() -> gym.Env:
     return NaNObs(at_reset=True)
+
+
+class FragileNaN(Drift):
+    """next_obs is NaN at step 1; step raises on the NaN action a policy then gives, as a simulator may."""
+
+    def step(self, action):
+        if not np.isfinite(action).all():
+            raise ValueError("bad action")
+        obs, reward, terminated, truncated, info = super().step(action)
+        if self.t == 2:
+            obs[0] = np.nan
+        return obs, reward, terminated, truncated, info
+
+
+def fragile_nan() -> gym.Env:
+    return FragileNaN()

@@ -223,11 +223,19 @@ def test_non_finite_env_data_is_a_failure_naming_the_field_and_step(factory, exp
         run_episodes(task.episode_spec, np.zeros(task.n_params), [[1.0]])
 
 
-def test_a_non_finite_action_fails_before_the_env_steps():
+def test_an_env_raising_on_the_nan_it_was_given_names_where_the_nan_began():
+    from agents.tasks.episodes import EnvFailure, run_episodes
+
+    task = Task(env_id="Fragile", env_factory=task_envs.fragile_nan, target=0.0).resolve()
+    with pytest.raises(EnvFailure, match=r"env 'Fragile' returned a non-finite next_obs \(next_obs\[0\] = nan\) at step 1 of episode 0"):
+        run_episodes(task.episode_spec, np.zeros(task.n_params), [[1.0]])
+
+
+def test_a_non_finite_action_is_named_as_the_cause():
     from agents.tasks.episodes import EnvFailure, run_episodes
 
     task = Task(env_id="Drift", env_factory=task_envs.drift, target=0.0, policy="linear").resolve()
-    params = np.full(task.n_params, np.nan)  # parameters gone bad: NaN actions, refused before the simulator steps on one
+    params = np.full(task.n_params, np.nan)  # parameters gone bad: a NaN action, then a NaN reward; the action is named
     with pytest.raises(EnvFailure, match=r"the policy on env 'Drift' returned a non-finite action \(action\[0\] = nan\) at step 0 of episode 0"):
         run_episodes(task.episode_spec, params, [[1.0]])
 
