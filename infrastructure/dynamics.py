@@ -15,7 +15,7 @@ from torch import nn
 
 from genesis_fp16.checkpoint import generator_state_problem
 
-from .trajectory import Trajectory
+from .trajectory import FLOAT_FIELDS, Trajectory, non_finite_field
 
 PolicyFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (params [P,D], obs [P,S,obs]) -> actions [P,S,act]
 ProjectFn = Callable[[torch.Tensor], torch.Tensor]
@@ -119,18 +119,19 @@ def mse_loss(model: DynamicsMLP, batch: tuple[torch.Tensor, torch.Tensor]) -> to
 
 
 def check_finite(trajectories: Sequence[Trajectory]) -> None:
-    """Raise `NonFiniteDataError` for the first trajectory holding NaN or inf."""
+    """Raise `NonFiniteDataError` for the first trajectory holding NaN or inf.
+    The replay buffer refuses such rows since it checks on append; this still
+    catches a database written before, and trajectories changed after they were made."""
     for traj in trajectories:
-        for name in ("obs", "action", "reward", "next_obs"):
-            values = getattr(traj, name)
-            if not np.isfinite(values).all():
-                bad = int(np.argwhere(~np.isfinite(values))[0][0])
-                remedy = (
-                    f"remove it with ReplayBuffer.delete_trajectories([{traj.id}]) and fix its source"
-                    if traj.id is not None  # it came from a replay buffer
-                    else "fix its source, or leave it out of trajectories="
-                )
-                raise NonFiniteDataError(f"{traj.label}: non-finite {name} at transition {bad}; refusing to train on it: {remedy}")
+        found = non_finite_field({name: getattr(traj, name) for name in FLOAT_FIELDS})
+        if found is not None:
+            name, bad = found
+            remedy = (
+                f"remove it with ReplayBuffer.delete_trajectories([{traj.id}]) and fix its source"
+                if traj.id is not None  # it came from a replay buffer
+                else "fix its source, or leave it out of trajectories="
+            )
+            raise NonFiniteDataError(f"{traj.label}: non-finite {name} at transition {bad}; refusing to train on it: {remedy}")
 
 
 def check_sizes(trajectories: Sequence[Trajectory], obs_dim: int, act_dim: int) -> None:

@@ -34,7 +34,7 @@ from genesis_fp16.checkpoint import atomic_write
 from genesis_fp16.settings import Settings, env_name
 from genesis_fp16.telemetry import get_logger
 
-from .trajectory import Trajectory, trajectories_from_episodes
+from .trajectory import FLOAT_FIELDS, Trajectory, non_finite_field, trajectories_from_episodes
 
 __all__ = [
     "DEFAULT_FILENAME", "SCHEMA_VERSION", "ReplayBuffer", "ReplayBufferError", "Trajectory", "trajectories_from_episodes",
@@ -193,7 +193,14 @@ class ReplayBuffer:
 
     # -- writes ----------------------------------------------------------------
     def append_generation(self, agent: str, generation: int, trajectories: Sequence[Trajectory]) -> list[int]:
-        """Append a generation's trajectories in one transaction; returns their ids."""
+        """Append a generation's trajectories in one transaction; returns their ids.
+
+        Raises:
+            ValueError: a trajectory holds NaN or inf (as float32) in obs,
+                action, reward or next_obs; nothing of the generation is written.
+            ReplayBufferError: the database cannot be written.
+        """
+        self._refuse_non_finite(agent, generation, trajectories)
         rows = []
         now = time.time()
         for traj in trajectories:
@@ -231,8 +238,23 @@ class ReplayBuffer:
         self._log.debug("replay.appended", agent=agent, generation=generation, trajectories=len(ids))
         return ids
 
+    @staticmethod
+    def _refuse_non_finite(agent: str, generation: int, trajectories: Sequence[Trajectory]) -> None:
+        # Trajectory checks when it is made, but its arrays may change after;
+        # one NaN row would stop every later training on this agent's data
+        for k, traj in enumerate(trajectories):
+            bad = non_finite_field({name: getattr(traj, name) for name in FLOAT_FIELDS})
+            if bad is not None:
+                name, t = bad
+                raise ValueError(
+                    f"trajectory {k} of the generation (candidate {traj.candidate!r}): non-finite {name} at transition {t} (NaN or inf as float32); "
+                    f"refusing to store generation {generation} of agent {agent!r}, nothing of it was written: "
+                    "leave this trajectory out (its env returned bad data) and append the others"
+                )
+
     def append(self, agent: str, generation: int, trajectory: Trajectory) -> int:
-        """Append one trajectory (its own transaction); returns its id."""
+        """Append one trajectory (its own transaction); returns its id. Raises
+        as `append_generation` does (a non-finite array: `ValueError`)."""
         return self.append_generation(agent, generation, [trajectory])[0]
 
     # -- reads -------------------------------------------------------------------
@@ -252,6 +274,7 @@ class ReplayBuffer:
             generation=generation,
             id=tid,
             created=created,
+            refuse_non_finite=False,  # a row from before the check is readable, so training can name it and it can be deleted
         )
 
     _COLUMNS = "id, agent, generation, candidate, return, outcome, length, obs_dim, act_dim, obs, action, reward, next_obs, done, created"

@@ -121,12 +121,63 @@ def nan_reward_above_zero() -> gym.Env:
 
 
 class HugeReward(Drift):
-    """Finite rewards whose sum overflows to inf."""
+    """A reward of 1e39 at the last step (step 4): finite as a Python float,
+    inf once stored as float32."""
 
     def step(self, action):
-        obs, _, terminated, truncated, info = super().step(action)
-        return obs, 1e308, terminated, truncated, info
+        obs, reward, terminated, truncated, info = super().step(action)
+        return obs, 1e39 if truncated else reward, terminated, truncated, info
 
 
 def huge_reward() -> gym.Env:
     return HugeReward()
+
+
+class NaNObs(Drift):
+    """A simulator that diverges at the episode's last step (step 4): that
+    next_obs is NaN for an action above ``nan_above`` (by default for every
+    action). ``at_reset``: the observation from reset is NaN instead."""
+
+    def __init__(self, nan_above: float = -np.inf, at_reset: bool = False) -> None:
+        super().__init__()
+        self.nan_above, self.at_reset = nan_above, at_reset
+
+    def reset(self, *, seed=None, options=None):
+        obs, info = super().reset(seed=seed, options=options)
+        if self.at_reset:
+            obs[1] = np.nan
+        return obs, info
+
+    def step(self, action):
+        obs, reward, terminated, truncated, info = super().step(action)
+        if truncated and float(action[0]) > self.nan_above:
+            obs[1] = np.nan
+        return obs, reward, terminated, truncated, info
+
+
+def nan_last_obs() -> gym.Env:
+    return NaNObs()
+
+
+def nan_last_obs_above_zero() -> gym.Env:
+    return NaNObs(nan_above=0.0)
+
+
+def nan_reset_obs() -> gym.Env:
+    return NaNObs(at_reset=True)
+
+
+class FragileNaN(Drift):
+    """next_obs is NaN at step 1; step raises on the NaN action a policy then gives, as a simulator may."""
+
+    def step(self, action):
+        if not np.isfinite(action).all():
+            raise ValueError("bad action")
+        obs, reward, terminated, truncated, info = super().step(action)
+        if self.t == 2:
+            obs[0] = np.nan
+        return obs, reward, terminated, truncated, info
+
+
+def fragile_nan() -> gym.Env:
+    return FragileNaN()

@@ -68,3 +68,23 @@ def test_ars_env_step_budget_cuts_an_iteration_without_an_update():
     # iteration 1: 4 episodes (200 steps); iteration 2 stops after its first episode (250 steps): charged, no update
     assert report["real_episodes"] == 5 and report["env_steps"] == 250 and report["settings"]["iterations"] == 1
     assert report["settings"]["version"] == "V1-t" and report["settings"]["obs_mean"] is None
+
+
+@pytest.mark.parametrize(
+    "factory, expected",
+    [
+        ("nan_last_obs", r"env 'Bad' returned a non-finite next_obs \(next_obs\[1\] = nan\) at step 4 of episode 1"),
+        ("huge_reward", r"env 'Bad' returned a non-finite reward \(1e\+39, inf as float32\) at step 4 of episode 1"),
+        ("nan_reset_obs", r"env 'Bad' returned a non-finite obs \(obs\[1\] = nan\) from reset at step 0 of episode 1"),
+    ],
+)
+def test_the_baselines_episodes_refuse_non_finite_env_data(factory, expected):
+    """The same float32 check as the loop's workers, naming the start state's place."""
+    import task_envs
+
+    from agents.baselines.rollout import EpisodeRunner
+    from agents.tasks import EnvFailure, Task
+
+    task = Task(env_id="Bad", env_factory=getattr(task_envs, factory), target=0.0).resolve()
+    with EpisodeRunner(task.episode_spec) as runner, pytest.raises(EnvFailure, match=expected):
+        runner.episode(lambda obs: np.zeros((len(obs), 1)), [1.0], k=1)

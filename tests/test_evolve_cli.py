@@ -328,6 +328,75 @@ def test_a_run_whose_every_candidate_failed_says_so_and_exits_1(mode, tiny, nan_
     assert "error: every candidate failed" in result.stderr and "16 of 16 real episodes charged" in result.stderr
 
 
+@pytest.fixture
+def nan_obs_task(monkeypatch):
+    """``--env NaNObsDrift``: a task plugin whose env returns a NaN next_obs at
+    an episode's last step for a positive action, so some candidates only."""
+    import task_envs
+
+    from agents.tasks import GROUP, Task, registry
+
+    class EP:
+        name = "NaNObsDrift"
+
+        def load(self):
+            return lambda: Task(env_id="NaNObsDrift", env_factory=task_envs.nan_last_obs_above_zero, target=10.0, n_train=2,
+                                n_heldout=2)
+
+    monkeypatch.setattr(registry, "entry_points", lambda group: [EP()] if group == GROUP else [])
+
+
+def test_a_candidate_whose_env_returns_a_nan_observation_costs_that_candidate_only(tiny, nan_obs_task, monkeypatch, tmp_path, state_dir):
+    """Before, its trajectory reached replay.sqlite and training stopped the run
+    (exit 2), and --resume failed the same way. Now the candidate is charged,
+    listed and logged, the run goes on, and a resumed run too."""
+    import numpy as np
+
+    from agents.runs import read_manifest
+    from genesis_fp16.telemetry import read_events
+    from infrastructure.replay_buffer import ReplayBuffer
+
+    original = se_darwin_agent.SEDarwinAgent
+
+    class StopAfterGeneration0(original):  # Ctrl-C once generation 0 is committed (the CLI sets on_generation)
+        @property
+        def on_generation(self):
+            return self._on_gen
+
+        @on_generation.setter
+        def on_generation(self, fn):
+            def then_stop(record):
+                if fn is not None:
+                    fn(record)
+                if record["generation"] == 0:
+                    raise KeyboardInterrupt
+
+            self._on_gen = then_stop
+
+    monkeypatch.setattr(se_darwin_agent, "SEDarwinAgent", StopAfterGeneration0)
+    args = ["--budget", "16", "--seed", "0", "--workers", "1", "--no-probe-search"]
+    cut = runner.invoke(app, ["evolve", "--env", "NaNObsDrift", *args])
+    assert cut.exit_code == 130, cut.output
+    (run_id,) = [p.name for p in (state_dir / "runs").iterdir()]
+    assert read_manifest(state_dir, run_id)["generation"] == 0
+
+    monkeypatch.setattr(se_darwin_agent, "SEDarwinAgent", original)
+    out = tmp_path / "report.json"
+    result = runner.invoke(app, ["evolve", "--resume", run_id, "--json", str(out)])
+    assert result.exit_code == 0, result.output
+    report = json.loads(out.read_text())
+    failed = report["failed_candidates"]
+    assert report["resumed"] is True and report["real_episodes"] == 16 and report["stop_reason"] == "budget"
+    assert failed and all("returned a non-finite next_obs (next_obs[1] = nan) at step 4 of episode" in f["error"] for f in failed)
+    assert any(g["evaluated"] for g in report["generations"])  # the others were scored
+    assert any(isinstance(g["wm_val_loss"], float) for g in report["generations"])  # and the world model trained on their episodes
+    logged = [e for e in read_events(state_dir / "events.jsonl") if e["event"] == "evolve.candidate_failed"]
+    assert sorted(e["candidate"] for e in logged) == sorted(f["candidate"] for f in failed)
+    assert all("next_obs" in e["error"] for e in logged)
+    stored = ReplayBuffer(state_dir / "replay.sqlite").sample(f"se_darwin:{run_id}")
+    assert stored and all(np.isfinite(getattr(t, k)).all() for t in stored for k in ("obs", "action", "reward", "next_obs"))
+
+
 @pytest.mark.parametrize("value", ["nan", "inf", "-inf"])
 def test_a_non_finite_target_is_one_clear_error(value, state_dir):
     result = runner.invoke(app, ["evolve", f"--target={value}", "--budget", "16"])

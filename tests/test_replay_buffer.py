@@ -81,6 +81,42 @@ def test_shape_mismatch_is_refused():
         Trajectory(obs=np.zeros((4, 3)), action=np.zeros((4, 1)), reward=np.zeros(3), next_obs=np.zeros((4, 3)), done=np.zeros(4))
 
 
+@pytest.mark.parametrize("name, value", [("next_obs", np.nan), ("reward", 1e39), ("obs", -np.inf), ("action", np.nan)])
+def test_a_non_finite_trajectory_is_refused_when_made(name, value):
+    """1e39 is finite in float64 but inf as float32, the dtype it is stored in."""
+    arrays = {"obs": np.zeros((5, 3)), "action": np.zeros((5, 1)), "reward": np.zeros(5), "next_obs": np.zeros((5, 3))}
+    arrays[name][3] = value
+    with pytest.raises(ValueError, match=rf"trajectory 'c': non-finite {name} at transition 3 \(NaN or inf as float32\)"):
+        Trajectory(**arrays, done=np.zeros(5, bool), candidate="c")
+
+
+def test_append_refuses_a_generation_holding_non_finite_data_and_writes_none_of_it(tmp_path):
+    buf = ReplayBuffer(tmp_path / "r.sqlite")
+    kept = buf.append_generation("a", 0, [_traj(0, candidate="x")])
+    good, bad = _traj(1, candidate="y"), _traj(2, candidate="z")
+    bad.next_obs[4, 1] = np.nan  # changed after it was made, as a caller may
+    with pytest.raises(ValueError, match=r"trajectory 1 of the generation \(candidate 'z'\): non-finite next_obs at transition 4.*"
+                                         r"refusing to store generation 1 of agent 'a', nothing of it was written"):
+        buf.append_generation("a", 1, [good, bad])
+    bad.next_obs[4, 1] = 0.0
+    bad.reward[2] = np.float32(np.inf)
+    with pytest.raises(ValueError, match="non-finite reward at transition 2"):
+        buf.append("a", 1, bad)
+    assert [t.id for t in buf.sample("a")] == kept and buf.count("a") == {"trajectories": 1, "transitions": 5, "generations": 1}
+
+
+def test_a_database_written_before_the_check_stays_readable(tmp_path):
+    """Rows holding NaN from before the check are read back (training then
+    names them, NonFiniteDataError, and delete_trajectories removes them)."""
+    buf = ReplayBuffer(tmp_path / "r.sqlite")
+    (tid,) = buf.append_generation("a", 0, [_traj(0)])
+    with sqlite3.connect(buf.path) as conn:
+        conn.execute("UPDATE trajectories SET reward = ? WHERE id = ?", (np.full(5, np.nan, "<f4").tobytes(), tid))
+    (old,) = buf.sample("a")
+    assert old.id == tid and np.isnan(old.reward).all()
+    assert buf.delete_trajectories([tid]) == 1
+
+
 def _writer(path: str, agent: str, generations: int) -> None:
     buf = ReplayBuffer(path, busy_timeout_s=0.05)  # short busy timeout: tenacity does the waiting
     for g in range(generations):

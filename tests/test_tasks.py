@@ -205,12 +205,39 @@ def test_a_non_finite_reward_fails_its_own_job_only():
     assert isinstance(wild_out, EvaluationEnvError) and "non-finite reward" in str(wild_out)
 
 
-def test_a_return_that_overflows_is_a_failure():
+@pytest.mark.parametrize(
+    "factory, expected",
+    [
+        (task_envs.nan_last_obs, r"env 'Bad' returned a non-finite next_obs \(next_obs\[1\] = nan\) at step 4 of episode 0"),
+        (task_envs.huge_reward, r"env 'Bad' returned a non-finite reward \(1e\+39, inf as float32\) at step 4 of episode 0"),
+        (task_envs.nan_reset_obs, r"env 'Bad' returned a non-finite obs \(obs\[1\] = nan\) from reset at step 0 of episode 0"),
+    ],
+)
+def test_non_finite_env_data_is_a_failure_naming_the_field_and_step(factory, expected):
+    """What the replay buffer would store as NaN or inf (float32: a reward of
+    1e39 is inf there) fails the candidate instead of reaching the buffer."""
     from agents.tasks.episodes import EnvFailure, run_episodes
 
-    task = Task(env_id="Huge", env_factory=task_envs.huge_reward, target=0.0).resolve()
-    with pytest.raises(EnvFailure, match=r"gave episode 0 a non-finite return \(inf\)"):
+    task = Task(env_id="Bad", env_factory=factory, target=0.0).resolve()
+    with pytest.raises(EnvFailure, match=expected):
         run_episodes(task.episode_spec, np.zeros(task.n_params), [[1.0]])
+
+
+def test_an_env_raising_on_the_nan_it_was_given_names_where_the_nan_began():
+    from agents.tasks.episodes import EnvFailure, run_episodes
+
+    task = Task(env_id="Fragile", env_factory=task_envs.fragile_nan, target=0.0).resolve()
+    with pytest.raises(EnvFailure, match=r"env 'Fragile' returned a non-finite next_obs \(next_obs\[0\] = nan\) at step 1 of episode 0"):
+        run_episodes(task.episode_spec, np.zeros(task.n_params), [[1.0]])
+
+
+def test_a_non_finite_action_is_named_as_the_cause():
+    from agents.tasks.episodes import EnvFailure, run_episodes
+
+    task = Task(env_id="Drift", env_factory=task_envs.drift, target=0.0, policy="linear").resolve()
+    params = np.full(task.n_params, np.nan)  # parameters gone bad: a NaN action, then a NaN reward; the action is named
+    with pytest.raises(EnvFailure, match=r"the policy on env 'Drift' returned a non-finite action \(action\[0\] = nan\) at step 0 of episode 0"):
+        run_episodes(task.episode_spec, params, [[1.0]])
 
 
 NAN_TASK = Task(env_id="NaNDrift", env_factory=task_envs.nan_reward, target=0.0, n_train=2, n_heldout=2)

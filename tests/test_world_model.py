@@ -156,18 +156,29 @@ async def test_concurrent_train_calls_are_serialised(monkeypatch):
     assert wm.trainer.training_steps == 200
 
 
+def _written_before_the_check(buf, tid, name, index, value):
+    """Put ``value`` at ``index`` of row ``tid``'s ``name`` array, as a replay
+    database written before append_generation refused non-finite data may hold it."""
+    import sqlite3
+
+    with sqlite3.connect(buf.path) as conn:
+        (blob,) = conn.execute(f"SELECT {name} FROM trajectories WHERE id = ?", (tid,)).fetchone()
+        values = np.frombuffer(blob, "<f4").copy()
+        values[index] = value
+        conn.execute(f"UPDATE trajectories SET {name} = ? WHERE id = ?", (values.tobytes(), tid))
+
+
 async def test_non_finite_data_names_the_trajectory(tmp_path):
     buf = ReplayBuffer(tmp_path / "r.sqlite")
     trajs = _linear_trajs(3, 20)
-    trajs[1].reward[7] = np.nan
     ids = buf.append_generation("se_darwin", 4, trajs)
+    _written_before_the_check(buf, ids[1], "reward", 7, np.nan)
     wm = WorldModel(3, 1, buffer=buf, data_agent="se_darwin", precision="fp32")
     with pytest.raises(NonFiniteDataError) as err:
         await wm.train(10, save=False)
     message = str(err.value)
     assert f"id={ids[1]}" in message and "lin1" in message and "reward" in message and "transition 7" in message
-    trajs[1].reward[7] = 0.0
-    trajs[2].next_obs[3, 1] = np.inf
+    trajs[2].next_obs[3, 1] = np.inf  # changed after it was made: train(trajectories=) checks too
     with pytest.raises(NonFiniteDataError, match="lin2.*next_obs"):
         await wm.train(10, trajectories=trajs, save=False)
 
@@ -175,8 +186,8 @@ async def test_non_finite_data_names_the_trajectory(tmp_path):
 async def test_non_finite_trajectory_is_removed_by_the_method_its_error_names(tmp_path):
     buf = ReplayBuffer(tmp_path / "r.sqlite")
     trajs = _linear_trajs(3, 20)
-    trajs[2].obs[4, 0] = np.inf  # as a broken simulator would record it
     ids = buf.append_generation("se_darwin", 0, trajs)
+    _written_before_the_check(buf, ids[2], "obs", 4 * 3, np.inf)  # obs[4, 0], as a broken simulator would have recorded it
     wm = WorldModel(3, 1, buffer=buf, data_agent="se_darwin", precision="fp32")
     with pytest.raises(NonFiniteDataError) as err:
         await wm.train(5, save=False)

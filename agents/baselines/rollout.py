@@ -10,13 +10,15 @@ with ``k`` the state's place in the list.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Optional, Sequence
 
 import numpy as np
 
+from infrastructure.trajectory import first_non_finite
+
 from ..tasks import EnvFailure, EpisodeSpec
+from ..tasks.episodes import refuse_non_finite
 
 if TYPE_CHECKING:
     import gymnasium as gym
@@ -65,26 +67,38 @@ class EpisodeRunner:
 
     def _run(self, policy: PolicyFn, states: Sequence[Sequence[float]], first: int = 0) -> list[Episode]:
         n, act_dim = len(states), self.spec.policy.act_dim
+        who, by_policy = f"env {self.spec.env_id!r}", f"the policy on env {self.spec.env_id!r}"
         envs = [self._env(i) for i in range(n)]
         obs = np.stack([self._reset(env, first + k, state) for k, (env, state) in enumerate(zip(envs, states))])
+        # the workers' float32 checks (agents.tasks.episodes), on the whole lockstep batch:
+        # one vectorised test a time step, not one per env
+        self._refuse(who, "obs", obs, list(range(n)), 0, first)
         seen: list[list[np.ndarray]] = [[] for _ in range(n)]
         totals, running = np.zeros(n), list(range(n))
         for t in range(self.spec.steps):
             actions = np.asarray(policy(obs[running]), dtype=np.float32).reshape(len(running), act_dim)
+            self._refuse(by_policy, "action", actions, running, t, first)
             still = []
             for i, action in zip(running, actions):
                 seen[i].append(obs[i].copy())
                 next_obs, reward, terminated, truncated, _ = envs[i].step(action)
-                if not math.isfinite(float(reward)):
-                    raise EnvFailure(f"env {self.spec.env_id!r} returned a non-finite reward ({float(reward)}) at step {t}")
+                refuse_non_finite(who, "reward", float(reward), t, first + i)
                 totals[i] += float(reward)
                 obs[i] = np.asarray(next_obs, dtype=np.float64)
                 if not (terminated or truncated):
                     still.append(i)
+            self._refuse(who, "next_obs", obs[running], running, t, first)
             running = still
             if not running:
                 break
         return [Episode(float(totals[i]), len(seen[i]), np.asarray(seen[i]).reshape(len(seen[i]), -1)) for i in range(n)]
+
+    @staticmethod
+    def _refuse(who: str, field: str, rows: np.ndarray, envs: list[int], step: int, first: int) -> None:
+        """`refuse_non_finite` for the first of ``rows`` (one per env in ``envs``) holding NaN or inf as float32."""
+        bad = first_non_finite(rows)
+        if bad is not None:
+            refuse_non_finite(who, field, rows[bad], step, first + envs[bad])
 
     def close(self) -> None:
         envs, self._envs = self._envs, []

@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, Sequence
 
 import numpy as np
 
+from infrastructure.trajectory import first_non_finite
+
 from .policies import PolicySpec
 
 if TYPE_CHECKING:
@@ -22,8 +24,44 @@ SetStateFn = Callable[["gym.Env", Sequence[float]], np.ndarray]
 
 
 class EnvFailure(RuntimeError):
-    """The task's environment raised in make, reset or step: the candidate is
-    charged and skipped, and the message says where."""
+    """The task's environment raised in make, reset or step, or returned data
+    that is not finite: the candidate is charged and skipped, and the message
+    says where."""
+
+
+def refuse_non_finite(who: str, field: str, value: Any, step: int, episode: int) -> None:
+    """Raise `EnvFailure` when ``value`` (``field`` of ``step`` of
+    ``episode``: the obs from reset, an action, a reward or a next_obs) is
+    NaN or inf once stored as float32, as the replay buffer stores it: a
+    reward of 1e39 is inf there. One bad number would stop every later
+    training of the world model on the buffer, so it costs its candidate
+    instead. ``who`` produced the value: ``env 'X'``, or the policy."""
+    bad = first_non_finite(value)
+    if bad is None:
+        return
+    number = float(np.asarray(value, dtype=np.float64).reshape(-1)[bad])
+    shown = str(number) if np.ndim(value) == 0 else f"{field}[{bad}] = {number}"
+    if math.isfinite(number):
+        shown += ", inf as float32"
+    where = " from reset" if field == "obs" else ""
+    raise EnvFailure(f"{who} returned a non-finite {field} ({shown}){where} at step {step} of episode {episode}")
+
+
+def _refuse_non_finite_steps(env_id: str, actions: Sequence[np.ndarray], next_obs: Sequence[np.ndarray], episode: int) -> None:
+    """`refuse_non_finite` for the earliest step whose action or next_obs is
+    not finite (the action first within a step). Checked once an episode ends
+    or fails, not at every step: one vectorised test costs what one step's
+    would, and an episode runs hundreds of steps (Pendulum's ran 20-50% slower
+    with a test per step). The reward (a float: cheap) and the obs from reset
+    are checked at once."""
+    with np.errstate(over="ignore"):  # beyond float32 becomes inf: that is what is looked for
+        found = [(first_non_finite(np.asarray(rows, dtype=np.float32)), order, name, rows)
+                 for order, (name, rows) in enumerate((("action", actions), ("next_obs", next_obs))) if len(rows)]
+    bad = min((f for f in found if f[0] is not None), default=None, key=lambda f: (f[0], f[1]))
+    if bad is not None:
+        step, _, name, rows = bad
+        who = f"the policy on env {env_id!r}" if name == "action" else f"env {env_id!r}"
+        refuse_non_finite(who, name, rows[step], step, episode)
 
 
 @dataclass(frozen=True)
@@ -65,9 +103,11 @@ def run_episodes(
     ``done`` marks a termination by the environment (not a time limit).
     ``hang_seconds`` and ``alloc_mb`` exist for the timeout and memory-limit
     tests: the worker sleeps, or allocates that many MiB, first. An exception
-    from the environment becomes `EnvFailure`, and so does a reward or a
-    return that is not finite: such a return ranks nothing and would poison
-    the replay data, so the candidate is charged and skipped like a crash.
+    from the environment becomes `EnvFailure`, and so does an observation
+    (from reset or step), an action or a reward that is not finite as
+    float32 (`refuse_non_finite`), or a return that is not finite: such a
+    return ranks nothing and the data would poison the replay buffer, so the
+    candidate is charged and skipped like a crash.
     """
     if hang_seconds:
         import time
@@ -86,18 +126,23 @@ def run_episodes(
         raise EnvFailure(f"env {spec.env_id!r} raised in make: {type(exc).__name__}: {exc}") from None
     returns: list[float] = []
     episodes: list[dict[str, np.ndarray]] = []
+    who = f"env {spec.env_id!r}"
     try:
         for k, state in enumerate(states):
             stage = "reset"
             obs = _reset(spec, env, k, state)
+            refuse_non_finite(who, "obs", obs, 0, k)
             o, a, r, n, d = [], [], [], [], []
-            total = 0.0
+            total, action = 0.0, None
             stage = "step"
             for t in range(spec.steps):
                 action = spec.policy.act(params, obs.astype(np.float64)).astype(np.float32)
                 next_obs, reward, terminated, truncated, _ = env.step(action)
-                if not math.isfinite(float(reward)):
-                    raise EnvFailure(f"env {spec.env_id!r} returned a non-finite reward ({float(reward)}) at step {t} of episode {k}")
+                try:
+                    refuse_non_finite(who, "reward", float(reward), t, k)
+                except EnvFailure:  # a NaN action, or an earlier NaN obs, may be its cause: named first
+                    _refuse_non_finite_steps(spec.env_id, [*a, action], n, k)
+                    raise
                 next_obs = np.asarray(next_obs, dtype=np.float32)
                 o.append(obs)
                 a.append(action)
@@ -108,7 +153,8 @@ def run_episodes(
                 obs = next_obs
                 if terminated or truncated:
                     break
-            if not math.isfinite(total):  # finite rewards whose sum overflowed
+            _refuse_non_finite_steps(spec.env_id, a, n, k)
+            if not math.isfinite(total):  # rewards within float32 cannot overflow a float64 sum: a last guard, kept cheap
                 raise EnvFailure(f"env {spec.env_id!r} gave episode {k} a non-finite return ({total})")
             returns.append(total)
             episodes.append(
@@ -123,6 +169,8 @@ def run_episodes(
     except (MemoryError, EnvFailure):
         raise
     except Exception as exc:
+        if stage == "step":  # a simulator may raise on a NaN it was given: name where the NaN began
+            _refuse_non_finite_steps(spec.env_id, a if action is None else [*a, action], n, k)
         raise EnvFailure(f"env {spec.env_id!r} raised in {stage}: {type(exc).__name__}: {exc}") from None
     finally:
         env.close()
