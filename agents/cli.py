@@ -62,18 +62,15 @@ def _fmt(value: Any, spec: str = ".1f") -> str:
 
 
 def _safe_data(agent: Any) -> str:
-    """What of a failed run is kept, for its error message."""
-    from genesis_fp16.storage import StorageError
-
+    """What of a failed run is kept, for its error message: the generations
+    committed to its manifest, which a resume continues after (the replay
+    rows of a generation cut off before its commit are discarded then)."""
     if agent is None:
         return ""
-    try:
-        counts = agent.buffer.count(agent.data_agent)
-    except StorageError:  # the replay database itself may be what failed
-        return f"; generations committed before the failure are kept in {agent.buffer.path}"
+    generations, episodes = agent.committed()
     return (
-        f"; {counts['generations']} generation(s) ({counts['trajectories']} trajectories) are safe in "
-        f"{agent.buffer.path} (agent {agent.data_agent!r}), and every checkpoint written before is whole (atomic writes)"
+        f"; {generations} generation(s) ({episodes} real episodes) are committed, their data safe in {agent.buffer.path}, "
+        f"and every checkpoint written before is whole (atomic writes); `genesis-fp16 evolve --resume {agent.run_id}` continues after them"
     )
 
 
@@ -324,10 +321,10 @@ def _run(ctx: typer.Context, config: Any, settings: Any, given: dict[str, Any], 
                 report = asyncio.run(agent.evolve())
     except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM as Terminated
         if agent is not None:
-            counts = agent.buffer.count(agent.data_agent)
+            generations, episodes = agent.committed()
             console.print(
                 Text.assemble(("interrupted", "yellow"), safe_text(
-                    f": {counts['generations']} generation(s), {counts['trajectories']} trajectories are safe "
+                    f": {generations} generation(s) ({episodes} real episodes) are committed, their data safe "
                     f"in {agent.buffer.path} (agent {agent.data_agent!r})")),
                 highlight=False,
             )

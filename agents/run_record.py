@@ -114,17 +114,20 @@ class RunRecord:
     def _has_data(self) -> bool:
         raise NotImplementedError
 
-    def _progress(self) -> dict[str, Any]:
-        """What a resume needs, as of the last committed generation."""
+    def _progress(self, generation: Optional[int] = None, generations: Optional[list[dict[str, Any]]] = None) -> dict[str, Any]:
+        """What a resume needs, as of the last committed generation (or of
+        ``generation`` with its ``generations`` records, about to be committed).
+        The lists are copies: the manifest on disk and in memory never share a
+        list that a later generation grows."""
         return {
-            "generation": self.generation,
+            "generation": self.generation if generation is None else generation,
             **self.real.progress(),
             "reached_at": self.reached_at,
             "budget_exhausted": self.budget_exhausted,
             "unconfirmed": self.unconfirmed,
             "rng": self.rng.bit_generator.state,
             "pool": [c.as_dict() for c in self.pool],
-            "generations": self.generations,
+            "generations": list(self.generations if generations is None else generations),
             "obs_stats": self.obs_stats.as_dict(),
             "probe_search": self.probe.as_dict(),
             "time": self.time.snapshot(),
@@ -148,7 +151,7 @@ class RunRecord:
         except ValueError as exc:
             raise runs.RunError(f"run {self.run_id!r}: {exc}; the run cannot be resumed") from None
         self.time.seconds.update(TimeShare(manifest["time"]).seconds)  # the object the evaluations already hold
-        self._manifest.update({k: manifest[k] for k in ("started", "sessions", "world_model_checkpoint") if k in manifest})
+        self._manifest.update({k: manifest[k] for k in ("started", "sessions", "world_model_checkpoint", "real_episodes") if k in manifest})
         self._prior_wall_s = float(manifest.get("wall_s") or 0.0)
         # a run whose every evaluation so far failed has no replay data, and needs none
         if self.generation >= 0 and self._has_data() and self.buffer.count(self.data_agent)["trajectories"] == 0:
@@ -170,6 +173,12 @@ class RunRecord:
         }
         self._log.info("evolve.resumed", **self.resumed_from)
 
+    def committed(self) -> tuple[int, int]:
+        """(generations, real episodes) committed to the manifest: what a
+        resume continues after (the replay rows of a later generation are
+        discarded then)."""
+        return self.generation + 1, int(self._manifest.get("real_episodes") or 0)
+
     @property
     def manifest_path(self) -> Path:
         return runs.manifest_path(Path(self.settings.state_dir), self.run_id)
@@ -179,8 +188,12 @@ class RunRecord:
         return self._prior_wall_s + time.perf_counter() - started
 
     def _write_manifest(self, **fields: Any) -> None:
-        self._manifest.update(fields)
-        runs.write_manifest(Path(self.settings.state_dir), {**self._manifest, "config": asdict(self.config)})
+        """The manifest with ``fields``, written whole; kept in memory only
+        once it is on disk, so a failed write leaves the last committed one
+        for `_end_session` to write again."""
+        manifest = {**self._manifest, **fields}
+        runs.write_manifest(Path(self.settings.state_dir), {**manifest, "config": asdict(self.config)})
+        self._manifest = manifest
 
     def _begin_session(self) -> None:
         if not self._lock.acquire():
@@ -194,17 +207,22 @@ class RunRecord:
             self._lock.release()
             raise
 
-    def _save_progress(self, generation: int, started: float) -> None:
-        """After a committed generation: a world-model snapshot named after
-        it (so the manifest never points at weights of a later, uncommitted
-        generation), then the manifest, then the previous snapshot goes."""
-        self.generation = generation
+    def _save_progress(self, generation: int, started: float, record: dict[str, Any]) -> None:
+        """Commit ``generation`` (its ``record`` the last of the run's
+        generation records): a world-model snapshot named after it (so the
+        manifest never points at weights of a later, uncommitted generation),
+        then the manifest, then the previous snapshot goes. The run state is
+        one unit: the generation and its record join the run only once the
+        manifest holding both is written (a full disk in between leaves the
+        last committed generation, and a resume runs this one again)."""
+        generations = [*self.generations, record]
         previous = self._manifest.get("world_model_checkpoint")
         snapshot = previous
         if self.world_model is not None and self.world_model.trained:
             snapshot = f"resume-g{generation:04d}.pt"
             self.world_model.save(runs.world_model_dir(Path(self.settings.state_dir), self.run_id) / snapshot)
-        self._write_manifest(world_model_checkpoint=snapshot, wall_s=self._wall_s(started), **self._progress())
+        self._write_manifest(world_model_checkpoint=snapshot, wall_s=self._wall_s(started), **self._progress(generation, generations))
+        self.generation, self.generations = generation, generations
         if previous and previous != snapshot:
             (runs.world_model_dir(Path(self.settings.state_dir), self.run_id) / previous).unlink(missing_ok=True)
 

@@ -389,8 +389,7 @@ class SEDarwinAgent(RunRecord):
             proposals=len(proposals), wm_report=wm_report, precision=self._precision(), elapsed_s=time.perf_counter() - started,
             imagination=audit, time=self.time.since(clock), confirmations=[c for c in self.real.confirmations if c["generation"] == generation], probe=probe,
         )
-        self.generations.append(record)
-        self._save_progress(generation, started)  # committed: a resume continues after this generation
+        self._save_progress(generation, started, record)  # committed: a resume continues after this generation
         self._log.info(
             "evolve.generation",
             generation=generation,

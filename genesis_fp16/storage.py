@@ -222,6 +222,8 @@ def fault_kind(exc: BaseException, path: Optional[PathLike] = None) -> Optional[
             if kind == "io" and path is not None and "unable to open" in str(current):
                 found = _unwritable(Path(path).parent)
                 return found[0] if found else "io"
+            if kind == "io" and path is not None and _out_of_space(path):
+                return "full"
             if kind is not None:
                 return kind
         if isinstance(current, OSError) and current.errno is not None:
@@ -230,15 +232,26 @@ def fault_kind(exc: BaseException, path: Optional[PathLike] = None) -> Optional[
     return None
 
 
-def full_disk(path: PathLike, exc: BaseException) -> bool:
-    """Whether writing ``path`` failed for lack of space: an ENOSPC in the
-    chain, or no free space left where ``path`` goes."""
-    if fault_kind(exc) == "full":
-        return True
+# SQLite reports some writes that failed for lack of space as SQLITE_IOERR, not
+# SQLITE_FULL: growing the WAL index (-shm, 32 KiB at a time) and fsync on some
+# file systems. An I/O error where less than this is left is taken as a full disk.
+NEARLY_FULL_BYTES = 1024 * 1024
+
+
+def _out_of_space(path: PathLike) -> bool:
+    """Whether the file system that holds ``path`` has (almost) no space left."""
     try:
-        return os.statvfs(_existing_ancestor(Path(path).parent)).f_bavail == 0
+        found = os.statvfs(_existing_ancestor(Path(path).parent))
     except OSError:
         return False
+    return found.f_bavail * found.f_frsize < NEARLY_FULL_BYTES
+
+
+def full_disk(path: PathLike, exc: BaseException) -> bool:
+    """Whether writing ``path`` failed for lack of space: an ENOSPC (or
+    SQLITE_FULL) in the chain, or (almost) no free space left where ``path``
+    goes."""
+    return fault_kind(exc, path) == "full" or _out_of_space(path)
 
 
 def describe(kind: str, what: str, path: PathLike, detail: object, lost: str = "") -> str:

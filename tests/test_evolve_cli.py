@@ -201,7 +201,7 @@ def test_ctrl_c_keeps_replay_buffer(tiny, monkeypatch, state_dir):
     monkeypatch.setattr(se_darwin_agent, "Evaluator", InterruptOnFullEvaluation)
     result = runner.invoke(app, ["evolve", "--budget", "40", "--workers", "1"])
     assert result.exit_code == 130, result.output
-    assert "interrupted" in result.output and "1 generation(s), 8 trajectories are safe" in result.output
+    assert "interrupted" in result.output and "1 generation(s) (8 real episodes) are committed" in result.output
     assert (state_dir / "replay.sqlite").is_file()
 
 
@@ -226,7 +226,7 @@ def test_seed_generation_timeout_is_one_clear_error(tiny, monkeypatch, state_dir
     monkeypatch.setattr(se_darwin_agent, "Evaluator", FailingSeedEvaluator)
     result = runner.invoke(app, ["evolve", "--budget", "40", "--workers", "1"])
     assert result.exit_code == 1, result.output
-    assert "did not finish within 60 s" in result.output and "generation(s)" in result.output and "are safe in" in result.output
+    assert "did not finish within 60 s" in result.output and "generation(s)" in result.output and "safe in" in result.output
     assert "Traceback" not in result.output
 
 
@@ -279,7 +279,7 @@ def test_sigterm_is_handled_like_ctrl_c(tmp_path, state_dir):
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=120) == 143, stderr_path.read_text()
         output = stderr_path.read_text()
-        assert "interrupted" in output and "are safe in" in output, output
+        assert "interrupted" in output and "safe in" in output, output
         assert "Traceback" not in output, output
         events = [e["event"] for e in telemetry.read_events(load_settings().events_path)]
         assert "evolve.interrupted" in events

@@ -315,3 +315,35 @@ def test_a_run_from_before_screening_resumes_without_it():
     assert resumed_config(manifest, budget=None, workers=None, options={}).probe_screen == 1
     manifest["config"]["probe_screen"] = 4  # a run that screened goes on screening
     assert resumed_config(manifest, budget=None, workers=None, options={}).probe_screen == 4
+
+
+async def test_a_full_disk_at_the_resume_snapshot_commits_nothing_of_that_generation(tmp_path, monkeypatch):
+    """The disk fills while generation 1's world-model snapshot is written:
+    the manifest keeps generation 0 with its one record (the generation and
+    its record are committed as one unit), and the resume gives the
+    uninterrupted report, each generation once."""
+    from genesis_fp16 import checkpoint
+
+    whole = load_settings(state_dir=tmp_path / "whole")
+    expected = await SEDarwinAgent(config(), settings=whole, evaluator=InProcessEvaluator(workers=1)).evolve()
+
+    original = checkpoint.atomic_write
+
+    def no_space_for_g1(path, write):
+        if str(path).endswith("resume-g0001.pt"):
+            raise OSError(28, "No space left on device", str(path))
+        return original(path, write)
+
+    monkeypatch.setattr(checkpoint, "atomic_write", no_space_for_g1)
+    settings = load_settings(state_dir=tmp_path / "full")
+    first = SEDarwinAgent(config(), settings=settings, evaluator=InProcessEvaluator(workers=1))
+    with pytest.raises(checkpoint.CheckpointError):
+        await first.evolve()
+    manifest = read_manifest(settings.state_dir, first.run_id)
+    assert manifest["generation"] == 0 and [g["generation"] for g in manifest["generations"]] == [0]
+    assert first.committed() == (1, 8)
+
+    monkeypatch.setattr(checkpoint, "atomic_write", original)  # space freed
+    report = await SEDarwinAgent.resume(first.run_id, settings=settings, evaluator=InProcessEvaluator(workers=1)).evolve()
+    assert [g["generation"] for g in report["generations"]] == [0, 1, 2]
+    assert comparable(report) == comparable(expected)

@@ -367,7 +367,7 @@ def test_full_disk_in_the_replay_buffer_is_one_clear_error(tiny, monkeypatch, st
     assert result.exit_code == 1, result.output
     line = _one_error_line(result)
     assert "full" in line and "replay.sqlite" in line
-    assert "1 generation(s) (8 trajectories) are safe" in line
+    assert "1 generation(s) (8 real episodes) are committed" in line
     assert "corrupt" not in line
 
 
@@ -393,7 +393,7 @@ def test_full_disk_writing_a_checkpoint_is_one_clear_error(tiny, monkeypatch, st
     """The world model's checkpoint cannot be written (ENOSPC from the atomic write)."""
     line = _evolve_with_no_space_for(monkeypatch, lambda path: "world_model" in str(path))
     assert "disk is full" in line and "No space left on device" in line
-    assert "1 generation(s) (8 trajectories) are safe" in line and "replay.sqlite" in line
+    assert "0 generation(s) (0 real episodes) are committed" in line and "replay.sqlite" in line
 
 
 def test_full_disk_writing_the_run_manifest_is_one_clear_error(tiny, monkeypatch, state_dir):
@@ -401,6 +401,109 @@ def test_full_disk_writing_the_run_manifest_is_one_clear_error(tiny, monkeypatch
     line = _evolve_with_no_space_for(monkeypatch, lambda path: path.name == "run.json")
     assert "disk is full" in line and "run.json" in line and "run again" in line
     assert "0 generation(s)" in line
+
+
+def _sqlite_io_error() -> sqlite3.OperationalError:
+    """What SQLite raises when growing its WAL index fails for lack of space:
+    an I/O error, not SQLITE_FULL."""
+    exc = sqlite3.OperationalError("disk I/O error")
+    exc.sqlite_errorcode = 4874  # SQLITE_IOERR_SHMSIZE
+    return exc
+
+
+def _free_space(monkeypatch, free_bytes: int) -> None:
+    """The file system reports ``free_bytes`` free (in 4 KiB blocks)."""
+    from types import SimpleNamespace
+
+    from genesis_fp16 import storage
+
+    fake = SimpleNamespace(f_bavail=free_bytes // 4096, f_frsize=4096, f_bsize=4096, f_blocks=1 << 20, f_bfree=free_bytes // 4096)
+    monkeypatch.setattr(storage.os, "statvfs", lambda path: fake)
+
+
+@pytest.mark.parametrize("free, kind", [(64 * 1024, "full"), (10 * 2**30, "io")])
+def test_an_sqlite_io_error_is_a_full_disk_only_where_no_space_is_left(tmp_path, monkeypatch, free, kind):
+    from infrastructure.replay_buffer import ReplayBuffer
+
+    buffer = ReplayBuffer(tmp_path / "replay.sqlite")
+    _free_space(monkeypatch, free)
+    error = buffer._fault(_sqlite_io_error())
+    assert error.kind == kind
+    assert ("the disk is full" in str(error)) == (kind == "full") and str(tmp_path / "replay.sqlite") in str(error)
+    assert (": I/O error (" in str(error)) == (kind == "io")  # a real I/O error keeps its message
+    assert "corrupt" not in str(error)
+
+
+def test_an_sqlite_io_error_on_a_full_disk_during_evolve_names_the_full_disk(tiny, monkeypatch, state_dir):
+    """Generation 0 commits; generation 1's rows meet an SQLite I/O error on a
+    disk with no space left: one line naming the full disk, the file and the
+    committed generations."""
+    from infrastructure.replay_buffer import ReplayBuffer
+
+    original = ReplayBuffer.append_generation
+
+    def append(self, agent, generation, trajectories):
+        if generation >= 1:
+            _free_space(monkeypatch, 8 * 1024)
+            raise self._fault(_sqlite_io_error())
+        return original(self, agent, generation, trajectories)
+
+    monkeypatch.setattr(ReplayBuffer, "append_generation", append)
+    result = runner.invoke(app, ["evolve", "--budget", "40", "--workers", "1"])
+    assert result.exit_code == 1, result.output
+    line = _one_error_line(result)
+    assert "the disk is full" in line and "replay.sqlite" in line and ": I/O error (" not in line
+    assert "1 generation(s) (8 real episodes) are committed" in line and "--resume" in line
+
+
+def _tmpfs_available(directory: Path) -> bool:
+    if shutil.which("unshare") is None:
+        return False
+    probe = subprocess.run(["unshare", "-rm", "sh", "-c", 'mount -t tmpfs -o size=1m tmpfs "$1"', "sh", str(directory)],
+                           capture_output=True, timeout=30)
+    return probe.returncode == 0
+
+
+_FULL_THEN_RESUME = """
+set -u
+mount -t tmpfs -o size=2m tmpfs "$1/mnt"
+export GENESIS_FP16_STATE_DIR="$1/mnt/state"
+"$2" -m genesis_fp16.cli evolve --budget 40 --seed 0 --workers 1 --precision fp32 --json "$1/first.json" > "$1/first.log" 2>&1
+echo $? > "$1/first.rc"
+mount -o remount,size=256m "$1/mnt"
+"$2" -m genesis_fp16.cli evolve --resume "$(ls "$1/mnt/state/runs")" --json "$1/resumed.json" > "$1/resumed.log" 2>&1
+echo $? > "$1/resumed.rc"
+"""
+
+
+def test_a_real_full_disk_then_resume_gives_the_uninterrupted_report(tmp_path):
+    """``evolve`` on a 2 MiB tmpfs stops with a full-disk line; with space
+    freed, ``--resume`` gives the uninterrupted run's report, each generation
+    once (the generation cut off by the full disk was never committed)."""
+    import os
+
+    (tmp_path / "mnt").mkdir()
+    if not _tmpfs_available(tmp_path / "mnt"):
+        pytest.skip("no user/mount namespaces here (unshare -rm) to mount a small tmpfs")
+    env = dict(os.environ, OMP_NUM_THREADS="1", GENESIS_FP16_LOG_LEVEL="ERROR")
+    subprocess.run(["unshare", "-rm", "bash", "-c", _FULL_THEN_RESUME, "bash", str(tmp_path), sys.executable],
+                   check=True, timeout=300, env=env)
+    first_log = (tmp_path / "first.log").read_text()
+    assert (tmp_path / "first.rc").read_text().strip() == "1" and "the disk is full" in first_log, first_log
+    assert (tmp_path / "resumed.rc").read_text().strip() == "0", (tmp_path / "resumed.log").read_text()
+
+    whole = dict(env, GENESIS_FP16_STATE_DIR=str(tmp_path / "whole"))
+    subprocess.run([sys.executable, "-m", "genesis_fp16.cli", "evolve", "--budget", "40", "--seed", "0", "--workers", "1",
+                    "--precision", "fp32", "--json", str(tmp_path / "whole.json")], check=True, timeout=300, env=whole,
+                   capture_output=True)
+    resumed, expected = (json.loads((tmp_path / name).read_text()) for name in ("resumed.json", "whole.json"))
+    assert [g["generation"] for g in resumed["generations"]] == [g["generation"] for g in expected["generations"]]
+    volatile = {"wall_s", "run_id", "replay_db", "run_manifest", "resumed", "resumed_from", "generations", "time_share"}
+    same = {k: v for k, v in resumed.items() if k not in volatile}
+    assert same == {k: v for k, v in expected.items() if k not in volatile}
+    strip = {"elapsed_s", "wm_wall_s", "time"}
+    assert [{k: v for k, v in g.items() if k not in strip} for g in resumed["generations"]] == [
+        {k: v for k, v in g.items() if k not in strip} for g in expected["generations"]]
 
 
 # -- output paths checked before any work ---------------------------------------------------------
