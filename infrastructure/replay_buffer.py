@@ -26,7 +26,6 @@ import time
 from pathlib import Path
 from typing import Any, Optional, Sequence, Union
 
-import numpy as np
 from tenacity import retry, retry_if_exception, stop_after_attempt, wait_exponential
 
 from genesis_fp16 import storage
@@ -34,37 +33,14 @@ from genesis_fp16.checkpoint import atomic_write
 from genesis_fp16.settings import Settings, env_name
 from genesis_fp16.telemetry import get_logger
 
-from .trajectory import FLOAT_FIELDS, Trajectory, non_finite_field, trajectories_from_episodes
+from .replay_rows import SCHEMA, COLUMNS, SCHEMA_VERSION, refuse_non_finite, row_to_trajectory, trajectory_row
+from .trajectory import Trajectory, trajectories_from_episodes
 
 __all__ = [
     "DEFAULT_FILENAME", "SCHEMA_VERSION", "ReplayBuffer", "ReplayBufferError", "Trajectory", "trajectories_from_episodes",
 ]
 
-SCHEMA_VERSION = 1
 DEFAULT_FILENAME = "replay.sqlite"
-
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS trajectories (
-    id INTEGER PRIMARY KEY AUTOINCREMENT,
-    agent TEXT NOT NULL,
-    generation INTEGER NOT NULL,
-    candidate TEXT NOT NULL,
-    return REAL,
-    outcome TEXT NOT NULL DEFAULT '',
-    length INTEGER NOT NULL,
-    obs_dim INTEGER NOT NULL,
-    act_dim INTEGER NOT NULL,
-    obs BLOB NOT NULL,
-    action BLOB NOT NULL,
-    reward BLOB NOT NULL,
-    next_obs BLOB NOT NULL,
-    done BLOB NOT NULL,
-    created REAL NOT NULL
-);
-CREATE INDEX IF NOT EXISTS trajectories_agent_id ON trajectories (agent, id);
-CREATE INDEX IF NOT EXISTS trajectories_agent_generation ON trajectories (agent, generation);
-"""
 
 
 class ReplayBufferError(storage.StorageError):
@@ -147,7 +123,7 @@ class ReplayBuffer:
         try:
             conn.execute("PRAGMA journal_mode=WAL")
             conn.execute("PRAGMA synchronous=FULL")  # a committed generation survives power loss too
-            conn.executescript(_SCHEMA)
+            conn.executescript(SCHEMA)
             conn.execute("INSERT OR IGNORE INTO meta (key, value) VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
             self._check_schema_version(conn)
         except sqlite3.DatabaseError as exc:
@@ -200,28 +176,9 @@ class ReplayBuffer:
                 action, reward or next_obs; nothing of the generation is written.
             ReplayBufferError: the database cannot be written.
         """
-        self._refuse_non_finite(agent, generation, trajectories)
-        rows = []
+        refuse_non_finite(agent, generation, trajectories)
         now = time.time()
-        for traj in trajectories:
-            rows.append(
-                (
-                    agent,
-                    int(generation),
-                    traj.candidate,
-                    None if traj.return_ is None else float(traj.return_),
-                    traj.outcome,
-                    int(traj.obs.shape[0]),
-                    int(traj.obs.shape[1]),
-                    int(traj.action.shape[1]),
-                    traj.obs.astype("<f4").tobytes(),
-                    traj.action.astype("<f4").tobytes(),
-                    traj.reward.astype("<f4").tobytes(),
-                    traj.next_obs.astype("<f4").tobytes(),
-                    traj.done.astype("u1").tobytes(),
-                    now,
-                )
-            )
+        rows = [trajectory_row(agent, generation, traj, now) for traj in trajectories]
 
         def write(conn: sqlite3.Connection) -> list[int]:
             ids = []
@@ -238,46 +195,12 @@ class ReplayBuffer:
         self._log.debug("replay.appended", agent=agent, generation=generation, trajectories=len(ids))
         return ids
 
-    @staticmethod
-    def _refuse_non_finite(agent: str, generation: int, trajectories: Sequence[Trajectory]) -> None:
-        # Trajectory checks when it is made, but its arrays may change after;
-        # one NaN row would stop every later training on this agent's data
-        for k, traj in enumerate(trajectories):
-            bad = non_finite_field({name: getattr(traj, name) for name in FLOAT_FIELDS})
-            if bad is not None:
-                name, t = bad
-                raise ValueError(
-                    f"trajectory {k} of the generation (candidate {traj.candidate!r}): non-finite {name} at transition {t} (NaN or inf as float32); "
-                    f"refusing to store generation {generation} of agent {agent!r}, nothing of it was written: "
-                    "leave this trajectory out (its env returned bad data) and append the others"
-                )
-
     def append(self, agent: str, generation: int, trajectory: Trajectory) -> int:
         """Append one trajectory (its own transaction); returns its id. Raises
         as `append_generation` does (a non-finite array: `ValueError`)."""
         return self.append_generation(agent, generation, [trajectory])[0]
 
     # -- reads -------------------------------------------------------------------
-    @staticmethod
-    def _row_to_trajectory(row: tuple) -> Trajectory:
-        (tid, agent, generation, candidate, ret, outcome, length, obs_dim, act_dim, obs, action, reward, next_obs, done, created) = row
-        return Trajectory(
-            obs=np.frombuffer(obs, dtype="<f4").reshape(length, obs_dim),
-            action=np.frombuffer(action, dtype="<f4").reshape(length, act_dim),
-            reward=np.frombuffer(reward, dtype="<f4").reshape(length),
-            next_obs=np.frombuffer(next_obs, dtype="<f4").reshape(length, obs_dim),
-            done=np.frombuffer(done, dtype="u1").reshape(length).astype(bool),
-            candidate=candidate,
-            return_=ret,
-            outcome=outcome,
-            agent=agent,
-            generation=generation,
-            id=tid,
-            created=created,
-            refuse_non_finite=False,  # a row from before the check is readable, so training can name it and it can be deleted
-        )
-
-    _COLUMNS = "id, agent, generation, candidate, return, outcome, length, obs_dim, act_dim, obs, action, reward, next_obs, done, created"
 
     def sample(
         self,
@@ -290,7 +213,7 @@ class ReplayBuffer:
         """Trajectories of ``agent``, most recent first: at most ``limit``
         trajectories, from ``min_generation`` on, stopping once
         ``max_transitions`` transitions are collected."""
-        query = f"SELECT {self._COLUMNS} FROM trajectories WHERE agent = ?"
+        query = f"SELECT {COLUMNS} FROM trajectories WHERE agent = ?"
         args: list[Any] = [agent]
         if min_generation is not None:
             query += " AND generation >= ?"
@@ -304,7 +227,7 @@ class ReplayBuffer:
             out: list[Trajectory] = []
             total = 0
             for row in conn.execute(query, args):
-                traj = self._row_to_trajectory(row)
+                traj = row_to_trajectory(row)
                 out.append(traj)
                 total += traj.obs.shape[0]
                 if max_transitions is not None and total >= max_transitions:
