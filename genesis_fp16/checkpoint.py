@@ -8,9 +8,10 @@
   checked on load: a flipped bit anywhere in a tensor is one `CheckpointError`
   ("corrupt: digest mismatch"), not weights that are silently wrong. Files
   written before digests existed load with a ``checkpoint.no_digest`` note.
-* The ``check_*`` functions validate a loaded payload against the live
-  objects before a loader changes anything, so a checkpoint that does not fit
-  fails whole and leaves the trainer as it was.
+* The ``check_*`` functions (`genesis_fp16.checkpoint_checks`, re-exported
+  here) validate a loaded payload against the live objects before a loader
+  changes anything, so a checkpoint that does not fit fails whole and leaves
+  the trainer as it was.
 * Every failure names the file and what is wrong.
 """
 
@@ -30,6 +31,18 @@ from typing import Any, Callable, Optional, Union
 import numpy as np
 import torch
 
+from .checkpoint_checks import (  # noqa: F401 - re-exported: trainer, fsdp and dynamics use them from here
+    CheckpointError,
+    check_counters,
+    check_model_state,
+    check_optimizer_state,
+    check_param_groups,
+    check_rng_state,
+    check_scaler_state,
+    check_scheduler_state,
+    generator_state_problem,
+    optimizer_type_name,
+)
 from .telemetry import get_logger
 
 FORMAT_NAME = "genesis-fp16-checkpoint"
@@ -52,10 +65,6 @@ def _read_umask() -> int:
 
 # mkstemp creates files 0600; a finished file gets the mode open() would give.
 _FILE_MODE = 0o666 & ~_read_umask()
-
-
-class CheckpointError(RuntimeError):
-    """A checkpoint could not be read or written; the message names the file."""
 
 
 def _fsync_dir(directory: Path) -> None:
@@ -305,215 +314,3 @@ def verify_digest(payload: Mapping[str, Any], path: PathLike) -> None:
             f"{path}: corrupt: digest mismatch (recorded {str(recorded.get('value'))[:16]}..., content {actual[:16]}...); "
             "the file changed after it was written: resume from another checkpoint"
         )
-
-
-# -- validation against the live objects ----------------------------------------------------
-
-
-def _bad(source: str, field: str, what: str) -> CheckpointError:
-    return CheckpointError(f"{source}: field {field}: {what}")
-
-
-def _kind(dtype: torch.dtype) -> str:
-    if dtype.is_floating_point:
-        return "float"
-    if dtype.is_complex:
-        return "complex"
-    return str(dtype)
-
-
-def check_model_state(saved: Any, live: Mapping[str, torch.Tensor], source: str) -> None:
-    """``saved`` has exactly ``live``'s keys, each a tensor of the same shape and
-    kind of dtype (any floating dtype loads into any other: FP32 into FP16 weights)."""
-    if not isinstance(saved, Mapping):
-        raise _bad(source, "model", f"a {type(saved).__name__}, expected a state dict")
-    missing = [k for k in live if k not in saved]
-    unexpected = [k for k in saved if k not in live]
-    if missing or unexpected:
-        raise _bad(
-            source, "model",
-            f"checkpoint does not fit this model: missing {missing[:5]}, unexpected {unexpected[:5]}; "
-            "it was saved from another model",
-        )
-    for key, want in live.items():
-        got = saved[key]
-        if not isinstance(got, torch.Tensor):
-            raise _bad(source, f"model.{key}", f"a {type(got).__name__}, expected a tensor")
-        if tuple(got.shape) != tuple(want.shape):
-            raise _bad(
-                source, f"model.{key}",
-                f"checkpoint does not fit this model: shape {tuple(got.shape)}, this model's is {tuple(want.shape)}",
-            )
-        if _kind(got.dtype) != _kind(want.dtype):
-            raise _bad(source, f"model.{key}", f"checkpoint does not fit this model: dtype {got.dtype}, this model's is {want.dtype}")
-
-
-def optimizer_type_name(optimizer: torch.optim.Optimizer) -> str:
-    cls = type(optimizer)
-    return f"{cls.__module__}.{cls.__qualname__}"
-
-
-def check_param_groups(
-    saved: Any, live: list[dict[str, Any]], source: str, field: str = "optimizer.param_groups", *, known_keys_only: bool = True
-) -> None:
-    """Same number of groups and of parameters per group, and numbers where this
-    optimizer has numbers. ``known_keys_only`` (where the checkpoint does not
-    record its optimizer type): refuse groups that have hyperparameters this
-    optimizer does not know *and* lack some it has (SGD's ``momentum`` against
-    Adam's ``betas``): the sign of another optimizer type."""
-    if not isinstance(saved, list) or not all(isinstance(g, Mapping) for g in saved):
-        raise _bad(source, field, f"a {type(saved).__name__}, expected a list of parameter groups")
-    if len(saved) != len(live):
-        raise _bad(source, field, f"checkpoint does not fit this optimizer: {len(saved)} parameter groups, this optimizer has {len(live)}")
-    for i, (got, want) in enumerate(zip(saved, live)):
-        params = got.get("params")
-        if not isinstance(params, list) or len(params) != len(want["params"]):
-            count = len(params) if isinstance(params, list) else params
-            raise _bad(source, f"{field}[{i}].params", f"checkpoint does not fit this optimizer: {count!r} parameters, expected {len(want['params'])}")
-        # an LR scheduler adds initial_lr; a newer torch adds keys one way only:
-        # another optimizer type has keys of its own on both sides
-        foreign = sorted(k for k in got if k not in want and k != "initial_lr")
-        lacking = [k for k in want if k not in got and k != "initial_lr"]
-        if foreign and lacking and known_keys_only:
-            raise _bad(source, f"{field}[{i}]", f"checkpoint does not fit this optimizer: hyperparameters {foreign} belong to another optimizer type")
-        for key, value in got.items():
-            known = want.get(key)
-            if isinstance(known, (int, float)) and not isinstance(known, bool):
-                if isinstance(value, bool) or not isinstance(value, (int, float, torch.Tensor)):
-                    raise _bad(source, f"{field}[{i}].{key}", f"{value!r:.60}, expected a number")
-
-
-def check_optimizer_state(saved: Any, optimizer: torch.optim.Optimizer, saved_type: Any, source: str) -> None:
-    """``saved`` (an ``optimizer.state_dict()``) loads into ``optimizer`` whole:
-    same type (where the checkpoint records it), same groups, per-parameter
-    state for parameters that exist, tensors of the right shape."""
-    if saved is None:
-        return
-    mine = optimizer_type_name(optimizer)
-    if saved_type is not None and saved_type != mine:
-        raise _bad(source, "optimizer_type", f"checkpoint does not fit this optimizer: saved from {saved_type}, this trainer's is {mine}")
-    if not isinstance(saved, Mapping) or not isinstance(saved.get("state"), Mapping):
-        raise _bad(source, "optimizer", "expected an optimizer state dict with 'state' and 'param_groups'")
-    live_groups = optimizer.state_dict()["param_groups"]
-    check_param_groups(saved.get("param_groups"), live_groups, source, known_keys_only=saved_type is None)
-    ids = [pid for group in saved["param_groups"] for pid in group["params"]]
-    params = [p for group in optimizer.param_groups for p in group["params"]]
-    by_id = dict(zip(ids, params))
-    for pid, per_param in saved["state"].items():
-        if pid not in by_id:
-            raise _bad(source, f"optimizer.state[{pid!r}]", "state for a parameter that no parameter group lists")
-        if not isinstance(per_param, Mapping):
-            raise _bad(source, f"optimizer.state[{pid!r}]", f"a {type(per_param).__name__}, expected a dict")
-        param = by_id[pid]
-        live = optimizer.state.get(param, {})
-        for key, value in per_param.items():
-            if not isinstance(value, torch.Tensor) or value.dim() == 0:
-                continue
-            want = live.get(key)
-            if isinstance(want, torch.Tensor):
-                ok = tuple(value.shape) == tuple(want.shape)
-            else:  # no live state to compare: param-shaped, or smaller (factored second moments)
-                ok = value.numel() <= param.numel()
-            if not ok:
-                raise _bad(
-                    source, f"optimizer.state[{pid}].{key}",
-                    f"checkpoint does not fit this optimizer: shape {tuple(value.shape)} for a parameter of shape {tuple(param.shape)}",
-                )
-
-
-_SCALER_FIELDS = {
-    "scale": (lambda v: math.isfinite(v) and v > 0, "a finite number > 0"),
-    "growth_factor": (lambda v: math.isfinite(v) and v > 1, "a finite number > 1"),
-    "backoff_factor": (lambda v: 0 < v < 1, "a number between 0 and 1"),
-    "growth_interval": (lambda v: isinstance(v, int) and v > 0, "an integer > 0"),
-    "_growth_tracker": (lambda v: isinstance(v, int) and v >= 0, "an integer >= 0"),
-}
-
-
-def check_scaler_state(state: Any, source: str) -> None:
-    """``state`` is ``{}`` (saved without a scaler) or a whole ``GradScaler.state_dict()``."""
-    if state is None:
-        return
-    if not isinstance(state, Mapping):
-        raise _bad(source, "scaler", f"a {type(state).__name__}, expected the GradScaler's state dict")
-    if not state:
-        return
-    for key, (valid, expected) in _SCALER_FIELDS.items():
-        if key not in state:
-            raise _bad(source, f"scaler.{key}", "missing; the scaler state is incomplete")
-        value = state[key]
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not valid(value):
-            raise _bad(source, f"scaler.{key}", f"{value!r:.60}, expected {expected}")
-
-
-COUNTER_NAMES = ("training_steps", "overflow_steps", "nonfinite_losses", "micro_steps", "samples_seen")
-
-
-def check_counters(counters: Any, source: str) -> dict[str, int]:
-    """The trainer's counters, each a non-negative integer (absent ones are 0)."""
-    if counters is None:
-        counters = {}
-    if not isinstance(counters, Mapping):
-        raise _bad(source, "counters", f"a {type(counters).__name__}, expected a dict of counts")
-    out = {}
-    for name in COUNTER_NAMES:
-        value = counters.get(name, 0)
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise _bad(source, f"counters.{name}", f"{value!r:.60}, expected an integer >= 0")
-        out[name] = value
-    return out
-
-
-def _rng_size() -> int:
-    return int(torch.get_rng_state().numel())
-
-
-def generator_state_problem(value: Any) -> Optional[str]:
-    """What is wrong with ``value`` as a CPU ``torch.Generator`` state, or None."""
-    size = _rng_size()
-    if isinstance(value, torch.Tensor) and value.dtype == torch.uint8 and tuple(value.shape) == (size,):
-        return None
-    return f"{_describe(value)}, expected a uint8 tensor of shape ({size},)"
-
-
-def check_rng_state(rng: Any, source: str) -> None:
-    """``torch_cpu`` (one generator state) and ``torch_cpu_ranks`` (one per rank)
-    are byte tensors of the CPU generator's state size."""
-    if rng is None:
-        return
-    if not isinstance(rng, Mapping):
-        raise _bad(source, "rng", f"a {type(rng).__name__}, expected a dict of generator states")
-    size = _rng_size()
-    one = rng.get("torch_cpu")
-    problem = None if one is None else generator_state_problem(one)
-    if problem:
-        raise _bad(source, "rng.torch_cpu", problem)
-    ranks = rng.get("torch_cpu_ranks")
-    if ranks is not None and not (
-        isinstance(ranks, torch.Tensor) and ranks.dtype == torch.uint8 and ranks.dim() == 2 and ranks.shape[1] == size
-    ):
-        raise _bad(source, "rng.torch_cpu_ranks", f"{_describe(ranks)}, expected a uint8 tensor of shape (world_size, {size})")
-
-
-def _describe(value: Any) -> str:
-    if isinstance(value, torch.Tensor):
-        return f"a {value.dtype} tensor of shape {tuple(value.shape)}"
-    return f"a {type(value).__name__}"
-
-
-def check_scheduler_state(saved: Any, live: Mapping[str, Any], source: str) -> None:
-    """``saved`` is a state dict of the same scheduler type as ``live``'s: no key
-    it does not know, numbers where it has numbers, lists as long as its lists."""
-    if saved is None:
-        return
-    if not isinstance(saved, Mapping):
-        raise _bad(source, "scheduler", f"a {type(saved).__name__}, expected a scheduler state dict")
-    for key, value in saved.items():
-        if key not in live:
-            raise _bad(source, f"scheduler.{key}", "unknown to this scheduler; the checkpoint was saved with another scheduler type")
-        want = live[key]
-        if isinstance(want, (int, float)) and not isinstance(want, bool):
-            if isinstance(value, bool) or not isinstance(value, (int, float)):
-                raise _bad(source, f"scheduler.{key}", f"{value!r:.60}, expected a number")
-        elif isinstance(want, list) and (not isinstance(value, list) or len(value) != len(want)):
-            raise _bad(source, f"scheduler.{key}", f"{value!r:.60}, expected a list of {len(want)}")

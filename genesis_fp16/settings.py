@@ -8,27 +8,24 @@ This is the only module that reads the environment; everything else takes a
 ``Settings`` object.
 
 What the sources would silently skip or crash on is refused first, with the
-file and line: a ``.env`` or TOML file that is not UTF-8, an unparseable
-``.env`` line, malformed TOML, and a ``GENESIS_FP16_*`` name (environment,
-``.env``) or TOML key that is no setting, or a name a couple of letters from a
-variable outside the prefix (``ENABLE_FP16_TRAINIG`` for the kill switch); the
-closest valid name is suggested. Every number has an upper bound the trainer
+file and line (`genesis_fp16.setting_names`): a ``.env`` or TOML file that is
+not UTF-8, an unparseable ``.env`` line, malformed TOML, a ``GENESIS_FP16_*``
+name (environment, ``.env``) or TOML key that is no setting, a near miss of a
+variable outside the prefix, and anything that would leave the kill switch
+unread: a name that looks like a switch for FP16/BF16 training
+(``DISABLE_FP16_TRAINING``, ``ENABLE_FP16``) and an empty
+``ENABLE_FP16_TRAINING``; the closest valid name is suggested. Every number has an upper bound the trainer
 runs with (a loss scale within FP32's range, an interval torch can count).
 """
 
 from __future__ import annotations
 
-import difflib
-import functools
-import io
 import os
 import re
-import sys
 from enum import Enum
 from pathlib import Path
 from typing import Any, Optional
 
-from dotenv.parser import parse_stream
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError, field_validator
 from pydantic_settings import (
     BaseSettings,
@@ -37,10 +34,16 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - Python 3.10
-    import tomli as tomllib
+from .setting_names import (
+    KILL_SWITCH,
+    Problem,
+    SettingsError,
+    dotenv_entries,
+    empty_switch_problem,
+    name_problem,
+    read_utf8,  # noqa: F401 - re-exported: profiles imports it from here
+    toml_key_problems,
+)
 
 ENV_PREFIX = "GENESIS_FP16_"
 CONFIG_FILE_ENV = "GENESIS_FP16_CONFIG_FILE"
@@ -51,10 +54,6 @@ DOTENV_FILE = ".env"
 FP32_MAX = 3.4028234663852886e38  # torch.finfo(torch.float32).max: GradScaler keeps its scale in FP32
 INT32_MAX = 2**31 - 1  # GradScaler counts clean steps in an int32 tensor: a longer interval is never reached
 INT64_MAX = 2**63 - 1  # the largest integer torch, SQLite (the ledger) and TOML (profiles) hold
-# A name this many edits (insert, delete, replace, swap two neighbours) from a
-# setting's variable is taken for a misspelling of it. The variables are 17+
-# characters long, so 2 edits stay far from unrelated names (PATH, ENABLE_...).
-MAX_NAME_EDITS = 2
 
 
 class PrecisionMode(str, Enum):
@@ -120,10 +119,6 @@ class DistributedWrap(str, Enum):
 DEVICE_PATTERN = re.compile(r"auto|cpu|cuda(:[0-9]+)?")
 """What ``GENESIS_FP16_DEVICE`` accepts: auto, cpu, cuda or cuda:N."""
 DEVICE_CHOICES = "auto, cpu, cuda or cuda:N (N: a CUDA device index, 0 for the first GPU)"
-
-
-class SettingsError(ValueError):
-    """An invalid setting: names the variable, the value given and what is allowed."""
 
 
 def no_bool(value: Any) -> Any:
@@ -221,7 +216,7 @@ class Settings(PrecisionConfig, BaseSettings):
 
     enable_fp16_training: bool = Field(
         True,
-        validation_alias=AliasChoices("ENABLE_FP16_TRAINING", "enable_fp16_training"),
+        validation_alias=AliasChoices(KILL_SWITCH, "enable_fp16_training"),
         description="Global switch for reduced precision. false is the kill switch: every agent trains in FP32.",
     )
     state_dir: Path = Field(Path(".genesis_fp16"), description="Where ledgers, event logs and checkpoints go.")
@@ -332,7 +327,7 @@ class Settings(PrecisionConfig, BaseSettings):
 def env_name(field: str) -> str:
     """The environment variable a field is read from."""
     if field == "enable_fp16_training":
-        return "ENABLE_FP16_TRAINING"
+        return KILL_SWITCH
     return ENV_PREFIX + field.upper()
 
 
@@ -370,7 +365,7 @@ def format_validation_error(err: ValidationError) -> str:
         field = str(loc[0])
         if field not in Settings.model_fields:
             # aliases come back as the alias name
-            field = {"ENABLE_FP16_TRAINING": "enable_fp16_training"}.get(field, field)
+            field = {KILL_SWITCH: "enable_fp16_training"}.get(field, field)
         name = env_name(field) if field in Settings.model_fields else field
         allowed = allowed_values(Settings, field) if field in Settings.model_fields else item.get("msg", "")
         lines.append(f"invalid setting {name}={item.get('input')!r}: allowed values are {allowed}")
@@ -387,128 +382,48 @@ def valid_env_names() -> list[str]:
     return sorted({env_name(f) for f in Settings.model_fields} | {CONFIG_FILE_ENV})
 
 
-def _suggest(name: str, valid: list[str]) -> str:
-    close = difflib.get_close_matches(name, valid, n=1, cutoff=0.6)
-    return f"did you mean {close[0]}?" if close else "no setting has a similar name;"
-
-
-def name_edits(a: str, b: str) -> int:
-    """Edits from ``a`` to ``b``: inserts, deletes, replacements and swaps of
-    two neighbouring characters (the optimal string alignment distance)."""
-    rows = [list(range(len(b) + 1))]
-    for i in range(1, len(a) + 1):
-        row = [i] + [0] * len(b)
-        for j in range(1, len(b) + 1):
-            cost = a[i - 1] != b[j - 1]
-            row[j] = min(rows[i - 1][j] + 1, row[j - 1] + 1, rows[i - 1][j - 1] + cost)
-            if i > 1 and j > 1 and a[i - 1] == b[j - 2] and a[i - 2] == b[j - 1]:
-                row[j] = min(row[j], rows[i - 2][j - 2] + 1)
-        rows.append(row)
-    return rows[-1][-1]
-
-
-@functools.lru_cache(maxsize=4096)  # the same environment is checked at every load
-def near_setting(name: str) -> Optional[str]:
-    """The setting's variable ``name`` is within `MAX_NAME_EDITS` of (any
-    case), or None; a variable itself is None."""
-    upper = name.upper()
-    valid = valid_env_names()
-    if upper in valid:
-        return None
-    near = [(name_edits(upper, v), v) for v in valid if abs(len(v) - len(upper)) <= MAX_NAME_EDITS]
-    best = min(near, default=(MAX_NAME_EDITS + 1, ""))
-    return best[1] if best[0] <= MAX_NAME_EDITS else None
-
-
-def is_unknown_setting(name: str) -> bool:
-    """Whether ``name`` (environment, ``.env``) is meant as a setting but is
-    none: any ``GENESIS_FP16_*`` name that is no variable, and outside the
-    prefix (the kill switch ``ENABLE_FP16_TRAINING``, a mangled prefix) a near
-    miss of a variable; the environment holds many unrelated names."""
-    upper = name.upper()
-    if upper in valid_env_names():
-        return False
-    return upper.startswith(ENV_PREFIX) or near_setting(upper) is not None
-
-
-def _unknown_env(name: str, where: str) -> str:
-    near = near_setting(name)
-    hint = f"did you mean {near}?" if near else _suggest(name.upper(), valid_env_names())
-    return f"unknown setting {name} {where}; {hint} `genesis-fp16 doctor` lists the valid names"
-
-
-def read_utf8(path: Path, what: str, error: type[ValueError] = SettingsError) -> str:
-    """``path`` as UTF-8 text; a byte that is not UTF-8 raises ``error`` naming
-    the file and the line."""
-    data = path.read_bytes()
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        line = data[: exc.start].count(b"\n") + 1
-        raise error(f"{path}:{line}: {what} is not UTF-8 text (byte {data[exc.start]:#04x}); save it as UTF-8") from None
-
-
-def _dotenv_names(path: Path) -> list[tuple[str, int]]:
-    """(name, line) of every assignment in a ``.env`` file; a line python-dotenv
-    cannot parse (which it would skip with a warning) is a SettingsError."""
-    names = []
-    for binding in parse_stream(io.StringIO(read_utf8(path, "the .env file"))):
-        raw = binding.original.string
-        line = binding.original.line + raw[: len(raw) - len(raw.lstrip())].count("\n")  # a binding starts at the blank lines before it
-        if binding.error:
-            raise SettingsError(
-                f"{path}:{line}: cannot parse {raw.strip()!r}; expected NAME=value (quote a value with spaces or '#')"
-            )
-        if binding.key is not None:
-            names.append((binding.key, line))
-    return names
-
-
-def _toml_keys(path: Path) -> list[str]:
-    try:
-        return list(tomllib.loads(read_utf8(path, "the settings file")))
-    except tomllib.TOMLDecodeError as exc:
-        raise SettingsError(f"{path}: not valid TOML ({exc})") from None
+def _problems() -> list[Problem]:
+    """Every name in the environment, ``.env`` and the TOML file that is meant
+    as a setting but is none, and an empty kill switch. Raises SettingsError
+    for a file that cannot be read at all."""
+    valid = tuple(valid_env_names())
+    problems = []
+    for name, value in sorted(os.environ.items()):
+        where = "in the environment"
+        problems.append(name_problem(name, where, valid, ENV_PREFIX) or empty_switch_problem(name, value, where))
+    dotenv = Path(DOTENV_FILE)
+    if dotenv.is_file():
+        for name, value, line in dotenv_entries(dotenv):
+            where = "in the .env file"
+            problem = name_problem(name, where, valid, ENV_PREFIX) or empty_switch_problem(name, value, where)
+            problems.append(problem._replace(message=f"{dotenv}:{line}: {problem.message}") if problem else None)
+    toml_path = config_file_path()
+    if toml_path.is_file():
+        problems.extend(toml_key_problems(toml_path, list(Settings.model_fields)))
+    return [p for p in problems if p is not None]
 
 
 def unknown_settings() -> list[str]:
-    """One message per name in the environment or ``.env`` that
-    `is_unknown_setting` and per TOML key that is no setting. Raises SettingsError for a file that
-    cannot be read at all."""
-    problems = [_unknown_env(name, "in the environment") for name in sorted(os.environ) if is_unknown_setting(name)]
-    dotenv = Path(DOTENV_FILE)
-    if dotenv.is_file():
-        for name, line in _dotenv_names(dotenv):
-            if is_unknown_setting(name):
-                problems.append(f"{dotenv}:{line}: " + _unknown_env(name, "in the .env file"))
-    toml_path = config_file_path()
-    if toml_path.is_file():
-        fields = list(Settings.model_fields)
-        for key in _toml_keys(toml_path):
-            if key.lower() not in fields:
-                close = difflib.get_close_matches(key.lower(), fields, n=1, cutoff=0.6)
-                hint = f"did you mean {close[0]!r}?" if close else f"the keys are the settings' names in lower case ({', '.join(fields)})"
-                problems.append(f"{toml_path}: unknown setting {key!r}; {hint}")
-    return problems
+    """One message per name in the environment or ``.env`` meant as a setting
+    but none (see `genesis_fp16.setting_names`), per TOML key that is no
+    setting, and for an empty ``ENABLE_FP16_TRAINING``. Raises SettingsError
+    for a file that cannot be read at all."""
+    return [p.message for p in _problems()]
 
 
 def load_settings(*, check_names: bool = True, **overrides: Any) -> Settings:
     """Build settings from all sources; raise ``SettingsError`` with one clear
     message. ``check_names=False`` lets an unknown name pass (``doctor``,
-    which lists them)."""
-    problems = unknown_settings()
-    if problems and check_names:
-        raise SettingsError(problems[0])
+    which lists them), but never one that would leave reduced precision on
+    silently (a switch-like name that is not ``ENABLE_FP16_TRAINING``, an
+    empty ``ENABLE_FP16_TRAINING``)."""
+    refused = [p.message for p in _problems() if check_names or p.kill_switch]
+    if refused:
+        raise SettingsError(refused[0])
     try:
         return Settings(**overrides)
     except ValidationError as err:
         raise SettingsError(format_validation_error(err)) from None
-
-
-def get_settings(**overrides: Any) -> Settings:
-    """Alias of `load_settings` (settings are cheap and never cached, so tests
-    and long-running processes see changes to the environment)."""
-    return load_settings(**overrides)
 
 
 def describe_settings() -> list[dict[str, Any]]:

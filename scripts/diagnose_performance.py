@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import sys
 import time
@@ -138,7 +137,9 @@ def bench_update(env_id: str, repeats: int, updates: int, device: str) -> dict:
 def meta() -> dict:
     import torch
 
-    cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), platform.processor())
+    from genesis_fp16.precision import cpu_name
+
+    cpu = cpu_name()
     return {"torch": torch.__version__, "cpu": cpu, "cores": len(os.sched_getaffinity(0)),
             "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
             "torch_threads": torch.get_num_threads(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),

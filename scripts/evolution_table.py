@@ -33,7 +33,6 @@ import asyncio
 import dataclasses
 import json
 import math
-import platform
 import statistics
 import sys
 import tempfile
@@ -57,16 +56,9 @@ from infrastructure.world_model import WorldModel
 
 
 def cpu_model() -> str:
-    from genesis_fp16.precision import cpu_flags
+    from genesis_fp16.precision import cpu_flags, cpu_name
 
-    name = platform.processor() or "unknown"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                name = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    name = cpu_name()
     flags = [f for f in ("avx512_bf16", "amx_bf16") if f in cpu_flags()] + (["no AMX"] if "amx_bf16" not in cpu_flags() else [])
     return f"{name} [{', '.join(flags)}]" if flags else name
 

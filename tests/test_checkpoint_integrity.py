@@ -159,6 +159,54 @@ def test_bad_field_is_one_error_naming_it(saved: Path, tmp_path: Path, field: st
     expect_refused(loader(), bad, field)
 
 
+def _adam_state(p: dict[str, Any], key: str, value: Any) -> None:
+    p["optimizer"]["state"][0][key] = value
+
+
+@pytest.mark.parametrize(
+    "field, expected, change",
+    [
+        ("optimizer.state[0].exp_avg", "expected a tensor of shape (6, 4), found str", lambda p: _adam_state(p, "exp_avg", "boom")),
+        ("optimizer.state[0].exp_avg", "expected a tensor of shape (6, 4), found a torch.float32 tensor of shape (4, 6)",
+         lambda p: _adam_state(p, "exp_avg", torch.zeros(4, 6))),
+        ("optimizer.state[0].exp_avg_sq", "expected a float tensor", lambda p: _adam_state(p, "exp_avg_sq", torch.zeros(6, 4, dtype=torch.int64))),
+        ("optimizer.state[0].step", "expected a tensor of shape (), found str", lambda p: _adam_state(p, "step", "3")),
+        ("optimizer.state[0].step", "missing", lambda p: p["optimizer"]["state"][0].pop("step")),
+        ("optimizer.state[0].momentum_buffer", "not in this optimizer's state", lambda p: _adam_state(p, "momentum_buffer", torch.zeros(6, 4))),
+        ("optimizer.param_groups[0].betas", "expected a tuple of 2, found str", lambda p: p["optimizer"]["param_groups"][0].update(betas="0.9")),
+        ("optimizer.param_groups[0].betas", "expected a tuple of 2, found tuple of 3",
+         lambda p: p["optimizer"]["param_groups"][0].update(betas=(0.9, 0.99, 0.5))),
+        ("optimizer.param_groups[0].betas[1]", "expected a number, found str",
+         lambda p: p["optimizer"]["param_groups"][0].update(betas=(0.9, "0.999"))),
+        ("optimizer.param_groups[0].amsgrad", "expected true or false, found int", lambda p: p["optimizer"]["param_groups"][0].update(amsgrad=1)),
+        ("optimizer.param_groups[0].params", "integer parameter ids", lambda p: p["optimizer"]["param_groups"][0]["params"].__setitem__(0, "0")),
+    ],
+    ids=lambda v: v if isinstance(v, str) and v.startswith("optimizer") else "",
+)
+@pytest.mark.parametrize("live", ["stepped", "fresh"])
+def test_crafted_optimizer_field_with_a_valid_digest_is_refused_naming_it(
+    saved: Path, tmp_path: Path, field: str, expected: str, change: Callable, live: str
+) -> None:
+    """A payload an attacker rewrote and re-digested (`rewrite`) used to load
+    and crash the next step; now it is refused before anything changes, by a
+    trainer that has stepped and by a fresh one resuming (whose optimizer has
+    no state to compare: a probe step tells what it would keep)."""
+    bad = rewrite(saved, tmp_path / "bad.pt", change)
+    trainer = loader() if live == "stepped" else make_trainer(seed=2)
+    error = expect_refused(trainer, bad, f"field {field}: ")
+    assert expected in str(error) and "\n" not in str(error), str(error)
+    train(trainer, steps=1)  # and it trains on as before
+
+
+@pytest.mark.parametrize("precision", ["fp32", "fp16", "bf16"])
+def test_a_genuine_checkpoint_loads_into_a_fresh_trainer_of_any_precision(saved: Path, precision: str) -> None:
+    trainer = make_trainer(precision, seed=2)
+    trainer.load_checkpoint(saved)
+    payload = load_payload(saved)
+    assert_same(payload["optimizer"]["state"], trainer.optimizer.state_dict()["state"])
+    train(trainer, steps=1)
+
+
 @pytest.mark.parametrize("precision", ["fp32", "fp16", "bf16"])
 def test_bad_scaler_is_refused_by_every_precision(saved: Path, tmp_path: Path, precision: str) -> None:
     bad = rewrite(saved, tmp_path / "bad.pt", lambda p: p["scaler"].pop("_growth_tracker"))

@@ -216,17 +216,9 @@ def _finite(value: Optional[float]) -> Optional[float]:
 
 def host() -> dict[str, Any]:
     """Where a measurement ran: CPU model and the flags that decide precision speed, cores, torch, python, date."""
-    from genesis_fp16.precision import cpu_flags
+    from genesis_fp16.precision import cpu_flags, cpu_name
 
-    name = platform.processor() or "unknown"
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    name = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
+    name = cpu_name()
     import torch
 
     flags = sorted(f for f in cpu_flags() if f in ("avx2", "avx512f", "avx512_bf16", "avx512_fp16", "amx_bf16", "amx_tile", "f16c"))

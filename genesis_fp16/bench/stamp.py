@@ -12,28 +12,17 @@ from typing import Any, Optional
 import torch
 
 from .. import __version__
-from ..precision import cpu_flags
+from ..precision import cpu_flags, cpu_name
 from .loops import RAW_LOOP_WORK, trainer_config
 from .options import BenchOptions
 
 INTERESTING_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_fp16", "amx_bf16", "amx_tile", "amx_int8", "f16c")
 
 
-def _cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as fh:
-            for line in fh:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
-
-
 def _cpu_name(flags: list[str]) -> str:
     """CPU model, cores and the reduced-precision features that matter here."""
     features = [name for flag, name in (("avx512_bf16", "AVX512-BF16"), ("amx_bf16", "AMX-BF16"), ("avx512_fp16", "AVX512-FP16")) if flag in flags]
-    return f"{_cpu_model()}, {os.cpu_count()} cores" + (f" ({', '.join(features)})" if features else "")
+    return f"{cpu_name()}, {os.cpu_count()} cores" + (f" ({', '.join(features)})" if features else "")
 
 
 def _git_commit() -> Optional[str]:
@@ -56,7 +45,7 @@ def device_header(options: BenchOptions, device: torch.device) -> dict[str, Any]
         "command": options.command or " ".join(sys.argv),
         "device": str(device),
         "device_name": cuda_name or _cpu_name(flags),
-        "cpu_model": _cpu_model(),
+        "cpu_model": cpu_name(),
         "cpu_count": os.cpu_count(),
         "cpu_flags": flags,
         "torch_threads": torch.get_num_threads(),

@@ -18,6 +18,7 @@ from typing import Callable, Optional
 
 import torch
 
+from ..precision import cpu_name
 from .configs import ComponentPrecisions
 from .metrics import accum_report, classify_failure, kl_report, reward_report, token_logprobs, value_report
 from .model import ScalarModel, TinyLM, cast_copy
@@ -198,20 +199,10 @@ def run_meta(command: str) -> dict:
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "torch_version": str(torch.__version__),
         "device": "cpu",
-        "cpu": cpu_model(),
+        "cpu": cpu_name(),
         "python": platform.python_version(),
         "threads": torch.get_num_threads(),
     }
-
-
-def cpu_model() -> str:
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def probe(

@@ -9,7 +9,7 @@ from __future__ import annotations
 import functools
 from enum import Enum
 from pathlib import Path
-from typing import Optional, Union
+from typing import NamedTuple, Optional, Union
 
 import torch
 
@@ -24,29 +24,43 @@ class Support(str, Enum):
     NONE = "none"  # cannot run
 
 
+class CpuInfo(NamedTuple):
+    """The first CPU's model name and feature flags, as ``/proc/cpuinfo`` lists them."""
+
+    name: str
+    flags: frozenset[str]
+
+
 @functools.lru_cache(maxsize=1)
+def cpu_info() -> CpuInfo:
+    """The one reader of ``/proc/cpuinfo`` (empty where it cannot be read: not Linux)."""
+    try:
+        return parse_cpuinfo(Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace"))
+    except OSError:
+        return CpuInfo("", frozenset())
+
+
+def parse_cpuinfo(text: str) -> CpuInfo:
+    """`CpuInfo` from the text of ``/proc/cpuinfo`` (its first CPU's block)."""
+    fields: dict[str, str] = {}
+    for line in text.splitlines():
+        key, sep, value = line.partition(":")
+        if not sep:
+            if fields:  # a blank line ends the first CPU's block
+                break
+            continue
+        fields.setdefault(key.strip(), value.strip())
+    return CpuInfo(fields.get("model name", ""), frozenset(fields.get("flags", "").split()))
+
+
 def cpu_flags() -> frozenset[str]:
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return frozenset()
-    for line in text.splitlines():
-        if line.startswith("flags"):
-            return frozenset(line.split(":", 1)[1].split())
-    return frozenset()
+    """The CPU's feature flags (tests patch this function, ``--cpu-kind``)."""
+    return cpu_info().flags
 
 
-@functools.lru_cache(maxsize=1)
 def cpu_name() -> str:
-    """The CPU's model name (``/proc/cpuinfo``), or ``cpu`` where it cannot be read."""
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return "cpu"
-    for line in text.splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip() or "cpu"
-    return "cpu"
+    """The CPU's model name, or ``cpu`` where it cannot be read."""
+    return cpu_info().name or "cpu"
 
 
 def cpu_has_native_bf16() -> bool:

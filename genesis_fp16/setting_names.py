@@ -1,0 +1,149 @@
+"""Names meant as settings that are none, and files the settings sources cannot read.
+
+pydantic-settings skips what it does not know: an unknown variable, an empty
+value, a ``.env`` line it cannot parse. For most names that is right (the
+environment holds many other programs' variables); for a name meant as a
+setting it silently keeps the default. The worst case is the kill switch: a
+variable such as ``DISABLE_FP16_TRAINING=true`` or ``ENABLE_FP16=false``
+would leave reduced precision on, so every name that looks like a switch for
+FP16/BF16 training and is not ``ENABLE_FP16_TRAINING`` is refused, as is an
+empty ``ENABLE_FP16_TRAINING``.
+
+The functions take the names they check against as arguments, so this module
+sits below `genesis_fp16.settings`, which gathers the sources and re-exports
+what other modules import from it.
+"""
+
+from __future__ import annotations
+
+import difflib
+import functools
+import io
+import re
+import sys
+from pathlib import Path
+from typing import NamedTuple, Optional
+
+from dotenv.parser import parse_stream
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
+
+KILL_SWITCH = "ENABLE_FP16_TRAINING"
+# A name outside the prefix this close to a setting's variable (difflib's
+# ratio) is a misspelling of it: two edits in the 17+ characters of the
+# variables (ENABEL_FP16_TRAINING 0.95, GENESIS_FP16PRECISION 0.98), while
+# ENABLE_TRAINING (0.86) or CUDA_VISIBLE_DEVICES (0.46) are other names.
+NEAR_CUTOFF = 0.9
+# Names of other programs that would look like a switch for this one's precision.
+OTHER_PROGRAMS = frozenset({"TF_ENABLE_AUTO_MIXED_PRECISION"})  # TensorFlow's (NVIDIA containers)
+_SWITCH_WORDS = re.compile(r"ENABLE|DISABLE")
+_PRECISION_WORDS = re.compile(r"FP16|BF16|PRECISION")
+_DOCTOR = "`genesis-fp16 doctor` lists the valid names"
+
+
+class SettingsError(ValueError):
+    """An invalid setting: names the variable, the value given and what is allowed."""
+
+
+class Problem(NamedTuple):
+    """One name or value the settings would skip. ``kill_switch``: it would
+    leave reduced precision on silently, so it is refused even where unknown
+    names are let pass."""
+
+    message: str
+    kill_switch: bool = False
+
+
+def looks_like_switch(name: str) -> bool:
+    """Whether ``name`` (any case) reads as switching FP16/BF16 training on or off:
+    it holds FP16, BF16 or PRECISION together with ENABLE or DISABLE."""
+    upper = name.upper()
+    return bool(_SWITCH_WORDS.search(upper) and _PRECISION_WORDS.search(upper)) and upper not in OTHER_PROGRAMS
+
+
+@functools.lru_cache(maxsize=4096)  # the same environment is checked at every load
+def closest(name: str, valid: tuple[str, ...], cutoff: float = 0.6) -> Optional[str]:
+    """The name in ``valid`` most like ``name`` (upper case), if one is at least ``cutoff`` alike."""
+    close = difflib.get_close_matches(name.upper(), valid, n=1, cutoff=cutoff)
+    return close[0] if close else None
+
+
+def name_problem(name: str, where: str, valid: tuple[str, ...], prefix: str) -> Optional[Problem]:
+    """What is wrong with the variable ``name`` (environment or ``.env``), or
+    None for a setting's variable or another program's name. Meant as a
+    setting: a switch-like name (`looks_like_switch`), any name under
+    ``prefix``, and a near miss of a variable (a mangled prefix, a typo in the
+    kill switch)."""
+    upper = name.upper()
+    if upper in valid:
+        return None
+    if looks_like_switch(upper):
+        return Problem(
+            f"unknown setting {name} {where}; did you mean {KILL_SWITCH}? It is the one switch for reduced "
+            f"precision ({KILL_SWITCH}=false: every agent trains in FP32) and {name} is not read, so FP16/BF16 "
+            f"would stay on; rename it or unset it ({_DOCTOR})",
+            kill_switch=True,
+        )
+    near = closest(upper, valid, NEAR_CUTOFF)
+    if not upper.startswith(prefix) and near is None:
+        return None
+    near = near or closest(upper, valid)
+    hint = f"did you mean {near}?" if near else "no setting has a similar name;"
+    return Problem(f"unknown setting {name} {where}; {hint} {_DOCTOR}")
+
+
+def empty_switch_problem(name: str, value: Optional[str], where: str) -> Optional[Problem]:
+    """An empty kill switch: pydantic-settings would take it for unset and keep FP16/BF16 on."""
+    if name.upper() != KILL_SWITCH or (value is not None and value.strip()):
+        return None
+    return Problem(
+        f"{name} is empty {where}; set it to false (every agent trains in FP32) or true, "
+        "or remove it for the default (true)",
+        kill_switch=True,
+    )
+
+
+def read_utf8(path: Path, what: str, error: type[ValueError] = SettingsError) -> str:
+    """``path`` as UTF-8 text; a byte that is not UTF-8 raises ``error`` naming
+    the file and the line."""
+    data = path.read_bytes()
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data[: exc.start].count(b"\n") + 1
+        raise error(f"{path}:{line}: {what} is not UTF-8 text (byte {data[exc.start]:#04x}); save it as UTF-8") from None
+
+
+def dotenv_entries(path: Path) -> list[tuple[str, Optional[str], int]]:
+    """(name, value, line) of every assignment in a ``.env`` file; a line
+    python-dotenv cannot parse (which it would skip with a warning) is a
+    SettingsError."""
+    entries = []
+    for binding in parse_stream(io.StringIO(read_utf8(path, "the .env file"))):
+        raw = binding.original.string
+        line = binding.original.line + raw[: len(raw) - len(raw.lstrip())].count("\n")  # a binding starts at the blank lines before it
+        if binding.error:
+            raise SettingsError(
+                f"{path}:{line}: cannot parse {raw.strip()!r}; expected NAME=value (quote a value with spaces or '#')"
+            )
+        if binding.key is not None:
+            entries.append((binding.key, binding.value, line))
+    return entries
+
+
+def toml_key_problems(path: Path, fields: list[str]) -> list[Problem]:
+    """One problem per top-level key of the TOML file ``path`` that is none of ``fields``."""
+    try:
+        keys = list(tomllib.loads(read_utf8(path, "the settings file")))
+    except tomllib.TOMLDecodeError as exc:
+        raise SettingsError(f"{path}: not valid TOML ({exc})") from None
+    problems = []
+    for key in keys:
+        if key.lower() not in fields:
+            close = difflib.get_close_matches(key.lower(), fields, n=1, cutoff=0.6)
+            hint = f"did you mean {close[0]!r}?" if close else f"the keys are the settings' names in lower case ({', '.join(fields)})"
+            problems.append(Problem(f"{path}: unknown setting {key!r}; {hint}"))
+    return problems
