@@ -30,6 +30,7 @@ from typing import Any, Callable, Optional, Union
 import numpy as np
 import torch
 
+from .errors import CheckpointError, strict_json_value  # noqa: F401  (re-exported: defined torch-free for the CLI)
 from .telemetry import get_logger
 
 FORMAT_NAME = "genesis-fp16-checkpoint"
@@ -52,10 +53,6 @@ def _read_umask() -> int:
 
 # mkstemp creates files 0600; a finished file gets the mode open() would give.
 _FILE_MODE = 0o666 & ~_read_umask()
-
-
-class CheckpointError(RuntimeError):
-    """A checkpoint could not be read or written; the message names the file."""
 
 
 def _fsync_dir(directory: Path) -> None:
@@ -101,19 +98,6 @@ def atomic_write_bytes(path: PathLike, data: bytes) -> Path:
 
 def atomic_write_text(path: PathLike, text: str) -> Path:
     return atomic_write_bytes(path, text.encode("utf-8"))
-
-
-def strict_json_value(data: Any) -> Any:
-    """``data`` with NaN and infinities as the strings "nan", "inf", "-inf":
-    ``json.dumps`` would write bare NaN/Infinity tokens, which strict JSON
-    parsers (jq, JavaScript) refuse."""
-    if isinstance(data, float) and not math.isfinite(data):
-        return "nan" if math.isnan(data) else ("inf" if data > 0 else "-inf")
-    if isinstance(data, dict):
-        return {k: strict_json_value(v) for k, v in data.items()}
-    if isinstance(data, (list, tuple)):
-        return [strict_json_value(v) for v in data]
-    return data
 
 
 def build_payload(

@@ -30,7 +30,6 @@ import numpy as np
 from tenacity import retry, retry_if_exception, stop_after_attempt, wait_exponential
 
 from genesis_fp16 import storage
-from genesis_fp16.checkpoint import atomic_write
 from genesis_fp16.settings import Settings, env_name
 from genesis_fp16.telemetry import get_logger
 
@@ -353,6 +352,8 @@ class ReplayBuffer:
                         }
                     )
                 )
+        from genesis_fp16.checkpoint import atomic_write  # here: `state list` opens buffers and must not import torch
+
         text = "\n".join(lines) + ("\n" if lines else "")
         return atomic_write(path, lambda fh: fh.write(text.encode("utf-8")))
 
