@@ -7,7 +7,7 @@ foreign database can never run code.
 
 * A generation is appended in one transaction: a process killed between (or
   during) generations loses at most the generation it had not committed.
-* A locked database is retried with tenacity (exponential back-off), on top of
+* A locked database is retried (`genesis_fp16.storage.retry_locked`, the ledger's policy too), on top of
   SQLite's own busy timeout.
 * A file that is not an SQLite database, or whose schema is broken, raises
   `ReplayBufferError` naming the file; a read-only file, a full disk
@@ -27,7 +27,6 @@ from pathlib import Path
 from typing import Any, Optional, Sequence, Union
 
 import numpy as np
-from tenacity import retry, retry_if_exception, stop_after_attempt, wait_exponential
 
 from genesis_fp16 import storage
 from genesis_fp16.settings import Settings, env_name
@@ -70,18 +69,6 @@ class ReplayBufferError(storage.StorageError):
     """The replay database cannot be used; the message names the file,
     `kind` says why: `corrupt`, `read_only`, `full`, `permission`, `locked`
     or `io` (`genesis_fp16.storage.KINDS`)."""
-
-
-def _is_locked(exc: BaseException) -> bool:
-    return isinstance(exc, sqlite3.OperationalError) and storage.fault_kind(exc) == "locked"
-
-
-_retry_locked = retry(
-    retry=retry_if_exception(_is_locked),
-    wait=wait_exponential(multiplier=0.02, max=1.0),
-    stop=stop_after_attempt(12),
-    reraise=True,
-)
 
 
 class ReplayBuffer:
@@ -140,7 +127,7 @@ class ReplayBuffer:
             "corrupt",
         )
 
-    @_retry_locked
+    @storage.retry_locked
     def _init_schema(self) -> None:
         conn = self._connect()
         try:
@@ -150,7 +137,7 @@ class ReplayBuffer:
             conn.execute("INSERT OR IGNORE INTO meta (key, value) VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
             self._check_schema_version(conn)
         except sqlite3.DatabaseError as exc:
-            if _is_locked(exc):
+            if storage.is_locked(exc):
                 raise
             raise self._fault(exc) from None
         finally:
@@ -165,7 +152,7 @@ class ReplayBuffer:
             )
 
     def _run(self, fn, *, write: bool = False):  # type: ignore[no-untyped-def]
-        @_retry_locked
+        @storage.retry_locked
         def attempt():  # type: ignore[no-untyped-def]
             conn = self._connect()
             try:
@@ -182,7 +169,7 @@ class ReplayBuffer:
                     return result
                 return fn(conn)
             except sqlite3.DatabaseError as exc:
-                if _is_locked(exc):
+                if storage.is_locked(exc):
                     raise
                 raise self._fault(exc) from None
             finally:
