@@ -29,6 +29,7 @@ from agents.se_darwin_agent import (
 from genesis_fp16 import telemetry
 from genesis_fp16.settings import load_settings
 from infrastructure.replay_buffer import ReplayBuffer
+from loss_faults import loss_fault, nan_storm
 
 OPTIMUM = np.linspace(-1.0, 1.0, pendulum_task.N_PARAMS)
 
@@ -325,7 +326,8 @@ async def test_each_task_has_its_own_world_model_agent(state_dir):
     trajs = _linear_trajs(3, 50)
     for model in models.values():
         await model.train(20, trajectories=trajs)
-    hit = await models[names[0]].train(20, trajectories=trajs, fault=lambda step, loss: loss * float("nan") if step >= 5 else loss)
+    with loss_fault(models[names[0]], nan_storm(5, 20)):
+        hit = await models[names[0]].train(20, trajectories=trajs)
     assert hit.rolled_back and isinstance(models[names[0]].guard, RollbackGuard)
     assert ledger.stage(names[0]) == "rolled_back" and ledger.stage(names[1]) == "on"
     assert (await models[names[1]].train(20, trajectories=trajs)).precision == "bf16"
