@@ -136,8 +136,6 @@ class Evaluator(SingleEvaluation):
         self,
         jobs: Sequence[Job],
         *,
-        hang_seconds: float = 0.0,
-        alloc_mb: int = 0,
         per_job_env_errors: bool = False,
     ) -> list[Union[Evaluation, EvaluationEnvError]]:
         """Several candidates at once: every (params, states) job is split
@@ -146,7 +144,7 @@ class Evaluator(SingleEvaluation):
         own job, whose place in the list then holds the error (every other
         job's episodes ran and are returned)."""
         with self._lock:
-            submitted = self._on_spawner(self._submit, jobs, hang_seconds, alloc_mb)
+            submitted = self._on_spawner(self._submit, jobs)
             deadline = time.monotonic() + self.timeout_s
 
             def get(fut: Future[dict[str, Any]]) -> dict[str, Any]:
@@ -177,11 +175,11 @@ class Evaluator(SingleEvaluation):
                 raise
         return assemble(jobs, results, env_errors)
 
-    def _submit(self, jobs: Sequence[Job], hang_seconds: float, alloc_mb: int) -> list[tuple[Chunk, Future[dict[str, Any]]]]:
+    def _submit(self, jobs: Sequence[Job]) -> list[tuple[Chunk, Future[dict[str, Any]]]]:
         """Every job's chunks on the pool, each with its future."""
         pool = self._get_pool()
         return [
-            (chunk, pool.submit(run_episodes, self.spec, chunk.params, chunk.states, hang_seconds, alloc_mb))
+            (chunk, pool.submit(run_episodes, self.spec, chunk.params, chunk.states))
             for chunk in split_jobs(jobs, self.workers)
         ]
 

@@ -71,16 +71,12 @@ class EvaluationBackend(Protocol):
     workers: int
     timeout_s: float
 
-    def evaluate(
-        self, params: Sequence[float], states: Sequence[Sequence[float]], *, hang_seconds: float = 0.0, alloc_mb: int = 0
-    ) -> Evaluation: ...
+    def evaluate(self, params: Sequence[float], states: Sequence[Sequence[float]]) -> Evaluation: ...
 
     def evaluate_many(
         self,
         jobs: Sequence[Job],
         *,
-        hang_seconds: float = 0.0,
-        alloc_mb: int = 0,
         per_job_env_errors: bool = False,
     ) -> list[Union[Evaluation, EvaluationEnvError]]: ...
 
@@ -92,11 +88,9 @@ class EvaluationBackend(Protocol):
 class SingleEvaluation:
     """``evaluate`` for a backend that has ``evaluate_many``."""
 
-    def evaluate(
-        self, params: Sequence[float], states: Sequence[Sequence[float]], *, hang_seconds: float = 0.0, alloc_mb: int = 0
-    ) -> Evaluation:
+    def evaluate(self, params: Sequence[float], states: Sequence[Sequence[float]]) -> Evaluation:
         """One real episode per start state for one candidate."""
-        (result,) = self.evaluate_many([(params, states)], hang_seconds=hang_seconds, alloc_mb=alloc_mb)  # type: ignore[attr-defined]
+        (result,) = self.evaluate_many([(params, states)])  # type: ignore[attr-defined]
         assert isinstance(result, Evaluation)  # an env error raised: per_job_env_errors is off
         return result
 

@@ -159,14 +159,12 @@ class RayEvaluator(SingleEvaluation):
         self,
         jobs: Sequence[Job],
         *,
-        hang_seconds: float = 0.0,
-        alloc_mb: int = 0,
         per_job_env_errors: bool = False,
     ) -> list[Union[Evaluation, EvaluationEnvError]]:
         """Several candidates at once, as `agents.evaluation.Evaluator.evaluate_many`."""
         ray = self._ray
         with self._lock:
-            submitted = self._submit(jobs, hang_seconds, alloc_mb)
+            submitted = self._submit(jobs)
             self._running = [ref for _, ref in submitted]
             try:
                 ready, late = ray.wait(self._running, num_returns=len(self._running), timeout=self.timeout_s)
@@ -205,13 +203,13 @@ class RayEvaluator(SingleEvaluation):
     def _lost(self, jobs: Sequence[Job], why: str) -> EvaluationWorkerLost:
         return worker_lost(self._log, jobs, self.max_retries, why, f"lost its Ray worker on every try ({1 + self.max_retries})")
 
-    def _submit(self, jobs: Sequence[Job], hang_seconds: float, alloc_mb: int) -> list[tuple[Chunk, Any]]:
+    def _submit(self, jobs: Sequence[Job]) -> list[tuple[Chunk, Any]]:
         """Every job's chunks as Ray tasks, each with its object ref."""
         if self._spec_ref is None or self._spec_ref[0] is not self.spec:
             self._spec_ref = (self.spec, self._ray.put(self.spec))
         spec = self._spec_ref[1]
         return [
-            (chunk, self._remote.remote(spec, chunk.params, chunk.states, hang_seconds, alloc_mb, self.memory_limit_mb))
+            (chunk, self._remote.remote(spec, chunk.params, chunk.states, self.memory_limit_mb))
             for chunk in split_jobs(jobs, self.workers)
         ]
 

@@ -16,18 +16,17 @@ from .worker_limits import limit_worker_memory
 
 
 def run_chunk(
-    spec: EpisodeSpec, params: Sequence[float], states: Sequence[Sequence[float]], hang_seconds: float, alloc_mb: int,
-    memory_limit_mb: Optional[int],
+    spec: EpisodeSpec, params: Sequence[float], states: Sequence[Sequence[float]], memory_limit_mb: Optional[int],
 ) -> dict[str, Any]:
     """`run_episodes` with this process's address space capped at what
     it holds now plus ``memory_limit_mb`` while it runs (None: no cap)."""
     try:
         import resource
     except ImportError:  # not POSIX: the timeout still applies
-        return run_episodes(spec, params, states, hang_seconds, alloc_mb)
+        return run_episodes(spec, params, states)
     previous = resource.getrlimit(resource.RLIMIT_AS)
     limit_worker_memory(memory_limit_mb)
     try:
-        return run_episodes(spec, params, states, hang_seconds, alloc_mb)
+        return run_episodes(spec, params, states)
     finally:
         resource.setrlimit(resource.RLIMIT_AS, previous)

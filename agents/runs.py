@@ -30,7 +30,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from genesis_fp16.checkpoint import atomic_write_text, strict_json_value
+from genesis_fp16.errors import strict_json_value
 from genesis_fp16.rollout import LEDGER_FILE
 from infrastructure.replay_buffer import DEFAULT_FILENAME as REPLAY_FILE
 from infrastructure.replay_buffer import ReplayBuffer
@@ -90,9 +90,11 @@ def _decode(value: Any) -> Any:
 
 def write_manifest(state_dir: Path, manifest: dict[str, Any]) -> Path:
     path = manifest_path(state_dir, manifest["run_id"])
+    from genesis_fp16.checkpoint import atomic_write_bytes  # here: `state list` reads runs and must not import torch
+
     data = {"format": MANIFEST_FORMAT, "version": MANIFEST_VERSION, **manifest, "updated": time.time()}
     try:
-        return atomic_write_text(path, json.dumps(strict_json_value(data), indent=1, allow_nan=False) + "\n")
+        return atomic_write_bytes(path, (json.dumps(strict_json_value(data), indent=1, allow_nan=False) + "\n").encode("utf-8"))
     except OSError as exc:
         # the cause stays chained: callers tell a full disk from other faults by it
         raise RunStorageError(f"{path}: cannot write the run manifest ({exc})") from exc

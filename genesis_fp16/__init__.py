@@ -1,18 +1,42 @@
-"""genesis-fp16: mixed-precision training for the learned parts of self-evolving agents."""
+"""genesis-fp16: mixed-precision training for the learned parts of self-evolving agents.
 
-from .checkpoint import CheckpointError
-from .config import FP16TrainingConfig
-from .device import DeviceUnavailableError
+The names below are imported on first use (PEP 562), so that commands which
+train nothing (``genesis-fp16 --help``, ``rollout status``) do not pay for
+importing torch: ``from genesis_fp16 import FP16Trainer`` imports the trainer
+then, and not before.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from .lazy import lazy_exports
 from .packages import PackageShadowedError, PackageShadowedWarning, warn_if_shadowed
-from .precision import UnsupportedPrecisionError
-from .settings import PrecisionConfig, Settings, SettingsError, load_settings
-from .trainer import FP16Trainer
+
+if TYPE_CHECKING:  # for type checkers and IDEs; at run time `__getattr__` imports these
+    from .config import FP16TrainingConfig
+    from .errors import CheckpointError, DeviceUnavailableError, UnsupportedPrecisionError
+    from .settings import PrecisionConfig, Settings, SettingsError, load_settings
+    from .trainer import FP16Trainer
 
 __version__ = "0.1.0"
 
 # a host project's own `agents` or `infrastructure` hiding ours: say so now,
 # naming both paths, rather than fail later with "No module named agents.x"
 warn_if_shadowed()
+
+# public name -> the submodule that defines it
+_LAZY = {
+    "CheckpointError": ".errors",
+    "DeviceUnavailableError": ".errors",
+    "UnsupportedPrecisionError": ".errors",
+    "FP16Trainer": ".trainer",
+    "FP16TrainingConfig": ".config",
+    "PrecisionConfig": ".settings",
+    "Settings": ".settings",
+    "SettingsError": ".settings",
+    "load_settings": ".settings",
+}
 
 __all__ = [
     "CheckpointError",
@@ -28,3 +52,6 @@ __all__ = [
     "load_settings",
     "__version__",
 ]
+
+
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY, __all__)

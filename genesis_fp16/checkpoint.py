@@ -32,7 +32,6 @@ import numpy as np
 import torch
 
 from .checkpoint_checks import (  # noqa: F401 - re-exported: trainer, fsdp and dynamics use them from here
-    CheckpointError,
     check_counters,
     check_model_state,
     check_optimizer_state,
@@ -43,6 +42,7 @@ from .checkpoint_checks import (  # noqa: F401 - re-exported: trainer, fsdp and 
     generator_state_problem,
     optimizer_type_name,
 )
+from .errors import CheckpointError, strict_json_value  # noqa: F401  (re-exported: defined torch-free for the CLI)
 from .telemetry import get_logger
 
 FORMAT_NAME = "genesis-fp16-checkpoint"
@@ -110,19 +110,6 @@ def atomic_write_bytes(path: PathLike, data: bytes) -> Path:
 
 def atomic_write_text(path: PathLike, text: str) -> Path:
     return atomic_write_bytes(path, text.encode("utf-8"))
-
-
-def strict_json_value(data: Any) -> Any:
-    """``data`` with NaN and infinities as the strings "nan", "inf", "-inf":
-    ``json.dumps`` would write bare NaN/Infinity tokens, which strict JSON
-    parsers (jq, JavaScript) refuse."""
-    if isinstance(data, float) and not math.isfinite(data):
-        return "nan" if math.isnan(data) else ("inf" if data > 0 else "-inf")
-    if isinstance(data, dict):
-        return {k: strict_json_value(v) for k, v in data.items()}
-    if isinstance(data, (list, tuple)):
-        return [strict_json_value(v) for v in data]
-    return data
 
 
 def build_payload(

@@ -17,12 +17,7 @@ from typing import Any, Optional
 
 import torch
 
-
-class CheckpointError(RuntimeError):
-    """A checkpoint could not be read or written; the message names the file."""
-
-
-# -- validation against the live objects ----------------------------------------------------
+from .errors import CheckpointError
 
 
 def _bad(source: str, field: str, what: str) -> CheckpointError:

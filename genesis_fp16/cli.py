@@ -19,15 +19,15 @@ import typer
 from rich.table import Table
 from rich.text import Text
 
+# torch-free imports only: commands that train nothing must start in well under
+# a second (tests/test_cli_startup.py); a command that needs torch imports it itself
 from .settings import LogLevel, SettingsError, describe_settings, load_settings, unknown_settings
-from .device import DeviceUnavailableError
-from .distributed.launch import DistributedEnvError
+from .errors import DeviceUnavailableError, DistributedEnvError, UnsupportedPrecisionError
 from .extras import MissingExtraError
 from .names import AgentNameError
-from .precision import UnsupportedPrecisionError
 from .profiles import ProfileError
 from .packages import shadowed
-from .checkpoint import strict_json_value  # re-exported: the CLIs import it from here
+from .errors import strict_json_value  # re-exported: the CLIs import it from here
 from .telemetry import set_console_level, visible_controls
 from .terminal import make_console
 

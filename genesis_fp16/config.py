@@ -11,12 +11,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from pydantic import ValidationError
 
-from .precision import ScalerOptions, parse_mode
+from .modes import parse_mode
 from .settings import PrecisionConfig, PrecisionMode, allowed_values
+
+if TYPE_CHECKING:  # imported where used: `profiles` imports this module and must not import torch
+    from .precision import ScalerOptions
 
 # FP16TrainingConfig field -> PrecisionConfig field, where the names differ
 _PRECISION_NAME = {"loss_scale": "init_scale"}
@@ -104,6 +107,8 @@ class FP16TrainingConfig:
         return parse_mode(self.precision) if self.enabled else PrecisionMode.FP32
 
     def scaler_options(self) -> ScalerOptions:
+        from .precision import ScalerOptions
+
         return ScalerOptions(**self.precision_config.scaler_kwargs())
 
     @classmethod

@@ -16,14 +16,10 @@ from typing import Optional, Union
 
 import torch
 
+from .errors import DeviceUnavailableError  # noqa: F401  (re-exported: defined torch-free for the CLI)
 from .settings import DEVICE_CHOICES, DEVICE_PATTERN, OnUnsupported
 
 DeviceArg = Union[str, torch.device, None]
-
-
-class DeviceUnavailableError(RuntimeError):
-    """The device asked for (``GENESIS_FP16_DEVICE`` or a ``device=``
-    argument) is not there and ``GENESIS_FP16_ON_UNSUPPORTED=error``."""
 
 
 @dataclass(frozen=True)

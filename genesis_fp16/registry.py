@@ -16,18 +16,20 @@ import pkgutil
 import threading
 from dataclasses import dataclass
 from importlib import metadata
-from typing import Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
-import torch
-
-from .policy import EffectivePolicy, resolve_policy
 from .settings import DistributedWrap, Settings, load_settings
 from .telemetry import get_logger
-from .trainer import FP16Trainer, FP16TrainingConfig
+
+if TYPE_CHECKING:  # imported where used: `genesis-fp16 trainers` lists this registry and must not import torch
+    import torch
+
+    from .policy import EffectivePolicy
+    from .trainer import FP16Trainer, FP16TrainingConfig
 
 ENTRY_POINT_GROUP = "genesis_fp16.trainers"
 
-TrainerFactory = Callable[..., FP16Trainer]
+TrainerFactory = Callable[..., "FP16Trainer"]
 
 
 @dataclass(frozen=True)
@@ -85,6 +87,8 @@ def _precision_factory(precision: str) -> TrainerFactory:
         scheduler: Any = None,
         **kwargs: Any,
     ) -> FP16Trainer:
+        from .trainer import FP16Trainer, FP16TrainingConfig
+
         base = config or FP16TrainingConfig()
         forced = dataclasses.replace(base, precision=precision, enabled=precision != "fp32" or base.enabled)
         return FP16Trainer(model, optimizer, forced, scheduler, **kwargs)
@@ -93,6 +97,8 @@ def _precision_factory(precision: str) -> TrainerFactory:
 
 
 def _auto_factory(model, optimizer, config=None, scheduler=None, **kwargs) -> FP16Trainer:
+    from .trainer import FP16Trainer
+
     return FP16Trainer(model, optimizer, config, scheduler, **kwargs)
 
 
@@ -189,6 +195,8 @@ def resolve_trainer(
     """The trainer ``agent`` should use now and its `EffectivePolicy`: global
     settings, then its profile, then explicit arguments, then the rollout
     ledger and the kill switch."""
+    from .policy import resolve_policy
+
     settings = settings or load_settings()
     policy = resolve_policy(agent, settings, precision=precision, overrides=overrides)
     name = "auto" if settings.distributed == DistributedWrap.NONE else settings.distributed.value

@@ -9,6 +9,8 @@ and the CLIs.
 * `fault_kind` sorts a failure (SQLite or OS) into ``corrupt``,
   ``read_only``, ``full``, ``permission``, ``locked`` or ``io``, so a healthy
   read-only file is never called corrupt.
+* `retry_locked` is the one retry policy for a locked SQLite database (the
+  rollout ledger and the replay buffer both use it).
 
 Whether a path is writable is asked in one place, `can_write` (tests
 patch it: as root, ``chmod`` does not stop a write).
@@ -21,8 +23,10 @@ import os
 import sqlite3
 import stat
 from pathlib import Path
-from typing import Optional, Union
+from typing import Any, Callable, Optional, TypeVar, Union
 from urllib.parse import quote
+
+from tenacity import retry, retry_if_exception, stop_after_attempt, wait_random_exponential
 
 PathLike = Union[str, "os.PathLike[str]"]
 
@@ -230,6 +234,24 @@ def fault_kind(exc: BaseException, path: Optional[PathLike] = None) -> Optional[
             return _OS_KINDS.get(current.errno, "io")
         current = current.__cause__ or current.__context__
     return None
+
+
+def is_locked(exc: BaseException) -> bool:
+    """Whether ``exc`` is SQLite saying the database is busy or locked."""
+    return isinstance(exc, sqlite3.OperationalError) and _sqlite_kind(exc) == "locked"
+
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+# SQLite's busy timeout handles most contention; this covers the cases it does
+# not (a lock held past the timeout, WAL recovery after a crashed writer). The
+# wait is jittered so that processes which collided do not retry in step.
+retry_locked: Callable[[_F], _F] = retry(
+    retry=retry_if_exception(is_locked),
+    wait=wait_random_exponential(multiplier=0.05, max=1.0),
+    stop=stop_after_attempt(12),
+    reraise=True,
+)
 
 
 # SQLite reports some writes that failed for lack of space as SQLITE_IOERR, not

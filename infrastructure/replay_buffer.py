@@ -7,7 +7,7 @@ foreign database can never run code.
 
 * A generation is appended in one transaction: a process killed between (or
   during) generations loses at most the generation it had not committed.
-* A locked database is retried with tenacity (exponential back-off), on top of
+* A locked database is retried (`genesis_fp16.storage.retry_locked`, the ledger's policy too), on top of
   SQLite's own busy timeout.
 * A file that is not an SQLite database, or whose schema is broken, raises
   `ReplayBufferError` naming the file; a read-only file, a full disk
@@ -26,10 +26,7 @@ import time
 from pathlib import Path
 from typing import Any, Optional, Sequence, Union
 
-from tenacity import retry, retry_if_exception, stop_after_attempt, wait_exponential
-
 from genesis_fp16 import storage
-from genesis_fp16.checkpoint import atomic_write
 from genesis_fp16.settings import Settings, env_name
 from genesis_fp16.telemetry import get_logger
 
@@ -47,18 +44,6 @@ class ReplayBufferError(storage.StorageError):
     """The replay database cannot be used; the message names the file,
     `kind` says why: `corrupt`, `read_only`, `full`, `permission`, `locked`
     or `io` (`genesis_fp16.storage.KINDS`)."""
-
-
-def _is_locked(exc: BaseException) -> bool:
-    return isinstance(exc, sqlite3.OperationalError) and storage.fault_kind(exc) == "locked"
-
-
-_retry_locked = retry(
-    retry=retry_if_exception(_is_locked),
-    wait=wait_exponential(multiplier=0.02, max=1.0),
-    stop=stop_after_attempt(12),
-    reraise=True,
-)
 
 
 class ReplayBuffer:
@@ -117,7 +102,7 @@ class ReplayBuffer:
             "corrupt",
         )
 
-    @_retry_locked
+    @storage.retry_locked
     def _init_schema(self) -> None:
         conn = self._connect()
         try:
@@ -127,7 +112,7 @@ class ReplayBuffer:
             conn.execute("INSERT OR IGNORE INTO meta (key, value) VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
             self._check_schema_version(conn)
         except sqlite3.DatabaseError as exc:
-            if _is_locked(exc):
+            if storage.is_locked(exc):
                 raise
             raise self._fault(exc) from None
         finally:
@@ -142,7 +127,7 @@ class ReplayBuffer:
             )
 
     def _run(self, fn, *, write: bool = False):  # type: ignore[no-untyped-def]
-        @_retry_locked
+        @storage.retry_locked
         def attempt():  # type: ignore[no-untyped-def]
             conn = self._connect()
             try:
@@ -159,7 +144,7 @@ class ReplayBuffer:
                     return result
                 return fn(conn)
             except sqlite3.DatabaseError as exc:
-                if _is_locked(exc):
+                if storage.is_locked(exc):
                     raise
                 raise self._fault(exc) from None
             finally:
@@ -276,6 +261,8 @@ class ReplayBuffer:
                         }
                     )
                 )
+        from genesis_fp16.checkpoint import atomic_write  # here: `state list` opens buffers and must not import torch
+
         text = "\n".join(lines) + ("\n" if lines else "")
         return atomic_write(path, lambda fh: fh.write(text.encode("utf-8")))
 

@@ -11,7 +11,7 @@ import numbers
 import time
 from functools import partial
 from pathlib import Path
-from typing import Callable, Optional, Sequence, Union
+from typing import Optional, Sequence, Union
 
 import numpy as np
 import numpy.typing as npt
@@ -44,8 +44,6 @@ __all__ = ["EnsembleDynamics", "Guard", "GuardVerdict", "Imagination", "NonFinit
 DEFAULT_ENSEMBLE = 5
 DEFAULT_HIDDEN = 128
 DEFAULT_LAYERS = 2
-
-FaultFn = Callable[[int, torch.Tensor], torch.Tensor]
 
 
 class WorldModel:
@@ -226,16 +224,13 @@ class WorldModel:
         steps: int = 800,
         *,
         trajectories: Optional[Sequence[Trajectory]] = None,
-        fault: Optional[FaultFn] = None,
         save: bool = True,
     ) -> TrainReport:
         """Train for `steps` optimizer steps on the replay buffer's data (or on
         `trajectories`) in a worker thread; returns a `TrainReport`. Bad input
         (`steps < 1`, sizes that do not fit the model, fewer than 2 transitions)
         raises `ValueError`, NaN or inf data `NonFiniteDataError`, before anything
-        is trained or written. `fault(step, loss) -> loss` is called on each
-        step's loss before the backward (a test hook: return a NaN loss to
-        rehearse a storm). `save` writes a checkpoint at the end of the call
+        is trained or written. `save` writes a checkpoint at the end of the call
         (recorded as good with a guard, when the run was healthy)."""
         if isinstance(steps, bool) or not isinstance(steps, numbers.Integral) or steps < 1:
             raise ValueError(f"WorldModel.train: steps={steps!r}: expected a positive number of optimizer steps (e.g. 800)")
@@ -250,7 +245,7 @@ class WorldModel:
             trajectories = list(trajectories)
             check_sizes(trajectories, self.model.obs_dim, self.model.act_dim)
             with torch_threads(self.settings.torch_threads):  # process-wide, so it holds in the worker thread too
-                report = await asyncio.to_thread(self._train_sync, trajectories, int(steps), fault, save)
+                report = await asyncio.to_thread(self._train_sync, trajectories, int(steps), save)
             self.history.append(report)
             return report
 
@@ -259,7 +254,7 @@ class WorldModel:
             return tensor.pin_memory().to(self.device, non_blocking=True)
         return tensor.to(self.device)
 
-    def _train_sync(self, trajectories: list[Trajectory], steps: int, fault: Optional[FaultFn], save: bool) -> TrainReport:
+    def _train_sync(self, trajectories: list[Trajectory], steps: int, save: bool) -> TrainReport:
         started = time.perf_counter()
         x_tr, y_tr, x_val, y_val = (self._on_device(t) for t in self._dataset(trajectories))  # once per call
         training = self.training
@@ -271,9 +266,9 @@ class WorldModel:
         # each member trains on its own bootstrap of this call's data (one network: the data as it is);
         # indices come from the CPU generator, so every device draws the same batches
         boot = bootstrap(n, members, self._generator)
-        for step in range(steps):
+        for _ in range(steps):
             rows = batch_rows(boot, n, members, self.batch_size, self._generator).to(self.device, non_blocking=True)
-            training.step((xn_tr[rows], yn_tr[rows]), ensemble_loss, fault=None if fault is None else partial(fault, step))
+            training.step((xn_tr[rows], yn_tr[rows]), ensemble_loss)
             losses.append(training.last_loss)
             # Hand the GIL over now rather than at the interpreter's 5 ms forced
             # switch: with tiny tensors this thread is mostly Python overhead,

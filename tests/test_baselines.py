@@ -75,7 +75,7 @@ class FakeEvaluator:
     def _episode(self):
         return {"obs": np.ones((self.steps, self.task.policy.obs_dim), dtype=np.float32), "reward": np.zeros(self.steps, dtype=np.float32)}
 
-    def evaluate_many(self, jobs, *, hang_seconds=0.0, alloc_mb=0, per_job_env_errors=False):
+    def evaluate_many(self, jobs, *, per_job_env_errors=False):
         out = []
         for params, states in jobs:
             self.jobs.append((np.asarray(params), np.asarray(states)))
@@ -85,7 +85,7 @@ class FakeEvaluator:
                 out.append(Evaluation(returns=[-float(np.sum(np.square(params)))] * len(states), episodes=[self._episode() for _ in states]))
         return out
 
-    def evaluate(self, params, states, *, hang_seconds=0.0, alloc_mb=0):
+    def evaluate(self, params, states):
         self.checks.append(np.asarray(states))
         ret = self.check_returns.pop(0) if self.check_returns else -1e9
         return Evaluation(returns=[ret] * len(states), episodes=[self._episode() for _ in states])

@@ -233,6 +233,7 @@ def test_seed_generation_timeout_is_one_clear_error(tiny, monkeypatch, state_dir
 # A `genesis-fp16 evolve` whose real evaluations hang in their worker
 # processes, so the run is still going when the signal comes.
 SLOW_EVOLVE = """
+import dataclasses, functools, time
 from agents import se_darwin_agent
 from agents.evaluation import Evaluator
 
@@ -240,7 +241,8 @@ from agents.evaluation import Evaluator
 class SlowEvaluator(Evaluator):
     def evaluate_many(self, jobs, **kw):
         print("evaluating", flush=True)
-        return super().evaluate_many(jobs, hang_seconds=3600)
+        self.spec = dataclasses.replace(self.spec, env_factory=functools.partial(time.sleep, 3600))  # an hour to make the env
+        return super().evaluate_many(jobs, **kw)
 
 
 if __name__ == "__main__":

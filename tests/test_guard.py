@@ -16,6 +16,7 @@ from genesis_fp16.guard import GuardDecision, RollbackGuard
 from genesis_fp16.registry import trainer_for
 from genesis_fp16.rollout import RolloutLedger
 from genesis_fp16.settings import load_settings
+from loss_faults import loss_fault
 
 
 def _mse(model, batch):
@@ -250,7 +251,8 @@ async def test_nan_storm_rolls_back_one_agent_only(state_dir, one_thread):
     def storm(step, loss):
         return loss * float("nan") if 5 <= step < 12 else loss
 
-    hit = await a.train(30, fault=storm)
+    with loss_fault(a, storm):
+        hit = await a.train(30)
     assert hit.rolled_back and hit.rollback_reason.startswith("P0")
     assert ledger.stage("wm_a") == "rolled_back"
     assert "non-finite loss streak" in ledger.history("wm_a")[-1]["reason"]

@@ -63,9 +63,12 @@ def test_ray_gives_the_process_pools_returns_and_episodes(local_ray, task, param
 def test_a_late_task_is_cancelled_and_charged_as_a_timeout(local_ray, task, params):
     with _ray(task, timeout_s=1.0) as ev:
         started = time.monotonic()
+        good = ev.spec
+        ev.spec = dataclasses.replace(good, env_factory=functools.partial(time.sleep, 120))  # 120 s to make the env
         with pytest.raises(EvaluationTimeout, match="did not finish within 1 s"):
-            ev.evaluate(params[0], STATES, hang_seconds=120)
+            ev.evaluate(params[0], STATES)
         assert time.monotonic() - started < 60  # the hang was cut, not waited out
+        ev.spec = good
         ev.timeout_s = 60.0  # a fresh worker's start-up under load is not what is checked here
         assert len(ev.evaluate(params[0], STATES[:1]).returns) == 1  # the backend still works
 
@@ -149,8 +152,11 @@ def test_the_memory_limit_holds_inside_a_ray_task(local_ray, task, params):
     from agents.evaluation import EvaluationMemoryError
 
     with RayEvaluator(task, workers=1, timeout_s=60, memory_limit_mb=64) as ev:
+        good = ev.spec
+        ev.spec = dataclasses.replace(good, env_factory=functools.partial(bytearray, 1024 * 1024 * 1024))  # 1 GiB to make the env
         with pytest.raises(EvaluationMemoryError, match="over the worker memory limit \\(64 MiB\\)"):
-            ev.evaluate(params[0], STATES[:1], alloc_mb=1024)
+            ev.evaluate(params[0], STATES[:1])
+        ev.spec = good
         assert len(ev.evaluate(params[0], STATES[:1]).returns) == 1  # the limit was lifted after the task
 
 
@@ -168,6 +174,7 @@ def test_a_resumed_run_may_change_its_backend():
 
 
 STRESS = """
+import dataclasses, functools
 import numpy as np, ray
 from agents.evaluation import EvaluationMemoryError
 from agents.ray_evaluation import RayEvaluator
@@ -177,9 +184,10 @@ params = task.policy.random_params(np.random.default_rng(3), 2, 1.0)
 ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
 n = 0
 with RayEvaluator(task, workers=1, timeout_s=60, memory_limit_mb=64) as ev:
+    ev.spec = dataclasses.replace(ev.spec, env_factory=functools.partial(bytearray, 1024 * 1024 * 1024))  # 1 GiB to make the env
     for _ in range(300):
         try:
-            ev.evaluate(params[0], [[0.5, 0.0]], alloc_mb=1024)
+            ev.evaluate(params[0], [[0.5, 0.0]])
         except EvaluationMemoryError:
             n += 1
 print("memory errors", n)
@@ -218,13 +226,15 @@ def test_the_ray_address_setting_applies_to_the_ray_backend_only(monkeypatch, tm
 # `genesis-fp16 evolve --backend ray` whose Ray tasks hang, so the run is
 # still going (a local Ray started, a worker busy) when it is killed.
 HANGING_RAY_EVOLVE = """
+import dataclasses, functools, time
 from agents import ray_evaluation
 
 
 class HangingRayEvaluator(ray_evaluation.RayEvaluator):
     def evaluate_many(self, jobs, **kw):
         print("evaluating", flush=True)
-        return super().evaluate_many(jobs, hang_seconds=3600)
+        self.spec = dataclasses.replace(self.spec, env_factory=functools.partial(time.sleep, 3600))  # an hour to make the env
+        return super().evaluate_many(jobs, **kw)
 
 
 if __name__ == "__main__":

@@ -5,6 +5,8 @@ interrupted loop keeping its committed generations."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import functools
 import sys
 import time
 
@@ -27,6 +29,7 @@ from agents.se_darwin_agent import (
 from genesis_fp16 import telemetry
 from genesis_fp16.settings import load_settings
 from infrastructure.replay_buffer import ReplayBuffer
+from loss_faults import loss_fault, nan_storm
 
 OPTIMUM = np.linspace(-1.0, 1.0, pendulum_task.N_PARAMS)
 
@@ -81,10 +84,14 @@ def test_refinement_improves_imagined_return():
 def test_evaluation_timeout_does_not_hang_the_loop():
     evaluator = Evaluator(workers=1, timeout_s=1.0)
     params = np.zeros(pendulum_task.N_PARAMS)
+    good = evaluator.spec
+    # an env that takes 60 s to make (picklable: the worker is a spawned process)
+    evaluator.spec = dataclasses.replace(good, env_factory=functools.partial(time.sleep, 60))
     started = time.perf_counter()
     with pytest.raises(EvaluationTimeout, match="did not finish within 1 s"):
-        evaluator.evaluate(params, [[0.0, 0.0]], hang_seconds=60)
+        evaluator.evaluate(params, [[0.0, 0.0]])
     assert time.perf_counter() - started < 20
+    evaluator.spec = good
     evaluator.timeout_s = 60.0  # a fresh pool's start-up under load is not what is checked here
     res = evaluator.evaluate(params, [[0.0, 0.0], [1.0, 0.0]])  # a fresh pool takes over
     evaluator.close()
@@ -101,8 +108,11 @@ def test_evaluation_workers_have_a_memory_limit():
             pool.submit(bytearray, 512 * 1024 * 1024).result(timeout=60)
         res = evaluator.evaluate(np.zeros(pendulum_task.N_PARAMS), [[0.0, 0.0]])  # real episodes fit
         # an episode over the limit is an EvaluationMemoryError the loop can charge and skip
+        good = evaluator.spec  # an env that allocates 512 MiB when made, in the worker
+        evaluator.spec = dataclasses.replace(good, env_factory=functools.partial(bytearray, 512 * 1024 * 1024))
         with pytest.raises(EvaluationMemoryError, match="memory limit"):
-            evaluator.evaluate(np.zeros(pendulum_task.N_PARAMS), [[0.0, 0.0], [1.0, 0.0]], alloc_mb=512)
+            evaluator.evaluate(np.zeros(pendulum_task.N_PARAMS), [[0.0, 0.0], [1.0, 0.0]])
+        evaluator.spec = good
         again = evaluator.evaluate(np.zeros(pendulum_task.N_PARAMS), [[0.0, 0.0]])
     assert np.isfinite(res.returns[0]) and again.returns == res.returns
     with pytest.raises(ValueError, match="memory_limit_mb=0"):
@@ -316,7 +326,8 @@ async def test_each_task_has_its_own_world_model_agent(state_dir):
     trajs = _linear_trajs(3, 50)
     for model in models.values():
         await model.train(20, trajectories=trajs)
-    hit = await models[names[0]].train(20, trajectories=trajs, fault=lambda step, loss: loss * float("nan") if step >= 5 else loss)
+    with loss_fault(models[names[0]], nan_storm(5, 20)):
+        hit = await models[names[0]].train(20, trajectories=trajs)
     assert hit.rolled_back and isinstance(models[names[0]].guard, RollbackGuard)
     assert ledger.stage(names[0]) == "rolled_back" and ledger.stage(names[1]) == "on"
     assert (await models[names[1]].train(20, trajectories=trajs)).precision == "bf16"

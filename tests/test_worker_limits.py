@@ -23,7 +23,7 @@ GONE_S = 10  # from the parent's death to its workers'
 # A small evolve-like parent: an Evaluator with two worker processes, idle
 # after one evaluation or busy in one that hangs; it prints the workers' pids.
 PARENT = """
-import json, multiprocessing, sys, threading
+import dataclasses, functools, json, multiprocessing, sys, threading, time
 import numpy as np
 from agents import pendulum_task
 from agents.evaluation import Evaluator
@@ -34,7 +34,9 @@ if __name__ == "__main__":
     if sys.argv[1] == "idle":
         evaluator.evaluate(params, states)
     else:
-        threading.Thread(target=evaluator.evaluate, args=(params, states), kwargs={"hang_seconds": 3600}, daemon=True).start()
+        # an env that takes an hour to make: the workers are busy when the parent dies
+        evaluator.spec = dataclasses.replace(evaluator.spec, env_factory=functools.partial(time.sleep, 3600))
+        threading.Thread(target=evaluator.evaluate, args=(params, states), daemon=True).start()
         while len(multiprocessing.active_children()) < 2:
             threading.Event().wait(0.05)
     print("workers", json.dumps(sorted(p.pid for p in multiprocessing.active_children())), flush=True)

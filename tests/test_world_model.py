@@ -24,6 +24,8 @@ from infrastructure import imagination
 from infrastructure.dynamics import training_data
 from infrastructure.ensemble import EnsembleDynamics
 from infrastructure.replay_buffer import ReplayBuffer, Trajectory, trajectories_from_episodes
+from loss_faults import loss_fault
+
 from infrastructure.world_model import NonFiniteDataError, NotTrainedError, WorldModel, features
 
 PENDULUM_POLICY = BatchedPolicy(pendulum().resolve().policy)
@@ -352,7 +354,8 @@ async def test_guard_trip_restores_checkpoint_and_continues(tmp_path, monkeypatc
     def fault(step, loss):
         return loss * float("nan") if 10 <= step < 14 else loss
 
-    report = await wm.train(40, trajectories=trajs, fault=fault)
+    with loss_fault(wm, fault):
+        report = await wm.train(40, trajectories=trajs)
     assert report.rolled_back and report.rollback_reason.startswith("P0")
     assert report.precision == "fp32" and wm.trainer.precision.name == "fp32"
     # 3 NaN steps trip the guard (threshold 3); the 4th NaN step hits the new FP32 trainer: all 4 are counted
@@ -433,7 +436,9 @@ async def test_trip_never_restores_another_runs_checkpoint(tmp_path):
     def storm(step, loss):
         return loss * float("nan") if 5 <= step < 12 else loss
 
-    hit = await model("run_b", 1).train(30, trajectories=trajs, fault=storm)
+    run_b = model("run_b", 1)
+    with loss_fault(run_b, storm):
+        hit = await run_b.train(30, trajectories=trajs)
     assert hit.rolled_back
     restored = [e for e in hit.events if e.startswith("restored")]
     assert restored and all(str(tmp_path / "run_b") in e for e in restored), restored
@@ -611,7 +616,7 @@ async def test_observed_region_covers_the_training_observations():
 
 async def test_a_world_model_is_guarded_by_default_and_rolls_back_by_itself(monkeypatch, tmp_path):
     """From the Python API alone: an agent in stage on in bf16, a NaN storm
-    injected through train(fault=...): the model's own RollbackGuard rolls it
+    injected through tests/loss_faults.py: the model's own RollbackGuard rolls it
     back, and the next train() runs in FP32 from the last good checkpoint."""
     from genesis_fp16.checkpoint import load_payload
     from genesis_fp16.guard import RollbackGuard
@@ -629,7 +634,8 @@ async def test_a_world_model_is_guarded_by_default_and_rolls_back_by_itself(monk
     def storm(step, loss):
         return loss * float("nan") if 5 <= step < 12 else loss
 
-    hit = await wm.train(30, trajectories=trajs, fault=storm)
+    with loss_fault(wm, storm):
+        hit = await wm.train(30, trajectories=trajs)
     assert hit.rolled_back and hit.rollback_reason.startswith("P0") and hit.precision == "fp32"
     assert f"restored {first.checkpoint}" in hit.events
     assert ledger.stage("wm_acceptance") == "rolled_back"

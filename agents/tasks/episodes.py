@@ -94,28 +94,20 @@ def _reset(spec: EpisodeSpec, env: "gym.Env", k: int, state: Sequence[float]) ->
 
 
 def run_episodes(
-    spec: EpisodeSpec, params: Sequence[float], states: Sequence[Sequence[float]], hang_seconds: float = 0.0, alloc_mb: int = 0,
+    spec: EpisodeSpec, params: Sequence[float], states: Sequence[Sequence[float]],
 ) -> dict[str, Any]:
     """One real episode per start state with the policy ``params``.
 
     Returns plain lists/arrays (picklable): per-episode returns and, per
     episode, the transitions (obs, action, reward, next_obs, done), where
     ``done`` marks a termination by the environment (not a time limit).
-    ``hang_seconds`` and ``alloc_mb`` exist for the timeout and memory-limit
-    tests: the worker sleeps, or allocates that many MiB, first. An exception
+    A `MemoryError` (the worker's memory limit) passes through. An exception
     from the environment becomes `EnvFailure`, and so does an observation
     (from reset or step), an action or a reward that is not finite as
     float32 (`refuse_non_finite`), or a return that is not finite: such a
     return ranks nothing and the data would poison the replay buffer, so the
     candidate is charged and skipped like a crash.
     """
-    if hang_seconds:
-        import time
-
-        time.sleep(hang_seconds)
-    if alloc_mb:
-        ballast = bytearray(int(alloc_mb) * 1024 * 1024)
-        del ballast
     params = np.asarray(params, dtype=np.float64)
     stage = "make"
     try:

@@ -6,9 +6,23 @@ number of steps, overflow rate and peak memory; writes a device-stamped JSON,
 CSV and plot. See docs/PERFORMANCE.md.
 """
 
-from .loops import RawLoop
-from .models import SIZES, SizeSpec, parse_sizes
-from .options import PRECISIONS, BenchOptions
-from .runner import run_benchmark
+
+from __future__ import annotations
+
+from ..lazy import lazy_exports
+
+# imported on first use (PEP 562): `genesis-fp16 --help` loads `.cli`, which must not import torch
+_LAZY = {
+    "RawLoop": ".loops",
+    "SIZES": ".models",
+    "SizeSpec": ".models",
+    "parse_sizes": ".models",
+    "PRECISIONS": ".options",
+    "BenchOptions": ".options",
+    "run_benchmark": ".runner",
+}
 
 __all__ = ["PRECISIONS", "SIZES", "BenchOptions", "RawLoop", "SizeSpec", "parse_sizes", "run_benchmark"]
+
+
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY, __all__)

@@ -10,7 +10,6 @@ from typing import Any, Optional
 import typer
 
 from ..extras import require
-from .options import PRECISIONS
 
 
 def canonical_command(prog: str, options: Any, **paths: Optional[Path]) -> str:
@@ -133,7 +132,9 @@ def register(app: typer.Typer) -> None:
     @app.command("bench")
     def bench(
         sizes: Optional[str] = typer.Option(None, "--sizes", help="Comma list of S,M,L,LSTM (default all; S with --quick)."),
-        precisions: str = typer.Option(",".join(PRECISIONS), "--precisions", help=f"Comma list of {','.join(PRECISIONS)}."),
+        precisions: Optional[str] = typer.Option(
+            None, "--precisions", help="Comma list of precisions with FP32 master weights (default all; a wrong name lists them)."
+        ),
         compile_: bool = typer.Option(False, "--compile", help="torch.compile the model (a failure is logged; the cell runs eager)."),
         cuda_graphs: bool = typer.Option(True, "--cuda-graphs/--no-cuda-graphs", help="On CUDA, capture small sizes in CUDA graphs."),
         repeats: Optional[int] = typer.Option(None, "--repeats", help="Timed raw/ours pairs per cell (default 11; 3 with --quick)."),
@@ -153,7 +154,7 @@ def register(app: typer.Typer) -> None:
         from ..cli import fail, load_settings_or_exit
         from ..storage import StorageError, check_output_path
         from .models import SIZES, parse_sizes
-        from .options import BenchOptions, check_clock, pick_device
+        from .options import PRECISIONS, BenchOptions, check_clock, pick_device
 
         load_settings_or_exit()  # a bad GENESIS_FP16_* variable fails here, clearly
         try:  # before measuring: a bad output path must not lose the run
@@ -165,7 +166,7 @@ def register(app: typer.Typer) -> None:
         try:
             options = BenchOptions(
                 sizes=parse_sizes(sizes) if sizes else ([SIZES["S"]] if quick else list(SIZES.values())),
-                precisions=precisions,  # type: ignore[arg-type]
+                precisions=precisions or ",".join(PRECISIONS),  # type: ignore[arg-type]
                 repeats=repeats if repeats is not None else (3 if quick else 11),
                 quick=quick,
                 compile=compile_,

@@ -21,13 +21,10 @@ import torch.distributed as dist
 from pydantic import Field, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from ..errors import DistributedEnvError  # noqa: F401  (re-exported: defined torch-free for the CLI)
 from ..telemetry import get_logger
 
 TORCHRUN_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
-
-
-class DistributedEnvError(RuntimeError):
-    """The process was not started by torchrun, or its environment is half set."""
 
 
 class TorchrunEnv(BaseSettings):

@@ -10,11 +10,12 @@ Capability lives in `.capability` (tests patch it there), the plugins in
 from __future__ import annotations
 
 from collections.abc import Mapping
-from enum import Enum
-from typing import Any, Optional, TypeVar, Union
+from typing import Any, Optional, Union
 
 import torch
 
+from ..errors import UnsupportedPrecisionError  # noqa: F401  (re-exported: defined torch-free for the CLI)
+from ..modes import parse_mode, parse_on_unsupported  # noqa: F401  (re-exported; torch-free for the CLI)
 from ..settings import OnUnsupported, PrecisionMode
 from ..telemetry import get_logger, log_once
 from . import capability
@@ -35,13 +36,6 @@ from .capability import (
 from .plugins import TF32, BF16Mixed, FP16Mixed, HalfTrue, Precision, ScalerOptions, tf32_matmuls
 
 
-E = TypeVar("E", bound=Enum)
-
-
-class UnsupportedPrecisionError(RuntimeError):
-    pass
-
-
 MODES: dict[PrecisionMode, type[Precision]] = {
     PrecisionMode.FP32: Precision,
     PrecisionMode.TF32: TF32,
@@ -55,22 +49,6 @@ MODES: dict[PrecisionMode, type[Precision]] = {
 FP32_WEIGHT_MODES: tuple[PrecisionMode, ...] = tuple(m for m, cls in MODES.items() if cls.keeps_fp32_weights)
 # modes that compute in a 16-bit dtype
 REDUCED_MODES: tuple[PrecisionMode, ...] = tuple(m for m, cls in MODES.items() if cls.compute_dtype != torch.float32)
-
-
-def _parse(enum: type[E], value: Union[str, E], what: str) -> E:
-    try:
-        return enum(value.value if isinstance(value, enum) else str(value).lower())
-    except ValueError:
-        allowed = ", ".join(m.value for m in enum)
-        raise ValueError(f"unknown {what} {value!r}: allowed values are {allowed}") from None
-
-
-def parse_mode(value: Union[str, PrecisionMode]) -> PrecisionMode:
-    return _parse(PrecisionMode, value, "precision")
-
-
-def parse_on_unsupported(value: Union[str, OnUnsupported]) -> OnUnsupported:
-    return _parse(OnUnsupported, value, "on_unsupported")
 
 
 def best_supported(device: torch.device) -> PrecisionMode:

@@ -1,0 +1,40 @@
+"""A loss fault injected into a world model's training by the tests:
+`WorldModel.train` has no test hook, so a NaN storm for the guard to roll
+back goes in here, through `GuardedTraining.step`'s ``fault`` (the loss is
+rewritten before the backward; the FP32 reference is spared). World-model
+training runs in a thread of this process, so patching the instance reaches it."""
+
+from __future__ import annotations
+
+import functools
+import itertools
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator
+
+import torch
+
+FaultFn = Callable[[int, torch.Tensor], torch.Tensor]
+
+
+@contextmanager
+def loss_fault(world_model: Any, fault: FaultFn) -> Iterator[None]:
+    """While the block runs, each training step of ``world_model`` passes
+    its loss through ``fault(step, loss) -> loss``; ``step`` counts from 0 at
+    the start of the block (one `train` call: that call's step)."""
+    training = world_model.training
+    real = training.step
+    steps = itertools.count()
+
+    def step(batch: Any, loss_fn: Any, **kwargs: Any) -> bool:
+        return real(batch, loss_fn, fault=functools.partial(fault, next(steps)))
+
+    training.step = step
+    try:
+        yield
+    finally:
+        del training.step
+
+
+def nan_storm(first: int, end: int) -> FaultFn:
+    """NaN losses at steps ``first`` .. ``end - 1``."""
+    return lambda step, loss: loss * float("nan") if first <= step < end else loss
