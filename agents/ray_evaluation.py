@@ -24,7 +24,6 @@ from __future__ import annotations
 import logging
 import socket
 import threading
-import time
 from contextlib import contextmanager
 from typing import Any, Iterator, Optional, Sequence, Union
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import hashlib
 import io
-import math
 import os
 import pickle
 import struct

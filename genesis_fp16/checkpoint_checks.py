@@ -111,7 +111,7 @@ def check_like(saved: Any, live: Any, field: str, source: str, *, tensor_numbers
 def check_param_groups(
     saved: Any, live: list[dict[str, Any]], source: str, field: str = "optimizer.param_groups", *, known_keys_only: bool = True
 ) -> None:
-    """Same number of groups and of parameters per group (integer ids), and
+    """Same number of groups and of parameters per group (integer ids or names), and
     every hyperparameter both have alike (`check_like`). ``known_keys_only``
     (where the checkpoint does not record its optimizer type): refuse groups
     that have hyperparameters this optimizer does not know *and* lack some it
@@ -126,8 +126,11 @@ def check_param_groups(
         if not isinstance(params, list) or len(params) != len(want["params"]):
             count = len(params) if isinstance(params, list) else params
             raise _bad(source, f"{field}[{i}].params", f"checkpoint does not fit this optimizer: {count!r} parameters, expected {len(want['params'])}")
-        if not all(isinstance(pid, int) and not isinstance(pid, bool) for pid in params):
-            raise _bad(source, f"{field}[{i}].params", "expected a list of integer parameter ids")
+        # integer ids (a plain optimizer state dict) or parameter names (a
+        # sharded one: torch.distributed.checkpoint keys parameters by name)
+        ids = all(isinstance(pid, int) and not isinstance(pid, bool) for pid in params)
+        if not (ids or all(isinstance(pid, str) for pid in params)):
+            raise _bad(source, f"{field}[{i}].params", "expected a list of integer parameter ids or of parameter names")
         # an LR scheduler adds initial_lr; a newer torch adds keys one way only
         # (and load_state_dict fills in its defaults): another optimizer type
         # has keys of its own on both sides

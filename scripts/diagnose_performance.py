@@ -47,7 +47,6 @@ def _cfg(env_id: str, **kw):
 
 
 def bench_env(env_id: str, repeats: int, steps: int) -> dict:
-    import numpy as np
 
     from agents.ppo.envs import make_env_fn, make_vector_env
 

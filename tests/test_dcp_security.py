@@ -87,7 +87,7 @@ def test_unpickler_refuses_crafted_globals(tmp_path: Path, case: str) -> None:
     marker = tmp_path / "pwned"
     _, _, _, module, name = next(c for c in CRAFTED if c[0] == case)
     with pytest.raises(pickle.UnpicklingError, match=f"refers to {module}.{name}, which is not a DCP metadata class"):
-        gd._MetadataUnpickler(io.BytesIO(crafted(case, marker))).load()
+        gd.dcp_io._MetadataUnpickler(io.BytesIO(crafted(case, marker))).load()
     assert not marker.exists()
 
 
@@ -99,7 +99,7 @@ def test_reader_names_the_file_and_the_refused_global(tmp_path: Path, case: str)
     (shards / ".metadata").write_bytes(crafted(case, marker))
     _, _, _, module, name = next(c for c in CRAFTED if c[0] == case)
     with pytest.raises(CheckpointError) as err:
-        gd._safe_reader(shards).read_metadata()
+        gd.dcp_io._safe_reader(shards).read_metadata()
     message = str(err.value)
     assert str(shards / ".metadata") in message
     assert f"{module}.{name}" in message and "do not load" in message
@@ -134,7 +134,7 @@ def test_genuine_metadata_needs_only_allowed_globals(genuine_shards: Path) -> No
     Recording(io.BytesIO((genuine_shards / ".metadata").read_bytes())).load()
     dtypes = {("torch", "float16"), ("torch", "bfloat16"), ("torch", "float32")}
     assert dtypes <= seen
-    assert seen - dtypes <= gd._SAFE_GLOBALS
+    assert seen - dtypes <= gd.dcp_io._SAFE_GLOBALS
 
 
 def test_genuine_checkpoint_loads_through_the_safe_reader(genuine_shards: Path) -> None:
@@ -142,7 +142,7 @@ def test_genuine_checkpoint_loads_through_the_safe_reader(genuine_shards: Path) 
         "model": {k: torch.zeros_like(v) for k, v in _state()["model"].items()},
         "optim": {"w16": {"exp_avg": torch.zeros(2, 3), "step": torch.tensor(0.0)}},
     }
-    gd._load_shards(target, genuine_shards)
+    gd.dcp_io._load_shards(target, genuine_shards)
     expected = _state()
     assert torch.equal(target["model"]["w16"], expected["model"]["w16"])
     assert torch.equal(target["model"]["wbf"], expected["model"]["wbf"])
@@ -172,7 +172,7 @@ def test_damaged_metadata_is_one_clear_error(genuine_shards: Path, tmp_path: Pat
     shards = _copy_with_metadata(genuine_shards, tmp_path / "shards", damage(data))
     target = {"model": {k: torch.zeros_like(v) for k, v in _state()["model"].items()}}
     with pytest.raises(CheckpointError) as err:
-        gd._load_shards(target, shards)
+        gd.dcp_io._load_shards(target, shards)
     message = str(err.value)
     assert str(shards / ".metadata") in message and expected in message
     assert "save" in message  # what to do
@@ -184,27 +184,27 @@ def test_missing_metadata_and_missing_shard_file(genuine_shards: Path, tmp_path:
     empty = tmp_path / "empty"
     empty.mkdir()
     with pytest.raises(CheckpointError, match="cannot read the DCP metadata"):
-        gd._load_shards(target, empty)
+        gd.dcp_io._load_shards(target, empty)
     # metadata fine, data file gone: DCP raises CheckpointException (a BaseException), converted here
     shards = _copy_with_metadata(genuine_shards, tmp_path / "shards", (genuine_shards / ".metadata").read_bytes())
     for f in shards.glob("*.distcp"):
         f.unlink()
     with pytest.raises(CheckpointError, match="could not read the DCP shards") as err:
-        gd._load_shards(target, shards)
+        gd.dcp_io._load_shards(target, shards)
     assert "CheckpointException" not in str(err.value)
 
 
 def test_metadata_pointing_outside_the_checkpoint_is_refused(genuine_shards: Path, tmp_path: Path) -> None:
-    meta = gd._MetadataUnpickler(io.BytesIO((genuine_shards / ".metadata").read_bytes())).load()
+    meta = gd.dcp_io._MetadataUnpickler(io.BytesIO((genuine_shards / ".metadata").read_bytes())).load()
     for info in meta.storage_data.values():
         info.relative_path = "../../outside.distcp"
     shards = _copy_with_metadata(genuine_shards, tmp_path / "shards", pickle.dumps(meta))
     with pytest.raises(CheckpointError, match="outside the checkpoint directory"):
-        gd._safe_reader(shards).read_metadata()
+        gd.dcp_io._safe_reader(shards).read_metadata()
     meta.storage_data = ["__0_0.distcp"]
     (shards / ".metadata").write_bytes(pickle.dumps(meta))
     with pytest.raises(CheckpointError, match="no file table"):
-        gd._safe_reader(shards).read_metadata()
+        gd.dcp_io._safe_reader(shards).read_metadata()
 
 
 # -- FSDPTrainer.load_checkpoint and the script --------------------------------------------

@@ -412,7 +412,7 @@ def test_fsdp2_two_ranks(tmp_path: Path) -> None:
     assert not list(tmp_path.glob(".fsdp_ckpt.*"))  # no partial or old directory left behind
 
     # the shard metadata reads through the restricted unpickler
-    meta = gd._MetadataUnpickler(io.BytesIO((ckpt_dir / "shards" / ".metadata").read_bytes())).load()
+    meta = gd.dcp_io._MetadataUnpickler(io.BytesIO((ckpt_dir / "shards" / ".metadata").read_bytes())).load()
     assert type(meta).__name__ == "Metadata"
 
 
@@ -543,8 +543,8 @@ def test_dcp_metadata_unpickler_refuses_code() -> None:
             return (os.system, ("echo pwned",))
 
     with pytest.raises(pickle.UnpicklingError, match="not a DCP metadata class"):
-        gd._MetadataUnpickler(io.BytesIO(pickle.dumps(Evil()))).load()
-    assert gd._MetadataUnpickler(io.BytesIO(pickle.dumps(torch.Size([2, 3])))).load() == torch.Size([2, 3])
+        gd.dcp_io._MetadataUnpickler(io.BytesIO(pickle.dumps(Evil()))).load()
+    assert gd.dcp_io._MetadataUnpickler(io.BytesIO(pickle.dumps(torch.Size([2, 3])))).load() == torch.Size([2, 3])
 
 
 def test_fsdp_checkpoint_path_must_be_a_directory(tmp_path: Path) -> None:
@@ -558,9 +558,9 @@ def test_backend_and_device_follow_cuda(monkeypatch: pytest.MonkeyPatch) -> None
     assert gd.default_backend(torch.device("cuda", 0)) == "nccl"
     assert gd.default_backend(torch.device("cpu")) == "gloo"
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    assert gd._default_device(1) == torch.device("cuda", 1)
+    assert gd.launch._default_device(1) == torch.device("cuda", 1)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    assert gd._default_device(1) == torch.device("cpu")
+    assert gd.launch._default_device(1) == torch.device("cpu")
 
 
 @pytest.mark.gpu

@@ -6,7 +6,6 @@ import json
 import os
 
 import pytest
-import torch
 
 from genesis_fp16.forensics.analyze import analyze
 from genesis_fp16.forensics.configs import CONFIGS, parse_configs

@@ -125,7 +125,7 @@ def test_every_field_has_a_docstring():
     for cls in (PPOConfig, Optimizations):
         src = inspect.getsource(cls)
         for name in cls.__dataclass_fields__:
-            line = next(i for i, l in enumerate(src.splitlines()) if l.strip().startswith(f"{name}:"))
+            line = next(i for i, text in enumerate(src.splitlines()) if text.strip().startswith(f"{name}:"))
             assert src.splitlines()[line + 1].strip().startswith('"""'), f"{cls.__name__}.{name} has no docstring"
 
 

@@ -15,9 +15,9 @@ import pytest
 
 ray = pytest.importorskip("ray", reason="the ray extra is not installed: pip install -e '.[ray]' (dev includes it)")
 
-from agents.evaluation import EvaluationEnvError, EvaluationError, EvaluationTimeout, Evaluator, make_evaluator
-from agents.ray_evaluation import EvaluationWorkerLost, RayConnectError, RayEvaluator, connect_ray
-from agents.tasks.builtin import pendulum
+from agents.evaluation import EvaluationEnvError, EvaluationError, EvaluationTimeout, Evaluator, make_evaluator  # noqa: E402 (after the importorskip)
+from agents.ray_evaluation import EvaluationWorkerLost, RayConnectError, RayEvaluator, connect_ray  # noqa: E402 (after the importorskip)
+from agents.tasks.builtin import pendulum  # noqa: E402 (after the importorskip)
 
 STATES = [[0.5, 0.0], [-1.0, 0.5], [2.0, -1.0]]
 
@@ -176,9 +176,9 @@ def test_a_resumed_run_may_change_its_backend():
 STRESS = """
 import dataclasses, functools
 import numpy as np, ray
-from agents.evaluation import EvaluationMemoryError
-from agents.ray_evaluation import RayEvaluator
-from agents.tasks.builtin import pendulum
+from agents.evaluation import EvaluationMemoryError  # noqa: E402 (after the importorskip)
+from agents.ray_evaluation import RayEvaluator  # noqa: E402 (after the importorskip)
+from agents.tasks.builtin import pendulum  # noqa: E402 (after the importorskip)
 task = pendulum().resolve()
 params = task.policy.random_params(np.random.default_rng(3), 2, 1.0)
 ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)

@@ -5,7 +5,6 @@ mismatched runs are clear errors."""
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import json
 
@@ -19,7 +18,6 @@ from agents.evaluation import Evaluation, Evaluator
 from agents.evolve_config import resumed_config
 from agents.runs import MANIFEST_VERSION, RunError, RunLock, manifest_path, read_manifest
 from agents.se_darwin_agent import EvolveConfig, SEDarwinAgent
-from genesis_fp16 import telemetry
 from genesis_fp16.cli import app
 from genesis_fp16.settings import load_settings
 from infrastructure.replay_buffer import ReplayBuffer

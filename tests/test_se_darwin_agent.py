@@ -4,7 +4,6 @@ interrupted loop keeping its committed generations."""
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import functools
 import sys
@@ -12,7 +11,6 @@ import time
 
 import numpy as np
 import pytest
-import torch
 
 from agents import pendulum_task
 from agents.evaluation import EvaluationMemoryError, EvaluationTimeout, Evaluator

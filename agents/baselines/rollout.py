@@ -11,7 +11,7 @@ with ``k`` the state's place in the list.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Optional, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 import numpy as np
 

@@ -8,6 +8,8 @@ from typing import Callable, Optional
 
 import torch
 
+from .policies import PolicySpec
+
 
 class OnDevice:
     """Constant tensors, made on the CPU and copied once to each device asked for."""
@@ -19,8 +21,6 @@ class OnDevice:
         if device not in self._copies:
             self._copies[device] = tuple(t.to(device) for t in self._copies[torch.device("cpu")])
         return self._copies[device]
-
-from .policies import PolicySpec
 
 
 class BatchedPolicy:

@@ -15,16 +15,11 @@ The registry names ``ddp`` and ``fsdp`` point at ``DDPTrainer.create`` and
 
 from .base import DistributedTrainer
 from .dcp_io import (
-    _SAFE_GLOBALS,
     FSDP_LAYOUT,
     FSDP_SHARDS_DIR,
     FSDP_TRAINER_FILE,
     SafeFileSystemReader,
     TensorOnlyLoadPlanner,
-    _load_shards,
-    _MetadataUnpickler,
-    _read_dcp_metadata,
-    _safe_reader,
 )
 from .ddp import DDPTrainer
 from .faults import inject_inf_grad
@@ -35,7 +30,6 @@ from .launch import (
     DistContext,
     DistributedEnvError,
     TorchrunEnv,
-    _default_device,
     default_backend,
     destroy_distributed,
     distributed_session,
