@@ -58,6 +58,18 @@ def validate_precision(values: dict[str, Any]) -> PrecisionConfig:
         raise ValueError("invalid FP16TrainingConfig: " + "; ".join(problems)) from None
 
 
+def _bool(name: str, value: Any) -> Optional[str]:
+    return None if isinstance(value, bool) else f"{name}={value!r}: expected True or False"
+
+
+def _device(name: str, value: Any) -> Optional[str]:
+    return None if value is None or isinstance(value, str) else f"{name}={value!r}: expected a device name such as 'cpu' or 'cuda:0', or None"
+
+
+# the fields PrecisionConfig does not check, each with its own check
+_OTHER_FIELDS = {"enabled": _bool, "check_finite_loss": _bool, "device": _device}
+
+
 @dataclass
 class FP16TrainingConfig:
     """Trainer configuration.
@@ -94,7 +106,13 @@ class FP16TrainingConfig:
         self.validate()
 
     def validate(self) -> None:
-        """Raise ValueError naming each bad precision field; store the validated values."""
+        """Raise ValueError naming each bad field; store the validated
+        precision values. The other fields are checked by type, not coerced:
+        ``enabled="false"`` is a non-empty string, and truthy, so taking it
+        would train in reduced precision when FP32 was meant."""
+        problems = [problem for name, check in _OTHER_FIELDS.items() if (problem := check(name, getattr(self, name)))]
+        if problems:
+            raise ValueError("invalid FP16TrainingConfig: " + "; ".join(problems))
         for name, value in self.precision_config:
             setattr(self, trainer_name(name), value.value if isinstance(value, Enum) else value)
 

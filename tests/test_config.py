@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from pydantic import ValidationError
 
@@ -101,3 +103,25 @@ def test_trainer_config_has_the_settings_upper_bounds(field, value):
 
     with pytest.raises(ValueError, match=f"invalid FP16TrainingConfig: {field}=.*<="):
         FP16TrainingConfig(**{field: value})
+
+
+@pytest.mark.parametrize("field, value", [
+    ("enabled", "false"), ("enabled", "0"), ("enabled", 0), ("enabled", None),
+    ("check_finite_loss", "no"), ("device", 0), ("device", ["cpu"]),
+])
+def test_training_config_refuses_values_of_the_wrong_type(field, value):
+    """The fields PrecisionConfig does not check are checked by type:
+    ``enabled="false"`` is a non-empty string, truthy: taken as it is, it
+    trained in reduced precision where FP32 was meant."""
+    from genesis_fp16.config import FP16TrainingConfig
+
+    with pytest.raises(ValueError, match=re.escape(f"invalid FP16TrainingConfig: {field}={value!r}: expected")):
+        FP16TrainingConfig(**{field: value})
+
+
+def test_training_config_keeps_bools_and_device_names():
+    from genesis_fp16.config import FP16TrainingConfig
+
+    config = FP16TrainingConfig(enabled=False, check_finite_loss=False, device="cpu")
+    assert (config.enabled, config.check_finite_loss, config.device) == (False, False, "cpu")
+    assert config.requested_precision.value == "fp32"
