@@ -75,7 +75,6 @@ class PPO:
         # per-tensor Python loop, which shows in a launch-bound update
         optimizer = torch.optim.Adam(self.net.parameters(), lr=cfg.learning_rate, eps=1e-5, fused=True)
         overrides = {"max_grad_norm": cfg.max_grad_norm}
-        self.guard = PPOGuard("ppo", self.net, optimizer, opts.precision, overrides, self.save_checkpoint, self._restore, seed=cfg.seed)
         self.obs_rms = RunningMeanStd((self.obs_dim,)) if cfg.normalize_obs else None
         self.ret_rms = RunningMeanStd(()) if cfg.normalize_reward else None
         self._ret_acc = np.zeros(cfg.num_envs)
@@ -87,6 +86,9 @@ class PPO:
             self.actor = CompiledFallback(self.net.actor, opts.compile_mode, "ActorCritic.actor")
         self.pin = opts.use_pinned_memory and self.device.type == "cuda"
         self.buffer = RolloutBuffer(cfg.num_steps, cfg.num_envs, self.obs_dim, self.act_shape, self.discrete, self.pin)
+        # the precision is decided here, before the trainer exists: a measured auto times a minibatch of this shape
+        self.guard = PPOGuard("ppo", self.net, optimizer, opts.precision, overrides, self.save_checkpoint, self._restore, seed=cfg.seed,
+                              sample=(self._sample_minibatch(act_dim), lambda net, mb: self._loss(net, mb)[0]))
         self.global_step = 0
         self.iteration = 0
         self.time_split = {"env": 0.0, "inference": 0.0, "update": 0.0, "other": 0.0}
@@ -266,6 +268,15 @@ class PPO:
             iterations=self.iteration, history=self.history,
         )
 
+    def _sample_minibatch(self, act_dim: int) -> dict[str, torch.Tensor]:
+        """A minibatch of this run's shapes and dtypes for a measured ``auto``
+        (`genesis_fp16.autotune`), from its own generator (no RNG of the run is drawn)."""
+        g, n = torch.Generator().manual_seed(0), self.cfg.minibatch_size
+        act = (torch.randint(act_dim, (n,), generator=g) if self.discrete else torch.randn(n, *self.act_shape, generator=g))
+        mb = {"obs": torch.randn(n, self.obs_dim, generator=g), "act": act.to(self.buffer.act.dtype), "logp": torch.zeros(n),
+              "adv": torch.randn(n, generator=g), "ret": torch.randn(n, generator=g), "val": torch.zeros(n)}
+        return {k: v.to(self.device) for k, v in mb.items()}
+
     def _loss(self, net: ActorCritic, mb: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """(loss, diagnostics) for one minibatch (`agents.ppo.loss`)."""
         return ppo_loss(net, self.forward if net is self.net else net, mb, self.loss_settings)  # a copy (auto's calibration): its own
@@ -367,8 +378,7 @@ class PPO:
                 f"on: {self.trainer.precision.name} autocast"
                 + (", gradient scaler" if self.trainer.scaler.is_enabled() else "")
                 if self.trainer.precision.name != "fp32"
-                else ("off" if o.precision == "fp32" else "auto: measured at the first update" if self.trainer.calibration_pending
-                      else "off (resolved to fp32 by policy/kill switch)"),
+                else f"off ({self.guard.training.decision.line()})" if self.guard.training.decision is not None else "off",
             ),
             ("torch.compile", self._compile_state()),
             (
