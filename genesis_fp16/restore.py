@@ -13,14 +13,14 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Optional, Union
+from typing import Any, Callable, Optional, Union
 
 import torch
 
 from . import checkpoint as ckpt
 
-if TYPE_CHECKING:
-    from .trainer import FP16Trainer
+FP16Trainer = Any
+"""A `genesis_fp16.trainer.FP16Trainer` (not imported: the trainer imports this module)."""
 
 CHECKPOINT_WARNING_EVENT = "checkpoint.fresh_scaler"
 
@@ -29,7 +29,7 @@ ExtraCheck = Callable[[dict[str, Any]], None]
 ``ValueError`` or ``TypeError`` naming the field (the trainer adds the file)."""
 
 
-def state_payload(trainer: "FP16Trainer", extra: Optional[dict[str, Any]] = None) -> dict[str, Any]:
+def state_payload(trainer: FP16Trainer, extra: Optional[dict[str, Any]] = None) -> dict[str, Any]:
     """Model, optimizer, scaler, scheduler, counters, precision, RNG and ``extra``; refused mid accumulation window."""
     if trainer._micro_in_window:
         raise RuntimeError(
@@ -49,7 +49,7 @@ def state_payload(trainer: "FP16Trainer", extra: Optional[dict[str, Any]] = None
     )
 
 
-def save_checkpoint(trainer: "FP16Trainer", path: Union[str, Path], extra: Optional[dict[str, Any]] = None) -> Path:
+def save_checkpoint(trainer: FP16Trainer, path: Union[str, Path], extra: Optional[dict[str, Any]] = None) -> Path:
     """Write the trainer's payload atomically."""
     written = ckpt.save_payload(path, trainer.state_payload(extra))
     trainer._emit("checkpoint.saved", path=str(written), step=trainer.training_steps)
@@ -57,7 +57,7 @@ def save_checkpoint(trainer: "FP16Trainer", path: Union[str, Path], extra: Optio
 
 
 def load_checkpoint(
-    trainer: "FP16Trainer", path: Union[str, Path], *, restore_rng: bool = True, check_extra: Optional[ExtraCheck] = None
+    trainer: FP16Trainer, path: Union[str, Path], *, restore_rng: bool = True, check_extra: Optional[ExtraCheck] = None
 ) -> dict[str, Any]:
     """Restore ``trainer`` from ``path`` (`apply_payload`); returns the checkpoint's ``extra`` dict."""
     payload = ckpt.load_payload(path, map_location=trainer.device)
@@ -66,7 +66,7 @@ def load_checkpoint(
 
 
 def check_payload(
-    trainer: "FP16Trainer", payload: dict[str, Any], *, source: str = "<memory>", check_extra: Optional[ExtraCheck] = None
+    trainer: FP16Trainer, payload: dict[str, Any], *, source: str = "<memory>", check_extra: Optional[ExtraCheck] = None
 ) -> None:
     """Raise `CheckpointError` unless all of ``payload`` fits ``trainer``; changes nothing."""
     trainer._check_model_state(payload.get("model"), source)
@@ -87,7 +87,7 @@ def check_payload(
 
 
 def apply_payload(
-    trainer: "FP16Trainer",
+    trainer: FP16Trainer,
     payload: dict[str, Any],
     *,
     source: str = "<memory>",
@@ -144,12 +144,12 @@ class _Snapshot:
     scheduler: Optional[dict[str, Any]]
 
     @classmethod
-    def take(cls, trainer: "FP16Trainer") -> "_Snapshot":
+    def take(cls, trainer: FP16Trainer) -> "_Snapshot":
         optimizer = {"state": trainer.optimizer.state, "param_groups": trainer.optimizer.param_groups}
         scheduler = dict(vars(trainer.scheduler)) if trainer.scheduler is not None else None
         return cls(optimizer, trainer.precision.state_dict(), scheduler)
 
-    def restore(self, trainer: "FP16Trainer") -> None:
+    def restore(self, trainer: FP16Trainer) -> None:
         vars(trainer.optimizer).update(self.optimizer)
         trainer.precision.load_state_dict(self.scaler)
         if self.scheduler is not None:
