@@ -378,7 +378,8 @@ class PPO:
                 f"on: {self.trainer.precision.name} autocast"
                 + (", gradient scaler" if self.trainer.scaler.is_enabled() else "")
                 if self.trainer.precision.name != "fp32"
-                else f"off ({self.guard.training.decision.line()})" if self.guard.training.decision is not None else "off",
+                else "off" if o.precision == "fp32" or self.guard.training.decision is None
+                else f"off ({self.guard.training.decision.line()})",
             ),
             ("torch.compile", self._compile_state()),
             (
