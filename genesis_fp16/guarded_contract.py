@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional, Protocol, Union
 
 import torch
 
-from .guard import RollbackGuard
+from .guard import GuardDecision, RollbackGuard
 from .settings import Settings
 from .trainer import FP16Trainer
 
@@ -44,14 +44,11 @@ UNGUARDED = GuardChoice.UNGUARDED
 """Pass as ``guard=`` to train without a rollback guard (no rollback, no canary, no good checkpoints)."""
 
 
-class GuardVerdict(Protocol):
-    """A guard's decision (`genesis_fp16.guard.GuardDecision`)."""
-
-    severity: Optional[str]
-    action: str  # "none", "warn" or "rollback"
-    reason: str
-
-    def as_dict(self) -> dict[str, Any]: ...
+GuardVerdict = GuardDecision
+"""The guard's verdict, one type from the rule to the report: `genesis_fp16.guard.GuardDecision`
+(what `Guard.check` returns, `GuardedTraining.rollbacks` keeps, `CallReport.decision` carries and
+the world model's `TrainReport.guard_decision` holds as its ``as_dict()``). The pure rule's
+findings (`genesis_fp16.judge.Verdict`) become one inside the guard."""
 
 
 class QualityLedger(Protocol):
