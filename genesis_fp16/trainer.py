@@ -54,8 +54,9 @@ class FP16Trainer:
     precision_plugins: ClassVar[Mapping[PrecisionMode, type[Precision]]] = MODES
     measures_auto: ClassVar[bool] = True
     """Whether ``precision="auto"`` may be decided by a measurement (`genesis_fp16.autotune`)
-    for this class; the distributed trainers keep the flag rule, so that every
-    rank decides alike without a collective (the registry reads this)."""
+    for this class: False for the distributed trainers, which keep the flag rule so that every
+    rank decides alike without a collective (the registry measures only for its single-process
+    ``auto`` entry, `registry.resolve_trainer`)."""
 
     def __init__(
         self,
