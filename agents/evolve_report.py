@@ -90,7 +90,7 @@ def run_report(
         "time_share": time_share,
         "best_candidate": {"id": best.id, "operator": best.operator, "params": [float(v) for v in best.params]} if best else None,
         "precision": precision,
-        "precision_decision": precision_decision,  # of the last training the run's world model ran (source, reason)
+        "precision_decision": precision_decision or last_training(generations)[1],  # of the world model's last training
         "wall_s": wall_s,
         "stop_reason": stop_reason,
         "generations": generations,
@@ -202,3 +202,13 @@ def report_rows(report: dict[str, Any]) -> list[tuple[str, str]]:
 def _decision_text(decision: Optional[dict[str, Any]]) -> str:
     """`` (source: reason)`` of a precision decision, empty without one."""
     return f" ({decision['source']}: {decision['reason']})" if decision else ""
+
+
+def last_training(generations: Sequence[dict[str, Any]]) -> tuple[Optional[str], Optional[dict[str, Any]]]:
+    """(precision, decision) of the last generation that trained the world
+    model (resumed stretches included: the records come from the manifest);
+    (None, None) before any."""
+    for record in reversed(generations):
+        if record.get("wm_wall_s") is not None:  # that generation trained the model
+            return record.get("precision"), record.get("precision_decision")
+    return None, None

@@ -46,7 +46,7 @@ from . import runs
 from .cma_baseline import run_cma_baseline
 from .evaluation import Evaluation, EvaluationBackend, Evaluator
 from .evolve_config import EVOLVE, Candidate, EvolveConfig, default_horizon
-from .evolve_report import generation_record, run_report
+from .evolve_report import generation_record, last_training, run_report
 from .imagination import ImagineFn, Imaginer, audit, make_imagine
 from .mujoco_log import mujoco_log_for
 from .operators import best_of, pool_failing, propose, recombination, refinement, revision
@@ -387,7 +387,7 @@ class SEDarwinAgent(RunRecord):
         record = generation_record(
             generation, real_episodes=self.real_episodes, env_steps=self.env_steps, best=best_of(self.pool), evaluated=evaluated,
             proposals=len(proposals), wm_report=wm_report, precision=self._precision(), elapsed_s=time.perf_counter() - started,
-            precision_decision=self._last_training()[1],
+            precision_decision=last_training(self.generations)[1],
             imagination=audit, time=self.time.since(clock), confirmations=[c for c in self.real.confirmations if c["generation"] == generation], probe=probe,
         )
         self._save_progress(generation, started, record)  # committed: a resume continues after this generation
@@ -403,31 +403,15 @@ class SEDarwinAgent(RunRecord):
         if self.on_generation is not None:
             self.on_generation(record)
 
-    def _last_training(self) -> tuple[Optional[str], Optional[dict[str, Any]]]:
-        """(precision, decision) of the last world-model training this run
-        committed (resumed stretches included: the records come from the
-        manifest); (None, None) before any."""
-        for record in reversed(self.generations):
-            if record.get("wm_wall_s") is not None:  # that generation trained the model
-                return record.get("precision"), record.get("precision_decision")
-        return None, None
-
     def _precision(self) -> str:
-        """What the world model in use trained in: the last committed
-        training's (a stretch that trains no model, e.g. after a resume,
-        reports what the model it uses trained in); before any training, what
-        its trainer would run now."""
-        if self.world_model is None:
-            return "none"
-        trained, _ = self._last_training()
-        return trained or self.world_model.precision
+        """What the world model in use trained in (`last_training`), else what its trainer would run now."""
+        return "none" if self.world_model is None else (last_training(self.generations)[0] or self.world_model.precision)
 
     def _report(self, best: Optional[Candidate], heldout: Optional[Evaluation], stop_reason: str, wall_s: float) -> dict[str, Any]:
         return run_report(
             self.config, best=best, heldout=heldout, heldout_episodes=len(self.starts.heldout), real_episodes=self.real_episodes,
             env_steps=self.env_steps, failures=self.failures, confirmations=self.real.confirmations,
             reached_at=self.reached_at, precision=self._precision(), wall_s=wall_s, stop_reason=stop_reason,
-            precision_decision=self._last_training()[1] if self.world_model is not None else None,
             budget_exhausted=self.budget_exhausted if stop_reason == "budget" else None, unconfirmed=self.unconfirmed,
             generations=self.generations, run_id=self.run_id, replay_db=str(self.buffer.path),
             run_manifest=str(self.manifest_path), resumed_from=self.resumed_from, train_start_states=len(self.starts.train),

@@ -11,7 +11,7 @@ import numbers
 import time
 from functools import partial
 from pathlib import Path
-from typing import Any, Callable, Optional, Sequence, Union
+from typing import Callable, Optional, Sequence, Union
 
 import numpy as np
 import numpy.typing as npt
@@ -28,7 +28,7 @@ from genesis_fp16.trainer import FP16Trainer
 
 from .dynamics import (NonFiniteDataError, NotTrainedError, PolicyFn, ProjectFn, TerminationFn, check_checkpoint_extra, check_options,
                        check_sizes, features, training_data)
-from .ensemble import EnsembleDynamics, batch_rows, bootstrap, check_architecture, ensemble_loss, member_losses
+from .ensemble import EnsembleDynamics, batch_rows, bootstrap, check_architecture, ensemble_loss, member_losses, sample_batch
 from .imagination import Imagination, imagine_uncertain
 from .replay_buffer import ReplayBuffer
 from .trajectory import Trajectory
@@ -168,24 +168,10 @@ class WorldModel:
             self._training = GuardedTraining(
                 self.agent, self.model, self.optimizer, settings=self.settings, precision=self.requested_precision,
                 guard=self.guard if self.guard is not None else UNGUARDED, checkpoint_dir=self.checkpoint_dir,
-                good_name=f"{self.agent}.initial.pt", checkpoint_every=0, save=self.save, sample=self._sample(),
+                good_name=f"{self.agent}.initial.pt", checkpoint_every=0, save=self.save,
+                sample=(sample_batch(self.model, self.batch_size, self.device), ensemble_loss),  # for a measured auto
             )
         return self._training
-
-    def _sample(self) -> tuple[tuple[torch.Tensor, torch.Tensor], Any]:
-        """A batch of this model's workload for a measured ``auto``
-        (`genesis_fp16.autotune`), before any data: the shapes of a training
-        step's ``(x [E, B, in], y [E, B, out])``, normalised data being near
-        N(0, 1), drawn from its own generator (the run's streams are not
-        touched); a done column of zeros."""
-        g = torch.Generator().manual_seed(0)
-        m = self.model
-        n_in, n_out = m.obs_dim + m.act_dim, m.n_gauss + (1 if m.done_head else 0)
-        x = torch.randn(m.members, self.batch_size, n_in, generator=g)
-        y = torch.randn(m.members, self.batch_size, n_out, generator=g)
-        if m.done_head:
-            y[..., -1] = 0.0
-        return (x.to(self.device), y.to(self.device)), ensemble_loss
 
     @property
     def trainer(self) -> Optional[FP16Trainer]:
@@ -197,10 +183,7 @@ class WorldModel:
         """The precision training runs in now (`fp32`, `bf16`, ...), as settings, profile and ledger resolve it."""
         return self.training.trainer.precision.name
 
-    @property
-    def decision(self) -> Any:
-        """The trainer's `genesis_fp16.decision.PrecisionDecision`: mode, source and reason."""
-        return self.training.decision
+    decision = property(lambda self: self.training.decision, doc="The trainer's `PrecisionDecision` (mode, source, reason).")
 
     def _dataset(self, trajectories: Sequence[Trajectory]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """``(x_train, y_train, x_val, y_val)``; see `infrastructure.dynamics.training_data`."""

@@ -26,7 +26,7 @@ from .guarding import PPOGuard
 from .loss import LossSettings, ppo_loss
 from .policy import ActorCritic, CompiledFallback
 from .results import TrainResult
-from .rollout import RolloutBuffer, RunningMeanStd, check_extra, load_normalisers
+from .rollout import RolloutBuffer, RunningMeanStd, check_extra, load_normalisers, sample_minibatch
 
 gym = require("gymnasium", "genesis-fp16 ppo")
 
@@ -86,9 +86,9 @@ class PPO:
             self.actor = CompiledFallback(self.net.actor, opts.compile_mode, "ActorCritic.actor")
         self.pin = opts.use_pinned_memory and self.device.type == "cuda"
         self.buffer = RolloutBuffer(cfg.num_steps, cfg.num_envs, self.obs_dim, self.act_shape, self.discrete, self.pin)
-        # the precision is decided here, before the trainer exists: a measured auto times a minibatch of this shape
-        self.guard = PPOGuard("ppo", self.net, optimizer, opts.precision, overrides, self.save_checkpoint, self._restore, seed=cfg.seed,
-                              sample=(self._sample_minibatch(act_dim), lambda net, mb: self._loss(net, mb)[0]))
+        sample = (sample_minibatch(cfg.minibatch_size, self.obs_dim, act_dim, self.act_shape, self.discrete, self.device),
+                  lambda net, mb: self._loss(net, mb)[0])  # a measured auto times it, before the trainer exists
+        self.guard = PPOGuard("ppo", self.net, optimizer, opts.precision, overrides, self.save_checkpoint, self._restore, seed=cfg.seed, sample=sample)
         self.global_step = 0
         self.iteration = 0
         self.time_split = {"env": 0.0, "inference": 0.0, "update": 0.0, "other": 0.0}
@@ -268,15 +268,6 @@ class PPO:
             iterations=self.iteration, history=self.history,
         )
 
-    def _sample_minibatch(self, act_dim: int) -> dict[str, torch.Tensor]:
-        """A minibatch of this run's shapes and dtypes for a measured ``auto``
-        (`genesis_fp16.autotune`), from its own generator (no RNG of the run is drawn)."""
-        g, n = torch.Generator().manual_seed(0), self.cfg.minibatch_size
-        act = (torch.randint(act_dim, (n,), generator=g) if self.discrete else torch.randn(n, *self.act_shape, generator=g))
-        mb = {"obs": torch.randn(n, self.obs_dim, generator=g), "act": act.to(self.buffer.act.dtype), "logp": torch.zeros(n),
-              "adv": torch.randn(n, generator=g), "ret": torch.randn(n, generator=g), "val": torch.zeros(n)}
-        return {k: v.to(self.device) for k, v in mb.items()}
-
     def _loss(self, net: ActorCritic, mb: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """(loss, diagnostics) for one minibatch (`agents.ppo.loss`)."""
         return ppo_loss(net, self.forward if net is self.net else net, mb, self.loss_settings)  # a copy (auto's calibration): its own
@@ -375,11 +366,9 @@ class PPO:
             ("vectorized envs", f"{vec.mode if vec else type(self.envs).__name__} x{self.cfg.num_envs} ({vec.reason if vec else 'given'})"),
             (
                 "AMP",
-                f"on: {self.trainer.precision.name} autocast"
-                + (", gradient scaler" if self.trainer.scaler.is_enabled() else "")
+                f"on: {self.trainer.precision.name} autocast" + (", gradient scaler" if self.trainer.scaler.is_enabled() else "")
                 if self.trainer.precision.name != "fp32"
-                else "off" if o.precision == "fp32" or self.guard.training.decision is None
-                else f"off ({self.guard.training.decision.line()})",
+                else "off" if o.precision == "fp32" else f"off ({self.guard.training.decision.line()})",
             ),
             ("torch.compile", self._compile_state()),
             (
