@@ -201,7 +201,7 @@ def report_rows(report: dict[str, Any]) -> list[tuple[str, str]]:
 
 def _decision_text(decision: Optional[dict[str, Any]]) -> str:
     """`` (source: reason)`` of a precision decision, empty without one."""
-    return f" ({decision['source']}: {decision['reason']})" if decision else ""
+    return f" ({decision['source']}: {decision['reason'].removeprefix('measured here: ')})" if decision else ""
 
 
 def last_training(generations: Sequence[dict[str, Any]]) -> tuple[Optional[str], Optional[dict[str, Any]]]:
