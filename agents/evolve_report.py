@@ -21,12 +21,16 @@ def generation_record(
     generation: int, *, real_episodes: int, env_steps: int, best: Optional[Candidate], evaluated: Sequence[Candidate], proposals: int,
     wm_report: Optional["TrainReport"], precision: str, elapsed_s: float, imagination: Optional[dict[str, Any]] = None,
     time: Optional[dict[str, float]] = None, confirmations: Sequence[dict[str, Any]] = (), probe: Optional[dict[str, Any]] = None,
+    precision_decision: Optional[dict[str, Any]] = None,
 ) -> dict[str, Any]:
     """One committed generation. ``imagination``: the imagined-vs-real
     comparison of its candidates (`agents.imagination_stats`, with their
     ``records``), None when nothing was imagined; ``time``: its wall seconds
     per bucket (`agents.time_share`); ``confirmations``: the validation runs it tried;
-    ``probe``: a probe generation's search (`agents.probe_search`), None in the others."""
+    ``probe``: a probe generation's search (`agents.probe_search`), None in the others;
+    ``precision``/``precision_decision``: what the world model in use trained in
+    and why (`genesis_fp16.decision`): this generation's training's, else
+    (no training this generation) the last training's that the caller passes."""
     return {
         "generation": generation,
         "real_episodes": real_episodes,
@@ -44,6 +48,7 @@ def generation_record(
         "wm_rollback_reason": wm_report.rollback_reason if wm_report else None,
         "fp32_val_loss": wm_report.fp32_val_loss if wm_report else None,
         "precision": wm_report.precision if wm_report else precision,
+        "precision_decision": wm_report.precision_decision if wm_report else precision_decision,
         "elapsed_s": elapsed_s,
         "imagination": imagination,
         "time": time,
@@ -56,6 +61,7 @@ def run_report(
     cfg: EvolveConfig, *, best: Optional[Candidate], heldout: Optional[Evaluation], heldout_episodes: int, real_episodes: int,
     env_steps: int, failures: list[dict[str, Any]], confirmations: list[dict[str, Any]],
     reached_at: Optional[int], precision: str, wall_s: float, stop_reason: str, budget_exhausted: Optional[str], unconfirmed: Optional[str],
+    precision_decision: Optional[dict[str, Any]] = None,
     generations: list[dict[str, Any]], run_id: str, replay_db: str, run_manifest: str, resumed_from: Optional[dict[str, Any]],
     train_start_states: int, validation_start_states: int, time_share: dict[str, Any],
 ) -> dict[str, Any]:
@@ -84,6 +90,7 @@ def run_report(
         "time_share": time_share,
         "best_candidate": {"id": best.id, "operator": best.operator, "params": [float(v) for v in best.params]} if best else None,
         "precision": precision,
+        "precision_decision": precision_decision or last_training(generations)[1],  # of the world model's last training
         "wall_s": wall_s,
         "stop_reason": stop_reason,
         "generations": generations,
@@ -165,7 +172,7 @@ def report_rows(report: dict[str, Any]) -> list[tuple[str, str]]:
         rows.append((f"best return, validation ({report['validation_start_states']} validation start states)", fmt(report.get("validation_return"))))
     rows += [
         (f"best return, held-out ({n_heldout} held-out start states)", heldout),
-        ("world-model precision", str(report["precision"])),
+        ("world-model precision", str(report["precision"]) + _decision_text(report.get("precision_decision"))),
         ("generations", str(len(report["generations"]))),
         ("wall time (s)", f"{report['wall_s']:.1f}"),
     ]
@@ -190,3 +197,18 @@ def report_rows(report: dict[str, Any]) -> list[tuple[str, str]]:
         origin = report["resumed_from"]
         rows.append(("resumed after", f"generation {origin['generation']}, {origin['real_episodes']} real episodes"))
     return rows
+
+
+def _decision_text(decision: Optional[dict[str, Any]]) -> str:
+    """`` (source: reason)`` of a precision decision, empty without one."""
+    return f" ({decision['source']}: {decision['reason'].removeprefix('measured here: ')})" if decision else ""
+
+
+def last_training(generations: Sequence[dict[str, Any]]) -> tuple[Optional[str], Optional[dict[str, Any]]]:
+    """(precision, decision) of the last generation that trained the world
+    model (resumed stretches included: the records come from the manifest);
+    (None, None) before any."""
+    for record in reversed(generations):
+        if record.get("wm_wall_s") is not None:  # that generation trained the model
+            return record.get("precision"), record.get("precision_decision")
+    return None, None

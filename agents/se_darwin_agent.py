@@ -46,7 +46,7 @@ from . import runs
 from .cma_baseline import run_cma_baseline
 from .evaluation import Evaluation, EvaluationBackend, Evaluator
 from .evolve_config import EVOLVE, Candidate, EvolveConfig, default_horizon
-from .evolve_report import generation_record, run_report
+from .evolve_report import generation_record, last_training, run_report
 from .imagination import ImagineFn, Imaginer, audit, make_imagine
 from .mujoco_log import mujoco_log_for
 from .operators import best_of, pool_failing, propose, recombination, refinement, revision
@@ -387,6 +387,7 @@ class SEDarwinAgent(RunRecord):
         record = generation_record(
             generation, real_episodes=self.real_episodes, env_steps=self.env_steps, best=best_of(self.pool), evaluated=evaluated,
             proposals=len(proposals), wm_report=wm_report, precision=self._precision(), elapsed_s=time.perf_counter() - started,
+            precision_decision=last_training(self.generations)[1],
             imagination=audit, time=self.time.since(clock), confirmations=[c for c in self.real.confirmations if c["generation"] == generation], probe=probe,
         )
         self._save_progress(generation, started, record)  # committed: a resume continues after this generation
@@ -403,9 +404,8 @@ class SEDarwinAgent(RunRecord):
             self.on_generation(record)
 
     def _precision(self) -> str:
-        if self.world_model is None:
-            return "none"
-        return self.world_model.precision
+        """What the world model in use trained in (`last_training`), else what its trainer would run now."""
+        return "none" if self.world_model is None else (last_training(self.generations)[0] or self.world_model.precision)
 
     def _report(self, best: Optional[Candidate], heldout: Optional[Evaluation], stop_reason: str, wall_s: float) -> dict[str, Any]:
         return run_report(

@@ -3,21 +3,20 @@
 No flag rule is right for every model: on one AMX CPU BF16 trains a 64-unit
 MLP at 0.70x FP32 and a 1024-unit one at 2.96x; on an AVX512-BF16 CPU
 without AMX the same rule would keep FP32 for a model that trains 1.99x
-faster in BF16 (issue "auto decides by measuring"). So the first time a
-trainer with ``precision="auto"`` (and ``GENESIS_FP16_AUTO_PRECISION=measure``,
-the default) trains a workload, it trains copies of its model and optimizer
-for a few steps on its first batch in each precision the device runs
-(`candidates`), times them (`time_step`, warm-up excluded, the precisions
-interleaved round by round), checks each against FP32 with the canary's
-loss-ratio rule (`loss_ratio`), and `decide` picks the fastest that passes
-when it is at least `SPEED_MARGIN` times as fast as FP32 (else FP32). The
-real model, its optimizer and every RNG are untouched: the run's trajectory
-is the one the chosen precision gives when asked for by name.
+faster in BF16 (issue "auto decides by measuring"). This module is the
+statistics of that measurement: `measure` times each precision the device
+runs (`candidates`) on copies (`genesis_fp16.autotune.measure_auto` builds
+them), warm-up excluded, the precisions interleaved round by round;
+`loss_ratio` checks each against FP32 with the canary's rule; `decide` picks
+the fastest that passes when the *lower bound* of its speed-up
+(`lower_bound`: the slowest of `ROUNDS` paired rounds) is at least
+`SPEED_MARGIN` (else FP32), so that a speed-up near the margin does not flip
+the decision from one run to the next (issue 37).
 
 A workload is keyed by `workload` (parameter shapes and dtypes, optimizer,
 batch shapes, device and its name, the CPU flags that matter, torch
-version, torch threads); the decision is kept in the rollout ledger
-(`RolloutLedger.record_calibration`) and reused until the key changes.
+version, torch threads); the decision is kept in the host-level cache
+(`genesis_fp16.autotune.PrecisionCache`) and reused until the key changes.
 `genesis-fp16 doctor` lists the decisions; ``doctor --recalibrate`` clears them.
 """
 
@@ -41,7 +40,7 @@ from .precision.capability import Support
 from .profiles import GuardThresholds
 from .settings import PrecisionMode
 
-RECORD_VERSION = 1
+RECORD_VERSION = 2
 """Of the key and the record: a new version ignores (and replaces) older decisions."""
 CANDIDATE_ORDER = (PrecisionMode.FP32, PrecisionMode.BF16, PrecisionMode.FP16)
 """What ``auto`` may pick (never tf32 or fp16-true: those are asked for by name)."""
@@ -50,14 +49,15 @@ WARMUP_STEPS = 1
 PROBE_SLOWER = 2.0
 """One timed step each first: a precision this many times slower than FP32 there is out (it cannot
 win); it is not timed further and its loss is not checked (its record says so with no loss ratio)."""
-ROUNDS = 3
+ROUNDS = 5
 """Timed rounds of the precisions still in; each times every one in turn, so drift in the machine's
-load hits all alike."""
+load hits all alike. Five, so that the slowest round's speed-up is a 97% lower bound of the median
+one (`lower_bound`)."""
 STEPS_PER_ROUND = 3
 """Optimizer steps per precision and round; a precision's time is its median round's, per step."""
 SPEED_MARGIN = 1.05
-"""A reduced precision is picked only when at least this many times as fast as FP32: within 5% the
-measurement cannot tell them apart, and FP32 is the safer of two equals."""
+"""A reduced precision is picked only when the lower bound of its speed-up (`lower_bound`) is at
+least this: within 5% the measurement cannot tell them apart, and FP32 is the safer of two equals."""
 CPU_FLAGS_OF_INTEREST = ("avx2", "avx512f", "avx512_bf16", "avx512_fp16", "amx_bf16", "amx_tile", "f16c")
 
 THRESHOLDS = GuardThresholds()
@@ -155,15 +155,16 @@ def time_step(mode: PrecisionMode, run: Callable[[], None], steps: int, device: 
 def measure(
     runs: Mapping[PrecisionMode, Callable[[int], None]], losses: Mapping[PrecisionMode, Callable[[], float]],
     device: Union[str, torch.device],
-) -> tuple[dict[str, float], dict[str, float], dict[str, str]]:
+) -> tuple[dict[str, float], dict[str, float], dict[str, str], dict[str, list[float]]]:
     """Time ``runs[mode](n)`` (n optimizer steps of that precision's copy):
     `WARMUP_STEPS` untimed, one probe step (a precision `PROBE_SLOWER` times
     slower than FP32 is out), then `ROUNDS` interleaved rounds of
     `STEPS_PER_ROUND` for the others. Returns (seconds per step, final loss,
-    failed) per precision: the losses of those still in only, all after the
+    failed, rounds) per precision: the losses of those still in only, all after the
     same steps; ``failed`` names each reduced precision whose steps raised
-    (e.g. oneDNN has no FP16 LSTM kernel on a CPU) with the error: it is out.
-    FP32's own error is raised."""
+    (e.g. oneDNN has no FP16 LSTM kernel on a CPU) with the error: it is out;
+    ``rounds`` the seconds per step of each timed round, in order (for
+    `lower_bound`). FP32's own error is raised."""
     fp32 = PrecisionMode.FP32
     failed: dict[str, str] = {}
     probe: dict[PrecisionMode, float] = {}
@@ -190,7 +191,8 @@ def measure(
             if seconds is not None:
                 rounds[m].append(seconds)
     timed = {m.value: statistics.median(rounds[m]) if rounds.get(m) else probe[m] for m in probe if m.value not in failed}
-    return timed, {m.value: losses[m]() for m in still_in if m.value not in failed}, failed
+    per_round = {m.value: list(rounds[m]) for m in still_in if m.value not in failed and rounds.get(m)}
+    return timed, {m.value: losses[m]() for m in still_in if m.value not in failed}, failed, per_round
 
 
 def loss_ratio(loss: float, fp32_loss: float, floor: float = THRESHOLDS.val_loss_floor) -> float:
@@ -217,28 +219,50 @@ def speeds(seconds: Mapping[str, float]) -> dict[str, float]:
     return {m: fp32 / s if s > 0 else math.inf for m, s in seconds.items()}
 
 
+def lower_bound(rounds: Mapping[str, list[float]]) -> dict[str, float]:
+    """Each precision's speed-up against FP32 at its worst round: the rounds
+    are interleaved, so round ``i`` of a precision and round ``i`` of FP32 ran
+    under the same load and their ratio is one paired sample; the smallest of
+    `ROUNDS` samples lies below their median with probability ``1 - 0.5**ROUNDS``
+    (97% for 5), with no assumption on how the load is distributed (an order
+    statistic; a bootstrap of 5 samples would claim more than they hold).
+    A precision with fewer rounds than FP32 pairs only what it has; one
+    without rounds (out at the probe) is absent."""
+    fp32 = rounds.get(PrecisionMode.FP32.value) or []
+    out: dict[str, float] = {}
+    for m, times in rounds.items():
+        pairs = [f / t if t > 0 else math.inf for f, t in zip(fp32, times)]
+        if pairs:
+            out[m] = min(pairs)
+    return out
+
+
 def decide(
     seconds: Mapping[str, float], ratios: Mapping[str, float], *, limit: float = THRESHOLDS.canary_val_loss_ratio,
-    margin: float = SPEED_MARGIN, errors: Optional[Mapping[str, str]] = None,
+    margin: float = SPEED_MARGIN, errors: Optional[Mapping[str, str]] = None, low: Optional[Mapping[str, float]] = None,
 ) -> tuple[str, str, dict[str, bool]]:
-    """(precision, reason, passed): the fastest precision whose loss ratio is
-    at most ``limit``, when at least ``margin`` times as fast as FP32; else
-    FP32. A precision without a ratio (out on speed at the probe) does not
-    pass; ``errors`` (precisions that could not run, with why) go into the reason."""
+    """(precision, reason, passed): among the precisions whose loss ratio is
+    at most ``limit`` and whose speed-up's lower bound (``low``, `lower_bound`;
+    the median speed-up where ``low`` has none) is at least ``margin``, the
+    fastest by median; else FP32. A precision without a ratio (out on speed at
+    the probe) does not pass; ``errors`` (precisions that could not run, with
+    why) go into the reason."""
     fp32 = PrecisionMode.FP32.value
     passed = {m: m == fp32 or passes(ratios.get(m), limit) for m in seconds}
     speed = speeds(seconds)
-    figures = ", ".join(f"{m} {speed[m]:.2f}x" for m in seconds if m != fp32)
+    bound = {m: (low or {}).get(m, speed[m]) for m in seconds}
+    figures = ", ".join(f"{m} {speed[m]:.2f}x (at worst {bound[m]:.2f}x)" for m in seconds if m != fp32)
     reduced = [m for m in seconds if m != fp32 and passed[m]]
     failing = [f"{m} (loss {ratios[m]:.3g}x fp32, over {limit})" for m in seconds if m != fp32 and m in ratios and not passed[m]]
     failed_text = f"; failed the FP32 check: {', '.join(failing)}" if failing else ""
     failed_text += "".join(f"; {m} could not run ({why})" for m, why in (errors or {}).items())
     if not reduced:
         return fp32, f"measured here: {figures or 'only fp32 runs'} fp32{failed_text}: fp32", passed
-    best = min(reduced, key=lambda m: seconds[m])
-    if speed[best] >= margin:
+    clear = [m for m in reduced if bound[m] >= margin]
+    if clear:
+        best = min(clear, key=lambda m: seconds[m])
         return best, f"measured here: {figures} fp32{failed_text}: {best} is the fastest that passes", passed
-    return fp32, f"measured here: {figures} fp32{failed_text}: none at least {margin:.2f}x fp32, so fp32", passed
+    return fp32, f"measured here: {figures} fp32{failed_text}: none at least {margin:.2f}x fp32 in every round, so fp32", passed
 
 
 @dataclass(frozen=True)
@@ -254,6 +278,8 @@ class Calibration:
     """Median seconds per optimizer step, per precision timed."""
     speed: dict[str, float]
     """FP32's seconds over each precision's (above 1: faster than FP32)."""
+    speed_low: dict[str, float]
+    """The lower bound of each speed-up (`lower_bound`: the worst paired round); what `decide` compares with the margin."""
     loss_ratio: dict[str, Optional[float]]
     """Each precision's loss after the calibration steps against FP32's (`loss_ratio`; inf when
     not finite); None for one out on speed at the probe (not checked)."""
@@ -270,7 +296,7 @@ class Calibration:
     def as_record(self) -> dict[str, Any]:
         """Plain JSON data (a non-finite number as the string ``inf``)."""
         record = asdict(self)
-        for name in ("seconds", "speed", "loss_ratio"):
+        for name in ("seconds", "speed", "speed_low", "loss_ratio"):
             record[name] = {m: (_INF if v is not None and not math.isfinite(v) else v) for m, v in record[name].items()}
         return record
 
@@ -282,7 +308,7 @@ class Calibration:
             return None
         try:
             values = dict(record)
-            for name in ("seconds", "speed", "loss_ratio"):
+            for name in ("seconds", "speed", "speed_low", "loss_ratio"):
                 values[name] = {str(k): _number(v, name == "loss_ratio") for k, v in dict(record[name]).items()}
             values["passed"] = {str(k): bool(v) for k, v in dict(record["passed"]).items()}
             values["failed"] = {str(k): str(v) for k, v in dict(record["failed"]).items()}
@@ -296,15 +322,18 @@ class Calibration:
 
 def measured(
     key: str, described: dict[str, Any], seconds: dict[str, float], losses: dict[str, float], cost_s: float, steps: int,
-    failed: Optional[dict[str, str]] = None,
+    failed: Optional[dict[str, str]] = None, rounds: Optional[Mapping[str, list[float]]] = None,
 ) -> Calibration:
-    """The `Calibration` of a measurement (`measure`): per-step seconds, and
-    final losses for the precisions not out on speed."""
+    """The `Calibration` of a measurement (`measure`): per-step seconds, final
+    losses for the precisions not out on speed, and each round's seconds."""
     fp32 = PrecisionMode.FP32.value
     ratios = {m: loss_ratio(loss, losses[fp32]) for m, loss in losses.items()}
-    precision, reason, passed = decide(seconds, ratios, errors=failed)
+    low = lower_bound(rounds or {})
+    precision, reason, passed = decide(seconds, ratios, errors=failed, low=low)
+    speed = speeds(seconds)
     return Calibration(
-        key=key, workload=described, precision=precision, reason=reason, seconds=dict(seconds), speed=speeds(seconds),
+        key=key, workload=described, precision=precision, reason=reason, seconds=dict(seconds), speed=speed,
+        speed_low={m: low.get(m, speed[m]) for m in seconds},
         loss_ratio={m: ratios.get(m) for m in seconds}, passed=passed, failed=dict(failed or {}), cost_s=float(cost_s), steps=int(steps),
         at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
     )

@@ -103,25 +103,26 @@ def doctor(
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of tables."),
     recalibrate: bool = typer.Option(
         False, "--recalibrate",
-        help="Forget auto's measured decisions (the rollout ledger's calibrations): each workload is measured again on its next run.",
+        help="Forget auto's measured decisions (the host-level precision cache, GENESIS_FP16_PRECISION_CACHE): each workload is measured again on its next run.",
     ),
 ) -> None:
-    """Torch version, devices, what each supports, what `auto` picks and why (its measured decisions too), and the settings in effect."""
+    """Torch version, devices, what each supports, what `auto` decided per measured workload and why, and the settings in effect.
+
+    One story: a device with measured workloads shows what each measurement decided (and why);
+    the flag rule is shown, as "rule (not measured)", only for a device where nothing was measured."""
     settings = load_settings_or_exit(check_names=False)  # doctor lists the valid names: a misspelled one must not stop it
     unknown = unknown_settings()
     import torch
 
+    from .autotune import PrecisionCache
     from .precision import MODES, capability_report, cpu_flags, cpu_has_fast_bf16, cpu_has_native_bf16
-    from .rollout import LEDGER_FILE, RolloutLedger
 
-    ledger_path = settings.state_dir / LEDGER_FILE
-    cleared = None
-    if recalibrate:
-        cleared = RolloutLedger(ledger_path).clear_calibrations() if ledger_path.is_file() else 0
-    calibrations = RolloutLedger(ledger_path).calibrations() if ledger_path.is_file() else []
+    cache = PrecisionCache.from_settings(settings)
+    cleared = cache.clear() if recalibrate else None
+    calibrations = [c.as_record() for c in cache.all()]
 
     devices = ["cpu"] + [f"cuda:{i}" for i in range(torch.cuda.device_count())]
-    reports = [capability_report(d) for d in devices]
+    reports = [_one_story(capability_report(d), calibrations) for d in devices]
     primary = reports[-1] if len(reports) > 1 else reports[0]
     interesting = sorted(f for f in cpu_flags() if f in {"avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile", "avx512_fp16", "f16c"})
     data = {
@@ -138,6 +139,9 @@ def doctor(
         "auto_precision": primary["auto_precision"],
         "auto_reason": primary["auto_reason"],
         "auto_decides_by": settings.auto_precision.value,
+        "precision_cache": str(cache.path),
+        "decisions": [{"workload": _workload_text(rec), "device": (rec.get("workload") or {}).get("device"), "precision": rec.get("precision"),
+                       "source": "cached", "reason": rec.get("reason")} for rec in calibrations],
         "calibrations": calibrations,
         "calibrations_cleared": cleared,
         "settings": json.loads(settings.model_dump_json()),
@@ -153,18 +157,17 @@ def doctor(
         table.add_column(col)
     for rep in reports:
         sup = rep["support"]
-        table.add_row(*safe_cells(rep["device"], rep["name"], *(sup[m] for m in modes), rep["auto_precision"]))
+        table.add_row(*safe_cells(rep["device"], rep["name"], *(sup[m] for m in modes), rep["auto"]))
     out.print(table)
-    if settings.auto_precision.value == "measure":
-        out.print(safe_text(
-            "auto measures each workload the first time a trainer meets it (GENESIS_FP16_AUTO_PRECISION=measure); "
-            f"where it cannot, the flag rule picks {data['auto_precision']} on {data['auto_device']}: {data['auto_reason']}"
-        ))
-    else:
-        out.print(Text.assemble("auto picks ", safe_text(data["auto_precision"], "bold"), " on ", safe_text(f"{data['auto_device']}: {data['auto_reason']}")))
     if cleared is not None:
         out.print(safe_text(f"recalibrate: forgot {cleared} measured decision(s); each workload is measured again on its next run"))
-    out.print(_calibration_table(calibrations))
+    if calibrations:
+        out.print(_calibration_table(calibrations, cache.path))
+    else:
+        out.print(safe_text(
+            f"nothing measured on this host yet ({cache.path}); auto {'measures each workload the first time it trains' if settings.auto_precision.value == 'measure' else 'follows the flag rule (GENESIS_FP16_AUTO_PRECISION=rule)'}; "
+            f"until then: {data['auto_precision']} on {data['auto_device']}, rule (not measured): {data['auto_reason']}"
+        ))
     out.print(safe_text(f"CPU flags: {', '.join(interesting) or 'none of interest'}"))
     st = Table(title="settings in effect")
     st.add_column("variable")
@@ -177,19 +180,47 @@ def doctor(
         console.print(Text.assemble(("warning:", "yellow"), " ", safe_text(problem)), highlight=False)
 
 
-def _calibration_table(calibrations: list[dict[str, Any]]) -> Table:
-    table = Table(title=f"auto's measured decisions ({len(calibrations)}; `doctor --recalibrate` forgets them)")
-    for col in ("when", "workload", "device", "speed vs fp32", "loss vs fp32", "verdict", "cost s"):
+def _workload_text(rec: dict[str, Any]) -> str:
+    work = rec.get("workload") or {}
+    return f"{work.get('model')} {work.get('parameters')} params, {work.get('optimizer')}, batch {json.dumps(work.get('batch'))}"
+
+
+def _one_story(report: dict[str, Any], calibrations: list[dict[str, Any]]) -> dict[str, Any]:
+    """A device's row, told alike with the measurements: where a workload was
+    measured on this device type, the flag rule's ``slow`` and ``auto`` give
+    way to the measured decisions (listed below the table); elsewhere the
+    rule is shown as such, "rule (not measured)"."""
+    kind = report["device"].split(":")[0]
+    measured = [rec for rec in calibrations if (rec.get("workload") or {}).get("device") == kind]
+    report = dict(report, measured=len(measured))
+    if measured:
+        picks = sorted({str(rec.get("precision")) for rec in measured})
+        report["support"] = {m: ("runs" if v != "none" else v) for m, v in report["support"].items()}
+        report["auto"] = f"measured: {', '.join(picks)} (per workload, below)"
+    else:
+        report["support"] = {m: (f"{v} (rule, not measured)" if v == "slow" else v) for m, v in report["support"].items()}
+        report["auto"] = f"{report['auto_precision']}: rule (not measured)"
+    return report
+
+
+def _calibration_table(calibrations: list[dict[str, Any]], where: Any) -> Table:
+    table = Table(title=f"auto's measured decisions ({len(calibrations)}, {where}; `doctor --recalibrate` forgets them)")
+    for col in ("when", "workload", "device", "speed vs fp32 (at worst)", "loss vs fp32", "decision", "why", "cost s"):
         table.add_column(col)
     for rec in calibrations:
         work = rec.get("workload") or {}
-        speed = ", ".join(f"{m} {v:.2f}x" if isinstance(v, (int, float)) else f"{m} -" for m, v in (rec.get("speed") or {}).items() if m != "fp32")
+        low = rec.get("speed_low") or {}
+        speed = ", ".join(
+            f"{m} {v:.2f}x ({float(low.get(m, v)):.2f}x)" if isinstance(v, (int, float)) else f"{m} -" for m, v in (rec.get("speed") or {}).items() if m != "fp32"
+        )
         ratio = ", ".join(f"{m} {v:.3f}" if isinstance(v, (int, float)) else f"{m} inf" for m, v in (rec.get("loss_ratio") or {}).items() if m != "fp32")
-        what = f"{work.get('model')} {work.get('parameters')} params, {work.get('optimizer')}, batch {json.dumps(work.get('batch'))}"
         where = f"{work.get('device_name')} ({work.get('threads')} threads)"
         cost = rec.get("cost_s")
+        reason = str(rec.get("reason") or "")
+        why = reason.rsplit(": ", 1)[-1] if ": " in reason else reason
         table.add_row(*safe_cells(
-            rec.get("at"), what, where, speed or "-", ratio or "-", rec.get("precision"), f"{cost:.3f}" if isinstance(cost, (int, float)) else "-",
+            rec.get("at"), _workload_text(rec), where, speed or "-", ratio or "-", rec.get("precision"), why,
+            f"{cost:.3f}" if isinstance(cost, (int, float)) else "-",
         ))
     return table
 

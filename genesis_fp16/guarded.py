@@ -17,136 +17,50 @@ on. The caller keeps its batches, its loss and its validation:
 * ``run(batches, loss_fn, val_fn)``: both together.
 
 ``infrastructure.WorldModel``, PPO's guard and the drill train through it.
+The precision is decided before the trainer is built (``registry.resolve_trainer``,
+`genesis_fp16.decision`): pass ``sample=(batch, loss_fn)`` for a measured
+``auto``; ``decision`` is the trainer's. The guard's contract (`Guard`,
+`GuardVerdict`, `CallReport`, ``guard=``) is `genesis_fp16.guarded_contract`.
 """
 
 from __future__ import annotations
 
-import enum
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable, Optional, Protocol, Union
+from typing import Any, Callable, Iterable, Optional, Union
 
 import torch
 
 from . import registry
 from .canary import CANARY_SUFFIX, SHADOW_SUFFIX, fp32_reference
-from .guard import RollbackGuard
+from .decision import PrecisionDecision
+from .guarded_contract import (
+    DEFAULT_GUARD,
+    UNGUARDED,
+    CallReport,
+    Guard,
+    GuardChoice,
+    GuardVerdict,
+    LoadFn,
+    LossFn,
+    QualityLedger,
+    Reference,
+    SaveFn,
+    ValFn,
+    resolve_guard,
+)
 from .names import check_agent_name
 from .policy import EffectivePolicy, resolve_policy
+from .registry import Sample
 from .rollout import RolloutLedger, Stage
 from .settings import Settings, load_settings
 from .telemetry import get_logger
 from .trainer import FP16Trainer
 
-LossFn = Callable[[torch.nn.Module, Any], torch.Tensor]
-ValFn = Callable[[torch.nn.Module, FP16Trainer], float]
-"""``val_fn(model, trainer) -> validation loss``, under ``trainer.autocast()`` (the reference's is FP32)."""
-SaveFn = Callable[[Path], Path]
-LoadFn = Callable[[FP16Trainer, Path], Any]
-
-
-class GuardChoice(enum.Enum):
-    """``guard=`` without a guard object: the agent's own `RollbackGuard`
-    (``DEFAULT_GUARD``, the default) or none, said explicitly (``UNGUARDED``)."""
-
-    DEFAULT = "default"
-    UNGUARDED = "unguarded"
-
-
-DEFAULT_GUARD = GuardChoice.DEFAULT
-"""The default ``guard=``: ``RollbackGuard(agent)`` with the agent's thresholds."""
-UNGUARDED = GuardChoice.UNGUARDED
-"""Pass as ``guard=`` to train without a rollback guard (no rollback, no canary, no good checkpoints)."""
-
-
-class GuardVerdict(Protocol):
-    """A guard's decision (`genesis_fp16.guard.GuardDecision`)."""
-
-    severity: Optional[str]
-    action: str  # "none", "warn" or "rollback"
-    reason: str
-
-    def as_dict(self) -> dict[str, Any]: ...
-
-
-class QualityLedger(Protocol):
-    """Where reference measurements go (`genesis_fp16.rollout.RolloutLedger`)."""
-
-    def record_shadow_gap(self, agent: str, val_loss: float, fp32_val_loss: float, precision: str) -> object: ...
-
-    def record_quality_check(
-        self, agent: str, kind: str, metrics: dict[str, Any], precision: Optional[str] = None, alarm: Optional[bool] = None
-    ) -> object: ...
-
-
-class Guard(Protocol):
-    """What `GuardedTraining` needs of a rollback guard (`RollbackGuard` is the real one)."""
-
-    tripped: Optional[GuardVerdict]
-    ledger: QualityLedger
-
-    @property
-    def canary_every(self) -> int: ...
-
-    def canary_due(self) -> bool: ...
-
-    @property
-    def last_good_checkpoint(self) -> Union[str, Path, None]: ...
-
-    def attach(self, trainer: FP16Trainer) -> None: ...
-
-    def check(
-        self, trainer: FP16Trainer, *, val_loss: Optional[float] = None, fp32_val_loss: Optional[float] = None, reference: str = "shadow"
-    ) -> GuardVerdict: ...
-
-    def check_policy_canary(
-        self, trainer: Optional[FP16Trainer] = None, *, kl: float, max_logp_delta: float, max_value_delta: float
-    ) -> GuardVerdict: ...
-
-    def recover(self, build: Callable[[], FP16Trainer], load: Optional[LoadFn] = None) -> tuple[FP16Trainer, Optional[Path]]: ...
-
-    def record_good_checkpoint(self, path: Union[str, Path]) -> None: ...
-
-    def reset(self) -> None: ...
-
-
-@dataclass
-class Reference:
-    """An FP32 copy trained beside the reduced-precision model on the same batches."""
-
-    kind: str
-    """``shadow`` (kept for the rollout stage) or ``canary`` (fresh from the current weights, for one call)."""
-    model: torch.nn.Module
-    trainer: FP16Trainer
-
-
-@dataclass
-class CallReport:
-    """What one training call (``begin_call`` ... ``finish_call``) did."""
-
-    precision: str
-    """The precision that runs after the call (``fp32`` after a rollback)."""
-    val_loss: Optional[float] = None
-    """The validation loss of the weights in use after the call (the restored ones after a rollback); None without ``val_fn``."""
-    fp32_val_loss: Optional[float] = None
-    """The FP32 reference's validation loss; None when no reference trained this call."""
-    gap: Optional[float] = None
-    """``(val_loss - fp32_val_loss) / fp32_val_loss``; None when undefined."""
-    reference: Optional[str] = None
-    """Where ``fp32_val_loss`` comes from: ``shadow``, ``canary`` or None."""
-    canary_due: bool = False
-    """Whether this call was a canary call (every ``guard.canary_every``-th reduced-precision call)."""
-    rolled_back: bool = False
-    rollback_reason: Optional[str] = None
-    """``"<severity>: <reason>"`` of the first rollback in the call."""
-    restored: Optional[str] = None
-    """The checkpoint the rollback restored."""
-    decision: Optional[GuardVerdict] = None
-    """The guard's judgement at the end of the call (None unguarded)."""
-    skipped_steps: int = 0
-    """Steps skipped during the call, over every trainer it used."""
-    events: list[str] = field(default_factory=list)
-    """What happened, in words (``restored <path>``, ``rolled back to fp32: ...``)."""
+__all__ = [
+    "DEFAULT_GUARD", "UNGUARDED", "CallReport", "Guard", "GuardChoice", "GuardVerdict", "GuardedTraining", "LoadFn", "LossFn",
+    "QualityLedger", "Reference", "SaveFn", "Sample", "ValFn", "resolve_guard",
+]
 
 
 @dataclass
@@ -161,22 +75,6 @@ class _Call:
 def _restore_weights(trainer: FP16Trainer, path: Path) -> None:
     # the run goes on with its own randomness, not the checkpoint's
     trainer.load_checkpoint(path, restore_rng=False)
-
-
-def resolve_guard(owner: str, agent: str, guard: Union[Guard, GuardChoice], settings: Settings) -> Optional[Guard]:
-    """The guard a ``guard=`` argument means: left out (`DEFAULT_GUARD`), the
-    agent's own `RollbackGuard`; `UNGUARDED`, none; a guard, itself. ``None``
-    is refused, so that "no guard" is always said out loud."""
-    if guard is UNGUARDED:
-        return None
-    if guard is DEFAULT_GUARD:
-        return RollbackGuard(agent, settings=settings)
-    if guard is None:
-        raise TypeError(
-            f"{owner}: guard=None; expected a RollbackGuard, nothing (the agent's own "
-            "RollbackGuard) or guard=UNGUARDED to train without one"
-        )
-    return guard
 
 
 class GuardedTraining:
@@ -213,10 +111,15 @@ class GuardedTraining:
             beside the model; False where ``loss_fn`` cannot train a copy
             (PPO's loss calls its own network) and the caller judges
             precision its own way (`check_policy_canary`).
+        sample: ``(batch, loss_fn)``, a batch of the workload, for a measured
+            ``auto`` (`genesis_fp16.autotune`): measured (or read from the
+            host cache) once, before the trainer is built. Without it
+            ``auto`` follows the device's flag rule, said in ``decision``.
 
     Attributes:
         trainer: the trainer in use now (a new one after a rollback or a policy change).
         policy: the `EffectivePolicy` it was built from.
+        decision: the trainer's `PrecisionDecision` (mode, source, reason).
         rollbacks: the decision of each rollback handled, oldest first.
     """
 
@@ -237,6 +140,7 @@ class GuardedTraining:
         save: Optional[SaveFn] = None,
         load: Optional[LoadFn] = None,
         fp32_reference: bool = True,
+        sample: Optional[Sample] = None,
     ) -> None:
         if checkpoint_every < 0:
             raise ValueError(f"GuardedTraining({agent!r}): checkpoint_every={checkpoint_every}; expected 0 (off) or a positive step count")
@@ -244,6 +148,9 @@ class GuardedTraining:
         self.settings = settings or load_settings()
         self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
         self.precision_arg, self.overrides = precision, overrides
+        self.sample = sample
+        self.decision: Optional[PrecisionDecision] = None
+        """The precision decision of the trainer in use (`genesis_fp16.decision`)."""
         self.guard: Optional[Guard] = resolve_guard(f"GuardedTraining({agent!r})", agent, guard, self.settings)
         self.checkpoint_every = int(checkpoint_every)
         self.fp32_reference = fp32_reference
@@ -272,8 +179,9 @@ class GuardedTraining:
     def _build(self) -> tuple[FP16Trainer, EffectivePolicy]:
         built = registry.resolve_trainer(
             self.agent, self.model, self.optimizer, scheduler=self.scheduler, settings=self.settings,
-            precision=self.precision_arg, overrides=self.overrides,
+            precision=self.precision_arg, overrides=self.overrides, sample=self.sample, decision=self.decision,
         )
+        self.decision = built.decision  # a measurement is kept for the rebuilds of the same request
         if self.guard is not None:
             self.guard.attach(built.trainer)
         return built.trainer, built.policy
@@ -354,12 +262,11 @@ class GuardedTraining:
         elif self.guard is not None:
             self.guard.reset()
         self._ensure_good_checkpoint()
-        report = CallReport(precision=self.trainer.precision.name)
+        report = CallReport(precision=self.trainer.precision.name, precision_decision=self.decision)
         self._call = _Call(skipped_from=self.trainer.skipped_steps, report=report, prepare=prepare)
         if prepare is not None:
             prepare(self.model)
-        if not self.trainer.calibration_pending:  # else the first step's `calibrate` does it
-            self._set_up_reference(self._call)
+        self._set_up_reference(self._call)
         return report
 
     def _set_up_reference(self, call: _Call) -> None:
@@ -371,21 +278,6 @@ class GuardedTraining:
             call.prepare(reference.model)
         call.reference = reference
         report.reference = reference.kind if reference is not None else None
-
-    def calibrate(self, batch: Any, loss_fn: LossFn) -> None:
-        """Decide a measured ``precision="auto"`` on ``batch`` now
-        (`FP16Trainer.calibrate`; the first `step` does it with its own batch),
-        then what a reduced precision needs: a good checkpoint of this run's
-        own, and the call's FP32 reference. A caller whose training loss calls
-        another network than the one it is given (PPO) calls this first with a
-        loss that uses it."""
-        if not self.trainer.calibration_pending:
-            return
-        self.trainer.calibrate(batch, loss_fn)
-        self.policy.running = self.trainer.precision.name
-        self._ensure_good_checkpoint()
-        if self._call is not None:
-            self._set_up_reference(self._call)
 
     def _reference(self, canary: bool) -> Optional[Reference]:
         stage = self.policy.stage
@@ -407,7 +299,6 @@ class GuardedTraining:
         The loss is kept in ``last_loss``. Returns False when the step was
         skipped. A P0 trip is rolled back before this returns; later steps
         train the restored weights (in FP32) and count."""
-        self.calibrate(batch, loss_fn)
         self._ensure_good_checkpoint()
         trainer = self.trainer
         before = trainer.training_steps
@@ -462,6 +353,7 @@ class GuardedTraining:
                 if val_fn is not None:
                     report.val_loss = val_fn(self.model, self.trainer)  # the restored weights'
         report.precision = self.trainer.precision.name
+        report.precision_decision = self.decision
         report.skipped_steps = call.skipped_before + self.trainer.skipped_steps - call.skipped_from
         self._call = None
         return report

@@ -18,12 +18,13 @@ from dataclasses import dataclass
 from importlib import metadata
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
-from .settings import DistributedWrap, Settings, load_settings
+from .settings import AutoPrecision, DistributedWrap, PrecisionMode, Settings, load_settings
 from .telemetry import get_logger
 
 if TYPE_CHECKING:  # imported where used: `genesis-fp16 trainers` lists this registry and must not import torch
     import torch
 
+    from .decision import PrecisionDecision
     from .policy import EffectivePolicy
     from .trainer import FP16Trainer, FP16TrainingConfig
 
@@ -173,12 +174,59 @@ def create_trainer(
 
 @dataclass(frozen=True)
 class ResolvedTrainer:
-    """A trainer built for an agent and the policy it was built from."""
+    """A trainer built for an agent, the policy it was built from and its precision decision."""
 
     trainer: FP16Trainer
     """The trainer, built by the registry entry the settings name (``auto``, ``ddp``, ``fsdp``)."""
     policy: EffectivePolicy
     """What settings, profile, explicit arguments, ledger and kill switch resolved to; ``running`` is what runs."""
+    decision: PrecisionDecision
+    """What the trainer trains in, where that came from and why (`genesis_fp16.decision`)."""
+
+
+Sample = tuple[Any, Callable[..., Any]]
+"""``(batch, loss_fn)``: a batch of the workload and its loss, for a measured ``auto``."""
+
+
+def decide_for(
+    agent: str,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    policy: EffectivePolicy,
+    settings: Settings,
+    *,
+    sample: Optional[Sample] = None,
+    measures: bool = True,
+) -> PrecisionDecision:
+    """The precision decision for ``agent``'s trainer, before it is built: a
+    measured ``auto`` when the policy asks for ``auto``, the settings say
+    ``measure``, the trainer class may measure (``measures``) and a ``sample``
+    batch is given (`autotune.measured_auto`: the host cache, else a
+    measurement); a named precision looks the host cache up only (a
+    measurement says whether it is slow here); else the flag rule."""
+    import torch
+
+    from . import autotune
+    from .decision import decide_precision
+
+    device = torch.device(policy.config.device) if policy.config.device else next(
+        (p.device for p in model.parameters()), torch.device("cpu"))
+    requested = policy.config.requested_precision
+    measured, cached, why = None, False, ""
+    if requested == PrecisionMode.AUTO:
+        if settings.auto_precision != AutoPrecision.MEASURE:
+            why = "GENESIS_FP16_AUTO_PRECISION=rule"
+        elif not measures:
+            why = "the distributed trainers keep the flag rule, so that every rank decides alike"
+        elif sample is None:
+            why = "no sample batch was given to measure on"
+        else:
+            found = autotune.measured_auto(model, optimizer, sample[0], sample[1], device=device, settings=settings,
+                                           config=policy.config, name=agent)
+            measured, cached, why = found.calibration, found.cached, found.why
+    elif requested != PrecisionMode.FP32 and sample is not None:
+        measured = autotune.cached_calibration(model, optimizer, sample[0], device, settings)
+    return decide_precision(agent, device, settings=settings, policy=policy, measured=measured, cached=cached, unmeasured=why)
 
 
 def resolve_trainer(
@@ -190,26 +238,36 @@ def resolve_trainer(
     settings: Optional[Settings] = None,
     precision: Optional[str] = None,
     overrides: Optional[dict[str, Any]] = None,
+    sample: Optional[Sample] = None,
+    decision: Optional[PrecisionDecision] = None,
     **kwargs: Any,
 ) -> ResolvedTrainer:
-    """The trainer ``agent`` should use now and its `EffectivePolicy`: global
-    settings, then its profile, then explicit arguments, then the rollout
-    ledger and the kill switch."""
+    """The trainer ``agent`` should use now, its `EffectivePolicy` and its
+    `PrecisionDecision`: global settings, then its profile, then explicit
+    arguments, then the rollout ledger and the kill switch, decided once
+    (`decide_for`; ``sample`` lets ``auto`` measure; a ``decision`` made
+    earlier for the same policy is reused) before the trainer is built."""
     from .policy import resolve_policy
 
     settings = settings or load_settings()
     policy = resolve_policy(agent, settings, precision=precision, overrides=overrides)
     name = "auto" if settings.distributed == DistributedWrap.NONE else settings.distributed.value
     kwargs.setdefault("name", agent)
-    if get(name).source == "builtin" and name == "auto":
-        kwargs.setdefault("settings", settings)  # where a measured auto keeps its calibrations
-    trainer = create_trainer(name, model, optimizer, policy.config, scheduler, **kwargs)
-    # what runs: auto resolved for the device, or a fallback; a measured auto is known after its first batch
-    policy.running = None if trainer.calibration_pending else trainer.precision.name
+    spec = get(name)
+    measures = name == "auto" and spec.source == "builtin"
+    if decision is None or decision.requested != policy.config.requested_precision:
+        decision = decide_for(agent, model, optimizer, policy, settings, sample=sample, measures=measures)
+    config = policy.config
+    if spec.source == "builtin":
+        kwargs["decision"] = decision
+    else:  # a plugin's factory gets the decided mode by name
+        config = dataclasses.replace(config, precision=decision.mode.value, enabled=decision.mode != PrecisionMode.FP32)
+    trainer = create_trainer(name, model, optimizer, config, scheduler, **kwargs)
+    policy.running = trainer.precision.name
     get_logger("genesis_fp16.registry").debug(
-        "registry.trainer_resolved", agent=agent, trainer=name, precision=policy.precision, reason=policy.reason
+        "registry.trainer_resolved", agent=agent, trainer=name, precision=policy.precision, reason=decision.line()
     )
-    return ResolvedTrainer(trainer, policy)
+    return ResolvedTrainer(trainer, policy, decision)
 
 
 def trainer_for(

@@ -246,6 +246,12 @@ class Settings(PrecisionConfig, BaseSettings):
         "copies of the model and optimizer, the first time a trainer meets a workload; cached in the rollout ledger, "
         "`genesis-fp16 doctor` lists the decisions) or rule (CPU flags and device type only).",
     )
+    # -- issue 37 (precision decided once): the host-level cache of measured auto decisions --
+    precision_cache: Path = Field(
+        default_factory=lambda: Path.home() / ".cache" / "genesis-fp16" / "precision.json",
+        description="Where precision=auto keeps its measured decisions per host and workload (a JSON file every "
+        "state dir shares, so a fresh state dir reuses them); `genesis-fp16 doctor --recalibrate` forgets them.",
+    )
     distributed: DistributedWrap = Field(
         DistributedWrap.NONE, description="none|ddp|fsdp: how trainers wrap models under torchrun."
     )

@@ -7,11 +7,17 @@ examples", gradient clipping and accumulation sections): ``backward(loss/N)``
 per micro-step (FP16: ``scaler.scale(loss/N).backward()``), then once per
 optimizer step ``unscale_`` -> ``clip_grad_norm_`` -> ``optimizer_step``
 (FP16: ``scaler.step`` -> ``scaler.update``).
+
+The precision is decided before the trainer exists (`genesis_fp16.decision`):
+the trainer takes a `PrecisionDecision` and runs its mode's plugin; it never
+reads settings or the ledger, never measures and never swaps its plugin
+(except `cast_model_to_fp16`, asked for by name). Without a decision, the
+config alone decides (`decision.decide`: ``auto`` by the device's flag rule).
+Checkpoint save and restore live in `genesis_fp16.restore`.
 """
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import time
 from collections.abc import Mapping
@@ -20,15 +26,16 @@ from typing import Any, Callable, ClassVar, ContextManager, Iterator, Optional, 
 
 import torch
 
-from . import calibration as cal
 from . import checkpoint as ckpt
+from . import restore
 from .config import FP16TrainingConfig
-from .precision import MODES, Precision, capability, resolve_precision
-from .rollout import LedgerError, RolloutLedger
-from .settings import AutoPrecision, PrecisionMode, Settings, load_settings
+from .decision import PrecisionDecision, decide
+from .precision import MODES, Precision
+from .restore import CHECKPOINT_WARNING_EVENT, ExtraCheck
+from .settings import PrecisionMode
 from .telemetry import EventListener, get_logger
 
-CHECKPOINT_WARNING_EVENT = "checkpoint.fresh_scaler"
+__all__ = ["CHECKPOINT_WARNING_EVENT", "ExtraCheck", "FP16Trainer", "FP16TrainingConfig"]
 
 
 def _infer_device(model: torch.nn.Module) -> torch.device:
@@ -46,9 +53,10 @@ class FP16Trainer:
 
     precision_plugins: ClassVar[Mapping[PrecisionMode, type[Precision]]] = MODES
     measures_auto: ClassVar[bool] = True
-    """Whether ``precision="auto"`` may be decided by measuring the first batch
-    (`genesis_fp16.calibration`); the distributed trainers keep the flag rule,
-    so that every rank decides alike without a collective."""
+    """Whether ``precision="auto"`` may be decided by a measurement (`genesis_fp16.autotune`)
+    for this class: False for the distributed trainers, which keep the flag rule so that every
+    rank decides alike without a collective (the registry measures only for its single-process
+    ``auto`` entry, `registry.resolve_trainer`)."""
 
     def __init__(
         self,
@@ -59,7 +67,7 @@ class FP16Trainer:
         *,
         name: str = "trainer",
         listeners: Optional[list[EventListener]] = None,
-        settings: Optional[Settings] = None,
+        decision: Optional[PrecisionDecision] = None,
     ) -> None:
         # the caller's config is never mutated
         self.config = dataclasses.replace(config) if config is not None else FP16TrainingConfig()
@@ -67,28 +75,12 @@ class FP16Trainer:
         self.optimizer = optimizer
         self.scheduler = scheduler
         self.name = name
-        self.settings = settings
-        """Where ``auto`` reads how to decide and keeps its calibrations (None: ``load_settings()`` when needed)."""
         self.device = torch.device(self.config.device) if self.config.device else _infer_device(model)
         self.listeners: list[EventListener] = list(listeners or [])
         self._log = get_logger("genesis_fp16.trainer", trainer=name)
-        self.calibration: Optional[cal.Calibration] = None
-        """The measurement ``auto`` decided by (measured now or cached); None before, or when the rule decided."""
-        self.auto_reason: Optional[str] = None
-        """Why ``auto`` runs what it runs, once decided; None when a precision was asked for by name."""
-        self._pending_scaler: Optional[dict[str, Any]] = None
-        self._auto_pending = self.config.requested_precision == PrecisionMode.AUTO and self._auto_measures()
-        if self._auto_pending:
-            # nothing runs in it: the first training_step measures and replaces it (`calibrate`)
-            self.precision: Precision = self.precision_plugins[PrecisionMode.FP32](self.device, self.config.scaler_options())
-        else:
-            self.precision = resolve_precision(
-                self.config.requested_precision,
-                self.device,
-                self.config.on_unsupported,
-                self.config.scaler_options(),
-                plugins=self.precision_plugins,
-            )
+        self.decision: PrecisionDecision = decision if decision is not None else decide(self.config, self.device)
+        """What this trainer trains in, where that came from and why (`genesis_fp16.decision`)."""
+        self.precision: Precision = self.precision_plugins[self.decision.mode](self.device, self.config.scaler_options())
         self.model = self.precision.convert_module(model)  # fp16-true casts the weights; others return it as is
         self.training_steps = 0  # optimizer steps attempted (skipped ones included)
         self.overflow_steps = 0
@@ -99,6 +91,16 @@ class FP16Trainer:
         self._micro_in_window = 0
         self._started = time.perf_counter()
         self._last_scale = self.precision.scale
+
+    @property
+    def calibration(self) -> Any:
+        """The measurement the decision rests on (`decision.calibration`); None when none does."""
+        return self.decision.calibration
+
+    @property
+    def auto_reason(self) -> Optional[str]:
+        """Why ``auto`` runs what it runs; None when a precision was asked for by name."""
+        return self.decision.reason if self.decision.requested == PrecisionMode.AUTO else None
 
     # -- events ------------------------------------------------------------
     def add_listener(self, listener: EventListener) -> None:
@@ -137,134 +139,11 @@ class FP16Trainer:
 
     def autocast(self) -> ContextManager[Any]:
         """The forward context of this trainer's precision (null for FP32)."""
-        if self._auto_pending:
-            self._decide_by_rule("autocast() was entered before any training_step, so there was no batch to measure on")
         return self.precision.forward_context()
-
-    # -- precision=auto by measurement --------------------------------------------
-    def _auto_measures(self) -> bool:
-        if not self.measures_auto:
-            return False
-        settings = self.settings or load_settings(check_names=False)
-        return settings.auto_precision == AutoPrecision.MEASURE
-
-    @property
-    def calibration_pending(self) -> bool:
-        """Whether ``precision="auto"`` waits for the first batch to be measured on."""
-        return self._auto_pending
-
-    def calibrate(self, batch: Any, compute_loss_fn: Callable[[torch.nn.Module, Any], torch.Tensor]) -> Optional[cal.Calibration]:
-        """Decide ``precision="auto"`` on ``batch``, once (`training_step` calls it
-        on its first batch): the ledger's decision for this workload if there is
-        one, else a calibration on copies of the model and optimizer (this
-        model, its optimizer and the RNGs are left as they were), recorded in
-        the ledger. Returns the calibration used; None when the flag rule
-        decided because the workload cannot be measured (logged with the reason)."""
-        if not self._auto_pending:
-            return self.calibration
-        settings = self.settings or load_settings(check_names=False)
-        key = cal.workload_key(cal.workload(self.model, self.optimizer, batch, self.device))
-        ledger = RolloutLedger.from_settings(settings)
-        result, source = self._cached(ledger, key), "cached"
-        if result is None:
-            try:
-                result, source = self.measure_auto(batch, compute_loss_fn), "measured"
-            except cal.CalibrationUnavailable as exc:
-                self._decide_by_rule(str(exc))
-                return None
-            try:
-                ledger.record_calibration(result.as_record())
-            except LedgerError as exc:  # the decision stands for this trainer; the next one measures again
-                self._emit("precision.calibration_not_saved", "warning", key=key, reason=str(exc))
-        self.calibration = result
-        self._adopt(PrecisionMode(result.precision), result.reason, source, key=key, speed=result.speed, cost_s=result.cost_s)
-        return result
-
-    def _cached(self, ledger: RolloutLedger, key: str) -> Optional[cal.Calibration]:
-        try:
-            record = ledger.calibration(key)
-        except LedgerError as exc:
-            self._emit("precision.calibration_unreadable", "warning", key=key, reason=str(exc))
-            return None
-        found = cal.Calibration.from_record(record) if record is not None else None
-        if found is None or PrecisionMode(found.precision) not in cal.candidates(self.device):
-            return None
-        return found
-
-    def _decide_by_rule(self, why: str) -> None:
-        mode, reason = capability.auto_precision(self.device)
-        self._adopt(mode, f"auto could not measure: {why}; {reason}", "rule", level="warning")
-
-    def _adopt(self, mode: PrecisionMode, reason: str, source: str, *, level: str = "info", **figures: Any) -> None:
-        self._auto_pending = False
-        self.precision = self.precision_plugins[mode](self.device, self.config.scaler_options())
-        if self._pending_scaler and self.precision.uses_scaler:
-            self.precision.load_state_dict(self._pending_scaler)  # a checkpoint loaded before the decision
-        self._pending_scaler = None
-        self._last_scale = self.precision.scale
-        self.auto_reason = reason
-        self._emit("precision.auto_selected", level, device=str(self.device), precision=mode.value, source=source, reason=reason, **figures)
-
-    def _calibration_copy(self, mode: PrecisionMode) -> "FP16Trainer":
-        try:
-            model, optimizer = copy.deepcopy((self.model, self.optimizer))  # one memo: the copy's optimizer holds the copy's parameters
-        except Exception as exc:
-            raise cal.CalibrationUnavailable(f"the model or its optimizer cannot be copied ({type(exc).__name__}: {exc})") from None
-        optimizer.zero_grad(set_to_none=True)
-        config = dataclasses.replace(self.config, precision=PrecisionMode.FP32.value, enabled=True, device=str(self.device))
-        trainer = FP16Trainer(model, optimizer, config, name=f"{self.name}.calibration.{mode.value}")
-        trainer.precision = self.precision_plugins[mode](self.device, self.config.scaler_options())
-        trainer._last_scale = trainer.precision.scale
-        return trainer
-
-    def measure_auto(self, batch: Any, loss_fn: Callable[[torch.nn.Module, Any], torch.Tensor]) -> cal.Calibration:
-        """Measure now what ``auto`` picks for this workload (`genesis_fp16.calibration`),
-        on copies: this trainer, its model, optimizer and the RNGs are left as
-        they were, and the ledger is neither read nor written (`calibrate` is
-        the cached path; `genesis-fp16 bench` compares this pick with its own
-        timings). Raises `CalibrationUnavailable` where the workload cannot be measured."""
-        described = cal.workload(self.model, self.optimizer, batch, self.device)
-        key = cal.workload_key(described)
-        real = list(self.model.parameters())
-        grads = [None if p.grad is None else p.grad.detach().clone() for p in real]
-        clock = cal.clock(self.device)
-        started = clock()
-
-        def runner(trainer: FP16Trainer) -> Callable[[int], None]:
-            def run(n: int) -> None:
-                for _ in range(n):
-                    trainer.backward_and_step(trainer.training_step(batch, loss_fn))
-            return run
-
-        failure: Optional[BaseException] = None
-        try:
-            with cal.preserved_rng(self.device):
-                copies = {mode: self._calibration_copy(mode) for mode in cal.candidates(self.device)}
-                seconds, losses, failed = cal.measure(
-                    {mode: runner(t) for mode, t in copies.items()},
-                    {mode: (lambda t=t: cal.final_loss(t.model, batch, loss_fn)) for mode, t in copies.items()},
-                    self.device,
-                )
-        except cal.CalibrationUnavailable:
-            raise
-        except Exception as exc:  # a real fault of the loss shows again in the real step that follows, unmeasured
-            failure = exc
-        finally:
-            touched = any((p.grad is not None) != (g is not None) or (g is not None and not torch.equal(p.grad, g)) for p, g in zip(real, grads))
-            for p, g in zip(real, grads):
-                p.grad = g
-        if touched:
-            raise cal.CalibrationUnavailable("the loss function trains another model than the one it is given")
-        if failure is not None:
-            raise cal.CalibrationUnavailable(f"a calibration step failed ({type(failure).__name__}: {failure})")
-        return cal.measured(key, described, seconds, losses, clock() - started, max(t.training_steps for t in copies.values()), failed)
 
     def training_step(self, batch: Any, compute_loss_fn: Callable[[torch.nn.Module, Any], torch.Tensor]) -> torch.Tensor:
         """Run ``compute_loss_fn(model, batch)`` under autocast and return the
-        loss. With ``precision="auto"`` measured, the first call decides the
-        precision first (`calibrate`)."""
-        if self._auto_pending:
-            self.calibrate(batch, compute_loss_fn)
+        loss."""
         if not self.model.training:
             # Only after someone switched the model to eval (validation, inference):
             # model.train() walks every submodule, about 2 us each, which is 1-2% of a
@@ -285,8 +164,6 @@ class FP16Trainer:
         overflow detected by the scaler). A skipped step zeroes the gradients,
         is counted and does not advance the scheduler.
         """
-        if self._auto_pending:
-            self._decide_by_rule("backward_and_step came before any training_step, so there was no batch to measure on")
         self.micro_steps += 1
         finite = (not self.config.check_finite_loss) or self._all_finite(loss)
         if not finite:
@@ -384,8 +261,9 @@ class FP16Trainer:
         `micro_steps`, `overflow_steps` and `overflow_rate`, `skipped_steps`
         and `failed_step_rate`, `current_scale` and `scaler_enabled`,
         `nonfinite_losses` and `nonfinite_streak`, `samples_seen`,
-        `samples_per_s`, `grad_accumulation_steps`, and `auto_reason` (why
-        ``auto`` runs what it runs; None when a precision was asked for by name)."""
+        `samples_per_s`, `grad_accumulation_steps`, `auto_reason` (why
+        ``auto`` runs what it runs; None when a precision was asked for by name),
+        and `decision` (`PrecisionDecision.as_dict`: precision, source, reason)."""
         elapsed = time.perf_counter() - self._started
         return {
             "precision": self.precision.name,
@@ -405,20 +283,20 @@ class FP16Trainer:
             "samples_per_s": self.samples_seen / elapsed if elapsed > 0 else 0.0,
             "grad_accumulation_steps": self.config.grad_accumulation_steps,
             "auto_reason": self.auto_reason,
+            "decision": self.decision.as_dict(),
         }
 
     # -- precision casts ---------------------------------------------------------
     def cast_model_to_fp16(self) -> torch.nn.Module:
         """Cast the weights themselves to FP16 (inference / deployment). Training
         afterwards runs without master weights and without a scaler."""
-        self._auto_pending = False
         self.precision = self.precision_plugins[PrecisionMode.FP16_TRUE](self.device, self.config.scaler_options())
         self.model = self.precision.convert_module(self.model)
         self._last_scale = self.precision.scale
         self._emit("trainer.cast_to_fp16", "warning", reason="weights now FP16; no FP32 master copy, no scaler")
         return self.model
 
-    # -- checkpoints -------------------------------------------------------------
+    # -- checkpoints (genesis_fp16.restore) -------------------------------------------
     def _counters(self) -> dict[str, int]:
         return {
             "training_steps": self.training_steps,
@@ -434,138 +312,31 @@ class FP16Trainer:
     def _load_model_state(self, state: dict[str, Any]) -> None:
         self.model.load_state_dict(state)
 
+    def _check_model_state(self, state: Any, source: str) -> None:
+        ckpt.check_model_state(state, self._model_state(), source)
+
     def state_payload(self, extra: Optional[dict[str, Any]] = None) -> dict[str, Any]:
-        if self._micro_in_window:
-            raise RuntimeError(
-                f"cannot checkpoint in the middle of an accumulation window "
-                f"({self._micro_in_window}/{self.config.grad_accumulation_steps} micro-steps); save after an optimizer step"
-            )
-        return ckpt.build_payload(
-            model=self._model_state(),
-            optimizer=self.optimizer.state_dict(),
-            optimizer_type=ckpt.optimizer_type_name(self.optimizer),
-            scaler=self.precision.state_dict(),
-            scheduler=self.scheduler.state_dict() if self.scheduler is not None else None,
-            counters=self._counters(),
-            precision=self.precision.name,
-            extra=extra,
-            rng={"torch_cpu": torch.get_rng_state()},
-        )
+        """Everything a checkpoint holds, as a payload (`restore.state_payload`)."""
+        return restore.state_payload(self, extra)
 
     def save_checkpoint(self, path: Union[str, Path], extra: Optional[dict[str, Any]] = None) -> Path:
         """Write model, optimizer, scaler, scheduler, counters and precision atomically."""
-        written = ckpt.save_payload(path, self.state_payload(extra))
-        self._emit("checkpoint.saved", path=str(written), step=self.training_steps)
-        return written
+        return restore.save_checkpoint(self, path, extra)
 
     def load_checkpoint(
         self, path: Union[str, Path], *, restore_rng: bool = True, check_extra: Optional[ExtraCheck] = None
     ) -> dict[str, Any]:
-        """Restore from ``path``; returns the checkpoint's ``extra`` dict.
-
-        All or nothing: the whole checkpoint (digest, model shapes and dtypes,
-        optimizer type and groups, scaler, scheduler, counters, RNG, and
-        ``extra`` through ``check_extra``) is checked before anything changes;
-        a checkpoint that fails raises one `CheckpointError` naming the file
-        and the field, and the trainer is left as it was."""
-        payload = ckpt.load_payload(path, map_location=self.device)
-        self.apply_payload(payload, source=str(path), restore_rng=restore_rng, check_extra=check_extra)
-        return payload.get("extra") or {}
-
-    def _check_model_state(self, state: Any, source: str) -> None:
-        ckpt.check_model_state(state, self._model_state(), source)
+        """Restore from ``path``; returns the checkpoint's ``extra`` dict. All or
+        nothing (`restore.apply_payload`): a checkpoint that fails raises one
+        `CheckpointError` naming the file and the field, the trainer left as it was."""
+        return restore.load_checkpoint(self, path, restore_rng=restore_rng, check_extra=check_extra)
 
     def check_payload(self, payload: dict[str, Any], *, source: str = "<memory>", check_extra: Optional[ExtraCheck] = None) -> None:
         """Raise `CheckpointError` unless all of ``payload`` fits this trainer; changes nothing."""
-        self._check_model_state(payload.get("model"), source)
-        ckpt.check_optimizer_state(payload.get("optimizer"), self.optimizer, payload.get("optimizer_type"), source)
-        ckpt.check_scaler_state(payload.get("scaler"), source)
-        if self.scheduler is not None:
-            ckpt.check_scheduler_state(payload.get("scheduler"), self.scheduler.state_dict(), source)
-        ckpt.check_counters(payload.get("counters"), source)
-        ckpt.check_rng_state(payload.get("rng"), source)
-        extra = payload.get("extra")
-        if extra is not None and not isinstance(extra, dict):
-            raise ckpt.CheckpointError(f"{source}: field extra: a {type(extra).__name__}, expected a dict")
-        if check_extra is not None:
-            try:
-                check_extra(extra or {})
-            except (ValueError, TypeError, ckpt.CheckpointError) as exc:
-                raise ckpt.CheckpointError(f"{source}: {exc}") from None
+        restore.check_payload(self, payload, source=source, check_extra=check_extra)
 
     def apply_payload(
-        self,
-        payload: dict[str, Any],
-        *,
-        source: str = "<memory>",
-        restore_rng: bool = True,
-        check_extra: Optional[ExtraCheck] = None,
+        self, payload: dict[str, Any], *, source: str = "<memory>", restore_rng: bool = True, check_extra: Optional[ExtraCheck] = None,
     ) -> None:
-        """Check ``payload`` whole (`check_payload`), then restore from it. Should
-        restoring fail all the same, what was changed is put back before the
-        `CheckpointError`."""
-        self.check_payload(payload, source=source, check_extra=check_extra)
-        counters = ckpt.check_counters(payload.get("counters"), source)
-        snapshot = _Snapshot.take(self)
-        scaler_state = payload.get("scaler") or {}
-        try:
-            # the model last: its weights are copied in place, the others' state objects swapped
-            if payload.get("optimizer") is not None:
-                self.optimizer.load_state_dict(payload["optimizer"])
-            if self.scheduler is not None and payload.get("scheduler") is not None:
-                self.scheduler.load_state_dict(payload["scheduler"])
-            self.precision.load_state_dict(scaler_state)
-            self._load_model_state(payload["model"])
-        except Exception as exc:
-            snapshot.restore(self)
-            raise ckpt.CheckpointError(f"{source}: checkpoint does not fit this model/optimizer: {exc}") from None
-        if self.precision.uses_scaler and not scaler_state:
-            self._emit(
-                CHECKPOINT_WARNING_EVENT,
-                "warning",
-                path=source,
-                saved_precision=payload.get("precision"),
-                reason="checkpoint has no scaler state (saved without a scaler); starting a fresh scaler",
-            )
-        if self._auto_pending and scaler_state:
-            self._pending_scaler = dict(scaler_state)  # for the precision `calibrate` picks, if it has a scaler
-        for name, value in counters.items():
-            setattr(self, name, value)
-        self.nonfinite_streak = 0
-        self._micro_in_window = 0
-        self._last_scale = self.precision.scale
-        rng = payload.get("rng") or {}
-        if restore_rng and isinstance(rng.get("torch_cpu"), torch.Tensor):
-            torch.set_rng_state(rng["torch_cpu"].cpu())
-        self._emit("checkpoint.loaded", path=source, step=self.training_steps, saved_precision=payload.get("precision"))
-
-
-ExtraCheck = Callable[[dict[str, Any]], None]
-"""Checks a checkpoint's ``extra`` dict before a load changes anything; raises
-``ValueError`` or ``TypeError`` naming the field (the trainer adds the file)."""
-
-
-@dataclasses.dataclass
-class _Snapshot:
-    """What a load changes before the model, to put back if a later part fails.
-    Optimizer and scheduler ``load_state_dict`` replace their state objects
-    rather than mutate them, so references are enough. The model comes last
-    and is checked key by key and shape by shape beforehand (weights are
-    copied in place, and a copy of them all would double the memory)."""
-
-    optimizer: dict[str, Any]
-    scaler: dict[str, Any]
-    scheduler: Optional[dict[str, Any]]
-
-    @classmethod
-    def take(cls, trainer: FP16Trainer) -> _Snapshot:
-        optimizer = {"state": trainer.optimizer.state, "param_groups": trainer.optimizer.param_groups}
-        scheduler = dict(vars(trainer.scheduler)) if trainer.scheduler is not None else None
-        return cls(optimizer, trainer.precision.state_dict(), scheduler)
-
-    def restore(self, trainer: FP16Trainer) -> None:
-        vars(trainer.optimizer).update(self.optimizer)
-        trainer.precision.load_state_dict(self.scaler)
-        if self.scheduler is not None:
-            vars(trainer.scheduler).clear()
-            vars(trainer.scheduler).update(self.scheduler)
+        """Check ``payload`` whole, then restore from it (`restore.apply_payload`)."""
+        restore.apply_payload(self, payload, source=source, restore_rng=restore_rng, check_extra=check_extra)

@@ -293,3 +293,18 @@ def member_losses(model: EnsembleDynamics, x_norm: torch.Tensor, y_norm: torch.T
         bce = F.binary_cross_entropy_with_logits(done, target[..., -1].expand_as(done), reduction="none")
         losses = losses + bce.mean(dim=1)
     return losses
+
+
+def sample_batch(model: EnsembleDynamics, batch: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """A batch of ``model``'s workload for a measured ``auto``
+    (`genesis_fp16.autotune`), before any data: a training step's shapes,
+    ``(x [E, B, in], y [E, B, out])``, normalised data being near N(0, 1),
+    drawn from a generator of its own (the run's streams are not touched);
+    a done column of zeros."""
+    g = torch.Generator().manual_seed(0)
+    n_out = model.n_gauss + int(model.done_head)
+    x = torch.randn(model.members, batch, model.obs_dim + model.act_dim, generator=g)
+    y = torch.randn(model.members, batch, n_out, generator=g)
+    if model.done_head:
+        y[..., -1] = 0.0
+    return x.to(device), y.to(device)

@@ -28,7 +28,7 @@ from genesis_fp16.trainer import FP16Trainer
 
 from .dynamics import (NonFiniteDataError, NotTrainedError, PolicyFn, ProjectFn, TerminationFn, check_checkpoint_extra, check_options,
                        check_sizes, features, training_data)
-from .ensemble import EnsembleDynamics, batch_rows, bootstrap, check_architecture, ensemble_loss, member_losses
+from .ensemble import EnsembleDynamics, batch_rows, bootstrap, check_architecture, ensemble_loss, member_losses, sample_batch
 from .imagination import Imagination, imagine_uncertain
 from .replay_buffer import ReplayBuffer
 from .trajectory import Trajectory
@@ -167,6 +167,7 @@ class WorldModel:
                 self.agent, self.model, self.optimizer, settings=self.settings, precision=self.requested_precision,
                 guard=self.guard if self.guard is not None else UNGUARDED, checkpoint_dir=self.checkpoint_dir,
                 good_name=f"{self.agent}.initial.pt", checkpoint_every=0, save=self.save,
+                sample=(sample_batch(self.model, self.batch_size, self.device), ensemble_loss),  # for a measured auto
             )
         return self._training
 
@@ -179,6 +180,8 @@ class WorldModel:
     def precision(self) -> str:
         """The precision training runs in now (`fp32`, `bf16`, ...), as settings, profile and ledger resolve it."""
         return self.training.trainer.precision.name
+
+    decision = property(lambda self: self.training.decision, doc="The trainer's `PrecisionDecision` (mode, source, reason).")
 
     def _dataset(self, trajectories: Sequence[Trajectory]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """``(x_train, y_train, x_val, y_val)``; see `infrastructure.dynamics.training_data`."""

@@ -62,6 +62,7 @@ class TrainReport:
     device: Optional[str] = None  # where the model trained (cpu, cuda:0, ...)
     member_val_loss: Optional[list[float]] = None  # each member's FP32 validation loss, in member order
     elites: Optional[list[int]] = None  # the members imagination uses, best first
+    precision_decision: Optional[dict[str, Any]] = None  # precision, source, reason (genesis_fp16.decision)
 
     @classmethod
     def from_call(cls, call: CallReport, *, val_loss: Optional[float] = None, **fields: Any) -> "TrainReport":
@@ -72,7 +73,8 @@ class TrainReport:
             val_loss=float(call.val_loss if val_loss is None else val_loss), precision=call.precision, skipped_steps=call.skipped_steps,
             fp32_val_loss=call.fp32_val_loss, shadow_gap=call.gap, reference=call.reference if call.fp32_val_loss is not None else None,
             rolled_back=call.rolled_back, rollback_reason=call.rollback_reason,
-            guard_decision=call.decision.as_dict() if call.decision is not None else None, events=call.events, **fields,
+            guard_decision=call.decision.as_dict() if call.decision is not None else None, events=call.events,
+            precision_decision=call.precision_decision.as_dict() if call.precision_decision is not None else None, **fields,
         )
 
     def as_dict(self) -> dict[str, Any]:
@@ -84,6 +86,9 @@ class TrainReport:
                  "fp32_val_loss", "reference", "inference_val_loss_fp32", "inference_gap", "rolled_back", "device", "elites")
         fields = {name: getattr(self, name) for name in names}
         fields["wall_s"] = round(self.wall_s, 3)
+        if self.precision_decision is not None:
+            fields["precision_source"] = self.precision_decision["source"]
+            fields["precision_reason"] = self.precision_decision["reason"]
         return fields
 
 

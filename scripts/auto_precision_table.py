@@ -16,7 +16,7 @@ model and optimizer per precision, warm-up steps, then rounds of steps
 interleaved across precisions, timed by this process's CPU time with one torch
 thread (other processes' load does not count), and the loss after the same
 steps against FP32's (the canary's rule, as the calibration checks it). Then
-``auto``'s own calibration ``--repeats`` times (`FP16Trainer.measure_auto`: no
+``auto``'s own calibration ``--repeats`` times (`genesis_fp16.autotune.measure_auto`: no
 ledger) and what it picked, how its pick's measured speed compares with the
 fastest precision that passes the FP32 check, and what the calibration cost.
 """
@@ -35,6 +35,7 @@ from typing import Any, Callable
 import torch
 
 from genesis_fp16 import calibration as cal
+from genesis_fp16.autotune import measure_auto
 from genesis_fp16.bench.models import SIZES, make_task
 from genesis_fp16.bench.stamp import INTERESTING_FLAGS
 from genesis_fp16.config import FP16TrainingConfig
@@ -185,8 +186,8 @@ def main(argv: list[str] | None = None) -> int:
         picks, costs = [], []
         for _ in range(args.repeats):
             m = copy.deepcopy(model)
-            trainer = FP16Trainer(m, make_opt(m), FP16TrainingConfig(precision="auto", device=str(device)), name="table-auto")
-            result = trainer.measure_auto(batch, loss_fn)
+            result = measure_auto(m, make_opt(m), batch, loss_fn, device=device, config=FP16TrainingConfig(precision="auto", device=str(device)),
+                                  name="table-auto")
             picks.append(result.precision)
             costs.append(result.cost_s)
         versus = [long[fastest]["s_per_step"] / long[p]["s_per_step"] for p in picks]

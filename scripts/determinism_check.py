@@ -1,15 +1,17 @@
-"""Same seed, same report, on a quiet machine and a loaded one: run the
-default `genesis-fp16 evolve` N times, each in a fresh state dir, every other
-run beside a busy loop on every core, and compare every report with the
-first apart from timings and run ids.
+"""Issue 37's determinism benchmark: N default `genesis-fp16 evolve` runs, each
+in a fresh state dir, half of them beside a CPU burner, must give identical
+reports apart from timings and ids.
 
-    python scripts/determinism_check.py [--runs 10] [--json out.json] [-- EVOLVE_ARGS...]
+    python scripts/determinism_check.py [--runs 10] [--budget 40] [--cache PATH] [--out DIR]
 
-The state dirs are fresh; the host-level caches the user's state dirs share
-(such as `auto`'s measured precision) are not touched, which is the point: a
-second run in a fresh state dir must decide as the first did. Run from the
-repository root with the project's Python. Exit status 1 when any report
-differs from the first.
+Every run shares one precision cache (``--cache``, default a fresh file under
+``--out``: the first run measures ``auto``, the others reuse its decision, as
+every state dir of a user does with ``~/.cache/genesis-fp16/precision.json``).
+The burner is one busy Python process per CPU core, started before the odd
+runs and stopped after them. Prints one line per run (its precision and the
+decision's source) and the fields that differ from the first run's report;
+exits 1 when any does. Not a test: it takes minutes and the machine's load is
+the point.
 """
 
 from __future__ import annotations
@@ -21,98 +23,72 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-# what may differ between two runs of one seed: wall and CPU times, the run's
-# identity and where its files are
-VOLATILE = {"wall_s", "run_id", "replay_db", "run_manifest", "time_share", "started", "ended", "updated"}
-VOLATILE_SUFFIXES = ("_s", "_seconds", "_ms")
+VOLATILE = {"wall_s", "run_id", "replay_db", "run_manifest", "time_share", "elapsed_s", "wm_wall_s", "time", "cost_s", "at", "seconds",
+            "speed", "speed_low"}
 
 
-def comparable(value: Any) -> Any:
-    """``value`` without the fields that may differ between runs of one seed."""
+def _burn() -> None:
+    while True:
+        pass
+
+
+def _strip(value: Any) -> Any:
     if isinstance(value, dict):
-        return {k: comparable(v) for k, v in value.items() if k not in VOLATILE and not k.endswith(VOLATILE_SUFFIXES)}
+        if "source" in value and "reason" in value and "precision" in value:  # a precision decision: the first run measured, the others read the cache
+            return {"precision": value["precision"]}
+        return {k: _strip(v) for k, v in value.items() if k not in VOLATILE}
     if isinstance(value, list):
-        return [comparable(v) for v in value]
+        return [_strip(v) for v in value]
     return value
 
 
-def differences(a: Any, b: Any, path: str = "") -> list[str]:
-    """The paths at which ``a`` and ``b`` differ (leaves only)."""
+def _diff(a: Any, b: Any, path: str = "") -> list[str]:
     if isinstance(a, dict) and isinstance(b, dict):
-        out: list[str] = []
-        for key in sorted(set(a) | set(b)):
-            out += differences(a.get(key), b.get(key), f"{path}.{key}" if path else key)
-        return out
+        return [d for k in sorted(set(a) | set(b)) for d in _diff(a.get(k), b.get(k), f"{path}.{k}")]
     if isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
-        return [d for i, (x, y) in enumerate(zip(a, b)) for d in differences(x, y, f"{path}[{i}]")]
-    return [] if a == b else [path or "<root>"]
+        return [d for i, (x, y) in enumerate(zip(a, b)) for d in _diff(x, y, f"{path}[{i}]")]
+    return [] if a == b else [f"{path}: {a!r} != {b!r}"]
 
 
-def _burn(stop: Any) -> None:
-    while not stop.is_set():
-        sum(i * i for i in range(10_000))
-
-
-def run_once(index: int, loaded: bool, evolve_args: list[str], out_dir: Path) -> dict[str, Any]:
-    state = out_dir / f"state{index}"
-    report = out_dir / f"report{index}.json"
-    stop = multiprocessing.Event()
-    burners = [multiprocessing.Process(target=_burn, args=(stop,), daemon=True) for _ in range(os.cpu_count() or 1)] if loaded else []
-    for proc in burners:
-        proc.start()
-    env = dict(os.environ, GENESIS_FP16_STATE_DIR=str(state))
-    started = time.perf_counter()
-    try:
-        done = subprocess.run([sys.executable, "-m", "genesis_fp16.cli", "evolve", *evolve_args, "--json", str(report)],
-                              cwd=ROOT, env=env, capture_output=True, text=True)
-    finally:
-        stop.set()
-        for proc in burners:
-            proc.join(timeout=10)
-    wall = time.perf_counter() - started
-    if done.returncode != 0:
-        raise SystemExit(f"run {index}: evolve exited {done.returncode}:\n{done.stderr[-2000:]}")
-    data = json.loads(report.read_text())
-    return {"index": index, "loaded": loaded, "wall_s": round(wall, 1), "report": data}
-
-
-def main(argv: Optional[list[str]] = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    evolve_args: list[str] = []
-    if "--" in argv:
-        at = argv.index("--")
-        argv, evolve_args = argv[:at], argv[at + 1:]
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=10)
-    parser.add_argument("--json", type=Path, default=None, help="write the per-run summary here")
-    args = parser.parse_args(argv)
-    if args.runs < 2:
-        parser.error("--runs: expected at least 2 (the first is compared with the others)")
-    results = []
-    with tempfile.TemporaryDirectory(prefix="determinism-") as tmp:
-        for i in range(args.runs):
-            res = run_once(i, loaded=i % 2 == 1, evolve_args=evolve_args, out_dir=Path(tmp))
-            report = res["report"]
-            diff = differences(comparable(results[0]["report"]), comparable(report)) if results else []
-            res["differences"] = diff
-            results.append(res)
-            print(f"run {i:>2} {'loaded' if res['loaded'] else 'quiet ':6} wall {res['wall_s']:>6.1f} s  "
-                  f"precision {report.get('precision')}  held-out {report.get('heldout_return')}  "
-                  f"episodes {report.get('real_episodes')}  differing fields vs run 0: {len(diff)}"
-                  + (f" ({', '.join(diff[:5])}{', ...' if len(diff) > 5 else ''})" if diff else ""), flush=True)
-    same = sum(not r["differences"] for r in results[1:])
-    print(f"{same} of {args.runs - 1} reports identical to run 0 apart from timings and ids "
-          f"({sum(r['loaded'] for r in results)} runs beside a busy loop on every core)")
-    if args.json is not None:
-        summary = [{k: v for k, v in r.items() if k != "report"} | {"precision": r["report"].get("precision"),
-                    "heldout_return": r["report"].get("heldout_return")} for r in results]
-        args.json.write_text(json.dumps({"evolve_args": evolve_args, "runs": summary}, indent=2) + "\n")
-    return 0 if same == args.runs - 1 else 1
+    parser.add_argument("--budget", type=int, default=None, help="evolve --budget (default: evolve's own)")
+    parser.add_argument("--cache", type=Path, default=None, help="GENESIS_FP16_PRECISION_CACHE for every run")
+    parser.add_argument("--out", type=Path, default=None, help="where the state dirs and reports go (default: a temp dir)")
+    args = parser.parse_args()
+    out = args.out or Path(tempfile.mkdtemp(prefix="determinism-"))
+    cache = args.cache or out / "precision.json"
+    reports = []
+    for k in range(args.runs):
+        burners = [multiprocessing.Process(target=_burn, daemon=True) for _ in range(os.cpu_count() or 1)] if k % 2 else []
+        for b in burners:
+            b.start()
+        try:
+            env = {**os.environ, "GENESIS_FP16_STATE_DIR": str(out / f"state{k}"), "GENESIS_FP16_PRECISION_CACHE": str(cache)}
+            report_path = out / f"report{k}.json"
+            cmd = [sys.executable, "-m", "genesis_fp16.cli", "evolve", "--json", str(report_path)]
+            if args.budget is not None:
+                cmd += ["--budget", str(args.budget)]
+            subprocess.run(cmd, env=env, check=True, stdout=subprocess.DEVNULL)
+        finally:
+            for b in burners:
+                b.terminate()
+                b.join()
+        report = json.loads(report_path.read_text())
+        reports.append(_strip(report))
+        decision = report.get("precision_decision") or {}
+        print(f"run {k} ({'burner' if burners else 'quiet'}): precision {report.get('precision')} ({decision.get('source')})")
+    differing = 0
+    for k, report in enumerate(reports[1:], start=1):
+        diffs = _diff(reports[0], report)
+        differing += bool(diffs)
+        print(f"run {k} vs run 0: {len(diffs)} field(s) differ" + "".join(f"\n  {d}" for d in diffs[:20]))
+    print(f"{args.runs - differing}/{args.runs} reports identical apart from timings and ids ({out})")
+    return 1 if differing else 0
 
 
 if __name__ == "__main__":

@@ -40,6 +40,8 @@ def _isolated_state(tmp_path_factory, monkeypatch):
         if var.startswith("GENESIS_FP16_") or var == "ENABLE_FP16_TRAINING":
             monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("GENESIS_FP16_STATE_DIR", str(state))
+    # auto's host-level decision cache: never the real ~/.cache in a test
+    monkeypatch.setenv("GENESIS_FP16_PRECISION_CACHE", str(state / "precision-cache.json"))
     # the world model's device: the CPU, whatever the machine has (auto would pick a GPU where
     # there is one); the CUDA tests ask for device="cuda" by name
     monkeypatch.setenv("GENESIS_FP16_DEVICE", "cpu")

@@ -99,13 +99,15 @@ def test_forensics_sweep_step_runs_on_cuda():
 
 
 def test_cuda_auto_measures_fp16_against_bf16_and_keeps_the_decision(monkeypatch, state_dir):
-    from genesis_fp16.rollout import LEDGER_FILE, RolloutLedger
+    from genesis_fp16.autotune import PrecisionCache
+    from genesis_fp16.decision import Source
+    from genesis_fp16.guarded import UNGUARDED, GuardedTraining
 
     monkeypatch.setenv("GENESIS_FP16_AUTO_PRECISION", "measure")
-    trainer = make("auto")
-    assert trainer.calibration_pending
-    trainer.backward_and_step(trainer.training_step(batch(), loss_fn))
-    timed = set(trainer.calibration.seconds)
+    model = make("fp32").model
+    training = GuardedTraining("gpu", model, torch.optim.Adam(model.parameters(), 1e-3), guard=UNGUARDED, sample=(batch(), loss_fn))
+    decision = training.decision
+    assert decision.source == Source.MEASURED and training.trainer.precision.name == decision.mode.value
+    timed = set(decision.calibration.seconds)
     assert {"fp32", "fp16"} <= timed and ("bf16" in timed) == torch.cuda.is_bf16_supported()
-    assert trainer.precision.name == trainer.calibration.precision
-    assert [r["key"] for r in RolloutLedger(state_dir / LEDGER_FILE).calibrations()] == [trainer.calibration.key]
+    assert [c.key for c in PrecisionCache.from_settings().all()] == [decision.calibration.key]

@@ -345,3 +345,33 @@ async def test_a_full_disk_at_the_resume_snapshot_commits_nothing_of_that_genera
     report = await SEDarwinAgent.resume(first.run_id, settings=settings, evaluator=InProcessEvaluator(workers=1)).evolve()
     assert [g["generation"] for g in report["generations"]] == [0, 1, 2]
     assert comparable(report) == comparable(expected)
+
+
+async def test_a_resumed_stretch_that_trains_no_model_reports_the_precision_the_model_trained_in(monkeypatch, state_dir):
+    # issue 37: the last resumed stretch trained no model and reported its placeholder trainer's fp32
+    # where the model had trained in bf16 (auto measured; the timings are injected)
+    from genesis_fp16 import calibration as cal
+    from genesis_fp16.autotune import PrecisionCache
+
+    monkeypatch.setenv("GENESIS_FP16_AUTO_PRECISION", "measure")
+    timings = {"fp32": 1.0e-3, "bf16": 0.5e-3, "fp16": 5e-3}
+
+    def fake_time_step(mode, run, steps, device):
+        run()
+        return timings[mode.value]
+
+    monkeypatch.setattr(cal, "time_step", fake_time_step)
+    settings = load_settings()
+    first = SEDarwinAgent(config(budget=24), settings=settings, evaluator=InterruptOnEvaluation(heldout=True))
+    with pytest.raises(KeyboardInterrupt):  # the loop trained its model; the held-out evaluation is cut off
+        await first.evolve()
+    trained = read_manifest(settings.state_dir, first.run_id)["generations"]
+    assert {g["precision"] for g in trained if g["wm_wall_s"] is not None} == {"bf16"}
+    assert trained[-1]["precision_decision"]["source"] == "measured"
+    # another process, another day: the host's cache is gone and fp32 would measure faster now
+    PrecisionCache.from_settings(settings).clear()
+    timings.update(bf16=2e-3)
+    report = await SEDarwinAgent.resume(first.run_id, settings=settings, evaluator=InProcessEvaluator(workers=1)).evolve()
+    assert report["resumed"] and [g["generation"] for g in report["generations"]] == [g["generation"] for g in trained]
+    assert report["precision"] == "bf16"  # what the model in use trained in, not what a trainer would run now
+    assert report["precision_decision"]["precision"] == "bf16" and report["precision_decision"]["source"] == "measured"

@@ -338,14 +338,16 @@ def test_unsupported_precision_error_policy(monkeypatch):
         FP16Trainer(model, opt, FP16TrainingConfig(precision="bf16", on_unsupported="error"))
 
 
-def test_fp16_on_cpu_runs_with_cpu_scaler_and_warns_once():
+def test_fp16_on_cpu_runs_with_cpu_scaler_and_says_the_rule_counts_it_slow_without_warning():
+    # issue 37: slow_on_device is a measurement's verdict; unmeasured, the decision's reason says what the rule thinks
     with capture_logs() as logs:
         for _ in range(2):
             model, opt = make()
             trainer = FP16Trainer(model, opt, FP16TrainingConfig(precision="fp16"))
     assert trainer.precision.name == "fp16" and trainer.scaler.is_enabled()
     assert trainer.scaler._device == "cpu"
-    assert [log["event"] for log in logs].count("precision.slow_on_device") == 1
+    assert [log["event"] for log in logs].count("precision.slow_on_device") == 0
+    assert trainer.decision.source.value == "explicit" and "not measured" in trainer.decision.reason
 
 
 @pytest.mark.parametrize(

@@ -48,7 +48,7 @@ class Optimizations:
     precision: str = "fp32"
     """fp32 | fp16 | bf16 | auto: the precision of the PPO update through FP16Trainer (fp16 and bf16
     autocast; fp16 adds the gradient scaler; auto measures the update on copies of the network
-    at the first update, genesis_fp16.calibration). Rollout inference stays FP32. Replaces the
+    on a minibatch of its shapes before the trainer is built, genesis_fp16.autotune). Rollout inference stays FP32. Replaces the
     deprecated use_amp / amp_dtype, which still load."""
     use_torch_compile: bool = False
     """torch.compile the policy/value network; a failure falls back to eager with a logged reason."""

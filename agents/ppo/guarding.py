@@ -49,6 +49,7 @@ class PPOGuard:
         *,
         seed: int = 0,
         settings: Optional[Settings] = None,
+        sample: Optional[tuple[Any, Callable[[torch.nn.Module, Any], torch.Tensor]]] = None,
     ) -> None:
         self.agent = agent
         self.net = net
@@ -58,7 +59,7 @@ class PPOGuard:
         self.training = GuardedTraining(
             agent, net, optimizer, settings=self.settings, precision=precision, overrides=overrides, guard=self.guard,
             checkpoint_dir=self.checkpoint.parent, good_name=self.checkpoint.name, checkpoint_every=0,
-            save=save, load=lambda trainer, path: load(path, trainer=trainer), fp32_reference=False,
+            save=save, load=lambda trainer, path: load(path, trainer=trainer), fp32_reference=False, sample=sample,
         )
         self.held: Optional[dict[str, torch.Tensor]] = None
         self.canaries: list[dict[str, float]] = []

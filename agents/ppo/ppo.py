@@ -26,7 +26,7 @@ from .guarding import PPOGuard
 from .loss import LossSettings, ppo_loss
 from .policy import ActorCritic, CompiledFallback
 from .results import TrainResult
-from .rollout import RolloutBuffer, RunningMeanStd, check_extra, load_normalisers
+from .rollout import RolloutBuffer, RunningMeanStd, check_extra, load_normalisers, sample_minibatch
 
 gym = require("gymnasium", "genesis-fp16 ppo")
 
@@ -75,7 +75,6 @@ class PPO:
         # per-tensor Python loop, which shows in a launch-bound update
         optimizer = torch.optim.Adam(self.net.parameters(), lr=cfg.learning_rate, eps=1e-5, fused=True)
         overrides = {"max_grad_norm": cfg.max_grad_norm}
-        self.guard = PPOGuard("ppo", self.net, optimizer, opts.precision, overrides, self.save_checkpoint, self._restore, seed=cfg.seed)
         self.obs_rms = RunningMeanStd((self.obs_dim,)) if cfg.normalize_obs else None
         self.ret_rms = RunningMeanStd(()) if cfg.normalize_reward else None
         self._ret_acc = np.zeros(cfg.num_envs)
@@ -87,6 +86,9 @@ class PPO:
             self.actor = CompiledFallback(self.net.actor, opts.compile_mode, "ActorCritic.actor")
         self.pin = opts.use_pinned_memory and self.device.type == "cuda"
         self.buffer = RolloutBuffer(cfg.num_steps, cfg.num_envs, self.obs_dim, self.act_shape, self.discrete, self.pin)
+        sample = (sample_minibatch(cfg.minibatch_size, self.obs_dim, act_dim, self.act_shape, self.discrete, self.device),
+                  lambda net, mb: self._loss(net, mb)[0])  # a measured auto times it, before the trainer exists
+        self.guard = PPOGuard("ppo", self.net, optimizer, opts.precision, overrides, self.save_checkpoint, self._restore, seed=cfg.seed, sample=sample)
         self.global_step = 0
         self.iteration = 0
         self.time_split = {"env": 0.0, "inference": 0.0, "update": 0.0, "other": 0.0}
@@ -364,11 +366,9 @@ class PPO:
             ("vectorized envs", f"{vec.mode if vec else type(self.envs).__name__} x{self.cfg.num_envs} ({vec.reason if vec else 'given'})"),
             (
                 "AMP",
-                f"on: {self.trainer.precision.name} autocast"
-                + (", gradient scaler" if self.trainer.scaler.is_enabled() else "")
+                f"on: {self.trainer.precision.name} autocast" + (", gradient scaler" if self.trainer.scaler.is_enabled() else "")
                 if self.trainer.precision.name != "fp32"
-                else ("off" if o.precision == "fp32" else "auto: measured at the first update" if self.trainer.calibration_pending
-                      else "off (resolved to fp32 by policy/kill switch)"),
+                else "off" if o.precision == "fp32" else f"off ({self.guard.training.decision.line()})",
             ),
             ("torch.compile", self._compile_state()),
             (

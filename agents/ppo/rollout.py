@@ -111,3 +111,15 @@ def load_normalisers(extra: dict, normalisers: tuple[Optional[RunningMeanStd], O
     for key, rms in zip(("obs_rms", "ret_rms"), normalisers):
         if extra.get(key) and rms is not None:
             rms.load_state_dict(extra[key])
+
+
+def sample_minibatch(n: int, obs_dim: int, act_dim: int, act_shape: tuple[int, ...], discrete: bool,
+                     device: torch.device) -> dict[str, torch.Tensor]:
+    """A minibatch of a run's shapes and dtypes (as `RolloutBuffer.flat` gives)
+    for a measured ``auto`` (`genesis_fp16.autotune`), before any rollout, from
+    a generator of its own (no RNG of the run is drawn)."""
+    g = torch.Generator().manual_seed(0)
+    act = torch.randint(act_dim, (n,), generator=g) if discrete else torch.randn(n, *act_shape, generator=g)
+    mb = {"obs": torch.randn(n, obs_dim, generator=g), "act": act, "logp": torch.zeros(n),
+          "adv": torch.randn(n, generator=g), "ret": torch.randn(n, generator=g), "val": torch.zeros(n)}
+    return {k: v.to(device) for k, v in mb.items()}

@@ -1,7 +1,7 @@
 """What ``auto`` picks for each bench size, beside the bench's own fastest.
 
 For every size the bench times, `auto_row` runs ``auto``'s calibration
-(`FP16Trainer.measure_auto`: copies, no ledger) on a fresh model of that size
+(`genesis_fp16.autotune.measure_auto`: copies, no cache) on a fresh model of that size
 and its first batch, and compares the pick with the rows the bench measured
 over many more steps: the fastest of the precisions ``auto`` may pick that
 passes the FP32 check (the canary's loss-ratio rule on the bench's validation
@@ -15,7 +15,7 @@ from typing import Any, Optional
 import torch
 
 from .. import calibration as cal
-from ..trainer import FP16Trainer
+from ..autotune import measure_auto
 from .loops import trainer_config
 from .models import SizeSpec, Task
 from .options import BenchOptions
@@ -27,9 +27,10 @@ GOAL = 0.95
 def auto_row(spec: SizeSpec, task: Task, options: BenchOptions, device: torch.device, rows: list[dict[str, Any]]) -> dict[str, Any]:
     model = task.make_model(options.seed, device)
     optimizer = torch.optim.Adam(model.parameters(), lr=spec.lr)
-    trainer = FP16Trainer(model, optimizer, trainer_config("auto", device), name=f"bench-{spec.name}-auto")
+    config = trainer_config("auto", device)
     try:
-        result: Optional[cal.Calibration] = trainer.measure_auto(task.train[0], task.loss_fn)
+        result: Optional[cal.Calibration] = measure_auto(model, optimizer, task.train[0], task.loss_fn, device=device, config=config,
+                                                         name=f"bench-{spec.name}-auto")
         why = None
     except cal.CalibrationUnavailable as exc:
         result, why = None, str(exc)

@@ -22,6 +22,7 @@ from typing import Any, Optional
 import torch
 import torch.distributed as dist
 
+from ..decision import PrecisionDecision
 from ..telemetry import EventListener
 from ..trainer import FP16Trainer, FP16TrainingConfig
 from .launch import DistContext, init_distributed
@@ -44,6 +45,7 @@ class DistributedTrainer(FP16Trainer):
         name: str = "trainer",
         listeners: Optional[list[EventListener]] = None,
         context: Optional[DistContext] = None,
+        decision: Optional[PrecisionDecision] = None,
     ) -> None:
         config = dataclasses.replace(config) if config is not None else FP16TrainingConfig()
         self.ctx = context or init_distributed(config.device)
@@ -51,7 +53,7 @@ class DistributedTrainer(FP16Trainer):
             config = dataclasses.replace(config, device=str(self.ctx.device))
         self.module = model.to(torch.device(config.device))
         wrapped = self._wrap(self.module, optimizer)
-        super().__init__(wrapped, optimizer, config, scheduler, name=name, listeners=listeners)
+        super().__init__(wrapped, optimizer, config, scheduler, name=name, listeners=listeners, decision=decision)
         self._log = self._log.bind(rank=self.ctx.rank, world_size=self.ctx.world_size, wrap=self.wrap_name)
 
     @classmethod

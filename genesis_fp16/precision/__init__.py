@@ -51,9 +51,6 @@ FP32_WEIGHT_MODES: tuple[PrecisionMode, ...] = tuple(m for m, cls in MODES.items
 REDUCED_MODES: tuple[PrecisionMode, ...] = tuple(m for m, cls in MODES.items() if cls.compute_dtype != torch.float32)
 
 
-def best_supported(device: torch.device) -> PrecisionMode:
-    mode, _ = capability.auto_precision(device)
-    return mode
 
 
 # For each mode, the modes at least as precise as it, nearest first: where a
@@ -77,6 +74,34 @@ def fallback_for(device: Union[str, torch.device], mode: PrecisionMode) -> Preci
     return PrecisionMode.FP32
 
 
+def runnable_mode(
+    requested: Union[str, PrecisionMode], device: Union[str, torch.device], on_unsupported: Union[str, OnUnsupported] = OnUnsupported.FALLBACK,
+) -> tuple[PrecisionMode, Optional[str]]:
+    """``(mode, fallback reason)`` for a named precision on ``device``: the mode
+    itself (reason None) where the device runs it; else per ``on_unsupported``,
+    ``error`` raises `UnsupportedPrecisionError`, ``fallback`` logs and gives
+    `fallback_for` (never a less precise mode) with why. ``auto`` is not
+    named: `genesis_fp16.decision` decides it."""
+    device = torch.device(device)
+    mode = parse_mode(requested)
+    if mode == PrecisionMode.AUTO:
+        raise ValueError("runnable_mode: auto is decided by genesis_fp16.decision.decide, not here")
+    if capability.device_support(device, mode) != Support.NONE:
+        return mode, None
+    why = capability.unsupported_reason(device, mode) or f"{mode.value} is not supported on {device}"
+    if parse_on_unsupported(on_unsupported) == OnUnsupported.ERROR:
+        raise UnsupportedPrecisionError(
+            f"precision {mode.value!r} is not supported on {device} ({why}); "
+            f"set GENESIS_FP16_PRECISION to one of {supported_modes(device)} or GENESIS_FP16_ON_UNSUPPORTED=fallback"
+        )
+    fallback = fallback_for(device, mode)
+    reason = (f"{mode.value} is not supported on {device} ({why}); on_unsupported=fallback uses "
+              f"{fallback.value}, the nearest precision at least as precise as {mode.value}")
+    log_once(get_logger("genesis_fp16.precision"), f"fallback:{device}:{mode.value}", "warning", "precision.fallback",
+             device=str(device), requested=mode.value, precision=fallback.value, reason=reason)
+    return fallback, reason
+
+
 def resolve_precision(
     requested: Union[str, PrecisionMode],
     device: Union[str, torch.device],
@@ -85,55 +110,14 @@ def resolve_precision(
     *,
     plugins: Mapping[PrecisionMode, type[Precision]] = MODES,
 ) -> Precision:
-    """Turn a requested mode into a plugin from ``plugins`` for ``device``.
-
-    ``auto`` picks by the flag rule `auto_precision` and logs why, once
-    (a trainer that measures ``auto`` decides itself, `genesis_fp16.calibration`). A mode the
-    device cannot run follows ``on_unsupported``: ``error`` raises, ``fallback``
-    logs and runs `fallback_for` (never a less precise mode); a mode that runs but is slow
-    here runs as asked and warns once. Nothing is substituted silently.
-    """
-    log = get_logger("genesis_fp16.precision")
+    """A plugin from ``plugins`` for ``requested`` on ``device``, with no
+    settings, ledger or measurement (the bench's raw loops): ``auto`` by the
+    flag rule `auto_precision`, a named mode by `runnable_mode`. Trainers get
+    theirs from a `genesis_fp16.decision.PrecisionDecision`."""
     device = torch.device(device)
-    mode = parse_mode(requested)
-    policy = parse_on_unsupported(on_unsupported)
-    if mode == PrecisionMode.AUTO:
-        mode, reason = capability.auto_precision(device)
-        log_once(log, f"auto:{device}", "info", "precision.auto_selected", device=str(device), precision=mode.value, source="rule", reason=reason)
-        return plugins[mode](device, scaler)
-    support = capability.device_support(device, mode)
-    if support == Support.NONE:
-        why = capability.unsupported_reason(device, mode) or f"{mode.value} is not supported on {device}"
-        if policy == OnUnsupported.ERROR:
-            raise UnsupportedPrecisionError(
-                f"precision {mode.value!r} is not supported on {device} ({why}); "
-                f"set GENESIS_FP16_PRECISION to one of {supported_modes(device)} or GENESIS_FP16_ON_UNSUPPORTED=fallback"
-            )
-        fallback = fallback_for(device, mode)
-        log_once(
-            log,
-            f"fallback:{device}:{mode.value}",
-            "warning",
-            "precision.fallback",
-            device=str(device),
-            requested=mode.value,
-            precision=fallback.value,
-            reason=f"{mode.value} is not supported on {device} ({why}); on_unsupported=fallback uses "
-            f"{fallback.value}, the nearest precision at least as precise as {mode.value}",
-        )
-        return plugins[fallback](device, scaler)
-    if support == Support.SLOW:
-        log_once(
-            log,
-            f"slow:{device}:{mode.value}",
-            "warning",
-            "precision.slow_on_device",
-            device=str(device),
-            precision=mode.value,
-            reason=f"{mode.value} runs on {device.type} as asked, without the hardware the flag rule counts as fast: "
-            f"{capability.slow_reason(device, mode)}",
-        )
-    return plugins[mode](device, scaler)
+    if parse_mode(requested) == PrecisionMode.AUTO:
+        return plugins[capability.auto_precision(device)[0]](device, scaler)
+    return plugins[runnable_mode(requested, device, on_unsupported)[0]](device, scaler)
 
 
 def supported_modes(device: Union[str, torch.device]) -> list[str]:
@@ -167,7 +151,6 @@ __all__ = [
     "Support",
     "UnsupportedPrecisionError",
     "auto_precision",
-    "best_supported",
     "fallback_for",
     "AT_LEAST_AS_PRECISE",
     "capability_report",
@@ -181,6 +164,7 @@ __all__ = [
     "parse_mode",
     "parse_on_unsupported",
     "resolve_precision",
+    "runnable_mode",
     "slow_reason",
     "supported_modes",
     "tf32_matmuls",

@@ -65,10 +65,6 @@ class Precision:
         """Where the forward pass (and the loss) runs: autocast, or nothing."""
         return contextlib.nullcontext()
 
-    def autocast(self) -> ContextManager[Any]:
-        """Alias of `forward_context`."""
-        return self.forward_context()
-
     def math_context(self) -> ContextManager[Any]:
         """The matmul math mode for forward and backward (TF32 switches for
         ``tf32``; nothing otherwise). Hand-written loops that must do the same

@@ -1,0 +1,194 @@
+"""The precision decision: made once, before any trainer exists.
+
+"Why did this run train in FP32?" is this module's answer. `decide_precision`
+turns what an agent asked for (an explicit argument, the settings, its
+profile: `genesis_fp16.policy`'s layering), its rollout-ledger stage, the kill
+switch, the device and, for ``auto``, a measurement of the workload (a
+`genesis_fp16.calibration.Calibration`, measured or read from the host cache
+by `genesis_fp16.autotune`) into one `PrecisionDecision`: the mode, where it
+came from (`Source`) and a one-line reason. The trainer receives it (the
+plugin of its mode) and never reads settings or the ledger, never measures
+and never swaps its plugin.
+
+`decide` is the same decision over a bare `FP16TrainingConfig` (the seed
+API, ``FP16Trainer(model, optimizer, FP16TrainingConfig(precision="auto"))``):
+``auto`` there is the device's flag rule, unless a measurement is passed.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Optional, Union
+
+import torch
+
+from .config import FP16TrainingConfig
+from .precision import capability, parse_mode, runnable_mode
+from .precision.capability import Support
+from .settings import AutoPrecision, PrecisionMode
+from .telemetry import get_logger, log_once
+
+if TYPE_CHECKING:
+    from .calibration import Calibration
+    from .policy import EffectivePolicy
+    from .settings import Settings
+
+
+class Source(str, enum.Enum):
+    """Where a decision came from."""
+
+    EXPLICIT = "explicit"
+    """An argument (``--precision``, ``precision=``, a config built by hand)."""
+    SETTINGS = "settings"
+    """The global settings (``GENESIS_FP16_PRECISION``, ``.env``)."""
+    PROFILE = "profile"
+    """The agent's profile."""
+    LEDGER = "ledger"
+    """The rollout ledger's stage (``off`` or ``rolled_back``: FP32)."""
+    KILL_SWITCH = "kill_switch"
+    """``ENABLE_FP16_TRAINING=false``."""
+    MEASURED = "measured"
+    """``auto``, measured on this workload now."""
+    CACHED = "cached"
+    """``auto``, a measurement of this workload on this host from the host cache."""
+    RULE = "rule"
+    """``auto`` by the device's flag rule (not measured)."""
+    FALLBACK = "fallback"
+    """The precision asked for cannot run on the device: the nearest at least as precise."""
+
+
+@dataclass(frozen=True)
+class PrecisionDecision:
+    """What a trainer trains in, where that came from and why."""
+
+    mode: PrecisionMode
+    """What runs."""
+    source: Source
+    reason: str
+    """One line, for people."""
+    requested: PrecisionMode = PrecisionMode.AUTO
+    """What was asked for (``auto`` stays ``auto``; ``fp32`` when reduced precision is off)."""
+    device: str = "cpu"
+    calibration: Optional["Calibration"] = field(default=None, compare=False, repr=False)
+    """The measurement an ``auto`` decision (or a slow-on-device warning) rests on; None otherwise."""
+
+    @property
+    def precision(self) -> str:
+        return self.mode.value
+
+    def as_dict(self) -> dict[str, Any]:
+        """``precision``, ``source``, ``reason``, ``requested``, ``device`` as plain strings."""
+        return {"precision": self.mode.value, "source": self.source.value, "reason": self.reason,
+                "requested": self.requested.value, "device": self.device}
+
+    def line(self) -> str:
+        """``bf16 (measured): ...``: the decision in one line."""
+        return f"{self.mode.value} ({self.source.value}): {self.reason}"
+
+
+def _source_of(origin: str) -> Source:
+    """A policy's per-field origin (`EffectivePolicy.sources`) as a `Source`."""
+    if origin.startswith("kill switch"):
+        return Source.KILL_SWITCH
+    if origin.startswith("ledger:"):
+        return Source.LEDGER
+    if origin.startswith("profile:"):
+        return Source.PROFILE
+    if origin == "argument":
+        return Source.EXPLICIT
+    return Source.SETTINGS
+
+
+def _measured_speed(calibration: Optional["Calibration"], mode: PrecisionMode) -> Optional[float]:
+    if calibration is None:
+        return None
+    return calibration.speed_low.get(mode.value, calibration.speed.get(mode.value))
+
+
+def decide(
+    config: FP16TrainingConfig,
+    device: Union[str, torch.device],
+    *,
+    source: Source = Source.EXPLICIT,
+    off_source: Optional[Source] = None,
+    off_reason: str = "",
+    measured: Optional["Calibration"] = None,
+    cached: bool = False,
+    unmeasured: str = "",
+) -> PrecisionDecision:
+    """The decision for ``config`` on ``device``. ``source`` is where a named
+    precision came from; ``off_source``/``off_reason`` why reduced precision
+    is off when ``config.enabled`` is False. ``auto`` takes ``measured`` (a
+    calibration of this workload; ``cached`` when read from the host cache),
+    else the flag rule with ``unmeasured`` as the why-not. A precision the
+    device cannot run follows ``config.on_unsupported`` (``error`` raises
+    `UnsupportedPrecisionError`). ``precision.slow_on_device`` is logged only
+    where a measurement says the named precision is slower than FP32."""
+    device = torch.device(device)
+    log = get_logger("genesis_fp16.decision")
+    requested = config.requested_precision
+    asked = parse_mode(config.precision)
+    if not config.enabled:
+        why = off_reason or "enabled=False"
+        return PrecisionDecision(PrecisionMode.FP32, off_source or source, f"reduced precision is off: {why}", requested, str(device))
+    if asked == PrecisionMode.AUTO:
+        if measured is not None and capability.device_support(device, PrecisionMode(measured.precision)) != Support.NONE:
+            src = Source.CACHED if cached else Source.MEASURED
+            mode = PrecisionMode(measured.precision)
+            reason = measured.reason + (" (cached for this host and workload)" if cached else "")
+        else:
+            mode, rule = capability.auto_precision(device)
+            src = Source.RULE
+            reason = f"rule (not measured{': ' + unmeasured if unmeasured else ''}): {rule}"
+        decision = PrecisionDecision(mode, src, reason, requested, str(device), measured if src != Source.RULE else None)
+        level = "info"
+        log_once(log, f"auto:{device}:{src.value}:{mode.value}:{reason}", level, "precision.auto_selected",
+                 device=str(device), precision=mode.value, source=src.value, reason=reason)
+        return decision
+    mode, fallback = runnable_mode(asked, device, config.on_unsupported)  # error: raises; fallback: logged
+    if fallback is not None:
+        return PrecisionDecision(mode, Source.FALLBACK, fallback, requested, str(device))
+    support = capability.device_support(device, asked)
+    reason = f"{asked.value} asked for by name ({source.value})"
+    speed = _measured_speed(measured, asked)
+    if speed is not None and speed < 1.0:
+        reason += f"; measured here at {speed:.2f}x fp32"
+        log_once(log, f"slow:{device}:{asked.value}:{measured.key if measured else ''}", "warning", "precision.slow_on_device",
+                 device=str(device), precision=asked.value, speed=speed,
+                 reason=f"{asked.value} runs as asked; measured on this workload at {speed:.2f}x fp32 (at worst)")
+    elif support == Support.SLOW:
+        reason += f"; the flag rule counts it as slow here (not measured): {capability.slow_reason(device, asked)}"
+    return PrecisionDecision(asked, source, reason, requested, str(device), measured)
+
+
+def decide_precision(
+    agent: str,
+    device: Union[str, torch.device],
+    *,
+    settings: Optional["Settings"] = None,
+    precision: Optional[str] = None,
+    overrides: Optional[dict[str, Any]] = None,
+    policy: Optional["EffectivePolicy"] = None,
+    measured: Optional["Calibration"] = None,
+    cached: bool = False,
+    unmeasured: str = "",
+) -> PrecisionDecision:
+    """The one decision for ``agent`` on ``device``: the request layered by
+    `genesis_fp16.policy.resolve_policy` (settings < profile < argument; then
+    the ledger stage and the kill switch; pass ``policy`` when already
+    resolved), then `decide`. ``measured`` is the workload's calibration
+    (`genesis_fp16.autotune.measured_auto`) when ``auto`` was measured;
+    without one, ``auto`` follows the flag rule and says why (``unmeasured``)."""
+    from .policy import resolve_policy
+
+    if policy is None:
+        policy = resolve_policy(agent, settings, precision=precision, overrides=overrides)
+    if not unmeasured and settings is not None and settings.auto_precision == AutoPrecision.RULE:
+        unmeasured = "GENESIS_FP16_AUTO_PRECISION=rule"
+    sources = policy.sources
+    return decide(
+        policy.config, device, source=_source_of(sources.get("precision", "settings")),
+        off_source=_source_of(sources.get("enabled", "settings")), off_reason=policy.reason if policy.reason != "settings and profile" else "",
+        measured=measured, cached=cached, unmeasured=unmeasured,
+    )

@@ -1,0 +1,83 @@
+"""The precision decision (genesis_fp16/decision.py): one function turns the
+request (argument, settings, profile), the ledger stage, the kill switch, the
+device and a measurement into one typed decision (mode, source, reason),
+before any trainer exists. The capability checks are patched, so every path
+runs on any machine."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from genesis_fp16 import FP16Trainer, FP16TrainingConfig
+from genesis_fp16.decision import PrecisionDecision, Source, decide, decide_precision
+from genesis_fp16.precision import UnsupportedPrecisionError
+from genesis_fp16.precision import capability as C
+from genesis_fp16.precision.capability import Support
+from genesis_fp16.registry import resolve_trainer
+from genesis_fp16.rollout import RolloutLedger
+from genesis_fp16.settings import PrecisionMode, load_settings
+
+from conftest import CPU_KINDS
+
+
+def _profile(state_dir, text):
+    (state_dir / "profiles.toml").write_text(text, encoding="utf-8")
+
+
+def _decide(**kw) -> PrecisionDecision:
+    return decide_precision("wm", "cpu", settings=load_settings(), **kw)
+
+
+def test_each_source_is_named(state_dir, monkeypatch):
+    monkeypatch.setattr(C, "cpu_flags", lambda: CPU_KINDS["amx"])
+    assert _decide(precision="fp16").source == Source.EXPLICIT
+    monkeypatch.setenv("GENESIS_FP16_PRECISION", "fp16")
+    assert _decide().source == Source.SETTINGS and _decide().mode == PrecisionMode.FP16
+    _profile(state_dir, '[agents.wm]\nprecision = "bf16"\n')
+    profiled = _decide()
+    assert profiled.source == Source.PROFILE and profiled.mode == PrecisionMode.BF16
+    monkeypatch.delenv("GENESIS_FP16_PRECISION")
+    _profile(state_dir, "")
+    rule = _decide()
+    assert rule.source == Source.RULE and rule.mode == PrecisionMode.BF16 and "rule (not measured" in rule.reason
+    RolloutLedger.from_settings(load_settings()).disable("wm")
+    off = _decide(precision="bf16")
+    assert off.source == Source.LEDGER and off.mode == PrecisionMode.FP32 and "stage is off" in off.reason
+    monkeypatch.setenv("ENABLE_FP16_TRAINING", "false")
+    killed = _decide(precision="bf16")
+    assert killed.source == Source.KILL_SWITCH and killed.mode == PrecisionMode.FP32 and "ENABLE_FP16_TRAINING" in killed.reason
+
+
+def test_a_precision_the_device_cannot_run_falls_back_upwards_or_raises(monkeypatch):
+    monkeypatch.setattr(C, "device_support", lambda d, m: Support.NONE if m == PrecisionMode.BF16 else Support.NATIVE)
+    fell = decide(FP16TrainingConfig(precision="bf16"), "cpu")
+    assert fell.source == Source.FALLBACK and fell.mode == PrecisionMode.FP32 and fell.requested == PrecisionMode.BF16
+    with pytest.raises(UnsupportedPrecisionError, match="bf16"):
+        decide(FP16TrainingConfig(precision="bf16", on_unsupported="error"), "cpu")
+
+
+def test_the_decision_is_frozen_plain_data_and_one_line():
+    decision = decide(FP16TrainingConfig(precision="fp32"), "cpu")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        decision.mode = PrecisionMode.BF16  # type: ignore[misc]
+    assert decision.as_dict() == {"precision": "fp32", "source": "explicit", "reason": decision.reason, "requested": "fp32", "device": "cpu"}
+    assert decision.line().startswith("fp32 (explicit): ")
+
+
+def test_the_registry_decides_before_the_trainer_and_the_trainer_keeps_it(state_dir, monkeypatch):
+    monkeypatch.setattr(C, "cpu_flags", lambda: CPU_KINDS["amx"])
+    model = torch.nn.Linear(4, 2)
+    built = resolve_trainer("wm", model, torch.optim.SGD(model.parameters(), 0.1))
+    assert built.trainer.decision is built.decision and built.decision.source == Source.RULE
+    assert built.trainer.precision.name == built.decision.mode.value == built.policy.running == "bf16"
+    assert built.trainer.get_stats()["decision"]["source"] == "rule"
+
+
+def test_the_seed_api_still_decides_auto_by_the_device_rule(monkeypatch):
+    monkeypatch.setattr(C, "cpu_flags", lambda: CPU_KINDS["avx2"])
+    model = torch.nn.Linear(4, 2)
+    trainer = FP16Trainer(model, torch.optim.SGD(model.parameters(), 0.1), FP16TrainingConfig(precision="auto"))
+    assert trainer.precision.name == "fp32" and trainer.decision.source == Source.RULE and trainer.auto_reason
