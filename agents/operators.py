@@ -35,7 +35,7 @@ def best_of(pool: Sequence[Candidate]) -> Optional[Candidate]:
         return None
     # any full evaluation outranks any partial score, however high: a one-episode probe is verified first only
     # when it meets the target (SEDarwinAgent._promotable); a better probe below the target stays unrefined
-    # (Swimmer-v5 seed 2: a probe at 132.2 under a full evaluation at 13.1; docs/EVOLUTION.md)
+    # (a high probe under a low full evaluation happens: docs/EVOLUTION.md)
     return max(scored, key=lambda c: (c.full, c.real_return))
 
 

@@ -25,18 +25,14 @@ out inside an `EnsembleDynamics`, scored by what the model is sure of.
   uncertainty. Where it cannot (the episode runs its length), each remaining
   step is valued at the rollout's own mean value per step until then, but
   never above the data's mean reward per step; truncated at the first step,
-  or after a non-finite value, at the lowest reward seen. Valuing every
-  remaining step at the lowest reward made the imagined returns of long
-  horizons meaningless (Swimmer-v5, horizon 1000: 63% of rollouts truncated,
-  median imagined return -1523 for a real median of 6; -171 with this rule,
-  -184 with truncation off) without changing the ranking
-  (``scripts/imagination_ranking.py``). The share truncated is
-  reported. The members are compared on one state rather than
-  the particles on theirs: particles drift apart by their sampled noise
-  alone, and their spread fired inside the data as often as outside it
-  (``scripts/bench_world_model.py --disagreement``, 10 particles: 72% of the
-  rollouts of Swimmer-v5's data policies truncated at 1.0 and 32% of
-  HalfCheetah-v5's, against 0% for the members on one state). The check
+  or after a non-finite value, at the lowest reward seen: valuing every
+  remaining step at the lowest reward made long horizons' imagined returns
+  meaningless without changing the ranking (measured by
+  ``scripts/imagination_ranking.py``; the figures are in docs/EVOLUTION.md).
+  The share truncated is reported. The members are compared on one state
+  rather than the particles on theirs: particles drift apart by their
+  sampled noise alone, so their spread fired inside the data as often as
+  outside it (``scripts/bench_world_model.py --disagreement``). The check
   runs every `DISAGREEMENT_EVERY` steps. A single network (``ensemble=1``)
   has no disagreement and never truncates.
 * The score is pessimistic: the particles' mean return minus ``kappa`` times

@@ -282,7 +282,8 @@ def test_a_ledger_without_schema_version_is_migrated_in_place(state_dir):
     assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 3
     conn.close()
     assert RolloutLedger(path).stage("wm") is None  # the migrated ledger opens as current
-    assert RolloutLedger(path).calibrations() == []  # version 3 added the calibrations table
+    tables = {row[0] for row in sqlite3.connect(path).execute("SELECT name FROM sqlite_master WHERE type='table'")}
+    assert "calibrations" in tables  # version 3 added the (now unused) calibrations table
 
 
 def test_a_ledger_from_a_newer_version_is_refused(state_dir):

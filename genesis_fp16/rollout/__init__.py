@@ -9,8 +9,10 @@ The ledger is SQLite in ``<state_dir>/rollout.sqlite`` in WAL mode
 (`.db`: connections, transactions, the retry policy, faults). Each kind of
 record has its own small store over that file: stages and their history
 (`.stages`), checks and checkpoints (`.checks`), the guard's windows and
-canary schedule (`.guard_state`), calibrations and applied tuning
-(`.calibrations`). `RolloutLedger` composes them behind one API.
+canary schedule (`.guard_state`) and applied tuning (`.tuning`).
+`RolloutLedger` composes them behind one API. (`auto`'s measured decisions
+live in the host-level cache of `genesis_fp16.autotune`, shared by every state
+dir; the ``calibrations`` table of schema version 3 is no longer written.)
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from .. import storage
 from ..names import check_agent_name
 from ..settings import Settings, env_name, load_settings
 from ..telemetry import get_logger
-from .calibrations import CalibrationStore, TuningStore
+from .tuning import TuningStore
 from .checks import QUALITY_KINDS, CheckStore
 from .db import LEDGER_FILE, LedgerError, LedgerFile, ledger_call
 from .guard_state import WINDOW_KINDS, GuardStateStore
@@ -51,7 +53,6 @@ class RolloutLedger(LedgerFile):
         self._guard = GuardStateStore(self)
         self._stages = StageStore(self, on_change=self._guard.forget)
         self._checks = CheckStore(self)
-        self._calibrations = CalibrationStore(self)
         self._tuning = TuningStore(self)
 
     @classmethod
@@ -185,23 +186,7 @@ class RolloutLedger(LedgerFile):
         """How many calls `count_canary_call` has counted for ``agent`` since its last stage change."""
         return self._guard.canary_calls(agent)
 
-    # -- what `precision=auto` measured, what `tune --apply` applied ------------
-    def calibration(self, key: str) -> Optional[dict[str, Any]]:
-        """The calibration recorded for workload ``key``, or None."""
-        return self._calibrations.calibration(key)
-
-    def calibrations(self) -> list[dict[str, Any]]:
-        """Every recorded calibration, oldest first."""
-        return self._calibrations.calibrations()
-
-    def record_calibration(self, record: dict[str, Any]) -> None:
-        """Keep a calibration (a JSON object with ``key``, ``at`` and ``precision``), replacing the workload's last."""
-        return self._calibrations.record_calibration(record)
-
-    def clear_calibrations(self) -> int:
-        """Forget every calibration (`genesis-fp16 doctor --recalibrate`); returns how many there were."""
-        return self._calibrations.clear_calibrations()
-
+    # -- what `tune --apply` applied -------------------------------------------
     def tuning_applied_through(self, agent: str, profiles: Union[str, Path]) -> Optional[str]:
         """The timestamp of the newest event of ``agent`` already turned into a
         change of the profile file ``profiles``; None when none was."""

@@ -75,6 +75,8 @@ CREATE TABLE IF NOT EXISTS tuning_applied (
     changes TEXT NOT NULL,
     PRIMARY KEY (agent, profiles)
 );
+-- version 3's per-state-dir cache of auto's decisions, replaced by the host-level
+-- cache (genesis_fp16.autotune); kept so a version-3 ledger needs no migration
 CREATE TABLE IF NOT EXISTS calibrations (
     key TEXT PRIMARY KEY,
     at TEXT NOT NULL,
