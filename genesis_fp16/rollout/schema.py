@@ -75,8 +75,6 @@ CREATE TABLE IF NOT EXISTS tuning_applied (
     changes TEXT NOT NULL,
     PRIMARY KEY (agent, profiles)
 );
--- version 3's per-state-dir cache of auto's decisions, replaced by the host-level
--- cache (genesis_fp16.autotune); kept so a version-3 ledger needs no migration
 CREATE TABLE IF NOT EXISTS calibrations (
     key TEXT PRIMARY KEY,
     at TEXT NOT NULL,
@@ -84,6 +82,8 @@ CREATE TABLE IF NOT EXISTS calibrations (
     record TEXT NOT NULL
 );
 """
+# `calibrations` was version 3's per-state-dir cache of auto's decisions, replaced by
+# the host-level cache (genesis_fp16.autotune); kept so a version-3 ledger needs no migration.
 # PRAGMA user_version of a ledger with the schema above. 0 is a ledger written
 # before versioning (to_stage NOT NULL, no guard_windows / canary_calls /
 # tuning_applied), 2 one without calibrations: `migrate` brings them here.
