@@ -292,20 +292,16 @@ class GuardedTraining:
             return Reference("canary", *fp32_reference(self.model, self.optimizer, self.trainer, f"{self.agent}{CANARY_SUFFIX}"))
         return None
 
-    def step(self, batch: Any, loss_fn: LossFn, *, fault: Optional[Callable[[torch.Tensor], torch.Tensor]] = None) -> bool:
+    def step(self, batch: Any, loss_fn: LossFn) -> bool:
         """One micro-step: ``loss_fn(model, batch)`` under autocast, backward,
         and the optimizer step on the last micro-step; the call's FP32
-        reference takes the same batch. ``fault(loss) -> loss`` rewrites the
-        loss first (a rehearsal hook, e.g. a NaN storm; the reference is spared).
-        The loss is kept in ``last_loss``. Returns False when the step was
+        reference takes the same batch. The loss is kept in ``last_loss``. Returns False when the step was
         skipped. A P0 trip is rolled back before this returns; later steps
         train the restored weights (in FP32) and count."""
         self._ensure_good_checkpoint()
         trainer = self.trainer
         before = trainer.training_steps
         loss = trainer.training_step(batch, loss_fn)
-        if fault is not None:
-            loss = fault(loss)
         stepped = trainer.backward_and_step(loss)
         self.last_loss = loss.detach()
         reference = self._call.reference if self._call is not None else None
