@@ -11,17 +11,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum
-from typing import TYPE_CHECKING, Any, Optional
+from typing import Any, Optional
 
 from pydantic import ValidationError
 
 from .modes import parse_mode
 from .settings import PrecisionConfig, PrecisionMode, allowed_values
 
-if TYPE_CHECKING:  # imported where used: `profiles` imports this module and must not import torch
-    from .precision import ScalerOptions
-
-# FP16TrainingConfig field -> PrecisionConfig field, where the names differ
+# FP16TrainingConfig field -> PrecisionConfig field, where the names differ: the one
+# rename between the two, used by the policy and the profiles through the two functions below
 _PRECISION_NAME = {"loss_scale": "init_scale"}
 _TRAINER_NAME = {v: k for k, v in _PRECISION_NAME.items()}
 
@@ -74,19 +72,19 @@ _OTHER_FIELDS = {"enabled": _bool, "check_finite_loss": _bool, "device": _device
 class FP16TrainingConfig:
     """Trainer configuration.
 
-    enabled: False trains in FP32 whatever ``precision`` says.
-    loss_scale: the scaler's initial scale (torch's ``init_scale``).
-    growth_factor / backoff_factor / growth_interval: as torch names them.
-    precision: auto | fp16 | bf16 | fp32 (any `PrecisionMode`).
-    max_grad_norm: clip the (unscaled) gradient norm to this; None disables.
-    grad_accumulation_steps: micro-steps per optimizer step; the loss is divided by it.
-    on_unsupported: fallback | error, for a precision the device cannot run.
-    device: where the model lives; None infers it from the model's parameters.
-    nonfinite_streak_threshold: consecutive non-finite losses that raise an event.
-    check_finite_loss: test each loss for NaN/inf before backward (one host sync per step).
+    The precision fields (``precision``, ``on_unsupported``, ``loss_scale``,
+    ``growth_factor``, ``backoff_factor``, ``growth_interval``,
+    ``max_grad_norm``, ``grad_accumulation_steps``,
+    ``nonfinite_streak_threshold``) are `genesis_fp16.settings.PrecisionConfig`'s,
+    described and checked there; ``loss_scale`` is its ``init_scale``
+    (`precision_name`). Construction validates them and stores them normalised
+    (``precision="FP16"`` becomes ``"fp16"``, ``loss_scale=1024`` becomes
+    ``1024.0``); `precision_config` gives them as one. The others are the
+    trainer's own:
 
-    Construction validates the precision fields and stores them normalised
-    (``precision="FP16"`` becomes ``"fp16"``, ``loss_scale=1024`` becomes ``1024.0``).
+    enabled: False trains in FP32 whatever ``precision`` says.
+    device: where the model lives; None infers it from the model's parameters.
+    check_finite_loss: test each loss for NaN/inf before backward (one host sync per step).
     """
 
     enabled: bool = True
@@ -118,16 +116,13 @@ class FP16TrainingConfig:
 
     @property
     def precision_config(self) -> PrecisionConfig:
+        """The precision fields as a `PrecisionConfig` (its names: ``init_scale``
+        for ``loss_scale``); the precision plugins take their scaler's options from it."""
         return validate_precision({precision_name(f): getattr(self, f) for f in PRECISION_FIELDS})
 
     @property
     def requested_precision(self) -> PrecisionMode:
         return parse_mode(self.precision) if self.enabled else PrecisionMode.FP32
-
-    def scaler_options(self) -> ScalerOptions:
-        from .precision import ScalerOptions
-
-        return ScalerOptions(**self.precision_config.scaler_kwargs())
 
     @classmethod
     def from_precision_config(cls, config: PrecisionConfig, **fields: Any) -> "FP16TrainingConfig":

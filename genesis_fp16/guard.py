@@ -23,12 +23,12 @@ nothing to roll back: its decisions are ``warn``.
 from __future__ import annotations
 
 import threading
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Optional, Union
 
 from .canary import canary_due as _canary_schedule
-from .judge import Action, Finding, Reference, Verdict, action_for, judge, judge_policy_canary
+from .judge import Action, Finding, Reference, judge, judge_policy_canary, verdict_of
+from .judge import Verdict as GuardDecision
 from .profiles import THRESHOLD_DEFAULTS, GuardThresholds, guard_thresholds
 from .rollout import RolloutLedger, Severity, Stage
 from .settings import Settings, load_settings
@@ -40,31 +40,7 @@ if TYPE_CHECKING:
 __all__ = ["ACTIONS", "Action", "GuardDecision", "Reference", "RollbackGuard", "Severity", "Stage"]
 
 ACTIONS = tuple(a.value for a in Action)
-
-
-@dataclass
-class GuardDecision:
-    """What the guard decided. ``severity`` None means healthy."""
-
-    severity: Optional[Severity] = None
-    """`P0` (roll back now), `P1` (roll back) or `P2` (warn); None when healthy."""
-    action: Action = Action.NONE
-    """`none`, `warn` or `rollback`."""
-    reason: str = ""
-    """What was measured against which threshold, in words."""
-    restore_checkpoint: bool = False
-    """Whether the rollback restores the last good checkpoint."""
-    recommendation: Optional[dict[str, Any]] = None
-    """A proposed profile change (P2), as `genesis-fp16 tune` shows it."""
-    metrics: dict[str, Any] = field(default_factory=dict)
-    """The measurements the decision rests on (overflow rate, loss ratio, ...)."""
-
-    def as_dict(self) -> dict[str, Any]:
-        """The fields as a plain dictionary (for JSON and event logs): severity and action as their strings."""
-        out = asdict(self)
-        out["severity"] = None if self.severity is None else Severity(self.severity).value
-        out["action"] = Action(self.action).value
-        return out
+# GuardDecision is `genesis_fp16.judge.Verdict`: the rule's verdict is the decision, logged and acted on as it is.
 
 
 class RollbackGuard:
@@ -175,7 +151,8 @@ class RollbackGuard:
         with self._lock:
             if self.tripped is not None:
                 return
-            decision = self._act(trainer, Verdict((Finding(Severity.P0, reason, True),), metrics))
+            metrics = dict(metrics, precision=trainer.precision.name)
+            decision = self._act(verdict_of((Finding(Severity.P0, reason, True),), metrics))
             if decision.action == Action.ROLLBACK:
                 self.tripped = decision
                 self._tripped_trainer = trainer
@@ -198,7 +175,7 @@ class RollbackGuard:
         # the val-loss canary and PPO's policy canary share one window: both are stage on's canary
         return "shadow" if reference == Reference.SHADOW else "canary"
 
-    def _record_canary(self, verdict: Verdict, metrics: dict[str, Any]) -> None:
+    def _record_canary(self, verdict: GuardDecision, metrics: dict[str, Any]) -> None:
         """Log and record (quality_checks) one canary's outcome."""
         check = verdict.check
         assert check is not None
@@ -214,7 +191,7 @@ class RollbackGuard:
             precision=metrics.get("precision"), alarm=check.alarm,
         )
 
-    def _push(self, reference: Reference, verdict: Verdict) -> None:
+    def _push(self, reference: Reference, verdict: GuardDecision) -> None:
         """Keep this check's outcome in the ledger's window for the next check (in this process or another)."""
         if verdict.check is not None:
             self.ledger.push_guard_outcome(self.agent, self._window_kind(reference), verdict.check.alarm, self.thresholds.canary_window)
@@ -230,16 +207,14 @@ class RollbackGuard:
         trainer = trainer if trainer is not None else self.trainer
         values = {"kl": float(kl), "max_logp_delta": float(max_logp_delta), "max_value_delta": float(max_value_delta)}
         window = self.ledger.guard_window(self.agent, self._window_kind(Reference.CANARY))
-        verdict = judge_policy_canary(values, self.thresholds, window)
         precision = trainer.precision.name if trainer is not None else None
-        metrics: dict[str, Any] = {**values, "precision": precision, "kind": "policy"}
+        verdict = judge_policy_canary(values, self.thresholds, window, precision)
         self._push(Reference.CANARY, verdict)
-        self._record_canary(verdict, metrics)
+        self._record_canary(verdict, verdict.metrics)
         if not verdict.findings:
-            decision = GuardDecision(None, Action.NONE, "healthy", False, None, metrics)
-            self.decisions.append(decision)
-            return decision
-        return self._act(trainer, Verdict(verdict.findings, metrics, verdict.check))
+            self.decisions.append(verdict)
+            return verdict
+        return self._act(verdict)
 
     # -- whole-run statistics (P1, P2) ------------------------------------------------
     def check(
@@ -278,11 +253,10 @@ class RollbackGuard:
             canary = {k: verdict.metrics.get(k) for k in ("val_loss", "fp32_val_loss", "val_loss_ratio", "precision")}
             self._record_canary(verdict, dict(canary, kind="val_loss"))
         if not verdict.findings:
-            decision = GuardDecision(None, Action.NONE, "healthy", False, None, verdict.metrics)
-            self.decisions.append(decision)
+            self.decisions.append(verdict)
             self._log.info("guard.decision", severity=None, action=Action.NONE.value, reason="healthy", **verdict.metrics)
-            return decision
-        decision = self._act(trainer, verdict)
+            return verdict
+        decision = self._act(verdict)
         if decision.severity == Severity.P0 and decision.action == Action.ROLLBACK:
             self.tripped = decision
             self._tripped_trainer = trainer
@@ -291,18 +265,13 @@ class RollbackGuard:
         return decision
 
     # -- acting -------------------------------------------------------------------------
-    def _act(self, trainer: Optional[FP16Trainer], verdict: Verdict) -> GuardDecision:
-        """Turn a verdict with findings into a decision: log it, and on a
-        rollback write the ledger (which also clears the agent's windows: the
-        next trainer starts new ones); record a recommendation."""
-        severity, reason, recommendation = verdict.severity, verdict.reason, verdict.recommendation
+    def _act(self, decision: GuardDecision) -> GuardDecision:
+        """Act on a verdict with findings (`genesis_fp16.judge.verdict_of`):
+        log it, and on a rollback write the ledger (which also clears the
+        agent's windows: the next trainer starts new ones); record a recommendation."""
+        severity, action, reason, recommendation = decision.severity, decision.action, decision.reason, decision.recommendation
         assert severity is not None
-        precision = trainer.precision.name if trainer is not None else verdict.metrics.get("precision")
-        metrics = dict(verdict.metrics, precision=precision)
-        action = action_for(severity, precision)
-        if severity in (Severity.P0, Severity.P1) and action == Action.WARN:
-            reason = f"{reason} (already FP32: nothing to roll back)"
-        decision = GuardDecision(severity, action, reason, verdict.restore_checkpoint and action == Action.ROLLBACK, recommendation, metrics)
+        metrics, precision = decision.metrics, decision.metrics.get("precision")
         self.decisions.append(decision)
         level = "error" if action == Action.ROLLBACK else "warning"
         getattr(self._log, level)(
@@ -314,7 +283,7 @@ class RollbackGuard:
             **{k: v for k, v in metrics.items() if k not in ("severity", "action", "reason")},
         )
         if action == Action.ROLLBACK:
-            entry = self.ledger.rollback(self.agent, f"{severity}: {reason}", actor="guard", severity=severity)
+            entry = self.ledger.rollback(self.agent, decision.summary, actor="guard", severity=severity)
             self._log.error(
                 "guard.rollback",
                 severity=severity.value,

@@ -20,7 +20,8 @@ on. The caller keeps its batches, its loss and its validation:
 The precision is decided before the trainer is built (``registry.resolve_trainer``,
 `genesis_fp16.decision`): pass ``sample=(batch, loss_fn)`` for a measured
 ``auto``; ``decision`` is the trainer's. The guard's contract (`Guard`,
-`GuardVerdict`, `CallReport`, ``guard=``) is `genesis_fp16.guarded_contract`.
+`CallReport`, ``guard=``) is `genesis_fp16.guarded_contract`; the guard's
+verdict, from its rule to the reports, is `genesis_fp16.judge.Verdict`.
 """
 
 from __future__ import annotations
@@ -40,7 +41,6 @@ from .guarded_contract import (
     CallReport,
     Guard,
     GuardChoice,
-    GuardVerdict,
     LoadFn,
     LossFn,
     QualityLedger,
@@ -49,6 +49,7 @@ from .guarded_contract import (
     ValFn,
     resolve_guard,
 )
+from .judge import Verdict
 from .names import check_agent_name
 from .policy import EffectivePolicy, resolve_policy
 from .registry import Sample
@@ -58,8 +59,8 @@ from .telemetry import get_logger
 from .trainer import FP16Trainer
 
 __all__ = [
-    "DEFAULT_GUARD", "UNGUARDED", "CallReport", "Guard", "GuardChoice", "GuardVerdict", "GuardedTraining", "LoadFn", "LossFn",
-    "QualityLedger", "Reference", "SaveFn", "Sample", "ValFn", "resolve_guard",
+    "DEFAULT_GUARD", "UNGUARDED", "CallReport", "Guard", "GuardChoice", "GuardedTraining", "LoadFn", "LossFn",
+    "QualityLedger", "Reference", "SaveFn", "Sample", "ValFn", "Verdict", "resolve_guard",
 ]
 
 
@@ -158,13 +159,13 @@ class GuardedTraining:
         self.good_path = self.checkpoint_dir / good_name
         self._save = save or (lambda path: self.trainer.save_checkpoint(path))
         self._load = load or _restore_weights
-        self.rollbacks: list[GuardVerdict] = []
+        self.rollbacks: list[Verdict] = []
         """Every rollback decision handled, oldest first."""
         self.shadow: Optional[Reference] = None
         """Stage ``shadow``: the FP32 copy kept for the stage (None in other stages)."""
         self._ledger: Optional[QualityLedger] = self.guard.ledger if self.guard is not None else None
         self._call: Optional[_Call] = None
-        self._handled: Optional[GuardVerdict] = None
+        self._handled: Optional[Verdict] = None
         self._owned: Optional[Union[str, Path]] = None  # the last good checkpoint last seen to be this run's
         self.last_loss: Optional[torch.Tensor] = None
         """The loss of the last `step` (detached)."""
@@ -291,20 +292,16 @@ class GuardedTraining:
             return Reference("canary", *fp32_reference(self.model, self.optimizer, self.trainer, f"{self.agent}{CANARY_SUFFIX}"))
         return None
 
-    def step(self, batch: Any, loss_fn: LossFn, *, fault: Optional[Callable[[torch.Tensor], torch.Tensor]] = None) -> bool:
+    def step(self, batch: Any, loss_fn: LossFn) -> bool:
         """One micro-step: ``loss_fn(model, batch)`` under autocast, backward,
         and the optimizer step on the last micro-step; the call's FP32
-        reference takes the same batch. ``fault(loss) -> loss`` rewrites the
-        loss first (a rehearsal hook, e.g. a NaN storm; the reference is spared).
-        The loss is kept in ``last_loss``. Returns False when the step was
+        reference takes the same batch. The loss is kept in ``last_loss``. Returns False when the step was
         skipped. A P0 trip is rolled back before this returns; later steps
         train the restored weights (in FP32) and count."""
         self._ensure_good_checkpoint()
         trainer = self.trainer
         before = trainer.training_steps
         loss = trainer.training_step(batch, loss_fn)
-        if fault is not None:
-            loss = fault(loss)
         stepped = trainer.backward_and_step(loss)
         self.last_loss = loss.detach()
         reference = self._call.reference if self._call is not None else None
@@ -373,7 +370,7 @@ class GuardedTraining:
         return self._ledger
 
     # -- judging and rolling back --------------------------------------------------------------
-    def check(self, **kwargs: Any) -> GuardVerdict:
+    def check(self, **kwargs: Any) -> Verdict:
         """``guard.check(trainer, **kwargs)`` (P1/P2: ``val_loss``,
         ``fp32_val_loss``, ``throughput_ratio``, ``reference``); a rollback is
         handled as in `step` before this returns."""
@@ -383,7 +380,7 @@ class GuardedTraining:
             self._roll_back(decision)
         return decision
 
-    def check_policy_canary(self, **gap: float) -> GuardVerdict:
+    def check_policy_canary(self, **gap: float) -> Verdict:
         """``guard.check_policy_canary(trainer, kl=..., max_logp_delta=...,
         max_value_delta=...)`` (a policy's canary on a held batch); a confirmed
         alarm is rolled back as in `step`."""
@@ -397,7 +394,7 @@ class GuardedTraining:
             raise RuntimeError(f"GuardedTraining({self.agent!r}).{what}: trained with guard=UNGUARDED; there is no guard to judge")
         return self.guard
 
-    def _roll_back(self, decision: GuardVerdict) -> None:
+    def _roll_back(self, decision: Verdict) -> None:
         """Through ``guard.recover``: a new trainer (the ledger says
         rolled_back: FP32), the last good checkpoint restored into it in the
         dtype that trainer needs, the trip cleared."""
@@ -414,13 +411,13 @@ class GuardedTraining:
         self.trainer, restored = guard.recover(self._rebuild, self._load)
         self.shadow = None
         self.rollbacks.append(decision)
-        reason = f"{decision.severity}: {decision.reason}"
+        reason = decision.summary
         precision = self.trainer.precision.name
         if call is not None:
             call.skipped_from = self.trainer.skipped_steps
             report = call.report
-            if not report.rolled_back:
-                report.rolled_back, report.rollback_reason = True, reason
+            if report.rollback is None:
+                report.rollback = decision
                 report.restored = str(restored) if restored is not None else None
             if restored is not None:
                 report.events.append(f"restored {restored}")

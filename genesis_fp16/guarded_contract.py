@@ -1,10 +1,11 @@
 """What `genesis_fp16.guarded.GuardedTraining` trains against and reports.
 
-The rollback guard's contract (`Guard`, `GuardVerdict`, `QualityLedger`;
+The rollback guard's contract (`Guard`, `QualityLedger`;
 `genesis_fp16.guard.RollbackGuard` is the real one), how ``guard=`` is said
 (`GuardChoice`: the agent's own guard, or `UNGUARDED` said out loud), the FP32
 reference trained beside a reduced-precision run (`Reference`) and what one
-training call reports (`CallReport`, with the precision decision it ran under).
+training call reports (`CallReport`, with the precision decision it ran under
+and the guard's verdicts, `genesis_fp16.judge.Verdict`, as they are).
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ from typing import TYPE_CHECKING, Any, Callable, Optional, Protocol, Union
 
 import torch
 
-from .guard import GuardDecision, RollbackGuard
+from .guard import RollbackGuard
+from .judge import Verdict
 from .settings import Settings
 from .trainer import FP16Trainer
 
@@ -44,13 +46,6 @@ UNGUARDED = GuardChoice.UNGUARDED
 """Pass as ``guard=`` to train without a rollback guard (no rollback, no canary, no good checkpoints)."""
 
 
-GuardVerdict = GuardDecision
-"""The guard's verdict, one type from the rule to the report: `genesis_fp16.guard.GuardDecision`
-(what `Guard.check` returns, `GuardedTraining.rollbacks` keeps, `CallReport.decision` carries and
-the world model's `TrainReport.guard_decision` holds as its ``as_dict()``). The pure rule's
-findings (`genesis_fp16.judge.Verdict`) become one inside the guard."""
-
-
 class QualityLedger(Protocol):
     """Where reference measurements go (`genesis_fp16.rollout.RolloutLedger`)."""
 
@@ -64,7 +59,7 @@ class QualityLedger(Protocol):
 class Guard(Protocol):
     """What `GuardedTraining` needs of a rollback guard (`RollbackGuard` is the real one)."""
 
-    tripped: Optional[GuardVerdict]
+    tripped: Optional[Verdict]
     ledger: QualityLedger
 
     @property
@@ -79,11 +74,11 @@ class Guard(Protocol):
 
     def check(
         self, trainer: FP16Trainer, *, val_loss: Optional[float] = None, fp32_val_loss: Optional[float] = None, reference: str = "shadow"
-    ) -> GuardVerdict: ...
+    ) -> Verdict: ...
 
     def check_policy_canary(
         self, trainer: Optional[FP16Trainer] = None, *, kl: float, max_logp_delta: float, max_value_delta: float
-    ) -> GuardVerdict: ...
+    ) -> Verdict: ...
 
     def recover(self, build: Callable[[], FP16Trainer], load: Optional[LoadFn] = None) -> tuple[FP16Trainer, Optional[Path]]: ...
 
@@ -118,12 +113,11 @@ class CallReport:
     """Where ``fp32_val_loss`` comes from: ``shadow``, ``canary`` or None."""
     canary_due: bool = False
     """Whether this call was a canary call (every ``guard.canary_every``-th reduced-precision call)."""
-    rolled_back: bool = False
-    rollback_reason: Optional[str] = None
-    """``"<severity>: <reason>"`` of the first rollback in the call."""
+    rollback: Optional[Verdict] = None
+    """The guard's verdict of the first rollback in the call (None: no rollback)."""
     restored: Optional[str] = None
     """The checkpoint the rollback restored."""
-    decision: Optional[GuardVerdict] = None
+    decision: Optional[Verdict] = None
     """The guard's judgement at the end of the call (None unguarded)."""
     skipped_steps: int = 0
     """Steps skipped during the call, over every trainer it used."""
@@ -131,6 +125,16 @@ class CallReport:
     """What happened, in words (``restored <path>``, ``rolled back to fp32: ...``)."""
     precision_decision: Optional["PrecisionDecision"] = None
     """The precision decision of the trainer in use after the call (mode, source, reason; `genesis_fp16.decision`)."""
+
+    @property
+    def rolled_back(self) -> bool:
+        """Whether the call rolled back."""
+        return self.rollback is not None
+
+    @property
+    def rollback_reason(self) -> Optional[str]:
+        """``"<severity>: <reason>"`` of the first rollback in the call (`Verdict.summary`)."""
+        return None if self.rollback is None else self.rollback.summary
 
 
 def resolve_guard(owner: str, agent: str, guard: Union[Guard, GuardChoice], settings: Settings) -> Optional[Guard]:

@@ -16,6 +16,7 @@ over ``canary_val_loss_ratio``, or a non-finite val loss, counts as confirmed.
 
 from __future__ import annotations
 
+import copy
 import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional, Sequence
@@ -105,32 +106,51 @@ def judge_gap(val_loss: Optional[float], fp32_val_loss: Optional[float], th: Gua
 
 @dataclass(frozen=True)
 class Verdict:
-    """What `judge` found: the findings, most severe first, the measurements
-    they rest on, and the FP32 reference's check in its window (None when no
-    gap was judged)."""
+    """The guard's verdict, one type from the rule to the report: what `judge`
+    and `judge_policy_canary` return, what `genesis_fp16.guard.RollbackGuard`
+    logs and acts on (``GuardDecision`` there is this type), what
+    `GuardedTraining.rollbacks` keeps and the training-call reports carry.
+    ``severity`` None means healthy."""
 
-    findings: tuple[Finding, ...]
+    severity: Optional[Severity] = None
+    """`P0` (roll back now), `P1` (roll back) or `P2` (warn); None when healthy."""
+    action: Action = Action.NONE
+    """`none`, `warn` or `rollback` (`action_for`: an FP32 trainer has nothing to roll back)."""
+    reason: str = "healthy"
+    """What was measured against which threshold, in words (the most severe findings')."""
+    restore_checkpoint: bool = False
+    """Whether the rollback restores the last good checkpoint."""
+    recommendation: Optional[dict[str, Any]] = None
+    """A proposed profile change (P2), as `genesis-fp16 tune` shows it."""
     metrics: dict[str, Any] = field(default_factory=dict)
+    """The measurements the verdict rests on (overflow rate, loss ratio, precision, ...)."""
+    findings: tuple[Finding, ...] = ()
+    """Everything found wrong, most severe first."""
     check: Optional[Confirmation] = None
+    """The FP32 reference's check in its window (None when no gap was judged)."""
+
+    def __post_init__(self) -> None:
+        # the strings a caller may pass ("P1", "rollback") become the enums
+        if self.severity is not None:
+            object.__setattr__(self, "severity", Severity(self.severity))
+        object.__setattr__(self, "action", Action(self.action))
 
     @property
-    def severity(self) -> Optional[Severity]:
-        return self.findings[0].severity if self.findings else None
+    def summary(self) -> str:
+        """``"<severity>: <reason>"``, as the ledger and the reports say a rollback."""
+        return f"{self.severity}: {self.reason}"
 
-    @property
-    def reason(self) -> str:
-        """The reasons of the most severe findings, or ``healthy``."""
-        if not self.findings:
-            return "healthy"
-        return "; ".join(f.reason for f in self.findings if f.severity == self.severity)
-
-    @property
-    def restore_checkpoint(self) -> bool:
-        return bool(self.findings) and self.findings[0].restore_checkpoint
-
-    @property
-    def recommendation(self) -> Optional[dict[str, Any]]:
-        return next((f.recommendation for f in self.findings if f.recommendation is not None), None)
+    def as_dict(self) -> dict[str, Any]:
+        """Severity, action, reason, restore_checkpoint, recommendation and
+        metrics as plain data (for JSON and event logs): severity and action as their strings."""
+        return {
+            "severity": None if self.severity is None else self.severity.value,
+            "action": self.action.value,
+            "reason": self.reason,
+            "restore_checkpoint": self.restore_checkpoint,
+            "recommendation": copy.deepcopy(self.recommendation),
+            "metrics": copy.deepcopy(self.metrics),
+        }
 
 
 def action_for(severity: Optional[Severity], precision: Optional[str]) -> Action:
@@ -140,6 +160,23 @@ def action_for(severity: Optional[Severity], precision: Optional[str]) -> Action
     if severity in (Severity.P0, Severity.P1) and precision != "fp32":
         return Action.ROLLBACK
     return Action.WARN
+
+
+def verdict_of(findings: Sequence[Finding], metrics: dict[str, Any], check: Optional[Confirmation] = None) -> Verdict:
+    """The verdict on ``findings``: the most severe decide severity and
+    reason, ``action_for`` the action at ``metrics["precision"]`` (P0/P1 of an
+    FP32 trainer only warn, and the reason says so), the first recommendation."""
+    ordered = tuple(sorted(findings, key=lambda f: f.severity.value))
+    if not ordered:
+        return Verdict(metrics=metrics, check=check)
+    severity = ordered[0].severity
+    reason = "; ".join(f.reason for f in ordered if f.severity == severity)
+    action = action_for(severity, metrics.get("precision"))
+    if severity in (Severity.P0, Severity.P1) and action == Action.WARN:
+        reason = f"{reason} (already FP32: nothing to roll back)"
+    recommendation = next((f.recommendation for f in ordered if f.recommendation is not None), None)
+    restore = ordered[0].restore_checkpoint and action == Action.ROLLBACK
+    return Verdict(severity, action, reason, restore, recommendation, metrics, ordered, check)
 
 
 def _overflow_recommendation(stats: Mapping[str, Any], overflow: float) -> Optional[dict[str, Any]]:
@@ -214,22 +251,24 @@ def judge(
     if throughput_ratio is not None and float(throughput_ratio) < th.throughput_ratio:
         findings.append(Finding(Severity.P2, f"throughput {float(throughput_ratio):.2f}x FP32 (< {th.throughput_ratio:.2f}x)",
                                 recommendation={"changes": {"precision": "fp32"}, "reason": "reduced precision is slower than FP32 here"}))
-    findings.sort(key=lambda f: f.severity.value)
-    return Verdict(tuple(findings), metrics, check)
+    return verdict_of(findings, metrics, check)
 
 
 POLICY_LIMITS = {"kl": "canary_kl", "max_logp_delta": "canary_logp_delta", "max_value_delta": "canary_value_delta"}
 
 
-def judge_policy_canary(values: Mapping[str, float], th: GuardThresholds, window: Sequence[bool] = ()) -> Verdict:
+def judge_policy_canary(
+    values: Mapping[str, float], th: GuardThresholds, window: Sequence[bool] = (), precision: Optional[str] = None
+) -> Verdict:
     """A policy canary (PPO): ``values`` (``kl``, ``max_logp_delta``,
     ``max_value_delta``) against ``canary_kl``, ``canary_logp_delta``,
-    ``canary_value_delta``; a non-finite value alarms; a confirmed alarm is P1."""
+    ``canary_value_delta``; a non-finite value alarms; a confirmed alarm is P1
+    (a rollback, restoring the last good checkpoint, unless ``precision`` is FP32)."""
     limits = {k: float(getattr(th, name)) for k, name in POLICY_LIMITS.items()}
     over = [k for k, v in values.items() if not (math.isfinite(v) and v <= limits[k])]
     check = confirm(bool(over), window, th)
-    metrics = {**values, "kind": "policy"}
+    metrics = {**values, "precision": precision, "kind": "policy"}
     if not check.confirmed:
-        return Verdict((), metrics, check)
+        return verdict_of((), metrics, check)
     reason = "policy canary: " + ", ".join(f"{k} {values[k]:.3g} (> {limits[k]:g})" for k in over)
-    return Verdict((Finding(Severity.P1, f"{reason}, confirmed", True),), metrics, check)
+    return verdict_of((Finding(Severity.P1, f"{reason}, confirmed", True),), metrics, check)

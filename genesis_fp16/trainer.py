@@ -80,7 +80,7 @@ class FP16Trainer:
         self._log = get_logger("genesis_fp16.trainer", trainer=name)
         self.decision: PrecisionDecision = decision if decision is not None else decide(self.config, self.device)
         """What this trainer trains in, where that came from and why (`genesis_fp16.decision`)."""
-        self.precision: Precision = self.precision_plugins[self.decision.mode](self.device, self.config.scaler_options())
+        self.precision: Precision = self.precision_plugins[self.decision.mode](self.device, self.config.precision_config)
         self.model = self.precision.convert_module(model)  # fp16-true casts the weights; others return it as is
         self.training_steps = 0  # optimizer steps attempted (skipped ones included)
         self.overflow_steps = 0
@@ -290,7 +290,7 @@ class FP16Trainer:
     def cast_model_to_fp16(self) -> torch.nn.Module:
         """Cast the weights themselves to FP16 (inference / deployment). Training
         afterwards runs without master weights and without a scaler."""
-        self.precision = self.precision_plugins[PrecisionMode.FP16_TRUE](self.device, self.config.scaler_options())
+        self.precision = self.precision_plugins[PrecisionMode.FP16_TRUE](self.device, self.config.precision_config)
         self.model = self.precision.convert_module(self.model)
         self._last_scale = self.precision.scale
         self._emit("trainer.cast_to_fp16", "warning", reason="weights now FP16; no FP32 master copy, no scaler")

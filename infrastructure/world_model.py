@@ -19,7 +19,7 @@ import torch
 
 from genesis_fp16 import checkpoint as ckpt
 from genesis_fp16.device import DeviceArg, resolve_device
-from genesis_fp16.guarded import DEFAULT_GUARD, UNGUARDED, Guard, GuardChoice, GuardedTraining, GuardVerdict, resolve_guard
+from genesis_fp16.guarded import DEFAULT_GUARD, UNGUARDED, Guard, GuardChoice, GuardedTraining, Verdict, resolve_guard
 from genesis_fp16.names import check_agent_name
 from genesis_fp16.settings import Settings, load_settings
 from genesis_fp16.threads import torch_threads
@@ -34,8 +34,8 @@ from .replay_buffer import ReplayBuffer
 from .trajectory import Trajectory
 from .world_model_types import ShadowGapLedger, TrainReport, inference_gap_of, val_loss_of
 
-__all__ = ["EnsembleDynamics", "Guard", "GuardVerdict", "Imagination", "NonFiniteDataError", "NotTrainedError", "ShadowGapLedger",
-           "TrainReport", "UNGUARDED", "WorldModel", "features"]
+__all__ = ["EnsembleDynamics", "Guard", "Imagination", "NonFiniteDataError", "NotTrainedError", "ShadowGapLedger",
+           "TrainReport", "UNGUARDED", "Verdict", "WorldModel", "features"]
 
 # The default size, by scripts/bench_world_model.py: from 128 hidden units
 # up, BF16 trains a 5-member ensemble faster than FP32 (1.3-1.45x on an

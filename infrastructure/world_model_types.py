@@ -1,22 +1,24 @@
 """What the world model reports after training and its validation
 measurements; what it needs of the rollback guard and the ledger is typed in
-``genesis_fp16.guarded`` (`Guard`, `GuardVerdict`, `QualityLedger`)."""
+``genesis_fp16.guarded`` (`Guard`, `QualityLedger`); the guard's verdict,
+carried as it is, is `genesis_fp16.judge.Verdict`."""
 
 from __future__ import annotations
 
 import contextlib
+import copy
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Optional
 
 import torch
 
-from genesis_fp16.guarded import CallReport, Guard, GuardVerdict, QualityLedger
+from genesis_fp16.guarded import CallReport, Guard, QualityLedger, Verdict
 from genesis_fp16.trainer import FP16Trainer
 
 from .ensemble import EnsembleDynamics, member_losses
 
-__all__ = ["Guard", "GuardVerdict", "ShadowGapLedger", "TrainReport", "inference_gap_of", "val_loss_of"]
+__all__ = ["Guard", "ShadowGapLedger", "TrainReport", "inference_gap_of", "val_loss_of", "Verdict"]
 
 
 ShadowGapLedger = QualityLedger
@@ -34,8 +36,9 @@ class TrainReport:
     ``shadow_gap`` and ``reference`` (``shadow`` or ``canary``) are set when an
     FP32 reference was measured; ``inference_val_loss_fp32`` and
     ``inference_gap`` compare the same weights without autocast.
-    ``rolled_back``, ``rollback_reason``, ``checkpoint`` (restored or saved) and
-    ``guard_decision`` say what the guard did; ``events`` lists the events the
+    ``rollback`` (the verdict of the first rollback; ``rolled_back`` and
+    ``rollback_reason`` read it), ``checkpoint`` (restored or saved) and
+    ``guard_decision`` (the guard's verdict at the end) say what the guard did; ``events`` lists the events the
     call logged. ``device`` is where it trained; ``member_val_loss`` each
     member's FP32 validation loss and ``elites`` the members chosen by it,
     best first.
@@ -54,10 +57,9 @@ class TrainReport:
     reference: Optional[str] = None  # where fp32_val_loss comes from: "shadow", "canary" or None (no FP32 reference)
     inference_val_loss_fp32: Optional[float] = None  # val loss of the same weights without autocast
     inference_gap: Optional[float] = None  # (val_loss - inference_val_loss_fp32) / inference_val_loss_fp32
-    rolled_back: bool = False
-    rollback_reason: Optional[str] = None
+    rollback: Optional[Verdict] = None
     checkpoint: Optional[str] = None
-    guard_decision: Optional[dict[str, Any]] = None
+    guard_decision: Optional[Verdict] = None
     events: list[str] = field(default_factory=list)
     device: Optional[str] = None  # where the model trained (cpu, cuda:0, ...)
     member_val_loss: Optional[list[float]] = None  # each member's FP32 validation loss, in member order
@@ -72,13 +74,33 @@ class TrainReport:
         return cls(
             val_loss=float(call.val_loss if val_loss is None else val_loss), precision=call.precision, skipped_steps=call.skipped_steps,
             fp32_val_loss=call.fp32_val_loss, shadow_gap=call.gap, reference=call.reference if call.fp32_val_loss is not None else None,
-            rolled_back=call.rolled_back, rollback_reason=call.rollback_reason,
-            guard_decision=call.decision.as_dict() if call.decision is not None else None, events=call.events,
+            rollback=call.rollback, guard_decision=call.decision, events=call.events,
             precision_decision=call.precision_decision.as_dict() if call.precision_decision is not None else None, **fields,
         )
 
+    @property
+    def rolled_back(self) -> bool:
+        """Whether the call rolled back."""
+        return self.rollback is not None
+
+    @property
+    def rollback_reason(self) -> Optional[str]:
+        """``"<severity>: <reason>"`` of the first rollback (`Verdict.summary`); None without one."""
+        return None if self.rollback is None else self.rollback.summary
+
     def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """The report as plain data: ``rollback`` as ``rolled_back`` and
+        ``rollback_reason``, ``guard_decision`` as its `Verdict.as_dict`."""
+        out: dict[str, Any] = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name == "rollback":
+                out.update(rolled_back=self.rolled_back, rollback_reason=self.rollback_reason)
+            elif isinstance(value, Verdict):
+                out[f.name] = value.as_dict()
+            else:
+                out[f.name] = copy.deepcopy(value)
+        return out
 
     def log_fields(self) -> dict[str, Any]:
         """The fields of the ``world_model.trained`` event."""

@@ -1,12 +1,12 @@
 """A loss fault injected into a world model's training by the tests:
 `WorldModel.train` has no test hook, so a NaN storm for the guard to roll
-back goes in here, through `GuardedTraining.step`'s ``fault`` (the loss is
-rewritten before the backward; the FP32 reference is spared). World-model
+back goes in here: each `GuardedTraining.step` gets the world model's loss
+function wrapped, so the trained model's loss is rewritten before the
+backward while the FP32 reference (another model) is spared. World-model
 training runs in a thread of this process, so patching the instance reaches it."""
 
 from __future__ import annotations
 
-import functools
 import itertools
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator
@@ -26,7 +26,13 @@ def loss_fault(world_model: Any, fault: FaultFn) -> Iterator[None]:
     steps = itertools.count()
 
     def step(batch: Any, loss_fn: Any, **kwargs: Any) -> bool:
-        return real(batch, loss_fn, fault=functools.partial(fault, next(steps)))
+        n = next(steps)
+
+        def faulty(model: torch.nn.Module, data: Any) -> torch.Tensor:
+            loss = loss_fn(model, data)
+            return fault(n, loss) if model is training.trainer.model else loss
+
+        return real(batch, faulty, **kwargs)
 
     training.step = step
     try:

@@ -83,7 +83,7 @@ def test_training_config_stores_validated_values():
     cfg = FP16TrainingConfig(precision=PrecisionMode.BF16, on_unsupported="ERROR", loss_scale=1024, max_grad_norm="none")
     assert cfg.precision == "bf16" and type(cfg.precision) is str and cfg.on_unsupported == "error"
     assert cfg.loss_scale == 1024.0 and type(cfg.loss_scale) is float and cfg.max_grad_norm is None
-    assert cfg.scaler_options().init_scale == 1024.0
+    assert cfg.precision_config.init_scale == 1024.0 and cfg.precision_config.scaler_kwargs()["init_scale"] == 1024.0
 
 
 def test_training_config_from_precision_config():

@@ -518,9 +518,10 @@ def test_registry_lists_ddp_and_fsdp() -> None:
 def test_sharded_fp16_plugin_makes_a_sharded_scaler_from_its_options() -> None:
     from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 
-    from genesis_fp16.precision import FP16Mixed, ScalerOptions
+    from genesis_fp16.precision import FP16Mixed
+    from genesis_fp16.settings import PrecisionConfig
 
-    options = ScalerOptions(init_scale=8.0, growth_factor=4.0, backoff_factor=0.25, growth_interval=3)
+    options = PrecisionConfig(init_scale=8.0, growth_factor=4.0, backoff_factor=0.25, growth_interval=3)
     plugin = gd.ShardedFP16Mixed("cpu", options)
     assert isinstance(plugin, FP16Mixed) and plugin.name == "fp16"
     scaler = plugin.make_scaler()

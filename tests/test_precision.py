@@ -5,7 +5,7 @@ from structlog.testing import capture_logs
 
 from genesis_fp16 import precision as P
 from genesis_fp16.precision import capability as C
-from genesis_fp16.settings import PrecisionMode
+from genesis_fp16.settings import PrecisionConfig, PrecisionMode
 from genesis_fp16.trainer import FP16TrainingConfig
 
 
@@ -79,8 +79,10 @@ def test_modes_give_contexts_and_scalers():
 
 
 def test_scaler_options_named_as_torch_names_them():
-    opts = P.ScalerOptions(init_scale=128.0, growth_factor=4.0, backoff_factor=0.25, growth_interval=400)
-    scaler = P.FP16Mixed("cpu", opts).make_scaler()
+    config = PrecisionConfig(init_scale=128.0, growth_factor=4.0, backoff_factor=0.25, growth_interval=400)
+    plugin = P.FP16Mixed("cpu", config)
+    assert plugin.scaler_kwargs == config.scaler_kwargs()
+    scaler = plugin.make_scaler()
     assert scaler.get_scale() == 128.0
     assert scaler.get_growth_factor() == 4.0 and scaler.get_backoff_factor() == 0.25
     assert scaler.get_growth_interval() == 400
@@ -149,7 +151,7 @@ def test_modes_without_a_scaler_are_plain_torch(mode):
 
 
 def test_fp16_owns_its_scaler_and_detects_overflow():
-    precision = P.FP16Mixed("cpu", P.ScalerOptions(init_scale=1024.0))
+    precision = P.FP16Mixed("cpu", PrecisionConfig(init_scale=1024.0))
     model, stepped, changed = _linear_step(precision)
     assert stepped and changed and precision.scale == 1024.0
     # the unscaled gradient is the true gradient: d(sum(Wx+b))/db = batch size
@@ -160,7 +162,7 @@ def test_fp16_owns_its_scaler_and_detects_overflow():
     restored = P.FP16Mixed("cpu")
     restored.load_state_dict(state)
     assert restored.scale == 512.0 and restored.scaler.get_scale() == 512.0
-    fresh = P.FP16Mixed("cpu", P.ScalerOptions(init_scale=64.0))
+    fresh = P.FP16Mixed("cpu", PrecisionConfig(init_scale=64.0))
     fresh.load_state_dict({})  # a checkpoint saved without a scaler keeps the fresh one
     assert fresh.scale == 64.0
 
@@ -171,9 +173,9 @@ def test_make_scaler_is_the_override_point():
 
     class Variant(P.FP16Mixed):
         def make_scaler(self):
-            return Quiet(self.device.type, init_scale=self.scaler_options.init_scale)
+            return Quiet(self.device.type, init_scale=self.scaler_kwargs["init_scale"])
 
-    precision = Variant("cpu", P.ScalerOptions(init_scale=8.0))
+    precision = Variant("cpu", PrecisionConfig(init_scale=8.0))
     assert isinstance(precision.scaler, Quiet) and precision.scale == 8.0
 
 

@@ -394,7 +394,7 @@ async def test_a_rollback_decision_after_the_run_restores_the_last_good_checkpoi
     resets = guard.resets
     report = await wm.train(30, trajectories=trajs)
     assert report.rolled_back and report.rollback_reason == "P1: val loss 1.5x FP32"
-    assert report.precision == "fp32" and report.guard_decision["severity"] == "P1"
+    assert report.precision == "fp32" and report.guard_decision.severity == "P1"
     assert f"restored {first.checkpoint}" in report.events
     assert all(torch.equal(good[k], v) for k, v in wm.model.state_dict().items())
     assert report.val_loss == pytest.approx(first.val_loss, rel=0.05)

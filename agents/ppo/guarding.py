@@ -21,7 +21,7 @@ import torch
 
 from genesis_fp16.canary import policy_gap
 from genesis_fp16.guard import RollbackGuard
-from genesis_fp16.guarded import CallReport, GuardedTraining, GuardVerdict
+from genesis_fp16.guarded import CallReport, GuardedTraining, Verdict
 from genesis_fp16.settings import Settings, load_settings
 from genesis_fp16.telemetry import get_logger
 from genesis_fp16.trainer import FP16Trainer
@@ -114,7 +114,7 @@ class PPOGuard:
         if not new and self.training.reduced:
             self.training.save_good_checkpoint()
 
-    def _policy_canary(self) -> GuardVerdict:
+    def _policy_canary(self) -> Verdict:
         """Log-probs and values of the held batch with and without autocast."""
         if self.held is None:
             raise RuntimeError("PPOGuard: the policy canary needs a held batch; call hold(data) with the first rollout's data first")

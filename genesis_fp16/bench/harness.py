@@ -84,7 +84,7 @@ def build_cell(
     model = task.make_model(options.seed, device)
     optimizer = torch.optim.Adam(model.parameters(), lr=spec.lr)
     config = trainer_config(precision, device)
-    mode = resolve_precision(config.requested_precision, device, config.on_unsupported, config.scaler_options())
+    mode = resolve_precision(config.requested_precision, device, config.on_unsupported, config.precision_config)
     train_model: torch.nn.Module = model
     graphed = False
     # torch.compile brings its own CUDA-graph mode (mode="reduce-overhead"); never both

@@ -56,15 +56,7 @@ class ShardedFP16Mixed(FP16Mixed):
     rank skip the step."""
 
     def make_scaler(self) -> torch.amp.GradScaler:
-        opts = self.scaler_options
-        return QuietShardedGradScaler(
-            self.device.type,
-            init_scale=opts.init_scale,
-            growth_factor=opts.growth_factor,
-            backoff_factor=opts.backoff_factor,
-            growth_interval=opts.growth_interval,
-            enabled=True,
-        )
+        return QuietShardedGradScaler(self.device.type, **self.scaler_kwargs, enabled=True)
 
 
 class FSDPTrainer(DistributedTrainer):

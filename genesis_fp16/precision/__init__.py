@@ -16,7 +16,7 @@ import torch
 
 from ..errors import UnsupportedPrecisionError  # noqa: F401  (re-exported: defined torch-free for the CLI)
 from ..modes import parse_mode, parse_on_unsupported  # noqa: F401  (re-exported; torch-free for the CLI)
-from ..settings import OnUnsupported, PrecisionMode
+from ..settings import OnUnsupported, PrecisionConfig, PrecisionMode
 from ..telemetry import get_logger, log_once
 from . import capability
 from .capability import (
@@ -33,7 +33,7 @@ from .capability import (
     slow_reason,
     unsupported_reason,
 )
-from .plugins import TF32, BF16Mixed, FP16Mixed, HalfTrue, Precision, ScalerOptions, tf32_matmuls
+from .plugins import TF32, BF16Mixed, FP16Mixed, HalfTrue, Precision, tf32_matmuls
 
 
 MODES: dict[PrecisionMode, type[Precision]] = {
@@ -106,18 +106,19 @@ def resolve_precision(
     requested: Union[str, PrecisionMode],
     device: Union[str, torch.device],
     on_unsupported: Union[str, OnUnsupported] = OnUnsupported.FALLBACK,
-    scaler: Optional[ScalerOptions] = None,
+    config: Optional[PrecisionConfig] = None,
     *,
     plugins: Mapping[PrecisionMode, type[Precision]] = MODES,
 ) -> Precision:
     """A plugin from ``plugins`` for ``requested`` on ``device``, with no
     settings, ledger or measurement (the bench's raw loops): ``auto`` by the
     flag rule `auto_precision`, a named mode by `runnable_mode`. Trainers get
-    theirs from a `genesis_fp16.decision.PrecisionDecision`."""
+    theirs from a `genesis_fp16.decision.PrecisionDecision`. ``config`` gives
+    the scaler's options (default: `PrecisionConfig`'s)."""
     device = torch.device(device)
     if parse_mode(requested) == PrecisionMode.AUTO:
-        return plugins[capability.auto_precision(device)[0]](device, scaler)
-    return plugins[runnable_mode(requested, device, on_unsupported)[0]](device, scaler)
+        return plugins[capability.auto_precision(device)[0]](device, config)
+    return plugins[runnable_mode(requested, device, on_unsupported)[0]](device, config)
 
 
 def supported_modes(device: Union[str, torch.device]) -> list[str]:
@@ -147,7 +148,6 @@ __all__ = [
     "FP16Mixed",
     "HalfTrue",
     "Precision",
-    "ScalerOptions",
     "Support",
     "UnsupportedPrecisionError",
     "auto_precision",

@@ -9,33 +9,23 @@ the mode; a mode's behaviour lives here.
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
 from typing import Any, ContextManager, Iterator, Optional, Union
 
 import torch
 
 from ..settings import PrecisionConfig
 
-_DEFAULTS = PrecisionConfig()
 _REDUCED_WEIGHT_DTYPES = (torch.float16, torch.bfloat16)
-
-
-@dataclass(frozen=True)
-class ScalerOptions:
-    """The gradient scaler's options, named as ``torch.amp.GradScaler`` names
-    them; the defaults are `PrecisionConfig`'s."""
-
-    init_scale: float = _DEFAULTS.init_scale
-    growth_factor: float = _DEFAULTS.growth_factor
-    backoff_factor: float = _DEFAULTS.backoff_factor
-    growth_interval: int = _DEFAULTS.growth_interval
 
 
 class Precision:
     """FP32: no autocast, no scaler; every hook is the plain torch call.
 
-    ``scaler`` is a disabled ``GradScaler`` for modes without one, so code that
-    reads ``scaler.is_enabled()`` or ``scaler.get_scale()`` works for every mode.
+    ``config`` is where the scaler's options come from (`PrecisionConfig`, its
+    defaults when None; ``scaler_kwargs`` keeps them as ``torch.amp.GradScaler``
+    names them). ``scaler`` is a disabled ``GradScaler`` for modes without one,
+    so code that reads ``scaler.is_enabled()`` or ``scaler.get_scale()`` works
+    for every mode.
     """
 
     name = "fp32"
@@ -43,23 +33,15 @@ class Precision:
     uses_scaler = False
     keeps_fp32_weights = True  # False only where convert_module casts the weights themselves
 
-    def __init__(self, device: Union[str, torch.device], scaler: Optional[ScalerOptions] = None) -> None:
+    def __init__(self, device: Union[str, torch.device], config: Optional[PrecisionConfig] = None) -> None:
         self.device = torch.device(device)
-        self.scaler_options = scaler or ScalerOptions()
+        self.scaler_kwargs: dict[str, Any] = (config if config is not None else PrecisionConfig()).scaler_kwargs()
         self.scaler = self.make_scaler()
 
     def make_scaler(self) -> torch.amp.GradScaler:
         """The gradient scaler (disabled unless the mode ``uses_scaler``); the
         FSDP variant of FP16 overrides this to return a ``ShardedGradScaler``."""
-        opts = self.scaler_options
-        return torch.amp.GradScaler(
-            self.device.type,
-            init_scale=opts.init_scale,
-            growth_factor=opts.growth_factor,
-            backoff_factor=opts.backoff_factor,
-            growth_interval=opts.growth_interval,
-            enabled=self.uses_scaler,
-        )
+        return torch.amp.GradScaler(self.device.type, **self.scaler_kwargs, enabled=self.uses_scaler)
 
     def forward_context(self) -> ContextManager[Any]:
         """Where the forward pass (and the loss) runs: autocast, or nothing."""
@@ -118,8 +100,8 @@ class FP16Mixed(Precision):
     compute_dtype = torch.float16
     uses_scaler = True
 
-    def __init__(self, device: Union[str, torch.device], scaler: Optional[ScalerOptions] = None) -> None:
-        super().__init__(device, scaler)
+    def __init__(self, device: Union[str, torch.device], config: Optional[PrecisionConfig] = None) -> None:
+        super().__init__(device, config)
         # before the first step get_scale() is init_scale without a device sync
         self._scale = float(self.scaler.get_scale())
 
