@@ -108,6 +108,7 @@ def test_no_probing_of_our_own_objects():
 
 
 def test_modules_stay_small():
-    """About 400 lines at most, so a module can be read in one sitting."""
-    sizes = {str(p.relative_to(ROOT)): len(p.read_text().splitlines()) for p in SOURCES}
-    assert {name: n for name, n in sizes.items() if n > 420} == {}
+    """At most 450 lines (the plugin's modules too), so a module can be read in one sitting."""
+    modules = [*SOURCES, *ROOT.joinpath("genesis_fp16").rglob("*.py")]
+    sizes = {str(p.relative_to(ROOT)): len(p.read_text().splitlines()) for p in modules}
+    assert {name: n for name, n in sizes.items() if n > 450} == {}
