@@ -9,7 +9,7 @@ the model has to earn its say (`trust`): its proposals get real episodes only
 while the Spearman correlation of imagined against real returns over the
 last ``window`` audited candidates is at least ``threshold``. Until then, and
 whenever it falls below, a generation is a *probe generation*, searched the
-way the strongest model-free yardstick searches (`agents.baselines.cma_tuned`):
+way the strongest model-free yardstick searches (`benchmarks.baselines.cma_tuned`):
 
 * CMA-ES (pycma) in the search's normalised z-coordinates, started at the
   incumbent, proposes its population; the population and the search's

@@ -34,6 +34,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # benchmarks/ (the baselines' host report) is not installed
 SHARED = dict(num_envs=8, num_steps=128, update_epochs=4, minibatch_size=256)
 
 
@@ -150,7 +151,7 @@ def main() -> None:
         import stable_baselines3  # noqa: F401
     except ImportError:
         raise SystemExit("stable-baselines3 is not installed: pip install -e '.[bench]'")
-    from agents.baselines.common import host
+    from benchmarks.baselines.common import host
 
     runs: dict[str, list[dict]] = {"ours": [], "sb3": [], "raw": []}
     for rep in range(args.repeats):

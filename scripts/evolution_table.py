@@ -17,11 +17,11 @@ sets its ensemble size where EvolveConfig has that field), ``loop_e1`` (the
 loop with an ensemble of 1), ``no_world_model`` or ``no_model``, ``cma`` or
 ``cma_project`` (the project's CMA-ES: 16 episodes per candidate), ``cma_long``
 (the same with a long budget), and the model-free baselines of
-``agents.baselines``: ``cma_tuned`` / ``cma_tuned_norm`` (pycma, one episode per
+``benchmarks.baselines``: ``cma_tuned`` / ``cma_tuned_norm`` (pycma, one episode per
 candidate, without / with observation normalisation), ``ars`` (ARS V2-t) and
 ``sac`` (Stable-Baselines3 SAC for the loop's env steps of the same seed, or
 ``--sac-steps``; capped at ``--sac-max-steps``). How a baseline's steps to the
-target are counted: ``agents/baselines/common.py``. Then world-model
+target are counted: ``benchmarks/baselines/common.py``. Then world-model
 validation loss in FP32, BF16 and FP16 on the same data and seed. Prints
 markdown tables, the host first, and writes every run's report as JSON.
 """
@@ -43,16 +43,20 @@ from typing import Any, NamedTuple, Optional, Sequence
 import numpy as np
 import torch
 
-from agents.baselines import BaselineConfig, host, run_ars, run_cma_tuned, run_sac
-from agents.baselines.common import Clock
-from agents.plots import table_figure, write_png
-from agents.se_darwin_agent import EvolveConfig, SEDarwinAgent, run_cma_baseline
-from agents.tasks import ResolvedTask, Task, get_task, run_episodes
-from genesis_fp16.checkpoint import atomic_write_text
-from genesis_fp16.extras import MissingExtraError, require
-from genesis_fp16.settings import load_settings
-from infrastructure.replay_buffer import trajectories_from_episodes
-from infrastructure.world_model import WorldModel
+# the baselines live in benchmarks/ at the repository root, not in an installed package
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from agents.plots import table_figure, write_png  # noqa: E402
+from agents.se_darwin_agent import EvolveConfig, SEDarwinAgent, run_cma_baseline  # noqa: E402
+from agents.tasks import ResolvedTask, Task, get_task, run_episodes  # noqa: E402
+from benchmarks.baselines import BaselineConfig, host, run_ars, run_cma_tuned, run_sac  # noqa: E402
+from benchmarks.baselines.common import Clock  # noqa: E402
+from genesis_fp16.checkpoint import atomic_write_text  # noqa: E402
+from genesis_fp16.extras import MissingExtraError, require  # noqa: E402
+from genesis_fp16.settings import load_settings  # noqa: E402
+from infrastructure.replay_buffer import trajectories_from_episodes  # noqa: E402
+from infrastructure.world_model import WorldModel  # noqa: E402
 
 
 def cpu_model() -> str:
@@ -81,7 +85,7 @@ NAMES = {
 class Options(NamedTuple):
     """What the methods take beyond the budget: the loop's ensemble size and
     env-step budget (passed where EvolveConfig has those fields), the
-    baselines' options (agents.baselines)."""
+    baselines' options (benchmarks.baselines)."""
 
     ensemble: Optional[int] = None
     budget_steps: Optional[int] = None

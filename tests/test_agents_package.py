@@ -74,8 +74,9 @@ def test_evolve_without_the_extra_is_one_line(missing, args, tmp_path, state_dir
     assert not any(state_dir.iterdir()), "nothing may be written before the extra is checked"
 
 
-SOURCES = sorted([*ROOT.joinpath("agents").rglob("*.py"), *ROOT.joinpath("infrastructure").rglob("*.py")])
-OUR_PACKAGES = ("agents", "infrastructure", "genesis_fp16")
+# benchmarks/ (the model-free yardsticks, not installed) keeps the same rules
+SOURCES = sorted(p for package in ("agents", "infrastructure", "benchmarks") for p in ROOT.joinpath(package).rglob("*.py"))
+OUR_PACKAGES = ("agents", "infrastructure", "genesis_fp16", "benchmarks")
 
 
 def _probes(path: Path) -> list[str]:

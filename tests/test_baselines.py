@@ -1,4 +1,4 @@
-"""agents.baselines: observation normalisation folded into a policy, the
+"""benchmarks.baselines: observation normalisation folded into a policy, the
 steps-to-target bookkeeping, and tuned CMA-ES's one episode per candidate."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from agents.baselines import BaselineConfig, RunningStats, TargetWatch, fold, run_cma_tuned
-from agents.baselines.normalization import unit_scale
+from benchmarks.baselines import BaselineConfig, RunningStats, TargetWatch, fold, run_cma_tuned
+from benchmarks.baselines.normalization import unit_scale
 from agents.evaluation import make_evaluator
 from agents.evaluation_contract import Evaluation, EvaluationEnvError
 from agents.tasks import PolicySpec, get_task

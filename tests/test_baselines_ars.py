@@ -1,11 +1,11 @@
-"""agents.baselines.ars: the ARS V2-t update and a tiny run on real episodes."""
+"""benchmarks.baselines.ars: the ARS V2-t update and a tiny run on real episodes."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from agents.baselines import ARS_HYPERPARAMETERS, ARSHyper, BaselineConfig, ars_update, run_ars
+from benchmarks.baselines import ARS_HYPERPARAMETERS, ARSHyper, BaselineConfig, ars_update, run_ars
 
 pytest.importorskip("gymnasium")
 
@@ -82,7 +82,7 @@ def test_the_baselines_episodes_refuse_non_finite_env_data(factory, expected):
     """The same float32 check as the loop's workers, naming the start state's place."""
     import task_envs
 
-    from agents.baselines.rollout import EpisodeRunner
+    from benchmarks.baselines.rollout import EpisodeRunner
     from agents.tasks import EnvFailure, Task
 
     task = Task(env_id="Bad", env_factory=getattr(task_envs, factory), target=0.0).resolve()

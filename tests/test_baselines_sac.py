@@ -1,4 +1,4 @@
-"""agents.baselines.sac: how many env steps SAC runs, a clear error without
+"""benchmarks.baselines.sac: how many env steps SAC runs, a clear error without
 stable-baselines3, and a tiny run where it is installed."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from agents.baselines import BaselineConfig, run_sac, sac_steps
+from benchmarks.baselines import BaselineConfig, run_sac, sac_steps
 from genesis_fp16.extras import MissingExtraError
 
 

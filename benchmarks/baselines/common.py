@@ -25,7 +25,7 @@ from typing import Any, Optional
 
 import numpy as np
 
-from ..tasks import ResolvedTask, StartStates, Task, get_task
+from agents.tasks import ResolvedTask, StartStates, Task, get_task
 
 
 @dataclass(frozen=True)

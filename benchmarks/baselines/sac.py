@@ -15,7 +15,7 @@ from typing import Any, Optional
 
 from genesis_fp16.extras import require
 
-from ..tasks import Task
+from agents.tasks import Task
 from .common import BaselineConfig, Clock, TargetWatch, baseline_report, target_states
 from .rollout import EpisodeRunner, mean_return
 

@@ -1,7 +1,7 @@
 """Model-free baselines for the evolution loop's table (issue 26): tuned
 CMA-ES on one-episode scores (with and without observation normalisation),
 ARS V2-t, and Stable-Baselines3 SAC. Each returns a report in the shape of
-the loop's (``agents.baselines.common``)."""
+the loop's (``benchmarks.baselines.common``)."""
 
 from .ars import HYPERPARAMETERS as ARS_HYPERPARAMETERS
 from .ars import ARSHyper, ars_update, run_ars

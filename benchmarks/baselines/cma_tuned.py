@@ -14,7 +14,7 @@ With ``normalize=True`` the search runs on normalised observations as ARS V2
 does: running mean and std of the scaled observations (``obs * obs_scale``) of
 every episode spent, updated after each generation (so the candidates of one
 generation are compared under one normalisation), folded into the first
-layer before the workers run it (``agents.baselines.normalization``).
+layer before the workers run it (``benchmarks.baselines.normalization``).
 """
 
 from __future__ import annotations
@@ -26,9 +26,9 @@ import numpy as np
 
 from genesis_fp16.extras import require
 
-from ..evaluation import EvaluationBackend, EvaluationError, make_evaluator
-from ..evaluation_contract import Evaluation
-from ..tasks import Task
+from agents.evaluation import EvaluationBackend, EvaluationError, make_evaluator
+from agents.evaluation_contract import Evaluation
+from agents.tasks import Task
 from .common import BaselineConfig, Clock, TargetWatch, baseline_report, target_states
 from .normalization import RunningStats, fold
 
@@ -41,7 +41,7 @@ def run_cma_tuned(
 ) -> dict[str, Any]:
     """Run CMA-ES on one-episode scores under ``cfg``'s budget; the report's
     method is ``cma_tuned`` or ``cma_tuned_norm`` (see the module doc and
-    ``agents.baselines.common`` for the target checks). ``cpu_s`` counts the
+    ``benchmarks.baselines.common`` for the target checks). ``cpu_s`` counts the
     worker processes only of an evaluator made here (they end with the run)."""
     cma = require("cma", PURPOSE)
     require("gymnasium", PURPOSE)

@@ -14,7 +14,7 @@ after it, as the paper's algorithm and code do. M starts at 0.
 The paper's policy is unbounded and its actions go to the env as they are;
 gymnasium's boxes are bounded, so actions are clipped to the box (not
 squashed by tanh like the project's `PolicySpec`). Episodes run in this
-process (``agents.baselines.rollout``): ARS's policy is not a `PolicySpec`
+process (``benchmarks.baselines.rollout``): ARS's policy is not a `PolicySpec`
 the workers run. Direction ``d`` of the run starts from training start state
 ``d mod n_train``; an iteration is started only when its 2N episodes fit the
 episode budget, and one cut short by an env-step budget is charged without
@@ -31,7 +31,7 @@ import numpy as np
 
 from genesis_fp16.extras import require
 
-from ..tasks import ResolvedTask, Task
+from agents.tasks import ResolvedTask, Task
 from .common import BaselineConfig, Clock, TargetWatch, baseline_report, target_states
 from .normalization import RunningStats
 from .rollout import EpisodeRunner, PolicyFn, mean_return

@@ -14,7 +14,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from ..tasks import PolicySpec
+from agents.tasks import PolicySpec
 
 # ARS's filter gives a dimension whose spread is below this an infinite sigma:
 # a (near) constant input carries no information, and dividing by its tiny

@@ -17,8 +17,8 @@ import numpy as np
 
 from infrastructure.trajectory import first_non_finite
 
-from ..tasks import EnvFailure, EpisodeSpec
-from ..tasks.episodes import refuse_non_finite
+from agents.tasks import EnvFailure, EpisodeSpec
+from agents.tasks.episodes import refuse_non_finite
 
 if TYPE_CHECKING:
     import gymnasium as gym
