@@ -343,7 +343,7 @@ def test_checker_catches_a_renamed_flag_or_command():
 # -- shell blocks: run ----------------------------------------------------------
 
 RUN_TIMEOUT_S = 60  # per block: a hang fails the test instead of holding up CI
-COPIED = ("scripts", "configs", "examples", "docs/evolution")  # what the commands read from the repo (docs/evolution: the reports --summarize reads)
+COPIED = ("scripts", "benchmarks", "configs", "examples", "docs/evolution")  # what the commands read from the repo (benchmarks: the baselines scripts/evolution_table.py imports; docs/evolution: the reports --summarize reads)
 FAILED = "__snippet_failed__"
 # bash stops at the first failing command (pipes included) and says where
 PRELUDE = f"set -eo pipefail\ntrap 'echo \"{FAILED} $? $LINENO\" >&2' ERR\n"
@@ -366,7 +366,7 @@ def scratch_dir(root: Path) -> dict[str, str]:
     """Make ``root`` a scratch checkout to run doc commands in; return their
     environment.
 
-    ``scripts/``, ``configs/``, ``examples/`` and ``docs/evolution/`` are copies (small files),
+    ``scripts/``, ``benchmarks/``, ``configs/``, ``examples/`` and ``docs/evolution/`` are copies (small files),
     so a command that writes next to its inputs cannot touch the repo, and a
     relative ``--json out.json`` lands in ``root``. ``.venv/bin`` holds
     wrappers that exec the interpreter running the tests, so ``python``,
