@@ -1,4 +1,8 @@
-"""The evolution loop's options, its candidates, and the config a resumed run keeps."""
+"""The evolution loop's options, its candidates, and the config a resumed run keeps.
+
+Every option is one field of `EvolveConfig`; `genesis-fp16 evolve`'s flags are
+made from these fields (their docstrings are the flags' help, ``OPTION``
+metadata says the flag's name and panel): an option is written once."""
 
 from __future__ import annotations
 
@@ -9,7 +13,7 @@ from typing import Any, Optional
 
 import numpy as np
 
-from genesis_fp16.precision import parse_mode
+from genesis_fp16.modes import parse_mode
 from genesis_fp16.settings import PrecisionMode
 
 from .evaluation import BACKENDS
@@ -19,176 +23,156 @@ from .tasks import ResolvedTask, Task, TaskError, get_task
 # what needs the optional packages, in a missing extra's error
 EVOLVE = "genesis-fp16 evolve"
 
-DEFAULT_HORIZON = 200
-"""Imagined steps per rollout when `EvolveConfig.horizon` is None, on tasks whose episodes are longer (the rest of the
-episode is extrapolated from the last quarter's mean reward). Chosen by measurement (docs/EVOLUTION.md, "The imagined
-horizon"): on Swimmer-v5 and InvertedPendulum-v5 a model trained on a run's data ranks its candidates as well at 200 steps
-as at 1000, and a run costs a quarter to a fifth of the CPU (the loop's held-out returns on Swimmer-v5 are mixed across
-seeds). Pendulum-v1's 200-step episodes are imagined whole, as before."""
+ADVANCED = "Advanced"
+"""The help panel of the rarely used options."""
+RESUMABLE = ("budget", "budget_steps", "workers", "backend")
+"""Options a resumed run may change; every other one must equal the run's."""
+
+
+def option(default: Any, *, flag: Optional[str] = None, panel: Optional[str] = None, cli: bool = True, least: Optional[float] = None) -> Any:
+    """A config field and how `genesis-fp16 evolve` offers it: ``flag`` (default:
+    the field's name with dashes), ``panel`` (None: the main one), ``cli`` False:
+    not a flag, ``least``: the smallest value the flag takes."""
+    return field(default=default, metadata={"flag": flag, "panel": panel, "cli": cli, "least": least})
+
+
+def ledger_agent(kind: str, task_id: str) -> str:
+    """The ledger agent of a task's learned part: ``<kind>.<task id>`` (``world_model.Pendulum-v1``,
+    ``critic.Pendulum-v1``), any character outside letters, digits, ``.``, ``_`` and ``-`` made ``_``
+    (the name is also a checkpoint file name)."""
+    return kind + "." + re.sub(r"[^A-Za-z0-9._-]", "_", task_id)
 
 
 def world_model_agent(task_id: str) -> str:
-    """The ledger agent of a task's world model: ``world_model.<task id>``, with
-    any character outside letters, digits, ``.``, ``_`` and ``-`` made ``_``
-    (the name is also a checkpoint file name)."""
-    return "world_model." + re.sub(r"[^A-Za-z0-9._-]", "_", task_id)
-
-
-def default_horizon(episode_steps: int) -> int:
-    """The imagined horizon of a run that does not set one: `DEFAULT_HORIZON`, or the episode where it is shorter."""
-    return min(int(episode_steps), DEFAULT_HORIZON)
+    return ledger_agent("world_model", task_id)
 
 
 @dataclass
 class EvolveConfig:
-    """Options of the evolution loop; `genesis-fp16 evolve`'s flags map onto
-    these (`--budget` onto `budget`, ...). `resolve()` checks them and fills
-    in what the task decides; a bad value raises `ValueError` naming it."""
+    """Options of the evolution loop; `genesis-fp16 evolve`'s flags are made
+    from these fields. `resolve()` checks them and fills in what the task
+    decides; a bad value raises `ValueError` naming it."""
 
-    env_id: str = "Pendulum-v1"
-    """The task: a registered name (`genesis-fp16 evolve --list-tasks`) or any gymnasium id."""
-    budget: int = 200
-    """Real episodes the run may spend; at least one full evaluation (the task's training start states)."""
-    budget_steps: Optional[int] = None
-    """Real env steps the run may spend, beside `budget`; None: no limit. The loop stops when the next evaluation could
-    exceed either (an episode may run `episode_steps` steps); at least one full evaluation's worth."""
-    seed: int = 0
-    """Seeds the start states, the candidates, the operators and the world model."""
-    precision: Optional[str] = None
-    """The world model's precision (`auto`, `fp32`, `bf16`, ...); None: the settings and the `wm_agent` profile decide."""
-    use_world_model: bool = True
-    """False: the baseline without a model; candidates are proposed blind and shuffled instead of ranked."""
-    target: Optional[float] = None
+    env_id: str = option("Pendulum-v1", flag="env")
+    """The task: a registered name (`genesis-fp16 evolve --list-tasks`) or any gymnasium id with Box spaces."""
+    budget: int = option(200, least=1)
+    """Real episodes the run may spend (candidates' episodes, verifications and confirmations)."""
+    budget_steps: Optional[int] = option(None, least=1)
+    """Real env steps the run may spend, beside `budget`; None: no limit."""
+    seed: int = option(0)
+    """Seeds the start states, CMA-ES, the refinement, the world model and the critic."""
+    target: Optional[float] = option(None)
     """Mean return on the training start states that counts as solved; None: the task's, else the env spec's `reward_threshold`."""
-    init_candidates: int = 8
-    """Generation 0: random policies, one real episode each (so at most `budget`)."""
-    eval_top_k: int = 3
-    """Candidates per generation, best imagined first, that get real episodes (raced: see `racing`)."""
-    racing: bool = True
-    """Race real evaluations: a candidate runs on 2, 4, 8, ... training start states and stops once it can no longer beat
-    the best fully evaluated candidate nor reach the target (`agents.racing`). False: every candidate runs on all of them."""
-    imagine_starts: int = 8
-    """Start states the search imagines from per generation: training start states first (a fresh subset each generation
-    when there are more of them), then states only the model sees."""
-    kappa: float = 1.0
-    """Pessimism of the search: a candidate's imagined score is the particles' mean return minus `kappa` times their spread."""
-    particles: Optional[int] = None
-    """Imagined rollouts per candidate and start state; None: the world model's default (one per elite member of its default ensemble)."""
-    horizon: Optional[int] = None
-    """Imagined steps per rollout; None: `DEFAULT_HORIZON` (200), or the episode length where that is shorter. A horizon
-    shorter than the episode is extended to the episode by the last quarter's mean imagined reward (`resolve()` fills it in)."""
-    wm_steps: int = 800
-    """World-model optimizer steps per generation."""
-    ensemble: int = 5
-    """Members of the world model's probabilistic ensemble; 1: one network with a deterministic head (the comparison)."""
-    popsize: int = 16
-    """CMA-ES population of the searches inside the model (refinement and revision)."""
-    refine_iters: int = 30
-    """CMA-ES iterations of refinement, the search around the best candidate."""
-    refine_sigma: float = 0.3
-    """Initial CMA-ES step size of refinement (a Gaussian step's size without a model)."""
-    revision_iters: int = 40
-    """CMA-ES iterations of revision, the fresh start while no fully evaluated candidate meets the target."""
-    revision_sigma: float = 1.0
-    """Initial CMA-ES step size of revision."""
-    revision_samples: int = 64
-    """Random policies revision ranks by imagined return before its search starts from the best."""
-    recombinations: int = 3
-    """Blends of the two best fully evaluated candidates per generation."""
-    trust_spearman: Optional[float] = 0.3
-    """The model's proposals get real episodes while the Spearman correlation of imagined against real returns over the
-    last `trust_window` audited candidates is at least this; below it, and before any audit, a generation is a probe
-    generation: CMA-ES on one-episode probes (`agents.probe_search`). None: the model's proposals always get them (the
-    loop before probe search; a resumed run that predates it keeps that)."""
-    trust_window: int = 12
-    """Audited candidates (the latest) whose rank correlation decides `trust_spearman`."""
-    probe_sigma: float = 0.5
-    """Initial CMA-ES step size of the probe search, in normalised coordinates (the tuned CMA-ES yardstick's sigma0)."""
-    probe_popsize: Optional[int] = None
-    """Probes per probe generation; None: pycma's default population, 4 + 3 ln(policy parameters)."""
-    probe_screen: int = 4
-    """Pre-selection in probe generations: while the model's rank correlation is positive, CMA-ES samples this many
-    populations and the model's imagined scores pick the one that gets real episodes; 1: no screening."""
-    workers: int = 2
+    policy: Optional[str] = option(None)
+    """The policy family, `linear` or `mlp:H`; None: the task's."""
+    use_world_model: bool = option(True, flag="world-model")
+    """Train the world model on every real transition; its short rollouts from real states train the critic and, with
+    `refine_horizon` > 0, the refinement looks through it. False: the ablation without a model."""
+    use_critic: bool = option(True, flag="critic")
+    """Train the twin-Q critic and refine by its gradient. False: the ablation without a critic (refinement through the
+    model's `refine_horizon` steps alone, where there is a model)."""
+    refined: int = option(2, least=0)
+    """Refined candidates injected into each CMA-ES population (0: no refinement, the loop is a one-episode CMA-ES: the floor)."""
+    precision: Optional[str] = option(None)
+    """The world model's precision (`auto`, `fp32`, `bf16`, ...); None: the settings and its profile decide."""
+    critic_precision: Optional[str] = option(None)
+    """The critic's precision; None: the settings and its profile decide."""
+    workers: int = option(2, least=1)
     """Processes (or Ray tasks at a time) running real episodes."""
-    backend: str = "process"
+    backend: str = option("process")
     """Where real episodes run: `process` (a local pool) or `ray` (the connected Ray cluster)."""
-    eval_timeout_s: float = 120.0
-    """Seconds one candidate's evaluation may take; a slower one is charged its episodes and scored -inf."""
-    eval_memory_mb: Optional[int] = 2048
-    """Address space in MiB an evaluation worker may add; None: no limit."""
-    agent: str = "se_darwin"
-    """The name the loop logs under and files its replay data under (`<agent>:<run_id>`)."""
-    wm_agent: Optional[str] = None
-    """The name the world model trains under: its profile, rollout-ledger entry, guard and checkpoint file. None:
-    `world_model.<task id>` (e.g. `world_model.Pendulum-v1`), so one task's rollback leaves the others' world models alone."""
-    policy: Optional[str] = None
-    """The policy shape, `linear` or `mlp:H`; None: the task's."""
-    episode_steps: Optional[int] = None
+    episode_steps: Optional[int] = option(None, panel=ADVANCED, least=1)
     """Steps per real episode; None: the task's, else the env spec's `max_episode_steps`."""
+    popsize: Optional[int] = option(None, panel=ADVANCED, least=2)
+    """CMA-ES population (refined candidates included); None: pycma's default, 4 + 3 ln(policy parameters)."""
+    sigma0: float = option(0.5, panel=ADVANCED)
+    """CMA-ES's initial step size, in normalised coordinates."""
+    refine_steps: int = option(200, panel=ADVANCED, least=1)
+    """Actor-gradient steps of the longest refined copy; the others stop at 1/4, 1/16, ... of it."""
+    refine_horizon: int = option(0, panel=ADVANCED, least=0)
+    """World-model steps the refinement looks through before the critic's value (MVE / SVG(H)); 0: the critic alone."""
+    critic_updates: float = option(0.5, panel=ADVANCED)
+    """Critic updates per new real transition (the update-to-data ratio), each on a batch of real and model transitions."""
+    model_rollouts: int = option(256, panel=ADVANCED, least=0)
+    """Short model rollouts per generation, branched from real replay states, that train the critic beside the real data."""
+    rollout_horizon: int = option(5, panel=ADVANCED, least=1)
+    """Model steps per branched rollout (short: the model's error compounds with the horizon)."""
+    wm_steps: int = option(800, panel=ADVANCED, least=1)
+    """World-model optimizer steps per generation."""
+    ensemble: int = option(5, panel=ADVANCED, least=1)
+    """Members of the world model's probabilistic ensemble."""
+    eval_timeout_s: float = option(120.0, panel=ADVANCED)
+    """Seconds one evaluation may take; a slower one is charged its episodes and scored -inf."""
+    eval_memory_mb: Optional[int] = option(2048, panel=ADVANCED, least=1)
+    """Address space in MiB an evaluation worker may add; None: no limit."""
+    agent: str = option("se_darwin", cli=False)
+    """The name the loop logs under and files its replay data under (`<agent>:<run_id>`)."""
+    wm_agent: Optional[str] = option(None, cli=False)
+    """The world model's ledger agent (profile, stage, guard, checkpoint); None: `world_model.<task id>`."""
+    critic_agent: Optional[str] = option(None, cli=False)
+    """The critic's ledger agent; None: `critic.<task id>`."""
 
     def resolve(self, task: Optional[Task] = None) -> tuple["EvolveConfig", ResolvedTask]:
         """The task (``task``, else the one ``env_id`` names), checked, and this
-        config with its target, policy, episode length and horizon filled in
+        config with its target, policy, episode length and agents filled in
         from it. Raises ValueError (TaskError) saying what to fix."""
         self.validate()
         resolved = (task or get_task(self.env_id)).resolve(target=self.target, policy=self.policy, episode_steps=self.episode_steps)
         cfg = replace(
             self, env_id=resolved.env_id, target=resolved.target, policy=resolved.policy.name, episode_steps=resolved.episode_steps,
-            horizon=self.horizon or default_horizon(resolved.episode_steps), wm_agent=self.wm_agent or world_model_agent(resolved.env_id),
+            wm_agent=self.wm_agent or ledger_agent("world_model", resolved.env_id),
+            critic_agent=self.critic_agent or ledger_agent("critic", resolved.env_id),
         )
-        n_train = len(resolved.start_states(cfg.seed).train)
-        if cfg.budget < n_train:
-            raise TaskError(f"budget={cfg.budget}: expected at least {n_train} real episodes (one full evaluation on {cfg.env_id}'s training start states)")
         steps = resolved.episode_steps
-        if cfg.budget_steps is not None and cfg.budget_steps < max(n_train, cfg.init_candidates) * steps:
-            raise TaskError(
-                f"budget_steps={cfg.budget_steps}: expected at least {max(n_train, cfg.init_candidates) * steps} real env steps "
-                f"(generation 0's {cfg.init_candidates} episodes and one full evaluation on {n_train} training start states, "
-                f"each episode up to {steps} steps)"
-            )
-        if cfg.horizon is not None and cfg.horizon > steps:
-            raise TaskError(
-                f"horizon={cfg.horizon}: expected at most the episode length ({steps} steps); leave it None for "
-                f"min({DEFAULT_HORIZON}, the episode length)"
-            )
+        if cfg.budget_steps is not None and cfg.budget_steps < steps:
+            raise TaskError(f"budget_steps={cfg.budget_steps}: expected at least one episode's worth ({steps} real env steps on {cfg.env_id})")
+        popsize = cfg.popsize or 4 + int(3 * math.log(resolved.n_params))
+        if cfg.refined >= popsize:
+            raise TaskError(f"refined={cfg.refined}: expected fewer than the CMA-ES population ({popsize}); CMA-ES keeps one sample of its own")
         return cfg, resolved
 
     def validate(self) -> None:
         """Raise `ValueError` listing every option out of range (all at once)."""
         problems = []
-        if self.budget < 1:
-            problems.append(f"budget={self.budget}: expected at least one real episode")
-        if self.init_candidates > self.budget:
-            problems.append(
-                f"init_candidates={self.init_candidates}: generation 0 spends one real episode per initial candidate; "
-                f"expected at most the budget ({self.budget})"
-            )
-        if self.precision is not None:
-            try:
-                parse_mode(self.precision)
-            except ValueError:
-                problems.append(f"precision={self.precision!r}: expected one of {', '.join(m.value for m in PrecisionMode)}")
+        for f in fields(self):
+            least, value = f.metadata.get("least"), getattr(self, f.name)
+            if least is not None and value is not None and value < least:
+                problems.append(f"{f.name}={value}: expected >= {least:g}")
+        for name in ("precision", "critic_precision"):
+            value = getattr(self, name)
+            if value is not None:
+                try:
+                    parse_mode(value)
+                except ValueError:
+                    problems.append(f"{name}={value!r}: expected one of {', '.join(m.value for m in PrecisionMode)}")
         if self.target is not None and not math.isfinite(self.target):
             problems.append(f"target={self.target}: expected a finite number (a mean return that counts as solved)")
         if self.backend not in BACKENDS:
             problems.append(f"backend={self.backend!r}: expected one of {', '.join(BACKENDS)}")
-        if not (math.isfinite(self.kappa) and self.kappa >= 0):
-            problems.append(f"kappa={self.kappa}: expected a finite number >= 0 (0: the particles' mean alone)")
-        if self.trust_spearman is not None and not (math.isfinite(self.trust_spearman) and -1.0 <= self.trust_spearman <= 1.0):
-            problems.append(f"trust_spearman={self.trust_spearman}: expected a rank correlation in [-1, 1], or None (always trust the model)")
-        if self.trust_window < 3:
-            problems.append(f"trust_window={self.trust_window}: expected at least 3 audited candidates (fewer have no rank correlation)")
-        if not (math.isfinite(self.probe_sigma) and self.probe_sigma > 0):
-            problems.append(f"probe_sigma={self.probe_sigma}: expected a finite number > 0 (CMA-ES's initial step size)")
-        if self.probe_popsize is not None and self.probe_popsize < 2:
-            problems.append(f"probe_popsize={self.probe_popsize}: expected at least 2, or None (pycma's default)")
-        counts = {"init_candidates": self.init_candidates, "eval_top_k": self.eval_top_k, "popsize": self.popsize,
-                  "workers": self.workers, "horizon": self.horizon, "episode_steps": self.episode_steps, "budget_steps": self.budget_steps,
-                  "imagine_starts": self.imagine_starts, "particles": self.particles, "ensemble": self.ensemble, "probe_screen": self.probe_screen}
-        problems += [f"{name}={value}: expected >= 1" for name, value in counts.items() if value is not None and value < 1]
+        for name in ("sigma0", "eval_timeout_s"):
+            if not (math.isfinite(getattr(self, name)) and getattr(self, name) > 0):
+                problems.append(f"{name}={getattr(self, name)}: expected a finite number > 0")
+        if not (math.isfinite(self.critic_updates) and self.critic_updates >= 0):
+            problems.append(f"critic_updates={self.critic_updates}: expected a finite number >= 0")
+        if self.refined and not (self.use_critic or (self.use_world_model and self.refine_horizon > 0)):
+            problems.append(f"refined={self.refined}: refinement needs the critic, or the world model with refine_horizon >= 1; "
+                            "set refined=0 for plain CMA-ES")
         if problems:
             raise ValueError("invalid evolve options: " + "; ".join(problems))
+
+
+def config_docs() -> dict[str, str]:
+    """Each `EvolveConfig` field's docstring (the string under it in the class body): the flags' help and the docs' option table."""
+    import ast
+    import inspect
+
+    body = ast.parse(inspect.getsource(EvolveConfig)).body[0].body  # type: ignore[attr-defined]
+    docs = {}
+    for node, after in zip(body, body[1:]):
+        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and isinstance(after, ast.Expr) \
+                and isinstance(after.value, ast.Constant) and isinstance(after.value.value, str):
+            docs[node.target.id] = after.value.value
+    return docs
 
 
 @dataclass
@@ -197,7 +181,6 @@ class Candidate:
     params: np.ndarray
     operator: str
     generation: int
-    imagined: Optional[float] = None  # the search's score
     real_return: Optional[float] = None  # mean over the training start states it was run on
     real_episodes: int = 0
     full: bool = False  # evaluated on every training start state
@@ -233,15 +216,13 @@ def resumed_config(
     run_id, saved = manifest["run_id"], dict(manifest["config"])
     if int(manifest.get("version") or 0) < MANIFEST_VERSION:
         raise RunError(
-            f"run {run_id!r}: its manifest is version {manifest.get('version')!r}, written before raced evaluations and the search in "
-            f"normalised coordinates (version {MANIFEST_VERSION}); this version cannot continue it. Resume it with the version that "
+            f"run {run_id!r}: its manifest is version {manifest.get('version')!r}, written before the loop in "
+            f"which CMA-ES carries the population and a critic refines it (version {MANIFEST_VERSION}); this version cannot continue it. Resume it with the version that "
             "started it, or start a new run"
         )
     unknown = sorted(set(saved) - CONFIG_FIELDS)
     if unknown:
         raise RunError(f"run {run_id!r}: its manifest has options this version does not know ({', '.join(unknown)}); resume it with the version that started it")
-    saved.setdefault("trust_spearman", None)  # a run started before probe search goes on without it
-    saved.setdefault("probe_screen", 1)  # or before the model screened the probes
     mismatched = [f"{k}={v!r} (the run has {saved.get(k)!r})" for k, v in options.items() if saved.get(k) != v]
     if mismatched:
         raise RunError(

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 from .evaluation import Evaluation
 from .evolve_config import Candidate, EvolveConfig
-from .imagination_stats import run_summary
+from .time_share import BUCKETS
 
 if TYPE_CHECKING:
     from infrastructure.world_model import TrainReport
@@ -17,57 +17,63 @@ if TYPE_CHECKING:
 SUMMARY_KEYS = ("real_episodes", "target_reached", "episodes_to_target", "train_return", "heldout_return", "stop_reason")
 
 
+def _learner_fields(prefix: str, report: Any) -> dict[str, Any]:
+    """A learner's training report (world model or critic) as flat record fields."""
+    if report is None:
+        return {f"{prefix}_{k}": None for k in ("val_loss", "train_loss", "wall_s", "precision", "rollback_reason")} | {f"{prefix}_rolled_back": False}
+    return {
+        f"{prefix}_val_loss": report.val_loss, f"{prefix}_train_loss": report.train_loss, f"{prefix}_wall_s": report.wall_s,
+        f"{prefix}_precision": report.precision, f"{prefix}_rolled_back": report.rolled_back, f"{prefix}_rollback_reason": report.rollback_reason,
+    }
+
+
 def generation_record(
-    generation: int, *, real_episodes: int, env_steps: int, best: Optional[Candidate], evaluated: Sequence[Candidate], proposals: int,
-    wm_report: Optional["TrainReport"], precision: str, elapsed_s: float, imagination: Optional[dict[str, Any]] = None,
-    time: Optional[dict[str, float]] = None, confirmations: Sequence[dict[str, Any]] = (), probe: Optional[dict[str, Any]] = None,
-    precision_decision: Optional[dict[str, Any]] = None,
+    generation: int, *, real_episodes: int, env_steps: int, candidates: Sequence[Candidate], sigma: float, reports: dict[str, Any],
+    elapsed_s: float, time: Optional[dict[str, float]] = None, confirmations: Sequence[dict[str, Any]] = (),
 ) -> dict[str, Any]:
-    """One committed generation. ``imagination``: the imagined-vs-real
-    comparison of its candidates (`agents.imagination_stats`, with their
-    ``records``), None when nothing was imagined; ``time``: its wall seconds
-    per bucket (`agents.time_share`); ``confirmations``: the validation runs it tried;
-    ``probe``: a probe generation's search (`agents.probe_search`), None in the others;
-    ``precision``/``precision_decision``: what the world model in use trained in
-    and why (`genesis_fp16.decision`): this generation's training's, else
-    (no training this generation) the last training's that the caller passes."""
+    """One committed generation: each candidate's operator (``cma``, or
+    ``refined:N`` for a copy of the mean after N actor-gradient steps) and
+    real return (its one episode; a verified one's mean over the training
+    start states it ran), the best of each kind, CMA-ES's step size, the
+    world model's and the critic's losses and precisions, the model
+    rollouts, and the wall seconds per bucket (`agents.time_share`)."""
+    def best(cands: Sequence[Candidate]) -> Optional[float]:
+        scores = [c.returns[0] for c in cands if c.returns]
+        return max(scores) if scores else None
+
+    rollouts = reports.get("rollouts")
+    wm, critic = reports.get("world_model"), reports.get("critic")
     return {
         "generation": generation,
         "real_episodes": real_episodes,
         "env_steps": env_steps,  # of the episodes that finished so far
-        "best_return": best.real_return if best else None,
-        "best_full": bool(best.full) if best else False,
-        "best_episodes": best.real_episodes if best else 0,  # 1 for a probe, the training start states for a full evaluation
-        "evaluated": [{"id": c.id, "operator": c.operator, "imagined": c.imagined, "real_return": c.real_return,
-                       "episodes": c.real_episodes, "full": c.full} for c in evaluated],
-        "proposals": proposals,
-        "wm_val_loss": wm_report.val_loss if wm_report else None,
-        "wm_train_loss": wm_report.train_loss if wm_report else None,
-        "wm_wall_s": wm_report.wall_s if wm_report else None,
-        "wm_rolled_back": wm_report.rolled_back if wm_report else False,
-        "wm_rollback_reason": wm_report.rollback_reason if wm_report else None,
-        "fp32_val_loss": wm_report.fp32_val_loss if wm_report else None,
-        "precision": wm_report.precision if wm_report else precision,
-        "precision_decision": wm_report.precision_decision if wm_report else precision_decision,
+        "candidates": [{"id": c.id, "operator": c.operator, "real_return": c.real_return, "episodes": c.real_episodes, "full": c.full}
+                       for c in candidates],
+        "best_return": best(candidates),  # the best one-episode return of the generation
+        "refined_best": best([c for c in candidates if c.operator.startswith("refined")]),
+        "cma_best": best([c for c in candidates if c.operator == "cma"]),
+        "sigma": sigma,
+        **_learner_fields("wm", wm),
+        **_learner_fields("critic", critic),
+        "wm_decision": wm.precision_decision if wm is not None else None,
+        "critic_decision": getattr(critic, "precision_decision", None),
+        "rollouts": rollouts.as_dict() if hasattr(rollouts, "as_dict") else rollouts,
         "elapsed_s": elapsed_s,
-        "imagination": imagination,
         "time": time,
         "confirmations": list(confirmations),
-        "probe": probe,
     }
 
 
 def run_report(
     cfg: EvolveConfig, *, best: Optional[Candidate], heldout: Optional[Evaluation], heldout_episodes: int, real_episodes: int,
     env_steps: int, failures: list[dict[str, Any]], confirmations: list[dict[str, Any]],
-    reached_at: Optional[int], precision: str, wall_s: float, stop_reason: str, budget_exhausted: Optional[str], unconfirmed: Optional[str],
-    precision_decision: Optional[dict[str, Any]] = None,
-    generations: list[dict[str, Any]], run_id: str, replay_db: str, run_manifest: str, resumed_from: Optional[dict[str, Any]],
+    reached_at: Optional[int], wall_s: float, stop_reason: str, budget_exhausted: Optional[str], unconfirmed: Optional[str],
+    learners: dict[str, Any], generations: list[dict[str, Any]], run_id: str, replay_db: str, run_manifest: str, resumed_from: Optional[dict[str, Any]],
     train_start_states: int, validation_start_states: int, time_share: dict[str, Any],
 ) -> dict[str, Any]:
     """The run's report (docs/EVOLUTION.md lists its keys)."""
     report = {
-        "mode": "full" if cfg.use_world_model else "no_world_model",
+        "mode": mode_of(cfg),
         "env": cfg.env_id,
         "seed": cfg.seed,
         "budget": cfg.budget,
@@ -86,11 +92,9 @@ def run_report(
         "validation_return": best.validation_return if best else None,
         "confirmations": confirmations,  # each target met on the training start states, run on the validation ones
         "unconfirmed": unconfirmed,  # a candidate that met the target with no budget left to confirm it
-        "imagination": run_summary(generations),
         "time_share": time_share,
         "best_candidate": {"id": best.id, "operator": best.operator, "params": [float(v) for v in best.params]} if best else None,
-        "precision": precision,
-        "precision_decision": precision_decision or last_training(generations)[1],  # of the world model's last training
+        "learners": learners,  # per learned part: its ledger agent, precision and the decision's reason
         "wall_s": wall_s,
         "stop_reason": stop_reason,
         "generations": generations,
@@ -106,12 +110,14 @@ def run_report(
     return report
 
 
-def return_set(full: bool, episodes: int, train_start_states: Optional[int] = None) -> str:
-    """Which set a real return was measured on, in words: a probe is one
-    episode on one start state; a full evaluation covers the training start states."""
-    if not full:
-        return f"probe: {episodes} episode on 1 start state" if episodes == 1 else f"probe: {episodes} episodes"
-    return f"full: {train_start_states or episodes} training start states"
+def mode_of(cfg: EvolveConfig) -> str:
+    """The run's method in one word: ``loop`` (critic and model), ``no_model``, ``no_critic``, or ``cma`` (nothing refines: the floor)."""
+    refines = cfg.refined > 0 and (cfg.use_critic or (cfg.use_world_model and cfg.refine_horizon > 0))
+    if not refines:
+        return "cma"
+    if cfg.use_critic and cfg.use_world_model:
+        return "loop"
+    return "no_model" if cfg.use_critic else "no_critic"
 
 
 def stop_detail(report: dict[str, Any]) -> str:
@@ -135,10 +141,10 @@ def stop_detail(report: dict[str, Any]) -> str:
     if report.get("budget_exhausted") == "env_steps":
         steps = report["config"]["episode_steps"]
         used = f"{report['env_steps']} of {report['budget_steps']} real env steps used ({report['real_episodes']} real episodes)"
-        more = f"another full evaluation may take {n_train * steps} ({n_train} episodes of up to {steps} steps)"
+        more = f"another generation may take more (episodes of up to {steps} steps)"
     else:
         used = f"{report['real_episodes']} of {report['budget']} real episodes used"
-        more = f"another full evaluation needs {n_train}"
+        more = "another generation needs more"
     n_val = report.get("validation_start_states")
     if report.get("unconfirmed"):
         return (f"budget spent: {used}; {report['unconfirmed']} met the target {report['target']:g} on the training start states, "
@@ -172,17 +178,15 @@ def report_rows(report: dict[str, Any]) -> list[tuple[str, str]]:
         rows.append((f"best return, validation ({report['validation_start_states']} validation start states)", fmt(report.get("validation_return"))))
     rows += [
         (f"best return, held-out ({n_heldout} held-out start states)", heldout),
-        ("world-model precision", str(report["precision"]) + _decision_text(report.get("precision_decision"))),
-        ("generations", str(len(report["generations"]))),
-        ("wall time (s)", f"{report['wall_s']:.1f}"),
+        ("answer", str((report.get("best_candidate") or {}).get("operator") or "-")),
     ]
-    imagination, share = report.get("imagination") or {}, report.get("time_share") or {}
-    if imagination.get("candidates"):
-        rows.append(("imagined vs real", f"Spearman {fmt(imagination['spearman'], '.2f')}, {fmt(imagination['calibration'], '.0%')} inside "
-                     f"the imagined interval, median relative error {fmt(imagination['rel_error'], '.2f')} ({imagination['candidates']} candidates)"))
-    if share.get("model_share") is not None:
-        rows.append(("wall time in the model", f"{share['model_share']:.0%} (train {share['model_train']:.1f} s, imagine "
-                     f"{share['imagine']:.1f} s, search {share['search']:.1f} s; real episodes {share['real_episodes']:.1f} s)"))
+    for name, learner in (report.get("learners") or {}).items():
+        rows.append((f"{name.replace('_', ' ')} precision", f"{learner['precision']} ({learner['agent']})" + _decision_text(learner.get("decision"))))
+    rows += [("generations", str(len(report["generations"]))), ("wall time (s)", f"{report['wall_s']:.1f}")]
+    share = report.get("time_share") or {}
+    if share:
+        parts = ", ".join(f"{k.replace('_', ' ')} {share[k]:.1f} s" for k in BUCKETS if share.get(k))
+        rows.append(("wall time", parts or "-"))
     failures = report.get("failed_candidates", [])
     if failures:
         charged = sum(f.get("episodes", 0) for f in failures)
@@ -202,13 +206,3 @@ def report_rows(report: dict[str, Any]) -> list[tuple[str, str]]:
 def _decision_text(decision: Optional[dict[str, Any]]) -> str:
     """`` (source: reason)`` of a precision decision, empty without one."""
     return f" ({decision['source']}: {decision['reason'].removeprefix('measured here: ')})" if decision else ""
-
-
-def last_training(generations: Sequence[dict[str, Any]]) -> tuple[Optional[str], Optional[dict[str, Any]]]:
-    """(precision, decision) of the last generation that trained the world
-    model (resumed stretches included: the records come from the manifest);
-    (None, None) before any."""
-    for record in reversed(generations):
-        if record.get("wm_wall_s") is not None:  # that generation trained the model
-            return record.get("precision"), record.get("precision_decision")
-    return None, None

@@ -1,6 +1,6 @@
-"""The loop's real episodes under its budgets: one-episode probes, raced
-evaluations on the training start states (`agents.racing`), and the
-confirmation of a target on the validation start states. Every episode run
+"""The loop's real episodes under its budgets: one episode per candidate,
+the verification of a candidate that met the target on the training start
+states (`agents.verify`), and the confirmation of a target on the validation start states. Every episode run
 is charged, a failed or stopped candidate's too; the held-out start states
 are not used here (only by the final report)."""
 
@@ -14,9 +14,9 @@ import numpy as np
 
 from .evaluation import Evaluation, EvaluationBackend, EvaluationEnvError, EvaluationError, EvaluationTimeout
 from .evolve_config import Candidate, EvolveConfig
-from .racing import race, race_order, stage_sizes
 from .tasks import StartStates
 from .time_share import TimeShare
+from .verify import start_order, verify
 
 if TYPE_CHECKING:
     import structlog
@@ -30,8 +30,7 @@ class RealEpisodes:
     def __init__(self, evaluator: EvaluationBackend, config: EvolveConfig, starts: StartStates, time: TimeShare,
                  log: "structlog.stdlib.BoundLogger") -> None:
         self.evaluator, self.config, self.starts, self.time, self._log = evaluator, config, starts, time, log
-        self.order = race_order(len(starts.train), config.seed)
-        self.stages = stage_sizes(len(starts.train), config.racing)
+        self.order = start_order(len(starts.train), config.seed)
         self.real_episodes = 0
         self.env_steps = 0
         self.failures: list[dict[str, Any]] = []  # candidates charged and skipped (or not confirmed), and why
@@ -74,10 +73,10 @@ class RealEpisodes:
         self._log.warning(event, candidate=cand.id, error=str(exc))
         self.failures.append({"candidate": cand.id, "generation": cand.generation, "episodes": episodes, "error": str(exc)})
 
-    async def probe(self, cands: Sequence[tuple[Candidate, int]]) -> list[tuple[Candidate, Evaluation]]:
-        """Probes (generation 0's, the probe search's): one episode per candidate on its training start
-        state (index). An env that raises loses its own candidate only (scored
-        -inf, not returned): the others' episodes ran and count."""
+    async def episodes(self, cands: Sequence[tuple[Candidate, int]]) -> list[tuple[Candidate, Evaluation]]:
+        """One episode per candidate on its training start state (index). An
+        env that raises loses its own candidate only (scored -inf, not
+        returned): the others' episodes ran and count."""
         train = self.starts.train
         with self.time.measure("real_episodes"):
             results = await asyncio.to_thread(functools.partial(
@@ -92,25 +91,27 @@ class RealEpisodes:
             out.append((cand, res))
         return out
 
-    async def race(self, cand: Candidate, incumbent: Optional[Candidate]) -> Optional[Evaluation]:
-        """``cand`` raced on the training start states against ``incumbent``
-        (None: run on all of them); its returns, real episodes and whether it
-        is full are set on it. None when an evaluation failed: it is then
-        scored -inf and charged every episode of the race."""
-        result = await race(self.evaluate, cand.params, self.starts.train, self.order, self.stages,
-                            incumbent=incumbent.start_returns() if incumbent is not None else None, target=self.target)
+    async def verify(self, cand: Candidate) -> Optional[Evaluation]:
+        """``cand`` (one episode so far, at the target) run on the other
+        training start states until it cannot reach the target; its returns,
+        episodes and whether it is full are set on it. Returns the new
+        episodes (None when an evaluation failed: it is then charged, its one
+        episode's return kept)."""
+        assert len(cand.starts) == 1
+        result = await verify(self.evaluate, cand.params, self.starts.train, self.order, first=(cand.starts[0], cand.returns[0]),
+                              target=self.target)
         self.real_episodes += result.episodes
         if result.error is not None:
-            self.charge_failure(cand, result.error, episodes=result.episodes)
+            self.charge_failure(cand, result.error, episodes=result.episodes, score=False)
             return None
-        assert result.evaluation is not None
-        self._score(cand, result.starts, result.evaluation)
+        self._score(cand, result.starts, result.evaluation, returns=result.returns)
         return result.evaluation
 
-    def _score(self, cand: Candidate, starts: list[int], res: Evaluation) -> None:
-        cand.starts, cand.returns = list(starts), [float(r) for r in res.returns]
-        cand.real_return, cand.real_episodes = res.mean_return, len(res.returns)
-        cand.full = len(res.returns) == len(self.starts.train)
+    def _score(self, cand: Candidate, starts: list[int], res: Evaluation, returns: Optional[Sequence[float]] = None) -> None:
+        """``cand``'s returns on ``starts`` (``returns``, else ``res``'s), the env steps of ``res`` charged."""
+        cand.starts, cand.returns = list(starts), [float(r) for r in (res.returns if returns is None else returns)]
+        cand.real_return, cand.real_episodes = float(np.mean(cand.returns)), len(cand.returns)
+        cand.full = len(cand.returns) == len(self.starts.train)
         self.env_steps += res.env_steps
 
     async def confirm(self, cand: Candidate, generation: int) -> Optional[bool]:

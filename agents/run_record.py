@@ -1,6 +1,6 @@
 """How an evolution run records itself in its manifest (``agents.runs``):
-sessions, committed progress (and reading it back on resume) and
-world-model snapshots. A base of `agents.se_darwin_agent.SEDarwinAgent`."""
+sessions, committed progress (and reading it back on resume) and the
+learners' snapshots. A base of `agents.se_darwin_agent.SEDarwinAgent`."""
 
 from __future__ import annotations
 
@@ -10,8 +10,6 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Optional, TypeVar
 
-import numpy as np
-
 from genesis_fp16.settings import Settings
 from infrastructure.replay_buffer import ReplayBuffer
 
@@ -19,8 +17,10 @@ from . import runs
 from .evaluation import EvaluationBackend
 from .evolve_config import Candidate, EvolveConfig, resumed_config
 from .evolve_report import SUMMARY_KEYS
-from .probe_search import ProbeSearch
+from .cma_search import CMASearch
+from .learners import Learners
 from .real_episodes import RealEpisodes
+from .run_state import RunState
 from .search_space import ObsStats
 from .tasks import ResolvedTask, Task
 from .time_share import TimeShare
@@ -28,6 +28,7 @@ from .time_share import TimeShare
 if TYPE_CHECKING:
     import structlog
 
+    from infrastructure.critic import Critic
     from infrastructure.world_model import WorldModel
 
 
@@ -43,18 +44,14 @@ class RunRecord:
     run_id: str
     data_agent: str
     buffer: ReplayBuffer
-    world_model: Optional[WorldModel]
-    generation: int
+    learners: Learners
+    state: RunState
     real: RealEpisodes
     pool: list[Candidate]
     generations: list[dict[str, Any]]
-    rng: np.random.Generator
     obs_stats: ObsStats
-    probe: ProbeSearch
+    search: CMASearch
     time: TimeShare
-    reached_at: Optional[int]
-    budget_exhausted: Optional[str]
-    unconfirmed: Optional[str]
     resumed_from: Optional[dict[str, Any]]
     _lock: runs.RunLock
     _manifest: dict[str, Any]
@@ -76,6 +73,7 @@ class RunRecord:
         task: Optional[Task] = None,
         buffer: Optional[ReplayBuffer] = None,
         world_model: Optional[WorldModel] = None,
+        critic: Optional[Critic] = None,
         evaluator: Optional[EvaluationBackend] = None,
         on_generation: Optional[Callable[[dict[str, Any]], None]] = None,
     ) -> _Run:
@@ -83,9 +81,9 @@ class RunRecord:
         last committed generation: its own config (``budget`` and
         ``budget_steps`` may change it, ``workers`` and ``backend`` too; every other option in ``options``, keyed as in
         `EvolveConfig`, must equal the run's; ``task`` for a run of a
-        task that is not registered; ``world_model``, ``buffer`` and
-        ``evaluator`` as in the constructor), pool, generator state,
-        episodes spent and world-model snapshot. Replay rows of a generation
+        task that is not registered; ``world_model``, ``critic``, ``buffer`` and
+        ``evaluator`` as in the constructor), candidates, CMA-ES,
+        episodes spent and the learners' snapshots. Replay rows of a generation
         that was cut off are deleted: that generation runs again. Raises
         `agents.runs.RunError` when the run cannot be resumed."""
         from genesis_fp16.settings import load_settings
@@ -102,7 +100,7 @@ class RunRecord:
                 done = ", ".join(f"{k} {v:.1f}" if isinstance(v, float) else f"{k} {v}" for k, v in (manifest.get("report") or {}).items())
                 raise runs.RunError(f"run {run_id!r} already finished ({done}); nothing to resume. Start a new run without --resume")
             config = resumed_config(manifest, budget=budget, budget_steps=budget_steps, workers=workers, options=options or {}, backend=backend)
-            agent = cls(config, task=task, settings=settings, buffer=buffer, world_model=world_model, evaluator=evaluator,
+            agent = cls(config, task=task, settings=settings, buffer=buffer, world_model=world_model, critic=critic, evaluator=evaluator,
                         on_generation=on_generation, run_id=run_id)
             agent._lock = lock
             agent._restore(manifest)
@@ -119,39 +117,41 @@ class RunRecord:
         ``generation`` with its ``generations`` records, about to be committed).
         The lists are copies: the manifest on disk and in memory never share a
         list that a later generation grows."""
+        state = self.state.as_dict()
+        if generation is not None:
+            state["generation"] = generation
         return {
-            "generation": self.generation if generation is None else generation,
+            "generation": state["generation"],
+            "state": state,
             **self.real.progress(),
-            "reached_at": self.reached_at,
-            "budget_exhausted": self.budget_exhausted,
-            "unconfirmed": self.unconfirmed,
-            "rng": self.rng.bit_generator.state,
             "pool": [c.as_dict() for c in self.pool],
             "generations": list(self.generations if generations is None else generations),
             "obs_stats": self.obs_stats.as_dict(),
-            "probe_search": self.probe.as_dict(),
+            "search": self.search.record(),
             "time": self.time.snapshot(),
         }
 
+    def _learners_of(self) -> list[tuple[str, Any]]:
+        """(manifest key, learner) of each learned part this run trains and has trained."""
+        pairs = [("world_model_checkpoint", self.learners.world_model), ("critic_checkpoint", self.learners.critic)]
+        return [(key, learner) for key, learner in pairs if learner is not None]
+
     def _restore(self, manifest: dict[str, Any]) -> None:
-        """The state `_progress` wrote; the replay rows of a cut-off generation deleted, the world-model snapshot loaded."""
+        """The state `_progress` wrote; the replay rows of a cut-off generation deleted, the learners' snapshots loaded."""
         from genesis_fp16.checkpoint import CheckpointError
 
-        self.generation = int(manifest["generation"])
+        try:
+            self.state = RunState.from_dict(manifest["state"])
+            self.search = CMASearch.replay(manifest["search"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise runs.RunError(f"run {self.run_id!r}: {exc}; the run cannot be resumed") from None
         self.real.restore(manifest)
-        self.reached_at = manifest.get("reached_at")
-        self.budget_exhausted, self.unconfirmed = manifest.get("budget_exhausted"), manifest.get("unconfirmed")
         self.pool = [Candidate.from_dict(c) for c in manifest["pool"]]
         self.generations = list(manifest["generations"])
-        self.rng.bit_generator.state = manifest["rng"]
         self.obs_stats = ObsStats.from_dict(self.task.policy.obs_dim, manifest["obs_stats"])
-        cfg = self.config
-        try:
-            self.probe = ProbeSearch.from_dict(manifest.get("probe_search") or {}, seed=cfg.seed, sigma0=cfg.probe_sigma, popsize=cfg.probe_popsize)
-        except ValueError as exc:
-            raise runs.RunError(f"run {self.run_id!r}: {exc}; the run cannot be resumed") from None
         self.time.seconds.update(TimeShare(manifest["time"]).seconds)  # the object the evaluations already hold
-        self._manifest.update({k: manifest[k] for k in ("started", "sessions", "world_model_checkpoint", "real_episodes") if k in manifest})
+        keys = ("started", "sessions", "world_model_checkpoint", "critic_checkpoint", "real_episodes")
+        self._manifest.update({k: manifest[k] for k in keys if k in manifest})
         self._prior_wall_s = float(manifest.get("wall_s") or 0.0)
         # a run whose every evaluation so far failed has no replay data, and needs none
         if self.generation >= 0 and self._has_data() and self.buffer.count(self.data_agent)["trajectories"] == 0:
@@ -159,14 +159,17 @@ class RunRecord:
                 f"run {self.run_id!r}: its replay data is gone from {self.buffer.path} (pruned, or another state dir); it cannot be resumed"
             )
         discarded = self.buffer.delete_generations_after(self.data_agent, self.generation)
-        snapshot = manifest.get("world_model_checkpoint")
-        if self.world_model is not None and snapshot:
+        for key, learner in self._learners_of():
+            snapshot = manifest.get(key)
+            if not snapshot:
+                continue
             path = runs.world_model_dir(Path(self.settings.state_dir), self.run_id) / snapshot
             try:
-                self.world_model.load(path)
+                learner.load(path)
             except CheckpointError as exc:
-                raise runs.RunError(f"run {self.run_id!r}: its world-model snapshot cannot be loaded ({exc}); the run cannot be resumed") from None
-            self.world_model.save()  # the model's own checkpoint (a rollback may restore it) matches the committed generation again
+                raise runs.RunError(f"run {self.run_id!r}: its {key.replace('_checkpoint', '').replace('_', ' ')} snapshot cannot be loaded "
+                                    f"({exc}); the run cannot be resumed") from None
+            learner.save()  # the learner's own checkpoint (a rollback may restore it) matches the committed generation again
         self.resumed_from = {
             "generation": self.generation, "real_episodes": self.real.real_episodes, "discarded_trajectories": discarded,
             "session": len(self._manifest["sessions"]) + 1,
@@ -209,34 +212,39 @@ class RunRecord:
 
     def _save_progress(self, generation: int, started: float, record: dict[str, Any]) -> None:
         """Commit ``generation`` (its ``record`` the last of the run's
-        generation records): a world-model snapshot named after it (so the
+        generation records): each learner's snapshot named after it (so the
         manifest never points at weights of a later, uncommitted generation),
-        then the manifest, then the previous snapshot goes. The run state is
+        then the manifest, then the previous snapshots go. The run state is
         one unit: the generation and its record join the run only once the
         manifest holding both is written (a full disk in between leaves the
         last committed generation, and a resume runs this one again)."""
         generations = [*self.generations, record]
-        previous = self._manifest.get("world_model_checkpoint")
-        snapshot = previous
-        if self.world_model is not None and self.world_model.trained:
-            snapshot = f"resume-g{generation:04d}.pt"
-            self.world_model.save(runs.world_model_dir(Path(self.settings.state_dir), self.run_id) / snapshot)
-        self._write_manifest(world_model_checkpoint=snapshot, wall_s=self._wall_s(started), **self._progress(generation, generations))
-        self.generation, self.generations = generation, generations
-        if previous and previous != snapshot:
-            (runs.world_model_dir(Path(self.settings.state_dir), self.run_id) / previous).unlink(missing_ok=True)
+        folder = runs.world_model_dir(Path(self.settings.state_dir), self.run_id)
+        snapshots: dict[str, Any] = {}
+        for key, learner in self._learners_of():
+            snapshots[key] = self._manifest.get(key)
+            if learner.trained:
+                snapshots[key] = f"{key.removesuffix('_checkpoint')}-g{generation:04d}.pt"
+                learner.save(folder / snapshots[key])
+        previous = {key: self._manifest.get(key) for key in snapshots}
+        self._write_manifest(wall_s=self._wall_s(started), **snapshots, **self._progress(generation, generations))
+        self.state.generation, self.generations = generation, generations
+        for key, old in previous.items():
+            if old and old != snapshots[key]:
+                (folder / old).unlink(missing_ok=True)
 
     def _end_session(self, status: str, started: float, *, error: Optional[str] = None, report: Optional[dict[str, Any]] = None) -> None:
         """Record how the session ended and let go of the run; never raises
         (it runs on the way out of a failure too)."""
         update: dict[str, Any] = {"status": status, "ended": time.time(), "wall_s": self._wall_s(started), "error": error}
-        snapshot = self._manifest.get("world_model_checkpoint")
+        snapshots = [self._manifest.get(key) for key in ("world_model_checkpoint", "critic_checkpoint")]
         if report is not None:
-            update.update(report={k: report[k] for k in SUMMARY_KEYS}, world_model_checkpoint=None)
+            update.update(report={k: report[k] for k in SUMMARY_KEYS}, world_model_checkpoint=None, critic_checkpoint=None)
         try:
             self._write_manifest(**update)
-            if report is not None and snapshot:  # a finished run is never resumed: its snapshot is dead weight
-                (runs.world_model_dir(Path(self.settings.state_dir), self.run_id) / snapshot).unlink(missing_ok=True)
+            for snapshot in snapshots if report is not None else []:  # a finished run is never resumed: its snapshots are dead weight
+                if snapshot:
+                    (runs.world_model_dir(Path(self.settings.state_dir), self.run_id) / snapshot).unlink(missing_ok=True)
         except (runs.RunStorageError, OSError) as exc:
             self._log.warning("evolve.manifest_unwritten", status=status, error=str(exc))
         finally:

@@ -41,7 +41,7 @@ except ImportError:  # pragma: no cover - Windows
     fcntl = None  # type: ignore[assignment]
 
 MANIFEST_FORMAT = "genesis-fp16.run"
-MANIFEST_VERSION = 2  # 2: raced evaluations, observation statistics, confirmations, time shares
+MANIFEST_VERSION = 3  # 3: one CMA-ES carries the population, a critic refines it (2: raced evaluations, probe search)
 RUNS_DIR = "runs"
 MANIFEST_FILE = "run.json"
 LOCK_FILE = "lock"

@@ -1,8 +1,8 @@
-"""Where a run's wall time goes: training the world model, imagining (every
-call into the model's imagination), searching inside the model (CMA-ES and
-the operators, imagination excluded) and real episodes; ``other`` is the
-rest of the wall time (replay writes, manifests, the held-out evaluation,
-start-up). ``model_share`` is the model's part: train + imagine + search."""
+"""Where a run's wall time goes: training the world model, its short
+rollouts, training the critic, the refinement's actor-gradient steps and real
+episodes; ``other`` is the rest of the wall time (CMA-ES, replay writes,
+manifests, the held-out evaluation, start-up). ``model_share`` is the learned
+parts' share: everything but real episodes and other."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import time
 from contextlib import contextmanager
 from typing import Any, Iterator, Mapping, Optional
 
-BUCKETS = ("model_train", "imagine", "search", "real_episodes")
-MODEL_BUCKETS = ("model_train", "imagine", "search")
+BUCKETS = ("model_train", "model_rollouts", "critic", "refine", "real_episodes")
+MODEL_BUCKETS = ("model_train", "model_rollouts", "critic", "refine")
 
 
 class TimeShare:

@@ -239,10 +239,15 @@ class EnsembleDynamics(nn.Module):
         FP32: the mean of the elites' predicted means."""
         self.eval()
         with torch.no_grad():
-            x = self.normalise_x(features(obs, action)).reshape(1, -1, self.obs_dim + self.act_dim)
-            weights = self.layer_weights(self.elite_index)
-            mean, _, _ = self.heads(run_layers(x.expand(len(self.elite_index), -1, -1), weights))
-            out = (mean * self.y_std[: self.n_gauss] + self.y_mean[: self.n_gauss]).mean(0).reshape(*obs.shape[:-1], self.n_gauss)
+            return self.mean_next(obs, action)
+
+    def mean_next(self, obs: torch.Tensor, action: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """`predict_next` with gradients: differentiable in ``obs`` and ``action``
+        (the refinement looks through the model, `agents.refine`)."""
+        x = self.normalise_x(features(obs, action)).reshape(1, -1, self.obs_dim + self.act_dim)
+        weights = self.layer_weights(self.elite_index)
+        mean, _, _ = self.heads(run_layers(x.expand(len(self.elite_index), -1, -1), weights))
+        out = (mean * self.y_std[: self.n_gauss] + self.y_mean[: self.n_gauss]).mean(0).reshape(*obs.shape[:-1], self.n_gauss)
         return obs + out[..., : self.obs_dim], out[..., self.obs_dim]
 
 

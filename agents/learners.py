@@ -1,0 +1,170 @@
+"""The loop's learned parts, each a guarded agent of its own: the world
+model (``world_model.<task>``) and the critic (``critic.<task>``), both
+trained in the precision their rollout policy decides, and the refinement
+that uses them.
+
+Per generation (`Learners.learn`), on every real transition so far: the world
+model trains; ``model_rollouts`` short rollouts (``rollout_horizon`` steps)
+branch from real replay states under the CMA-ES mean policy with exploration
+noise (MBPO); the critic trains on the real and the model transitions (TD3
+targets of the mean policy), ``critic_updates`` steps per new real
+transition. `Learners.refine` then ascends copies of the mean through the
+critic (`agents.refine`).
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Optional
+
+import numpy as np
+
+from genesis_fp16.settings import Settings
+from infrastructure.replay_buffer import ReplayBuffer
+
+from .evolve_config import EvolveConfig
+from .search_space import SearchSpace
+from .tasks import ResolvedTask
+from .time_share import TimeShare
+
+if TYPE_CHECKING:
+    import torch
+
+    from infrastructure.critic import Critic
+    from infrastructure.world_model import WorldModel
+
+EXPLORATION_NOISE = 0.1
+"""The model rollouts' action noise, a fraction of the half action range (TD3's exploration noise)."""
+REFINE_STATES = 4096
+"""The most recent real states the refinement draws its minibatches from."""
+
+
+class Learners:
+    """The world model and the critic of one run (either may be None: the ablations)."""
+
+    def __init__(self, config: EvolveConfig, task: ResolvedTask, settings: Settings, buffer: ReplayBuffer, data_agent: str, run_id: str,
+                 time: TimeShare, *, world_model: Optional[WorldModel] = None, critic: Optional[Critic] = None) -> None:
+        self.config, self.task, self.settings, self.buffer, self.data_agent, self.run_id, self.time = (
+            config, task, settings, buffer, data_agent, run_id, time)
+        self.world_model = world_model if world_model is not None or not config.use_world_model else self._make_world_model()
+        self.critic = critic if critic is not None or not config.use_critic else self._make_critic()
+        self.last: dict[str, Any] = {}
+
+    @property
+    def checkpoint_dir(self) -> Path:
+        return Path(self.settings.state_dir) / "world_model" / self.run_id
+
+    def _make_world_model(self) -> WorldModel:
+        import torch
+
+        from infrastructure.world_model import WorldModel
+
+        torch.manual_seed(self.config.seed)
+        assert self.config.wm_agent is not None  # resolve() names it after the task
+        return WorldModel(
+            self.task.policy.obs_dim, self.task.policy.act_dim, done_head=self.task.learns_termination, buffer=self.buffer,
+            agent=self.config.wm_agent, data_agent=self.data_agent, settings=self.settings, precision=self.config.precision,
+            seed=self.config.seed, ensemble=self.config.ensemble, probabilistic=self.config.ensemble > 1, checkpoint_dir=self.checkpoint_dir,
+        )
+
+    def _make_critic(self) -> Critic:
+        from infrastructure.critic import Critic
+
+        assert self.config.critic_agent is not None
+        spec = self.task.policy
+        return Critic(spec.obs_dim, spec.act_dim, action_low=spec.action_low, action_high=spec.action_high, agent=self.config.critic_agent,
+                      settings=self.settings, precision=self.config.critic_precision, seed=self.config.seed,
+                      checkpoint_dir=self.checkpoint_dir)
+
+    # -- policies in torch --------------------------------------------------------------------
+    def _mean_policy(self, z: np.ndarray, space: SearchSpace, noise: float = 0.0, seed: int = 0) -> Callable[[torch.Tensor], torch.Tensor]:
+        """``obs (N, obs_dim) -> actions (N, act_dim)`` of the policy at ``z``, with Gaussian ``noise`` (a fraction of the half range)."""
+        import torch
+
+        from .refine import ZPolicy
+
+        policy, zt = ZPolicy(space), torch.tensor(np.asarray(z, dtype=np.float32)[None])
+        spec = self.task.policy
+        low, high = torch.tensor(spec.action_low, dtype=torch.float32), torch.tensor(spec.action_high, dtype=torch.float32)
+        half = (high - low) / 2
+        gen = torch.Generator().manual_seed(seed)
+
+        def act(obs: torch.Tensor) -> torch.Tensor:
+            with torch.no_grad():
+                a = policy(zt, obs.float().cpu()[None])[0]
+                if noise > 0:
+                    a = torch.maximum(torch.minimum(a + noise * half * torch.randn(a.shape, generator=gen), high), low)
+            return a.to(obs.device)
+
+        return act
+
+    # -- learning -------------------------------------------------------------------------------
+    async def learn(self, z_mean: np.ndarray, space: SearchSpace, generation: int, *, new_steps: int) -> dict[str, Any]:
+        """The world model and the critic learn from every real transition so
+        far; returns their reports (``world_model``, ``rollouts``, ``critic``)."""
+        from infrastructure.transitions import Transitions
+
+        cfg, reports = self.config, {}
+        if self.world_model is not None:
+            with self.time.measure("model_train"):
+                reports["world_model"] = await self.world_model.train(cfg.wm_steps)
+        if self.critic is None:
+            return reports
+        trajectories = await self.buffer.asample(self.data_agent)
+        real = Transitions.from_trajectories(trajectories)
+        parts = [real]
+        seed = cfg.seed * 100_003 + generation
+        if self.world_model is not None and cfg.model_rollouts > 0:
+            import torch
+
+            from infrastructure.model_env import branched_rollouts
+
+            with self.time.measure("model_rollouts"):
+                rows = torch.randint(len(real), (cfg.model_rollouts,), generator=torch.Generator().manual_seed(seed))
+                model, stats = branched_rollouts(self.world_model, self._mean_policy(z_mean, space, EXPLORATION_NOISE, seed), real.obs[rows],
+                                                 cfg.rollout_horizon, terminated=self.task.task.termination, project=self.task.task.project,
+                                                 seed=seed)
+            parts.append(model)
+            reports["rollouts"] = stats
+        steps = max(1, math.ceil(cfg.critic_updates * new_steps))
+        with self.time.measure("critic"):
+            reports["critic"] = await self.critic.train(Transitions.cat(parts), self._mean_policy(z_mean, space), steps)
+        self.last = reports
+        return reports
+
+    async def refine(self, z_mean: np.ndarray, space: SearchSpace, generation: int) -> list[tuple[np.ndarray, str]]:
+        """Refined copies of the CMA-ES mean, (z, operator) pairs: one ascent of
+        the critic's value (through ``refine_horizon`` model steps first),
+        snapshots at ``refine_steps`` / 4^k steps. Empty while there is nothing
+        to refine with (no critic trained yet, or ``refined`` 0)."""
+        import asyncio
+
+        cfg = self.config
+        horizon = cfg.refine_horizon if self.world_model is not None and self.world_model.trained else 0
+        value = self.critic.value if self.critic is not None and self.critic.trained else None
+        if cfg.refined == 0 or (value is None and horizon == 0):
+            return []
+        from infrastructure.transitions import Transitions
+
+        from .refine import model_step, refine
+
+        trajectories = await self.buffer.asample(self.data_agent, max_transitions=REFINE_STATES)
+        states = Transitions.from_trajectories(trajectories).obs
+        snapshots = sorted({max(1, cfg.refine_steps // 4**k) for k in range(cfg.refined)})
+        with self.time.measure("refine"):
+            zs = await asyncio.to_thread(
+                refine, z_mean, states, space, value=value, model=model_step(self.world_model) if horizon else None, horizon=horizon,
+                snapshots=snapshots, seed=cfg.seed * 100_003 + generation,
+            )
+        return [(z, f"refined:{n}") for z, n in zip(zs, snapshots)]
+
+    def summary(self) -> dict[str, Any]:
+        """Each learner's agent, precision and decision, for the report."""
+        out: dict[str, Any] = {}
+        for name, learner in (("world_model", self.world_model), ("critic", self.critic)):
+            if learner is not None:
+                decision = learner.decision
+                out[name] = {"agent": learner.agent, "precision": learner.precision,
+                             "decision": decision.as_dict() if hasattr(decision, "as_dict") else None}
+        return out
