@@ -311,16 +311,17 @@ class Critic:
     def _train_sync(self, data: Transitions, policy: PolicyFn, steps: int, save: bool) -> CriticReport:
         started = time.perf_counter()
         data = data.to(self.device)
+        policy_act = self._policy_actions(policy, data.next_obs)  # pi(s') once: the policy is fixed for the call
         n_val = max(1, int(round(len(data) * VAL_FRACTION)))
         order = torch.randperm(len(data), generator=self._generator).to(self.device)
         train, val = data.rows(order[n_val:]), data.rows(order[:n_val])
+        next_act, val_next = policy_act[order[n_val:]], policy_act[order[:n_val]]
         stats = [s.to(self.device) for s in normaliser_stats(data, self.gamma)]
         training = self.training
         training.begin_call(prepare=lambda model: model.refit(*stats))
         self.target.refit(*stats)  # the target's function kept, its units this call's
         if not self.trained:
             self._reset_target()
-        next_act = self._policy_actions(policy, train.next_obs)
         x_train = self.model.inputs(train.obs, train.act)
         losses: list[torch.Tensor] = []
         rollbacks = len(training.rollbacks)
@@ -334,7 +335,6 @@ class Critic:
                 self._polyak()
             losses.append(training.last_loss)
             time.sleep(0)  # hand the GIL to the event loop
-        val_next = self._policy_actions(policy, val.next_obs)
         y_val = self._targets(val, val_next, torch.arange(len(val), device=self.device))
         call = training.finish_call(partial(_val_loss, x=self.model.inputs(val.obs, val.act), y=y_val))
         if len(training.rollbacks) != rollbacks:
