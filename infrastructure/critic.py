@@ -1,0 +1,355 @@
+"""A twin-Q critic of one deterministic policy, for the CEM-RL loop (issue 38).
+
+CMA-ES searches over small deterministic policies; this critic learns Q of
+the search's mean policy from real transitions (the replay buffer) and short
+model rollouts, and copies of the mean are refined by ascending `value`.
+
+Design (TD3, Fujimoto et al. 2018; CleanRL's ``td3_continuous_action.py``
+was read for the update):
+
+* Twin Qs with clipped double-Q targets and target-policy smoothing: the
+  policies are deterministic, so there is no entropy term (SAC's) and no
+  actor of the critic's own: ``target_policy`` is the policy valued, fixed for
+  a `train()` call, applied once to every next observation of the call.
+* Training goes through `genesis_fp16.guarded.GuardedTraining` (precision
+  from settings, profile and ledger; a rollback guard, canaries, an FP32
+  shadow). The FP32 reference trains a copy with the same loss, so the TD
+  targets are computed OUTSIDE the loss, in FP32 under ``no_grad`` with the
+  critic's own target network: a step's batch is ``(inputs, y)`` and its loss
+  ``mse(q1, y) + mse(q2, y)`` (`critic_net.td_loss`).
+* The target network is a lagged (Polyak, ``tau``) FP32 copy of the twins,
+  kept across calls, in checkpoints, and reset from the restored weights
+  after a rollback.
+* Normaliser and value scale: `critic_net` (fitted per call, functions kept).
+* Batches and smoothing noise come from a seeded CPU generator: same seed,
+  same data, same weights, on any device.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import math
+import numbers
+import time
+from dataclasses import dataclass, field, fields
+from functools import partial
+from pathlib import Path
+from typing import Any, Callable, Optional, Union
+
+import numpy as np
+import numpy.typing as npt
+import torch
+from torch.func import functional_call
+
+from genesis_fp16 import checkpoint as ckpt
+from genesis_fp16.device import DeviceArg, resolve_device
+from genesis_fp16.guarded import DEFAULT_GUARD, UNGUARDED, CallReport, Guard, GuardChoice, GuardedTraining, Verdict, resolve_guard
+from genesis_fp16.names import check_agent_name
+from genesis_fp16.settings import Settings, load_settings
+from genesis_fp16.telemetry import get_logger
+from genesis_fp16.threads import torch_threads
+from genesis_fp16.trainer import FP16Trainer
+
+from .critic_net import (CriticSpec, TwinQ, check_critic_payload, check_spec, check_transitions, compute_targets,
+                         normaliser_stats, smoothing_noise, td_loss)
+from .dynamics import NonFiniteDataError
+from .transitions import Transitions
+
+__all__ = ["Critic", "CriticReport", "NonFiniteDataError", "Transitions", "compute_targets"]
+
+# The default size, by scripts/bench_critic.py (see its docstring for the table).
+DEFAULT_HIDDEN = 64
+DEFAULT_LAYERS = 2
+VAL_FRACTION = 0.1
+
+PolicyFn = Callable[[torch.Tensor], torch.Tensor]
+"""``observations [N, obs_dim] -> actions [N, act_dim]`` (on the critic's device)."""
+
+
+@dataclass
+class CriticReport:
+    """What one `Critic.train()` call did: ``train_loss`` (mean of the last 50
+    steps' TD loss) and ``val_loss`` (the TD loss on the held-out tenth),
+    both in value units (`critic_net`); ``precision`` what runs now;
+    ``skipped_steps``; ``fp32_val_loss`` / ``shadow_gap`` / ``reference``
+    where an FP32 reference trained; ``rollback`` (the first rollback's
+    verdict), ``guard_decision``, ``events`` and ``checkpoint`` what the guard
+    did and what was written."""
+
+    steps: int
+    train_loss: float
+    val_loss: float
+    precision: str
+    skipped_steps: int
+    wall_s: float
+    transitions: int
+    fp32_val_loss: Optional[float] = None
+    shadow_gap: Optional[float] = None
+    reference: Optional[str] = None
+    rollback: Optional[Verdict] = None
+    guard_decision: Optional[Verdict] = None
+    checkpoint: Optional[str] = None
+    events: list[str] = field(default_factory=list)
+    device: Optional[str] = None
+    precision_decision: Optional[dict[str, Any]] = None
+
+    @classmethod
+    def from_call(cls, call: CallReport, **fields: Any) -> "CriticReport":
+        return cls(
+            val_loss=float(call.val_loss) if call.val_loss is not None else float("nan"), precision=call.precision,
+            skipped_steps=call.skipped_steps, fp32_val_loss=call.fp32_val_loss, shadow_gap=call.gap,
+            reference=call.reference if call.fp32_val_loss is not None else None, rollback=call.rollback,
+            guard_decision=call.decision, events=list(call.events),
+            precision_decision=call.precision_decision.as_dict() if call.precision_decision is not None else None, **fields,
+        )
+
+    @property
+    def rolled_back(self) -> bool:
+        return self.rollback is not None
+
+    @property
+    def rollback_reason(self) -> Optional[str]:
+        return None if self.rollback is None else self.rollback.summary
+
+    def as_dict(self) -> dict[str, Any]:
+        """Plain data: ``rollback`` as ``rolled_back`` / ``rollback_reason``, verdicts as dicts."""
+        out: dict[str, Any] = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name == "rollback":
+                out.update(rolled_back=self.rolled_back, rollback_reason=self.rollback_reason)
+            else:
+                out[f.name] = value.as_dict() if isinstance(value, Verdict) else copy.deepcopy(value)
+        return out
+
+
+def _val_loss(model: TwinQ, trainer: FP16Trainer, x: torch.Tensor, y: torch.Tensor) -> float:
+    """The TD loss on the held-out rows under ``trainer``'s autocast (`finish_call`'s ``val_fn``)."""
+    model.eval()
+    with torch.no_grad(), trainer.autocast():
+        return float(td_loss(model, (x, y)))
+
+
+class Critic:
+    """Twin-Q critic (TD3 targets) of a deterministic policy; see the module's docstring.
+
+    Args:
+        obs_dim, act_dim: the env's sizes.
+        action_low, action_high: the env's action box (actions are clipped
+            into it and scaled onto [-1, 1] for the network).
+        agent: the name the precision policy and the guard are resolved for
+            (the loop passes ``critic.<task id>``).
+        settings, precision, guard, device: as `infrastructure.world_model.WorldModel`'s.
+        hidden, layers, activation: the twins' MLP (``silu`` or ``relu``).
+        gamma, tau: discount; Polyak rate of the target network per step.
+        lr, batch_size: Adam's learning rate; transitions per step.
+        target_noise, noise_clip: target-policy smoothing, in fractions of
+            the half action range (TD3's 0.2 and 0.5).
+        seed: initial weights, batches, noise and the validation split.
+        checkpoint_dir: default ``<state_dir>/critic``.
+    """
+
+    def __init__(
+        self, obs_dim: int, act_dim: int, *, action_low: npt.ArrayLike, action_high: npt.ArrayLike, agent: str = "critic",
+        settings: Optional[Settings] = None, precision: Optional[str] = None, guard: Union[Guard, GuardChoice] = DEFAULT_GUARD,
+        device: DeviceArg = None, hidden: int = DEFAULT_HIDDEN, layers: int = DEFAULT_LAYERS, activation: str = "silu",
+        gamma: float = 0.99, tau: float = 0.005, lr: float = 1e-3, batch_size: int = 256, target_noise: float = 0.2,
+        noise_clip: float = 0.5, seed: int = 0, checkpoint_dir: Union[str, Path, None] = None,
+    ) -> None:
+        low, high = (torch.as_tensor(np.asarray(v, dtype=np.float32)).reshape(-1) for v in (action_low, action_high))
+        check_spec(obs_dim, act_dim, hidden, layers, activation, low, high)
+        problems = [f"{name}={value!r}: expected {want}" for name, value, ok, want in (
+            ("gamma", gamma, 0.0 <= gamma < 1.0, "a discount in [0, 1), e.g. 0.99"),
+            ("tau", tau, 0.0 < tau <= 1.0, "a Polyak rate in (0, 1], e.g. 0.005"),
+            ("lr", lr, lr > 0.0, "a positive learning rate, e.g. 1e-3"),
+            ("batch_size", batch_size, not isinstance(batch_size, bool) and isinstance(batch_size, numbers.Integral) and batch_size >= 1,
+             "a positive number of transitions per step, e.g. 256"),
+            ("target_noise", target_noise, target_noise >= 0.0, "a non-negative fraction of the half action range, e.g. 0.2"),
+            ("noise_clip", noise_clip, noise_clip >= 0.0, "a non-negative fraction of the half action range, e.g. 0.5"),
+        ) if not ok]
+        if problems:
+            raise ValueError("Critic: " + "; ".join(problems))
+        self.settings = settings or load_settings()
+        self.agent = check_agent_name(agent)
+        self._log = get_logger("infrastructure.critic", agent=agent)
+        choice = resolve_device(self.settings.device if device is None else device, self.settings.on_unsupported, owner=f"Critic({agent!r})")
+        if choice.fallback_reason is not None:
+            self._log.warning("critic.device_fallback", requested=choice.requested, device=str(choice.device), reason=choice.fallback_reason)
+        self.device = choice.device
+        self.guard: Optional[Guard] = resolve_guard(f"Critic({agent!r})", self.agent, guard, self.settings)
+        self.requested_precision = precision
+        self.gamma, self.tau, self.lr, self.batch_size = float(gamma), float(tau), float(lr), int(batch_size)
+        self.target_noise, self.noise_clip, self.seed = float(target_noise), float(noise_clip), seed
+        self.checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir else Path(self.settings.state_dir) / "critic"
+        self.spec = CriticSpec(int(obs_dim), int(act_dim), int(hidden), int(layers), activation,
+                               tuple(low.tolist()), tuple(high.tolist()))
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            self.model = TwinQ(self.spec).to(self.device)
+        self.target = copy.deepcopy(self.model).float().requires_grad_(False)
+        self.low, self.high = low.to(self.device), high.to(self.device)
+        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=lr)
+        self.trained = False
+        self._training: Optional[GuardedTraining] = None
+        self._lock = asyncio.Lock()
+        self._generator = torch.Generator().manual_seed(seed)
+        self.history: list[CriticReport] = []
+
+    # -- trainer -------------------------------------------------------------------
+    @property
+    def training(self) -> GuardedTraining:
+        """The `GuardedTraining` the twins train through (built on first use)."""
+        if self._training is None:
+            g = torch.Generator().manual_seed(0)  # a workload sample for a measured auto; the run's streams untouched
+            sample = (torch.randn(self.batch_size, self.spec.obs_dim + self.spec.act_dim, generator=g).to(self.device),
+                      torch.randn(self.batch_size, generator=g).to(self.device))
+            self._training = GuardedTraining(
+                self.agent, self.model, self.optimizer, settings=self.settings, precision=self.requested_precision,
+                guard=self.guard if self.guard is not None else UNGUARDED, checkpoint_dir=self.checkpoint_dir,
+                good_name=f"{self.agent}.initial.pt", checkpoint_every=0, save=self.save, sample=(sample, td_loss),
+            )
+        return self._training
+
+    @property
+    def trainer(self) -> Optional[FP16Trainer]:
+        """The trainer in use (None before the first `train()`, `save()`, `load()` or `precision`)."""
+        return self._training.trainer if self._training is not None else None
+
+    @property
+    def precision(self) -> str:
+        """The precision training runs in now (``fp32``, ``bf16``, ...)."""
+        return self.training.trainer.precision.name
+
+    decision = property(lambda self: self.training.decision, doc="The trainer's `PrecisionDecision` (mode, source, reason).")
+
+    # -- values ----------------------------------------------------------------------
+    def q_values(self, obs: torch.Tensor, act: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(q1, q2)``, each ``[N]``, in FP32 for raw observations ``[N, obs_dim]``
+        and actions ``[N, act_dim]`` (on the critic's device); differentiable
+        with respect to ``obs`` and ``act``, never accumulating gradients into
+        the critic's own weights."""
+        state = {k: v.detach() for k, v in self.model.named_parameters()}
+        state.update(self.model.named_buffers())
+        q = functional_call(self.model, state, (self.model.inputs(obs, act),))
+        q = q * self.model.q_scale + self.model.q_offset
+        return q[0], q[1]
+
+    def value(self, obs: torch.Tensor, act: torch.Tensor) -> torch.Tensor:
+        """``min(q1, q2)`` ``[N]``: what the actor refinement ascends (differentiable w.r.t. ``act``)."""
+        q1, q2 = self.q_values(obs, act)
+        return torch.minimum(q1, q2)
+
+    # -- checkpoints -------------------------------------------------------------------
+    @property
+    def checkpoint_path(self) -> Path:
+        """`<checkpoint_dir>/<agent>.pt`."""
+        return self.checkpoint_dir / f"{self.agent}.pt"
+
+    def save(self, path: Union[str, Path, None] = None) -> Path:
+        """Write the twins (with their normaliser), optimizer, scaler, the
+        target network and the sampler state atomically; returns the path."""
+        extra = {"trained": self.trained, "agent": self.agent, "critic": self.spec.as_dict(),
+                 "target": {k: v.detach().clone() for k, v in self.target.state_dict().items()},
+                 "sampler_state": self._generator.get_state()}
+        return self.training.trainer.save_checkpoint(path or self.checkpoint_path, extra=extra)
+
+    def load(self, path: Union[str, Path, None] = None) -> Path:
+        """Restore what `save()` wrote (``weights_only`` reads). A missing,
+        corrupt or foreign checkpoint (a world model's, another size or action
+        box) raises `CheckpointError`, and then nothing has changed."""
+        path = Path(path or self.checkpoint_path)
+        trainer = self.training.trainer
+        payload = ckpt.load_payload(path, map_location=trainer.device)
+        check_critic_payload(payload, self.spec, {k: v.shape for k, v in self.target.state_dict().items()}, str(path))
+        trainer.apply_payload(payload, source=str(path), restore_rng=False)
+        extra = payload["extra"]
+        self.target.load_state_dict(extra["target"])
+        self._generator.set_state(extra["sampler_state"].cpu())
+        self.trained = bool(extra.get("trained", True))
+        return path
+
+    # -- training --------------------------------------------------------------------------
+    async def train(self, data: Transitions, target_policy: PolicyFn, steps: int, *, save: bool = True) -> CriticReport:
+        """``steps`` TD3 critic steps on ``data`` valuing ``target_policy``, in a
+        worker thread (one call at a time). Bad input raises before anything
+        is trained: `ValueError` for ``steps < 1`` or transitions of other
+        sizes, `NonFiniteDataError` for NaN or inf. ``save`` writes a
+        checkpoint at the end (recorded as good when the call was healthy)."""
+        if isinstance(steps, bool) or not isinstance(steps, numbers.Integral) or steps < 1:
+            raise ValueError(f"Critic.train: steps={steps!r}: expected a positive number of optimizer steps (e.g. 500)")
+        check_transitions(data, self.spec.obs_dim, self.spec.act_dim)
+        async with self._lock:
+            with torch_threads(self.settings.torch_threads):
+                report = await asyncio.to_thread(self._train_sync, data, target_policy, int(steps), save)
+            self.history.append(report)
+            return report
+
+    def _policy_actions(self, policy: PolicyFn, next_obs: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            act = torch.as_tensor(policy(next_obs), dtype=torch.float32, device=self.device)
+        if act.shape != (len(next_obs), self.spec.act_dim) or not bool(torch.isfinite(act).all()):
+            raise ValueError(f"Critic.train: target_policy gave actions of shape {tuple(act.shape)} (finite: "
+                             f"{bool(torch.isfinite(act).all())}); expected finite actions of shape ({len(next_obs)}, {self.spec.act_dim})")
+        return act
+
+    def _targets(self, data: Transitions, next_act: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        noise = smoothing_noise(len(rows), self.model.act_half, self.target_noise, self.noise_clip, self._generator).to(self.device)
+        y = compute_targets(data.rew[rows], data.terminal[rows], data.next_obs[rows], next_act[rows], noise, self.target.q,
+                            gamma=self.gamma, low=self.low, high=self.high)
+        return (y - self.model.q_offset) / self.model.q_scale
+
+    @torch.no_grad()
+    def _reset_target(self) -> None:
+        self.target.load_state_dict(self.model.state_dict())
+
+    @torch.no_grad()
+    def _polyak(self) -> None:
+        model = [p.float() for p in self.model.parameters()]
+        torch._foreach_lerp_(list(self.target.parameters()), model, self.tau)
+
+    def _train_sync(self, data: Transitions, policy: PolicyFn, steps: int, save: bool) -> CriticReport:
+        started = time.perf_counter()
+        data = data.to(self.device)
+        policy_act = self._policy_actions(policy, data.next_obs)  # pi(s') once: the policy is fixed for the call
+        n_val = max(1, int(round(len(data) * VAL_FRACTION)))
+        order = torch.randperm(len(data), generator=self._generator).to(self.device)
+        train, val = data.rows(order[n_val:]), data.rows(order[:n_val])
+        next_act, val_next = policy_act[order[n_val:]], policy_act[order[:n_val]]
+        stats = [s.to(self.device) for s in normaliser_stats(data, self.gamma)]
+        training = self.training
+        training.begin_call(prepare=lambda model: model.refit(*stats))
+        self.target.refit(*stats)  # the target's function kept, its units this call's
+        if not self.trained:
+            self._reset_target()
+        x_train = self.model.inputs(train.obs, train.act)
+        losses: list[torch.Tensor] = []
+        rollbacks = len(training.rollbacks)
+        for _ in range(steps):
+            rows = torch.randint(len(train), (min(self.batch_size, len(train)),), generator=self._generator).to(self.device)
+            stepped = training.step((x_train[rows], self._targets(train, next_act, rows)), td_loss)
+            if len(training.rollbacks) != rollbacks:  # restored weights (refitted by prepare): a target from them
+                rollbacks = len(training.rollbacks)
+                self._reset_target()
+            elif stepped:
+                self._polyak()
+            losses.append(training.last_loss)
+            time.sleep(0)  # hand the GIL to the event loop
+        y_val = self._targets(val, val_next, torch.arange(len(val), device=self.device))
+        call = training.finish_call(partial(_val_loss, x=self.model.inputs(val.obs, val.act), y=y_val))
+        if len(training.rollbacks) != rollbacks:
+            self._reset_target()
+        self.model.train()
+        self.trained = True
+        checkpoint = str(self.save()) if save else None
+        healthy = call.decision is None or call.decision.action != "rollback"
+        if checkpoint is not None and self.guard is not None and healthy and call.val_loss is not None and math.isfinite(call.val_loss):
+            training.mark_good(checkpoint)
+        finite = [float(v) for v in losses[-50:] if math.isfinite(float(v))]
+        report = CriticReport.from_call(call, steps=steps, train_loss=float(np.mean(finite)) if finite else float("nan"),
+                                        wall_s=time.perf_counter() - started, transitions=len(data), checkpoint=checkpoint,
+                                        device=str(self.device))
+        self._log.info("critic.trained", steps=steps, train_loss=report.train_loss, val_loss=report.val_loss,
+                       precision=report.precision, skipped_steps=report.skipped_steps, rolled_back=report.rolled_back,
+                       wall_s=round(report.wall_s, 3), transitions=len(data))
+        return report
