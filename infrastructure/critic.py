@@ -58,7 +58,11 @@ from .transitions import Transitions
 
 __all__ = ["Critic", "CriticReport", "NonFiniteDataError", "Transitions", "compute_targets"]
 
-# The default size, by scripts/bench_critic.py (see its docstring for the table).
+# The default size, by scripts/bench_critic.py (torch 2.13 CPU, AMX-BF16 host, one
+# thread, batch 256): 64 units learn the bench's one-step tasks to within 1%
+# (Pendulum sizes) and as well as 128 or 256 (HalfCheetah sizes, 4096
+# transitions: data-limited) at 1.56-1.58 ms a step against 2.2 (128) and 4.2-4.3
+# (256); BF16 does not pay at 64 or 128 (0.86-0.94x FP32), only at 256 (1.14x).
 DEFAULT_HIDDEN = 64
 DEFAULT_LAYERS = 2
 VAL_FRACTION = 0.1

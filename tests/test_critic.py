@@ -210,3 +210,19 @@ async def test_a_nan_storm_rolls_the_critic_back(monkeypatch, tmp_path):
     assert all(bool(torch.isfinite(p).all()) for p in [*critic.model.parameters(), *critic.target.parameters()])
     after = await critic.train(data, _zero_policy, 30)
     assert after.precision == "fp32" and not after.rolled_back and math.isfinite(after.val_loss)
+
+
+def test_bench_script_runs_on_a_tiny_grid(tmp_path, capsys):
+    import json
+
+    from scripts_loader import load_script
+
+    bench = load_script("bench_critic")
+    out = tmp_path / "bench.json"
+    assert bench.main(["--hiddens", "8", "--envs", "Pendulum", "--rounds", "1", "--steps", "2", "--quality-steps", "3",
+                       "--json", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert result["torch"] == torch.__version__ and isinstance(result["cpu_flags"], list)
+    (row,) = result["rows"]
+    assert row["env"] == "Pendulum" and row["hidden"] == 8 and row["fp32_ms"] > 0 and row["bf16_ms"] > 0
+    assert math.isfinite(row["val_fp32"]) and "bf16 x" in capsys.readouterr().out
