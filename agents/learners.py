@@ -133,11 +133,14 @@ class Learners:
         self.last = reports
         return reports
 
-    async def refine(self, z_mean: np.ndarray, space: SearchSpace, generation: int) -> list[tuple[np.ndarray, str]]:
-        """Refined copies of the CMA-ES mean, (z, operator) pairs: one ascent of
-        the critic's value (through ``refine_horizon`` model steps first),
-        snapshots at ``refine_steps`` / 4^k steps. Empty while there is nothing
-        to refine with (no critic trained yet, or ``refined`` 0)."""
+    async def refine(self, z_mean: np.ndarray, space: SearchSpace, generation: int,
+                     elite: Optional[np.ndarray] = None) -> list[tuple[np.ndarray, str]]:
+        """Refined copies, (z, operator) pairs: ascents of the critic's value
+        (through ``refine_horizon`` model steps first) from the CMA-ES mean and,
+        given, from ``elite`` (the last generation's best candidate, z), with
+        snapshots at ``refine_steps`` / 4^k steps; the mean gets the first,
+        the elite every other copy. Empty while there is nothing to refine with
+        (no critic trained yet, or ``refined`` 0)."""
         import asyncio
 
         cfg = self.config
@@ -151,13 +154,18 @@ class Learners:
 
         trajectories = await self.buffer.asample(self.data_agent, max_transitions=REFINE_STATES)
         states = Transitions.from_trajectories(trajectories).obs
-        snapshots = sorted({max(1, cfg.refine_steps // 4**k) for k in range(cfg.refined)})
-        with self.time.measure("refine"):
-            zs = await asyncio.to_thread(
-                refine, z_mean, states, space, value=value, model=model_step(self.world_model) if horizon else None, horizon=horizon,
-                snapshots=snapshots, seed=cfg.seed * 100_003 + generation,
-            )
-        return [(z, f"refined:{n}") for z, n in zip(zs, snapshots)]
+        starts = [("mean", z_mean)] + ([("elite", elite)] if elite is not None and cfg.refined > 1 else [])
+        out: list[tuple[np.ndarray, str]] = []
+        for k, (name, z0) in enumerate(starts):
+            copies = len(range(k, cfg.refined, len(starts)))
+            snapshots = sorted({max(1, cfg.refine_steps // 4**j) for j in range(copies)})
+            with self.time.measure("refine"):
+                zs = await asyncio.to_thread(
+                    refine, z0, states, space, value=value, model=model_step(self.world_model) if horizon else None, horizon=horizon,
+                    snapshots=snapshots, seed=cfg.seed * 100_003 + generation * 2 + k,
+                )
+            out += [(z, f"refined:{name}:{n}") for z, n in zip(zs, snapshots)]
+        return out
 
     def summary(self) -> dict[str, Any]:
         """Each learner's agent, precision and decision, for the report."""

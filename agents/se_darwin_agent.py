@@ -192,9 +192,11 @@ class SEDarwinAgent(RunRecord):
     async def _generation(self, generation: int, started: float) -> None:
         cfg, n_train, clock = self.config, len(self.starts.train), self.time.snapshot()
         space = self.obs_stats.space(self.task.policy)
-        refined = await self.learners.refine(self.search.mean, space, generation) if self._has_data() else []
+        last = [c for c in self.pool if c.generation == generation - 1 and c.returns and math.isfinite(c.returns[0])]
+        elite = space.to_z(max(last, key=lambda c: c.returns[0]).params) if last else None
+        refined = await self.learners.refine(self.search.mean, space, generation, elite) if self._has_data() else []
         zs = self.search.ask([z for z, _ in refined])
-        ops = [op for _, op in refined] + ["cma"] * (len(zs) - len(refined))
+        ops = [op for _, op in refined] + ["cma"] * (len(zs) - len(refined))  # refined:<mean|elite>:<steps>, or cma
         cands = [Candidate(f"g{generation}-{k}-{op}", space.to_raw(z), op, generation) for k, (z, op) in enumerate(zip(zs, ops))]
         fits = next((k for k in range(len(cands), 0, -1) if self.real.over_budget(k) is None), 0)
         if fits < len(cands):
