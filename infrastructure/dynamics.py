@@ -17,7 +17,6 @@ from genesis_fp16.checkpoint import generator_state_problem
 
 from .trajectory import FLOAT_FIELDS, Trajectory, non_finite_field
 
-PolicyFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (params [P,D], obs [P,S,obs]) -> actions [P,S,act]
 ProjectFn = Callable[[torch.Tensor], torch.Tensor]
 TerminationFn = Callable[[torch.Tensor], torch.Tensor]  # observations (..., obs_dim) -> bool (...)
 
@@ -34,8 +33,8 @@ class NonFiniteDataError(ValueError):
 
 
 class NotTrainedError(RuntimeError):
-    """`WorldModel.predict`, `imagine` or `observed_region` was called before
-    the first `await train()` or `load()`."""
+    """`WorldModel.predict`, `observed_region`, `model_env` or `rollouts` (or a
+    `ModelEnv` on the model) was called before the first `await train()` or `load()`."""
 
 
 def features(obs: torch.Tensor, action: torch.Tensor) -> torch.Tensor:

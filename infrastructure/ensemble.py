@@ -13,9 +13,10 @@ termination logit where the task has a done head (binary cross-entropy, as
 before). ``ensemble=1`` without the Gaussian head is the single deterministic
 network of earlier versions, kept for comparison.
 
-The normaliser, the reward range seen in the training data (imagination clips
-rewards into it) and the elite members (the best by validation loss; what
-imagination samples) are buffers, so every checkpoint carries them.
+The normaliser, the reward range seen in the training data (the model's
+rollouts clip rewards into it, `infrastructure.model_env`) and the elite
+members (the best by validation loss; what rollouts sample) are buffers, so
+every checkpoint carries them.
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ LOGVAR_PENALTY = 0.01
 @dataclass(frozen=True)
 class EnsembleSpec:
     """The shape of an ensemble, as its checkpoints record it: ``ensemble``
-    members (``elites`` of them used by imagination), ``layers`` hidden layers
+    members (``elites`` of them used by rollouts and prediction), ``layers`` hidden layers
     of ``hidden`` units, a Gaussian head or not, a done head or not."""
 
     ensemble: int
@@ -81,7 +82,7 @@ def check_spec(ensemble: int, elites: Optional[int], hidden: int, layers: int) -
     count("hidden", hidden, 1, "units per hidden layer, e.g. 64")
     count("layers", layers, 1, "hidden layers per member, e.g. 2")
     if elites is not None:
-        count("elites", elites, 1, "the best members imagination uses; None for every member")
+        count("elites", elites, 1, "the best members rollouts and prediction use; None for every member")
         if not problems and elites > ensemble:
             problems.append(f"elites={elites}: at most ensemble={ensemble} (the best members among them)")
     if problems:
@@ -221,7 +222,7 @@ class EnsembleDynamics(nn.Module):
     # -- prediction --------------------------------------------------------------------
     @property
     def elites(self) -> list[int]:
-        """The members imagination and prediction use, best first."""
+        """The members rollouts and prediction use, best first."""
         return [int(i) for i in self.elite_index]
 
     def set_elites(self, losses: torch.Tensor) -> None:

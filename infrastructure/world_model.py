@@ -1,14 +1,14 @@
 """An async, learned dynamics model: (observation, action) ->
 (next-observation delta, reward), a probabilistic ensemble
 (`infrastructure.ensemble`) on a chosen device; `WorldModel` says how it
-trains, `infrastructure.imagination` how it imagines."""
+trains (`infrastructure.world_model_training` does a call's work), and
+`infrastructure.model_env` how it rolls out: short rollouts branched from
+real states, whose transitions train a critic (MBPO)."""
 
 from __future__ import annotations
 
 import asyncio
-import math
 import numbers
-import time
 from functools import partial
 from pathlib import Path
 from typing import Optional, Sequence, Union
@@ -17,7 +17,6 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
-from genesis_fp16 import checkpoint as ckpt
 from genesis_fp16.device import DeviceArg, resolve_device
 from genesis_fp16.guarded import DEFAULT_GUARD, UNGUARDED, Guard, GuardChoice, GuardedTraining, Verdict, resolve_guard
 from genesis_fp16.names import check_agent_name
@@ -26,21 +25,21 @@ from genesis_fp16.threads import torch_threads
 from genesis_fp16.telemetry import get_logger
 from genesis_fp16.trainer import FP16Trainer
 
-from .dynamics import (NonFiniteDataError, NotTrainedError, PolicyFn, ProjectFn, TerminationFn, check_checkpoint_extra, check_options,
-                       check_sizes, features, training_data)
-from .ensemble import EnsembleDynamics, batch_rows, bootstrap, check_architecture, ensemble_loss, member_losses, sample_batch
-from .imagination import Imagination, imagine_uncertain
+from .dynamics import NonFiniteDataError, NotTrainedError, ProjectFn, TerminationFn, check_options, check_sizes, features, training_data
+from .ensemble import EnsembleDynamics, ensemble_loss, sample_batch
+from .model_env import ModelEnv, RolloutPolicy, Rollouts, branched_rollouts
 from .replay_buffer import ReplayBuffer
 from .trajectory import Trajectory
-from .world_model_types import ShadowGapLedger, TrainReport, inference_gap_of, val_loss_of
+from .world_model_training import restore, train_sync
+from .world_model_types import ShadowGapLedger, TrainReport
 
-__all__ = ["EnsembleDynamics", "Guard", "Imagination", "NonFiniteDataError", "NotTrainedError", "ShadowGapLedger",
+__all__ = ["EnsembleDynamics", "Guard", "ModelEnv", "NonFiniteDataError", "NotTrainedError", "Rollouts", "ShadowGapLedger",
            "TrainReport", "UNGUARDED", "Verdict", "WorldModel", "features"]
 
 # The default size, by scripts/bench_world_model.py: from 128 hidden units
 # up, BF16 trains a 5-member ensemble faster than FP32 (1.3-1.45x on an
 # AVX512-BF16 CPU without AMX, one thread), at 64 it does not (0.8-1.0x);
-# larger sizes cost imagination more than they save in training.
+# larger sizes cost the model's rollouts more than they save in training.
 DEFAULT_ENSEMBLE = 5
 DEFAULT_HIDDEN = 128
 DEFAULT_LAYERS = 2
@@ -53,13 +52,14 @@ class WorldModel:
     * A probabilistic ensemble (`EnsembleDynamics`, PETS-style): ``ensemble``
       members as batched weights, each trained on its own bootstrap of the
       data by the Gaussian negative log-likelihood; the ``elites`` best by
-      validation loss imagine (`imagine_uncertain`: particles through sampled
-      members, a pessimistic score, truncation where the members disagree).
+      validation loss predict and roll out (`model_env`, `rollouts`: short
+      rollouts from real states, each step through an elite drawn at random,
+      a row cut where the members disagree).
       ``ensemble=1, probabilistic=False`` is one deterministic network trained
       by squared error, for comparison.
     * The label never enters the inputs: training and prediction both call
       `features` (observation and action only).
-    * It trains, validates and imagines on ``device`` (and so do its FP32
+    * It trains, validates and rolls out on ``device`` (and so do its FP32
       shadow and canary, copies of it); the data moves there once per
       `train()` call.
     * `await train()` runs in a worker thread (torch releases the GIL in its
@@ -88,14 +88,14 @@ class WorldModel:
             `genesis_fp16.device.DeviceUnavailableError`, ``fallback`` runs on
             the CPU and logs ``world_model.device_fallback`` with the reason.
         ensemble: members of the ensemble (1: a single network).
-        elites: the members imagination and prediction use, the best by
+        elites: the members rollouts and prediction use, the best by
             validation loss after each `train()`; left out, every member.
         hidden: units per hidden layer (SiLU).
         layers: hidden layers per member.
         probabilistic: a Gaussian head (mean and soft-bounded log-variance,
             trained by negative log-likelihood); False: the mean alone, trained
-            by squared error, and imagination without sampling.
-        done_head: also learn termination (a 0/1 logit) for imagined rollouts.
+            by squared error, and rollouts without sampling.
+        done_head: also learn termination (a 0/1 logit) for the model's rollouts.
         lr: Adam's learning rate.
         batch_size: transitions per member per optimizer step.
         val_fraction: the share of transitions held out for validation (and elites).
@@ -105,29 +105,12 @@ class WorldModel:
     """
 
     def __init__(
-        self,
-        obs_dim: int,
-        act_dim: int,
-        *,
-        buffer: Optional[ReplayBuffer] = None,
-        agent: str = "world_model",
-        data_agent: str = "se_darwin",
-        guard: Union[Guard, GuardChoice] = DEFAULT_GUARD,
-        settings: Optional[Settings] = None,
-        precision: Optional[str] = None,
-        device: DeviceArg = None,
-        ensemble: int = DEFAULT_ENSEMBLE,
-        elites: Optional[int] = None,
-        hidden: int = DEFAULT_HIDDEN,
-        layers: int = DEFAULT_LAYERS,
-        probabilistic: bool = True,
-        done_head: bool = False,
-        lr: float = 1e-3,
-        batch_size: int = 256,
-        val_fraction: float = 0.1,
-        seed: int = 0,
-        checkpoint_dir: Union[str, Path, None] = None,
-        max_transitions: Optional[int] = 50_000,
+        self, obs_dim: int, act_dim: int, *, buffer: Optional[ReplayBuffer] = None, agent: str = "world_model",
+        data_agent: str = "se_darwin", guard: Union[Guard, GuardChoice] = DEFAULT_GUARD, settings: Optional[Settings] = None,
+        precision: Optional[str] = None, device: DeviceArg = None, ensemble: int = DEFAULT_ENSEMBLE, elites: Optional[int] = None,
+        hidden: int = DEFAULT_HIDDEN, layers: int = DEFAULT_LAYERS, probabilistic: bool = True, done_head: bool = False,
+        lr: float = 1e-3, batch_size: int = 256, val_fraction: float = 0.1, seed: int = 0,
+        checkpoint_dir: Union[str, Path, None] = None, max_transitions: Optional[int] = 50_000,
     ) -> None:
         check_options(batch_size, val_fraction)
         self.settings = settings or load_settings()
@@ -205,20 +188,13 @@ class WorldModel:
     def load(self, path: Union[str, Path, None] = None) -> Path:
         """Restore what `save()` wrote to `path` (default `checkpoint_path`,
         read with `weights_only=True` onto this model's device, whichever
-        device saved it); the model then predicts, imagines and trains on
+        device saved it); the model then predicts, rolls out and trains on
         from it. Returns the path read; raises `CheckpointError` for a
         missing, unreadable or corrupt file or one of another model (another
         architecture, or the single network of earlier versions), and then
         nothing (weights, optimizer, sampler, `trained`) has changed."""
         path = Path(path or self.checkpoint_path)
-        trainer = self.training.trainer
-        payload = ckpt.load_payload(path, map_location=trainer.device)
-        check_architecture(payload, self.model.spec, str(path))
-        trainer.apply_payload(payload, source=str(path), restore_rng=False, check_extra=check_checkpoint_extra)
-        extra = payload.get("extra") or {}
-        self.trained = extra.get("trained", True)
-        if extra.get("sampler_state") is not None:
-            self._generator.set_state(extra["sampler_state"].cpu())
+        restore(self, path)
         return path
 
     # -- training ---------------------------------------------------------------
@@ -252,60 +228,15 @@ class WorldModel:
             self.history.append(report)
             return report
 
-    def _on_device(self, tensor: torch.Tensor) -> torch.Tensor:
-        if self.device.type == "cuda":  # from pinned host memory, the copy runs asynchronously
-            return tensor.pin_memory().to(self.device, non_blocking=True)
-        return tensor.to(self.device)
-
     def _train_sync(self, trajectories: list[Trajectory], steps: int, save: bool) -> TrainReport:
-        started = time.perf_counter()
-        x_tr, y_tr, x_val, y_val = (self._on_device(t) for t in self._dataset(trajectories))  # once per call
-        training = self.training
-        # the normaliser is fitted to this call's data, on the model, its FP32 reference and restored weights alike
-        training.begin_call(prepare=lambda model: model.fit_normaliser(x_tr, y_tr))
-        xn_tr, yn_tr = self.model.normalise_x(x_tr), self.model.normalise_y(y_tr)
-        losses: list[torch.Tensor] = []
-        n, members = len(xn_tr), self.model.members
-        # each member trains on its own bootstrap of this call's data (one network: the data as it is);
-        # indices come from the CPU generator, so every device draws the same batches
-        boot = bootstrap(n, members, self._generator)
-        for _ in range(steps):
-            rows = batch_rows(boot, n, members, self.batch_size, self._generator).to(self.device, non_blocking=True)
-            training.step((xn_tr[rows], yn_tr[rows]), ensemble_loss)
-            losses.append(training.last_loss)
-            # Hand the GIL over now rather than at the interpreter's 5 ms forced
-            # switch: with tiny tensors this thread is mostly Python overhead,
-            # and the event loop should not wait for it.
-            time.sleep(0)
-        finite = [float(v) for v in losses[-50:] if math.isfinite(float(v))]
-        call = training.finish_call(partial(val_loss_of, x=x_val, y=y_val))
-        trainer = training.trainer
-        val_loss = float(call.val_loss)
-        inference_fp32, inference_gap = inference_gap_of(self.model, trainer, val_loss, x_val, y_val)
-        if self.guard is not None and trainer.precision.name != "fp32":  # recorded where the canaries are
-            gap = {"val_loss": val_loss, "fp32_val_loss": inference_fp32, "gap": inference_gap}
-            self.guard.ledger.record_quality_check(self.agent, "inference_gap", gap, precision=trainer.precision.name)
-        self.model.eval()
-        with torch.no_grad():  # the elites: the members with the lowest FP32 validation loss
-            self.model.set_elites(member_losses(self.model, self.model.normalise_x(x_val), self.model.normalise_y(y_val)))
-        self.trained = True
-        checkpoint = str(self.save()) if save else None
-        healthy = call.decision is None or call.decision.action != "rollback"
-        if checkpoint is not None and self.guard is not None and healthy and math.isfinite(val_loss):
-            training.mark_good(checkpoint)
-        report = TrainReport.from_call(
-            call, train_loss=float(np.mean(finite)) if finite else float("nan"), steps=steps, wall_s=time.perf_counter() - started,
-            transitions=len(x_tr) + len(x_val), trajectories=len(trajectories), inference_val_loss_fp32=inference_fp32,
-            inference_gap=inference_gap, checkpoint=checkpoint, device=str(self.device),
-            member_val_loss=[float(v) for v in self.model.member_val_loss], elites=self.model.elites,
-        )
+        report = train_sync(self, trajectories, steps, save)
         self._log.info("world_model.trained", **report.log_fields())
         return report
 
     # -- prediction -------------------------------------------------------------------
     def _require_trained(self) -> None:
         if not self.trained:
-            raise NotTrainedError("WorldModel: call `await train()` (or load a checkpoint) before predict/imagine")
+            raise NotTrainedError("WorldModel: call `await train()` (or load a checkpoint) before predict or a rollout")
 
     def predict_sync(self, obs: npt.ArrayLike, action: npt.ArrayLike) -> tuple[torch.Tensor, torch.Tensor]:
         """`(next_obs, reward)` for observations `(N, obs_dim)` and actions
@@ -328,82 +259,34 @@ class WorldModel:
         """(low, high) per observation dimension, on the CPU: the training
         data's mean -/+ ``spread`` standard deviations (the normaliser's
         statistics), the region where the model's predictions rest on data.
-        Imagination may clamp rollouts into it where the observation space is unbounded."""
+        A rollout's ``project`` may clamp into it where the observation space is unbounded."""
         self._require_trained()
         low, high = self.model.observed_region(spread)
         return low.cpu(), high.cpu()
 
-    def imagine_uncertain(
-        self,
-        policy: PolicyFn,
-        params: npt.ArrayLike,
-        start_obs: npt.ArrayLike,
-        horizon: int,
-        *,
-        particles: Optional[int] = None,
-        kappa: float = 1.0,
-        project: Optional[ProjectFn] = None,
-        terminated: Optional[TerminationFn] = None,
-        discount: float = 1.0,
-        episode_steps: Optional[int] = None,
-        seed: int = 0,
+    # -- rollouts ----------------------------------------------------------------------
+    def model_env(
+        self, *, terminated: Optional[TerminationFn] = None, project: Optional[ProjectFn] = None, seed: int = 0,
         max_disagreement: Optional[float] = None,
-    ) -> Imagination:
-        """Imagined returns of P candidate policies (``params`` (P, D)) from S
-        start observations (``start_obs`` (S, obs_dim), or (obs_dim,) for one
-        start state), ``particles`` per (candidate, start), with what the model
-        is unsure of: an `Imagination` (per-particle returns, mean, spread,
-        the score ``mean - kappa * std`` the search maximises, an interval,
-        the share truncated where the members disagree). One batched forward
-        per time step for all rollouts, in FP32 on the model's device;
-        ``policy(params, obs)`` gets tensors there. A rollout stops at
-        ``terminated(obs)``, else a ``done_head`` model's survival
-        probability weighs it; ``project`` maps imagined observations back
-        onto what the env can produce; ``episode_steps`` beyond ``horizon``
-        are valued by extrapolation. Same ``seed``, same result. See
-        `infrastructure.imagination.imagine_uncertain`."""
+    ) -> ModelEnv:
+        """A `ModelEnv` stepping rows through this model (see
+        `infrastructure.model_env`); `NotTrainedError` before training. It
+        does not take the model's lock: step it while no `train()` runs."""
         self._require_trained()
-        return imagine_uncertain(
-            self.model, policy, params, start_obs, horizon, particles=particles, kappa=kappa, project=project, terminated=terminated,
-            discount=discount, episode_steps=episode_steps, seed=seed, max_disagreement=max_disagreement,
-        )
+        return ModelEnv(self, terminated=terminated, project=project, seed=seed, max_disagreement=max_disagreement)
 
-    def imagine(
-        self,
-        policy: PolicyFn,
-        params: npt.ArrayLike,
-        start_obs: npt.ArrayLike,
-        horizon: int,
-        *,
-        project: Optional[ProjectFn] = None,
-        discount: float = 1.0,
-        terminated: Optional[TerminationFn] = None,
-        particles: Optional[int] = None,
-        episode_steps: Optional[int] = None,
-        seed: int = 0,
-        max_disagreement: Optional[float] = None,
-    ) -> torch.Tensor:
-        """Predicted returns of P candidate policies from S start observations:
-        a (P, S) tensor on the CPU, the mean over the particles of
-        `imagine_uncertain` (the same arguments, without the score's ``kappa``).
-
-        ``params`` is (P, D); ``start_obs`` is (S, obs_dim), or (obs_dim,) for
-        one start state (the result is then (P, 1)). A rollout stops at
-        ``terminated(obs)``, else a ``done_head`` model's survival probability weighs it."""
-        imagined = self.imagine_uncertain(
-            policy, params, start_obs, horizon, particles=particles, project=project, terminated=terminated, discount=discount,
-            episode_steps=episode_steps, seed=seed, max_disagreement=max_disagreement,
-        )
-        return imagined.returns.mean(dim=-1)
-
-    async def aimagine(
-        self, policy: PolicyFn, params: npt.ArrayLike, start_obs: npt.ArrayLike, horizon: int, *,
-        project: Optional[ProjectFn] = None, discount: float = 1.0, terminated: Optional[TerminationFn] = None,
-        particles: Optional[int] = None, episode_steps: Optional[int] = None, seed: int = 0, max_disagreement: Optional[float] = None,
-    ) -> torch.Tensor:
-        """`imagine` in a worker thread, after any running `train()`; the same
-        arguments, the same `(P, S)` returns, the same `NotTrainedError`."""
-        imagine = partial(self.imagine, project=project, discount=discount, terminated=terminated, particles=particles,
-                          episode_steps=episode_steps, seed=seed, max_disagreement=max_disagreement)
+    async def rollouts(
+        self, policy: RolloutPolicy, start_obs: npt.ArrayLike, horizon: int, *, terminated: Optional[TerminationFn] = None,
+        project: Optional[ProjectFn] = None, seed: int = 0, max_disagreement: Optional[float] = None,
+    ) -> Rollouts:
+        """`branched_rollouts` of ``policy`` from the real states ``start_obs
+        (N, obs_dim)``, ``horizon`` steps at most, in a worker thread after any
+        running `train()`: the transitions (on the model's device) and their
+        `RolloutStats`. The same ``seed``, the same draws: pass a fresh one per
+        call (e.g. the round) for fresh ones. `NotTrainedError` before training."""
+        self._require_trained()
+        run = partial(branched_rollouts, self, policy, start_obs, horizon, terminated=terminated, project=project, seed=seed,
+                      max_disagreement=max_disagreement)
         async with self._lock:
-            return await asyncio.to_thread(imagine, policy, params, start_obs, horizon)
+            with torch_threads(self.settings.torch_threads):  # as train() does: process-wide, so it holds in the worker thread
+                return await asyncio.to_thread(run)

@@ -63,7 +63,7 @@ class TrainReport:
     events: list[str] = field(default_factory=list)
     device: Optional[str] = None  # where the model trained (cpu, cuda:0, ...)
     member_val_loss: Optional[list[float]] = None  # each member's FP32 validation loss, in member order
-    elites: Optional[list[int]] = None  # the members imagination uses, best first
+    elites: Optional[list[int]] = None  # the members rollouts and prediction use, best first
     precision_decision: Optional[dict[str, Any]] = None  # precision, source, reason (genesis_fp16.decision)
 
     @classmethod

@@ -1,6 +1,6 @@
 """Time the world model's ensemble: one training step in each precision, and
-one imagination step, for a grid of sizes; the figures behind WorldModel's
-default size.
+one step of its rollouts, for a grid of sizes; the figures behind
+WorldModel's default size.
 
     python scripts/bench_world_model.py --json out.json
     python scripts/bench_world_model.py --ensembles 5 --hiddens 64,200 --layers 2,4 --device cuda
@@ -8,23 +8,23 @@ default size.
 
 A training step is `GuardedTraining`'s: the trainer's autocast forward,
 `ensemble_loss` (beta-NLL over a batch per member), backward and Adam, through
-``registry.create_trainer``. An imagination step is one batched ensemble
-forward for P candidates x S starts x K particles (plus the policy, the
-sampling and the bookkeeping), in FP32 as imagination runs, timed over a
-short horizon and divided by it. On the CPU the clock is the thread's CPU
+``registry.create_trainer``. A rollout step is `ModelEnv.step` on ``--rows``
+rows (one batched forward of the elites, the draws, the sampling and the
+disagreement), in FP32 as rollouts run, timed over a short horizon and
+divided by it. On the CPU the clock is the thread's CPU
 time (time.thread_time) with one torch thread, so other processes on a
 shared machine cost little; the load average before and after is printed
 all the same. On CUDA the clock is the wall clock around synchronised work.
 The first steps of each timing are a warm-up and are not counted.
 
-``--disagreement TASKS`` measures instead what imagination's truncation
+``--disagreement TASKS`` measures instead what the rollouts' disagreement
 threshold catches: per task, a default WorldModel trained on one real
-episode of each of 16 random policies (as the loop's first generation), then
-the share of imagined rollouts truncated at each threshold for the data's own
-policies from the data's start states (in distribution: the threshold should
-rarely fire), for 16 unseen random policies (the candidates the loop ranks),
-and from start states 8 standard deviations outside the data (off
-distribution: it should fire).
+episode of each of 16 random policies, then the share of rows cut within
+``--rollout-horizon`` steps (`infrastructure.model_env.branched_rollouts`) at
+each threshold, for the data's own policies from real states of the data (in
+distribution: the threshold should rarely fire), for 16 unseen random
+policies from the same states, and from states 8 standard deviations outside
+the data (off distribution: it should fire).
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ from genesis_fp16.config import FP16TrainingConfig
 from genesis_fp16.precision import capability, cpu_flags
 from genesis_fp16.settings import PrecisionMode
 from infrastructure.ensemble import EnsembleDynamics, ensemble_loss
-from infrastructure.imagination import DEFAULT_PARTICLES, imagine_uncertain
+from infrastructure.model_env import ModelEnv
 
 
 def _ints(text: str) -> list[int]:
@@ -91,19 +91,22 @@ def time_train_step(model: EnsembleDynamics, precision: str, batch: int, steps: 
     return (clock() - started) / steps
 
 
-def time_imagine_step(model: EnsembleDynamics, candidates: int, starts: int, particles: int, horizon: int) -> float:
-    """Seconds per imagined time step for ``candidates`` x ``starts`` x ``particles`` rows."""
+def time_rollout_step(model: EnsembleDynamics, rows: int, horizon: int) -> float:
+    """Seconds per `ModelEnv.step` of ``rows`` rows (no cut: every row steps every time)."""
     device = next(model.parameters()).device
-    params = torch.randn(candidates, model.obs_dim * model.act_dim, generator=torch.Generator().manual_seed(1)).numpy()
-    start = np.random.default_rng(0).normal(size=(starts, model.obs_dim)).astype(np.float32)
+    model.member_val_loss.fill_(0.0)  # stands for a trained model's
+    start = torch.randn(rows, model.obs_dim, generator=torch.Generator().manual_seed(0))
+    env = ModelEnv(model, seed=0, max_disagreement=float("inf"))
 
-    def policy(p: torch.Tensor, obs: torch.Tensor) -> torch.Tensor:
-        return torch.tanh(torch.bmm(obs, p.reshape(p.shape[0], model.obs_dim, model.act_dim)))
+    def run(steps: int) -> None:
+        obs = env.reset(start)
+        for _ in range(steps):
+            obs, *_ = env.step(torch.tanh(obs[:, : model.act_dim]))
 
     clock = _clock(device)
-    imagine_uncertain(model, policy, params, start, 2, particles=particles)  # warm-up
+    run(2)  # warm-up
     started = clock()
-    imagine_uncertain(model, policy, params, start, horizon, particles=particles)
+    run(horizon)
     return (clock() - started) / horizon
 
 
@@ -119,7 +122,7 @@ def precisions_for(device: torch.device, asked: list[str]) -> list[str]:
 
 
 def disagreement(task_names: list[str], thresholds: list[float], horizon: int, steps: int) -> list[dict[str, Any]]:
-    """The truncated share per task, rollout set and threshold (see the module's docstring)."""
+    """The share of rows cut per task, rollout set and threshold (see the module's docstring)."""
     import asyncio
     import tempfile
 
@@ -128,6 +131,7 @@ def disagreement(task_names: list[str], thresholds: list[float], horizon: int, s
     from agents.tasks.torch_policy import BatchedPolicy, clamp_projection
     from genesis_fp16.guarded import UNGUARDED
     from genesis_fp16.settings import Settings
+    from infrastructure.model_env import branched_rollouts
     from infrastructure.trajectory import trajectories_from_episodes
     from infrastructure.world_model import WorldModel
 
@@ -144,19 +148,25 @@ def disagreement(task_names: list[str], thresholds: list[float], horizon: int, s
             wm = WorldModel(task.policy.obs_dim, task.policy.act_dim, guard=UNGUARDED, done_head=task.learns_termination,
                             settings=Settings(state_dir=Path(state), precision="fp32"), seed=0)
             asyncio.run(wm.train(steps, trajectories=trajs, save=False))
-        policy = BatchedPolicy(task.policy)
+        batched = BatchedPolicy(task.policy)
         project = task.task.project or clamp_projection(task.obs_low, task.obs_high, data=wm.observed_region())
-        data_starts = np.stack([t.obs[0] for t in trajs])
+        # 8 real states of each policy's own episode, spread over it; row r runs candidate r // 8
+        real = np.concatenate([t.obs[np.linspace(0, len(t.obs) - 1, 8).astype(int)] for t in trajs]).astype(np.float32)
         mean, std = wm.model.x_mean[: task.policy.obs_dim].cpu().numpy(), wm.model.x_std[: task.policy.obs_dim].cpu().numpy()
-        far = mean + 8.0 * std * np.where(np.arange(len(mean)) % 2 == 0, 1.0, -1.0)
-        sets = {"data policies": (params, data_starts), "unseen policies": (task.policy.random_params(rng, 16, 1.0), data_starts),
-                "starts 8 std out": (params, far[None].astype(np.float32))}
-        h = min(horizon, task.episode_steps)
+        far = (real + 8.0 * std * np.where(np.arange(len(mean)) % 2 == 0, 1.0, -1.0)).astype(np.float32)
+        sets = {"data policies": (params, real), "unseen policies": (task.policy.random_params(rng, 16, 1.0), real),
+                "states 8 std out": (params, far)}
         for label, (cand, start) in sets.items():
-            row: dict[str, Any] = {"task": name, "rollouts": label, "horizon": h, "transitions": sum(len(t.obs) for t in trajs)}
+            row: dict[str, Any] = {"task": name, "rollouts": label, "horizon": horizon, "transitions": sum(len(t.obs) for t in trajs)}
+            owner = torch.as_tensor(np.repeat(cand, len(start) // len(cand), axis=0), dtype=torch.float32)
+
+            def policy(obs: torch.Tensor, owner: torch.Tensor = owner) -> torch.Tensor:  # row r runs its own candidate
+                return batched(owner.to(obs.device), obs[:, None, :]).squeeze(1)
+
             for limit in thresholds:
-                imagined = wm.imagine_uncertain(policy, cand, start, h, project=project, terminated=task.task.termination, max_disagreement=limit)
-                row[f"truncated@{limit:g}"] = float(imagined.truncated.mean())
+                rolled = branched_rollouts(wm, policy, start, horizon, terminated=task.task.termination, project=project,
+                                           max_disagreement=limit)
+                row[f"cut@{limit:g}"] = rolled.stats.cut_share
             print("| " + " | ".join(str(v if not isinstance(v, float) else f"{v:.2f}") for v in row.values()) + " |", flush=True)
             out.append(row)
     return out
@@ -174,21 +184,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int, default=5, help="untimed training steps first (default 5)")
     parser.add_argument("--obs-dim", type=int, default=8, help="observation size (default 8: Swimmer's)")
     parser.add_argument("--act-dim", type=int, default=2, help="action size (default 2: Swimmer's)")
-    parser.add_argument("--candidates", type=int, default=16, help="imagination: P candidates (default 16, the loop's popsize)")
-    parser.add_argument("--starts", type=int, default=32, help="imagination: S start states (default 32: 16 train + 16 extra)")
-    parser.add_argument("--particles", type=int, default=DEFAULT_PARTICLES, help=f"imagination: K particles (default {DEFAULT_PARTICLES})")
-    parser.add_argument("--horizon", type=int, default=20, help="imagination: timed steps (default 20)")
+    parser.add_argument("--rows", type=int, default=2560, help="rollouts: rows stepped at once (default 2560)")
+    parser.add_argument("--horizon", type=int, default=20, help="rollouts: timed steps (default 20)")
     parser.add_argument("--disagreement", default=None, help="measure truncation for these tasks instead (comma-separated)")
     parser.add_argument("--thresholds", default="0.25,0.5,1,2,4", help="--disagreement: max_disagreement values (default 0.25,0.5,1,2,4)")
+    parser.add_argument("--rollout-horizon", type=int, default=10, help="--disagreement: steps per rollout (default 10)")
     parser.add_argument("--json", type=Path, default=None, help="write the figures to this file")
     args = parser.parse_args(argv)
 
     torch.set_num_threads(1)
     if args.disagreement:
         thresholds = [float(v) for v in args.thresholds.split(",")]
-        print("| task | rollouts | horizon | transitions | " + " | ".join(f"truncated at {v:g}" for v in thresholds) + " |")
+        print("| task | rollouts | horizon | transitions | " + " | ".join(f"cut at {v:g}" for v in thresholds) + " |")
         print("|" + "---|" * (4 + len(thresholds)))
-        table = disagreement(args.disagreement.split(","), thresholds, horizon=200, steps=800)
+        table = disagreement(args.disagreement.split(","), thresholds, horizon=args.rollout_horizon, steps=800)
         if args.json is not None:
             args.json.write_text(json.dumps({"tool": "scripts/bench_world_model.py", "command": " ".join(sys.argv), "rows": table}, indent=2))
         return 0
@@ -198,9 +207,9 @@ def main(argv: list[str] | None = None) -> int:
     flags = sorted(f for f in cpu_flags() if f in INTERESTING_FLAGS)
     print(f"# device {device}, torch {torch.__version__}, 1 torch thread, CPU flags {' '.join(flags) or '-'}")
     print(f"# load average before: {' '.join(f'{v:.2f}' for v in load_before)}")
-    rows_per_step = args.candidates * args.starts * args.particles
+    rows_per_step = args.rows
     header = ["E", "hidden", "layers", *[f"{p} ms/step" for p in precisions], *[f"{p}/fp32" for p in precisions if p != "fp32"],
-              f"imagine ms/step ({rows_per_step} rows)"]
+              f"rollout ms/step ({rows_per_step} rows)"]
     print("| " + " | ".join(header) + " |")
     print("|" + "---|" * len(header))
     rows: list[dict[str, Any]] = []
@@ -210,12 +219,12 @@ def main(argv: list[str] | None = None) -> int:
             model = _model(args.obs_dim, args.act_dim, ensemble, hidden, layers, device)
             row[f"{precision}_s"] = time_train_step(model, precision, args.batch, args.steps, args.warmup)
         model = _model(args.obs_dim, args.act_dim, ensemble, hidden, layers, device)
-        row["imagine_step_s"] = time_imagine_step(model, args.candidates, args.starts, args.particles, args.horizon)
+        row["rollout_step_s"] = time_rollout_step(model, args.rows, args.horizon)
         ratios = [row["fp32_s"] / row[f"{p}_s"] for p in precisions if p != "fp32"]
         for p, ratio in zip([p for p in precisions if p != "fp32"], ratios):
             row[f"{p}_speedup"] = ratio
         cells = [ensemble, hidden, layers, *[f"{row[f'{p}_s'] * 1e3:.2f}" for p in precisions], *[f"{r:.2f}x" for r in ratios],
-                 f"{row['imagine_step_s'] * 1e3:.2f}"]
+                 f"{row['rollout_step_s'] * 1e3:.2f}"]
         print("| " + " | ".join(str(c) for c in cells) + " |", flush=True)
         rows.append(row)
     load_after = os.getloadavg()
@@ -225,7 +234,7 @@ def main(argv: list[str] | None = None) -> int:
             "tool": "scripts/bench_world_model.py", "command": " ".join(sys.argv), "device": str(device),
             "torch": torch.__version__, "cpu_flags": flags, "date": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
             "load_before": load_before, "load_after": load_after, "batch_per_member": args.batch,
-            "imagine_rows": rows_per_step, "rows": rows,
+            "rollout_rows": rows_per_step, "rows": rows,
         }, indent=2))
     return 0
 

@@ -37,7 +37,7 @@ def test_mkdocs_build_strict(tmp_path):
     assert (tmp_path / "site" / "reference" / "guard" / "index.html").is_file()
     page = (tmp_path / "site" / "reference" / "infrastructure" / "index.html").read_text(encoding="utf-8")
     assert "WorldModel" in page and "TrainReport" in page and "ReplayBuffer" in page
-    assert "delete_trajectories" in page and "NonFiniteDataError" in page and "aimagine" in page
+    assert "delete_trajectories" in page and "NonFiniteDataError" in page and "branched_rollouts" in page
     agents = (tmp_path / "site" / "reference" / "agents" / "index.html").read_text(encoding="utf-8")
     assert "Real env steps the run may spend" in agents  # EvolveConfig's field docstrings are rendered
     for ref in (tmp_path / "site" / "reference").rglob("*.html"):

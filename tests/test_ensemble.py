@@ -49,7 +49,7 @@ def test_batched_forward_equals_a_loop_over_members():
         for layer in model.hidden_layers:
             h = F.silu(h @ layer.weight[m] + layer.bias[m])
         torch.testing.assert_close(batched[m], h @ model.head.weight[m] + model.head.bias[m])
-    # imagination's subset of members runs the same weights
+    # the rollouts' subset of members (the elites) runs the same weights
     subset = torch.tensor([2, 0])
     from infrastructure.ensemble import run_layers
 
@@ -136,11 +136,10 @@ async def test_a_single_deterministic_network_still_trains():
     assert not any(name.endswith("logvar") for name, _ in wm.model.named_parameters())
     report = await wm.train(400, trajectories=_linear_trajs(), save=False)
     assert report.val_loss < 0.02 and report.elites == [0]
-    params = np.zeros((2, 3))
     start = np.zeros((3, 3), np.float32)
-    imagined = wm.imagine_uncertain(lambda p, obs: torch.zeros(*obs.shape[:-1], 1), params, start, 10, particles=4)
-    assert imagined.returns.shape == (2, 3, 4)
-    assert (imagined.std == 0).all() and (imagined.truncated == 0).all()  # one deterministic network: every particle the same
+    a, b = [await wm.rollouts(lambda obs: torch.zeros(len(obs), 1), start, 10, seed=seed) for seed in (0, 1)]
+    assert len(a.transitions) == 30 and a.stats.cut == 0  # one network cannot disagree with itself
+    assert torch.equal(a.transitions.next_obs, b.transitions.next_obs)  # deterministic: no draw changes anything
 
 
 async def test_checkpoint_round_trip_of_the_ensemble(tmp_path):

@@ -25,4 +25,7 @@ def test_python_api_page_runs_as_written(state_dir, capsys):
     assert namespace["decision"].action == "none"  # the shadow gap is small
     assert run.trainer.precision.name == "fp32" and ledger.stage("my_agent") == "rolled_back" and len(run.rollbacks) == 1
     assert "non-finite" in namespace["rollbacks"][-1]["reason"]
-    assert namespace["report"].steps == 60 and tuple(namespace["returns"].shape) == (4, 5)
+    assert namespace["report"].steps == 60
+    rollouts = namespace["rollouts"]
+    assert rollouts.stats.rows == 8 and len(rollouts.transitions) == rollouts.stats.transitions > 0
+    assert tuple(namespace["next_obs"].shape) == (8, 3) and tuple(namespace["alive"].shape) == (8,)

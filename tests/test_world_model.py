@@ -1,6 +1,6 @@
 """WorldModel: event-loop responsiveness, serialised training, non-finite data,
-features without labels, precision parity, imagination, checkpoints, guard
-rollback and shadow mode."""
+features without labels, precision parity, termination in the model's
+rollouts, checkpoints, guard rollback and shadow mode."""
 
 from __future__ import annotations
 
@@ -16,20 +16,15 @@ import pytest
 import torch
 
 from agents import pendulum_task
-from agents.tasks.builtin import pendulum
-from agents.tasks.torch_policy import BatchedPolicy
 from genesis_fp16 import rollout
 from genesis_fp16.guard import GuardDecision
-from infrastructure import imagination
+from infrastructure import model_env
 from infrastructure.dynamics import training_data
 from infrastructure.ensemble import EnsembleDynamics
 from infrastructure.replay_buffer import ReplayBuffer, Trajectory, trajectories_from_episodes
 from loss_faults import loss_fault
 
 from infrastructure.world_model import NonFiniteDataError, NotTrainedError, WorldModel, features
-
-PENDULUM_POLICY = BatchedPolicy(pendulum().resolve().policy)
-
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -72,9 +67,9 @@ def test_features_hold_no_label_and_are_shared():
     assert list(inspect.signature(features).parameters) == ["obs", "action"]
     wm = WorldModel(3, 1, precision="fp32")
     assert wm.model.hidden_layers[0].weight.shape[1] == 4  # obs (3) + action (1), nothing else
-    # ... and training, prediction and imagination call it
+    # ... and training, prediction and the model's rollouts call it
     src_train, src_predict = inspect.getsource(training_data), inspect.getsource(EnsembleDynamics.predict_next)
-    assert "features(obs, action)" in inspect.getsource(imagination.imagine_uncertain)
+    assert "features(o, a)" in inspect.getsource(model_env.ModelEnv.step)
     assert "training_data(" in inspect.getsource(WorldModel._dataset)
     assert "predict_next(" in inspect.getsource(WorldModel.predict_sync)
     assert "features(obs, act)" in src_train and "features(obs, action)" in src_predict
@@ -215,19 +210,6 @@ async def test_reduced_precision_val_loss_within_2_percent_of_fp32(pendulum_traj
     assert losses["bf16"] != losses["fp32"]  # it really ran in another precision
 
 
-async def test_imagine_batches_candidates(pendulum_trajs):
-    wm = WorldModel(3, 1, precision="fp32", seed=0)
-    await wm.train(100, trajectories=pendulum_trajs, save=False)
-    params = pendulum_task.random_params(np.random.default_rng(1), 5)
-    start = pendulum_task.observation(pendulum_task.start_states(0).train[:4]).astype(np.float32)
-    batched = wm.imagine(PENDULUM_POLICY, params, start, 30, project=pendulum_task.project)
-    assert batched.shape == (5, 4) and torch.isfinite(batched).all()
-    single = torch.cat([wm.imagine(PENDULUM_POLICY, params[i : i + 1], start, 30, project=pendulum_task.project) for i in range(5)])
-    torch.testing.assert_close(batched, single, rtol=1e-4, atol=1e-3)
-    again = await wm.aimagine(PENDULUM_POLICY, params, start, 30, project=pendulum_task.project)
-    torch.testing.assert_close(again, batched)
-
-
 def _walk_trajs(n: int = 40, seed: int = 0) -> list[Trajectory]:
     """x moves by the action, reward 1 a step, termination once x > 1."""
     rng = np.random.default_rng(seed)
@@ -245,26 +227,27 @@ def _walk_trajs(n: int = 40, seed: int = 0) -> list[Trajectory]:
     return out
 
 
-def _steady(params: torch.Tensor, obs: torch.Tensor) -> torch.Tensor:
+def _steady(obs: torch.Tensor) -> torch.Tensor:
     return torch.full((*obs.shape[:-1], 1), 0.1)  # 0.1 a step: past x = 1 after 10-11 steps from 0
 
 
-async def test_imagination_stops_at_termination():
+async def test_rollouts_stop_at_termination():
     wm = WorldModel(1, 1, precision="fp32", seed=0)
     await wm.train(400, trajectories=_walk_trajs(), save=False)
-    start, params = np.zeros((2, 1), np.float32), np.zeros((3, 1))
-    endless = wm.imagine(_steady, params, start, 30)
-    assert endless.min() > 25  # no done head, no termination function: the horizon decides
-    stopped = wm.imagine(_steady, params, start, 30, terminated=lambda obs: obs[..., 0] > 1.0)
-    assert ((stopped > 8.5) & (stopped < 12.5)).all(), stopped  # the true return is 11
+    start = np.zeros((6, 1), np.float32)
+    endless = await wm.rollouts(_steady, start, 30, max_disagreement=math.inf)
+    assert len(endless.transitions) == 6 * 30 and endless.stats.terminated == 0  # no done head, no rule: the horizon decides
+    stopped = await wm.rollouts(_steady, start, 30, terminated=lambda obs: obs[..., 0] > 1.0, max_disagreement=math.inf)
+    assert stopped.stats.terminated == 6 and 8.5 < stopped.stats.mean_length < 12.5, stopped.stats  # the true length is 11
+    assert float(stopped.transitions.terminal.sum()) == 6.0
 
 
 async def test_done_head_learns_termination():
     wm = WorldModel(1, 1, precision="fp32", seed=0, done_head=True)
     report = await wm.train(600, trajectories=_walk_trajs(), save=False)
     assert np.isfinite(report.val_loss)
-    returns = wm.imagine(_steady, np.zeros((3, 1)), np.zeros((2, 1), np.float32), 30)
-    assert ((returns > 8.0) & (returns < 14.0)).all(), returns  # one forward per step, stopped by the predicted done
+    rolled = await wm.rollouts(_steady, np.zeros((6, 1), np.float32), 30, max_disagreement=math.inf)
+    assert rolled.stats.terminated == 6 and 8.0 < rolled.stats.mean_length < 14.0, rolled.stats  # stopped by the predicted done
     next_obs, reward = wm.predict_sync(np.zeros((1, 1)), np.full((1, 1), 0.1))
     assert next_obs.shape == (1, 1) and abs(float(next_obs[0, 0]) - 0.1) < 0.05 and abs(float(reward[0]) - 1.0) < 0.1
 
@@ -578,26 +561,6 @@ async def test_one_transition_cannot_be_split():
     with pytest.raises(ValueError, match=r"1 transition.*at least 2"):
         await wm.train(10, trajectories=[_traj(length=1)], save=False)
     assert _untouched(wm)
-
-
-async def test_imagine_takes_a_1d_start_observation_as_one_state():
-    wm = WorldModel(3, 1, precision="fp32", seed=0)
-    await wm.train(20, trajectories=_linear_trajs(3, 50), save=False)
-    params = pendulum_task.random_params(np.random.default_rng(1), 4)
-    start = pendulum_task.observation(pendulum_task.start_states(0).train[:1]).astype(np.float32)
-    one = wm.imagine(PENDULUM_POLICY, params, start[0], 10)
-    assert one.shape == (4, 1)
-    torch.testing.assert_close(one, wm.imagine(PENDULUM_POLICY, params, start, 10))
-
-
-async def test_imagine_refuses_start_observations_of_another_size():
-    wm = WorldModel(3, 1, precision="fp32", seed=0)
-    await wm.train(20, trajectories=_linear_trajs(3, 50), save=False)
-    params = pendulum_task.random_params(np.random.default_rng(1), 4)
-    with pytest.raises(ValueError, match=r"start_obs of shape \(5, 2\).*\(S, 3\) or \(3,\)"):
-        wm.imagine(PENDULUM_POLICY, params, np.zeros((5, 2), np.float32), 10)
-    with pytest.raises(ValueError, match=r"horizon=0: expected at least 1"):
-        wm.imagine(PENDULUM_POLICY, params, np.zeros((5, 3), np.float32), 0)
 
 
 async def test_observed_region_covers_the_training_observations():

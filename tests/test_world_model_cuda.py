@@ -1,6 +1,6 @@
 """The world model on a CUDA device: FP16 with the gradient scaler, BF16,
-the FP32 shadow on the same device, imagination, and a checkpoint written on
-the GPU loaded on the CPU. Skipped without a GPU; `pytest -m gpu` on a GPU
+the FP32 shadow on the same device, the model's rollouts (the same draws as on
+the CPU), and a checkpoint written on the GPU loaded on the CPU. Skipped without a GPU; `pytest -m gpu` on a GPU
 machine (scripts/gpu_acceptance.sh) runs them."""
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ from tests.test_world_model import FakeGuard, _linear_trajs
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 
 
-def linear_policy(params: torch.Tensor, obs: torch.Tensor) -> torch.Tensor:
-    assert params.device == obs.device and obs.device.type == "cuda"
-    return torch.tanh(torch.einsum("pd,psd->ps", params, obs)).unsqueeze(-1)
+def cuda_policy(obs: torch.Tensor) -> torch.Tensor:
+    assert obs.device.type == "cuda"
+    return torch.tanh(obs[:, :1] - obs[:, 1:2])
 
 
 async def test_fp16_with_the_scaler_trains_on_cuda():
@@ -44,17 +44,20 @@ async def test_bf16_trains_on_cuda_beside_its_fp32_shadow_on_the_same_device(mon
     assert shadow is not None and all(p.device.type == "cuda" for p in shadow.model.parameters())
 
 
-async def test_imagination_runs_on_cuda_and_a_gpu_checkpoint_loads_on_the_cpu(tmp_path):
+async def test_rollouts_run_on_cuda_and_a_gpu_checkpoint_loads_on_the_cpu(tmp_path):
     trajs = _linear_trajs(4, 60)
     wm = WorldModel(3, 1, device="cuda", precision="fp32", guard=UNGUARDED, seed=0, checkpoint_dir=tmp_path)
     await wm.train(150, trajectories=trajs)
-    params, start = np.random.default_rng(1).normal(size=(4, 3)), np.zeros((5, 3), np.float32)
-    a = wm.imagine_uncertain(linear_policy, params, start, 20, seed=2)
-    b = wm.imagine_uncertain(linear_policy, params, start, 20, seed=2)
-    assert a.returns.device.type == "cpu" and a.returns.shape == (4, 5, 5) and torch.equal(a.returns, b.returns)
-    assert np.isfinite(a.score).all()
+    start = np.concatenate([t.obs[::15] for t in trajs])
+    a = await wm.rollouts(cuda_policy, start, 5, seed=2, max_disagreement=math.inf)
+    b = await wm.rollouts(cuda_policy, start, 5, seed=2, max_disagreement=math.inf)
+    assert a.transitions.obs.device.type == "cuda" and len(a.transitions) == 5 * len(start)
+    assert torch.equal(a.transitions.next_obs, b.transitions.next_obs) and torch.isfinite(a.transitions.rew).all()
     on_cpu = WorldModel(3, 1, device="cpu", precision="fp32", guard=UNGUARDED, seed=3, checkpoint_dir=tmp_path)
     on_cpu.load()
     obs, act = torch.tensor(trajs[0].obs), torch.tensor(trajs[0].action)
     torch.testing.assert_close(on_cpu.predict_sync(obs, act)[0], wm.predict_sync(obs, act)[0], rtol=1e-4, atol=1e-4)
     assert on_cpu.model.elites == wm.model.elites
+    # the draws come from a CPU generator: the same rollout on either device, up to the kernels' rounding
+    cpu = await on_cpu.rollouts(lambda obs: torch.tanh(obs[:, :1] - obs[:, 1:2]), start, 5, seed=2, max_disagreement=math.inf)
+    torch.testing.assert_close(cpu.transitions.next_obs, a.transitions.next_obs.cpu(), rtol=1e-3, atol=1e-3)

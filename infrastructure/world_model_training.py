@@ -1,0 +1,90 @@
+"""One `WorldModel.train()` call's work in its worker thread, and a checkpoint
+restored into a model: kept apart from `infrastructure.world_model` so the
+class reads as its API (options, training, checkpoints, prediction, rollouts)
+and this module as what a call does, step by step."""
+
+from __future__ import annotations
+
+import math
+import time
+from functools import partial
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+
+from genesis_fp16 import checkpoint as ckpt
+
+from .dynamics import check_checkpoint_extra
+from .ensemble import batch_rows, bootstrap, check_architecture, ensemble_loss, member_losses
+from .trajectory import Trajectory
+from .world_model_types import TrainReport, inference_gap_of, val_loss_of
+
+if TYPE_CHECKING:
+    from .world_model import WorldModel
+
+
+def on_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """``tensor`` on ``device``; to CUDA from pinned host memory, so the copy runs asynchronously."""
+    if device.type == "cuda":
+        return tensor.pin_memory().to(device, non_blocking=True)
+    return tensor.to(device)
+
+
+def train_sync(wm: "WorldModel", trajectories: list[Trajectory], steps: int, save: bool) -> TrainReport:
+    """``steps`` optimizer steps of ``wm`` on ``trajectories`` (checked by the
+    caller), then the validation, the elites, the checkpoint and the report."""
+    started = time.perf_counter()
+    x_tr, y_tr, x_val, y_val = (on_device(t, wm.device) for t in wm._dataset(trajectories))  # once per call
+    model, training = wm.model, wm.training
+    # the normaliser is fitted to this call's data, on the model, its FP32 reference and restored weights alike
+    training.begin_call(prepare=lambda m: m.fit_normaliser(x_tr, y_tr))
+    xn_tr, yn_tr = model.normalise_x(x_tr), model.normalise_y(y_tr)
+    losses: list[torch.Tensor] = []
+    n, members = len(xn_tr), model.members
+    # each member trains on its own bootstrap of this call's data (one network: the data as it is);
+    # indices come from the CPU generator, so every device draws the same batches
+    boot = bootstrap(n, members, wm._generator)
+    for _ in range(steps):
+        rows = batch_rows(boot, n, members, wm.batch_size, wm._generator).to(wm.device, non_blocking=True)
+        training.step((xn_tr[rows], yn_tr[rows]), ensemble_loss)
+        losses.append(training.last_loss)
+        # Hand the GIL over now rather than at the interpreter's 5 ms forced
+        # switch: with tiny tensors this thread is mostly Python overhead,
+        # and the event loop should not wait for it.
+        time.sleep(0)
+    finite = [float(v) for v in losses[-50:] if math.isfinite(float(v))]
+    call = training.finish_call(partial(val_loss_of, x=x_val, y=y_val))
+    trainer = training.trainer
+    val_loss = float(call.val_loss)
+    inference_fp32, inference_gap = inference_gap_of(model, trainer, val_loss, x_val, y_val)
+    if wm.guard is not None and trainer.precision.name != "fp32":  # recorded where the canaries are
+        gap = {"val_loss": val_loss, "fp32_val_loss": inference_fp32, "gap": inference_gap}
+        wm.guard.ledger.record_quality_check(wm.agent, "inference_gap", gap, precision=trainer.precision.name)
+    model.eval()
+    with torch.no_grad():  # the elites: the members with the lowest FP32 validation loss
+        model.set_elites(member_losses(model, model.normalise_x(x_val), model.normalise_y(y_val)))
+    wm.trained = True
+    checkpoint = str(wm.save()) if save else None
+    healthy = call.decision is None or call.decision.action != "rollback"
+    if checkpoint is not None and wm.guard is not None and healthy and math.isfinite(val_loss):
+        training.mark_good(checkpoint)
+    return TrainReport.from_call(
+        call, train_loss=float(np.mean(finite)) if finite else float("nan"), steps=steps, wall_s=time.perf_counter() - started,
+        transitions=len(x_tr) + len(x_val), trajectories=len(trajectories), inference_val_loss_fp32=inference_fp32,
+        inference_gap=inference_gap, checkpoint=checkpoint, device=str(wm.device),
+        member_val_loss=[float(v) for v in model.member_val_loss], elites=model.elites,
+    )
+
+
+def restore(wm: "WorldModel", path: Path) -> None:
+    """Load what `WorldModel.save` wrote to ``path`` into ``wm`` (see `WorldModel.load`): checked whole before anything changes."""
+    trainer = wm.training.trainer
+    payload = ckpt.load_payload(path, map_location=trainer.device)
+    check_architecture(payload, wm.model.spec, str(path))
+    trainer.apply_payload(payload, source=str(path), restore_rng=False, check_extra=check_checkpoint_extra)
+    extra = payload.get("extra") or {}
+    wm.trained = extra.get("trained", True)
+    if extra.get("sampler_state") is not None:
+        wm._generator.set_state(extra["sampler_state"].cpu())
