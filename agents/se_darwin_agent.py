@@ -96,7 +96,8 @@ class SEDarwinAgent(RunRecord):
         self.evaluator = evaluator or self._make_evaluator()
         self.real = RealEpisodes(self.evaluator, self.config, self.starts, self.time, self._log)
         self.obs_stats = ObsStats(self.task.policy.obs_dim)  # the search's coordinates (agents.search_space)
-        self.search = CMASearch(np.zeros(self.task.n_params), self.config.sigma0, seed=self.config.seed, popsize=self.config.popsize,
+        self.search = CMASearch(np.zeros(self.task.n_params), self.config.sigma0, seed=self.config.seed,
+                                popsize=self.config.population(self.task.n_params),
                                 purpose=EVOLVE)
         self.state = RunState()
         self.on_generation = on_generation
