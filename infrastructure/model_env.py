@@ -38,7 +38,7 @@ from __future__ import annotations
 import math
 import numbers
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Callable, NamedTuple, Optional, Union
+from typing import Callable, NamedTuple, Optional, Protocol, Union
 
 import numpy as np
 import numpy.typing as npt
@@ -48,8 +48,13 @@ from .dynamics import NotTrainedError, ProjectFn, TerminationFn, features
 from .ensemble import EnsembleDynamics, run_layers
 from .transitions import Transitions
 
-if TYPE_CHECKING:
-    from .world_model import WorldModel
+
+class Trained(Protocol):
+    """What a `ModelEnv` reads of a `WorldModel`: its ensemble, and whether it has been trained."""
+
+    model: EnsembleDynamics
+    trained: bool
+
 
 RolloutPolicy = Callable[[torch.Tensor], torch.Tensor]
 """``policy(obs (N, obs_dim)) -> actions (N, act_dim)``, tensors on the model's device."""
@@ -82,7 +87,7 @@ def _check_limit(value: Optional[float]) -> float:
     return float(limit)
 
 
-def _ensemble_of(source: Union["WorldModel", EnsembleDynamics]) -> EnsembleDynamics:
+def _ensemble_of(source: Union[Trained, EnsembleDynamics]) -> EnsembleDynamics:
     """The trained ensemble of a `WorldModel` or the ensemble itself; `NotTrainedError` before training."""
     if isinstance(source, EnsembleDynamics):
         if not bool(torch.isfinite(source.member_val_loss).any()):
@@ -91,16 +96,13 @@ def _ensemble_of(source: Union["WorldModel", EnsembleDynamics]) -> EnsembleDynam
                 "diverged); train it with `await WorldModel.train()` or load a checkpoint first"
             )
         return source
-    model = getattr(source, "model", None)
-    if not isinstance(model, EnsembleDynamics):
-        raise TypeError(f"ModelEnv: expected a WorldModel or an EnsembleDynamics, got {type(source).__name__}")
     if not source.trained:
         raise NotTrainedError("ModelEnv: the WorldModel is not trained: call `await train()` (or load a checkpoint) first")
-    return model
+    return source.model
 
 
-def _rows(mask: torch.Tensor, limit: int = 8) -> str:
-    bad = mask.nonzero().flatten().tolist()
+def _rows(bad: list[int], limit: int = 8) -> str:
+    """Row indices as a message names them: the first ``limit``, then how many more."""
     return ", ".join(str(i) for i in bad[:limit]) + (f" and {len(bad) - limit} more" if len(bad) > limit else "")
 
 
@@ -124,7 +126,7 @@ class ModelEnv:
     """
 
     def __init__(
-        self, model: Union["WorldModel", EnsembleDynamics], *, terminated: Optional[TerminationFn] = None,
+        self, model: Union[Trained, EnsembleDynamics], *, terminated: Optional[TerminationFn] = None,
         project: Optional[ProjectFn] = None, seed: int = 0, max_disagreement: Optional[float] = None,
     ) -> None:
         self.model = _ensemble_of(model)
@@ -153,7 +155,7 @@ class ModelEnv:
         """Start N rows at ``obs (N, obs_dim)`` (real states); returns them as
         a float32 tensor on the model's device. Raises `ValueError` for
         another shape or for rows that are not finite (naming them)."""
-        start = torch.as_tensor(np.asarray(obs.cpu() if isinstance(obs, torch.Tensor) else obs), dtype=torch.float32)
+        start = obs.detach().float() if isinstance(obs, torch.Tensor) else torch.as_tensor(np.asarray(obs), dtype=torch.float32)
         d = self.model.obs_dim
         if start.ndim != 2 or start.shape[1] != d or len(start) == 0:
             raise ValueError(
@@ -162,8 +164,8 @@ class ModelEnv:
             )
         bad = ~torch.isfinite(start).all(1)
         if bad.any():
-            raise ValueError(f"ModelEnv.reset: start states {_rows(bad)} are not finite (NaN or inf): pass real, finite observations")
-        self._obs = start.to(self.device)
+            raise ValueError(f"ModelEnv.reset: start states {_rows(bad.nonzero().flatten().tolist())} are not finite (NaN or inf): pass real, finite observations")
+        self._obs = start.to(self.device, copy=True)
         n = len(start)
         self._running = torch.ones(n, dtype=torch.bool, device=self.device)
         self.cut = torch.zeros(n, dtype=torch.bool, device=self.device)  # ended by disagreement or a non-finite prediction
@@ -175,7 +177,7 @@ class ModelEnv:
 
     def _action(self, action: npt.ArrayLike) -> torch.Tensor:
         n, a = len(self._state()[0]), self.model.act_dim
-        act = torch.as_tensor(action, dtype=torch.float32) if not isinstance(action, torch.Tensor) else action.float()
+        act = action.detach().float() if isinstance(action, torch.Tensor) else torch.as_tensor(np.asarray(action), dtype=torch.float32)
         if act.shape != (n, a):
             raise ValueError(f"ModelEnv.step: actions of shape {tuple(act.shape)}: expected ({n}, {a}), one row per start state")
         return act.to(self.device)
@@ -202,8 +204,8 @@ class ModelEnv:
             o, a = obs[live], act[live]
             bad = ~torch.isfinite(a).all(1)
             if bad.any():
-                raise ValueError(f"ModelEnv.step: the actions of rows {_rows(torch.zeros_like(running).index_fill(0, live[bad], True))} "
-                                 "are not finite: the policy returned NaN or inf")
+                raise ValueError(f"ModelEnv.step: the actions of rows {_rows(live[bad].tolist())} are not finite: "
+                                 "the policy returned NaN or inf")
             with torch.no_grad():
                 x = model.normalise_x(features(o, a)).unsqueeze(0).expand(n_m, -1, -1)
                 mean, logvar, done = model.heads(run_layers(x, self._weights))
@@ -276,7 +278,7 @@ class Rollouts(NamedTuple):
 
 
 def branched_rollouts(
-    source: Union[ModelEnv, "WorldModel", EnsembleDynamics], policy: RolloutPolicy, start_obs: npt.ArrayLike, horizon: int, *,
+    source: Union[ModelEnv, Trained, EnsembleDynamics], policy: RolloutPolicy, start_obs: npt.ArrayLike, horizon: int, *,
     terminated: Optional[TerminationFn] = None, project: Optional[ProjectFn] = None, seed: Optional[int] = None,
     max_disagreement: Optional[float] = None,
 ) -> Rollouts:

@@ -9,20 +9,37 @@ import math
 import time
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Optional, Protocol, Sequence
 
 import numpy as np
 import torch
 
 from genesis_fp16 import checkpoint as ckpt
+from genesis_fp16.guarded import Guard, GuardedTraining
 
 from .dynamics import check_checkpoint_extra
-from .ensemble import batch_rows, bootstrap, check_architecture, ensemble_loss, member_losses
+from .ensemble import EnsembleDynamics, batch_rows, bootstrap, check_architecture, ensemble_loss, member_losses
 from .trajectory import Trajectory
 from .world_model_types import TrainReport, inference_gap_of, val_loss_of
 
-if TYPE_CHECKING:
-    from .world_model import WorldModel
+
+class Trainee(Protocol):
+    """What a train call and a restore read and set of a `WorldModel`."""
+
+    model: EnsembleDynamics
+    device: torch.device
+    agent: str
+    guard: Optional[Guard]
+    batch_size: int
+    trained: bool
+    _generator: torch.Generator
+
+    @property
+    def training(self) -> GuardedTraining: ...
+
+    def save(self, path: Optional[Path] = None) -> Path: ...
+
+    def _dataset(self, trajectories: Sequence[Trajectory]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]: ...
 
 
 def on_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
@@ -32,7 +49,7 @@ def on_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
     return tensor.to(device)
 
 
-def train_sync(wm: "WorldModel", trajectories: list[Trajectory], steps: int, save: bool) -> TrainReport:
+def train_sync(wm: Trainee, trajectories: list[Trajectory], steps: int, save: bool) -> TrainReport:
     """``steps`` optimizer steps of ``wm`` on ``trajectories`` (checked by the
     caller), then the validation, the elites, the checkpoint and the report."""
     started = time.perf_counter()
@@ -78,7 +95,7 @@ def train_sync(wm: "WorldModel", trajectories: list[Trajectory], steps: int, sav
     )
 
 
-def restore(wm: "WorldModel", path: Path) -> None:
+def restore(wm: Trainee, path: Path) -> None:
     """Load what `WorldModel.save` wrote to ``path`` into ``wm`` (see `WorldModel.load`): checked whole before anything changes."""
     trainer = wm.training.trainer
     payload = ckpt.load_payload(path, map_location=trainer.device)
