@@ -174,5 +174,5 @@ class Learners:
             if learner is not None:
                 decision = learner.decision
                 out[name] = {"agent": learner.agent, "precision": learner.precision,
-                             "decision": decision.as_dict() if hasattr(decision, "as_dict") else None}
+                             "decision": decision.as_dict() if decision is not None else None}
         return out

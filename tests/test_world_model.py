@@ -68,7 +68,7 @@ def test_features_hold_no_label_and_are_shared():
     wm = WorldModel(3, 1, precision="fp32")
     assert wm.model.hidden_layers[0].weight.shape[1] == 4  # obs (3) + action (1), nothing else
     # ... and training, prediction and the model's rollouts call it
-    src_train, src_predict = inspect.getsource(training_data), inspect.getsource(EnsembleDynamics.predict_next)
+    src_train, src_predict = inspect.getsource(training_data), inspect.getsource(EnsembleDynamics.mean_next)
     assert "features(o, a)" in inspect.getsource(model_env.ModelEnv.step)
     assert "training_data(" in inspect.getsource(WorldModel._dataset)
     assert "predict_next(" in inspect.getsource(WorldModel.predict_sync)
