@@ -20,8 +20,10 @@ from genesis_fp16.extras import require
 # the set the loop ranks by: a candidate's mean return over every training start state
 FULL_EVALUATION = "best so far: mean return on the training start states"
 METHOD_NAMES = {
-    "full": "SE-Darwin loop with world model",
-    "no_world_model": "same loop, world model off",
+    "loop": "SE-Darwin loop (CMA-ES, critic and world model)",
+    "no_model": "same loop, world model off",
+    "no_critic": "same loop, critic off",
+    "floor": "one-episode CMA-ES (the loop, nothing refined)",
     "cma": "plain CMA-ES (same budget)",
     "cma_long": "plain CMA-ES (long budget)",
 }
@@ -110,7 +112,8 @@ def evolve_figure(report: Mapping[str, Any]) -> Figure:
         panels.append(Panel(f"return against {xlabel}", xlabel, "mean episode return", lines, target))
     x, y = _points(report.get("generations", []), "generation", "wm_val_loss")
     if x:
-        lines = [Line(x, y, f"validation loss ({report.get('precision')})", color="C1", steps=False, marker="o")]
+        precision = ((report.get("learners") or {}).get("world_model") or {}).get("precision")
+        lines = [Line(x, y, f"validation loss ({precision})", color="C1", steps=False, marker="o")]
         fx, fy = _points(report.get("generations", []), "generation", "fp32_val_loss")
         if fx:
             lines.append(Line(fx, fy, "FP32 reference (shadow/canary)", color="C3", steps=False, marker="x"))
@@ -155,7 +158,7 @@ def table_figure(results: Mapping[str, Any]) -> Figure:
                 lines.append(Line(x, y, label, color=f"C{i}", width=1.0, alpha=0.7, marker="o"))
         panels.append(Panel(f"{FULL_EVALUATION}, against {xlabel}", xlabel, "mean episode return", lines, target, log_x=_wide_range(lines)))
     wm = []
-    for k, report in enumerate(runs.get("full", [])):
+    for k, report in enumerate(runs.get("loop", [])):
         x, y = _points(report.get("generations", []), "generation", "wm_val_loss")
         if x:
             wm.append(Line(x, y, "loop's world model, one line per seed" if k == 0 else None, color="C0", width=1.0, alpha=0.7,

@@ -4,6 +4,7 @@ learners' snapshots. A base of `agents.se_darwin_agent.SEDarwinAgent`."""
 
 from __future__ import annotations
 
+import copy
 import os
 import time
 from dataclasses import asdict
@@ -120,7 +121,10 @@ class RunRecord:
         state = self.state.as_dict()
         if generation is not None:
             state["generation"] = generation
-        return {
+        # deep copies: `CMASearch.record()` hands out its growing ``told`` list and `RealEpisodes.progress()` its
+        # ``failures`` and ``confirmations``; shared, a generation cut off after CMA-ES was told would reach the
+        # manifest `_end_session` writes, and a resume would replay a generation it then runs again
+        return copy.deepcopy({
             "generation": state["generation"],
             "state": state,
             **self.real.progress(),
@@ -129,7 +133,7 @@ class RunRecord:
             "obs_stats": self.obs_stats.as_dict(),
             "search": self.search.record(),
             "time": self.time.snapshot(),
-        }
+        })
 
     def _learners_of(self) -> list[tuple[str, Any]]:
         """(manifest key, learner) of each learned part this run trains and has trained."""

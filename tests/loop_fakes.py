@@ -1,7 +1,9 @@
 """Stand-ins for the evolution loop's two expensive parts, so loop tests run
 in milliseconds and their numbers are known: an evaluator whose return is a
-closed form of the parameters and the start state, and a world model whose
-`imagine_uncertain` has the shape of `infrastructure.imagination.Imagination`."""
+closed form of the parameters and the start state, and a world model with
+what the loop calls (`train`, `trained`, `save`/`load`, `precision`,
+`decision`, `agent`). A run with the fake world model and a critic needs
+``model_rollouts=0`` (the branched rollouts need a real model)."""
 
 from __future__ import annotations
 
@@ -10,11 +12,8 @@ from pathlib import Path
 from typing import Callable, Optional
 
 import numpy as np
-import torch
-
 from agents.evaluation import Evaluation, EvaluationEnvError
 from agents.tasks import ResolvedTask
-from infrastructure.imagination import Imagination
 from infrastructure.world_model_types import TrainReport
 
 STEPS = 5  # transitions per fake episode (what the replay buffer stores)
@@ -74,41 +73,37 @@ class FakeEvaluator:
 
 
 class FakeWorldModel:
-    """Imagines ``bias + scale * (-100 |params|)`` per start state, with an
-    interval of +-``width`` and ``std`` as the particles' spread; records each
-    call's arguments in ``calls``."""
+    """Counts its `train` calls (each returns a fixed report) and writes a
+    small JSON for `save`, so the loop's bookkeeping can be checked without
+    a model."""
 
     precision = "fp32"
+    agent = "world_model.fake"
+    decision = None
 
-    def __init__(self, *, bias: float = 0.0, scale: float = 1.0, width: float = 50.0, std: float = 5.0) -> None:
-        self.bias, self.scale, self.width, self.std = bias, scale, width, std
+    def __init__(self) -> None:
         self.trained = False
         self.train_calls = 0
-        self.calls: list[dict] = []
+        self.steps: list[int] = []
 
     async def train(self, steps: int) -> TrainReport:
         self.trained = True
         self.train_calls += 1
+        self.steps.append(steps)
         return TrainReport(train_loss=0.1, val_loss=0.2, precision="fp32", steps=steps, skipped_steps=0, wall_s=0.0, transitions=0,
                            trajectories=0)
-
-    def imagine_uncertain(self, policy, params, start_obs, horizon, *, particles=None, kappa=1.0, project=None, terminated=None,
-                          discount=1.0, episode_steps=None, seed=0, max_disagreement=None) -> Imagination:
-        params = np.asarray(params, dtype=float)
-        self.calls.append({"P": len(params), "S": len(start_obs), "obs": np.asarray(start_obs), "horizon": horizon, "kappa": kappa, "particles": particles,
-                           "episode_steps": episode_steps, "seed": seed})
-        mean = self.bias + self.scale * (-100.0 * np.linalg.norm(params, axis=1))
-        returns = torch.tensor(np.repeat(mean[:, None, None], len(start_obs), axis=1).repeat(2, axis=2), dtype=torch.float32)
-        std = np.full(len(params), self.std)
-        return Imagination(returns, mean, std, mean - kappa * std, mean - self.width, mean + self.width, np.zeros(len(params)), horizon)
 
     def save(self, path: Optional[Path] = None) -> Path:
         path = Path(path) if path is not None else Path("/dev/null")
         if path != Path("/dev/null"):
             path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(json.dumps({"trained": self.trained}))
+            path.write_text(json.dumps({"trained": self.trained, "train_calls": self.train_calls}))
         return path
 
     def load(self, path: Optional[Path] = None) -> Path:
-        self.trained = True
+        if path is not None and Path(path).exists():
+            data = json.loads(Path(path).read_text())
+            self.trained, self.train_calls = bool(data["trained"]), int(data["train_calls"])
+        else:
+            self.trained = True
         return Path(path) if path is not None else Path("/dev/null")

@@ -28,7 +28,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 # wall times, and the run's identity, are all that may differ between an
 # interrupted-and-resumed run and an uninterrupted one
 VOLATILE = {"wall_s", "run_id", "replay_db", "run_manifest", "resumed", "resumed_from", "generations", "time_share"}
-VOLATILE_GENERATION = {"elapsed_s", "wm_wall_s", "time"}
+VOLATILE_GENERATION = {"elapsed_s", "wm_wall_s", "critic_wall_s", "time"}
 
 
 class InProcessEvaluator(Evaluator):
@@ -44,33 +44,31 @@ class InProcessEvaluator(Evaluator):
 
 
 class InterruptOnEvaluation(InProcessEvaluator):
-    """KeyboardInterrupt at the n-th evaluation on training start states
-    after generation 0 (a full one or a raced stage), or at the held-out one (20 states)."""
+    """KeyboardInterrupt at the n-th population (one episode per candidate),
+    or at the held-out evaluation (20 states)."""
 
-    def __init__(self, *, full: int = 0, heldout: bool = False) -> None:
+    def __init__(self, *, population: int = 0, heldout: bool = False) -> None:
         super().__init__(workers=1)
-        self.full, self.heldout, self.seen = full, heldout, 0
+        self.population, self.heldout, self.seen = population, heldout, 0
 
     def evaluate_many(self, jobs, **kw):
-        n_states = len(jobs[0][1])
-        if 1 < n_states <= pendulum_task.N_TRAIN_STARTS:
+        if len(jobs) > 1:
             self.seen += 1
-            if self.seen == self.full:
+            if self.seen == self.population:
                 raise KeyboardInterrupt
-        if n_states == pendulum_task.N_HELDOUT_STARTS and self.heldout:
+        if len(jobs[0][1]) == pendulum_task.N_HELDOUT_STARTS and self.heldout:
             raise KeyboardInterrupt
         return super().evaluate_many(jobs, **kw)
 
 
+# generations of 6 candidates, one real episode each; the world model and the critic train
+# (no model rollouts: they are tested with the model env); a target no policy meets
+LOOP = dict(popsize=6, wm_steps=30, ensemble=2, refine_steps=4, critic_updates=0.02, model_rollouts=0, target=-1.0, workers=1,
+            eval_timeout_s=60)
+
+
 def config(**kw) -> EvolveConfig:
-    base = dict(
-        budget=40, init_candidates=8, wm_steps=30, refine_iters=2, revision_iters=2, revision_samples=8,
-        popsize=6, horizon=15, imagine_starts=4, workers=1, eval_timeout_s=60,
-        eval_top_k=1, racing=False,  # one full evaluation per generation: resume is what is tested here (racing: test_racing.py)
-        trust_spearman=None,  # probe generations resumed: test_probe_search.py
-    )
-    base.update(kw)
-    return EvolveConfig(**base)
+    return EvolveConfig(**{"budget": 24, **LOOP, **kw})
 
 
 def interrupt_after(generation: int):
@@ -103,19 +101,23 @@ async def test_resume_after_a_generation_gives_the_uninterrupted_result(tmp_path
     with pytest.raises(KeyboardInterrupt):
         await first.evolve()
     manifest = read_manifest(settings.state_dir, first.run_id)
-    assert manifest["status"] == "interrupted" and manifest["generation"] == 1 and manifest["real_episodes"] == 24
+    assert manifest["status"] == "interrupted" and manifest["generation"] == 1 and manifest["real_episodes"] == 12
+    assert manifest["version"] == MANIFEST_VERSION and manifest["state"]["candidates_run"] == 12
+    assert len(manifest["search"]["told"]) == 2 and manifest["obs_stats"]["count"] == 12 * pendulum_task.EPISODE_STEPS
+    assert manifest["world_model_checkpoint"] == "world_model-g0001.pt" and manifest["critic_checkpoint"] == "critic-g0001.pt"
 
     agent = SEDarwinAgent.resume(first.run_id, settings=settings, evaluator=InProcessEvaluator(workers=1))
     report = await agent.evolve()
     assert report["resumed"] is True and report["run_id"] == first.run_id
-    assert report["resumed_from"] == {"generation": 1, "real_episodes": 24, "discarded_trajectories": 0, "session": 2}
-    assert report["real_episodes"] == 40 == expected["real_episodes"]  # the 24 spent before count against the budget
-    assert [g["generation"] for g in report["generations"]] == [0, 1, 2]
-    assert rows_per_generation(settings, first.data_agent) == {0: 8, 1: 16, 2: 16}  # nothing evaluated twice
+    assert report["resumed_from"] == {"generation": 1, "real_episodes": 12, "discarded_trajectories": 0, "session": 2}
+    assert report["real_episodes"] == 24 == expected["real_episodes"]  # the 12 spent before count against the budget
+    assert [g["generation"] for g in report["generations"]] == [0, 1, 2, 3]
+    assert rows_per_generation(settings, first.data_agent) == {0: 6, 1: 6, 2: 6, 3: 6}  # nothing evaluated twice
+    assert [c["operator"] for c in report["generations"][2]["candidates"]][:2] == ["refined:1", "refined:4"]
     assert comparable(report) == comparable(expected)
     assert expected["resumed"] is False and expected["resumed_from"] is None
     done = read_manifest(settings.state_dir, first.run_id)
-    assert done["status"] == "finished" and len(done["sessions"]) == 2 and done["report"]["real_episodes"] == 40
+    assert done["status"] == "finished" and len(done["sessions"]) == 2 and done["report"]["real_episodes"] == 24
 
 
 class CommitThenInterrupt(ReplayBuffer):
@@ -136,26 +138,26 @@ async def test_a_cut_off_generation_runs_again(state_dir):
     first = SEDarwinAgent(config(), settings=settings, buffer=CommitThenInterrupt(settings=settings), evaluator=InProcessEvaluator(workers=1))
     with pytest.raises(KeyboardInterrupt):
         await first.evolve()
-    assert rows_per_generation(settings, first.data_agent) == {0: 8, 1: 16, 2: 16}
+    assert rows_per_generation(settings, first.data_agent) == {0: 6, 1: 6, 2: 6}
     assert read_manifest(state_dir, first.run_id)["generation"] == 1
 
     agent = SEDarwinAgent.resume(first.run_id, settings=settings, evaluator=InProcessEvaluator(workers=1))
-    assert agent.resumed_from["discarded_trajectories"] == 16
+    assert agent.resumed_from["discarded_trajectories"] == 6
     report = await agent.evolve()
-    assert report["real_episodes"] == 40  # the cut-off generation's 16 episodes are not charged twice
-    assert rows_per_generation(settings, first.data_agent) == {0: 8, 1: 16, 2: 16}
+    assert report["real_episodes"] == 24  # the cut-off generation's 6 episodes are not charged twice
+    assert rows_per_generation(settings, first.data_agent) == {0: 6, 1: 6, 2: 6, 3: 6}
 
 
 async def test_resume_may_raise_the_budget(state_dir):
     settings = load_settings()
-    first = SEDarwinAgent(config(budget=24), settings=settings, evaluator=InterruptOnEvaluation(heldout=True))
-    with pytest.raises(KeyboardInterrupt):  # the loop spent its 24 episodes; the held-out evaluation is cut off
+    first = SEDarwinAgent(config(budget=12), settings=settings, evaluator=InterruptOnEvaluation(heldout=True))
+    with pytest.raises(KeyboardInterrupt):  # the loop spent its 12 episodes; the held-out evaluation is cut off
         await first.evolve()
-    with pytest.raises(RunError, match="budget=16: .* already spent 24 real episodes"):
-        SEDarwinAgent.resume(first.run_id, settings=settings, budget=16)
-    report = await SEDarwinAgent.resume(first.run_id, settings=settings, budget=40, evaluator=InProcessEvaluator(workers=1)).evolve()
-    assert report["budget"] == 40 and report["real_episodes"] == 40 and report["resumed"]
-    assert [g["generation"] for g in report["generations"]] == [0, 1, 2]
+    with pytest.raises(RunError, match="budget=6: .* already spent 12 real episodes"):
+        SEDarwinAgent.resume(first.run_id, settings=settings, budget=6)
+    report = await SEDarwinAgent.resume(first.run_id, settings=settings, budget=24, evaluator=InProcessEvaluator(workers=1)).evolve()
+    assert report["budget"] == 24 and report["real_episodes"] == 24 and report["resumed"]
+    assert [g["generation"] for g in report["generations"]] == [0, 1, 2, 3]
 
 
 async def test_a_run_that_failed_is_recorded_and_resumable(state_dir):
@@ -164,13 +166,13 @@ async def test_a_run_that_failed_is_recorded_and_resumable(state_dir):
             raise RuntimeError("worker pool broke")
 
     settings = load_settings()
-    first = SEDarwinAgent(config(budget=24), settings=settings, evaluator=SeedFails(workers=1))
+    first = SEDarwinAgent(config(budget=12), settings=settings, evaluator=SeedFails(workers=1))
     with pytest.raises(RuntimeError):
         await first.evolve()
     manifest = read_manifest(state_dir, first.run_id)
     assert manifest["status"] == "interrupted" and "worker pool broke" in manifest["error"] and manifest["generation"] == -1
     report = await SEDarwinAgent.resume(first.run_id, settings=settings, evaluator=InProcessEvaluator(workers=1)).evolve()
-    assert report["real_episodes"] == 24 and report["resumed_from"]["generation"] == -1
+    assert report["real_episodes"] == 12 and report["resumed_from"]["generation"] == -1
 
 
 def test_unknown_run_is_one_clear_error(state_dir):
@@ -183,10 +185,10 @@ def test_unknown_run_is_one_clear_error(state_dir):
 
 async def test_finished_run_is_not_run_again(state_dir):
     settings = load_settings()
-    agent = SEDarwinAgent(config(budget=24), settings=settings, evaluator=InProcessEvaluator(workers=1))
+    agent = SEDarwinAgent(config(budget=12), settings=settings, evaluator=InProcessEvaluator(workers=1))
     await agent.evolve()
     before = ReplayBuffer(settings=settings).count(agent.data_agent)
-    with pytest.raises(RunError, match=f"run '{agent.run_id}' already finished .*real_episodes 24.*nothing to resume"):
+    with pytest.raises(RunError, match=f"run '{agent.run_id}' already finished .*real_episodes 12.*nothing to resume"):
         SEDarwinAgent.resume(agent.run_id, settings=settings)
     assert ReplayBuffer(settings=settings).count(agent.data_agent) == before
 
@@ -228,10 +230,10 @@ async def test_world_model_snapshot_keeps_the_batch_sampler(tmp_path):
 
 def test_cli_resume_end_to_end(monkeypatch, tmp_path, state_dir):
     runner = CliRunner()
-    original = se_darwin_agent.EvolveConfig
-    monkeypatch.setattr(se_darwin_agent, "EvolveConfig", lambda **kw: original(**{**config().__dict__, **kw}))
-    monkeypatch.setattr(se_darwin_agent, "Evaluator", lambda *a, **kw: InterruptOnEvaluation(full=2))
-    cut = runner.invoke(app, ["evolve", "--budget", "40", "--workers", "1", "--no-racing", "--no-probe-search"])  # the CLI flags win over config()
+    monkeypatch.setattr(se_darwin_agent, "Evaluator", lambda *a, **kw: InterruptOnEvaluation(population=3))
+    flags = ["--budget", "24", "--workers", "1", "--popsize", "6", "--wm-steps", "30", "--ensemble", "2", "--refine-steps", "4",
+             "--critic-updates", "0.02", "--model-rollouts", "0", "--target", "-1"]
+    cut = runner.invoke(app, ["evolve", *flags])  # interrupted in generation 2
     assert cut.exit_code == 130, cut.output
     (run_id,) = [p.name for p in (state_dir / "runs").iterdir()]
     assert f"genesis-fp16 evolve --resume {run_id}" in cut.output
@@ -244,8 +246,8 @@ def test_cli_resume_end_to_end(monkeypatch, tmp_path, state_dir):
     result = runner.invoke(app, ["evolve", "--resume", run_id, "--json", str(out)])
     assert result.exit_code == 0, result.output
     report = json.loads(out.read_text())
-    assert report["resumed"] is True and report["resumed_from"]["generation"] == 1 and report["real_episodes"] == 40
-    assert "resumed after" in result.output and "generation 1, 24 real episodes" in result.output
+    assert report["resumed"] is True and report["resumed_from"]["generation"] == 1 and report["real_episodes"] == 24
+    assert "resumed after" in result.output and "generation 1, 12 real episodes" in result.output
     again = runner.invoke(app, ["evolve", "--resume", run_id])
     assert again.exit_code == 2 and "already finished" in again.output and "Traceback" not in again.output
     assert json.loads(manifest_path(state_dir, run_id).read_text())["status"] == "finished"
@@ -275,7 +277,7 @@ async def test_a_run_whose_every_candidate_failed_so_far_resumes(state_dir):
 
     task = Task(env_id="NaNDrift", env_factory=task_envs.nan_reward, target=0.0, n_train=2, n_heldout=2)
     settings = load_settings()
-    first = SEDarwinAgent(config(budget=8, init_candidates=4), task=task, settings=settings, on_generation=interrupt_after(0))
+    first = SEDarwinAgent(config(budget=8, popsize=4, target=0.0), task=task, settings=settings, on_generation=interrupt_after(0))
     with pytest.raises(KeyboardInterrupt):
         await first.evolve()
     assert read_manifest(state_dir, first.run_id)["generation"] == 0
@@ -284,35 +286,29 @@ async def test_a_run_whose_every_candidate_failed_so_far_resumes(state_dir):
     assert sum(f["episodes"] for f in report["failed_candidates"]) == 8
 
 
-async def test_resume_inside_the_probe_search_gives_the_uninterrupted_result(tmp_path):
-    # trust 1.0: probe generations in a row, so the interruption falls inside one CMA-ES segment
-    cfg = dict(budget=90, trust_spearman=1.0)
-    whole = load_settings(state_dir=tmp_path / "whole")
-    expected = await SEDarwinAgent(config(**cfg), settings=whole, evaluator=InProcessEvaluator(workers=1)).evolve()
-    assert sum(g["probe"] is not None for g in expected["generations"]) >= 3
+def test_a_run_from_before_the_cma_loop_is_refused():
+    saved = dataclasses.asdict(config())
+    manifest = {"run_id": "r", "version": MANIFEST_VERSION - 1, "real_episodes": 8, "config": saved}
+    with pytest.raises(RunError, match=f"version {MANIFEST_VERSION - 1}.*cannot continue it"):
+        resumed_config(manifest, budget=None, workers=None, options={})
+    manifest["version"] = MANIFEST_VERSION
+    assert resumed_config(manifest, budget=None, workers=None, options={}) == config()
+    manifest["config"] = {**saved, "racing": True}  # an option this version does not know
+    with pytest.raises(RunError, match=r"options this version does not know \(racing\)"):
+        resumed_config(manifest, budget=None, workers=None, options={})
 
-    settings = load_settings(state_dir=tmp_path / "cut")
-    first = SEDarwinAgent(config(**cfg), settings=settings, evaluator=InProcessEvaluator(workers=1), on_generation=interrupt_after(2))
+
+async def test_an_edited_search_record_is_one_clear_error(state_dir):
+    settings = load_settings()
+    first = SEDarwinAgent(config(), settings=settings, evaluator=InProcessEvaluator(workers=1), on_generation=interrupt_after(1))
     with pytest.raises(KeyboardInterrupt):
         await first.evolve()
-    manifest = read_manifest(settings.state_dir, first.run_id)
-    assert len(manifest["probe_search"]["segments"][0]["told"]) == 2  # the search's record, rebuilt on resume
-    report = await SEDarwinAgent.resume(first.run_id, settings=settings, evaluator=InProcessEvaluator(workers=1)).evolve()
-    assert comparable(report) == comparable(expected)
-
-
-def test_a_run_from_before_probe_search_resumes_without_it():
-    manifest = {"run_id": "r", "version": MANIFEST_VERSION, "real_episodes": 8,
-                "config": {k: v for k, v in dataclasses.asdict(config()).items() if k != "trust_spearman"}}
-    assert resumed_config(manifest, budget=None, workers=None, options={}).trust_spearman is None
-
-
-def test_a_run_from_before_screening_resumes_without_it():
-    manifest = {"run_id": "r", "version": MANIFEST_VERSION, "real_episodes": 8,
-                "config": {k: v for k, v in dataclasses.asdict(config(probe_screen=4)).items() if k != "probe_screen"}}
-    assert resumed_config(manifest, budget=None, workers=None, options={}).probe_screen == 1
-    manifest["config"]["probe_screen"] = 4  # a run that screened goes on screening
-    assert resumed_config(manifest, budget=None, workers=None, options={}).probe_screen == 4
+    path = manifest_path(state_dir, first.run_id)
+    manifest = json.loads(path.read_text())
+    manifest["search"]["told"][1]["x"][5][0] += 0.5  # a CMA-ES sample the seed does not draw
+    path.write_text(json.dumps(manifest))
+    with pytest.raises(RunError, match="generation 1 does not replay.*cannot be resumed"):
+        SEDarwinAgent.resume(first.run_id, settings=settings)
 
 
 async def test_a_full_disk_at_the_resume_snapshot_commits_nothing_of_that_generation(tmp_path, monkeypatch):
@@ -328,7 +324,7 @@ async def test_a_full_disk_at_the_resume_snapshot_commits_nothing_of_that_genera
     original = checkpoint.atomic_write
 
     def no_space_for_g1(path, write):
-        if str(path).endswith("resume-g0001.pt"):
+        if str(path).endswith("world_model-g0001.pt"):
             raise OSError(28, "No space left on device", str(path))
         return original(path, write)
 
@@ -339,11 +335,11 @@ async def test_a_full_disk_at_the_resume_snapshot_commits_nothing_of_that_genera
         await first.evolve()
     manifest = read_manifest(settings.state_dir, first.run_id)
     assert manifest["generation"] == 0 and [g["generation"] for g in manifest["generations"]] == [0]
-    assert first.committed() == (1, 8)
+    assert first.committed() == (1, 6)
 
     monkeypatch.setattr(checkpoint, "atomic_write", original)  # space freed
     report = await SEDarwinAgent.resume(first.run_id, settings=settings, evaluator=InProcessEvaluator(workers=1)).evolve()
-    assert [g["generation"] for g in report["generations"]] == [0, 1, 2]
+    assert [g["generation"] for g in report["generations"]] == [0, 1, 2, 3]
     assert comparable(report) == comparable(expected)
 
 
@@ -362,16 +358,18 @@ async def test_a_resumed_stretch_that_trains_no_model_reports_the_precision_the_
 
     monkeypatch.setattr(cal, "time_step", fake_time_step)
     settings = load_settings()
-    first = SEDarwinAgent(config(budget=24), settings=settings, evaluator=InterruptOnEvaluation(heldout=True))
+    first = SEDarwinAgent(config(budget=12), settings=settings, evaluator=InterruptOnEvaluation(heldout=True))
     with pytest.raises(KeyboardInterrupt):  # the loop trained its model; the held-out evaluation is cut off
         await first.evolve()
     trained = read_manifest(settings.state_dir, first.run_id)["generations"]
-    assert {g["precision"] for g in trained if g["wm_wall_s"] is not None} == {"bf16"}
-    assert trained[-1]["precision_decision"]["source"] == "measured"
+    assert {g["wm_precision"] for g in trained if g["wm_wall_s"] is not None} == {"bf16"}
+    assert {g["critic_precision"] for g in trained if g["critic_wall_s"] is not None} == {"bf16"}
+    assert trained[0]["wm_decision"]["source"] == "measured"
     # another process, another day: the host's cache is gone and fp32 would measure faster now
     PrecisionCache.from_settings(settings).clear()
     timings.update(bf16=2e-3)
     report = await SEDarwinAgent.resume(first.run_id, settings=settings, evaluator=InProcessEvaluator(workers=1)).evolve()
     assert report["resumed"] and [g["generation"] for g in report["generations"]] == [g["generation"] for g in trained]
-    assert report["precision"] == "bf16"  # what the model in use trained in, not what a trainer would run now
-    assert report["precision_decision"]["precision"] == "bf16" and report["precision_decision"]["source"] == "measured"
+    for learner in ("world_model", "critic"):  # what the learner in use trained in, not what a trainer would run now
+        assert report["learners"][learner]["precision"] == "bf16", (learner, report["learners"])
+        assert report["learners"][learner]["decision"]["precision"] == "bf16" and report["learners"][learner]["decision"]["source"] == "measured"

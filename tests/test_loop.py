@@ -1,0 +1,274 @@
+"""The new evolution loop's parts (issue 38), fast and with fixed seeds: the
+one CMA-ES driver (injection, replay), the refinement by gradient, the floor
+(refined=0 is plain one-episode CMA-ES), the injection of refined copies,
+verification of a candidate that met the target, and determinism with the
+critic on."""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+import torch
+
+from agents.cma_search import TOLD_FAILED, CMASearch
+from agents.evolve_config import EvolveConfig
+from agents.refine import ZPolicy, objective, refine
+from agents.search_space import ObsStats, SearchSpace
+from agents.se_darwin_agent import SEDarwinAgent
+from agents.tasks import get_task
+from agents.verify import stage_sizes, start_order, upper_bound, verify
+from agents.evaluation import Evaluation, EvaluationEnvError
+from genesis_fp16.settings import load_settings
+from loop_fakes import FakeEvaluator
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+TASK = get_task("Pendulum-v1").resolve()
+
+
+# -- (a) the CMA-ES driver ---------------------------------------------------------------------
+def test_injected_points_are_asked_back_first_and_exactly():
+    search = CMASearch(np.zeros(5), 0.5, seed=3, popsize=6)
+    search.tell(list(-np.linalg.norm(search.ask(), axis=1)))
+    inject = [np.full(5, 0.25), np.linspace(-1.0, 1.0, 5)]
+    asked = search.ask(inject)
+    assert asked.shape == (6, 5)
+    # as injected, up to rounding: pycma stores an injected point as its step from the mean in units of sigma
+    # (mean + sigma * ((x - mean) / sigma): off by an ulp or so, far below the replay's tolerance)
+    np.testing.assert_allclose(asked[0], inject[0], rtol=0, atol=1e-12)
+    np.testing.assert_allclose(asked[1], inject[1], rtol=0, atol=1e-12)
+    assert not any(np.allclose(row, x) for row in asked[2:] for x in inject)  # CMA-ES's own samples after them
+    search.tell([0.0, -np.inf, float("nan"), -1.0, -2.0, -3.0])
+    assert search.told[-1]["injected"] == 2 and search.told[-1]["f"][1] == TOLD_FAILED == search.told[-1]["f"][2]
+    with pytest.raises(ValueError, match="at most popsize - 1"):
+        search.ask([np.zeros(5)] * 6)
+    with pytest.raises(ValueError, match="sigma0"):
+        CMASearch(np.zeros(5), 0.0, seed=0)
+
+
+def _driven(seed: int = 5, generations: int = 4) -> CMASearch:
+    search = CMASearch(np.zeros(4), 0.3, seed=seed, popsize=6)
+    for g in range(generations):
+        inject = [search.mean + 0.1] if g % 2 else []
+        xs = search.ask(inject)
+        search.tell(list(-np.sum((xs - 1.0) ** 2, axis=1)))
+    return search
+
+
+def test_replay_rebuilds_the_same_search():
+    search = _driven()
+    again = CMASearch.replay(copy.deepcopy(search.record()))
+    np.testing.assert_array_equal(again.mean, search.mean)
+    assert again.sigma == search.sigma and again.generations == search.generations == 4
+    np.testing.assert_array_equal(again.ask(), search.ask())  # and it goes on alike
+    # same seed, same search; another seed, another one
+    np.testing.assert_array_equal(_driven().mean, _driven().mean)
+    assert not np.allclose(_driven(seed=6).mean, _driven().mean)
+
+
+def test_replay_of_an_edited_record_raises():
+    record = copy.deepcopy(_driven().record())
+    record["told"][2]["x"][4][1] += 0.01  # a CMA-ES sample that the seed does not draw
+    with pytest.raises(ValueError, match="generation 2 does not replay"):
+        CMASearch.replay(record)
+    record = copy.deepcopy(_driven().record())
+    record["seed"] = 99
+    with pytest.raises(ValueError, match="generation 0 does not replay"):
+        CMASearch.replay(record)
+
+
+# -- (b) the refinement --------------------------------------------------------------------------
+def test_refinement_climbs_a_known_quadratic():
+    """value(s, a) = -(a - a*)^2: the policy's action should move to a*, and J
+    rises across the snapshots of one ascent."""
+    spec = TASK.policy
+    space = SearchSpace.identity(spec)
+    target = 0.7
+
+    def value(obs: torch.Tensor, act: torch.Tensor) -> torch.Tensor:
+        return -((act - target) ** 2).sum(dim=-1)
+
+    states = torch.tensor(np.random.default_rng(0).uniform(-1.0, 1.0, (64, spec.obs_dim)), dtype=torch.float32)
+    z0 = np.random.default_rng(1).normal(0.0, 0.3, spec.n_params)
+    snapshots = [1, 4, 16, 64, 256]
+    zs = refine(z0, states, space, value=value, snapshots=snapshots, lr=0.01, seed=2)
+    assert len(zs) == len(snapshots)
+    policy = ZPolicy(space)
+    with torch.no_grad():
+        js = [float(objective(torch.tensor(z[None], dtype=torch.float32), states, policy, value=value, model=None, horizon=0, gamma=0.99)[0])
+              for z in [z0, *zs]]
+    assert all(b > a for a, b in zip(js, js[1:])), js  # monotone along the ascent
+    assert js[-1] > 0.2 * js[0]  # most of the gap closed
+    again = refine(z0, states, space, value=value, snapshots=snapshots, lr=0.01, seed=2)
+    for a, b in zip(zs, again):
+        np.testing.assert_array_equal(a, b)  # same seed, same copies
+    with pytest.raises(ValueError, match="needs a critic"):
+        refine(z0, states, space, value=None, snapshots=[1])
+
+
+# -- (c) the floor equals plain CMA-ES -----------------------------------------------------------
+class RecordingEvaluator(FakeEvaluator):
+    """A FakeEvaluator that keeps every (params, start state) it ran, in order."""
+
+    def __init__(self, *a, **kw) -> None:
+        super().__init__(*a, **kw)
+        self.runs: list[tuple[np.ndarray, np.ndarray]] = []
+
+    def evaluate(self, params, states, **kw) -> Evaluation:
+        self.runs += [(np.asarray(params, dtype=float), np.asarray(s, dtype=float)) for s in states]
+        return super().evaluate(params, states, **kw)
+
+
+async def test_the_floor_is_plain_cma_es(state_dir):
+    seed, popsize, sigma0, gens = 4, 6, 0.5, 5
+    cfg = EvolveConfig(budget=popsize * gens, target=-1.0, seed=seed, popsize=popsize, sigma0=sigma0, refined=0, use_critic=False,
+                       use_world_model=False, workers=1)
+    evaluator = RecordingEvaluator(TASK)
+    agent = SEDarwinAgent(cfg, settings=load_settings(), evaluator=evaluator)
+    report = await agent.evolve()
+    assert report["mode"] == "cma" and len(report["generations"]) == gens
+
+    # by hand: CMA-ES from zeros in normalised coordinates, one episode per candidate on order[c mod n]
+    starts = agent.starts.train
+    order = start_order(len(starts), seed)
+    search, stats = CMASearch(np.zeros(TASK.n_params), sigma0, seed=seed, popsize=popsize), ObsStats(TASK.policy.obs_dim)
+    scale = np.asarray(TASK.policy.obs_scale, dtype=np.float64)
+    expected, c = [], 0
+    for _ in range(gens):
+        raw = stats.space(TASK.policy).to_raw(search.ask())
+        returns, episodes = [], []
+        for params in raw:
+            state = starts[order[c % len(starts)]]
+            ret, episode = evaluator._episode(params, state)
+            expected.append((params, state))
+            returns.append(ret)
+            episodes.append(episode)
+            c += 1
+        search.tell(returns)
+        for episode in episodes:
+            stats.update(np.asarray(episode["obs"], dtype=np.float64) * scale)
+
+    assert len(agent.pool) == len(expected) == popsize * gens
+    for cand, (params, state) in zip(agent.pool, expected):
+        np.testing.assert_allclose(cand.params, params, rtol=0, atol=1e-12)
+        assert cand.operator == "cma" and cand.real_episodes == 1 and cand.starts == [order[agent.pool.index(cand) % len(starts)]]
+    # the episodes the loop ran: the same candidates on the same start states (then the CMA-ES mean, the held-out states)
+    for (params, state), (run_params, run_state) in zip(expected, evaluator.runs):
+        np.testing.assert_allclose(run_params, params, rtol=0, atol=1e-12)
+        np.testing.assert_array_equal(run_state, state)
+    np.testing.assert_allclose(agent.search.mean, search.mean, rtol=0, atol=1e-12)
+    assert agent.search.sigma == pytest.approx(search.sigma, rel=1e-12)
+
+
+# -- (d) refined copies are injected first and told like the others --------------------------------
+def tiny_critic():
+    from infrastructure.critic import Critic
+
+    spec = TASK.policy
+    return Critic(spec.obs_dim, spec.act_dim, action_low=spec.action_low, action_high=spec.action_high, agent="critic.Pendulum-v1",
+                  settings=load_settings(), precision="fp32", hidden=16, layers=1, batch_size=32, seed=0)
+
+
+def critic_config(**kw) -> EvolveConfig:
+    base = dict(budget=24, target=-1.0, popsize=6, refined=2, use_world_model=False, refine_steps=8, critic_updates=0.05, workers=1)
+    return EvolveConfig(**{**base, **kw})
+
+
+async def test_refined_copies_are_injected_first_and_told(state_dir):
+    agent = SEDarwinAgent(critic_config(), settings=load_settings(), evaluator=FakeEvaluator(TASK), critic=tiny_critic())
+    refined_out: list[list[np.ndarray]] = []
+    inner = agent.learners.refine
+
+    async def recording(*a, **kw):
+        out = await inner(*a, **kw)
+        refined_out.append([z for z, _ in out])
+        return out
+
+    agent.learners.refine = recording
+    report = await agent.evolve()
+    gens = report["generations"]
+    assert len(gens) == 4 and agent.search.generations == 4
+    assert [c["operator"] for c in gens[0]["candidates"]] == ["cma"] * 6  # no data, no critic yet: nothing refined
+    assert [told["injected"] for told in agent.search.told] == [0, 2, 2, 2]
+    assert len(refined_out) == 3  # generations 1-3 (generation 0 has no data to refine with)
+    for g, zs in zip(range(1, 4), refined_out):
+        ops = [c["operator"] for c in gens[g]["candidates"]]
+        assert ops == ["refined:2", "refined:8", "cma", "cma", "cma", "cma"]  # refine_steps / 4, refine_steps
+        told = agent.search.told[g]
+        np.testing.assert_allclose(np.asarray(told["x"][:2]), np.asarray(zs), rtol=0, atol=1e-12)  # asked back as injected
+        # told their real returns like every other candidate (pycma minimises: the negated return)
+        assert told["f"] == [-c["real_return"] for c in gens[g]["candidates"]]
+        assert gens[g]["refined_best"] == max(c["real_return"] for c in gens[g]["candidates"][:2])
+    assert report["mode"] == "no_model" and set(report["learners"]) == {"critic"}
+    assert all(g["critic_val_loss"] is not None for g in gens[:-1])
+
+
+# -- (e) verification -----------------------------------------------------------------------------
+def test_stage_sizes_and_start_order():
+    assert stage_sizes(16) == [2, 4, 8, 16] and stage_sizes(5) == [2, 4, 5] and stage_sizes(1) == [1] and stage_sizes(2) == [2]
+    order = start_order(16, 3)
+    assert sorted(order) == list(range(16)) and order == start_order(16, 3) and order != start_order(16, 4)
+    assert upper_bound([1.0]) == np.inf and upper_bound([1.0, 1.0]) == 1.0
+
+
+def _evaluate_by(score, calls):
+    async def evaluate(params, states):
+        calls.append([float(s[0]) for s in states])
+        return Evaluation(returns=[score(s) for s in states], episodes=[{} for _ in states])
+    return evaluate
+
+
+async def test_verification_runs_the_other_start_states_in_stages():
+    train = np.arange(16, dtype=float)[:, None]
+    order = start_order(16, 0)
+    calls: list[list[float]] = []
+    res = await verify(_evaluate_by(lambda s: 0.0, calls), np.zeros(3), train, order, first=(order[5], 0.0), target=0.0)
+    assert [len(c) for c in calls] == [1, 2, 4, 8] and res.episodes == 15 and res.error is None
+    assert res.starts[0] == order[5] and sorted(res.starts) == list(range(16))
+    assert res.starts[1:] == [i for i in order if i != order[5]]  # the run's order, its own first state left out
+    assert len(res.evaluation.returns) == 15 and res.returns == [0.0] * 16
+
+
+async def test_verification_stops_when_the_target_is_out_of_reach():
+    train = np.arange(16, dtype=float)[:, None]
+    order = start_order(16, 0)
+    calls: list[list[float]] = []
+    res = await verify(_evaluate_by(lambda s: -1000.0, calls), np.zeros(3), train, order, first=(order[0], 0.0), target=0.0)
+    # 2 states: the bound (t90 with 1 dof) still reaches the target; 4: it cannot, and the rest never runs
+    assert [len(c) for c in calls] == [1, 2] and res.episodes == 3 and len(res.starts) == 4
+    assert upper_bound(res.returns) < 0.0 <= upper_bound(res.returns[:2])
+
+
+async def test_verification_that_fails_is_charged():
+    train = np.arange(16, dtype=float)[:, None]
+    order = start_order(16, 0)
+
+    async def broken(params, states):
+        raise EvaluationEnvError("env exploded")
+
+    res = await verify(broken, np.zeros(3), train, order, first=(order[0], 0.0), target=0.0)
+    assert res.episodes == 1 and isinstance(res.error, EvaluationEnvError) and res.starts == [order[0]]
+
+
+# -- (f) same seed, same report with the critic on ------------------------------------------------
+RUN_SPECIFIC = ("run_id", "run_manifest", "replay_db", "wall_s", "elapsed_s", "wm_wall_s", "critic_wall_s", "time_share", "time")
+
+
+def _comparable(report: dict) -> dict:
+    out = {k: v for k, v in report.items() if k not in RUN_SPECIFIC}
+    out["generations"] = [{k: v for k, v in g.items() if k not in RUN_SPECIFIC} for g in report["generations"]]
+    return out
+
+
+async def test_same_seed_same_report_with_the_critic(state_dir):
+    reports = []
+    for _ in range(2):
+        agent = SEDarwinAgent(critic_config(seed=7), settings=load_settings(), evaluator=FakeEvaluator(TASK))  # the loop's own critic
+        reports.append(await agent.evolve())
+    first, second = reports
+    assert first["run_id"] != second["run_id"]
+    assert any(c["operator"].startswith("refined:") for g in first["generations"] for c in g["candidates"])
+    assert [g["critic_val_loss"] for g in first["generations"]] == [g["critic_val_loss"] for g in second["generations"]]
+    assert _comparable(first) == _comparable(second)
