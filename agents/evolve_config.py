@@ -95,8 +95,11 @@ class EvolveConfig:
     """Actor-gradient steps of the longest refined copy; the others stop at 1/4, 1/16, ... of it."""
     refine_horizon: int = option(0, panel=ADVANCED, least=0)
     """World-model steps the refinement looks through before the critic's value (MVE / SVG(H)); 0: the critic alone."""
-    critic_updates: float = option(0.5, panel=ADVANCED)
+    critic_updates: float = option(1.0, panel=ADVANCED)
     """Critic updates per new real transition (the update-to-data ratio), each on a batch of real and model transitions."""
+    actor_rounds: int = option(8, panel=ADVANCED, least=0)
+    """Rounds per generation in which the critic values an actor and the actor ascends the critic in turn (policy
+    iteration from the generation's best candidate); the actor joins the next population. 0: the critic values the mean."""
     model_rollouts: int = option(256, panel=ADVANCED, least=0)
     """Short model rollouts per generation, branched from real replay states, that train the critic beside the real data."""
     rollout_horizon: int = option(5, panel=ADVANCED, least=1)

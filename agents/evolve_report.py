@@ -4,14 +4,11 @@ the run's report (the CLI's table and ``--json``)."""
 from __future__ import annotations
 
 from dataclasses import asdict
-from typing import TYPE_CHECKING, Any, Optional, Sequence
+from typing import Any, Optional, Sequence
 
 from .evaluation import Evaluation
 from .evolve_config import Candidate, EvolveConfig
 from .time_share import BUCKETS
-
-if TYPE_CHECKING:
-    from infrastructure.world_model import TrainReport
 
 # the part of a finished run's report its manifest keeps
 SUMMARY_KEYS = ("real_episodes", "target_reached", "episodes_to_target", "train_return", "heldout_return", "stop_reason")

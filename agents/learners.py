@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
 
 import numpy as np
 
@@ -50,6 +50,8 @@ class Learners:
         self.world_model = world_model if world_model is not None or not config.use_world_model else self._make_world_model()
         self.critic = critic if critic is not None or not config.use_critic else self._make_critic()
         self.last: dict[str, Any] = {}
+        self.actor: Optional[np.ndarray] = None
+        """The policy (raw parameters) the last `learn` improved round by round, injected first by the next `refine`."""
 
     @property
     def checkpoint_dir(self) -> Path:
@@ -100,9 +102,15 @@ class Learners:
         return act
 
     # -- learning -------------------------------------------------------------------------------
-    async def learn(self, z_mean: np.ndarray, space: SearchSpace, generation: int, *, new_steps: int) -> dict[str, Any]:
+    async def learn(self, z_mean: np.ndarray, space: SearchSpace, generation: int, *, new_steps: int,
+                    elite: Optional[np.ndarray] = None) -> dict[str, Any]:
         """The world model and the critic learn from every real transition so
-        far; returns their reports (``world_model``, ``rollouts``, ``critic``)."""
+        far; returns their reports (``world_model``, ``rollouts``, ``critic``).
+        With ``actor_rounds`` > 0 the critic's updates are split into rounds,
+        each followed by actor-gradient steps on a policy that starts at
+        ``elite`` (else the mean) and that the next round's critic values
+        (policy iteration, as TD3 interleaves its critic and actor); that
+        actor joins the next population (`refine`)."""
         from infrastructure.transitions import Transitions
 
         cfg, reports = self.config, {}
@@ -127,9 +135,25 @@ class Learners:
                                                  seed=seed)
             parts.append(model)
             reports["rollouts"] = stats
-        steps = max(1, math.ceil(cfg.critic_updates * new_steps))
-        with self.time.measure("critic"):
-            reports["critic"] = await self.critic.train(Transitions.cat(parts), self._mean_policy(z_mean, space), steps)
+        data, steps = Transitions.cat(parts), max(1, math.ceil(cfg.critic_updates * new_steps))
+        if cfg.actor_rounds == 0 or cfg.refined == 0:
+            with self.time.measure("critic"):
+                reports["critic"] = await self.critic.train(data, self._mean_policy(z_mean, space), steps)
+            self.last = reports
+            return reports
+        import asyncio
+
+        from .refine import refine
+
+        actor = np.asarray(elite if elite is not None else z_mean, dtype=np.float64)
+        per_round = max(1, steps // cfg.actor_rounds)
+        for r in range(cfg.actor_rounds):
+            with self.time.measure("critic"):
+                reports["critic"] = await self.critic.train(data, self._mean_policy(actor, space), per_round, save=r == cfg.actor_rounds - 1)
+            with self.time.measure("refine"):
+                actor = (await asyncio.to_thread(refine, actor, data.obs, space, value=self.critic.value,
+                                                 snapshots=[max(1, cfg.refine_steps // cfg.actor_rounds)], seed=seed * 31 + r))[0]
+        self.actor = space.to_raw(actor)
         self.last = reports
         return reports
 
@@ -154,10 +178,12 @@ class Learners:
 
         trajectories = await self.buffer.asample(self.data_agent, max_transitions=REFINE_STATES)
         states = Transitions.from_trajectories(trajectories).obs
-        starts = [("mean", z_mean)] + ([("elite", elite)] if elite is not None and cfg.refined > 1 else [])
-        out: list[tuple[np.ndarray, str]] = []
+        out: list[tuple[np.ndarray, str]] = [(space.to_z(self.actor), "refined:actor")] if self.actor is not None else []
+        left = cfg.refined - len(out)
+        starts = [("mean", z_mean)] + ([("elite", elite)] if elite is not None and left > 1 else [])
+        starts = starts[:left]
         for k, (name, z0) in enumerate(starts):
-            copies = len(range(k, cfg.refined, len(starts)))
+            copies = len(range(k, left, len(starts)))
             snapshots = sorted({max(1, cfg.refine_steps // 4**j) for j in range(copies)})
             with self.time.measure("refine"):
                 zs = await asyncio.to_thread(
@@ -167,12 +193,18 @@ class Learners:
             out += [(z, f"refined:{name}:{n}") for z, n in zip(zs, snapshots)]
         return out
 
-    def summary(self) -> dict[str, Any]:
-        """Each learner's agent, precision and decision, for the report."""
+    def summary(self, generations: Sequence[dict[str, Any]] = ()) -> dict[str, Any]:
+        """Each learner's agent, precision and decision, for the report: those
+        of its last training in ``generations`` (the run's records, resumed
+        stretches included), else what its trainer would run now."""
         out: dict[str, Any] = {}
-        for name, learner in (("world_model", self.world_model), ("critic", self.critic)):
-            if learner is not None:
-                decision = learner.decision
-                out[name] = {"agent": learner.agent, "precision": learner.precision,
-                             "decision": decision.as_dict() if decision is not None else None}
+        for name, prefix, learner in (("world_model", "wm", self.world_model), ("critic", "critic", self.critic)):
+            if learner is None:
+                continue
+            trained = [r for r in generations if r.get(f"{prefix}_wall_s") is not None]
+            if trained:
+                precision, decision = trained[-1][f"{prefix}_precision"], trained[-1][f"{prefix}_decision"]
+            else:
+                precision, decision = learner.precision, learner.decision.as_dict() if learner.decision is not None else None
+            out[name] = {"agent": learner.agent, "precision": precision, "decision": decision}
         return out

@@ -17,15 +17,27 @@ from typing import Any, Iterable, Mapping, Optional, Sequence
 from genesis_fp16.checkpoint import atomic_write_bytes
 from genesis_fp16.extras import require
 
-# the set the loop ranks by: a candidate's mean return over every training start state
-FULL_EVALUATION = "best so far: mean return on the training start states"
+# what the loop's generation records carry (agents/evolve_report.py): every
+# candidate runs one real episode on a training start state; a candidate whose
+# episode meets the target is verified on every training start state
+BEST_EPISODE = "best episode of the generation"
+REFINED_EPISODE = "best refined candidate (critic gradient)"
+CMA_EPISODE = "best CMA-ES sample"
+VERIFIED = "verified: mean return on the training start states"
+# the report keys of scripts/evolution_table.py (and the loop's own mode words)
 METHOD_NAMES = {
-    "loop": "SE-Darwin loop (CMA-ES, critic and world model)",
+    "full": "SE-Darwin loop (CMA-ES refined by the critic and world model)",
+    "loop": "SE-Darwin loop (CMA-ES refined by the critic and world model)",
+    "loop_e1": "SE-Darwin loop, ensemble of 1",
+    "no_world_model": "same loop, world model off",
     "no_model": "same loop, world model off",
     "no_critic": "same loop, critic off",
-    "floor": "one-episode CMA-ES (the loop, nothing refined)",
-    "cma": "plain CMA-ES (same budget)",
+    "cma": "one-episode CMA-ES (the loop, nothing refined)",
     "cma_long": "plain CMA-ES (long budget)",
+    "cma_tuned": "tuned CMA-ES, 1 episode per candidate",
+    "cma_tuned_norm": "tuned CMA-ES, normalised observations",
+    "ars": "ARS V2-t",
+    "sac": "SB3 SAC, defaults",
 }
 
 
@@ -74,11 +86,24 @@ def _points(records: Iterable[Mapping[str, Any]], x_key: str, y_key: str) -> tup
     return tuple(x for x, _ in kept), tuple(y for _, y in kept)
 
 
-def _full_records(report: Mapping[str, Any]) -> list[Mapping[str, Any]]:
-    """Generations whose best candidate had a full evaluation. Generation 0's
-    one-episode probes are another set (one start state each) and are left
-    out; CMA-ES records have no ``best_full`` because every candidate is full."""
-    return [g for g in report.get("generations", []) if g.get("best_full", True)]
+def _verified(report: Mapping[str, Any], x_key: str) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """The candidates verified on every training start state (``full``), at
+    their generation's ``x_key``: the set the target is judged on."""
+    xs, ys = [], []
+    for g in report.get("generations", []):
+        x = _number(g.get(x_key))
+        for c in g.get("candidates") or []:
+            y = _number(c.get("real_return"))
+            if c.get("full") and x is not None and y is not None:
+                xs.append(x)
+                ys.append(y)
+    return tuple(xs), tuple(ys)
+
+
+def _positive(points: tuple[tuple[float, ...], tuple[float, ...]]) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """Points a log axis can draw (a loss of exactly 0 cannot be)."""
+    kept = [(x, y) for x, y in zip(*points) if y > 0]
+    return tuple(x for x, _ in kept), tuple(y for _, y in kept)
 
 
 def _has_env_steps(reports: Sequence[Mapping[str, Any]]) -> bool:
@@ -92,32 +117,44 @@ def _wide_range(lines: Sequence[Line]) -> bool:
 
 
 def evolve_figure(report: Mapping[str, Any]) -> Figure:
-    """One ``genesis-fp16 evolve`` report: return against real episodes (and
-    env steps when the generations carry them), the target, and the world
-    model's validation loss per generation when there is a world model."""
+    """One ``genesis-fp16 evolve`` report: against real episodes (and env
+    steps when the generations carry them) the best one-episode return of
+    each generation, split into refined candidates and CMA-ES samples when
+    both ran, the verified candidates, the best's held-out return and the
+    target; then the world model's and the critic's validation loss per
+    generation, each where it trained."""
     target = _number(report.get("target"))
-    records = _full_records(report)
+    generations = report.get("generations", [])
     heldout = _number(report.get("heldout_return"))
-    last = report.get("generations", [{}])[-1] if report.get("generations") else {}
+    last = generations[-1] if generations else {}
     panels = []
     for x_key, xlabel in (("real_episodes", "real episodes"), ("env_steps", "real env steps")):
         if x_key == "env_steps" and not _has_env_steps([report]):
             continue
-        x, y = _points(records, x_key, "best_return")
-        lines = [Line(x, y, FULL_EVALUATION, color="C0", marker="o")]
+        # one value per generation, not a best-so-far: a line between points, not a step
+        lines = [Line(*_points(generations, x_key, "best_return"), BEST_EPISODE, color="C0", width=2.2, steps=False, marker="o")]
+        kinds = [(key, label, color, marker) for key, label, color, marker in
+                 (("refined_best", REFINED_EPISODE, "C1", "^"), ("cma_best", CMA_EPISODE, "C4", "v"))
+                 if _points(generations, x_key, key)[0]]
+        if len(kinds) == 2:  # with one kind only, its line is the best episode's
+            lines += [Line(*_points(generations, x_key, key), label, color=color, width=1.0, alpha=0.8, steps=False, marker=marker)
+                      for key, label, color, marker in kinds]
+        vx, vy = _verified(report, x_key)
+        if vx:
+            lines.append(Line(vx, vy, VERIFIED, color="C3", width=0.0, steps=False, marker="s"))
         end = _number(last.get(x_key))
         if heldout is not None and end is not None:
             lines.append(Line((end,), (heldout,), f"held-out return of the best ({report.get('heldout_episodes')} unseen start states)",
                               color="C2", steps=False, marker="D"))
-        panels.append(Panel(f"return against {xlabel}", xlabel, "mean episode return", lines, target))
-    x, y = _points(report.get("generations", []), "generation", "wm_val_loss")
-    if x:
-        precision = ((report.get("learners") or {}).get("world_model") or {}).get("precision")
-        lines = [Line(x, y, f"validation loss ({precision})", color="C1", steps=False, marker="o")]
-        fx, fy = _points(report.get("generations", []), "generation", "fp32_val_loss")
-        if fx:
-            lines.append(Line(fx, fy, "FP32 reference (shadow/canary)", color="C3", steps=False, marker="x"))
-        panels.append(Panel("world model", "generation", "validation loss (normalised MSE)", lines, log_y=True, integer_x=True))
+        panels.append(Panel(f"return against {xlabel}", xlabel, "episode return", lines, target))
+    learners = report.get("learners") or {}
+    for prefix, name, color, ylabel in (("wm", "world_model", "C1", "validation loss (normalised MSE)"),
+                                        ("critic", "critic", "C3", "validation loss (TD error)")):
+        x, y = _positive(_points(generations, "generation", f"{prefix}_val_loss"))
+        if x:
+            precision = (learners.get(name) or {}).get("precision")
+            line = Line(x, y, f"validation loss ({precision})", color=color, steps=False, marker="o")
+            panels.append(Panel(name.replace("_", " "), "generation", ylabel, [line], log_y=True, integer_x=True))
     return Figure(f"evolve {report.get('mode')} on {report.get('env')}, seed {report.get('seed')}", panels)
 
 
@@ -138,8 +175,11 @@ def ppo_figure(result: Mapping[str, Any], target: Optional[float] = None, target
 
 def table_figure(results: Mapping[str, Any]) -> Figure:
     """An ``evolution_table.py`` report: per method one colour, a thin line per
-    seed (runs stop at the target, so seeds end at different points and a
-    median across them would mix finished and running seeds)."""
+    seed of its records' ``best_return`` (the loop's: the best episode of each
+    generation; a baseline's: its checks), the seed's held-out return at its
+    last point, and the target. Runs stop at the target, so seeds end at
+    different points and a median across them would mix finished and running
+    seeds. Then the loop's world model and critic losses, a line per seed."""
     runs: Mapping[str, list[Mapping[str, Any]]] = results.get("runs", {})
     target = _number(results.get("target"))
     reports = [r for rs in runs.values() for r in rs]
@@ -153,18 +193,25 @@ def table_figure(results: Mapping[str, Any]) -> Figure:
             if mode == "cma_long" and results.get("cma_long_budget"):
                 name = f"plain CMA-ES (budget {results['cma_long_budget']})"
             for k, report in enumerate(mode_reports):
-                x, y = _points(_full_records(report), x_key, "best_return")
+                generations = report.get("generations", [])
+                x, y = _points(generations, x_key, "best_return")
                 label = f"{name} ({len(mode_reports)} seeds)" if k == 0 else None
-                lines.append(Line(x, y, label, color=f"C{i}", width=1.0, alpha=0.7, marker="o"))
-        panels.append(Panel(f"{FULL_EVALUATION}, against {xlabel}", xlabel, "mean episode return", lines, target, log_x=_wide_range(lines)))
-    wm = []
-    for k, report in enumerate(runs.get("loop", [])):
-        x, y = _points(report.get("generations", []), "generation", "wm_val_loss")
-        if x:
-            wm.append(Line(x, y, "loop's world model, one line per seed" if k == 0 else None, color="C0", width=1.0, alpha=0.7,
-                           steps=False, marker="o"))
-    if wm:
-        panels.append(Panel("world model", "generation", "validation loss (normalised MSE)", wm, log_y=True, integer_x=True))
+                lines.append(Line(x, y, label, color=f"C{i}", width=1.0, alpha=0.7, steps=False, marker="o"))
+                end, heldout = _number((generations[-1] if generations else {}).get(x_key)), _number(report.get("heldout_return"))
+                if end is not None and heldout is not None:
+                    lines.append(Line((end,), (heldout,), None, color=f"C{i}", steps=False, marker="D"))
+        panels.append(Panel(f"return against {xlabel} (diamonds: held-out return)", xlabel, "episode return", lines, target,
+                            log_x=_wide_range(lines)))
+    loop = runs.get("full") or runs.get("loop") or []
+    for prefix, name, ylabel in (("wm", "world model", "validation loss (normalised MSE)"), ("critic", "critic", "validation loss (TD error)")):
+        learned = []
+        for report in loop:
+            x, y = _positive(_points(report.get("generations", []), "generation", f"{prefix}_val_loss"))
+            if x:
+                label = f"loop's {name}, one line per seed" if not learned else None
+                learned.append(Line(x, y, label, color="C0", width=1.0, alpha=0.7, steps=False, marker="o"))
+        if learned:
+            panels.append(Panel(name, "generation", ylabel, learned, log_y=True, integer_x=True))
     seeds = results.get("seeds", [])
     return Figure(f"{results.get('env')}: {len(seeds)} seeds, budget {results.get('budget')} real episodes", panels)
 

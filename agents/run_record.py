@@ -11,6 +11,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Optional, TypeVar
 
+import numpy as np
+
 from genesis_fp16.settings import Settings
 from infrastructure.replay_buffer import ReplayBuffer
 
@@ -132,6 +134,7 @@ class RunRecord:
             "generations": list(self.generations if generations is None else generations),
             "obs_stats": self.obs_stats.as_dict(),
             "search": self.search.record(),
+            "actor": None if self.learners.actor is None else [float(v) for v in self.learners.actor],
             "time": self.time.snapshot(),
         })
 
@@ -150,6 +153,8 @@ class RunRecord:
         except (KeyError, TypeError, ValueError) as exc:
             raise runs.RunError(f"run {self.run_id!r}: {exc}; the run cannot be resumed") from None
         self.real.restore(manifest)
+        actor = manifest.get("actor")
+        self.learners.actor = None if actor is None else np.asarray(actor, dtype=np.float64)
         self.pool = [Candidate.from_dict(c) for c in manifest["pool"]]
         self.generations = list(manifest["generations"])
         self.obs_stats = ObsStats.from_dict(self.task.policy.obs_dim, manifest["obs_stats"])

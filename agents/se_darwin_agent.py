@@ -191,7 +191,7 @@ class SEDarwinAgent(RunRecord):
         return StopReason.TARGET
 
     async def _generation(self, generation: int, started: float) -> None:
-        cfg, n_train, clock = self.config, len(self.starts.train), self.time.snapshot()
+        n_train, clock = len(self.starts.train), self.time.snapshot()
         space = self.obs_stats.space(self.task.policy)
         last = [c for c in self.pool if c.generation == generation - 1 and c.returns and math.isfinite(c.returns[0])]
         elite = space.to_z(max(last, key=lambda c: c.returns[0]).params) if last else None
@@ -213,9 +213,13 @@ class SEDarwinAgent(RunRecord):
         evaluated: list[tuple[Candidate, Evaluation]] = list(results)
         await self._verify(cands, evaluated, generation)
         await self._commit(generation, evaluated)
-        reports = await self.learners.learn(self.search.mean, self.obs_stats.space(self.task.policy), generation,
-                                            new_steps=sum(res.env_steps for _, res in evaluated)) \
-            if self.state.reached_at is None and self._has_data() else {}
+        reports: dict[str, Any] = {}
+        if self.state.reached_at is None and self._has_data():
+            space = self.obs_stats.space(self.task.policy)
+            scored = [c for c in cands if c.returns and math.isfinite(c.returns[0])]
+            best = space.to_z(max(scored, key=lambda c: c.returns[0]).params) if scored else None
+            reports = await self.learners.learn(self.search.mean, space, generation, new_steps=sum(res.env_steps for _, res in evaluated),
+                                                elite=best)
         record = generation_record(
             generation, real_episodes=self.real_episodes, env_steps=self.env_steps, candidates=cands, sigma=self.search.sigma,
             reports=reports, elapsed_s=time.perf_counter() - started, time=self.time.since(clock),
@@ -223,7 +227,8 @@ class SEDarwinAgent(RunRecord):
         )
         self._save_progress(generation, started, record)  # committed: a resume continues after this generation
         self._log.info("evolve.generation", generation=generation, real_episodes=self.real_episodes, env_steps=self.env_steps,
-                       best_return=record["best_return"], refined_best=record["refined_best"], cma_best=record["cma_best"])
+                       best_return=record["best_return"], refined_best=record["refined_best"], cma_best=record["cma_best"],
+                       wm_val_loss=record["wm_val_loss"], critic_val_loss=record["critic_val_loss"])
         if self.on_generation is not None:
             self.on_generation(record)
 
@@ -291,7 +296,7 @@ class SEDarwinAgent(RunRecord):
             budget_exhausted=self.state.budget_exhausted if stop is StopReason.BUDGET else None, unconfirmed=self.state.unconfirmed,
             generations=self.generations, run_id=self.run_id, replay_db=str(self.buffer.path),
             run_manifest=str(self.manifest_path), resumed_from=self.resumed_from, train_start_states=len(self.starts.train),
-            validation_start_states=len(self.starts.validation), time_share=self.time.report(wall_s), learners=self.learners.summary(),
+            validation_start_states=len(self.starts.validation), time_share=self.time.report(wall_s), learners=self.learners.summary(self.generations),
         )
 
 

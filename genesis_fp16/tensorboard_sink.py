@@ -65,6 +65,7 @@ SCALARS = (
     Scalar("guard.decision", "severity", "verdict/{agent}/guard_severity", codes=SEVERITIES),
     Scalar("evolve.generation", "best_return", "evolve/best_return", step="real_episodes"),
     Scalar("evolve.generation", "wm_val_loss", "evolve/wm_val_loss", step="real_episodes"),
+    Scalar("evolve.generation", "critic_val_loss", "evolve/critic_val_loss", step="real_episodes"),
 )
 
 

@@ -8,14 +8,15 @@
 Any task ``genesis-fp16 evolve --env`` takes (``--target``, ``--policy`` and
 ``--episode-steps`` as there).
 
-    .venv/bin/python scripts/evolution_table.py --env Swimmer-v5 --methods loop no_model cma_project cma_tuned cma_tuned_norm ars sac
-    .venv/bin/python scripts/evolution_table.py --imagination out.json evolve_report.json
+    .venv/bin/python scripts/evolution_table.py --env Swimmer-v5 --methods loop no_model no_critic floor cma_tuned cma_tuned_norm ars sac
 
 For each seed, every method ``--methods`` names (``--modes`` is the same
 option): ``full`` or ``loop`` (the loop with its world model; ``--ensemble``
 sets its ensemble size where EvolveConfig has that field), ``loop_e1`` (the
-loop with an ensemble of 1), ``no_world_model`` or ``no_model``, ``cma`` or
-``cma_project`` (the project's CMA-ES: 16 episodes per candidate), ``cma_long``
+loop with an ensemble of 1), ``no_world_model`` or ``no_model`` (the critic on
+real data only), ``no_critic`` (refinement through 5 model steps), ``cma``,
+``floor`` or ``cma_project`` (the loop with nothing learned: a one-episode
+CMA-ES on normalised observations), ``cma_long``
 (the same with a long budget), and the model-free baselines of
 ``benchmarks.baselines``: ``cma_tuned`` / ``cma_tuned_norm`` (pycma, one episode per
 candidate, without / with observation normalisation), ``ars`` (ARS V2-t) and
@@ -67,14 +68,15 @@ def cpu_model() -> str:
     return f"{name} [{', '.join(flags)}]" if flags else name
 
 
-ALIASES = {"loop": "full", "no_model": "no_world_model", "cma_project": "cma"}  # --methods' names -> the report keys
+ALIASES = {"loop": "full", "no_model": "no_world_model", "floor": "cma", "cma_project": "cma"}  # --methods' names -> the report keys
 BASELINES = ("cma_tuned", "cma_tuned_norm", "ars", "sac")
-METHODS = ("full", "loop_e1", "no_world_model", "cma", "cma_long", *BASELINES)
+METHODS = ("full", "loop_e1", "no_world_model", "no_critic", "cma", "cma_long", *BASELINES)
 NAMES = {
-    "full": "SE-Darwin loop with world model",
+    "full": "SE-Darwin loop: CMA-ES refined by the critic, the world model's rollouts training it",
     "loop_e1": "SE-Darwin loop, ensemble of 1",
-    "no_world_model": "same loop, world model off",
-    "cma": "plain CMA-ES (same budget)",
+    "no_world_model": "same loop, world model off (the critic on real data only)",
+    "no_critic": "same loop, critic off (refinement through 5 model steps)",
+    "cma": "the floor: the loop with nothing learned, a one-episode CMA-ES (same budget)",
     "cma_tuned": "tuned CMA-ES, 1 episode per candidate",
     "cma_tuned_norm": "tuned CMA-ES, 1 episode per candidate, normalised observations",
     "ars": "ARS V2-t",
@@ -124,6 +126,8 @@ def run_mode(
         extra["ensemble"] = 1 if mode == "loop_e1" else opts.ensemble
     if opts.budget_steps is not None and "budget_steps" in fields:
         extra["budget_steps"] = opts.budget_steps
+    if mode == "no_critic":
+        extra.update(use_critic=False, refine_horizon=5)
     config = EvolveConfig(seed=seed, budget=budget, use_world_model=mode != "no_world_model", precision=wm_precision, **task, **extra)
     if mode.startswith("cma"):
         report = asyncio.run(run_cma_baseline(config, task=custom))
@@ -348,37 +352,6 @@ def summary(tables: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def imagination(tables: list[dict[str, Any]]) -> str:
-    """One row per table: how the world model's imagined returns of the
-    candidates the loop chose for a real evaluation compare with the real
-    returns they got (a probe's one episode or a full evaluation's mean),
-    pooled over seeds and generations. A rank correlation near 0 says the
-    model's ranking carried no information about the real one."""
-    lines = [
-        "| task (target) | candidates evaluated after ranking | median imagined return | median real return | "
-        "rank correlation (Spearman) |",
-        "|---|---|---|---|---|",
-    ]
-    for t in tables:
-        pairs = [
-            (e["imagined"], e["real_return"])
-            for r in t["runs"].get("full", [])
-            for g in r.get("generations", [])
-            for e in g["evaluated"]
-            if e.get("imagined") is not None and e.get("real_return") is not None
-        ]
-        cells = [f"{t['env']} ({t['target']:g})", str(len(pairs))]
-        if len(pairs) < 3:
-            cells += ["-", "-", "-"]
-        else:
-            imagined, real = np.array(pairs).T
-            ranks = [np.argsort(np.argsort(a, kind="stable"), kind="stable") for a in (imagined, real)]
-            rho = float(np.corrcoef(*ranks)[0, 1])
-            cells += [f"{np.median(imagined):.1f}", f"{np.median(real):.1f}", f"{rho:.2f}"]
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
-
-
 def baseline_summary(tables: list[dict[str, Any]]) -> str:
     """One row per table with the model-free baselines: the loop against
     the best tuned baseline (CMA-ES with one episode per candidate, ARS)
@@ -419,39 +392,6 @@ def baseline_summary(tables: list[dict[str, Any]]) -> str:
 
 def _number(value: Any) -> Optional[float]:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) else None
-
-
-def imagination_quality(tables: list[dict[str, Any]]) -> str:
-    """What the loop's reports say of its imagination (issue 26): the rank
-    correlation of imagined vs real returns pooled over the run, the share
-    of real returns inside the imagined interval (calibration), the relative
-    error, and the model's share of the wall time; medians over seeds."""
-    lines = [
-        "| task (target) | method | seeds with the key | Spearman: median (per seed) | calibration | relative error | candidates | "
-        "truncated | model share of wall time |",
-        "|---|---|---|---|---|---|---|---|---|",
-    ]
-    for t in tables:
-        for mode in ("full", "loop_e1"):
-            reports = t["runs"].get(mode, [])
-            if not reports:
-                continue
-            img = [r["imagination"] for r in reports if isinstance(r.get("imagination"), dict)]
-            shares = [_number(r["time_share"].get("model_share")) for r in reports if isinstance(r.get("time_share"), dict)]
-
-            def med(key: str) -> Optional[float]:
-                return _median([_number(i.get(key)) for i in img])
-
-            rho = [_number(i.get("spearman")) for i in img]
-            per_seed = ", ".join(_fmt(v, ".2f") for v in rho)
-            cells = [
-                f"{t['env']} ({t['target']:g})", NAMES.get(mode, mode), f"{len(img)}/{len(reports)}",
-                f"{_fmt(_median(rho), '.2f')} ({per_seed})" if img else "- (no `imagination` in the report)",
-                _fmt(med("calibration"), ".2f"), _fmt(med("rel_error"), ".2f"), _fmt(med("candidates"), ".0f"), _fmt(med("truncated"), ".2f"),
-                _fmt(_median(shares), ".0%") if shares else "-",
-            ]
-            lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
 
 
 def merge_tables(tables: list[dict[str, Any]], paths: Sequence[Path]) -> list[dict[str, Any]]:
@@ -592,20 +532,16 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--summarize", type=Path, nargs="+", default=None, help="print one summary row per JSON this script wrote; run nothing")
     parser.add_argument(
         "--merge", action="store_true",
-        help="with --summarize or --imagination: merge the JSONs of one task and target (several seed groups and methods, plain "
+        help="with --summarize: merge the JSONs of one task and target (several seed groups and methods, plain "
         "`evolve --json` reports too) into one table, and print a per-seed table of every method",
     )
     parser.add_argument(
-        "--imagination", type=Path, nargs="+", default=None,
-        help="print, per JSON this script wrote, how the loop's imagined returns ranked against the real ones; run nothing",
-    )
-    parser.add_argument(
         "--plot", type=Path, default=None,
-        help="draw per method the return curves of every seed and the target as PNG: of the one JSON given to --summarize or "
-        "--imagination, else of the run measured now",
+        help="draw per method the return curves of every seed and the target as PNG: of the one JSON given to --summarize, "
+        "else of the run measured now",
     )
     args = parser.parse_args(argv)
-    read = args.summarize or args.imagination
+    read = args.summarize
     if args.plot is not None:
         if read and len(read) != 1:
             parser.error(f"--plot draws one report; got {len(read)} JSON files ({', '.join(map(str, read))}); give one")
@@ -614,7 +550,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         except MissingExtraError as exc:
             parser.error(str(exc))
     if args.merge and not read:
-        parser.error("--merge goes with --summarize or --imagination (the JSONs to merge)")
+        parser.error("--merge goes with --summarize (the JSONs to merge)")
     if read:
         tables = [as_table(json.loads(path.read_text()), path) for path in read]
         for path, t in zip(read, tables):
@@ -624,12 +560,9 @@ def main(argv: Optional[list[str]] = None) -> int:
             tables = merge_tables(tables, read)
             for t in tables:
                 print(seed_table(t) + "\n")
-        if args.summarize:
-            print(summary(tables))
-            if any(m in t["runs"] for t in tables for m in BASELINES):
-                print("\n" + baseline_summary(tables))
-        else:
-            print(imagination(tables) + "\n\n" + imagination_quality(tables))
+        print(summary(tables))
+        if any(m in t["runs"] for t in tables for m in BASELINES):
+            print("\n" + baseline_summary(tables))
         if args.plot is not None:
             write_png(table_figure(tables[0]), args.plot, "evolution_table.py --plot")
             print(f"plot written to {args.plot}", file=sys.stderr)

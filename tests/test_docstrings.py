@@ -53,7 +53,8 @@ GUIDE_NAMES = [
     "agents.tasks.task.Task", "agents.tasks.task.Task.resolve", "agents.tasks.task.ExactStates",
     "agents.evolve_config.EvolveConfig", "agents.se_darwin_agent.SEDarwinAgent",
     "agents.se_darwin_agent.SEDarwinAgent.evolve", "agents.se_darwin_agent.SEDarwinAgent.resume",
-    "agents.cma_baseline.run_cma_baseline",
+    "agents.se_darwin_agent.run_cma_baseline", "agents.cma_search.CMASearch", "agents.cma_search.CMASearch.ask",
+    "infrastructure.critic.Critic", "infrastructure.critic.Critic.train", "infrastructure.critic.Critic.value",
 ]
 
 

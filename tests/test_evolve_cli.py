@@ -1,5 +1,5 @@
 """`genesis-fp16 evolve`: registration, bad input, a tiny run with --json,
-the CMA-ES baseline, and Ctrl-C keeping the replay buffer."""
+the CMA-ES baseline, resume, and Ctrl-C or SIGTERM keeping the replay buffer."""
 
 from __future__ import annotations
 
@@ -16,7 +16,11 @@ from agents import se_darwin_agent
 from agents.evaluation import Evaluator
 from genesis_fp16.cli import app
 
-REPORT_KEYS = ("real_episodes", "heldout_return", "train_return", "target_reached", "precision", "wall_s", "generations")
+REPORT_KEYS = ("mode", "real_episodes", "env_steps", "heldout_return", "train_return", "target_reached", "learners", "wall_s",
+               "generations", "time_share", "stop_reason", "stop_detail")
+# tiny search budgets (the flags a user would pass): 6 candidates per generation, a few learner steps, no model rollouts
+TINY = ["--popsize", "6", "--wm-steps", "40", "--ensemble", "2", "--refine-steps", "4", "--critic-updates", "0.02",
+        "--model-rollouts", "0", "--eval-timeout-s", "60"]
 runner = CliRunner()
 
 
@@ -27,26 +31,18 @@ def _restore_threads():
     torch.set_num_threads(before)
 
 
-@pytest.fixture
-def tiny(monkeypatch):
-    """The CLI's config with tiny search budgets (flags still apply)."""
-    original = se_darwin_agent.EvolveConfig
-
-    def make(**kw):
-        base = dict(init_candidates=8, wm_steps=40, refine_iters=2, revision_iters=2, revision_samples=8,
-                    popsize=6, horizon=10, imagine_starts=4, eval_timeout_s=60)
-        base.update(kw)
-        return original(**base)
-
-    monkeypatch.setattr(se_darwin_agent, "EvolveConfig", make)
-
-
 def test_entry_point_registers_evolve():
     exe = Path(sys.executable).with_name("genesis-fp16")
-    out = subprocess.run([str(exe), "evolve", "--help"], capture_output=True, text=True, timeout=120)
+    import os
+
+    out = subprocess.run([str(exe), "evolve", "--help"], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "COLUMNS": "200"})  # flag names whole, not cut to fit 80 columns
     assert out.returncode == 0, out.stderr
-    for flag in ("--env", "--budget", "--seed", "--precision", "--baseline", "--json"):
+    for flag in ("--env", "--budget", "--budget-steps", "--seed", "--precision", "--critic-precision", "--refined", "--baseline",
+                 "--json", "--resume", "--popsize", "--wm-steps"):
         assert flag in out.stdout
+    for removed in ("--kappa", "--particles", "--racing", "--probe-", "--imagine-starts", "--trust-spearman"):
+        assert removed not in out.stdout
 
 
 @pytest.mark.parametrize(
@@ -56,27 +52,30 @@ def test_entry_point_registers_evolve():
         (["--env", "NoSuchEnv-v0"], "'NoSuchEnv-v0' cannot be made"),
         (["--env", "Walker2d-v5"], "pass --target R"),
         (["--policy", "rnn"], "expected one of linear, mlp:H"),
-        (["--budget", "5"], "--budget"),
-        (["--baseline", "cma", "--no-world-model"], "exclusive"),
+        (["--budget", "0"], "--budget"),
+        (["--refined", "-1"], "--refined"),
+        (["--popsize", "1"], "--popsize"),
+        (["--episode-steps", "0"], "--episode-steps"),
         (["--precision", "fp8"], "fp8"),
-        (["--budget-steps", "3000"], "budget_steps=3000: expected at least 3200 real env steps"),
-        (["--kappa", "-1"], "--kappa"),
-        (["--kappa", "nan"], "--kappa"),
-        (["--particles", "0"], "--particles"),
-        (["--imagine-starts", "0"], "--imagine-starts"),
-        (["--horizon", "0"], "--horizon"),
-        (["--trust-spearman", "1.5"], "--trust-spearman"),
-        (["--trust-spearman", "nan"], "--trust-spearman"),
-        (["--probe-sigma", "0"], "--probe-sigma"),
-        (["--probe-sigma", "nan"], "--probe-sigma"),
-        (["--probe-screen", "0"], "--probe-screen"),
-        (["--horizon", "201"], "horizon=201: expected at most the episode length (200 steps)"),
+        (["--critic-precision", "fp8"], "critic_precision='fp8'"),
+        (["--budget-steps", "100"], "budget_steps=100: expected at least one episode's worth (200 real env steps on Pendulum-v1)"),
+        (["--refined", "8"], "refined=8: expected fewer than the CMA-ES population (8)"),
+        (["--no-critic"], "refinement needs the critic, or the world model with refine_horizon >= 1"),
+        (["--sigma0", "0"], "sigma0=0.0: expected a finite number > 0"),
+        (["--sigma0", "nan"], "sigma0=nan: expected a finite number > 0"),
+        (["--critic-updates", "nan"], "critic_updates=nan"),
+        (["--eval-timeout-s", "-1"], "eval_timeout_s=-1.0"),
+        (["--backend", "gpu"], "backend='gpu': expected one of process, ray"),
+        (["--kappa", "1"], "No such option"),  # the old loop's flags are gone
+        (["--no-probe-search"], "No such option"),
     ],
 )
-def test_bad_input_one_clear_error(args, expected):
-    result = runner.invoke(app, ["evolve", *args])
-    assert result.exit_code == 2
-    assert expected in result.output
+def test_bad_input_one_clear_error(args, expected, state_dir):
+    result = runner.invoke(app, ["evolve", *args], env={"COLUMNS": "300"})
+    assert result.exit_code == 2, result.output
+    assert expected in " ".join(result.output.split()), result.output
+    assert "Traceback" not in result.output
+    assert not (state_dir / "replay.sqlite").exists()  # refused before any episode
 
 
 def test_budget_minimum_in_help_is_the_real_rule():
@@ -87,67 +86,99 @@ def test_budget_minimum_in_help_is_the_real_rule():
     shown = re.search(r"--budget\s+<int range>\s+\[x>=(\d+)\]", result.output)
     assert shown, result.output
     minimum = int(shown.group(1))
-    se_darwin_agent.EvolveConfig(budget=minimum, init_candidates=8).resolve()  # the minimum shown is accepted
+    se_darwin_agent.EvolveConfig(budget=minimum).resolve()  # the minimum shown is accepted
     with pytest.raises(ValueError, match=f"budget={minimum - 1}"):
-        se_darwin_agent.EvolveConfig(budget=minimum - 1, init_candidates=8).resolve()
+        se_darwin_agent.EvolveConfig(budget=minimum - 1).resolve()
     refused = runner.invoke(app, ["evolve", "--budget", str(minimum - 1)])
     assert refused.exit_code == 2 and "--budget" in refused.output and str(minimum) in refused.output
     assert "Traceback" not in refused.output
 
 
-def test_tiny_run_writes_json_report(tiny, tmp_path, state_dir):
+def test_help_groups_the_rarely_used_flags():
+    result = runner.invoke(app, ["evolve", "--help"], env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    main, advanced = result.output.split("Advanced", 1)
+    for flag in ("--env", "--budget", "--seed", "--refined", "--json"):
+        assert flag in main
+    for flag in ("--popsize", "--sigma0", "--wm-steps", "--model-rollouts", "--eval-memory-mb"):
+        assert flag in advanced and flag not in main
+
+
+def test_tiny_run_writes_json_report(tmp_path, state_dir):
     out = tmp_path / "report.json"
-    result = runner.invoke(app, ["evolve", "--budget", "24", "--seed", "1", "--precision", "bf16", "--workers", "1", "--no-probe-search",
+    result = runner.invoke(app, ["evolve", *TINY, "--budget", "24", "--seed", "1", "--precision", "bf16", "--workers", "1",
                                  "--json", str(out)])
     assert result.exit_code == 0, result.output
     report = json.loads(out.read_text())
     for key in REPORT_KEYS:
         assert key in report
-    assert report["real_episodes"] == 24 and report["seed"] == 1 and report["precision"] == "bf16"
-    assert [g["generation"] for g in report["generations"]] == [0, 1]
-    assert all(isinstance(g["wm_val_loss"], float) for g in report["generations"])
-    assert "held-out" in result.stdout and "gen  1 episodes" in result.stderr
-    # every return says which set it is on, and the run says why it stopped
-    gen0, gen1 = [line for line in result.stderr.splitlines() if line.startswith("gen ")]
-    assert "(probe: 1 episode on 1 start state)" in gen0 and "(full: 16 training start states)" in gen1
-    assert report["generations"][0]["best_full"] is False and report["generations"][1]["best_episodes"] == 16
-    assert report["train_start_states"] == 16 and report["stop_reason"] == "budget"
+    assert "precision" not in report and "imagination" not in report
+    assert report["mode"] == "loop" and report["real_episodes"] == 24 and report["seed"] == 1
+    assert report["env_steps"] == 24 * 200  # Pendulum's episodes run to the step limit
+    assert report["learners"]["world_model"]["precision"] == "bf16"
+    assert report["learners"]["world_model"]["agent"] == "world_model.Pendulum-v1"
+    assert report["learners"]["critic"]["agent"] == "critic.Pendulum-v1"
+    gens = report["generations"]
+    assert [g["generation"] for g in gens] == [0, 1, 2, 3]  # one episode per candidate, 6 per generation
+    assert [g["real_episodes"] for g in gens] == [6, 12, 18, 24]
+    assert all(isinstance(g["wm_val_loss"], float) and isinstance(g["critic_val_loss"], float) for g in gens[:-1])
+    assert {c["operator"] for c in gens[0]["candidates"]} == {"cma"}  # nothing to refine with before any data
+    assert all(any(c["operator"].startswith("refined:") for c in g["candidates"]) for g in gens[1:])
+    assert "held-out" in result.stdout
+    lines = [line for line in result.stderr.splitlines() if line.startswith("gen ")]
+    assert len(lines) == 4 and lines[1].startswith("gen  1:   12 episodes,    2400 steps; best episode")
+    assert "(refined " in lines[1] and "model loss" in lines[1] and "critic loss" in lines[1] and "rho" not in result.stderr
+    assert report["train_start_states"] == 16 and report["stop_reason"] == "budget" and report["budget_exhausted"] == "episodes"
     assert report["stop_detail"].startswith("budget spent: 24 of 24 real episodes used")
-    assert report["stop_detail"] in result.stdout
+    assert report["stop_detail"] in " ".join(result.stdout.replace("│", " ").split()) or "budget spent: 24 of 24" in result.stdout
     assert "best return, full (16 training start states)" in result.stdout
     assert "best return, held-out (20 held-out start states)" in result.stdout
+    assert "world model precision" in result.stdout and "critic precision" in result.stdout
     assert Path(report["replay_db"]).is_file() and Path(report["replay_db"]).parent == state_dir
 
 
-def test_search_and_budget_flags_reach_the_config(tiny, tmp_path, state_dir):
+def test_search_and_budget_flags_reach_the_config(tmp_path, state_dir):
     out = tmp_path / "report.json"
-    result = runner.invoke(app, ["evolve", "--budget", "16", "--budget-steps", "3200", "--no-racing", "--kappa", "0.5", "--particles", "2",
-                                 "--imagine-starts", "3", "--horizon", "7", "--workers", "1", "--json", str(out)])
+    result = runner.invoke(app, ["evolve", *TINY, "--budget", "16", "--budget-steps", "2000", "--refined", "2", "--sigma0", "0.3",
+                                 "--refine-horizon", "2", "--rollout-horizon", "3", "--workers", "1", "--no-world-model",
+                                 "--json", str(out)])
     assert result.exit_code == 0, result.output
     report = json.loads(out.read_text())
-    assert {k: report["config"][k] for k in ("budget_steps", "racing", "kappa", "particles", "imagine_starts", "horizon")} == {
-        "budget_steps": 3200, "racing": False, "kappa": 0.5, "particles": 2, "imagine_starts": 3, "horizon": 7}
-    assert report["budget_steps"] == 3200 and report["stop_reason"] == "budget" and report["budget_exhausted"] == "episodes"
-    assert set(report["time_share"]) >= {"model_train", "imagine", "search", "real_episodes", "other", "model_share"}
-    assert report["imagination"]["candidates"] == 0 and "wall time in the model" in result.stdout
+    assert {k: report["config"][k] for k in ("budget_steps", "refined", "sigma0", "refine_horizon", "rollout_horizon", "popsize",
+                                             "wm_steps", "ensemble", "refine_steps", "critic_updates", "model_rollouts",
+                                             "use_world_model")} == {
+        "budget_steps": 2000, "refined": 2, "sigma0": 0.3, "refine_horizon": 2, "rollout_horizon": 3, "popsize": 6, "wm_steps": 40,
+        "ensemble": 2, "refine_steps": 4, "critic_updates": 0.02, "model_rollouts": 0, "use_world_model": False}
+    # 6 episodes of 200 steps, then the 4 that fit in 2000 steps
+    assert report["budget_steps"] == 2000 and report["env_steps"] == 2000 and report["real_episodes"] == 10
+    assert report["stop_reason"] == "budget" and report["budget_exhausted"] == "env_steps"
+    assert report["stop_detail"].startswith("budget spent: 2000 of 2000 real env steps used (10 real episodes)")
+    assert [len(g["candidates"]) for g in report["generations"]] == [6, 4]
+    assert set(report["time_share"]) >= {"model_train", "model_rollouts", "critic", "refine", "real_episodes", "other", "model_share"}
+    assert "real env steps" in result.stdout and "2000 of 2000" in result.stdout and "wall time" in result.stdout
 
 
-def test_tiny_run_plot_and_tensorboard(tiny, tmp_path, state_dir):
+def test_tiny_run_plot_and_tensorboard(tmp_path, state_dir):
     pytest.importorskip("matplotlib")
     pytest.importorskip("tensorboard")
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     plot, tb = tmp_path / "curves.png", tmp_path / "tb"
-    result = runner.invoke(app, ["evolve", "--budget", "24", "--seed", "1", "--workers", "1", "--plot", str(plot), "--tensorboard", str(tb)])
+    result = runner.invoke(app, ["evolve", *TINY, "--budget", "24", "--seed", "1", "--workers", "1", "--plot", str(plot),
+                                 "--tensorboard", str(tb), "--json", str(tmp_path / "report.json")])
     assert result.exit_code == 0, result.output
+    report = json.loads((tmp_path / "report.json").read_text())
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and plot.stat().st_size > 10_000
     accumulator = EventAccumulator(str(tb))
     accumulator.Reload()
     tags = set(accumulator.Tags()["scalars"])
-    assert {"evolve/best_return", "evolve/wm_val_loss"} <= tags
-    assert any(t.startswith("world_model/") and t.endswith("/val_loss") for t in tags), tags
-    assert any(t.startswith("verdict/") and t.endswith("/guard_action") for t in tags), tags
-    assert [e.step for e in accumulator.Scalars("evolve/best_return")] == [8, 24]  # x: real episodes
+    assert "world_model/world_model.Pendulum-v1/val_loss" in tags, tags
+    assert {"verdict/world_model.Pendulum-v1/guard_action", "verdict/critic.Pendulum-v1/guard_action"} <= tags, tags
+    assert [e.step for e in accumulator.Scalars("evolve/best_return")] == [6, 12, 18, 24]  # x: real episodes
+    # the model's loss per generation (the sink's evolve/wm_val_loss, from the evolve.generation event)
+    trained = [(g["real_episodes"], g["wm_val_loss"]) for g in report["generations"] if g["wm_val_loss"] is not None]
+    assert len(trained) >= 3 and "evolve/wm_val_loss" in tags, tags
+    assert [(e.step, e.value) for e in accumulator.Scalars("evolve/wm_val_loss")] == pytest.approx(trained)
 
 
 def test_plot_and_tensorboard_paths_checked_before_the_run(tmp_path, state_dir):
@@ -159,50 +190,104 @@ def test_plot_and_tensorboard_paths_checked_before_the_run(tmp_path, state_dir):
     assert not (state_dir / "replay.sqlite").exists()
 
 
-def test_any_gymnasium_id_with_policy_and_episode_steps(tiny, tmp_path, state_dir):
+def test_any_gymnasium_id_with_policy_and_episode_steps(tmp_path, state_dir):
     out = tmp_path / "reacher.json"
-    args = ["evolve", "--env", "Reacher-v5", "--policy", "mlp:16", "--episode-steps", "10", "--budget", "24", "--workers", "1", "--json", str(out)]
+    args = ["evolve", *TINY, "--env", "Reacher-v5", "--policy", "mlp:16", "--episode-steps", "10", "--budget", "12", "--workers", "1",
+            "--json", str(out)]
     result = runner.invoke(app, args)
     assert result.exit_code == 0, result.output
     report = json.loads(out.read_text())
     assert report["env"] == "Reacher-v5" and report["config"]["policy"] == "mlp:16" and report["config"]["episode_steps"] == 10
-    assert report["real_episodes"] == 24 and report["env_steps"] == 24 * 10  # Reacher only ends at the step limit
+    assert report["real_episodes"] == 12 and report["env_steps"] == 12 * 10  # Reacher only ends at the step limit
     assert report["target"] == -3.75  # the env spec's reward_threshold
+    assert report["learners"]["world_model"]["agent"] == "world_model.Reacher-v5"
 
 
-def test_no_world_model_ablation_from_the_cli(tiny, tmp_path, state_dir):
+def test_no_world_model_ablation_from_the_cli(tmp_path, state_dir):
     out = tmp_path / "ablation.json"
-    result = runner.invoke(app, ["evolve", "--no-world-model", "--budget", "24", "--workers", "1", "--json", str(out)])
+    result = runner.invoke(app, ["evolve", *TINY, "--no-world-model", "--budget", "12", "--workers", "1", "--json", str(out)])
     assert result.exit_code == 0, result.output
     report = json.loads(out.read_text())
-    assert report["mode"] == "no_world_model" and report["precision"] == "none" and report["real_episodes"] == 24
+    assert report["mode"] == "no_model" and set(report["learners"]) == {"critic"} and report["real_episodes"] == 12
+    assert report["config"]["use_world_model"] is False and report["config"]["use_critic"] is True
     assert all(g["wm_val_loss"] is None for g in report["generations"])
+    assert isinstance(report["generations"][0]["critic_val_loss"], float)
+    assert report["generations"][1]["candidates"][0]["operator"].startswith("refined:")
+    assert "world model precision" not in result.stdout and "critic precision" in result.stdout
 
 
-def test_cma_baseline_reports_same_keys(tiny, tmp_path):
+def test_no_critic_ablation_refines_through_the_model(tmp_path, state_dir):
+    out = tmp_path / "ablation.json"
+    result = runner.invoke(app, ["evolve", *TINY, "--no-critic", "--refine-horizon", "2", "--budget", "12", "--workers", "1",
+                                 "--json", str(out)])
+    assert result.exit_code == 0, result.output
+    report = json.loads(out.read_text())
+    assert report["mode"] == "no_critic" and set(report["learners"]) == {"world_model"} and report["real_episodes"] == 12
+    assert all(g["critic_val_loss"] is None for g in report["generations"])
+    assert report["generations"][1]["candidates"][0]["operator"].startswith("refined:")
+
+
+def test_cma_baseline_reports_same_keys(tmp_path, state_dir):
     out = tmp_path / "cma.json"
-    result = runner.invoke(app, ["evolve", "--baseline", "cma", "--budget", "32", "--workers", "1", "--json", str(out)])
+    result = runner.invoke(app, ["evolve", *TINY, "--baseline", "cma", "--budget", "20", "--workers", "1", "--json", str(out)])
     assert result.exit_code == 0, result.output
     report = json.loads(out.read_text())
     for key in REPORT_KEYS:
         assert key in report
-    assert report["mode"] == "cma" and report["real_episodes"] == 32 and report["target_reached"] is False
-    assert report["stop_detail"].startswith("budget spent: 32 of 32") and "(full: 16 training start states)" in result.stderr
+    assert report["mode"] == "cma" and report["learners"] == {} and report["config"]["refined"] == 0
+    assert report["real_episodes"] == 20 and report["target_reached"] is False
+    assert [len(g["candidates"]) for g in report["generations"]] == [6, 6, 6, 2]  # the last population: what fits
+    assert {c["operator"] for g in report["generations"] for c in g["candidates"]} == {"cma"}
+    assert report["stop_detail"].startswith("budget spent: 20 of 20") and "evolve: cma on Pendulum-v1" in result.stdout
+    assert report["best_candidate"]["operator"] == "cma_mean" or report["train_return"] is not None
 
 
-class InterruptOnFullEvaluation(Evaluator):
-    def evaluate(self, params, states, **kw):
-        if len(states) > 1:
+class InterruptOnSecondPopulation(Evaluator):
+    def evaluate_many(self, jobs, **kw):
+        self.populations = getattr(self, "populations", 0) + 1
+        if self.populations == 2:
             raise KeyboardInterrupt
-        return super().evaluate(params, states, **kw)
+        return super().evaluate_many(jobs, **kw)
 
 
-def test_ctrl_c_keeps_replay_buffer(tiny, monkeypatch, state_dir):
-    monkeypatch.setattr(se_darwin_agent, "Evaluator", InterruptOnFullEvaluation)
-    result = runner.invoke(app, ["evolve", "--budget", "40", "--workers", "1"])
+def test_ctrl_c_keeps_replay_buffer(monkeypatch, state_dir):
+    monkeypatch.setattr(se_darwin_agent, "Evaluator", InterruptOnSecondPopulation)
+    result = runner.invoke(app, ["evolve", *TINY, "--budget", "40", "--workers", "1"])
     assert result.exit_code == 130, result.output
-    assert "interrupted" in result.output and "1 generation(s) (8 real episodes) are committed" in result.output
+    assert "interrupted" in result.output and "1 generation(s) (6 real episodes) are committed" in result.output
+    assert "continue it with: genesis-fp16 evolve --resume seed0-" in result.output
     assert (state_dir / "replay.sqlite").is_file()
+
+
+def test_resume_via_the_cli_continues_the_run(monkeypatch, tmp_path, state_dir):
+    from agents.runs import read_manifest
+
+    monkeypatch.setattr(se_darwin_agent, "Evaluator", InterruptOnSecondPopulation)
+    cut = runner.invoke(app, ["evolve", *TINY, "--no-world-model", "--budget", "12", "--workers", "1"])
+    assert cut.exit_code == 130, cut.output
+    (run_id,) = [p.name for p in (state_dir / "runs").iterdir()]
+    assert read_manifest(state_dir, run_id)["generation"] == 0
+    monkeypatch.setattr(se_darwin_agent, "Evaluator", Evaluator)
+    # a resumed run keeps its own options: only the budgets, workers and backend may change
+    refused = runner.invoke(app, ["evolve", "--resume", run_id, "--refined", "2"], env={"COLUMNS": "300"})
+    assert refused.exit_code == 2, refused.output
+    assert "refined=2 (the run has 4)" in " ".join(refused.output.split()) and "Traceback" not in refused.output
+    too_small = runner.invoke(app, ["evolve", "--resume", run_id, "--budget", "5"], env={"COLUMNS": "300"})
+    assert too_small.exit_code == 2 and "already spent 6 real episodes" in " ".join(too_small.output.split()), too_small.output
+    out = tmp_path / "resumed.json"
+    result = runner.invoke(app, ["evolve", "--resume", run_id, "--budget", "18", "--json", str(out)])
+    assert result.exit_code == 0, result.output
+    report = json.loads(out.read_text())
+    assert report["resumed"] is True and report["run_id"] == run_id and report["resumed_from"]["generation"] == 0
+    assert report["real_episodes"] == 18 and report["budget"] == 18 and report["mode"] == "no_model"
+    assert [g["generation"] for g in report["generations"]] == [0, 1, 2]
+    assert "resumed after" in result.stdout
+
+
+def test_resume_of_an_unknown_run_is_one_clear_error(state_dir):
+    result = runner.invoke(app, ["evolve", "--resume", "no-such-run"])
+    assert result.exit_code == 2, result.output
+    assert "no-such-run" in result.output and "Traceback" not in result.output
 
 
 def test_corrupt_replay_database_one_clear_error(state_dir):
@@ -219,12 +304,12 @@ class FailingSeedEvaluator(Evaluator):
     def evaluate_many(self, jobs, **kw):
         from agents.evaluation import EvaluationTimeout
 
-        raise EvaluationTimeout("real evaluation of 8 episodes did not finish within 60 s")
+        raise EvaluationTimeout("real evaluation of 6 episodes did not finish within 60 s")
 
 
-def test_seed_generation_timeout_is_one_clear_error(tiny, monkeypatch, state_dir):
+def test_seed_generation_timeout_is_one_clear_error(monkeypatch, state_dir):
     monkeypatch.setattr(se_darwin_agent, "Evaluator", FailingSeedEvaluator)
-    result = runner.invoke(app, ["evolve", "--budget", "40", "--workers", "1"])
+    result = runner.invoke(app, ["evolve", *TINY, "--budget", "40", "--workers", "1"])
     assert result.exit_code == 1, result.output
     assert "did not finish within 60 s" in result.output and "generation(s)" in result.output and "safe in" in result.output
     assert "Traceback" not in result.output
@@ -317,9 +402,9 @@ def nan_task(monkeypatch):
 
 
 @pytest.mark.parametrize("mode", [["--no-world-model"], ["--baseline", "cma"], []])
-def test_a_run_whose_every_candidate_failed_says_so_and_exits_1(mode, tiny, nan_task, tmp_path, state_dir):
+def test_a_run_whose_every_candidate_failed_says_so_and_exits_1(mode, nan_task, tmp_path, state_dir):
     out = tmp_path / "report.json"
-    result = runner.invoke(app, ["evolve", "--env", "NaNDrift", *mode, "--budget", "16", "--workers", "1", "--json", str(out)])
+    result = runner.invoke(app, ["evolve", *TINY, "--env", "NaNDrift", *mode, "--budget", "16", "--workers", "1", "--json", str(out)])
     assert result.exit_code == 1, result.output
     assert "Traceback" not in result.output
     report = json.loads(out.read_text())  # the report is written before the exit
@@ -348,7 +433,7 @@ def nan_obs_task(monkeypatch):
     monkeypatch.setattr(registry, "entry_points", lambda group: [EP()] if group == GROUP else [])
 
 
-def test_a_candidate_whose_env_returns_a_nan_observation_costs_that_candidate_only(tiny, nan_obs_task, monkeypatch, tmp_path, state_dir):
+def test_a_candidate_whose_env_returns_a_nan_observation_costs_that_candidate_only(nan_obs_task, monkeypatch, tmp_path, state_dir):
     """Before, its trajectory reached replay.sqlite and training stopped the run
     (exit 2), and --resume failed the same way. Now the candidate is charged,
     listed and logged, the run goes on, and a resumed run too."""
@@ -376,7 +461,7 @@ def test_a_candidate_whose_env_returns_a_nan_observation_costs_that_candidate_on
             self._on_gen = then_stop
 
     monkeypatch.setattr(se_darwin_agent, "SEDarwinAgent", StopAfterGeneration0)
-    args = ["--budget", "16", "--seed", "0", "--workers", "1", "--no-probe-search"]
+    args = [*TINY, "--budget", "16", "--seed", "0", "--workers", "1"]
     cut = runner.invoke(app, ["evolve", "--env", "NaNObsDrift", *args])
     assert cut.exit_code == 130, cut.output
     (run_id,) = [p.name for p in (state_dir / "runs").iterdir()]
@@ -390,7 +475,8 @@ def test_a_candidate_whose_env_returns_a_nan_observation_costs_that_candidate_on
     failed = report["failed_candidates"]
     assert report["resumed"] is True and report["real_episodes"] == 16 and report["stop_reason"] == "budget"
     assert failed and all("returned a non-finite next_obs (next_obs[1] = nan) at step 4 of episode" in f["error"] for f in failed)
-    assert any(g["evaluated"] for g in report["generations"])  # the others were scored
+    scored = [c for g in report["generations"] for c in g["candidates"] if isinstance(c["real_return"], float)]  # a failed one: "-inf"
+    assert scored  # the others were scored
     assert any(isinstance(g["wm_val_loss"], float) for g in report["generations"])  # and the world model trained on their episodes
     logged = [e for e in read_events(state_dir / "events.jsonl") if e["event"] == "evolve.candidate_failed"]
     assert sorted(e["candidate"] for e in logged) == sorted(f["candidate"] for f in failed)
@@ -404,14 +490,3 @@ def test_a_non_finite_target_is_one_clear_error(value, state_dir):
     result = runner.invoke(app, ["evolve", f"--target={value}", "--budget", "16"])
     assert result.exit_code == 2, result.output
     assert f"target={value}: expected a finite number" in result.output and "Traceback" not in result.output
-
-
-def test_probe_flags_reach_the_probe_search(tiny, tmp_path, state_dir):
-    out = tmp_path / "report.json"
-    result = runner.invoke(app, ["evolve", "--budget", "40", "--seed", "1", "--precision", "bf16", "--workers", "1", "--probe-sigma", "0.8",
-                                 "--probe-screen", "2", "--json", str(out)])
-    assert result.exit_code == 0, result.output
-    report = json.loads(out.read_text())
-    assert report["config"]["probe_sigma"] == 0.8 and report["config"]["probe_screen"] == 2
-    probes = [g["probe"] for g in report["generations"] if g["probe"] is not None]
-    assert probes and probes[0]["sigma"] == 0.8 and probes[0]["segment"] == 0

@@ -1,24 +1,36 @@
-"""The words the evolve report uses for where a return was measured and why
-a run stopped."""
+"""The words the evolve report uses for why a run stopped, the run's mode,
+and the rows of the final table."""
 
 from __future__ import annotations
 
-from agents.evolve_report import return_set, stop_detail
-
-
-def test_return_set_names_probe_and_full():
-    assert return_set(False, 1) == "probe: 1 episode on 1 start state"
-    assert return_set(True, 16) == "full: 16 training start states"
-    assert return_set(True, 16, train_start_states=16) == "full: 16 training start states"
+from agents.evolve_config import EvolveConfig
+from agents.evolve_report import mode_of, report_rows, stop_detail
 
 
 def test_stop_detail_says_which_set_the_target_was_reached_on():
     report = {"stop_reason": "target", "train_start_states": 16, "train_return": -250.04, "target": -300.0,
               "episodes_to_target": 56, "real_episodes": 56, "budget": 200}
     assert stop_detail(report) == "target reached on the 16 training start states: mean return -250.0 >= -300 after 56 real episodes"
-    report.update(stop_reason="budget", train_return=-400.0, episodes_to_target=None, real_episodes=192)
-    assert stop_detail(report) == ("budget spent: 192 of 200 real episodes used, and another full evaluation needs 16; "
+    report.update(validation_return=-260.0, validation_start_states=8)
+    assert stop_detail(report) == ("target reached on the 16 training start states: mean return -250.0 >= -300, confirmed on the "
+                                   "8 validation start states (mean -260.0), after 56 real episodes")
+    report.update(stop_reason="budget", train_return=-400.0, episodes_to_target=None, real_episodes=192, validation_return=None)
+    assert stop_detail(report) == ("budget spent: 192 of 200 real episodes used, and another generation needs more; "
                                    "target -300 not reached on the training start states")
+
+
+def test_stop_detail_of_a_budget_of_env_steps_unconfirmed_and_refuted():
+    report = {"stop_reason": "budget", "budget_exhausted": "env_steps", "train_start_states": 16, "validation_start_states": 8,
+              "train_return": None, "target": -300.0, "episodes_to_target": None, "real_episodes": 15, "budget": 200,
+              "env_steps": 3000, "budget_steps": 3100, "config": {"episode_steps": 200}}
+    assert stop_detail(report) == ("budget spent: 3000 of 3100 real env steps used (15 real episodes), and another generation may "
+                                   "take more (episodes of up to 200 steps); target -300 not reached on the training start states")
+    report.update(unconfirmed="g3-2-cma")
+    assert stop_detail(report) == ("budget spent: 3000 of 3100 real env steps used (15 real episodes); g3-2-cma met the target -300 "
+                                   "on the training start states, but the budget has no room to confirm it on the 8 validation start states")
+    report.update(unconfirmed=None, confirmations=[{"confirmed": False}, {"confirmed": False}])
+    assert stop_detail(report).endswith("target -300 met on the training start states but not confirmed on the 8 validation start "
+                                        "states (2 tries)")
 
 
 def test_stop_detail_of_a_run_whose_every_candidate_failed():
@@ -26,3 +38,57 @@ def test_stop_detail_of_a_run_whose_every_candidate_failed():
               "real_episodes": 8, "budget": 8, "failed_candidates": [{"error": "env 'X' returned a non-finite reward (nan)"}] * 3}
     assert stop_detail(report) == ("every candidate failed: 3 real evaluation(s), 8 of 8 real episodes charged, none gave a usable "
                                    "return; the first error: env 'X' returned a non-finite reward (nan)")
+
+
+def test_mode_of_names_the_method():
+    assert mode_of(EvolveConfig()) == "loop"
+    assert mode_of(EvolveConfig(use_world_model=False)) == "no_model"
+    assert mode_of(EvolveConfig(use_critic=False, refine_horizon=3)) == "no_critic"
+    assert mode_of(EvolveConfig(use_critic=False)) == "cma"  # nothing can refine
+    assert mode_of(EvolveConfig(refined=0)) == "cma"
+    assert mode_of(EvolveConfig(use_critic=False, use_world_model=False, refined=0)) == "cma"
+
+
+def _report(**kw):
+    report = {"stop_reason": "budget", "budget_exhausted": "episodes", "train_start_states": 16, "validation_start_states": 8,
+              "heldout_episodes": 20, "train_return": -400.0, "validation_return": None, "heldout_return": -410.5, "target": -300.0,
+              "target_reached": False, "episodes_to_target": None, "real_episodes": 24, "budget": 24, "env_steps": 4800,
+              "budget_steps": None, "best_candidate": {"id": "g3-mean", "operator": "cma_mean", "params": [0.0]},
+              "learners": {"world_model": {"agent": "world_model.Pendulum-v1", "precision": "bf16",
+                                           "decision": {"source": "rule", "reason": "the CPU has avx512_bf16"}},
+                           "critic": {"agent": "critic.Pendulum-v1", "precision": "fp32", "decision": None}},
+              "generations": [{}] * 4, "wall_s": 12.34, "time_share": {"model_train": 3.0, "critic": 1.5, "real_episodes": 2.0},
+              "failed_candidates": [], "replay_db": "/state/replay.sqlite", "run_id": "seed0-x", "resumed": False, "resumed_from": None,
+              "config": {"episode_steps": 200}}
+    report.update(kw)
+    report["stop_detail"] = stop_detail(report)
+    return report
+
+
+def test_report_rows_of_the_final_table():
+    rows = dict(report_rows(_report()))
+    assert rows["stopped"].startswith("budget spent: 24 of 24 real episodes used")
+    assert rows["target reached"] == "False (target -300: mean return on the 16 training start states)"
+    assert rows["real episodes"] == "24 of 24" and rows["real env steps"] == "4800" and rows["episodes to target"] == "-"
+    assert rows["best return, full (16 training start states)"] == "-400.0"
+    assert rows["best return, validation (8 validation start states)"] == "-"
+    assert rows["best return, held-out (20 held-out start states)"] == "-410.5"
+    assert rows["answer"] == "cma_mean"
+    assert rows["world model precision"] == "bf16 (world_model.Pendulum-v1) (rule: the CPU has avx512_bf16)"
+    assert rows["critic precision"] == "fp32 (critic.Pendulum-v1)"
+    assert rows["generations"] == "4" and rows["wall time (s)"] == "12.3"
+    assert rows["wall time"] == "model train 3.0 s, critic 1.5 s, real episodes 2.0 s"  # empty buckets left out
+    assert rows["replay buffer"] == "/state/replay.sqlite" and rows["run"] == "seed0-x"
+    assert "failed candidates" not in rows and "resumed after" not in rows
+
+
+def test_report_rows_of_a_resumed_run_with_failures_and_a_step_budget():
+    failures = [{"candidate": "g1-0-cma", "generation": 1, "episodes": 1, "error": "boom"},
+                {"candidate": "g1-3-cma", "generation": 1, "episodes": 1, "error": "bang"}]
+    rows = dict(report_rows(_report(budget_steps=6000, failed_candidates=failures, resumed=True,
+                                    resumed_from={"generation": 1, "real_episodes": 12}, target_reached=True, heldout_return=-350.0)))
+    assert rows["real env steps"] == "4800 of 6000"
+    assert rows["failed candidates"] == "2 (charged 2 real episodes)"
+    assert rows["skipped g1-0-cma"] == "boom" and rows["skipped g1-3-cma"] == "bang"
+    assert rows["resumed after"] == "generation 1, 12 real episodes"
+    assert rows["best return, held-out (20 held-out start states)"].startswith("-350.0 (below the target")

@@ -217,8 +217,9 @@ def test_the_ray_address_setting_applies_to_the_ray_backend_only(monkeypatch, tm
 
     runner = CliRunner()
     monkeypatch.setenv("GENESIS_FP16_RAY_ADDRESS", "127.0.0.1:1")  # nothing answers there: using it would fail the run
-    result = runner.invoke(app, ["evolve", "--no-world-model", "--budget", "16", "--workers", "1"])
-    assert result.exit_code == 0 and "budget spent: 8 of 16" in result.output, result.output
+    # the floor (nothing learned, so quick): two generations of 8 one-episode candidates, on the process pool
+    result = runner.invoke(app, ["evolve", "--baseline", "cma", "--popsize", "8", "--budget", "16", "--workers", "1"])
+    assert result.exit_code == 0 and "budget spent: 16 of 16 real episodes used" in result.output, result.output
     result = runner.invoke(app, ["evolve", "--ray-address", "127.0.0.1:1", "--budget", "16"])
     assert result.exit_code == 2 and "applies to --backend ray only" in result.output, result.output
 

@@ -1,6 +1,7 @@
 """`genesis-fp16 state list|prune`: runs with their size; pruning by count
 and age deletes a run's replay rows, world-model folder and manifest, never
-the rollout ledger, the event log or a running run."""
+the rollout ledger, the event log or a running run. A run's folder under
+``world_model/`` holds its world model's and its critic's snapshots."""
 
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ DAY = 86400.0
 
 
 def make_run(state_dir, run_id: str, age_s: float, *, manifest: bool = True, trajectories: int = 3) -> None:
-    """A run's three pieces, small: replay rows, a world-model folder, a manifest."""
+    """A run's three pieces, small: replay rows, a folder with world-model and critic snapshots, a manifest."""
     agent = f"se_darwin:{run_id}"
     t = 50
     rows = [Trajectory(obs=np.zeros((t, 3)), action=np.zeros((t, 1)), reward=np.zeros(t), next_obs=np.ones((t, 3)), done=np.zeros(t),
@@ -37,10 +38,12 @@ def make_run(state_dir, run_id: str, age_s: float, *, manifest: bool = True, tra
     ReplayBuffer(state_dir / "replay.sqlite").append_generation(agent, 0, rows)
     folder = state_dir / "world_model" / run_id
     folder.mkdir(parents=True)
-    (folder / "world_model.pt").write_bytes(b"\0" * 4096)
+    (folder / "world_model-g0000.pt").write_bytes(b"\0" * 4096)
+    (folder / "critic-g0000.pt").write_bytes(b"\0" * 1024)
     if manifest:
         write_manifest(state_dir, {"run_id": run_id, "data_agent": agent, "status": "interrupted", "started": time.time() - age_s,
-                                   "generation": 0, "real_episodes": trajectories, "config": {}})
+                                   "generation": 0, "real_episodes": trajectories, "config": {},
+                                   "world_model_checkpoint": "world_model-g0000.pt", "critic_checkpoint": "critic-g0000.pt"})
 
 
 def listed(args=()) -> dict:
@@ -71,11 +74,14 @@ async def test_list_shows_runs_with_sizes(state_dir):
     runs = {r["run_id"]: r for r in data["runs"]}
     assert list(runs) == [agent.run_id, legacy]  # newest first
     real = runs[agent.run_id]
-    assert real["status"] == "finished" and real["real_episodes"] == 24 and real["generation"] == 1
+    assert real["status"] == "finished" and real["real_episodes"] == 24 and real["generation"] == 3  # 4 generations of 6
     assert real["replay_trajectories"] == 24 and real["replay_bytes"] > 24 * 200 * 4 * 8  # 24 episodes of 200 steps
-    assert real["world_model_bytes"] > 0 and real["manifest_bytes"] > 0
+    folder = state_dir / "world_model" / agent.run_id  # both learners' own checkpoints (a finished run's snapshots are gone)
+    learned = {p.name: p.stat().st_size for p in folder.iterdir()}
+    assert {"world_model.Pendulum-v1.pt", "critic.Pendulum-v1.pt"} <= set(learned), learned
+    assert real["world_model_bytes"] == sum(learned.values()) > 0 and real["manifest_bytes"] > 0
     assert real["bytes"] == real["replay_bytes"] + real["world_model_bytes"] + real["manifest_bytes"]
-    assert runs[legacy]["status"] == "unknown" and runs[legacy]["replay_trajectories"] == 3
+    assert runs[legacy]["status"] == "unknown" and runs[legacy]["replay_trajectories"] == 3 and runs[legacy]["world_model_bytes"] == 4096 + 1024
     assert runs[legacy]["started"] == time.mktime((2020, 1, 1, 0, 0, 0, 0, 0, -1))
     assert set(data["totals"]) == {"events", "replay_db", "ledger", "world_models", "manifests"}
     assert data["totals"]["replay_db"] >= (state_dir / "replay.sqlite").stat().st_size > 0
@@ -97,7 +103,7 @@ def test_prune_keep_one_leaves_the_newest_run_and_the_ledger(three_runs):
     assert "deleted seed0-old" in result.output and "deleted seed0-mid" in result.output and "pruned 2 run(s), 6 trajectories" in result.output
     assert [r["run_id"] for r in listed()["runs"]] == ["seed0-new"]
     assert ReplayBuffer(state_dir / "replay.sqlite").agents() == ["se_darwin:seed0-new"]
-    assert (state_dir / "world_model" / "seed0-new" / "world_model.pt").is_file()
+    assert {p.name for p in (state_dir / "world_model" / "seed0-new").iterdir()} == {"world_model-g0000.pt", "critic-g0000.pt"}
     assert (state_dir / "runs" / "seed0-new" / "run.json").is_file()
     assert not (state_dir / "world_model" / "seed0-old").exists() and not (state_dir / "runs" / "seed0-old").exists()
     assert ledger_rows(state_dir) == ledger_before and ledger_before  # the ledger is never pruned

@@ -318,20 +318,9 @@ def test_replay_buffer_read_only_is_not_called_corrupt(tmp_path, monkeypatch):
 # -- a full disk during evolve ---------------------------------------------------------------
 
 
-@pytest.fixture
-def tiny(monkeypatch):
-    """The CLI's evolve config with tiny search budgets."""
-    from agents import se_darwin_agent
-
-    original = se_darwin_agent.EvolveConfig
-
-    def make(**kw):
-        base = dict(init_candidates=8, wm_steps=20, refine_iters=2, revision_iters=2, revision_samples=8,
-                    popsize=6, horizon=20, imagine_starts=4, eval_timeout_s=60)
-        base.update(kw)
-        return original(**base)
-
-    monkeypatch.setattr(se_darwin_agent, "EvolveConfig", make)
+# the CLI's evolve with tiny learners (generations of 8 candidates, one real episode each: the population while refining)
+TINY = ["--workers", "1", "--wm-steps", "20", "--ensemble", "2", "--refine-steps", "4", "--critic-updates", "0.02",
+        "--model-rollouts", "16", "--rollout-horizon", "2", "--eval-timeout-s", "60"]
 
 
 @pytest.fixture(autouse=True)
@@ -343,7 +332,7 @@ def _restore_threads():
     torch.set_num_threads(before)
 
 
-def test_full_disk_in_the_replay_buffer_is_one_clear_error(tiny, monkeypatch, state_dir):
+def test_full_disk_in_the_replay_buffer_is_one_clear_error(monkeypatch, state_dir):
     """Generation 0 commits; the disk fills while generation 1 is written (SQLite's SQLITE_FULL)."""
     from infrastructure.replay_buffer import ReplayBuffer
 
@@ -363,7 +352,7 @@ def test_full_disk_in_the_replay_buffer_is_one_clear_error(tiny, monkeypatch, st
         return original(self, agent, generation, trajectories)
 
     monkeypatch.setattr(ReplayBuffer, "append_generation", append)
-    result = runner.invoke(app, ["evolve", "--budget", "40", "--workers", "1"])
+    result = runner.invoke(app, ["evolve", "--budget", "40", *TINY])
     assert result.exit_code == 1, result.output
     line = _one_error_line(result)
     assert "full" in line and "replay.sqlite" in line
@@ -384,19 +373,20 @@ def _evolve_with_no_space_for(monkeypatch, full) -> str:
         raise OSError(errno.ENOSPC, "No space left on device", str(path))
 
     monkeypatch.setattr(checkpoint, "atomic_write", no_space)
-    result = runner.invoke(app, ["evolve", "--budget", "40", "--workers", "1"])
+    result = runner.invoke(app, ["evolve", "--budget", "40", *TINY])
     assert result.exit_code == 1, result.output
     return _one_error_line(result)
 
 
-def test_full_disk_writing_a_checkpoint_is_one_clear_error(tiny, monkeypatch, state_dir):
-    """The world model's checkpoint cannot be written (ENOSPC from the atomic write)."""
-    line = _evolve_with_no_space_for(monkeypatch, lambda path: "world_model" in str(path))
+@pytest.mark.parametrize("learner", ["world_model", "critic"])
+def test_full_disk_writing_a_checkpoint_is_one_clear_error(monkeypatch, state_dir, learner):
+    """The world model's or the critic's checkpoint cannot be written (ENOSPC from the atomic write)."""
+    line = _evolve_with_no_space_for(monkeypatch, lambda path: path.name.startswith(learner))
     assert "disk is full" in line and "No space left on device" in line
     assert "0 generation(s) (0 real episodes) are committed" in line and "replay.sqlite" in line
 
 
-def test_full_disk_writing_the_run_manifest_is_one_clear_error(tiny, monkeypatch, state_dir):
+def test_full_disk_writing_the_run_manifest_is_one_clear_error(monkeypatch, state_dir):
     """The run manifest cannot be written at all (ENOSPC): the run stops before any episode."""
     line = _evolve_with_no_space_for(monkeypatch, lambda path: path.name == "run.json")
     assert "disk is full" in line and "run.json" in line and "run again" in line
@@ -434,7 +424,7 @@ def test_an_sqlite_io_error_is_a_full_disk_only_where_no_space_is_left(tmp_path,
     assert "corrupt" not in str(error)
 
 
-def test_an_sqlite_io_error_on_a_full_disk_during_evolve_names_the_full_disk(tiny, monkeypatch, state_dir):
+def test_an_sqlite_io_error_on_a_full_disk_during_evolve_names_the_full_disk(monkeypatch, state_dir):
     """Generation 0 commits; generation 1's rows meet an SQLite I/O error on a
     disk with no space left: one line naming the full disk, the file and the
     committed generations."""
@@ -449,7 +439,7 @@ def test_an_sqlite_io_error_on_a_full_disk_during_evolve_names_the_full_disk(tin
         return original(self, agent, generation, trajectories)
 
     monkeypatch.setattr(ReplayBuffer, "append_generation", append)
-    result = runner.invoke(app, ["evolve", "--budget", "40", "--workers", "1"])
+    result = runner.invoke(app, ["evolve", "--budget", "40", *TINY])
     assert result.exit_code == 1, result.output
     line = _one_error_line(result)
     assert "the disk is full" in line and "replay.sqlite" in line and ": I/O error (" not in line
@@ -466,7 +456,7 @@ def _tmpfs_available(directory: Path) -> bool:
 
 _FULL_THEN_RESUME = """
 set -u
-mount -t tmpfs -o size=2m tmpfs "$1/mnt"
+mount -t tmpfs -o size=4m tmpfs "$1/mnt"
 export GENESIS_FP16_STATE_DIR="$1/mnt/state"
 "$2" -m genesis_fp16.cli evolve --budget 40 --seed 0 --workers 1 --precision fp32 --json "$1/first.json" > "$1/first.log" 2>&1
 echo $? > "$1/first.rc"
@@ -477,9 +467,10 @@ echo $? > "$1/resumed.rc"
 
 
 def test_a_real_full_disk_then_resume_gives_the_uninterrupted_report(tmp_path):
-    """``evolve`` on a 2 MiB tmpfs stops with a full-disk line; with space
-    freed, ``--resume`` gives the uninterrupted run's report, each generation
-    once (the generation cut off by the full disk was never committed)."""
+    """``evolve`` on a 4 MiB tmpfs (room for a few generations' world-model
+    and critic checkpoints) stops with a full-disk line; with space freed,
+    ``--resume`` gives the uninterrupted run's report, each generation once
+    (the generation cut off by the full disk was never committed)."""
     import os
 
     (tmp_path / "mnt").mkdir()
@@ -497,11 +488,12 @@ def test_a_real_full_disk_then_resume_gives_the_uninterrupted_report(tmp_path):
                     "--precision", "fp32", "--json", str(tmp_path / "whole.json")], check=True, timeout=300, env=whole,
                    capture_output=True)
     resumed, expected = (json.loads((tmp_path / name).read_text()) for name in ("resumed.json", "whole.json"))
+    assert resumed["resumed_from"]["generation"] >= 0, first_log  # it continued after a generation the full disk left committed
     assert [g["generation"] for g in resumed["generations"]] == [g["generation"] for g in expected["generations"]]
     volatile = {"wall_s", "run_id", "replay_db", "run_manifest", "resumed", "resumed_from", "generations", "time_share"}
     same = {k: v for k, v in resumed.items() if k not in volatile}
     assert same == {k: v for k, v in expected.items() if k not in volatile}
-    strip = {"elapsed_s", "wm_wall_s", "time"}
+    strip = {"elapsed_s", "wm_wall_s", "critic_wall_s", "time"}
     assert [{k: v for k, v in g.items() if k not in strip} for g in resumed["generations"]] == [
         {k: v for k, v in g.items() if k not in strip} for g in expected["generations"]]
 
@@ -600,14 +592,14 @@ def test_forensics_bad_output_path_fails_before_any_work(afile, tmp_path, monkey
     assert str(afile) in line
 
 
-def test_full_disk_writing_the_json_report_is_one_clear_error(tiny, monkeypatch, tmp_path):
+def test_full_disk_writing_the_json_report_is_one_clear_error(monkeypatch, tmp_path):
     from genesis_fp16 import checkpoint
 
     def no_space(path, text):
         raise OSError(errno.ENOSPC, "No space left on device", str(path))
 
     monkeypatch.setattr(checkpoint, "atomic_write_text", no_space)
-    result = runner.invoke(app, ["evolve", "--budget", "16", "--workers", "1", "--json", str(tmp_path / "r.json")])
+    result = runner.invoke(app, ["evolve", "--budget", "16", *TINY, "--json", str(tmp_path / "r.json")])
     assert result.exit_code == 1, result.output
     line = _one_error_line(result)
     assert "the report could not be written" in line and "No space left on device" in line and "replay.sqlite" in line

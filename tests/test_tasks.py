@@ -10,7 +10,7 @@ import torch
 
 from agents.evaluation import Evaluation, EvaluationEnvError, Evaluator
 from agents.evolve_config import EvolveConfig
-from agents.se_darwin_agent import SEDarwinAgent
+from agents.se_darwin_agent import SEDarwinAgent, run_cma_baseline
 from agents.tasks import GROUP, Task, TaskError, get_task, parse_policy, registry, task_names
 from agents.tasks.torch_policy import BatchedPolicy
 from genesis_fp16.settings import load_settings
@@ -107,7 +107,7 @@ def test_env_raising_in_step_is_an_evaluation_error():
 
 async def test_failing_candidates_are_charged_and_reported(state_dir):
     task = Task(env_id="ExplodingDrift", env_factory=task_envs.exploding_drift, target=0.0, n_train=2, n_heldout=2)
-    config = EvolveConfig(budget=12, init_candidates=4, use_world_model=False, workers=1, eval_timeout_s=60)
+    config = EvolveConfig(budget=12, use_world_model=False, **TINY)
     agent = SEDarwinAgent(config, task=task, settings=load_settings())
     report = await agent.evolve()
     failed = report["failed_candidates"]
@@ -133,12 +133,11 @@ def test_pyproject_lists_the_builtins_in_the_entry_point_group():
         assert module == "agents.tasks.builtin" and BUILTIN[name].__name__ == attr
 
 
-async def test_cma_baseline_takes_the_task():
-    from agents.cma_baseline import run_cma_baseline
-
+async def test_cma_baseline_takes_the_task(state_dir):
     task = Task(env_id="Drift", env_factory=task_envs.drift, target=10.0, n_train=2, n_heldout=2)  # -|x| never reaches 10
-    report = await run_cma_baseline(EvolveConfig(budget=6, init_candidates=2, workers=1, eval_timeout_s=60), task=task)
+    report = await run_cma_baseline(EvolveConfig(budget=6, popsize=3, workers=1, eval_timeout_s=60), task=task)
     assert report["env"] == "Drift" and report["real_episodes"] == 6 and report["env_steps"] == 6 * 5
+    assert report["mode"] == "cma" and [len(g["candidates"]) for g in report["generations"]] == [3, 3]
     assert report["heldout_episodes"] == 2 and report["failed_candidates"] == [] and not report["target_reached"]
 
 
@@ -146,12 +145,14 @@ async def test_env_raising_in_reset_or_make(state_dir):
     with pytest.raises(TaskError, match="'Broken' raised when made: ConnectionError: no simulator"):
         Task(env_id="Broken", env_factory=task_envs.broken_make, target=0.0).resolve()
     task = Task(env_id="BrokenReset", env_factory=task_envs.broken_reset, target=0.0, n_train=2, n_heldout=2)
-    with pytest.raises(TaskError, match="raised in reset: OSError: simulator license"):  # the world model's start states: before any episode
-        SEDarwinAgent(EvolveConfig(budget=4, init_candidates=2, workers=1), task=task, settings=load_settings())
-    agent = SEDarwinAgent(EvolveConfig(budget=4, init_candidates=2, workers=1, use_world_model=False), task=task, settings=load_settings())
+    # the learners need no start states of their own: the env is first reset by a real episode
+    agent = SEDarwinAgent(EvolveConfig(budget=4, popsize=2, refined=0, workers=1, wm_steps=20, ensemble=2), task=task,
+                          settings=load_settings())
     report = await agent.evolve()  # every candidate charged and skipped, the report says why
-    assert report["real_episodes"] == 4 and report["heldout_return"] is None
-    assert len(report["failed_candidates"]) == 3 and all("raised in reset" in f["error"] for f in report["failed_candidates"])
+    assert report["real_episodes"] == 4 and report["heldout_return"] is None and report["stop_reason"] == "failed"
+    failed = report["failed_candidates"]
+    assert len(failed) == 4 and sum(f["episodes"] for f in failed) == 4 and all("raised in reset" in f["error"] for f in failed)
+    assert all(g["wm_val_loss"] is None and g["critic_val_loss"] is None for g in report["generations"])  # nothing to learn from
 
 
 def test_an_env_error_loses_only_its_own_job():
@@ -241,16 +242,15 @@ def test_a_non_finite_action_is_named_as_the_cause():
 
 
 NAN_TASK = Task(env_id="NaNDrift", env_factory=task_envs.nan_reward, target=0.0, n_train=2, n_heldout=2)
-TINY = dict(init_candidates=4, wm_steps=20, refine_iters=2, revision_iters=2, revision_samples=8, popsize=6, horizon=5,
-            imagine_starts=4, workers=1, eval_timeout_s=60)
+# generations of 6 candidates, one real episode each, and tiny learners (a few short model rollouts)
+TINY = dict(popsize=6, wm_steps=20, ensemble=2, refine_steps=4, critic_updates=0.2, model_rollouts=16, rollout_horizon=2, workers=1,
+            eval_timeout_s=60)
 
 
 @pytest.mark.parametrize("mode", ["full", "no_world_model", "cma"])
 async def test_a_run_whose_every_candidate_gives_nan_says_it_failed(mode, state_dir):
     """Every return is NaN: each candidate is charged and listed, the whole
     budget is spent, nothing is trained on, and the run stops as failed."""
-    from agents.cma_baseline import run_cma_baseline
-
     config = EvolveConfig(budget=8, use_world_model=mode == "full", **TINY)
     if mode == "cma":
         report = await run_cma_baseline(config, task=NAN_TASK)
@@ -262,30 +262,32 @@ async def test_a_run_whose_every_candidate_gives_nan_says_it_failed(mode, state_
     assert sum(f["episodes"] for f in failed) == 8  # every charged episode is a listed failure's
     assert report["train_return"] is None and report["heldout_return"] is None and not report["target_reached"]
     assert report["stop_detail"].startswith(f"every candidate failed: {len(failed)} real evaluation(s), 8 of 8 real episodes charged")
-    assert all(g["best_return"] is None and g["wm_val_loss"] is None for g in report["generations"])
+    assert all(g["best_return"] is None and g["wm_val_loss"] is None and g["critic_val_loss"] is None for g in report["generations"])
+    assert [len(g["candidates"]) for g in report["generations"]] == [6, 2]  # the budget ends inside the second population
 
 
 async def test_nan_candidates_are_charged_and_the_others_train_the_model(state_dir):
     task = Task(env_id="NaNAbove", env_factory=task_envs.nan_reward_above_zero, target=10.0, n_train=2, n_heldout=2)
-    agent = SEDarwinAgent(EvolveConfig(budget=12, seed=1, trust_spearman=None, **TINY), task=task, settings=load_settings())
+    agent = SEDarwinAgent(EvolveConfig(budget=18, seed=1, **TINY), task=task, settings=load_settings())
     report = await agent.evolve()
     failed = report["failed_candidates"]
-    assert report["stop_reason"] == "budget" and report["real_episodes"] == 12
-    assert failed and all("non-finite reward" in f["error"] for f in failed) and len(failed) < 4 + 4
+    assert report["stop_reason"] == "budget" and report["real_episodes"] == 18
+    assert failed and all("non-finite reward" in f["error"] for f in failed) and len(failed) < 18
+    assert sum(f["episodes"] for f in failed) == sum(1 for g in report["generations"] for c in g["candidates"] if c["real_return"] == -np.inf)
     assert np.isfinite(report["train_return"])
-    # the model trains from the first generation with a usable return on (proposals are blind before it)
+    # the world model and the critic train from the first generation with a usable return on
     trained, succeeded = [], False
     for g in report["generations"]:
-        succeeded = succeeded or bool(g["evaluated"])
+        succeeded = succeeded or any(np.isfinite(c["real_return"]) for c in g["candidates"])
         trained.append(g["wm_val_loss"] is not None)
-        assert trained[-1] == succeeded
-    assert not trained[0] and trained[-1]  # seed 1: every probe of generation 0 fails, a later candidate does not
+        assert trained[-1] == succeeded == (g["critic_val_loss"] is not None)
+    assert trained[0] and all(trained)
+    counts = agent.buffer.count(agent.data_agent)  # only the finite episodes reached the replay buffer
+    assert counts["trajectories"] == 18 - len(failed) and counts["transitions"] == 5 * (18 - len(failed))
 
 
 @pytest.mark.parametrize("target", [float("nan"), float("inf"), float("-inf")])
 async def test_a_non_finite_target_is_refused(target, state_dir):
-    from agents.cma_baseline import run_cma_baseline
-
     with pytest.raises(ValueError, match=f"target={target}: expected a finite number"):
         EvolveConfig(target=target).validate()
     with pytest.raises(ValueError, match="expected a finite number"):

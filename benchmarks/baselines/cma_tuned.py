@@ -1,14 +1,13 @@
 """Tuned CMA-ES: pycma as its authors use it on policy search, each candidate
 scored on ONE real episode.
 
-The project's own CMA-ES baseline (``agents.cma_baseline``) scores every
-candidate on all 16 training start states, so 200 real episodes buy 12
-candidates. Here a candidate costs one episode: candidate number ``c`` of
+A candidate costs one episode: candidate number ``c`` of
 the run (counting across generations) starts from training start state
 ``c mod n_train``, so the population sees the start states in turn and
 CMA-ES's own averaging over generations does the rest. Defaults: sigma0 0.5,
 pycma's default population (4 + 3 ln n), mean 0, the task's tanh policy
-(`PolicySpec`), episodes in the project's worker processes.
+(`PolicySpec`), episodes in the project's worker processes, CMA-ES through
+the loop's one driver (`agents.cma_search.CMASearch`).
 
 With ``normalize=True`` the search runs on normalised observations as ARS V2
 does: running mean and std of the scaled observations (``obs * obs_scale``) of
@@ -25,6 +24,8 @@ from typing import Any, Optional, Sequence, Union
 import numpy as np
 
 from genesis_fp16.extras import require
+
+from agents.cma_search import CMASearch
 
 from agents.evaluation import EvaluationBackend, EvaluationError, make_evaluator
 from agents.evaluation_contract import Evaluation
@@ -43,13 +44,8 @@ def run_cma_tuned(
     method is ``cma_tuned`` or ``cma_tuned_norm`` (see the module doc and
     ``benchmarks.baselines.common`` for the target checks). ``cpu_s`` counts the
     worker processes only of an evaluator made here (they end with the run)."""
-    cma = require("cma", PURPOSE)
     require("gymnasium", PURPOSE)
     cfg = cfg or BaselineConfig()
-    if not (sigma0 > 0 and math.isfinite(sigma0)):
-        raise ValueError(f"sigma0={sigma0}: expected a finite number > 0 (CMA-ES's initial step size)")
-    if popsize is not None and popsize < 2:
-        raise ValueError(f"popsize={popsize}: expected at least 2, or None (pycma's default, 4 + 3 ln n)")
     resolved = cfg.resolve(task)
     spec, starts = resolved.policy, resolved.start_states(cfg.seed)
     check_states, checked_on = target_states(starts)
@@ -62,10 +58,7 @@ def run_cma_tuned(
     clock = Clock()
     own = evaluator is None
     evaluator = evaluator or make_evaluator(resolved, workers=cfg.workers, timeout_s=cfg.eval_timeout_s, memory_limit_mb=cfg.eval_memory_mb)
-    options: dict[str, Any] = {"seed": cfg.seed + 1, "verbose": -9}  # pycma: seed 0 would mean "random"
-    if popsize is not None:
-        options["popsize"] = popsize
-    es = cma.CMAEvolutionStrategy(np.zeros(spec.n_params), sigma0, options)
+    es = CMASearch(np.zeros(spec.n_params), sigma0, seed=cfg.seed, popsize=popsize, purpose=PURPOSE)  # the loop's one driver
     watch = TargetWatch(resolved.target, every=cfg.check_every or 1)
     episodes = steps = generation = candidate = scored = 0
     failures: list[dict[str, Any]] = []
@@ -94,7 +87,7 @@ def run_cma_tuned(
                 stats.update(np.concatenate(seen) * scale)
             if len(scores) < len(xs):  # the budget ended inside the generation: its candidates are charged, CMA-ES not told
                 break
-            es.tell(xs, [-s if math.isfinite(s) else 1e300 for s in scores])  # pycma minimises
+            es.tell(scores)
             generation += 1
             if watch.due(episodes):
                 watch.record(generation, episodes, steps, evaluator.evaluate(raw(es.mean), check_states).mean_return)
