@@ -42,7 +42,6 @@ import json
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -60,11 +59,9 @@ ENVS = {"Pendulum": (3, 1, 2.0), "HalfCheetah": (17, 6, 1.0)}  # obs_dim, act_di
 
 
 def _flags() -> list[str]:
-    try:
-        out = subprocess.run(["grep", "-o", "-w", r"amx_bf16\|avx512_bf16\|avx2", "/proc/cpuinfo"], capture_output=True, text=True)
-        return sorted(set(out.stdout.split()))
-    except OSError:
-        return []
+    from genesis_fp16.precision.capability import cpu_flags
+
+    return sorted(cpu_flags() & {"amx_bf16", "avx512_bf16", "avx2"})
 
 
 def _task(obs_dim: int, act_dim: int, bound: float, n: int, seed: int) -> Transitions:
