@@ -95,7 +95,7 @@ class EvolveConfig:
     """Actor-gradient steps of the longest refined copy; the others stop at 1/4, 1/16, ... of it."""
     refine_horizon: int = option(0, panel=ADVANCED, least=0)
     """World-model steps the refinement looks through before the critic's value (MVE / SVG(H)); 0: the critic alone."""
-    critic_updates: float = option(1.0, panel=ADVANCED)
+    critic_updates: float = option(2.0, panel=ADVANCED)
     """Critic updates per new real transition (the update-to-data ratio), each on a batch of real and model transitions."""
     actor_rounds: int = option(8, panel=ADVANCED, least=0)
     """Rounds per generation in which the critic values an actor and the actor ascends the critic in turn (policy

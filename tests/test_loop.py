@@ -195,7 +195,7 @@ async def test_refined_copies_are_injected_first_and_told(state_dir):
     assert len(refined_out) == 3  # generations 1-3 (generation 0 has no data to refine with)
     for g, zs in zip(range(1, 4), refined_out):
         ops = [c["operator"] for c in gens[g]["candidates"]]
-        assert ops == ["refined:2", "refined:8", "cma", "cma", "cma", "cma"]  # refine_steps / 4, refine_steps
+        assert ops == ["refined:actor", "refined:mean:8", "cma", "cma", "cma", "cma"]  # the rounds' actor, then the mean refined
         told = agent.search.told[g]
         np.testing.assert_allclose(np.asarray(told["x"][:2]), np.asarray(zs), rtol=0, atol=1e-12)  # asked back as injected
         # told their real returns like every other candidate (pycma minimises: the negated return)

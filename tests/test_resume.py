@@ -113,7 +113,7 @@ async def test_resume_after_a_generation_gives_the_uninterrupted_result(tmp_path
     assert report["real_episodes"] == 24 == expected["real_episodes"]  # the 12 spent before count against the budget
     assert [g["generation"] for g in report["generations"]] == [0, 1, 2, 3]
     assert rows_per_generation(settings, first.data_agent) == {0: 6, 1: 6, 2: 6, 3: 6}  # nothing evaluated twice
-    assert [c["operator"] for c in report["generations"][2]["candidates"]][:2] == ["refined:1", "refined:4"]
+    assert [c["operator"] for c in report["generations"][2]["candidates"]][:2] == ["refined:actor", "refined:mean:1"]
     assert comparable(report) == comparable(expected)
     assert expected["resumed"] is False and expected["resumed_from"] is None
     done = read_manifest(settings.state_dir, first.run_id)
@@ -277,7 +277,7 @@ async def test_a_run_whose_every_candidate_failed_so_far_resumes(state_dir):
 
     task = Task(env_id="NaNDrift", env_factory=task_envs.nan_reward, target=0.0, n_train=2, n_heldout=2)
     settings = load_settings()
-    first = SEDarwinAgent(config(budget=8, popsize=4, target=0.0), task=task, settings=settings, on_generation=interrupt_after(0))
+    first = SEDarwinAgent(config(budget=8, popsize=4, refined=2, target=0.0), task=task, settings=settings, on_generation=interrupt_after(0))
     with pytest.raises(KeyboardInterrupt):
         await first.evolve()
     assert read_manifest(state_dir, first.run_id)["generation"] == 0

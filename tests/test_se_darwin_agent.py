@@ -115,9 +115,10 @@ async def test_tiny_loop_end_to_end(state_dir):
     assert all(g["critic_val_loss"] is not None and np.isfinite(g["critic_val_loss"]) for g in gens[:-1])
     assert [c["operator"] for c in gens[0]["candidates"]] == ["cma"] * 6  # nothing to refine with before any data
     for g in gens[1:]:
-        assert [c["operator"] for c in g["candidates"]] == ["refined:1", "refined:4"] + ["cma"] * 4
-        assert g["refined_best"] == max(c["real_return"] for c in g["candidates"][:2])
-        assert g["cma_best"] == max(c["real_return"] for c in g["candidates"][2:])
+        # the actor of the last generation's rounds, then copies of the mean (refine_steps / 4, refine_steps) and of the elite
+        assert [c["operator"] for c in g["candidates"]] == ["refined:actor", "refined:mean:1", "refined:mean:4", "refined:elite:4", "cma", "cma"]
+        assert g["refined_best"] == max(c["real_return"] for c in g["candidates"][:4])
+        assert g["cma_best"] == max(c["real_return"] for c in g["candidates"][4:])
         assert g["best_return"] == max(g["refined_best"], g["cma_best"])
     counts = ReplayBuffer(settings=settings).count(agent.data_agent)
     assert counts == {"trajectories": 24, "transitions": 24 * pendulum_task.EPISODE_STEPS, "generations": 4}
@@ -175,7 +176,7 @@ def test_bad_options_are_refused():
         EvolveConfig(budget_steps=5).resolve()
     with pytest.raises(ValueError, match="refined=6.*fewer than the CMA-ES population"):
         EvolveConfig(refined=6, popsize=6).resolve()
-    with pytest.raises(ValueError, match="refined=2: refinement needs the critic"):
+    with pytest.raises(ValueError, match="refined=4: refinement needs the critic"):
         EvolveConfig(use_critic=False, refine_horizon=0).validate()
     EvolveConfig(use_critic=False, refine_horizon=3).validate()  # the model alone refines
     EvolveConfig(use_critic=False, use_world_model=False, refined=0).validate()  # the floor
