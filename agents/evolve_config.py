@@ -188,6 +188,17 @@ def config_docs() -> dict[str, str]:
     return docs
 
 
+def options_table() -> str:
+    """The options as docs/EVOLUTION.md shows them (a markdown table: option, flag, default, meaning), made from the fields."""
+    docs, rows = config_docs(), ["| option | flag | default | meaning |", "|---|---|---|---|"]
+    for f in fields(EvolveConfig):
+        meta = f.metadata
+        name = (meta.get("flag") or f.name).replace("_", "-")
+        flag = "(Python only)" if not meta.get("cli", True) else (f"`--{name}` / `--no-{name}`" if f.type == "bool" else f"`--{name}`")
+        rows.append(f"| `{f.name}` | {flag} | `{f.default}` | {' '.join(docs.get(f.name, '').split())} |")
+    return "\n".join(rows)
+
+
 @dataclass
 class Candidate:
     id: str

@@ -272,3 +272,15 @@ async def test_same_seed_same_report_with_the_critic(state_dir):
     assert any(c["operator"].startswith("refined:") for g in first["generations"] for c in g["candidates"])
     assert [g["critic_val_loss"] for g in first["generations"]] == [g["critic_val_loss"] for g in second["generations"]]
     assert _comparable(first) == _comparable(second)
+
+
+def test_docs_options_table_is_made_from_the_config():
+    """docs/EVOLUTION.md's options table is `options_table()`: one row per EvolveConfig field, its default and docstring."""
+    from pathlib import Path
+
+    from agents.evolve_config import options_table
+
+    table = options_table()
+    doc = (Path(__file__).resolve().parent.parent / "docs" / "EVOLUTION.md").read_text(encoding="utf-8")
+    assert table in doc, "docs/EVOLUTION.md's options table is stale: paste agents.evolve_config.options_table() there"
+    assert "| `actor_rounds` | `--actor-rounds` | `8` |" in table and "| `use_critic` | `--critic` / `--no-critic` | `True` |" in table
