@@ -17,8 +17,9 @@ candidate's mean over every training start state meets the target and the
 validation start states confirm it, or when the next generation could exceed
 a budget (real episodes, real env steps); a run in which every real
 evaluation failed stops as ``failed``. The answer of a run that did not
-reach its target is the best of its fully evaluated candidates and the
-CMA-ES mean (the tuned yardstick's answer), by their training return.
+reach its target is the best of its fully evaluated candidates, the CMA-ES
+mean (the tuned yardstick's answer) and the refinement's last actor, by
+their training return.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ from infrastructure.replay_buffer import ReplayBuffer, trajectories_from_episode
 
 from . import runs
 from .cma_search import CMASearch
-from .evaluation import Evaluation, EvaluationBackend, Evaluator
+from .evaluation import Evaluation, EvaluationBackend, EvaluationError, Evaluator
 from .evolve_config import EVOLVE, Candidate, EvolveConfig
 from .evolve_report import generation_record, run_report
 from .learners import Learners
@@ -275,18 +276,25 @@ class SEDarwinAgent(RunRecord):
 
     async def _answer(self) -> Optional[Candidate]:
         """The run's answer: the confirmed candidate; else the best by training
-        return of the fully evaluated candidates and the CMA-ES mean (run on
-        the training start states here, as the tuned yardstick's final
-        evaluation, outside the budget)."""
+        return of the fully evaluated candidates, the CMA-ES mean and the
+        refinement's last actor (the latter two run on the training start
+        states here, as the tuned yardstick's mean is, outside the budget)."""
         if self.state.answer is not None:
             return next(c for c in self.pool if c.id == self.state.answer)
-        mean = Candidate(f"g{self.generation}-mean", self.obs_stats.space(self.task.policy).to_raw(self.search.mean), "cma_mean",
-                         self.generation)
-        res = await asyncio.to_thread(self.evaluator.evaluate, mean.params, self.starts.train)
-        mean.starts, mean.returns = list(range(len(self.starts.train))), [float(r) for r in res.returns]
-        mean.real_return, mean.real_episodes, mean.full = res.mean_return, len(res.returns), True
-        full = [c for c in self.pool if c.full and c.real_return is not None and math.isfinite(c.real_return)]
-        return max([mean, *full], key=lambda c: c.real_return)
+        finals = [Candidate(f"g{self.generation}-mean", self.obs_stats.space(self.task.policy).to_raw(self.search.mean), "cma_mean",
+                            self.generation)]
+        if self.learners.actor is not None:
+            finals.append(Candidate(f"g{self.generation}-actor", self.learners.actor, "refined:actor", self.generation))
+        for cand in finals:
+            try:
+                res = await asyncio.to_thread(self.evaluator.evaluate, cand.params, self.starts.train)
+            except EvaluationError as exc:  # not an answer then; the run's own candidates are charged, these are not
+                self._log.warning("evolve.candidate_failed", candidate=cand.id, error=str(exc))
+                continue
+            cand.starts, cand.returns = list(range(len(self.starts.train))), [float(r) for r in res.returns]
+            cand.real_return, cand.real_episodes, cand.full = res.mean_return, len(res.returns), True
+        scored = [c for c in [*finals, *self.pool] if c.full and c.real_return is not None and math.isfinite(c.real_return)]
+        return max(scored, key=lambda c: c.real_return) if scored else None
 
     def _report(self, best: Optional[Candidate], heldout: Optional[Evaluation], stop: StopReason, wall_s: float) -> dict[str, Any]:
         return run_report(

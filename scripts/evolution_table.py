@@ -188,7 +188,8 @@ def markdown(results: dict[str, Any]) -> str:
         med_text = f"{med:.0f}" if med is not None else f"not reached (> {reports[0]['budget']})"
         ho, tr = _median([r["heldout_return"] for r in reports]), _median([r["train_return"] for r in reports])
         steps = _median([float(r["env_steps"]) for r in reports if "env_steps" in r])
-        precisions = sorted({str(r.get("precision")) for r in reports}) if mode == "full" else ["-"]
+        precisions = sorted({str(((r.get("learners") or {}).get("world_model") or {}).get("precision")) for r in reports}) \
+            if mode == "full" else ["-"]
         lines.append(
             f"| {names.get(mode, mode)} | {'/'.join(precisions)} | {len(reached)}/{len(reports)} | {med_text} | "
             f"{'-' if steps is None else f'{steps:.0f}'} | {'-' if ho is None else f'{ho:.1f}'} | {'-' if tr is None else f'{tr:.1f}'} | {_median([r['wall_s'] for r in reports]):.1f} |"
