@@ -158,19 +158,21 @@ class Learners:
         return reports
 
     async def refine(self, z_mean: np.ndarray, space: SearchSpace, generation: int,
-                     elite: Optional[np.ndarray] = None) -> list[tuple[np.ndarray, str]]:
+                     elite: Optional[np.ndarray] = None, count: Optional[int] = None) -> list[tuple[np.ndarray, str]]:
         """Refined copies, (z, operator) pairs: ascents of the critic's value
         (through ``refine_horizon`` model steps first) from the CMA-ES mean and,
         given, from ``elite`` (the last generation's best candidate, z), with
         snapshots at ``refine_steps`` / 4^k steps; the mean gets the first,
         the elite every other copy. Empty while there is nothing to refine with
-        (no critic trained yet, or ``refined`` 0)."""
+        (no critic trained yet, or ``refined`` 0). ``count``: how many (default
+        ``refined``; `refined_count` adapts it to how the refined candidates fare)."""
         import asyncio
 
         cfg = self.config
         horizon = cfg.refine_horizon if self.world_model is not None and self.world_model.trained else 0
         value = self.critic.value if self.critic is not None and self.critic.trained else None
-        if cfg.refined == 0 or (value is None and horizon == 0):
+        count = cfg.refined if count is None else count
+        if count == 0 or (value is None and horizon == 0):
             return []
         from infrastructure.transitions import Transitions
 
@@ -179,7 +181,7 @@ class Learners:
         trajectories = await self.buffer.asample(self.data_agent, max_transitions=REFINE_STATES)
         states = Transitions.from_trajectories(trajectories).obs
         out: list[tuple[np.ndarray, str]] = [(space.to_z(self.actor), "refined:actor")] if self.actor is not None else []
-        left = cfg.refined - len(out)
+        left = count - len(out)
         starts = [("mean", z_mean)] + ([("elite", elite)] if elite is not None and left > 1 else [])
         starts = starts[:left]
         for k, (name, z0) in enumerate(starts):
@@ -208,3 +210,30 @@ class Learners:
                 precision, decision = learner.precision, learner.decision.as_dict() if learner.decision is not None else None
             out[name] = {"agent": learner.agent, "precision": precision, "decision": decision}
         return out
+
+
+WINDOW = 3
+"""Generations whose selections decide the share of refined candidates (`refined_count`)."""
+
+
+def refined_count(generations: Sequence[dict[str, Any]], most: int, popsize: int) -> int:
+    """How many refined candidates the next population gets, between 1 and
+    ``most``: over the last `WINDOW` generation records, the refined
+    candidates' share of the population's better half (CMA-ES's parents)
+    against their share of the population. Winning more than their share
+    earns one more, less than half of it costs one; before any record,
+    ``most``. Read from the records alone, so a resumed run adapts alike."""
+    count = most
+    for record in generations[-WINDOW:] if most > 1 else []:
+        cands = [c for c in record.get("candidates") or [] if c.get("real_return") is not None]
+        refined = sum(c["operator"].startswith("refined") for c in cands)
+        if not cands or not refined:
+            continue
+        top = sorted(cands, key=lambda c: -float(c["real_return"]) if np.isfinite(c["real_return"]) else np.inf)[: max(1, len(cands) // 2)]
+        won = sum(c["operator"].startswith("refined") for c in top) / len(top)
+        expected = refined / len(cands)
+        if won > expected:
+            count = min(most, count + 1)
+        elif won < expected / 2:
+            count = max(1, count - 1)
+    return min(count, popsize - 1)

@@ -45,7 +45,7 @@ from .cma_search import CMASearch
 from .evaluation import Evaluation, EvaluationBackend, EvaluationError, Evaluator
 from .evolve_config import EVOLVE, Candidate, EvolveConfig
 from .evolve_report import generation_record, run_report
-from .learners import Learners
+from .learners import Learners, refined_count
 from .mujoco_log import mujoco_log_for
 from .real_episodes import RealEpisodes
 from .run_record import RunRecord
@@ -196,18 +196,24 @@ class SEDarwinAgent(RunRecord):
         space = self.obs_stats.space(self.task.policy)
         last = [c for c in self.pool if c.generation == generation - 1 and c.returns and math.isfinite(c.returns[0])]
         elite = space.to_z(max(last, key=lambda c: c.returns[0]).params) if last else None
-        refined = await self.learners.refine(self.search.mean, space, generation, elite) if self._has_data() else []
+        count = refined_count(self.generations, self.config.refined, self.search.popsize)  # adapts to how the refined fare
+        refined = await self.learners.refine(self.search.mean, space, generation, elite, count) if self._has_data() else []
         zs = self.search.ask([z for z, _ in refined])
         ops = [op for _, op in refined] + ["cma"] * (len(zs) - len(refined))  # refined:<mean|elite>:<steps>, or cma
         cands = [Candidate(f"g{generation}-{k}-{op}", space.to_raw(z), op, generation) for k, (z, op) in enumerate(zip(zs, ops))]
-        fits = next((k for k in range(len(cands), 0, -1) if self.real.over_budget(k) is None), 0)
-        if fits < len(cands):
-            self.state.budget_exhausted = self.real.over_budget(fits + 1)
-            cands = cands[:fits]  # the budget ends inside this population: what fits runs and is learned from, CMA-ES is not told
-        order = self.real.order
-        pairs = [(c, order[(self.state.candidates_run + k) % n_train]) for k, c in enumerate(cands)]
-        results = await self.real.episodes(pairs)
-        self.state.candidates_run += len(pairs)
+        order, results = self.real.order, []
+        if self.real.over_budget(len(cands)) is None:  # the whole population fits even at full-length episodes: one batch
+            pairs = [(c, order[(self.state.candidates_run + k) % n_train]) for k, c in enumerate(cands)]
+            results = await self.real.episodes(pairs)
+            self.state.candidates_run += len(pairs)
+        else:  # the budget may end inside it: one candidate at a time, each charged its real steps (the same cut whatever --workers)
+            ran = 0
+            while ran < len(cands) and (over := self.real.over_budget(1)) is None:
+                results += await self.real.episodes([(cands[ran], order[self.state.candidates_run % n_train])])
+                self.state.candidates_run, ran = self.state.candidates_run + 1, ran + 1
+            if ran < len(cands):
+                self.state.budget_exhausted = over
+                cands = cands[:ran]  # what ran is learned from; CMA-ES is not told a cut population
         self.pool += cands
         if cands and len(cands) == len(zs):
             self.search.tell([c.real_return if c.real_return is not None else -math.inf for c in cands])
