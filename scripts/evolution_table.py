@@ -1,9 +1,9 @@
 """Measure the table in docs/EVOLUTION.md.
 
-    .venv/bin/python scripts/evolution_table.py --cma-long-budget 2000 --out docs/evolution/pendulum.json
+    .venv/bin/python scripts/evolution_table.py --seeds 0 1 2 3 4 --methods loop no_model floor cma_tuned cma_tuned_norm ars sac --budget-steps 12000 --cma-long-budget 0 --out docs/evolution/pendulum_target300.json
     .venv/bin/python scripts/evolution_table.py --env InvertedPendulum-v5 --out ip.json
     .venv/bin/python scripts/evolution_table.py --summarize docs/evolution/*.json
-    .venv/bin/python scripts/evolution_table.py --summarize docs/evolution/pendulum.json --plot pendulum.png
+    .venv/bin/python scripts/evolution_table.py --summarize docs/evolution/pendulum_target300.json --plot pendulum.png
 
 Any task ``genesis-fp16 evolve --env`` takes (``--target``, ``--policy`` and
 ``--episode-steps`` as there).

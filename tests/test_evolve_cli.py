@@ -492,3 +492,20 @@ def test_a_non_finite_target_is_one_clear_error(value, state_dir):
     result = runner.invoke(app, ["evolve", f"--target={value}", "--budget", "16"])
     assert result.exit_code == 2, result.output
     assert f"target={value}: expected a finite number" in result.output and "Traceback" not in result.output
+
+
+def test_after_a_run_rollout_status_lists_the_world_model_and_the_critic(tmp_path, state_dir, monkeypatch):
+    """Both learned parts are guarded agents of their own: enabled in shadow, each trains beside its FP32 reference
+    and `rollout status` shows both with a measured shadow gap."""
+    monkeypatch.setenv("ENABLE_FP16_TRAINING", "true")
+    for agent in ("world_model.Pendulum-v1", "critic.Pendulum-v1"):
+        assert runner.invoke(app, ["rollout", "enable", agent, "--shadow"]).exit_code == 0
+    result = runner.invoke(app, ["evolve", *TINY, "--budget", "12", "--workers", "1", "--precision", "bf16", "--critic-precision", "bf16"])
+    assert result.exit_code == 0, result.output
+    status = runner.invoke(app, ["rollout", "status", "--json"])
+    assert status.exit_code == 0, status.output
+    rows = {row["agent"]: row for row in json.loads(status.output)["agents"]}
+    assert set(rows) == {"world_model.Pendulum-v1", "critic.Pendulum-v1"}
+    for row in rows.values():
+        assert row["stage"] == "shadow" and row["last_good_checkpoint"], row
+        assert row["last_checks"]["shadow_gap"] is not None, row  # bf16 trained beside its FP32 reference

@@ -284,3 +284,20 @@ def test_docs_options_table_is_made_from_the_config():
     doc = (Path(__file__).resolve().parent.parent / "docs" / "EVOLUTION.md").read_text(encoding="utf-8")
     assert table in doc, "docs/EVOLUTION.md's options table is stale: paste agents.evolve_config.options_table() there"
     assert "| `actor_rounds` | `--actor-rounds` | `8` |" in table and "| `use_critic` | `--critic` / `--no-critic` | `True` |" in table
+
+
+def test_the_share_of_refined_candidates_follows_how_often_they_are_parents():
+    from agents.learners import refined_count
+
+    def record(refined_returns, cma_returns):
+        return {"candidates": [{"operator": "refined:mean:8", "real_return": r} for r in refined_returns]
+                + [{"operator": "cma", "real_return": r} for r in cma_returns]}
+
+    losing = record([-900.0, -800.0], [-100.0, -200.0, -300.0, -400.0])  # never among the better half
+    winning = record([-10.0, -20.0], [-100.0, -200.0, -300.0, -400.0])  # the two best
+    assert refined_count([], 4, 8) == 4  # no record yet: all of them
+    assert refined_count([losing], 4, 8) == 3 and refined_count([losing] * 3, 4, 8) == 1
+    assert refined_count([losing] * 10, 4, 8) == 1  # never below one: the critic keeps a say
+    assert refined_count([losing, losing, winning], 4, 8) == 3  # the last generations decide
+    assert refined_count([winning] * 3, 4, 8) == 4 and refined_count([winning], 9, 8) == 7  # at most popsize - 1
+    assert refined_count([record([float("-inf")], [-1.0, -2.0])], 2, 8) == 1  # a failed refined candidate ranks last
