@@ -32,7 +32,7 @@ import copy
 import math
 import numbers
 import time
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import Any, Callable, Optional, Union
@@ -44,7 +44,7 @@ from torch.func import functional_call
 
 from genesis_fp16 import checkpoint as ckpt
 from genesis_fp16.device import DeviceArg, resolve_device
-from genesis_fp16.guarded import DEFAULT_GUARD, UNGUARDED, CallReport, Guard, GuardChoice, GuardedTraining, Verdict, resolve_guard
+from genesis_fp16.guarded import DEFAULT_GUARD, UNGUARDED, Guard, GuardChoice, GuardedTraining, Verdict, resolve_guard
 from genesis_fp16.names import check_agent_name
 from genesis_fp16.settings import Settings, load_settings
 from genesis_fp16.telemetry import get_logger
@@ -55,6 +55,7 @@ from .critic_net import (CriticSpec, TwinQ, check_critic_payload, check_spec, ch
                          normaliser_stats, smoothing_noise, td_loss)
 from .dynamics import NonFiniteDataError
 from .transitions import Transitions
+from .world_model_types import GuardedCallReport
 
 __all__ = ["Critic", "CriticReport", "NonFiniteDataError", "Transitions", "compute_targets"]
 
@@ -72,7 +73,7 @@ PolicyFn = Callable[[torch.Tensor], torch.Tensor]
 
 
 @dataclass
-class CriticReport:
+class CriticReport(GuardedCallReport):
     """What one `Critic.train()` call did: ``train_loss`` (mean of the last 50
     steps' TD loss) and ``val_loss`` (the TD loss on the held-out tenth),
     both in value units (`critic_net`); ``precision`` what runs now;
@@ -97,35 +98,6 @@ class CriticReport:
     events: list[str] = field(default_factory=list)
     device: Optional[str] = None
     precision_decision: Optional[dict[str, Any]] = None
-
-    @classmethod
-    def from_call(cls, call: CallReport, **fields: Any) -> "CriticReport":
-        return cls(
-            val_loss=float(call.val_loss) if call.val_loss is not None else float("nan"), precision=call.precision,
-            skipped_steps=call.skipped_steps, fp32_val_loss=call.fp32_val_loss, shadow_gap=call.gap,
-            reference=call.reference if call.fp32_val_loss is not None else None, rollback=call.rollback,
-            guard_decision=call.decision, events=list(call.events),
-            precision_decision=call.precision_decision.as_dict() if call.precision_decision is not None else None, **fields,
-        )
-
-    @property
-    def rolled_back(self) -> bool:
-        return self.rollback is not None
-
-    @property
-    def rollback_reason(self) -> Optional[str]:
-        return None if self.rollback is None else self.rollback.summary
-
-    def as_dict(self) -> dict[str, Any]:
-        """Plain data: ``rollback`` as ``rolled_back`` / ``rollback_reason``, verdicts as dicts."""
-        out: dict[str, Any] = {}
-        for f in fields(self):
-            value = getattr(self, f.name)
-            if f.name == "rollback":
-                out.update(rolled_back=self.rolled_back, rollback_reason=self.rollback_reason)
-            else:
-                out[f.name] = value.as_dict() if isinstance(value, Verdict) else copy.deepcopy(value)
-        return out
 
 
 def _val_loss(model: TwinQ, trainer: FP16Trainer, x: torch.Tensor, y: torch.Tensor) -> float:

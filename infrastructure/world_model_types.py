@@ -18,15 +18,60 @@ from genesis_fp16.trainer import FP16Trainer
 
 from .ensemble import EnsembleDynamics, member_losses
 
-__all__ = ["Guard", "ShadowGapLedger", "TrainReport", "inference_gap_of", "val_loss_of", "Verdict"]
+__all__ = ["Guard", "GuardedCallReport", "ShadowGapLedger", "TrainReport", "inference_gap_of", "val_loss_of", "Verdict"]
 
 
 ShadowGapLedger = QualityLedger
 """Where shadow-stage measurements go (``genesis_fp16.rollout.RolloutLedger``)."""
 
 
+class GuardedCallReport:
+    """What a learner's report takes from its `GuardedTraining` call, shared by
+    the world model's `TrainReport` and the critic's report: made by
+    `from_call`, read by `rolled_back` / `rollback_reason`, flattened by `as_dict`."""
+
+    rollback: Optional[Verdict]
+
+    @classmethod
+    def from_call(cls, call: CallReport, *, val_loss: Optional[float] = None, **fields: Any) -> Any:
+        """The report of a `GuardedTraining` call (precision, validation and
+        reference losses, rollback, guard decision, events) and the learner's
+        own ``fields`` (losses, sizes, timing, checkpoint)."""
+        val = call.val_loss if val_loss is None else val_loss
+        return cls(
+            val_loss=float(val) if val is not None else float("nan"), precision=call.precision, skipped_steps=call.skipped_steps,
+            fp32_val_loss=call.fp32_val_loss, shadow_gap=call.gap, reference=call.reference if call.fp32_val_loss is not None else None,
+            rollback=call.rollback, guard_decision=call.decision, events=list(call.events),
+            precision_decision=call.precision_decision.as_dict() if call.precision_decision is not None else None, **fields,
+        )
+
+    @property
+    def rolled_back(self) -> bool:
+        """Whether the call rolled back."""
+        return self.rollback is not None
+
+    @property
+    def rollback_reason(self) -> Optional[str]:
+        """``"<severity>: <reason>"`` of the first rollback (`Verdict.summary`); None without one."""
+        return None if self.rollback is None else self.rollback.summary
+
+    def as_dict(self) -> dict[str, Any]:
+        """The report as plain data: ``rollback`` as ``rolled_back`` and
+        ``rollback_reason``, verdicts as their `Verdict.as_dict`."""
+        out: dict[str, Any] = {}
+        for f in fields(self):  # type: ignore[arg-type]
+            value = getattr(self, f.name)
+            if f.name == "rollback":
+                out.update(rolled_back=self.rolled_back, rollback_reason=self.rollback_reason)
+            elif isinstance(value, Verdict):
+                out[f.name] = value.as_dict()
+            else:
+                out[f.name] = copy.deepcopy(value)
+        return out
+
+
 @dataclass
-class TrainReport:
+class TrainReport(GuardedCallReport):
     """What one ``WorldModel.train()`` call did.
 
     ``train_loss`` / ``val_loss``: the last training loss and the validation
@@ -65,42 +110,6 @@ class TrainReport:
     member_val_loss: Optional[list[float]] = None  # each member's FP32 validation loss, in member order
     elites: Optional[list[int]] = None  # the members rollouts and prediction use, best first
     precision_decision: Optional[dict[str, Any]] = None  # precision, source, reason (genesis_fp16.decision)
-
-    @classmethod
-    def from_call(cls, call: CallReport, *, val_loss: Optional[float] = None, **fields: Any) -> "TrainReport":
-        """The report of a `GuardedTraining` call (precision, validation and
-        reference losses, rollback, guard decision, events) and the world
-        model's own ``fields`` (losses, sizes, timing, checkpoint)."""
-        return cls(
-            val_loss=float(call.val_loss if val_loss is None else val_loss), precision=call.precision, skipped_steps=call.skipped_steps,
-            fp32_val_loss=call.fp32_val_loss, shadow_gap=call.gap, reference=call.reference if call.fp32_val_loss is not None else None,
-            rollback=call.rollback, guard_decision=call.decision, events=call.events,
-            precision_decision=call.precision_decision.as_dict() if call.precision_decision is not None else None, **fields,
-        )
-
-    @property
-    def rolled_back(self) -> bool:
-        """Whether the call rolled back."""
-        return self.rollback is not None
-
-    @property
-    def rollback_reason(self) -> Optional[str]:
-        """``"<severity>: <reason>"`` of the first rollback (`Verdict.summary`); None without one."""
-        return None if self.rollback is None else self.rollback.summary
-
-    def as_dict(self) -> dict[str, Any]:
-        """The report as plain data: ``rollback`` as ``rolled_back`` and
-        ``rollback_reason``, ``guard_decision`` as its `Verdict.as_dict`."""
-        out: dict[str, Any] = {}
-        for f in fields(self):
-            value = getattr(self, f.name)
-            if f.name == "rollback":
-                out.update(rolled_back=self.rolled_back, rollback_reason=self.rollback_reason)
-            elif isinstance(value, Verdict):
-                out[f.name] = value.as_dict()
-            else:
-                out[f.name] = copy.deepcopy(value)
-        return out
 
     def log_fields(self) -> dict[str, Any]:
         """The fields of the ``world_model.trained`` event."""
