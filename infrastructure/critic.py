@@ -55,7 +55,7 @@ from .critic_net import (CriticSpec, TwinQ, check_critic_payload, check_spec, ch
                          normaliser_stats, smoothing_noise, td_loss)
 from .dynamics import NonFiniteDataError
 from .transitions import Transitions
-from .world_model_types import GuardedCallReport
+from .world_model_types import GuardedCallReport, GuardedLearner
 
 __all__ = ["Critic", "CriticReport", "NonFiniteDataError", "Transitions", "compute_targets"]
 
@@ -107,7 +107,7 @@ def _val_loss(model: TwinQ, trainer: FP16Trainer, x: torch.Tensor, y: torch.Tens
         return float(td_loss(model, (x, y)))
 
 
-class Critic:
+class Critic(GuardedLearner):
     """Twin-Q critic (TD3 targets) of a deterministic policy; see the module's docstring.
 
     Args:
@@ -187,17 +187,6 @@ class Critic:
             )
         return self._training
 
-    @property
-    def trainer(self) -> Optional[FP16Trainer]:
-        """The trainer in use (None before the first `train()`, `save()`, `load()` or `precision`)."""
-        return self._training.trainer if self._training is not None else None
-
-    @property
-    def precision(self) -> str:
-        """The precision training runs in now (``fp32``, ``bf16``, ...)."""
-        return self.training.trainer.precision.name
-
-    decision = property(lambda self: self.training.decision, doc="The trainer's `PrecisionDecision` (mode, source, reason).")
 
     # -- values ----------------------------------------------------------------------
     def q_values(self, obs: torch.Tensor, act: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

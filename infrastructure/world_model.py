@@ -23,7 +23,6 @@ from genesis_fp16.names import check_agent_name
 from genesis_fp16.settings import Settings, load_settings
 from genesis_fp16.threads import torch_threads
 from genesis_fp16.telemetry import get_logger
-from genesis_fp16.trainer import FP16Trainer
 
 from .dynamics import NonFiniteDataError, NotTrainedError, ProjectFn, TerminationFn, check_options, check_sizes, features, training_data
 from .ensemble import EnsembleDynamics, ensemble_loss, sample_batch
@@ -31,7 +30,7 @@ from .model_env import ModelEnv, RolloutPolicy, Rollouts, branched_rollouts
 from .replay_buffer import ReplayBuffer
 from .trajectory import Trajectory
 from .world_model_training import restore, train_sync
-from .world_model_types import ShadowGapLedger, TrainReport
+from .world_model_types import GuardedLearner, ShadowGapLedger, TrainReport
 
 __all__ = ["EnsembleDynamics", "Guard", "ModelEnv", "NonFiniteDataError", "NotTrainedError", "Rollouts", "ShadowGapLedger",
            "TrainReport", "UNGUARDED", "Verdict", "WorldModel", "features"]
@@ -45,7 +44,7 @@ DEFAULT_HIDDEN = 128
 DEFAULT_LAYERS = 2
 
 
-class WorldModel:
+class WorldModel(GuardedLearner):
     """Learned dynamics for one environment: (observation, action) ->
     (next-observation delta, reward[, termination]).
 
@@ -154,17 +153,6 @@ class WorldModel:
             )
         return self._training
 
-    @property
-    def trainer(self) -> Optional[FP16Trainer]:
-        """The trainer in use (None before the first `train()`, `save()`, `load()` or `precision`)."""
-        return self._training.trainer if self._training is not None else None
-
-    @property
-    def precision(self) -> str:
-        """The precision training runs in now (`fp32`, `bf16`, ...), as settings, profile and ledger resolve it."""
-        return self.training.trainer.precision.name
-
-    decision = property(lambda self: self.training.decision, doc="The trainer's `PrecisionDecision` (mode, source, reason).")
 
     def _dataset(self, trajectories: Sequence[Trajectory]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """``(x_train, y_train, x_val, y_val)``; see `infrastructure.dynamics.training_data`."""

@@ -13,16 +13,40 @@ from typing import Any, Optional
 
 import torch
 
-from genesis_fp16.guarded import CallReport, Guard, QualityLedger, Verdict
+from genesis_fp16.guarded import CallReport, Guard, GuardedTraining, QualityLedger, Verdict
 from genesis_fp16.trainer import FP16Trainer
 
 from .ensemble import EnsembleDynamics, member_losses
 
-__all__ = ["Guard", "GuardedCallReport", "ShadowGapLedger", "TrainReport", "inference_gap_of", "val_loss_of", "Verdict"]
+__all__ = ["Guard", "GuardedCallReport", "GuardedLearner", "ShadowGapLedger", "TrainReport", "inference_gap_of", "val_loss_of", "Verdict"]
 
 
 ShadowGapLedger = QualityLedger
 """Where shadow-stage measurements go (``genesis_fp16.rollout.RolloutLedger``)."""
+
+
+class GuardedLearner:
+    """What the world model and the critic share as guarded agents: the
+    trainer in use, its precision and the decision behind it, read from the
+    learner's `GuardedTraining` (``training``, built on first use)."""
+
+    _training: Optional[GuardedTraining]
+    training: GuardedTraining
+
+    @property
+    def trainer(self) -> Optional[FP16Trainer]:
+        """The trainer in use (None before the first `train()`, `save()`, `load()` or `precision`)."""
+        return self._training.trainer if self._training is not None else None
+
+    @property
+    def precision(self) -> str:
+        """The precision training runs in now (`fp32`, `bf16`, ...), as settings, profile and ledger resolve it."""
+        return self.training.trainer.precision.name
+
+    @property
+    def decision(self) -> Any:
+        """The trainer's `PrecisionDecision` (mode, source, reason)."""
+        return self.training.decision
 
 
 class GuardedCallReport:
