@@ -373,3 +373,45 @@ async def test_a_resumed_stretch_that_trains_no_model_reports_the_precision_the_
     for learner in ("world_model", "critic"):  # what the learner in use trained in, not what a trainer would run now
         assert report["learners"][learner]["precision"] == "bf16", (learner, report["learners"])
         assert report["learners"][learner]["decision"]["precision"] == "bf16" and report["learners"][learner]["decision"]["source"] == "measured"
+
+
+def test_resume_after_kill_9_gives_the_uninterrupted_report(tmp_path):
+    """`evolve` killed by SIGKILL mid-run (no handler runs): `--resume` continues after the last committed generation,
+    and the report is the one of a run never interrupted."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from process_helpers import wait_until
+
+    root = Path(__file__).resolve().parents[1]
+    flags = ["--budget", "36", "--popsize", "6", "--wm-steps", "30", "--ensemble", "2", "--refine-steps", "4",
+             "--critic-updates", "0.02", "--model-rollouts", "16", "--rollout-horizon", "2", "--target", "-1", "--workers", "1"]
+
+    def evolve(state: Path, *args: str, **popen: object) -> subprocess.Popen:
+        env = {**os.environ, "GENESIS_FP16_STATE_DIR": str(state)}
+        return subprocess.Popen([sys.executable, "-m", "genesis_fp16.cli", "evolve", *args], cwd=root, env=env,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, **popen)
+
+    whole = evolve(tmp_path / "whole", *flags, "--json", str(tmp_path / "whole.json"))
+    assert whole.wait(timeout=600) == 0, whole.stderr.read()
+    cut = tmp_path / "cut"
+    proc = evolve(cut, *flags)
+    try:
+        def committed() -> bool:
+            manifests = list((cut / "runs").glob("*/run.json"))
+            return bool(manifests) and json.loads(manifests[0].read_text()).get("generation", -1) >= 2
+
+        assert wait_until(committed, 300), "generation 2 was never committed"
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=60)
+    finally:
+        proc.kill()
+    run_id = next((cut / "runs").glob("*/run.json")).parent.name
+    resumed = evolve(cut, "--resume", run_id, "--json", str(tmp_path / "resumed.json"))
+    assert resumed.wait(timeout=600) == 0, resumed.stderr.read()
+    expected, report = (json.loads((tmp_path / f"{name}.json").read_text()) for name in ("whole", "resumed"))
+    assert report["resumed"] is True and report["resumed_from"]["generation"] >= 2
+    assert comparable(report) == comparable(expected)
