@@ -43,11 +43,9 @@ import torch
 from torch.func import functional_call
 
 from genesis_fp16 import checkpoint as ckpt
-from genesis_fp16.device import DeviceArg, resolve_device
-from genesis_fp16.guarded import DEFAULT_GUARD, UNGUARDED, Guard, GuardChoice, GuardedTraining, Verdict, resolve_guard
-from genesis_fp16.names import check_agent_name
-from genesis_fp16.settings import Settings, load_settings
-from genesis_fp16.telemetry import get_logger
+from genesis_fp16.device import DeviceArg
+from genesis_fp16.guarded import DEFAULT_GUARD, UNGUARDED, Guard, GuardChoice, GuardedTraining, Verdict
+from genesis_fp16.settings import Settings
 from genesis_fp16.threads import torch_threads
 from genesis_fp16.trainer import FP16Trainer
 
@@ -146,15 +144,7 @@ class Critic(GuardedLearner):
         ) if not ok]
         if problems:
             raise ValueError("Critic: " + "; ".join(problems))
-        self.settings = settings or load_settings()
-        self.agent = check_agent_name(agent)
-        self._log = get_logger("infrastructure.critic", agent=agent)
-        choice = resolve_device(self.settings.device if device is None else device, self.settings.on_unsupported, owner=f"Critic({agent!r})")
-        if choice.fallback_reason is not None:
-            self._log.warning("critic.device_fallback", requested=choice.requested, device=str(choice.device), reason=choice.fallback_reason)
-        self.device = choice.device
-        self.guard: Optional[Guard] = resolve_guard(f"Critic({agent!r})", self.agent, guard, self.settings)
-        self.requested_precision = precision
+        self._set_up_agent("critic", agent, settings=settings, device=device, guard=guard, precision=precision)
         self.gamma, self.tau, self.lr, self.batch_size = float(gamma), float(tau), float(lr), int(batch_size)
         self.target_noise, self.noise_clip, self.seed = float(target_noise), float(noise_clip), seed
         self.checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir else Path(self.settings.state_dir) / "critic"

@@ -17,12 +17,10 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
-from genesis_fp16.device import DeviceArg, resolve_device
-from genesis_fp16.guarded import DEFAULT_GUARD, UNGUARDED, Guard, GuardChoice, GuardedTraining, Verdict, resolve_guard
-from genesis_fp16.names import check_agent_name
-from genesis_fp16.settings import Settings, load_settings
+from genesis_fp16.device import DeviceArg
+from genesis_fp16.guarded import DEFAULT_GUARD, UNGUARDED, Guard, GuardChoice, GuardedTraining, Verdict
+from genesis_fp16.settings import Settings
 from genesis_fp16.threads import torch_threads
-from genesis_fp16.telemetry import get_logger
 
 from .dynamics import NonFiniteDataError, NotTrainedError, ProjectFn, TerminationFn, check_options, check_sizes, features, training_data
 from .ensemble import EnsembleDynamics, ensemble_loss, sample_batch
@@ -112,17 +110,9 @@ class WorldModel(GuardedLearner):
         checkpoint_dir: Union[str, Path, None] = None, max_transitions: Optional[int] = 50_000,
     ) -> None:
         check_options(batch_size, val_fraction)
-        self.settings = settings or load_settings()
+        self._set_up_agent("world_model", agent, settings=settings, device=device, guard=guard, precision=precision)
         self.buffer = buffer
-        self.agent = check_agent_name(agent)  # it names the checkpoint files (<agent>.pt)
         self.data_agent = data_agent
-        self._log = get_logger("infrastructure.world_model", agent=agent)
-        choice = resolve_device(self.settings.device if device is None else device, self.settings.on_unsupported, owner=f"WorldModel({agent!r})")
-        if choice.fallback_reason is not None:
-            self._log.warning("world_model.device_fallback", requested=choice.requested, device=str(choice.device), reason=choice.fallback_reason)
-        self.device = choice.device
-        self.guard: Optional[Guard] = resolve_guard(f"WorldModel({agent!r})", self.agent, guard, self.settings)
-        self.requested_precision = precision
         self.batch_size = batch_size
         self.val_fraction = val_fraction
         self.seed = seed

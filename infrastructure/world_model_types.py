@@ -9,11 +9,15 @@ import contextlib
 import copy
 import math
 from dataclasses import dataclass, field, fields
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 import torch
 
-from genesis_fp16.guarded import CallReport, Guard, GuardedTraining, QualityLedger, Verdict
+from genesis_fp16.device import DeviceArg, resolve_device
+from genesis_fp16.guarded import CallReport, Guard, GuardChoice, GuardedTraining, QualityLedger, Verdict, resolve_guard
+from genesis_fp16.names import check_agent_name
+from genesis_fp16.settings import Settings, load_settings
+from genesis_fp16.telemetry import get_logger
 from genesis_fp16.trainer import FP16Trainer
 
 from .ensemble import EnsembleDynamics, member_losses
@@ -32,6 +36,23 @@ class GuardedLearner:
 
     _training: Optional[GuardedTraining]
     training: GuardedTraining
+
+    def _set_up_agent(self, kind: str, agent: str, *, settings: Optional[Settings], device: DeviceArg,
+                      guard: Union[Guard, GuardChoice], precision: Optional[str]) -> None:
+        """What every guarded learner sets first: its settings, checked agent
+        name, logger (``infrastructure.<kind>``), device (one that is not there
+        follows ``on_unsupported``; a fallback is logged as ``<kind>.device_fallback``),
+        guard and the precision asked for."""
+        owner = f"{type(self).__name__}({agent!r})"
+        self.settings = settings or load_settings()
+        self.agent = check_agent_name(agent)  # it names the checkpoint files (<agent>.pt)
+        self._log = get_logger(f"infrastructure.{kind}", agent=agent)
+        choice = resolve_device(self.settings.device if device is None else device, self.settings.on_unsupported, owner=owner)
+        if choice.fallback_reason is not None:
+            self._log.warning(f"{kind}.device_fallback", requested=choice.requested, device=str(choice.device), reason=choice.fallback_reason)
+        self.device = choice.device
+        self.guard: Optional[Guard] = resolve_guard(owner, self.agent, guard, self.settings)
+        self.requested_precision = precision
 
     @property
     def trainer(self) -> Optional[FP16Trainer]:
