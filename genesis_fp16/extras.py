@@ -20,7 +20,6 @@ EXTRAS = {
     "ray": "ray",
     "tensorboard": "tensorboard",
     "stable_baselines3": "bench",
-    "envpool": "envpool",
 }
 
 

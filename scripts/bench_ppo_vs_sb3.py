@@ -5,8 +5,8 @@ the raw env-stepping rate.
     .venv/bin/python scripts/bench_ppo_vs_sb3.py [--env CartPole-v1] [--steps 100000] [--repeats 3] [--json PATH]
 
 Both use 8 in-process environments (SB3's DummyVecEnv; ours what ``--vec-env``
-says, by default what ``genesis-fp16 ppo`` picks: for HalfCheetah-v5 and
-Swimmer-v5 the lean MuJoCo step, gymnasium's results step for step),
+says, by default what ``genesis-fp16 ppo`` picks, with its CPU fast path: for
+HalfCheetah-v5 and Swimmer-v5 the lean MuJoCo step, gymnasium's results step for step),
 128 steps per rollout, 4 epochs, minibatch 256, separate 64-64 tanh actor and
 critic MLPs, the same learning rate / gamma / GAE lambda / entropy / clip
 values, FP32 on the CPU. Each measurement runs in its own subprocess with
@@ -64,17 +64,11 @@ def worker_ours(env_id: str, steps: int, seed: int, vec_env: str) -> dict:
 
 
 def worker_raw(env_id: str, steps: int, seed: int, vec_env: str) -> dict:
-    """The engine ours steps (gymnasium's SyncVectorEnv x8, or EnvPool x8 with ``--vec-env envpool``) stepped with
-    random actions: no policy, no learning."""
+    """Gymnasium's SyncVectorEnv x8 stepped with random actions: no policy, no learning."""
     import gymnasium as gym
 
     n = SHARED["num_envs"]
-    if vec_env == "envpool":
-        from agents.ppo.envpool_env import EnvPoolVectorEnv
-
-        envs = EnvPoolVectorEnv(env_id, n, seed=seed)
-    else:
-        envs = gym.vector.SyncVectorEnv([lambda: gym.make(env_id)] * n, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+    envs = gym.vector.SyncVectorEnv([lambda: gym.make(env_id)] * n, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
     try:
         envs.reset(seed=seed)
         envs.action_space.seed(seed)
@@ -137,10 +131,9 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--raw-steps", type=int, default=None, help="env steps of the raw SyncVectorEnv measurement (default: --steps)")
-    ap.add_argument("--vec-env", choices=["auto", "sync", "mujoco", "envpool"], default="auto",
-                    help="our PPO's env engine (SB3 steps its DummyVecEnv either way; auto: what `genesis-fp16 ppo` picks, "
-                         "the lean MuJoCo step for the envs it has); the raw rate is measured on gymnasium's SyncVectorEnv, "
-                         "or on EnvPool with envpool")
+    ap.add_argument("--vec-env", choices=["auto", "sync"], default="auto",
+                    help="our PPO's vec_env (SB3 steps its DummyVecEnv either way; auto: what `genesis-fp16 ppo` picks); "
+                         "the raw rate is measured on gymnasium's SyncVectorEnv")
     ap.add_argument("--worker", choices=["ours", "sb3", "raw"], help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
@@ -183,7 +176,7 @@ def main() -> None:
         "load_avg": list(os.getloadavg()),
     }
     print(f"our engine: {', '.join(summary['vec_env_resolved'])}")
-    print(f"per CPU-second: ours {med_cpu['ours']:,.0f}, SB3 {med_cpu['sb3']:,.0f}, raw {'EnvPool' if args.vec_env == 'envpool' else 'SyncVectorEnv'} {med_cpu['raw']:,.0f}; "
+    print(f"per CPU-second: ours {med_cpu['ours']:,.0f}, SB3 {med_cpu['sb3']:,.0f}, raw SyncVectorEnv {med_cpu['raw']:,.0f}; "
           f"ours/SB3 {ratio_cpu:.2f}x (per pair: {', '.join(f'{r:.2f}' for r in pair_ratios_cpu)}); "
           f"ours {100 * summary['share_of_raw_cpu']['ours']:.0f}% of raw, SB3 {100 * summary['share_of_raw_cpu']['sb3']:.0f}%")
     print(f"per wall-second: ours {med['ours']:,.0f}, SB3 {med['sb3']:,.0f}; ratio {ratio:.2f}x "

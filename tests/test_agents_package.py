@@ -26,7 +26,7 @@ for package in ("agents", "infrastructure"):
 from genesis_fp16.extras import MissingExtraError
 # PPO's environment code subclasses gymnasium's wrappers and vector envs, so it
 # needs the extra to import; it must say so in one line, not with a bare ImportError
-ENV_CODE = {"agents.ppo.envs", "agents.ppo.envpool_env", "agents.ppo.mujoco_env", "agents.ppo.ppo", "agents.ppo.vector_env"}
+ENV_CODE = {"agents.ppo.envs", "agents.ppo.fast", "agents.ppo.ppo"}
 refused = []
 for name in names:
     try:

@@ -14,7 +14,7 @@ BASE = Path(__file__).resolve().parents[1] / "configs" / "base.yaml"
 
 OPTIMIZATION_KEYS = {
     "use_subproc_vec_env", "force_dummy_vec_env", "precision", "use_torch_compile", "compile_mode",
-    "use_pinned_memory", "num_workers", "batch_inference", "inference_batch_size", "action_repeat", "vec_env",
+    "use_pinned_memory", "num_workers", "batch_inference", "inference_batch_size", "action_repeat", "vec_env", "cpu_fast_path",
 }
 
 

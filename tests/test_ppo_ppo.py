@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from agents.ppo.config import load_config
-from agents.ppo.policy import CompiledFallback
 from agents.ppo.ppo import PPO, run
+from agents.ppo.results import CompiledFallback
 from genesis_fp16.telemetry import read_events
 
 
@@ -38,8 +38,8 @@ def test_batched_inference_picks_the_same_actions_as_per_env(env_id):
         torch.manual_seed(0)
         ppo = PPO(tiny(env_id, num_envs=8, num_steps=16, minibatch_size=16, seed=3, **kw))
         calls = []
-        original = ppo.actor
-        ppo.actor = lambda x, _f=original: (calls.append(x.shape[0]), _f(x))[1]
+        original = ppo.forward
+        ppo.forward = lambda x, _f=original: (calls.append(x.shape[0]), _f(x))[1]
         with torch.inference_mode():
             perturbation = ppo.net.perturbation(ppo._draw_noise())
         acts = [ppo.act(obs, perturbation[t]) for t in range(5)]
@@ -57,38 +57,12 @@ def test_batched_inference_picks_the_same_actions_as_per_env(env_id):
 
 
 @pytest.mark.parametrize("env_id", ["CartPole-v1", "Pendulum-v1"])
-def test_the_lean_rollout_actor_picks_acts_actions_bit_for_bit(env_id):
-    obs = torch.randn(8, 4 if env_id == "CartPole-v1" else 3, generator=torch.Generator().manual_seed(1))
-    ppo = PPO(tiny(env_id, num_envs=8, num_steps=16, minibatch_size=16, seed=5))
-    with torch.inference_mode():
-        perturbation = ppo.net.perturbation(ppo._draw_noise())
-    lean = ppo._rollout_actor(perturbation)
-    assert lean.__qualname__.startswith("ActorCritic.rollout_actor")
-    for t in range(16):
-        assert torch.equal(lean(obs, t), ppo.act(obs, perturbation[t]))
-    before = lean(obs, 0).clone()
-    with torch.no_grad():  # an update changes the weights in place: the actor's views follow them
-        ppo.net.w1.mul_(1.5)
-        ppo.net.actor_head.bias.add_(0.3)
-    assert torch.equal(lean(obs, 0), ppo.act(obs, perturbation[0]))
-    assert torch.equal(ppo._rollout_actor(perturbation)(obs, 0), ppo.act(obs, perturbation[0]))
-    assert not torch.equal(lean(obs, 0), before) or env_id == "CartPole-v1"
-    # chunked inference keeps act (and so the test above of chunked against batched)
-    chunked = PPO(tiny(env_id, num_envs=8, num_steps=16, minibatch_size=16, seed=5, inference_batch_size=3))
-    assert chunked._rollout_actor(perturbation).__qualname__.startswith("PPO._rollout_actor")
-    ppo.close(), chunked.close()
-
-
-@pytest.mark.parametrize("env_id", ["CartPole-v1", "Pendulum-v1"])
 def test_rollout_log_probs_are_the_losss_log_probs(env_id):
     """The rollout and the update use one policy: the actor the rollout steps
     with is the network's actor, and the log-probability and value stored with
     each action (one forward over the rollout, before the update) are the ones
     the network gives it."""
     ppo = PPO(tiny(env_id, num_envs=8, seed=4))
-    obs = torch.randn(8, ppo.obs_dim)
-    with torch.inference_mode():
-        torch.testing.assert_close(ppo.net.actor(obs), ppo.net(obs)[0])
     seen = []
 
     def update(advantages, returns):
@@ -112,8 +86,11 @@ def test_rollout_log_probs_are_the_losss_log_probs(env_id):
 def test_loss_returns_its_diagnostics():
     ppo = PPO(tiny(ent_coef=0.01, seed=4))
     ppo.train()
-    adv, ret = ppo.buffer.gae(torch.zeros(ppo.cfg.num_envs), ppo.cfg.gamma, ppo.cfg.gae_lambda)
-    mb = ppo.buffer.flat(adv, ret)
+    from agents.ppo.ppo import gae
+
+    rows = ppo.buffer.rows
+    adv = torch.from_numpy(gae(rows["rew"], rows["val"], rows["done"], np.zeros(ppo.cfg.num_envs, np.float32), ppo.cfg.gamma, ppo.cfg.gae_lambda))
+    mb = ppo.buffer.flat(adv, adv + ppo.buffer.val)
     loss, diagnostics = ppo._loss(ppo.net, mb)
     assert set(mb) == {"obs", "act", "logp", "adv", "ret", "val"}
     assert set(diagnostics) == {"pg_loss", "v_loss", "entropy", "approx_kl"}
@@ -176,10 +153,9 @@ def test_compile_failure_falls_back_to_eager_with_a_logged_reason(monkeypatch, s
     ppo.train()
     ppo.close()
     events = [e for e in read_events(state_dir / "events.jsonl") if e["event"] == "ppo.compile_fallback"]
-    # one event per compiled function: the full forward (rollout scoring, update) and the rollout's actor
-    assert sorted(e["function"] for e in events) == ["ActorCritic.actor", "ActorCritic.forward"]
+    assert [e["function"] for e in events] == ["ActorCritic.forward"]  # one event, on the first failure
     assert all("no C++ compiler" in e["reason"] and e["mode"] == "reduce-overhead" for e in events)
-    assert not ppo.forward.active and not ppo.actor.active
+    assert not ppo.forward.active and ppo.fast is None  # compiled code takes no fast path
     assert "fallback" in dict(ppo.optimization_summary())["torch.compile"]
     assert ppo.global_step == 64
 
@@ -193,7 +169,7 @@ def test_compile_wraps_the_forward_when_it_works(monkeypatch):
 
     monkeypatch.setattr(torch, "compile", fake_compile)
     ppo = PPO(tiny(use_torch_compile=True, compile_mode="max-autotune"))
-    assert calls == ["max-autotune"] * 2 and all(isinstance(f, CompiledFallback) and f.active for f in (ppo.forward, ppo.actor))
+    assert calls == ["max-autotune"] and isinstance(ppo.forward, CompiledFallback) and ppo.forward.active
     assert dict(ppo.optimization_summary())["torch.compile"] == "on (mode max-autotune)"
     ppo.close()
 
@@ -228,15 +204,13 @@ def test_action_repeat_counts_every_env_step():
 
 
 def test_gae_matches_a_hand_computation():
-    ppo = PPO(tiny(num_envs=1, num_steps=3, minibatch_size=3, gamma=0.5, gae_lambda=0.5))
-    ppo.buffer.rew[:, 0] = torch.tensor([1.0, 1.0, 1.0])
-    ppo.buffer.val[:, 0] = torch.tensor([0.0, 0.0, 0.0])
-    ppo.buffer.done[:, 0] = torch.tensor([0.0, 1.0, 0.0])
-    adv, ret = ppo.buffer.gae(torch.tensor([2.0]), 0.5, 0.5)
-    # t=2: 1 + 0.5*2 = 2; t=1: done -> 1; t=0: 1 + 0.25*1 = 1.25
-    torch.testing.assert_close(adv[:, 0], torch.tensor([1.25, 1.0, 2.0]))
-    torch.testing.assert_close(ret, adv)
-    ppo.close()
+    from agents.ppo.ppo import gae
+
+    rew, val = np.ones((3, 1), np.float32), np.array([[0.0], [0.5], [0.0]], np.float32)
+    done = np.array([[0.0], [1.0], [0.0]], np.float32)
+    adv = gae(rew, val, done, np.array([2.0], np.float32), 0.5, 0.5)
+    # t=2: 1 + 0.5*2 - 0 = 2; t=1: done -> 1 - 0.5 = 0.5; t=0: delta 1 + 0.5*0.5 = 1.25, + 0.25*0.5 = 1.375
+    np.testing.assert_allclose(adv[:, 0], [1.375, 0.5, 2.0])
 
 
 def test_checkpoint_round_trip(tmp_path):
@@ -362,7 +336,7 @@ def test_cli_ppo_tensorboard_dir_from_the_setting(tmp_path, monkeypatch):
 
 
 def test_joint_towers_equal_two_separate_mlps():
-    from agents.ppo.policy import ActorCritic
+    from agents.ppo.ppo import ActorCritic
 
     torch.manual_seed(0)
     net = ActorCritic(4, 3, discrete=True, hidden=16)
@@ -496,58 +470,3 @@ def test_checkpoint_with_bad_normalisation_statistics_changes_nothing(tmp_path):
     assert all(torch.equal(v, other.net.state_dict()[k]) for k, v in weights.items())
     np.testing.assert_array_equal(mean, other.obs_rms.mean)
     ppo.close(), other.close()
-
-
-def test_numpy_tanh_matches_torch_and_falls_back_where_it_must():
-    from agents.ppo.policy import tanh
-
-    x = torch.randn(64, 32, requires_grad=True)
-    ref = x.detach().clone().requires_grad_(True)
-    y, y_ref = tanh(x), torch.tanh(ref)
-    torch.testing.assert_close(y, y_ref)
-    g = torch.randn_like(y)
-    y.backward(g)
-    y_ref.backward(g)
-    torch.testing.assert_close(x.grad, ref.grad)  # torch's own tanh backward
-    with torch.inference_mode():
-        torch.testing.assert_close(tanh(x[:, ::2]), torch.tanh(x[:, ::2]))  # a strided view, in inference mode
-    half = x.detach().to(torch.bfloat16)
-    assert torch.equal(tanh(half), torch.tanh(half)) and tanh(half).dtype == torch.bfloat16  # autocast's dtypes: torch's kernel
-
-
-@pytest.mark.parametrize("discrete", [False, True])
-def test_the_towers_node_gives_autograds_outputs_and_gradients(discrete, monkeypatch):
-    from agents.ppo import policy
-
-    torch.manual_seed(0)
-    net = policy.ActorCritic(7, 3, discrete=discrete, hidden=16)
-    obs = torch.randn(40, 7)
-    g_out, g_value = torch.randn(40, 3), torch.randn(40)
-    applied = []
-    original = policy._Towers.apply
-    monkeypatch.setattr(policy._Towers, "apply", lambda *a: (applied.append(1), original(*a))[1])
-
-    def outputs_and_grads():
-        net.zero_grad(set_to_none=True)
-        out, value = net(obs)
-        ((out * g_out).sum() + (value * g_value).sum()).backward()
-        return out.detach(), value.detach(), {n: p.grad.clone() for n, p in net.named_parameters() if p.grad is not None}
-
-    fused = outputs_and_grads()
-    assert applied == [1]
-    monkeypatch.setattr(policy._Towers, "apply", None)  # the autograd path: the same ops, node by node
-    with torch.autocast("cpu", enabled=False):
-        monkeypatch.setattr(torch, "is_autocast_enabled", lambda *a: True)  # the guard that sends autocast to autograd
-        reference = outputs_and_grads()
-    monkeypatch.undo()
-    assert torch.equal(fused[0], reference[0]) and torch.equal(fused[1], reference[1])  # the same ops forward
-    assert fused[2].keys() == reference[2].keys()
-    for name, grad in reference[2].items():
-        torch.testing.assert_close(fused[2][name], grad, rtol=1e-5, atol=1e-7, msg=lambda m: f"{name}: {m}")
-    # no grad (rollout scoring), autocast: the plain forward
-    monkeypatch.setattr(policy._Towers, "apply", lambda *a: (applied.append(1), original(*a))[1])
-    with torch.no_grad():
-        net(obs)
-    with torch.autocast("cpu", dtype=torch.bfloat16):
-        out, _ = net(obs)
-    assert out.dtype == torch.bfloat16 and applied == [1]

@@ -29,7 +29,9 @@ PRECISIONS = (PrecisionMode.FP32, PrecisionMode.FP16, PrecisionMode.BF16, Precis
 LEGACY_AMP_KEYS = ("use_amp", "amp_dtype")
 LEGACY_AMP_DTYPES = {"float16": PrecisionMode.FP16, "bfloat16": PrecisionMode.BF16}
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune")
-VEC_ENV_MODES = ("auto", "sync", "async", "envpool", "mujoco")
+VEC_ENV_MODES = ("auto", "sync", "async")
+REMOVED_VEC_ENVS = {"envpool": "it never beat in-process envs (docs/PPO.md)",
+                    "mujoco": "the lean MuJoCo step now comes with cpu_fast_path on in-process envs"}
 
 
 @dataclass
@@ -37,10 +39,8 @@ class Optimizations:
     """The training-speed flags, ``training.optimizations`` in configs/base.yaml."""
 
     vec_env: str = "auto"
-    """auto | sync | async | envpool | mujoco. mujoco: in-process envs whose MuJoCo step skips gymnasium's per-step
-    Python, step for step the same results (HalfCheetah-v5, Swimmer-v5: agents.ppo.mujoco_env). auto picks envpool for a
-    MuJoCo env EnvPool has (the envpool extra installed, no action repeat, at least 4 cores); otherwise it times one env
-    step against a subprocess round trip at start-up and picks the faster, in-process meaning mujoco where it applies."""
+    """auto | sync | async. sync: in-process envs; async: one subprocess per env (gymnasium's AsyncVectorEnv);
+    auto times one env step against a subprocess round trip at start-up and picks the faster (docs/PPO.md)."""
     use_subproc_vec_env: bool = False
     """true asks for subprocess (async) envs without measuring when vec_env is auto."""
     force_dummy_vec_env: bool = False
@@ -64,21 +64,23 @@ class Optimizations:
     """With batch_inference, envs per forward pass (0 = all envs in one pass)."""
     action_repeat: int = 1
     """Repeat each chosen action this many env steps, summing the rewards (stops at episode end)."""
+    cpu_fast_path: bool = True
+    """On the CPU without torch.compile: the same computation in fewer operations (NumPy tanh, the forward and
+    the loss as single autograd nodes, the actor-only rollout step, the lean MuJoCo step; agents.ppo.fast)."""
 
     def validate(self) -> None:
+        if self.vec_env in REMOVED_VEC_ENVS:
+            raise ConfigError(f"training.optimizations.vec_env={self.vec_env!r} was removed: {REMOVED_VEC_ENVS[self.vec_env]}; "
+                              f"expected one of {', '.join(VEC_ENV_MODES)}")
         _choice("training.optimizations.vec_env", self.vec_env, VEC_ENV_MODES)
         self.precision = _precision("training.optimizations.precision", self.precision).value
         _choice("training.optimizations.compile_mode", self.compile_mode, COMPILE_MODES)
-        for name in ("use_subproc_vec_env", "force_dummy_vec_env", "use_torch_compile", "use_pinned_memory", "batch_inference"):
+        for name in ("use_subproc_vec_env", "force_dummy_vec_env", "use_torch_compile", "use_pinned_memory", "batch_inference",
+                     "cpu_fast_path"):
             _bool(f"training.optimizations.{name}", getattr(self, name))
         _int("training.optimizations.num_workers", self.num_workers, 0)
         _int("training.optimizations.inference_batch_size", self.inference_batch_size, 0)
         _int("training.optimizations.action_repeat", self.action_repeat, 1)
-        if self.vec_env in ("envpool", "mujoco") and self.action_repeat > 1:
-            raise ConfigError(
-                f"training.optimizations.vec_env={self.vec_env!r} with action_repeat={self.action_repeat}: that engine steps "
-                "the envs itself, so the ActionRepeat wrapper cannot wrap them; use vec_env sync or async for action repeat"
-            )
         if self.force_dummy_vec_env and self.vec_env == "async":
             raise ConfigError(
                 "training.optimizations.force_dummy_vec_env=true conflicts with vec_env='async': "

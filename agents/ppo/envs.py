@@ -1,11 +1,12 @@
-"""Vectorized environments: action repeat, and the sync/async choice.
+"""Vectorized environments: action repeat, our in-process vector env, and the
+in-process / subprocess choice.
 
-``vec_env: auto`` decides by measurement, not by platform: it times one
-environment step in this process and one round trip to a subprocess, and
-picks subprocesses only when the step is slow enough that running envs in
-parallel pays for the pipe traffic. On CartPole (about 10 us a step) the round
-trip alone costs 10x the step, so in-process envs win there whatever the
-platform.
+``vec_env: auto`` decides by measurement, not by platform: it times one env
+step here and one round trip to a subprocess, and picks subprocesses only
+when the step is slow enough that parallel envs pay for the pipe traffic (on
+CartPole, about 10 us a step, the round trip alone costs 10x the step).
+In process, with the CPU fast path on, HalfCheetah-v5 and Swimmer-v5 step
+through the lean MuJoCo step (`agents.ppo.fast.MujocoVectorEnv`).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import os
 import statistics
 import time
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import numpy as np
 
@@ -24,11 +25,66 @@ from genesis_fp16.extras import require
 from genesis_fp16.telemetry import get_logger
 
 from .config import Optimizations
-from .envpool_env import EnvPoolVectorEnv, envpool_ids
-from .mujoco_env import MujocoVectorEnv, lean_mujoco_supported
-from .vector_env import EnvFn, InProcessVectorEnv
 
 gym = require("gymnasium", "genesis-fp16 ppo")
+
+EnvFn = Callable[[], gym.Env]
+
+
+class InProcessVectorEnv(gym.vector.VectorEnv):
+    """In-process vector env with the ``SyncVectorEnv`` same-step autoreset
+    contract, minus some per-step overhead: results go into preallocated
+    arrays. Actions go to each env as the array's own elements (NumPy
+    scalars): gymnasium 1.4's ``Discrete.contains``, which CartPole asserts on
+    every step, takes 1.7 us for one and 2.2 us for a Python int. Measured
+    against ``SyncVectorEnv`` by ``scripts/diagnose_performance.py --test env``."""
+
+    def __init__(self, env_fns: list[EnvFn]) -> None:
+        self.envs = [fn() for fn in env_fns]
+        self.num_envs = len(self.envs)
+        first = self.envs[0]
+        if first.observation_space.shape is None:
+            for env in self.envs:
+                env.close()
+            raise ValueError(
+                f"observation space {first.observation_space} not supported (expected a space with a shape, e.g. Box)"
+            )
+        self.single_observation_space = first.observation_space
+        self.single_action_space = first.action_space
+        self.observation_space = gym.vector.utils.batch_space(first.observation_space, self.num_envs)
+        self.action_space = gym.vector.utils.batch_space(first.action_space, self.num_envs)
+        self.metadata = dict(first.metadata, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+        shape = first.observation_space.shape
+        self._obs = np.zeros((self.num_envs, *shape), dtype=first.observation_space.dtype)
+        self._rew = np.zeros(self.num_envs, dtype=np.float64)
+        self._term = np.zeros(self.num_envs, dtype=bool)
+        self._trunc = np.zeros(self.num_envs, dtype=bool)
+
+    def reset(self, *, seed: Any = None, options: Optional[dict] = None):
+        seeds = [seed + i for i in range(self.num_envs)] if isinstance(seed, int) else (seed or [None] * self.num_envs)
+        for i, env in enumerate(self.envs):
+            self._obs[i], _ = env.reset(seed=seeds[i], options=options)
+        return self._obs.copy(), {}
+
+    def step(self, actions: Any):
+        acts = np.asarray(actions)
+        final_obs = final_mask = None
+        for i, env in enumerate(self.envs):
+            obs, reward, terminated, truncated, _ = env.step(acts[i])
+            if terminated or truncated:
+                if final_obs is None:
+                    final_obs = np.full(self.num_envs, None, dtype=object)
+                    final_mask = np.zeros(self.num_envs, dtype=bool)
+                final_obs[i], final_mask[i] = obs, True
+                obs, _ = env.reset()
+            self._obs[i] = obs
+            self._rew[i], self._term[i], self._trunc[i] = reward, terminated, truncated
+        infos = {} if final_obs is None else {"final_obs": final_obs, "_final_obs": final_mask}
+        return self._obs.copy(), self._rew.copy(), self._term.copy(), self._trunc.copy(), infos
+
+    def close_extras(self, **kwargs: Any) -> None:
+        for env in self.envs:
+            env.close()
 
 
 class ActionRepeat(gym.Wrapper):
@@ -127,12 +183,9 @@ def time_subprocess_round_trip(trips: int = 200, payload_size: int = 64) -> floa
             proc.terminate()
 
 
-ENVPOOL_MIN_CORES = 4  # auto's EnvPool rule: its C++ thread pool needs cores beside the learner's (measured slower on 2)
-
-
 @dataclass(frozen=True)
 class VecEnvChoice:
-    mode: str  # "sync" | "async" | "envpool"
+    mode: str  # "sync" | "async"
     reason: str
     step_s: Optional[float] = None
     round_trip_s: Optional[float] = None
@@ -149,70 +202,32 @@ def estimate_costs(step_s: float, round_trip_s: float, num_envs: int, cores: int
     return sync_cost, async_cost
 
 
-def choose_vec_env(
-    opts: Optimizations,
-    env_fn: EnvFn,
-    num_envs: int,
-    *,
-    cores: Optional[int] = None,
-    step_s: Optional[float] = None,
-    round_trip_s: Optional[float] = None,
-    env_id: Optional[str] = None,
-) -> VecEnvChoice:
-    """Resolve ``vec_env`` / ``force_dummy_vec_env`` / ``use_subproc_vec_env``.
-    ``auto`` picks EnvPool, by rule and not by timing (its envs reset from
-    other random numbers than gymnasium's, so a choice that followed the
-    machine's load would change the run), for a MuJoCo ``env_id`` EnvPool has
-    when the extra is installed, there is no action repeat and the machine
-    has at least `ENVPOOL_MIN_CORES` cores (on 2 cores its thread pool made
-    PPO slower than in-process envs: docs/PPO.md, "EnvPool inside PPO");
-    otherwise it times in-process against subprocess envs. In process means
-    `MujocoVectorEnv` for the MuJoCo envs it steps (gymnasium's results, step
-    for step, so this choice changes no run), `InProcessVectorEnv` otherwise."""
+def choose_vec_env(opts: Optimizations, env_fn: EnvFn, num_envs: int, *, cores: Optional[int] = None,
+                   step_s: Optional[float] = None, round_trip_s: Optional[float] = None) -> VecEnvChoice:
+    """Resolve ``vec_env`` / ``force_dummy_vec_env`` / ``use_subproc_vec_env``; ``auto`` measures."""
     if opts.force_dummy_vec_env:
         return VecEnvChoice("sync", "force_dummy_vec_env=true")
-    if opts.vec_env in ("sync", "async", "envpool", "mujoco"):
+    if opts.vec_env in ("sync", "async"):
         return VecEnvChoice(opts.vec_env, f"vec_env={opts.vec_env}")
     if opts.use_subproc_vec_env:
         return VecEnvChoice("async", "vec_env=auto with use_subproc_vec_env=true")
-    cores = cores or available_cores()
-    envpool_fits = env_id is not None and opts.action_repeat == 1 and env_id in envpool_ids() and is_mujoco(env_id)
-    if envpool_fits and cores >= ENVPOOL_MIN_CORES:
-        return VecEnvChoice("envpool", f"{env_id} is a MuJoCo env EnvPool has (the envpool extra is installed), {cores} cores")
-    left_out = f"EnvPool left out on {cores} cores (auto needs {ENVPOOL_MIN_CORES}); " if envpool_fits else ""
-    # in process, the lean MuJoCo step where it applies: the same results as gymnasium's, step for step
-    in_process = "mujoco" if env_id is not None and opts.action_repeat == 1 and lean_mujoco_supported(env_id) else "sync"
-    lean = f"; in-process means the lean MuJoCo step for {env_id}" if in_process == "mujoco" else ""
     if num_envs == 1:
-        return VecEnvChoice(in_process, left_out + "one env: nothing to run in parallel" + lean)
+        return VecEnvChoice("sync", "one env: nothing to run in parallel")
+    cores = cores or available_cores()
     step_s = time_env_step(env_fn) if step_s is None else step_s
     round_trip_s = time_subprocess_round_trip() if round_trip_s is None else round_trip_s
     sync_cost, async_cost = estimate_costs(step_s, round_trip_s, num_envs, cores)
-    mode = "async" if async_cost < sync_cost else in_process
-    reason = left_out + (
-        f"measured env step {step_s * 1e6:.1f} us, subprocess round trip {round_trip_s * 1e6:.1f} us, "
-        f"{num_envs} envs on {cores} cores: in-process {sync_cost * 1e6:.0f} us vs subprocess "
-        f"{async_cost * 1e6:.0f} us per vector step" + (lean if mode == "mujoco" else "")
-    )
-    return VecEnvChoice(mode, reason, step_s, round_trip_s, sync_cost, async_cost)
-
-
-def is_mujoco(env_id: str) -> bool:
-    """Whether gymnasium registers ``env_id`` as one of its MuJoCo envs."""
-    try:
-        entry = gym.spec(env_id).entry_point
-    except gym.error.Error:
-        return False
-    return isinstance(entry, str) and entry.startswith("gymnasium.envs.mujoco")
+    reason = (f"measured env step {step_s * 1e6:.1f} us, subprocess round trip {round_trip_s * 1e6:.1f} us, "
+              f"{num_envs} envs on {cores} cores: in-process {sync_cost * 1e6:.0f} us vs subprocess "
+              f"{async_cost * 1e6:.0f} us per vector step")
+    return VecEnvChoice("async" if async_cost < sync_cost else "sync", reason, step_s, round_trip_s, sync_cost, async_cost)
 
 
 def make_vector_env(env_fns: list[EnvFn], mode: str) -> gym.vector.VectorEnv:
-    """sync: `InProcessVectorEnv`; mujoco: `MujocoVectorEnv` (its envs only,
-    else ValueError); sync_gymnasium: gymnasium's ``SyncVectorEnv``; async:
-    ``AsyncVectorEnv`` (one subprocess per env).
-    All use SAME_STEP autoreset: a finished env returns its reset observation
-    in the same step, with the final observation in ``infos['final_obs']``
-    (what GAE needs to bootstrap a truncated episode)."""
+    """sync: `InProcessVectorEnv`; lean_mujoco: `agents.ppo.fast.MujocoVectorEnv` (its envs only, else
+    ValueError); sync_gymnasium: gymnasium's ``SyncVectorEnv``; async: ``AsyncVectorEnv`` (one subprocess
+    per env). All use SAME_STEP autoreset: a finished env returns its reset observation in the same step,
+    with the final observation in ``infos['final_obs']`` (what GAE needs to bootstrap a truncated episode)."""
     autoreset = gym.vector.AutoresetMode.SAME_STEP
     if mode == "async":
         return gym.vector.AsyncVectorEnv(env_fns, autoreset_mode=autoreset)
@@ -220,25 +235,29 @@ def make_vector_env(env_fns: list[EnvFn], mode: str) -> gym.vector.VectorEnv:
         return InProcessVectorEnv(env_fns)
     if mode == "sync_gymnasium":
         return gym.vector.SyncVectorEnv(env_fns, autoreset_mode=autoreset)
-    if mode == "mujoco":
+    if mode == "lean_mujoco":
+        from .fast import MujocoVectorEnv
+
         return MujocoVectorEnv(env_fns)
-    raise ValueError(f"vec env mode {mode!r}: expected sync, mujoco, sync_gymnasium or async")
+    raise ValueError(f"vec env mode {mode!r}: expected sync, lean_mujoco, sync_gymnasium or async")
 
 
-def build_envs(env_id: str, num_envs: int, seed: int, opts: Optimizations, **env_kwargs: Any):
-    """The vector env for training and the choice made (logged with its reason).
-    ``env_kwargs`` go to ``gym.make``; EnvPool is then left out of ``auto``
-    (its envs take their own options)."""
+def build_envs(env_id: str, num_envs: int, seed: int, opts: Optimizations, lean_mujoco: bool = False,
+               **env_kwargs: Any) -> tuple[gym.vector.VectorEnv, VecEnvChoice]:
+    """The vector env for training and the choice made (logged with its reason); in process with
+    ``lean_mujoco`` (the fast path's piece) the lean MuJoCo step where it applies. ``env_kwargs`` go
+    to ``gym.make``."""
+    from .fast import lean_mujoco_supported
+
     fns = [make_env_fn(env_id, seed + i, opts.action_repeat, **env_kwargs) for i in range(num_envs)]
-    if env_kwargs and opts.vec_env == "envpool":
-        raise ValueError(f"vec_env: envpool with gymnasium env options {sorted(env_kwargs)}: EnvPool takes its own; use sync or async")
-    choice = choose_vec_env(opts, fns[0], num_envs, env_id=None if env_kwargs else env_id)
-    get_logger("agents.ppo").info(
-        "ppo.vec_env_selected", env=env_id, mode=choice.mode, num_envs=num_envs, reason=choice.reason
-    )
-    if choice.mode == "envpool":
-        return EnvPoolVectorEnv(env_id, num_envs, seed), choice
-    return make_vector_env(fns, choice.mode), choice
+    choice = choose_vec_env(opts, fns[0], num_envs)
+    mode = choice.mode
+    if mode == "sync" and lean_mujoco and opts.action_repeat == 1 and not env_kwargs and lean_mujoco_supported(env_id):
+        mode = "lean_mujoco"
+        choice = VecEnvChoice("sync", choice.reason + f"; in process: the lean MuJoCo step for {env_id} (cpu_fast_path)",
+                              choice.step_s, choice.round_trip_s, choice.sync_cost_s, choice.async_cost_s)
+    get_logger("agents.ppo").info("ppo.vec_env_selected", env=env_id, mode=mode, num_envs=num_envs, reason=choice.reason)
+    return make_vector_env(fns, mode), choice
 
 
 def check_spaces(envs: gym.vector.VectorEnv, env_id: str) -> None:

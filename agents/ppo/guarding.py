@@ -15,7 +15,7 @@ FP32 trainer has nothing to roll back to).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 import torch
 
@@ -26,7 +26,8 @@ from genesis_fp16.settings import Settings, load_settings
 from genesis_fp16.telemetry import get_logger
 from genesis_fp16.trainer import FP16Trainer
 
-from .policy import ActorCritic
+if TYPE_CHECKING:
+    from .ppo import ActorCritic
 
 HELD_ROWS = 256  # the held batch: the first rollout's first rows, fixed for the run
 

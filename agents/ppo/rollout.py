@@ -1,5 +1,4 @@
-"""Rollout storage: preallocated buffers, generalised advantage estimation,
-and the running statistics behind observation and reward normalisation."""
+"""Rollout storage: preallocated buffers, and the running statistics behind observation and reward normalisation."""
 
 from __future__ import annotations
 
@@ -30,25 +29,6 @@ class RolloutBuffer:
         self.done = buf(t, n)
         self.obs_stage = buf(n, obs_dim)  # staging for per-step host->device copies
         self.rows = {k: getattr(self, k).numpy() for k in self.FIELDS}
-
-    def gae(self, next_value: torch.Tensor, gamma: float, gae_lambda: float) -> tuple[torch.Tensor, torch.Tensor]:
-        """(advantages, returns) by generalised advantage estimation.
-        ``done[t]`` marks that the episode ended at step t (the stored obs at
-        t+1 is a reset one); ``next_value`` is the value of the obs after the
-        last step."""
-        rew, val, done = self.rows["rew"], self.rows["val"], self.rows["done"]
-        num_steps = rew.shape[0]
-        adv = np.zeros_like(rew)
-        last = np.zeros(rew.shape[1], dtype=np.float32)
-        nv = next_value.numpy()
-        for t in reversed(range(num_steps)):
-            next_v = nv if t == num_steps - 1 else val[t + 1]
-            nonterminal = 1.0 - done[t]
-            delta = rew[t] + gamma * next_v * nonterminal - val[t]
-            last = delta + gamma * gae_lambda * nonterminal * last
-            adv[t] = last
-        adv_t = torch.from_numpy(adv)
-        return adv_t, adv_t + self.val
 
     def flat(self, advantages: torch.Tensor, returns: torch.Tensor) -> dict[str, torch.Tensor]:
         """The rollout as one batch of ``num_steps * num_envs`` samples."""
