@@ -72,20 +72,13 @@ class Optimizations:
         if self.vec_env in REMOVED_VEC_ENVS:
             raise ConfigError(f"training.optimizations.vec_env={self.vec_env!r} was removed: {REMOVED_VEC_ENVS[self.vec_env]}; "
                               f"expected one of {', '.join(VEC_ENV_MODES)}")
+        _check_types(self, "training.optimizations.", {"action_repeat": 1})
         _choice("training.optimizations.vec_env", self.vec_env, VEC_ENV_MODES)
         self.precision = _precision("training.optimizations.precision", self.precision).value
         _choice("training.optimizations.compile_mode", self.compile_mode, COMPILE_MODES)
-        for name in ("use_subproc_vec_env", "force_dummy_vec_env", "use_torch_compile", "use_pinned_memory", "batch_inference",
-                     "cpu_fast_path"):
-            _bool(f"training.optimizations.{name}", getattr(self, name))
-        _int("training.optimizations.num_workers", self.num_workers, 0)
-        _int("training.optimizations.inference_batch_size", self.inference_batch_size, 0)
-        _int("training.optimizations.action_repeat", self.action_repeat, 1)
         if self.force_dummy_vec_env and self.vec_env == "async":
-            raise ConfigError(
-                "training.optimizations.force_dummy_vec_env=true conflicts with vec_env='async': "
-                "set one of them (force_dummy_vec_env forces in-process envs)"
-            )
+            raise ConfigError("training.optimizations.force_dummy_vec_env=true conflicts with vec_env='async': "
+                              "set one of them (force_dummy_vec_env forces in-process envs)")
 
 
 @dataclass
@@ -170,45 +163,44 @@ class PPOConfig:
                 "(ask for such a multiple, or change num_envs/num_steps, to train exactly what you ask)")
 
     def validate(self) -> "PPOConfig":
-        _int("training.num_envs", self.num_envs, 1)
-        _int("training.num_steps", self.num_steps, 1)
-        _int("training.update_epochs", self.update_epochs, 1)
-        _int("training.minibatch_size", self.minibatch_size, 1)
-        _int("training.total_steps", self.total_steps, 1)
-        _int("training.seed", self.seed, 0)
-        _int("training.hidden_size", self.hidden_size, 1)
-        _int("training.eval_episodes", self.eval_episodes, 0)
-        for name in ("learning_rate", "clip_coef", "max_grad_norm"):
-            _positive(f"training.{name}", getattr(self, name))
-        if self.learning_rate == float("inf"):
-            raise ConfigError(f"training.learning_rate={self.learning_rate!r}: expected a finite number > 0")
-        for name in ("gamma", "gae_lambda"):
+        _check_types(self, "training.", {"num_envs": 1, "num_steps": 1, "update_epochs": 1, "minibatch_size": 1, "total_steps": 1,
+                                         "hidden_size": 1})
+        for name in ("learning_rate", "clip_coef", "max_grad_norm", "target_kl"):
             value = getattr(self, name)
-            if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0.0 <= value <= 1.0:
-                raise ConfigError(f"training.{name}={value!r}: expected a number in [0, 1]")
-        for name in ("ent_coef", "vf_coef"):
+            if value is not None and not 0 < value < float("inf"):
+                raise ConfigError(f"training.{name}={value!r}: expected a finite number > 0")
+        for name, top in (("gamma", 1.0), ("gae_lambda", 1.0), ("ent_coef", float("inf")), ("vf_coef", float("inf"))):
             value = getattr(self, name)
-            if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 <= value < float("inf"):
-                raise ConfigError(f"training.{name}={value!r}: expected a finite number >= 0")
-        if self.target_kl is not None:
-            _positive("training.target_kl", self.target_kl)
-        for name in ("anneal_lr", "clip_vloss", "norm_adv", "normalize_obs", "normalize_reward"):
-            _bool(f"training.{name}", getattr(self, name))
+            if not (0.0 <= value <= top and value < float("inf")):
+                raise ConfigError(f"training.{name}={value!r}: expected a finite number >= 0" + (" and <= 1" if top == 1.0 else ""))
         if self.minibatch_size > self.batch_size:
-            raise ConfigError(
-                f"training.minibatch_size={self.minibatch_size}: expected <= num_envs*num_steps={self.batch_size}"
-            )
+            raise ConfigError(f"training.minibatch_size={self.minibatch_size}: expected <= num_envs*num_steps={self.batch_size}")
         if self.norm_adv and self.minibatch_size < 2:
-            raise ConfigError(
-                f"training.minibatch_size={self.minibatch_size}: expected >= 2 with norm_adv=true "
-                "(the advantage standard deviation of one sample is undefined: every update would be NaN)"
-            )
-        if not isinstance(self.device, str) or not (self.device in ("auto", "cpu") or re.fullmatch(r"cuda(:\d+)?", self.device)):
+            raise ConfigError(f"training.minibatch_size={self.minibatch_size}: expected >= 2 with norm_adv=true "
+                              "(the advantage standard deviation of one sample is undefined: every update would be NaN)")
+        if not (self.device in ("auto", "cpu") or re.fullmatch(r"cuda(:\d+)?", self.device)):
             raise ConfigError(f"training.device={self.device!r}: expected auto, cpu, cuda or cuda:N")
-        if not isinstance(self.env_id, str) or not self.env_id:
+        if not self.env_id:
             raise ConfigError(f"training.env_id={self.env_id!r}: expected a gymnasium environment id")
         self.optimizations.validate()
         return self
+
+
+def _check_types(obj: Any, prefix: str, minimum: dict[str, int]) -> None:
+    """Every field of the type its default has (a float field takes an int; an Optional one None), ints >= ``minimum``
+    (default 0)."""
+    for f in dataclasses.fields(obj):
+        value, kind = getattr(obj, f.name), f.type
+        if value is None and kind.startswith("Optional"):
+            continue
+        if kind == "bool" and not isinstance(value, bool):
+            raise ConfigError(f"{prefix}{f.name}={value!r}: expected true or false")
+        if kind == "int" and (isinstance(value, bool) or not isinstance(value, int) or value < minimum.get(f.name, 0)):
+            raise ConfigError(f"{prefix}{f.name}={value!r}: expected an integer >= {minimum.get(f.name, 0)}")
+        if kind in ("float", "Optional[float]") and (isinstance(value, bool) or not isinstance(value, (int, float)) or value != value):
+            raise ConfigError(f"{prefix}{f.name}={value!r}: expected a number")
+        if kind == "str" and not isinstance(value, str):
+            raise ConfigError(f"{prefix}{f.name}={value!r}: expected a string")
 
 
 def _choice(key: str, value: Any, allowed: tuple[str, ...]) -> None:
@@ -226,40 +218,8 @@ def _precision(key: str, value: Any) -> PrecisionMode:
     return mode
 
 
-def _bool(key: str, value: Any) -> None:
-    if not isinstance(value, bool):
-        raise ConfigError(f"{key}={value!r}: expected true or false")
-
-
-def _int(key: str, value: Any, minimum: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ConfigError(f"{key}={value!r}: expected an integer >= {minimum}")
-
-
-def _positive(key: str, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-        raise ConfigError(f"{key}={value!r}: expected a number > 0")
-
-
 _TRAINING_FIELDS = {f.name for f in dataclasses.fields(PPOConfig)} - {"optimizations"}
 _OPT_FIELDS = {f.name for f in dataclasses.fields(Optimizations)}
-
-
-def _coerce(key: str, raw: str, current: Any) -> Any:
-    """Parse a ``--set`` string with YAML (so 1e-3, true, null work) and check its type against the default."""
-    yaml = require("yaml", "the PPO config")
-    try:
-        value = yaml.safe_load(raw)
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{key}={raw!r}: not a valid value ({exc})") from None
-    if isinstance(value, str) and (isinstance(current, float) or current is None):
-        try:  # YAML 1.1 reads "1e-3" (no dot) as a string
-            value = float(value)
-        except ValueError:
-            pass
-    if isinstance(current, float) and isinstance(value, int) and not isinstance(value, bool):
-        value = float(value)
-    return value
 
 
 @dataclass
@@ -272,43 +232,42 @@ class _LegacyAmp:
 
 
 def _apply(cfg: PPOConfig, key: str, value: Any, legacy: _LegacyAmp, *, from_string: bool = False) -> None:
-    parts = key.split(".")
-    if parts[0] == "training":
-        parts = parts[1:]
-    if parts[-1] in LEGACY_AMP_KEYS and (parts[:-1] in ([], ["optimizations"])):
-        if from_string:
-            value = _coerce(key, value, None)
-        _apply_legacy_amp(cfg, key, parts[-1], value, legacy)
-        return
+    """Set ``key`` (``training.`` optional, ``optimizations.`` optional for its fields); a ``--set`` string is read
+    as YAML (1e-3, true, null), a YAML 1.1 string like 3e-4 (no dot) as a float where a float is expected."""
+    parts = key.split(".")[1:] if key.startswith("training.") else key.split(".")
+    if from_string:
+        yaml = require("yaml", "the PPO config")
+        try:
+            value = yaml.safe_load(value)
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"{key}={value!r}: not a valid value ({exc})") from None
+    if parts[-1] in LEGACY_AMP_KEYS and parts[:-1] in ([], ["optimizations"]):
+        return _apply_legacy_amp(cfg, key, parts[-1], value, legacy)
     if parts[-1] == "precision":
         legacy.values.clear()
-    if len(parts) == 2 and parts[0] == "optimizations" and parts[1] in _OPT_FIELDS:
-        target, name = cfg.optimizations, parts[1]
-    elif len(parts) == 1 and parts[0] in _OPT_FIELDS:
-        target, name = cfg.optimizations, parts[0]
+    if parts[-1] in _OPT_FIELDS and parts[:-1] in ([], ["optimizations"]):
+        target, name = cfg.optimizations, parts[-1]
     elif len(parts) == 1 and parts[0] in _TRAINING_FIELDS:
         target, name = cfg, parts[0]
     else:
         allowed = sorted(_TRAINING_FIELDS) + [f"optimizations.{n}" for n in sorted(_OPT_FIELDS)]
         raise ConfigError(f"unknown config key {key!r}: expected training.<one of {', '.join(allowed)}>")
     current = getattr(target, name)
-    if from_string:
-        value = _coerce(key, value, current)
-    else:
-        if isinstance(value, str) and (isinstance(current, float) or current is None):
-            try:  # a YAML file's 3e-4 (no dot) reaches here as a string, as with --set
-                value = float(value)
-            except ValueError:
-                pass
-        if isinstance(current, float) and isinstance(value, int) and not isinstance(value, bool):
+    if isinstance(value, str) and (isinstance(current, float) or current is None):
+        try:
             value = float(value)
+        except ValueError:
+            pass
+    if isinstance(current, float) and isinstance(value, int) and not isinstance(value, bool):
+        value = float(value)
     setattr(target, name, value)
 
 
 def _apply_legacy_amp(cfg: PPOConfig, key: str, name: str, value: Any, legacy: _LegacyAmp) -> None:
     """Read the deprecated ``use_amp`` / ``amp_dtype`` into ``optimizations.precision``."""
     if name == "use_amp":
-        _bool(key, value)
+        if not isinstance(value, bool):
+            raise ConfigError(f"{key}={value!r}: expected true or false")
     elif value not in LEGACY_AMP_DTYPES:
         raise ConfigError(f"{key}={value!r}: expected one of {', '.join(LEGACY_AMP_DTYPES)} (or use precision: fp32, fp16 or bf16)")
     legacy.values[name] = value
@@ -320,19 +279,12 @@ def _apply_legacy_amp(cfg: PPOConfig, key: str, name: str, value: Any, legacy: _
 
 
 def _flatten(prefix: str, data: Any) -> list[tuple[str, Any]]:
-    if isinstance(data, dict):
-        items = []
-        for k, v in data.items():
-            items.extend(_flatten(f"{prefix}.{k}" if prefix else str(k), v))
-        return items
-    return [(prefix, data)]
+    if not isinstance(data, dict):
+        return [(prefix, data)]
+    return [item for k, v in data.items() for item in _flatten(f"{prefix}.{k}", v)]
 
 
-def load_config(
-    path: Optional[Union[str, Path]] = None,
-    overrides: Optional[list[str]] = None,
-    **fields: Any,
-) -> PPOConfig:
+def load_config(path: Optional[Union[str, Path]] = None, overrides: Optional[list[str]] = None, **fields: Any) -> PPOConfig:
     """Defaults < YAML file (``training:`` section) < ``key=value`` overrides < keyword fields."""
     cfg = PPOConfig()
     legacy = _LegacyAmp()
@@ -358,12 +310,8 @@ def load_config(
         if value is not None:
             _apply(cfg, key, value, legacy)
     if legacy.seen:
-        warnings.warn(
-            f"deprecated PPO config key(s) {', '.join(sorted(legacy.seen))}: use training.optimizations.precision "
-            f"(fp32, fp16 or bf16) instead (read as precision={cfg.optimizations.precision})",
-            FutureWarning,
-            stacklevel=2,
-        )
+        warnings.warn(f"deprecated PPO config key(s) {', '.join(sorted(legacy.seen))}: use training.optimizations.precision "
+                      f"(fp32, fp16 or bf16) instead (read as precision={cfg.optimizations.precision})", FutureWarning, stacklevel=2)
     return cfg.validate()
 
 

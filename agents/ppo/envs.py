@@ -32,12 +32,9 @@ EnvFn = Callable[[], gym.Env]
 
 
 class InProcessVectorEnv(gym.vector.VectorEnv):
-    """In-process vector env with the ``SyncVectorEnv`` same-step autoreset
-    contract, minus some per-step overhead: results go into preallocated
-    arrays. Actions go to each env as the array's own elements (NumPy
-    scalars): gymnasium 1.4's ``Discrete.contains``, which CartPole asserts on
-    every step, takes 1.7 us for one and 2.2 us for a Python int. Measured
-    against ``SyncVectorEnv`` by ``scripts/diagnose_performance.py --test env``."""
+    """``SyncVectorEnv``'s same-step autoreset contract with less per-step overhead: results go into preallocated
+    arrays; actions go to each env as NumPy scalars (gymnasium 1.4's ``Discrete.contains`` takes 1.7 us for one, 2.2 us
+    for a Python int). Measured by ``scripts/diagnose_performance.py --test env``."""
 
     def __init__(self, env_fns: list[EnvFn]) -> None:
         self.envs = [fn() for fn in env_fns]
@@ -46,19 +43,14 @@ class InProcessVectorEnv(gym.vector.VectorEnv):
         if first.observation_space.shape is None:
             for env in self.envs:
                 env.close()
-            raise ValueError(
-                f"observation space {first.observation_space} not supported (expected a space with a shape, e.g. Box)"
-            )
-        self.single_observation_space = first.observation_space
-        self.single_action_space = first.action_space
+            raise ValueError(f"observation space {first.observation_space} not supported (expected a space with a shape, e.g. Box)")
+        self.single_observation_space, self.single_action_space = first.observation_space, first.action_space
         self.observation_space = gym.vector.utils.batch_space(first.observation_space, self.num_envs)
         self.action_space = gym.vector.utils.batch_space(first.action_space, self.num_envs)
         self.metadata = dict(first.metadata, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
-        shape = first.observation_space.shape
-        self._obs = np.zeros((self.num_envs, *shape), dtype=first.observation_space.dtype)
+        self._obs = np.zeros((self.num_envs, *first.observation_space.shape), dtype=first.observation_space.dtype)
         self._rew = np.zeros(self.num_envs, dtype=np.float64)
-        self._term = np.zeros(self.num_envs, dtype=bool)
-        self._trunc = np.zeros(self.num_envs, dtype=bool)
+        self._term, self._trunc = np.zeros(self.num_envs, dtype=bool), np.zeros(self.num_envs, dtype=bool)
 
     def reset(self, *, seed: Any = None, options: Optional[dict] = None):
         seeds = [seed + i for i in range(self.num_envs)] if isinstance(seed, int) else (seed or [None] * self.num_envs)
@@ -88,8 +80,7 @@ class InProcessVectorEnv(gym.vector.VectorEnv):
 
 
 class ActionRepeat(gym.Wrapper):
-    """Repeat each action ``repeat`` times and sum the rewards; stops early
-    when the episode terminates or is truncated."""
+    """Repeat each action ``repeat`` times and sum the rewards; stops at the episode's end."""
 
     def __init__(self, env: gym.Env, repeat: int) -> None:
         super().__init__(env)
@@ -109,9 +100,7 @@ class ActionRepeat(gym.Wrapper):
 
 def make_env_fn(env_id: str, seed: int, action_repeat: int = 1, **kwargs: Any) -> EnvFn:
     def thunk() -> gym.Env:
-        # the passive env checker only inspects the first reset/step; without it,
-        # one wrapper layer less on every step
-        kwargs.setdefault("disable_env_checker", True)
+        kwargs.setdefault("disable_env_checker", True)  # it checks the first step only, and costs a wrapper on every one
         env = gym.make(env_id, **kwargs)
         if action_repeat > 1:
             env = ActionRepeat(env, action_repeat)
@@ -119,9 +108,6 @@ def make_env_fn(env_id: str, seed: int, action_repeat: int = 1, **kwargs: Any) -
         return env
 
     return thunk
-
-
-# -- the sync / async choice ---------------------------------------------------
 
 
 def available_cores() -> int:
@@ -151,16 +137,12 @@ def time_env_step(env_fn: EnvFn, steps: int = 50, seed: int = 0) -> float:
 
 
 def _echo(conn) -> None:
-    while True:
-        msg = conn.recv()
-        if msg is None:
-            break
+    while (msg := conn.recv()) is not None:
         conn.send(msg)
 
 
 def time_subprocess_round_trip(trips: int = 200, payload_size: int = 64) -> float:
-    """Median seconds of one send/receive to a subprocess over a pipe, with a
-    payload about the size of an observation (what AsyncVectorEnv pays per env per step)."""
+    """Median seconds of one send/receive to a subprocess with an observation-sized payload (AsyncVectorEnv's cost per env step)."""
     ctx = mp.get_context()
     parent, child = ctx.Pipe()
     proc = ctx.Process(target=_echo, args=(child,), daemon=True)
@@ -194,9 +176,8 @@ class VecEnvChoice:
 
 
 def estimate_costs(step_s: float, round_trip_s: float, num_envs: int, cores: int) -> tuple[float, float]:
-    """Seconds per vector step. In-process: every env steps in turn. Subprocess:
-    the main process pays one round trip per env (serially), and the envs
-    step in parallel on at most ``cores`` cores."""
+    """Seconds per vector step: in process every env steps in turn; with subprocesses the main process pays one round
+    trip per env and the envs step in parallel on at most ``cores`` cores."""
     sync_cost = num_envs * step_s
     async_cost = num_envs * round_trip_s + math.ceil(num_envs / max(1, cores)) * step_s
     return sync_cost, async_cost
@@ -261,8 +242,7 @@ def build_envs(env_id: str, num_envs: int, seed: int, opts: Optimizations, lean_
 
 
 def check_spaces(envs: gym.vector.VectorEnv, env_id: str) -> None:
-    """Raise ValueError (closing ``envs``) unless PPO can train on them: same-step
-    autoreset, an observation space with a shape, a Discrete or Box action space."""
+    """ValueError (closing ``envs``) unless PPO can train on them: same-step autoreset, an observation shape, Discrete or Box actions."""
     autoreset = envs.metadata.get("autoreset_mode")
     if autoreset is not None and autoreset != gym.vector.AutoresetMode.SAME_STEP:
         envs.close()

@@ -44,10 +44,6 @@ def _tanh_(x: torch.Tensor) -> torch.Tensor:
     return x
 
 
-def _torch_tanh_(x: torch.Tensor) -> torch.Tensor:
-    return x.tanh_()
-
-
 def _plain_float32(*tensors: torch.Tensor) -> bool:
     return (not torch.is_autocast_enabled("cpu") and not torch.compiler.is_compiling()
             and all(t.device.type == "cpu" and t.dtype == torch.float32 for t in tensors))
@@ -178,7 +174,7 @@ class FastPath:
         if unknown:
             raise ValueError(f"fast-path pieces {sorted(unknown)}: expected some of {', '.join(PIECES)}")
         self.net, self.pieces = net, tuple(pieces)
-        self.tanh_ = _tanh_ if "numpy_tanh" in pieces else _torch_tanh_
+        self.tanh_ = _tanh_ if "numpy_tanh" in pieces else torch.Tensor.tanh_
 
     def _weights(self) -> tuple[torch.Tensor, ...]:
         n = self.net
@@ -246,7 +242,7 @@ def lean_mujoco_supported(env_id: str) -> bool:
 
 
 @dataclass(frozen=True)
-class _Layout:
+class _Layout:  # the step's constants: leading qpos entries left out, frame skip, dt, the reward's weights
     skip: int
     frame_skip: int
     dt: float

@@ -38,22 +38,10 @@ class PPOGuard:
     of the run (weights, optimizer, normalisation statistics); ``load(path,
     trainer=...)`` restores one into a trainer."""
 
-    def __init__(
-        self,
-        agent: str,
-        net: ActorCritic,
-        optimizer: torch.optim.Optimizer,
-        precision: str,
-        overrides: dict[str, Any],
-        save: Callable[[Path], Path],
-        load: Callable[..., Any],
-        *,
-        seed: int = 0,
-        settings: Optional[Settings] = None,
-        sample: Optional[tuple[Any, Callable[[torch.nn.Module, Any], torch.Tensor]]] = None,
-    ) -> None:
-        self.agent = agent
-        self.net = net
+    def __init__(self, agent: str, net: ActorCritic, optimizer: torch.optim.Optimizer, precision: str, overrides: dict[str, Any],
+                 save: Callable[[Path], Path], load: Callable[..., Any], *, seed: int = 0, settings: Optional[Settings] = None,
+                 sample: Optional[tuple[Any, Callable[[torch.nn.Module, Any], torch.Tensor]]] = None) -> None:
+        self.agent, self.net = agent, net
         self.settings = settings or load_settings()
         self.guard = RollbackGuard(agent, settings=self.settings)
         self.checkpoint = Path(self.settings.state_dir) / "ppo" / f"{agent}.seed{seed}.last_good.pt"
