@@ -306,5 +306,5 @@ class Critic(GuardedLearner):
                                         device=str(self.device))
         self._log.info("critic.trained", steps=steps, train_loss=report.train_loss, val_loss=report.val_loss,
                        precision=report.precision, skipped_steps=report.skipped_steps, rolled_back=report.rolled_back,
-                       wall_s=round(report.wall_s, 3), transitions=len(data))
+                       wall_s=round(report.wall_s, 3), transitions=len(data), device=report.device)
         return report

@@ -8,18 +8,20 @@
 # 3. the same matrix compiled (torch.compile) for sizes S and L
 # 4. NCCL runs of the distributed trainer, world size = visible GPUs (at least 1), FP16 and BF16,
 #    DDP and FSDP2, one with an injected overflow
-# 5. the PPO update step on CUDA (FP32, AMP BF16, AMP FP16, torch.compile)
+# 5. the PPO update step on CUDA (FP32, AMP BF16, AMP FP16, torch.compile), and `genesis-fp16 ppo` on CUDA
+#    (CartPole-v1, 30,720 steps) in FP32, FP16 (scaler) and BF16, each checked to have trained in that precision
 # 6. the RLHF forensics on CUDA: the static probe at length 512 (fp16_pure, bf16_pure,
 #    fp32_baseline) and a quick PPO sweep (one seed per configuration); the first
 #    forensics command builds the FP32 initial checkpoint on the CPU (about 15 s) if missing
 # 7. `genesis-fp16 evolve` (Pendulum-v1, 48 real episodes) with the world model on CUDA
 #    (GENESIS_FP16_DEVICE=cuda, ON_UNSUPPORTED=error: no silent CPU fallback) in FP16 with the
-#    scaler and in BF16; its events must show the world model trained on cuda in that precision
+#    scaler and in BF16; its events must show the world model and the critic trained on cuda in that precision
 # 8. precision=auto by measurement on CUDA (scripts/auto_precision_table.py --device cuda) and the
 #    decision a default-precision evolve on CUDA records (genesis-fp16 doctor --json)
 #
 # Each step writes its JSON (and a log) to OUT_DIR and the script goes on when
-# one fails; the exit code is the number of failed steps. It refuses to start
+# one fails; the exit code is the number of failed steps. GPU_STEPS="pytest_gpu ppo evolve" runs only the
+# steps whose names start with one of those words (a device lease too short for all of them). It refuses to start
 # without CUDA: nothing here has a CPU fallback.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -37,8 +39,15 @@ NGPU="$("$PY" -c "import torch; print(torch.cuda.device_count())")"
 nvidia-smi > "$OUT_DIR/nvidia-smi.txt" 2>&1 || true
 
 failed=0
+selected() {  # selected NAME: whether GPU_STEPS (default: every step) names a prefix of NAME
+    [ -z "${GPU_STEPS:-}" ] && return 0
+    local word
+    for word in $GPU_STEPS; do [[ "$1" == "$word"* ]] && return 0; done
+    return 1
+}
 step() {  # step NAME COMMAND...: run, log, count a failure, go on
     local name="$1"; shift
+    selected "$name" || return 0
     local started; started=$(date +%s)
     echo "== $name: $*"
     if "$@" > "$OUT_DIR/$name.log" 2>&1; then
@@ -65,30 +74,48 @@ step nccl_ddp_fp16_overflow "$TORCHRUN" --standalone --nproc_per_node="$NGPU" sc
     --json "$OUT_DIR/nccl_ddp_fp16_overflow.json"
 step ppo_update_cuda "$PY" scripts/diagnose_performance.py --test update --device cuda \
     --json "$OUT_DIR/ppo_update_cuda.json"
+check_ppo() {  # check_ppo JSON PRECISION: the run trained in PRECISION and its evaluation is finite
+    "$PY" - "$1" "$2" <<'PYEOF'
+import json, math, sys
+data, precision = json.load(open(sys.argv[1])), sys.argv[2]
+o = data["optimizations"]
+print(f"ppo {data['env_id']}: {data['env_steps']} steps, {data['env_steps_per_s']:.0f} env steps/s, precision {o['precision']}, "
+      f"eval {data['eval_return']}, overflow steps {data['trainer'].get('overflow_count')}, scale {data['trainer'].get('current_scale')}")
+assert o["precision"] == precision, f"trained in {o['precision']}, asked {precision}"
+assert math.isfinite(data["eval_return"])
+PYEOF
+}
+for prec in fp32 fp16 bf16; do
+    step "ppo_cuda_${prec}" "$PY" -m genesis_fp16.cli ppo --env CartPole-v1 --total-steps 30720 --seed 1 \
+        --set device=cuda --set "optimizations.precision=${prec}" --json "$OUT_DIR/ppo_cuda_${prec}.json"
+    step "ppo_cuda_${prec}_check" check_ppo "$OUT_DIR/ppo_cuda_${prec}.json" "$prec"
+done
 step forensics_probe_cuda "$PY" -m genesis_fp16.cli forensics probe --device cuda \
     --configs fp16_pure,bf16_pure,fp32_baseline --seq-lengths 512 --json "$OUT_DIR/forensics_probe_cuda.json"
 step forensics_sweep_cuda "$PY" -m genesis_fp16.cli forensics sweep --device cuda --quick --seeds 1 \
     --out "$OUT_DIR/forensics_sweep_cuda" --json "$OUT_DIR/forensics_sweep_cuda.json"
 
-check_wm_events() {  # check_wm_events STATE_DIR PRECISION: world_model.trained events on cuda in PRECISION
+check_wm_events() {  # check_wm_events STATE_DIR PRECISION: world_model.trained and critic.trained events on cuda in PRECISION
     "$PY" - "$1" "$2" <<'PYEOF'
 import sys
 from pathlib import Path
 from genesis_fp16.telemetry import read_events
 state, precision = Path(sys.argv[1]), sys.argv[2]
-trained = [e for e in read_events(state / "events.jsonl", include_rotated=True) if e.get("event") == "world_model.trained"]
-print(f"{len(trained)} world_model.trained events: devices {sorted({e.get('device') for e in trained})}, "
-      f"precisions {sorted({e.get('precision') for e in trained})}")
-assert trained, "the world model never trained"
-assert all(str(e.get("device", "")).startswith("cuda") for e in trained), "the world model trained off the GPU"
-assert all(e.get("precision") == precision for e in trained), f"expected every call in {precision}"
+events = read_events(state / "events.jsonl", include_rotated=True)
+for name in ("world_model.trained", "critic.trained"):
+    trained = [e for e in events if e.get("event") == name]
+    print(f"{len(trained)} {name} events: devices {sorted({e.get('device') for e in trained})}, "
+          f"precisions {sorted({e.get('precision') for e in trained})}")
+    assert trained, f"no {name} event"
+    assert all(str(e.get("device", "")).startswith("cuda") for e in trained), f"{name}: off the GPU"
+    assert all(e.get("precision") == precision for e in trained), f"{name}: expected every call in {precision}"
 PYEOF
 }
 for prec in fp16 bf16; do
     state="$OUT_DIR/evolve_cuda_${prec}_state"
     rm -rf "$state"
     step "evolve_cuda_${prec}" env GENESIS_FP16_DEVICE=cuda GENESIS_FP16_ON_UNSUPPORTED=error GENESIS_FP16_STATE_DIR="$state" \
-        "$PY" -m genesis_fp16.cli evolve --env Pendulum-v1 --budget 48 --seed 0 --precision "$prec" \
+        "$PY" -m genesis_fp16.cli evolve --env Pendulum-v1 --budget 48 --seed 0 --precision "$prec" --critic-precision "$prec" \
         --json "$OUT_DIR/evolve_cuda_${prec}.json"
     step "evolve_cuda_${prec}_on_gpu" check_wm_events "$state" "$prec"
 done
