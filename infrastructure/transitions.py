@@ -44,10 +44,12 @@ class Transitions:
 
     @staticmethod
     def cat(parts: Sequence["Transitions"]) -> "Transitions":
+        """The parts' rows in order, on the first part's device (model rollouts come from the world model's)."""
         parts = [p for p in parts if len(p)]
         if not parts:
             raise ValueError("Transitions.cat: nothing to join")
-        return Transitions(*(torch.cat([getattr(p, k) for p in parts]) for k in ("obs", "act", "rew", "next_obs", "terminal")))
+        device = parts[0].obs.device
+        return Transitions(*(torch.cat([getattr(p, k).to(device) for p in parts]) for k in ("obs", "act", "rew", "next_obs", "terminal")))
 
     @classmethod
     def from_trajectories(cls, trajectories: Sequence[Trajectory]) -> "Transitions":

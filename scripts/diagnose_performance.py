@@ -101,7 +101,9 @@ def bench_inference(env_id: str, repeats: int, steps: int) -> dict:
 def bench_update(env_id: str, repeats: int, updates: int, device: str) -> dict:
     import torch
 
-    from agents.ppo.ppo import PPO
+    import numpy as np
+
+    from agents.ppo.ppo import PPO, gae
 
     variants = {
         "update.fp32": dict(precision="fp32"),
@@ -119,7 +121,10 @@ def bench_update(env_id: str, repeats: int, updates: int, device: str) -> dict:
     samples = {k: [] for k in learners}
     for _ in range(repeats):
         for name, ppo in learners.items():
-            adv, ret = ppo.buffer.gae(torch.zeros(ppo.cfg.num_envs), ppo.cfg.gamma, ppo.cfg.gae_lambda)
+            rows = ppo.buffer.rows
+            adv = torch.from_numpy(gae(rows["rew"], rows["val"], rows["done"], np.zeros(ppo.cfg.num_envs, np.float32), ppo.cfg.gamma,
+                                       ppo.cfg.gae_lambda))
+            ret = adv + ppo.buffer.val
             torch.set_num_threads(ppo.cfg.optimizations.num_workers or 1)  # each variant its own thread count
             t0 = now()
             for _ in range(updates):

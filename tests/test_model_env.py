@@ -207,3 +207,23 @@ def test_non_finite_start_states_are_named(wm):
     env.reset(INSIDE[:2])
     with pytest.raises(ValueError, match=r"actions of shape \(3, 1\): expected \(2, 1\)"):
         env.step(torch.zeros(3, 1))
+
+
+def _parts():
+    from infrastructure.transitions import Transitions
+
+    return Transitions, [Transitions(*(torch.full((n, *shape), float(n)) for shape in ((3,), (1,), (), (3,), ()))) for n in (2, 4)]
+
+
+def test_transitions_cat_joins_in_order():
+    Transitions, parts = _parts()
+    joined = Transitions.cat(parts)
+    assert len(joined) == 6 and joined.obs.device.type == "cpu" and joined.rew.tolist() == [2.0] * 2 + [4.0] * 4
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_transitions_cat_joins_model_rollouts_on_the_gpu_with_real_data_on_the_host():
+    Transitions, parts = _parts()
+    joined = Transitions.cat([parts[0], parts[1].to(torch.device("cuda"))])
+    assert len(joined) == 6 and joined.obs.device.type == "cpu" and joined.rew.tolist() == [2.0] * 2 + [4.0] * 4

@@ -52,11 +52,11 @@ def test_fp32_ppo_writes_no_checkpoints_and_no_rollback(state_dir):
 
 
 @pytest.mark.parametrize("env_id", ["CartPole-v1", "Pendulum-v1"])
-def test_policy_canary_on_a_held_batch(monkeypatch, state_dir, env_id):
+def test_policy_canary_on_a_held_batch(monkeypatch, state_dir, env_id, device="cpu", precision="bf16"):
     profiles = state_dir / "profiles.toml"
     profiles.write_text("[agents.ppo.thresholds]\ncanary_every = 1\n", encoding="utf-8")
     monkeypatch.setenv("GENESIS_FP16_PROFILES_FILE", str(profiles))
-    ppo = PPO(tiny(env_id, precision="bf16", total_steps=96))
+    ppo = PPO(tiny(env_id, precision=precision, total_steps=96, device=device))
     ppo.train()
     ppo.close()
     assert len(ppo.guard.canaries) == 3 and ppo.guard.held["obs"].shape[0] == 32
@@ -64,7 +64,14 @@ def test_policy_canary_on_a_held_batch(monkeypatch, state_dir, env_id):
         assert 0 <= gap["kl"] < 0.01 and gap["max_logp_delta"] < 0.2 and gap["max_value_delta"] < 0.05
     checks = RolloutLedger(state_dir / "rollout.sqlite").quality_checks("ppo", kind="policy_canary")
     assert [c["alarm"] for c in checks] == [False, False, False]
-    assert ppo.trainer.precision.name == "bf16"
+    assert ppo.trainer.precision.name == precision and ppo.guard.held["obs"].device.type == device
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("precision", ["fp16", "bf16"])
+def test_policy_canary_on_cuda_holds_its_batch_on_the_gpu(monkeypatch, state_dir, precision):
+    test_policy_canary_on_a_held_batch(monkeypatch, state_dir, "Pendulum-v1", device="cuda", precision=precision)
 
 
 def test_a_confirmed_policy_canary_alarm_rolls_back(monkeypatch, state_dir):

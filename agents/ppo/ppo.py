@@ -358,9 +358,9 @@ class PPO:
         """``update_epochs`` passes over the rollout in shuffled minibatches; the last minibatch's diagnostics."""
         cfg, b = self.cfg, self.cfg.batch_size
         data = self.buffer.flat(advantages, returns)
-        self.guard.hold(data)
         if self.device.type != "cpu":
             data = {k: v.to(self.device, non_blocking=self.pin) for k, v in data.items()}
+        self.guard.hold(data)  # on the network's device: the canary runs the network on it
         steps = skipped = 0
         diagnostics: Diagnostics = {}
 
