@@ -104,10 +104,12 @@ def refine(
 def model_step(world_model: "WorldModel") -> ModelStep:
     """The world model's elites' mean prediction, differentiable in the
     observation and the action (``EnsembleDynamics.predict_next`` is its
-    no-grad twin)."""
+    no-grad twin), computed on the model's device and returned on the inputs' (the refinement runs on the host)."""
     model = world_model.model
 
     def step(obs: torch.Tensor, act: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return model.mean_next(obs, act)
+        device = model.y_mean.device
+        next_obs, reward = model.mean_next(obs.to(device), act.to(device))
+        return next_obs.to(obs.device), reward.to(obs.device)
 
     return step

@@ -191,9 +191,10 @@ class Critic(GuardedLearner):
         return q[0], q[1]
 
     def value(self, obs: torch.Tensor, act: torch.Tensor) -> torch.Tensor:
-        """``min(q1, q2)`` ``[N]``: what the actor refinement ascends (differentiable w.r.t. ``act``)."""
-        q1, q2 = self.q_values(obs, act)
-        return torch.minimum(q1, q2)
+        """``min(q1, q2)`` ``[N]``: what the actor refinement ascends (differentiable w.r.t. ``act``), computed on
+        the critic's device and returned on the inputs' (the refinement runs on the host)."""
+        q1, q2 = self.q_values(obs.to(self.device), act.to(self.device))
+        return torch.minimum(q1, q2).to(obs.device)
 
     # -- checkpoints -------------------------------------------------------------------
     @property

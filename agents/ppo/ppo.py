@@ -88,10 +88,11 @@ class ActorCritic(nn.Module):
         return logp, (0.5 + 0.5 * math.log(2 * math.pi) + log_std).sum(-1) if with_entropy else None
 
     def perturbation(self, noise: torch.Tensor) -> torch.Tensor:
-        """What sampling adds to the actor output: Gumbel noise from uniform noise (discrete), std * noise (continuous)."""
+        """What sampling adds to the actor output, on the noise's device (the host): Gumbel noise from uniform noise
+        (discrete), std * noise (continuous)."""
         if self.discrete:
             return -torch.log(-torch.log(noise.clamp(1e-20, 1.0 - 1e-7)))
-        return self.log_std.float().exp() * noise
+        return self.log_std.detach().float().exp().to(noise.device) * noise
 
     def pick(self, out: torch.Tensor, perturbation: torch.Tensor) -> torch.Tensor:
         out = out.float() + perturbation
