@@ -3,7 +3,6 @@ it applies: the CPU, no ``torch.compile``). Each piece computes what
 `agents.ppo.ppo` defines, to float32 rounding, in fewer operations: a 64-unit
 network is launch-bound on a CPU, so every torch op and autograd node shows.
 
-- ``numpy_tanh``: tanh through NumPy, in place (several times torch 2.13's CPU tanh).
 - ``towers``: `ActorCritic.forward` in float32 as one autograd node, its
   backward a dozen matmuls written out.
 - ``fused_loss``: `ppo_loss` from the network's outputs as one node: NumPy
@@ -32,16 +31,10 @@ from .envs import EnvFn, InProcessVectorEnv
 
 gym = require("gymnasium", "genesis-fp16 ppo")
 
-PIECES = ("numpy_tanh", "towers", "fused_loss", "rollout_actor", "lean_mujoco")
+PIECES = ("towers", "fused_loss", "rollout_actor", "lean_mujoco")
 _add = np.add.reduce  # ndarray.mean and .std are Python-level wrappers, several us each
 _HALF_LOG_2PI = 0.5 * math.log(2 * math.pi)
 _DIAGNOSTICS = ("pg_loss", "v_loss", "entropy", "approx_kl")
-
-
-def _tanh_(x: torch.Tensor) -> torch.Tensor:
-    x_np = x.numpy()
-    np.tanh(x_np, out=x_np)
-    return x
 
 
 def _plain_float32(*tensors: torch.Tensor) -> bool:
@@ -54,10 +47,9 @@ class _Towers(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, obs: torch.Tensor, w1: torch.Tensor, b1: torch.Tensor, w2: torch.Tensor, b2: torch.Tensor,
-                wa: torch.Tensor, ba: torch.Tensor, wc: torch.Tensor, bc: torch.Tensor,
-                tanh_: Callable[[torch.Tensor], torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-        h1 = tanh_(torch.addmm(b1, obs, w1.t()))  # (B, 2H)
-        h2 = tanh_(torch.baddbmm(b2, h1.view(obs.shape[0], 2, -1).transpose(0, 1), w2))  # (2, B, H)
+                wa: torch.Tensor, ba: torch.Tensor, wc: torch.Tensor, bc: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        h1 = torch.addmm(b1, obs, w1.t()).tanh_()  # (B, 2H): the forward's own ops, in place
+        h2 = torch.baddbmm(b2, h1.view(obs.shape[0], 2, -1).transpose(0, 1), w2).tanh_()  # (2, B, H)
         ctx.save_for_backward(obs, h1, h2, w2, wa, wc)
         return torch.addmm(ba, h2[0], wa.t()), torch.addmm(bc, h2[1], wc.t()).squeeze(-1)
 
@@ -70,7 +62,7 @@ class _Towers(torch.autograd.Function):
         g_h1 = torch.bmm(g_z2, w2.transpose(1, 2)).transpose(0, 1).reshape(h1.shape)
         g_z1 = torch.ops.aten.tanh_backward(g_h1, h1)
         return (None, g_z1.t().mm(obs), g_z1.sum(0), torch.bmm(x.transpose(1, 2), g_z2), g_z2.sum(1, keepdim=True),
-                g_out.t().mm(h2[0]), g_out.sum(0), g_value.t().mm(h2[1]), g_value.sum(0), None)
+                g_out.t().mm(h2[0]), g_out.sum(0), g_value.t().mm(h2[1]), g_value.sum(0))
 
 
 def _ppo_terms(logp: np.ndarray, logp_old: np.ndarray, adv: np.ndarray, v: np.ndarray, ret: np.ndarray,
@@ -174,7 +166,6 @@ class FastPath:
         if unknown:
             raise ValueError(f"fast-path pieces {sorted(unknown)}: expected some of {', '.join(PIECES)}")
         self.net, self.pieces = net, tuple(pieces)
-        self.tanh_ = _tanh_ if "numpy_tanh" in pieces else torch.Tensor.tanh_
 
     def _weights(self) -> tuple[torch.Tensor, ...]:
         n = self.net
@@ -185,9 +176,9 @@ class FastPath:
         if "towers" not in self.pieces or not _plain_float32(obs, self.net.w1):
             return self.net(obs)
         if torch.is_grad_enabled() and self.net.w1.requires_grad:
-            return _Towers.apply(obs, *self._weights(), self.tanh_)
+            return _Towers.apply(obs, *self._weights())
         with torch.no_grad():
-            return _Towers.forward(_NoCtx, obs, *self._weights(), self.tanh_)
+            return _Towers.forward(_NoCtx, obs, *self._weights())
 
     def loss(self, out: torch.Tensor, value: torch.Tensor, mb: dict[str, torch.Tensor], s: Any) -> Optional[tuple[torch.Tensor, dict[str, torch.Tensor]]]:
         """`ppo_loss` as one node, or None where it does not apply (value clipping, or the piece left out)."""
@@ -204,7 +195,7 @@ class FastPath:
         """``step(obs, t)``: ``pick(forward(obs)[0], perturbation[t])`` from the actor tower alone, or None."""
         if "rollout_actor" not in self.pieces or not _plain_float32(self.net.w1):
             return None
-        h, tanh_ = self.net.hidden, self.tanh_
+        h = self.net.hidden
         with torch.no_grad():
             w1, b1, w2, b2 = self.net.w1[:h].t(), self.net.b1[:h], self.net.w2[0], self.net.b2[0, 0]
             w3, b3 = self.net.actor_head.weight.t(), self.net.actor_head.bias
@@ -212,7 +203,7 @@ class FastPath:
 
         def step(obs: torch.Tensor, t: int) -> torch.Tensor:
             with torch.inference_mode():
-                out = torch.addmm(b3, tanh_(torch.addmm(b2, tanh_(torch.addmm(b1, obs, w1)), w2)), w3).add_(pert[t])
+                out = torch.addmm(b3, torch.addmm(b2, torch.addmm(b1, obs, w1).tanh_(), w2).tanh_(), w3).add_(pert[t])
                 return torch.argmax(out, dim=-1) if discrete else out
 
         return step
