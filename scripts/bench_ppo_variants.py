@@ -1,6 +1,6 @@
 #!/usr/bin/env python
 """Our PPO against itself: precisions (fp32, bf16, fp16, auto) and the CPU
-fast path (``plain``: the switch off; ``no_<piece>``: one piece left out), by
+fast path (``plain``: the switch off; ``no_<piece>[+<piece>]``: pieces left out), by
 CPU time, in pairs.
 
     OMP_NUM_THREADS=1 .venv/bin/python scripts/bench_ppo_variants.py --env CartPole-v1 --steps 30720 \\
@@ -42,9 +42,11 @@ def _variant(name: str) -> tuple[dict, tuple[str, ...]]:
         return {"precision": name}, PIECES
     if name == "plain":
         return {"cpu_fast_path": False}, PIECES
-    if name.startswith("no_") and name[3:] in PIECES:
-        return {}, tuple(p for p in PIECES if p != name[3:])
-    raise SystemExit(f"variant {name!r}: expected one of {', '.join(PRECISIONS)}, plain, or no_<piece> for a piece of {', '.join(PIECES)}")
+    left_out = set(name[3:].split("+")) if name.startswith("no_") else set()
+    if left_out and left_out <= set(PIECES):
+        return {}, tuple(p for p in PIECES if p not in left_out)
+    raise SystemExit(f"variant {name!r}: expected one of {', '.join(PRECISIONS)}, plain, or no_<piece>[+<piece>...] for pieces of "
+                     f"{', '.join(PIECES)}")
 
 
 def worker(env_id: str, steps: int, seed: int, name: str) -> dict:
@@ -112,15 +114,12 @@ def main() -> None:
         print(f"{name:>16}: median {s['median_env_steps_per_cpu_s']:,.0f} env steps per CPU-s, x{s['median_ratio_to_first']:.3f} of {first} "
               f"(pairs {', '.join(f'{p:.3f}' for p in pairs)}), eval median {statistics.median(s['eval_returns']):.1f}")
     if args.json:
-        import platform
+        from benchmarks.baselines.common import host
 
-        import torch
-
-        flags = sorted({f for f in open("/proc/cpuinfo").read().split() if f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile")}) \
-            if Path("/proc/cpuinfo").exists() else []
+        where = host()  # CPU model, the flags a figure is read against, cores, torch, date
         out = {"env": args.env, "steps": args.steps, "repeats": args.repeats, "variants": names, "settings": SHARED,
-               "summary": summary, "runs": runs, "torch": torch.__version__, "cpu": platform.processor() or platform.machine(),
-               "cpu_flags": flags, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+               "summary": summary, "runs": runs, "torch": where["torch"], "cpu": where["cpu"], "cpu_flags": where["flags"],
+               "date": where["date"]}
         tmp = args.json.with_suffix(args.json.suffix + ".tmp")
         tmp.write_text(json.dumps(out, indent=2))
         os.replace(tmp, args.json)

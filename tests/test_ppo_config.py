@@ -43,11 +43,9 @@ def test_set_overrides_parse_types_and_nest():
         ("optimizations.precision=float16", "precision"),
         ("optimizations.precision=fp16-true", "precision"),
         ("optimizations.precision=tf32", "precision"),
-        ("optimizations.amp_dtype=float8", "amp_dtype"),
         ("optimizations.compile_mode=fast", "compile_mode"),
         ("optimizations.vec_env=threads", "vec_env"),
         ("optimizations.action_repeat=0", "action_repeat"),
-        ("optimizations.use_amp=maybe", "use_amp"),
         ("optimizations.inference_batch_size=-1", "inference_batch_size"),
         ("optimizations.num_workers=1.5", "num_workers"),
         ("gamma=1.5", "gamma"),
@@ -70,39 +68,18 @@ def test_precision_takes_the_modes_the_update_runs_in():
         load_config(None, ["precision=tf32"])
 
 
-@pytest.mark.parametrize(
-    "legacy, expected",
-    [
-        ({"use_amp": True}, "fp16"),
-        ({"use_amp": True, "amp_dtype": "bfloat16"}, "bf16"),
-        ({"use_amp": True, "amp_dtype": "float16"}, "fp16"),
-        ({"use_amp": False, "amp_dtype": "bfloat16"}, "fp32"),
-        ({"amp_dtype": "bfloat16"}, "fp32"),
-    ],
-)
-def test_old_amp_keys_load_as_precision_with_one_deprecation_warning(tmp_path, legacy, expected):
+@pytest.mark.parametrize("override", ["use_amp=true", "optimizations.use_amp=false", "amp_dtype=bfloat16",
+                                      "training.optimizations.amp_dtype=float16"])
+def test_the_removed_amp_keys_are_an_error_naming_precision(tmp_path, override):
     import yaml
 
+    with pytest.raises(ConfigError, match=r"was removed; use training\.optimizations\.precision"):
+        load_config(None, [override])
+    key, value = override.split("=")
     old = tmp_path / "old.yaml"
-    old.write_text(yaml.safe_dump({"training": {"seed": 2, "optimizations": legacy}}))
-    with pytest.warns(FutureWarning) as caught:
-        cfg = load_config(old)
-    assert cfg.optimizations.precision == expected
-    assert len(caught) == 1
-    message = str(caught[0].message)
-    assert "training.optimizations.precision" in message and all(k in message for k in legacy)
-    assert f"precision={expected}" in message
-
-
-def test_old_amp_keys_through_set_and_keywords_and_precision_wins_after_them():
-    with pytest.warns(FutureWarning, match="use_amp"):
-        assert load_config(None, ["optimizations.use_amp=true", "amp_dtype=bfloat16"]).optimizations.precision == "bf16"
-    with pytest.warns(FutureWarning, match="amp_dtype"):
-        assert load_config(None, use_amp=True, amp_dtype="float16").optimizations.precision == "fp16"
-    with pytest.warns(FutureWarning):
-        assert load_config(None, ["use_amp=true", "precision=bf16"]).optimizations.precision == "bf16"
-    with pytest.warns(FutureWarning):  # amp_dtype after an explicit bf16 keeps the precision on
-        assert load_config(None, ["precision=bf16", "amp_dtype=float16"]).optimizations.precision == "fp16"
+    old.write_text(yaml.safe_dump({"training": {"optimizations": {key.split(".")[-1]: yaml.safe_load(value)}}}))
+    with pytest.raises(ConfigError, match="precision"):
+        load_config(old)
 
 
 def test_conflicting_vec_env_flags_are_one_error():

@@ -13,13 +13,13 @@ import torch
 
 pytest.importorskip("mujoco")
 
-from agents.ppo.config import ConfigError, Optimizations, load_config  # noqa: E402
-from agents.ppo.envs import ActionRepeat, build_envs, make_env_fn, make_vector_env  # noqa: E402
+from agents.ppo.config import ConfigError, load_config  # noqa: E402
+from agents.ppo.envs import ActionRepeat, make_env_fn, make_vector_env  # noqa: E402
 from agents.ppo.fast import PIECES, MujocoVectorEnv, lean_mujoco_supported  # noqa: E402
 
 
 def _assert_same_steps(fns, steps: int, dtype=np.float32, seed: int = 3) -> int:
-    ours, ref = make_vector_env(fns, "lean_mujoco"), make_vector_env(fns, "sync")
+    ours, ref = MujocoVectorEnv(fns), make_vector_env(fns, "sync")
     np.testing.assert_array_equal(ours.reset(seed=seed)[0], ref.reset(seed=seed)[0])
     space = ref.single_action_space
     rng = np.random.default_rng(seed)
@@ -50,7 +50,7 @@ def test_the_lean_step_is_gymnasiums_to_the_bit_across_time_limits(env_id, dtype
 def test_the_envs_own_settings_are_honoured():
     fns = [make_env_fn("HalfCheetah-v5", i, max_episode_steps=20, exclude_current_positions_from_observation=False,
                        ctrl_cost_weight=0.5, forward_reward_weight=2.0, frame_skip=3) for i in range(2)]
-    assert make_vector_env(fns, "lean_mujoco").single_observation_space.shape == (18,)
+    assert MujocoVectorEnv(fns).single_observation_space.shape == (18,)
     assert _assert_same_steps(fns, 45) >= 2
 
 
@@ -78,14 +78,18 @@ def test_the_lean_step_is_taken_in_process_where_it_applies():
     assert not lean_mujoco_supported("NoSuchEnv-v0")
 
     def built(env_id, lean=True, **opts):
-        envs, choice = build_envs(env_id, 2, 0, Optimizations(**opts), lean_mujoco=lean)
-        envs.close()
-        return type(envs).__name__, choice.reason
+        from agents.ppo.ppo import PPO
+
+        cfg = load_config(None, env_id=env_id, num_envs=2, device="cpu", eval_episodes=0, **opts)
+        ppo = PPO(cfg, fast_pieces=PIECES if lean else tuple(p for p in PIECES if p != "lean_mujoco"))
+        ppo.close()
+        return type(ppo.envs).__name__, ppo.vec_choice.reason
 
     name, reason = built("HalfCheetah-v5", vec_env="sync")
     assert name == "MujocoVectorEnv" and "lean MuJoCo step" in reason
-    assert built("Swimmer-v5", vec_env="auto", use_subproc_vec_env=False, force_dummy_vec_env=True)[0] == "MujocoVectorEnv"
+    assert built("Swimmer-v5", force_dummy_vec_env=True)[0] == "MujocoVectorEnv"
     assert built("HalfCheetah-v5", lean=False, vec_env="sync")[0] == "InProcessVectorEnv"
+    assert built("HalfCheetah-v5", vec_env="sync", cpu_fast_path=False)[0] == "InProcessVectorEnv"
     assert built("HalfCheetah-v5", vec_env="sync", action_repeat=2)[0] == "InProcessVectorEnv"
     assert built("CartPole-v1", vec_env="sync")[0] == "InProcessVectorEnv"
 

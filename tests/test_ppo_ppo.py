@@ -253,11 +253,9 @@ def test_cli_ppo_json_and_bad_input(tmp_path):
     runner = CliRunner()
     args = ["ppo", "--env", "CartPole-v1", "--total-steps", "128", "--seed", "2", "--json", str(out),
             "--set", "num_envs=2", "--set", "num_steps=32", "--set", "minibatch_size=32", "--set", "eval_episodes=2",
-            "--set", "optimizations.vec_env=sync", "--set", "use_amp=false"]
+            "--set", "optimizations.vec_env=sync", "--set", "precision=fp32"]
     res = runner.invoke(app, args)
     assert res.exit_code == 0, res.output
-    warning = [line for line in res.output.splitlines() if "deprecated" in line]
-    assert len(warning) == 1 and warning[0].startswith("warning:") and "optimizations.precision" in warning[0]
     for line in ("vectorized envs", "AMP", "torch.compile", "pinned memory", "batched inference", "action repeat"):
         assert line in res.output
     assert "evaluation return (2 deterministic episodes)" in res.stdout  # the result on stdout, the progress on stderr
@@ -269,6 +267,8 @@ def test_cli_ppo_json_and_bad_input(tmp_path):
     assert data["optimizations"]["precision"] == data["optimizations"]["precision_requested"] == "fp32"
     bad = runner.invoke(app, ["ppo", "--set", "optimizations.precision=float8"])
     assert bad.exit_code == 2 and "precision" in bad.output and "fp32, fp16, bf16" in bad.output
+    removed = runner.invoke(app, ["ppo", "--set", "use_amp=true"])
+    assert removed.exit_code == 2 and "was removed" in removed.output and "optimizations.precision" in removed.output
     missing = runner.invoke(app, ["ppo", "--config", str(tmp_path / "nope.yaml")])
     assert missing.exit_code == 2 and "not found" in missing.output
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import warnings
 from pathlib import Path
 from typing import Optional
 
@@ -62,13 +61,9 @@ def ppo(
     if config is not None and not config.exists():
         raise fail(f"--config {config}: file not found (expected a YAML file with a 'training:' section)")
     try:
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always", FutureWarning)
-            cfg = load_config(config, set_, env_id=env, total_steps=total_steps, seed=seed)
+        cfg = load_config(config, set_, env_id=env, total_steps=total_steps, seed=seed)
     except ConfigError as exc:
         raise fail(str(exc))
-    for warning in caught:  # e.g. a deprecated key: one line each, not a source-line dump
-        console.print(Text.assemble(("warning:", "yellow"), " ", safe_text(str(warning.message))), soft_wrap=True)
     note = cfg.steps_note()
     if note is not None:  # before training, not discovered in the result
         console.print(Text.assemble(("note:", "yellow"), " ", safe_text(note)), soft_wrap=True)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import re
-import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Union
@@ -25,9 +24,8 @@ class ConfigError(ValueError):
 
 # the modes the PPO update runs in: FP32, or autocast to FP16 (with the gradient scaler) or BF16
 PRECISIONS = (PrecisionMode.FP32, PrecisionMode.FP16, PrecisionMode.BF16, PrecisionMode.AUTO)
-# deprecated keys, read into ``precision``: use_amp (bool) and amp_dtype (float16 | bfloat16)
-LEGACY_AMP_KEYS = ("use_amp", "amp_dtype")
-LEGACY_AMP_DTYPES = {"float16": PrecisionMode.FP16, "bfloat16": PrecisionMode.BF16}
+# keys that went, and what says the same now
+REMOVED_KEYS = {"use_amp": "optimizations.precision (fp32, fp16, bf16 or auto)", "amp_dtype": "optimizations.precision (fp16 or bf16)"}
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune")
 VEC_ENV_MODES = ("auto", "sync", "async")
 REMOVED_VEC_ENVS = {"envpool": "it never beat in-process envs (docs/PPO.md)",
@@ -48,8 +46,7 @@ class Optimizations:
     precision: str = "fp32"
     """fp32 | fp16 | bf16 | auto: the precision of the PPO update through FP16Trainer (fp16 and bf16
     autocast; fp16 adds the gradient scaler; auto measures the update on copies of the network
-    on a minibatch of its shapes before the trainer is built, genesis_fp16.autotune). Rollout inference stays FP32. Replaces the
-    deprecated use_amp / amp_dtype, which still load."""
+    on a minibatch of its shapes before the trainer is built, genesis_fp16.autotune). Rollout inference stays FP32."""
     use_torch_compile: bool = False
     """torch.compile the policy/value network; a failure falls back to eager with a logged reason."""
     compile_mode: str = "default"
@@ -222,16 +219,7 @@ _TRAINING_FIELDS = {f.name for f in dataclasses.fields(PPOConfig)} - {"optimizat
 _OPT_FIELDS = {f.name for f in dataclasses.fields(Optimizations)}
 
 
-@dataclass
-class _LegacyAmp:
-    """The deprecated AMP keys met while loading: their values since the last
-    explicit ``precision`` (which wins over them), and every name seen (for the warning)."""
-
-    values: dict[str, Any] = field(default_factory=dict)
-    seen: set[str] = field(default_factory=set)
-
-
-def _apply(cfg: PPOConfig, key: str, value: Any, legacy: _LegacyAmp, *, from_string: bool = False) -> None:
+def _apply(cfg: PPOConfig, key: str, value: Any, *, from_string: bool = False) -> None:
     """Set ``key`` (``training.`` optional, ``optimizations.`` optional for its fields); a ``--set`` string is read
     as YAML (1e-3, true, null), a YAML 1.1 string like 3e-4 (no dot) as a float where a float is expected."""
     parts = key.split(".")[1:] if key.startswith("training.") else key.split(".")
@@ -241,10 +229,8 @@ def _apply(cfg: PPOConfig, key: str, value: Any, legacy: _LegacyAmp, *, from_str
             value = yaml.safe_load(value)
         except yaml.YAMLError as exc:
             raise ConfigError(f"{key}={value!r}: not a valid value ({exc})") from None
-    if parts[-1] in LEGACY_AMP_KEYS and parts[:-1] in ([], ["optimizations"]):
-        return _apply_legacy_amp(cfg, key, parts[-1], value, legacy)
-    if parts[-1] == "precision":
-        legacy.values.clear()
+    if parts[-1] in REMOVED_KEYS and parts[:-1] in ([], ["optimizations"]):
+        raise ConfigError(f"{key}={value!r}: this key was removed; use training.{REMOVED_KEYS[parts[-1]]}")
     if parts[-1] in _OPT_FIELDS and parts[:-1] in ([], ["optimizations"]):
         target, name = cfg.optimizations, parts[-1]
     elif len(parts) == 1 and parts[0] in _TRAINING_FIELDS:
@@ -263,21 +249,6 @@ def _apply(cfg: PPOConfig, key: str, value: Any, legacy: _LegacyAmp, *, from_str
     setattr(target, name, value)
 
 
-def _apply_legacy_amp(cfg: PPOConfig, key: str, name: str, value: Any, legacy: _LegacyAmp) -> None:
-    """Read the deprecated ``use_amp`` / ``amp_dtype`` into ``optimizations.precision``."""
-    if name == "use_amp":
-        if not isinstance(value, bool):
-            raise ConfigError(f"{key}={value!r}: expected true or false")
-    elif value not in LEGACY_AMP_DTYPES:
-        raise ConfigError(f"{key}={value!r}: expected one of {', '.join(LEGACY_AMP_DTYPES)} (or use precision: fp32, fp16 or bf16)")
-    legacy.values[name] = value
-    legacy.seen.add(name)
-    current = _precision("training.optimizations.precision", cfg.optimizations.precision)
-    use_amp = legacy.values.get("use_amp", current != PrecisionMode.FP32)
-    dtype = legacy.values.get("amp_dtype", "bfloat16" if current == PrecisionMode.BF16 else "float16")
-    cfg.optimizations.precision = (LEGACY_AMP_DTYPES[dtype] if use_amp else PrecisionMode.FP32).value
-
-
 def _flatten(prefix: str, data: Any) -> list[tuple[str, Any]]:
     if not isinstance(data, dict):
         return [(prefix, data)]
@@ -287,7 +258,6 @@ def _flatten(prefix: str, data: Any) -> list[tuple[str, Any]]:
 def load_config(path: Optional[Union[str, Path]] = None, overrides: Optional[list[str]] = None, **fields: Any) -> PPOConfig:
     """Defaults < YAML file (``training:`` section) < ``key=value`` overrides < keyword fields."""
     cfg = PPOConfig()
-    legacy = _LegacyAmp()
     if path is not None:
         yaml = require("yaml", "the PPO config")
         path = Path(path)
@@ -300,18 +270,15 @@ def load_config(path: Optional[Union[str, Path]] = None, overrides: Optional[lis
         if not isinstance(data, dict) or not isinstance(data.get("training", {}), dict):
             raise ConfigError(f"config file {path}: expected a mapping with a 'training:' section")
         for key, value in _flatten("training", data.get("training") or {}):
-            _apply(cfg, key, value, legacy)
+            _apply(cfg, key, value)
     for item in overrides or []:
         if "=" not in item:
             raise ConfigError(f"--set {item!r}: expected key=value, e.g. --set optimizations.precision=bf16")
         key, raw = item.split("=", 1)
-        _apply(cfg, key.strip(), raw.strip(), legacy, from_string=True)
+        _apply(cfg, key.strip(), raw.strip(), from_string=True)
     for key, value in fields.items():
         if value is not None:
-            _apply(cfg, key, value, legacy)
-    if legacy.seen:
-        warnings.warn(f"deprecated PPO config key(s) {', '.join(sorted(legacy.seen))}: use training.optimizations.precision "
-                      f"(fp32, fp16 or bf16) instead (read as precision={cfg.optimizations.precision})", FutureWarning, stacklevel=2)
+            _apply(cfg, key, value)
     return cfg.validate()
 
 

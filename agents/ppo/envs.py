@@ -11,6 +11,7 @@ through the lean MuJoCo step (`agents.ppo.fast.MujocoVectorEnv`).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import multiprocessing as mp
 import os
@@ -205,9 +206,8 @@ def choose_vec_env(opts: Optimizations, env_fn: EnvFn, num_envs: int, *, cores: 
 
 
 def make_vector_env(env_fns: list[EnvFn], mode: str) -> gym.vector.VectorEnv:
-    """sync: `InProcessVectorEnv`; lean_mujoco: `agents.ppo.fast.MujocoVectorEnv` (its envs only, else
-    ValueError); sync_gymnasium: gymnasium's ``SyncVectorEnv``; async: ``AsyncVectorEnv`` (one subprocess
-    per env). All use SAME_STEP autoreset: a finished env returns its reset observation in the same step,
+    """sync: `InProcessVectorEnv`; sync_gymnasium: gymnasium's ``SyncVectorEnv``; async: ``AsyncVectorEnv`` (one
+    subprocess per env). All use SAME_STEP autoreset: a finished env returns its reset observation in the same step,
     with the final observation in ``infos['final_obs']`` (what GAE needs to bootstrap a truncated episode)."""
     autoreset = gym.vector.AutoresetMode.SAME_STEP
     if mode == "async":
@@ -216,29 +216,23 @@ def make_vector_env(env_fns: list[EnvFn], mode: str) -> gym.vector.VectorEnv:
         return InProcessVectorEnv(env_fns)
     if mode == "sync_gymnasium":
         return gym.vector.SyncVectorEnv(env_fns, autoreset_mode=autoreset)
-    if mode == "lean_mujoco":
-        from .fast import MujocoVectorEnv
-
-        return MujocoVectorEnv(env_fns)
-    raise ValueError(f"vec env mode {mode!r}: expected sync, lean_mujoco, sync_gymnasium or async")
+    raise ValueError(f"vec env mode {mode!r}: expected sync, sync_gymnasium or async")
 
 
-def build_envs(env_id: str, num_envs: int, seed: int, opts: Optimizations, lean_mujoco: bool = False,
+def build_envs(env_id: str, num_envs: int, seed: int, opts: Optimizations,
+               lean: Optional[Callable[[list[EnvFn]], gym.vector.VectorEnv]] = None,
                **env_kwargs: Any) -> tuple[gym.vector.VectorEnv, VecEnvChoice]:
-    """The vector env for training and the choice made (logged with its reason); in process with
-    ``lean_mujoco`` (the fast path's piece) the lean MuJoCo step where it applies. ``env_kwargs`` go
-    to ``gym.make``."""
-    from .fast import lean_mujoco_supported
-
+    """The vector env for training and the choice made (logged with its reason); in process, ``lean`` (the fast
+    path's lean MuJoCo step, where it applies) in place of `InProcessVectorEnv`. ``env_kwargs`` go to ``gym.make``."""
     fns = [make_env_fn(env_id, seed + i, opts.action_repeat, **env_kwargs) for i in range(num_envs)]
     choice = choose_vec_env(opts, fns[0], num_envs)
-    mode = choice.mode
-    if mode == "sync" and lean_mujoco and opts.action_repeat == 1 and not env_kwargs and lean_mujoco_supported(env_id):
-        mode = "lean_mujoco"
-        choice = VecEnvChoice("sync", choice.reason + f"; in process: the lean MuJoCo step for {env_id} (cpu_fast_path)",
-                              choice.step_s, choice.round_trip_s, choice.sync_cost_s, choice.async_cost_s)
-    get_logger("agents.ppo").info("ppo.vec_env_selected", env=env_id, mode=mode, num_envs=num_envs, reason=choice.reason)
-    return make_vector_env(fns, mode), choice
+    if choice.mode == "sync" and lean is not None and opts.action_repeat == 1 and not env_kwargs:
+        choice = dataclasses.replace(choice, reason=choice.reason + f"; in process: the lean MuJoCo step for {env_id} (cpu_fast_path)")
+        envs = lean(fns)
+    else:
+        envs = make_vector_env(fns, choice.mode)
+    get_logger("agents.ppo").info("ppo.vec_env_selected", env=env_id, mode=choice.mode, num_envs=num_envs, reason=choice.reason)
+    return envs, choice
 
 
 def check_spaces(envs: gym.vector.VectorEnv, env_id: str) -> None:

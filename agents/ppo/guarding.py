@@ -15,7 +15,7 @@ FP32 trainer has nothing to roll back to).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Optional
+from typing import Any, Callable, Optional
 
 import torch
 
@@ -26,8 +26,6 @@ from genesis_fp16.settings import Settings, load_settings
 from genesis_fp16.telemetry import get_logger
 from genesis_fp16.trainer import FP16Trainer
 
-if TYPE_CHECKING:
-    from .ppo import ActorCritic
 
 HELD_ROWS = 256  # the held batch: the first rollout's first rows, fixed for the run
 
@@ -38,7 +36,7 @@ class PPOGuard:
     of the run (weights, optimizer, normalisation statistics); ``load(path,
     trainer=...)`` restores one into a trainer."""
 
-    def __init__(self, agent: str, net: ActorCritic, optimizer: torch.optim.Optimizer, precision: str, overrides: dict[str, Any],
+    def __init__(self, agent: str, net: torch.nn.Module, optimizer: torch.optim.Optimizer, precision: str, overrides: dict[str, Any],
                  save: Callable[[Path], Path], load: Callable[..., Any], *, seed: int = 0, settings: Optional[Settings] = None,
                  sample: Optional[tuple[Any, Callable[[torch.nn.Module, Any], torch.Tensor]]] = None) -> None:
         self.agent, self.net = agent, net

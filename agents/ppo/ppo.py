@@ -28,7 +28,7 @@ from genesis_fp16.trainer import FP16Trainer
 
 from .config import PPOConfig, as_dict
 from .envs import ActionRepeat, VecEnvChoice, build_envs, check_spaces
-from .fast import PIECES, FastPath
+from .fast import PIECES, FastPath, MujocoVectorEnv, lean_mujoco_supported
 from .guarding import PPOGuard
 from .results import CompiledFallback, TrainResult, optimization_summary, resolved_optimizations
 from .rollout import RolloutBuffer, RunningMeanStd, check_extra, load_normalisers, sample_minibatch
@@ -174,7 +174,8 @@ class PPO:
         np.random.seed(cfg.seed)
         fast_on = opts.cpu_fast_path and self.device.type == "cpu" and not opts.use_torch_compile
         if envs is None:
-            envs, vec_choice = build_envs(cfg.env_id, cfg.num_envs, cfg.seed, opts, lean_mujoco=fast_on and "lean_mujoco" in fast_pieces)
+            lean = fast_on and "lean_mujoco" in fast_pieces and lean_mujoco_supported(cfg.env_id)
+            envs, vec_choice = build_envs(cfg.env_id, cfg.num_envs, cfg.seed, opts, lean=MujocoVectorEnv if lean else None)
         self.envs, self.vec_choice = envs, vec_choice
         check_spaces(envs, cfg.env_id)
         act_space = envs.single_action_space
@@ -333,15 +334,15 @@ class PPO:
             done = np.logical_or(terminated, truncated)
             ep_ret += reward
             reward_used = self._scale_reward(np.asarray(reward, dtype=np.float64), done)
-            idx = np.nonzero(truncated & ~terminated)[0]
-            if idx.size:  # bootstrap time-limit truncations from the final observation's value
+            if truncated.any() and (idx := np.nonzero(truncated & ~terminated)[0]).size:
+                # bootstrap time-limit truncations from the final observation's value
                 final = np.stack([infos["final_obs"][i] for i in idx])
                 reward_used = reward_used.copy()
                 reward_used[idx] += cfg.gamma * self.value(torch.from_numpy(self._prep_obs(final, update_stats=False))).numpy()
             rows["obs"][step], rows["act"][step], rows["rew"][step], rows["done"][step] = obs.numpy(), action.numpy(), reward_used, done
-            for i in np.nonzero(done)[0]:
-                self.episode_returns.append(float(ep_ret[i]))
-            ep_ret[done] = 0.0
+            if done.any():
+                self.episode_returns.extend(ep_ret[done].tolist())
+                ep_ret[done] = 0.0
             obs = torch.from_numpy(self._prep_obs(next_obs))
             split["inference"] += t1 - t0
             split["env"] += t2 - t1

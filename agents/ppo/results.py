@@ -30,23 +30,11 @@ class TrainResult:
     history: list[dict[str, Any]] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
-        recent = self.episode_returns[-20:]
-        return {
-            "env_id": self.env_id,
-            "seed": self.seed,
-            "env_steps": self.env_steps,
-            "wall_s": self.wall_s,
-            "env_steps_per_s": self.env_steps_per_s,
-            "time_split_s": self.time_split_s,
-            "train_return_last20": float(np.mean(recent)) if recent else None,
-            "episodes": len(self.episode_returns),
-            "eval_return": self.eval_return,
-            "eval_returns": self.eval_returns,
-            "optimizations": self.optimizations,
-            "trainer": self.trainer_stats,
-            "iterations": self.iterations,
-            "history": self.history,
-        }
+        """The JSON form: the fields (``trainer_stats`` as ``trainer``), the episode returns as the mean of the last 20 and a count."""
+        out = dataclasses.asdict(self)
+        returns, out["trainer"] = out.pop("episode_returns"), out.pop("trainer_stats")
+        out.update(train_return_last20=float(np.mean(returns[-20:])) if returns else None, episodes=len(returns))
+        return out
 
 
 class CompiledFallback:
