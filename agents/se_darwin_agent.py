@@ -18,7 +18,8 @@ validation start states confirm it, or when the next generation could exceed
 a budget (real episodes, real env steps); a run in which every real
 evaluation failed stops as ``failed``. The answer of a run that did not
 reach its target is the best of its fully evaluated candidates, the CMA-ES
-mean (the tuned yardstick's answer) and the refinement's last actor, by
+mean (the tuned yardstick's answer), the refinement's last actor and the
+candidate with the best one episode that was never fully evaluated, by
 their training return.
 """
 
@@ -282,15 +283,21 @@ class SEDarwinAgent(RunRecord):
 
     async def _answer(self) -> Optional[Candidate]:
         """The run's answer: the confirmed candidate; else the best by training
-        return of the fully evaluated candidates, the CMA-ES mean and the
-        refinement's last actor (the latter two run on the training start
-        states here, as the tuned yardstick's mean is, outside the budget)."""
+        return of the fully evaluated candidates, the CMA-ES mean, the
+        refinement's last actor and the candidate with the run's best single
+        episode that was never fully evaluated (the latter three run on the
+        training start states here, as the tuned yardstick's mean is, outside
+        the budget)."""
         if self.state.answer is not None:
             return next(c for c in self.pool if c.id == self.state.answer)
         finals = [Candidate(f"g{self.generation}-mean", self.obs_stats.space(self.task.policy).to_raw(self.search.mean), "cma_mean",
                             self.generation)]
         if self.learners.actor is not None:
             finals.append(Candidate(f"g{self.generation}-actor", self.learners.actor, "refined:actor", self.generation))
+        partial = [c for c in self.pool if not c.full and c.real_return is not None and math.isfinite(c.real_return)]
+        if partial:  # a one-episode best the budget never verified (a target out of reach verifies nothing)
+            top = max(partial, key=lambda c: c.real_return)
+            finals.append(Candidate(top.id, top.params, top.operator, top.generation))
         for cand in finals:
             try:
                 res = await asyncio.to_thread(self.evaluator.evaluate, cand.params, self.starts.train)
