@@ -97,8 +97,24 @@ class Reference:
     trainer: FP16Trainer
 
 
+class RollbackSummary:
+    """``rolled_back`` and ``rollback_reason`` of a report with a ``rollback`` verdict (None without one)."""
+
+    rollback: Optional[Verdict]
+
+    @property
+    def rolled_back(self) -> bool:
+        """Whether the call rolled back."""
+        return self.rollback is not None
+
+    @property
+    def rollback_reason(self) -> Optional[str]:
+        """``"<severity>: <reason>"`` of the first rollback in the call (`Verdict.summary`)."""
+        return None if self.rollback is None else self.rollback.summary
+
+
 @dataclass
-class CallReport:
+class CallReport(RollbackSummary):
     """What one training call (``begin_call`` ... ``finish_call``) did."""
 
     precision: str
@@ -126,15 +142,6 @@ class CallReport:
     precision_decision: Optional["PrecisionDecision"] = None
     """The precision decision of the trainer in use after the call (mode, source, reason; `genesis_fp16.decision`)."""
 
-    @property
-    def rolled_back(self) -> bool:
-        """Whether the call rolled back."""
-        return self.rollback is not None
-
-    @property
-    def rollback_reason(self) -> Optional[str]:
-        """``"<severity>: <reason>"`` of the first rollback in the call (`Verdict.summary`)."""
-        return None if self.rollback is None else self.rollback.summary
 
 
 def resolve_guard(owner: str, agent: str, guard: Union[Guard, GuardChoice], settings: Settings) -> Optional[Guard]:

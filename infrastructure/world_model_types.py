@@ -14,6 +14,7 @@ from typing import Any, Optional, Union
 import torch
 
 from genesis_fp16.device import DeviceArg, resolve_device
+from genesis_fp16.guarded_contract import RollbackSummary
 from genesis_fp16.guarded import CallReport, Guard, GuardChoice, GuardedTraining, QualityLedger, Verdict, resolve_guard
 from genesis_fp16.names import check_agent_name
 from genesis_fp16.settings import Settings, load_settings
@@ -70,7 +71,7 @@ class GuardedLearner:
         return self.training.decision
 
 
-class GuardedCallReport:
+class GuardedCallReport(RollbackSummary):
     """What a learner's report takes from its `GuardedTraining` call, shared by
     the world model's `TrainReport` and the critic's report: made by
     `from_call`, read by `rolled_back` / `rollback_reason`, flattened by `as_dict`."""
@@ -89,16 +90,6 @@ class GuardedCallReport:
             rollback=call.rollback, guard_decision=call.decision, events=list(call.events),
             precision_decision=call.precision_decision.as_dict() if call.precision_decision is not None else None, **fields,
         )
-
-    @property
-    def rolled_back(self) -> bool:
-        """Whether the call rolled back."""
-        return self.rollback is not None
-
-    @property
-    def rollback_reason(self) -> Optional[str]:
-        """``"<severity>: <reason>"`` of the first rollback (`Verdict.summary`); None without one."""
-        return None if self.rollback is None else self.rollback.summary
 
     def as_dict(self) -> dict[str, Any]:
         """The report as plain data: ``rollback`` as ``rolled_back`` and

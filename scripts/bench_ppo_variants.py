@@ -25,7 +25,6 @@ import os
 import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -50,22 +49,15 @@ def _variant(name: str) -> tuple[dict, tuple[str, ...]]:
 
 
 def worker(env_id: str, steps: int, seed: int, name: str) -> dict:
-    import numpy as np
-
     from agents.ppo.config import load_config
     from agents.ppo.ppo import PPO
+    from bench_ppo_vs_sb3 import train_timed  # scripts/ is this script's own folder on the path
 
     fields, pieces = _variant(name)
     cfg = load_config(ROOT / "configs" / "base.yaml", env_id=env_id, total_steps=steps, seed=seed, vec_env="sync", device="cpu",
                       **SHARED, **fields)
     ppo = PPO(cfg, fast_pieces=pieces)
-    try:
-        cpu0 = time.process_time()
-        result = ppo.train()
-        cpu = time.process_time() - cpu0
-        eval_return = float(np.mean(ppo.evaluate()))
-    finally:
-        ppo.close()
+    result, cpu, eval_return = train_timed(ppo)
     return {"variant": name, "seed": seed, "env_steps": result.env_steps, "cpu_s": cpu, "wall_s": result.wall_s,
             "env_steps_per_cpu_s": result.env_steps / cpu, "eval_return": eval_return, "time_split_s": result.time_split_s,
             "precision": ppo.trainer.precision.name, "decision": ppo.guard.training.decision.line(),

@@ -32,6 +32,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # benchmarks/ (the baselines' host report) is not installed
@@ -45,19 +46,24 @@ def _ours_config(env_id: str, steps: int, seed: int, vec_env: str = "sync"):
                        vec_env=vec_env, device="cpu", **SHARED)
 
 
-def worker_ours(env_id: str, steps: int, seed: int, vec_env: str) -> dict:
+def train_timed(ppo) -> tuple[Any, float, float]:
+    """(result, CPU seconds of training alone, mean evaluation return) of a `PPO`, which it closes."""
     import numpy as np
 
-    from agents.ppo.ppo import PPO
-
-    ppo = PPO(_ours_config(env_id, steps, seed, vec_env))
     try:
         cpu0 = time.process_time()
         result = ppo.train()
         cpu = time.process_time() - cpu0
-        eval_return = float(np.mean(ppo.evaluate()))
+        return result, cpu, float(np.mean(ppo.evaluate()))
     finally:
         ppo.close()
+
+
+def worker_ours(env_id: str, steps: int, seed: int, vec_env: str) -> dict:
+    from agents.ppo.ppo import PPO
+
+    ppo = PPO(_ours_config(env_id, steps, seed, vec_env))
+    result, cpu, eval_return = train_timed(ppo)
     return {"impl": "ours", "env_steps": result.env_steps, "wall_s": result.wall_s, "cpu_s": cpu,
             "env_steps_per_s": result.env_steps_per_s, "env_steps_per_cpu_s": result.env_steps / cpu,
             "eval_return": eval_return, "time_split_s": result.time_split_s, "vec_env": ppo.vec_choice.mode if ppo.vec_choice is not None else None}
