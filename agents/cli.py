@@ -96,7 +96,7 @@ def _list_tasks(value: bool) -> None:
 def _config_options() -> list[inspect.Parameter]:
     """One keyword parameter per `EvolveConfig` field offered as a flag: its
     name, default, help (the field's docstring) and panel come from the field."""
-    from .evolve_config import EvolveConfig, config_docs
+    from .evolve_config import EvolveConfig, config_docs, range_text
 
     docs, params = config_docs(), []
     for f in fields(EvolveConfig):
@@ -108,8 +108,10 @@ def _config_options() -> list[inspect.Parameter]:
                 "float": float, "str": str, "bool": bool}[str(f.type)]
         decls = [f"{flag}/--no-{flag[2:]}"] if kind is bool else [flag]
         extra: dict[str, Any] = {}
-        if meta.get("least") is not None and kind in (int, Optional[int]):
-            extra["min"] = int(meta["least"])
+        if kind in (int, Optional[int]) and (meta.get("least") is not None or meta.get("most") is not None):
+            # the range is shown here and checked by `EvolveConfig.validate` (one error line naming the option, the value,
+            # the range and what to pass), not by click's min/max (an error panel without the value)
+            extra["metavar"] = range_text(meta.get("least"), meta.get("most")).replace(" ", "")
         help_text = " ".join(docs.get(f.name, "").split()).replace("`", "").split("; ")[0].split(". ")[0].rstrip(".") + "."
         option = typer.Option(f.default, *decls, help=help_text, rich_help_panel=meta.get("panel"), show_default=f.default is not None, **extra)
         params.append(inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=option, annotation=kind))
@@ -153,6 +155,10 @@ def evolve(
     if torch_threads is not None:  # the flag wins over GENESIS_FP16_TORCH_THREADS for this run
         settings = settings.model_copy(update={"torch_threads": torch_threads})
     config = EvolveConfig(**options)
+    try:  # first: a value out of range is one line before anything is loaded or allocated
+        config.validate()
+    except ValueError as exc:
+        raise fail(str(exc))
     if baseline == Baseline.cma:
         config = replace(config, use_world_model=False, use_critic=False, refined=0)
     # the options given on the command line: a resumed run must match them (or may change budgets, workers, backend)

@@ -32,11 +32,48 @@ RESUMABLE = ("budget", "budget_steps", "workers", "backend")
 """Options a resumed run may change; every other one must equal the run's."""
 
 
-def option(default: Any, *, flag: Optional[str] = None, panel: Optional[str] = None, cli: bool = True, least: Optional[float] = None) -> Any:
+def option(
+    default: Any, *, flag: Optional[str] = None, panel: Optional[str] = None, cli: bool = True, least: Optional[float] = None,
+    most: Optional[float] = None, why: str = "",
+) -> Any:
     """A config field and how `genesis-fp16 evolve` offers it: ``flag`` (default:
     the field's name with dashes), ``panel`` (None: the main one), ``cli`` False:
-    not a flag, ``least``: the smallest value the flag takes."""
-    return field(default=default, metadata={"flag": flag, "panel": panel, "cli": cli, "least": least})
+    not a flag, ``least`` and ``most``: the smallest and largest value it takes
+    (``most`` bounds what the option sizes in memory), ``why``: the reason for
+    ``most``, in the error that refuses a larger value."""
+    return field(default=default, metadata={"flag": flag, "panel": panel, "cli": cli, "least": least, "most": most, "why": why})
+
+
+SEED_MAX = 2**32 - 1
+"""The largest seed (32 bits, as most seeding APIs take). The loop derives the env reset seeds (``1e6 (seed + 1)`` and
+offsets, kept in float64: exact up to a seed of about 9e9) and the torch seeds (``seed * 100_003 * 31 + ...``, below
+torch's 2^64) from it; both stay in range for every seed up to this."""
+COVARIANCE_LIMIT_BYTES = 1 << 30
+"""The most CMA-ES's covariance matrix (n_params² float64s; pycma holds about three such matrices) may take: 1 GiB,
+11,585 policy parameters. A larger policy is refused before anything is allocated."""
+
+
+def range_text(least: Optional[float], most: Optional[float]) -> str:
+    """``1..64``, ``>= 1`` or ``<= 64``: an option's range as its help and its errors show it."""
+    def num(v: float) -> str:
+        return str(int(v)) if float(v).is_integer() else f"{v:g}"
+
+    if least is not None and most is not None:
+        return f"{num(least)}..{num(most)}"
+    return f">= {num(least)}" if least is not None else f"<= {num(most)}" if most is not None else ""
+
+
+def covariance_bytes(n_params: int) -> int:
+    """The bytes of CMA-ES's covariance matrix for ``n_params`` policy parameters (n_params² float64s)."""
+    return int(n_params) ** 2 * 8
+
+
+def _bytes_text(n: float) -> str:
+    for unit in ("bytes", "KiB", "MiB", "GiB", "TiB", "PiB"):
+        if n < 1024 or unit == "PiB":
+            return f"{n:.0f} {unit}" if unit == "bytes" else f"{n:.2f} {unit}".replace(".00 ", " ")
+        n /= 1024
+    return f"{n:.2f} PiB"  # pragma: no cover
 
 
 def ledger_agent(kind: str, task_id: str) -> str:
@@ -58,11 +95,11 @@ class EvolveConfig:
 
     env_id: str = option("Pendulum-v1", flag="env")
     """The task: a registered name (`genesis-fp16 evolve --list-tasks`) or any gymnasium id with Box spaces."""
-    budget: int = option(200, least=1)
+    budget: int = option(200, least=1, most=100_000, why="the run keeps every candidate it runs, in memory and in its manifest")
     """Real episodes the run may spend (candidates' episodes, verifications and confirmations)."""
     budget_steps: Optional[int] = option(None, least=1)
     """Real env steps the run may spend, beside `budget`; None: no limit."""
-    seed: int = option(0)
+    seed: int = option(0, least=0, most=SEED_MAX, why="the seeds of the start states, CMA-ES and torch are made from it")
     """Seeds the start states, CMA-ES, the refinement, the world model and the critic."""
     target: Optional[float] = option(None)
     """Mean return on the training start states that counts as solved; None: the task's, else the env spec's `reward_threshold`."""
@@ -74,43 +111,43 @@ class EvolveConfig:
     use_critic: bool = option(True, flag="critic")
     """Train the twin-Q critic and refine by its gradient. False: the ablation without a critic (refinement through the
     model's `refine_horizon` steps alone, where there is a model)."""
-    refined: int = option(4, least=0)
+    refined: int = option(4, least=0, most=1023, why="fewer than the CMA-ES population, itself at most 1024")
     """Refined candidates injected into each CMA-ES population (0: no refinement, the loop is a one-episode CMA-ES: the floor)."""
     precision: Optional[str] = option(None)
     """The world model's precision (`auto`, `fp32`, `bf16`, ...); None: the settings and its profile decide."""
     critic_precision: Optional[str] = option(None)
     """The critic's precision; None: the settings and its profile decide."""
-    workers: int = option(2, least=1)
+    workers: int = option(2, least=1, most=1024, why="each one is a process, or a Ray task, running episodes")
     """Processes (or Ray tasks at a time) running real episodes."""
     backend: str = option("process")
     """Where real episodes run: `process` (a local pool) or `ray` (the connected Ray cluster)."""
-    episode_steps: Optional[int] = option(None, panel=ADVANCED, least=1)
+    episode_steps: Optional[int] = option(None, panel=ADVANCED, least=1, most=1_000_000, why="an episode's transitions are held in memory")
     """Steps per real episode; None: the task's, else the env spec's `max_episode_steps`."""
-    popsize: Optional[int] = option(None, panel=ADVANCED, least=2)
+    popsize: Optional[int] = option(None, panel=ADVANCED, least=2, most=1024, why="each candidate's parameters are held in memory")
     """CMA-ES population (refined candidates included); None: 8 while refining (more generations, so more refinements, per
     real episode), pycma's default 4 + 3 ln(policy parameters) without (the floor, as the tuned yardstick)."""
     sigma0: float = option(0.5, panel=ADVANCED)
     """CMA-ES's initial step size, in normalised coordinates."""
     refine_steps: int = option(800, panel=ADVANCED, least=1)
     """Actor-gradient steps of the longest refined copy; the others stop at 1/4, 1/16, ... of it."""
-    refine_horizon: int = option(0, panel=ADVANCED, least=0)
+    refine_horizon: int = option(0, panel=ADVANCED, least=0, most=100, why="the gradient runs back through every model step, each kept in memory")
     """World-model steps the refinement looks through before the critic's value (MVE / SVG(H)); 0: the critic alone."""
     critic_updates: float = option(2.0, panel=ADVANCED)
     """Critic updates per new real transition (the update-to-data ratio), each on a batch of real and model transitions."""
     actor_rounds: int = option(8, panel=ADVANCED, least=0)
     """Rounds per generation in which the critic values an actor and the actor ascends the critic in turn (policy
     iteration from the generation's best candidate); the actor joins the next population. 0: the critic values the mean."""
-    model_rollouts: int = option(256, panel=ADVANCED, least=0)
+    model_rollouts: int = option(256, panel=ADVANCED, least=0, most=65_536, why="one batch, through every ensemble member")
     """Short model rollouts per generation, branched from real replay states, that train the critic beside the real data."""
-    rollout_horizon: int = option(5, panel=ADVANCED, least=1)
+    rollout_horizon: int = option(5, panel=ADVANCED, least=1, most=100, why="every model step of every rollout is kept as critic data")
     """Model steps per branched rollout (short: the model's error compounds with the horizon)."""
     wm_steps: int = option(800, panel=ADVANCED, least=1)
     """World-model optimizer steps per generation."""
-    ensemble: int = option(5, panel=ADVANCED, least=1)
+    ensemble: int = option(5, panel=ADVANCED, least=1, most=64, why="each member is a network trained, with its optimizer state, every generation")
     """Members of the world model's probabilistic ensemble."""
     eval_timeout_s: float = option(120.0, panel=ADVANCED)
     """Seconds one evaluation may take; a slower one is charged its episodes and scored -inf."""
-    eval_memory_mb: Optional[int] = option(2048, panel=ADVANCED, least=1)
+    eval_memory_mb: Optional[int] = option(2048, panel=ADVANCED, least=1, most=1 << 20, why="1 TiB: the address-space limit must fit the OS's")
     """Address space in MiB an evaluation worker may add; None: no limit."""
     agent: str = option("se_darwin", cli=False)
     """The name the loop logs under and files its replay data under (`<agent>:<run_id>`)."""
@@ -125,6 +162,7 @@ class EvolveConfig:
         from it. Raises ValueError (TaskError) saying what to fix."""
         self.validate()
         resolved = (task or get_task(self.env_id)).resolve(target=self.target, policy=self.policy, episode_steps=self.episode_steps)
+        check_policy_size(resolved)
         cfg = replace(
             self, env_id=resolved.env_id, target=resolved.target, policy=resolved.policy.name, episode_steps=resolved.episode_steps,
             wm_agent=self.wm_agent or ledger_agent("world_model", resolved.env_id),
@@ -148,9 +186,18 @@ class EvolveConfig:
         """Raise `ValueError` listing every option out of range (all at once)."""
         problems = []
         for f in fields(self):
-            least, value = f.metadata.get("least"), getattr(self, f.name)
-            if least is not None and value is not None and value < least:
-                problems.append(f"{f.name}={value}: expected >= {least:g}")
+            meta, value = f.metadata, getattr(self, f.name)
+            least, most = meta.get("least"), meta.get("most")
+            flag = "--" + (meta.get("flag") or f.name).replace("_", "-")
+            if value is None or (least is None and most is None):
+                continue
+            if str(f.type) in ("int", "Optional[int]") and (isinstance(value, bool) or not isinstance(value, int)):
+                problems.append(f"{f.name}={value!r} ({flag}): expected a whole number in {range_text(least, most)}")
+            elif least is not None and value < least:
+                problems.append(f"{f.name}={value} ({flag}): expected {range_text(least, most)}; pass {flag} {range_text(least, None)[3:]} or more")
+            elif most is not None and value > most:
+                why = f" ({meta['why']})" if meta.get("why") else ""
+                problems.append(f"{f.name}={value} ({flag}): expected {range_text(least, most)}{why}; pass {flag} {range_text(None, most)[3:]} or less")
         for name in ("precision", "critic_precision"):
             value = getattr(self, name)
             if value is not None:
@@ -172,6 +219,26 @@ class EvolveConfig:
                             "set refined=0 for plain CMA-ES")
         if problems:
             raise ValueError("invalid evolve options: " + "; ".join(problems))
+
+
+def check_policy_size(resolved: ResolvedTask) -> None:
+    """Refuse, before anything is allocated, a policy whose CMA-ES covariance
+    (n_params² float64s) would exceed `COVARIANCE_LIMIT_BYTES`; the error names
+    the parameter count, the size, the limit and the widest policy that fits."""
+    spec, n = resolved.policy, resolved.n_params
+    need = covariance_bytes(n)
+    if need <= COVARIANCE_LIMIT_BYTES:
+        return
+    most = math.isqrt(COVARIANCE_LIMIT_BYTES // 8)
+    widest = (most - spec.act_dim) // (spec.obs_dim + spec.act_dim + 1)  # n_params = H (obs + act + 1) + act
+    linear = spec.obs_dim * spec.act_dim + spec.act_dim
+    fits = (f"--policy mlp:{widest} at most" if widest >= 1 else
+            "--policy linear" if linear <= most else "none of the policy families fits this task's spaces")
+    raise TaskError(
+        f"policy {spec.name} (--policy) on {resolved.env_id}: {n:,} parameters ({spec.obs_dim} observations -> {spec.act_dim} actions); "
+        f"CMA-ES's covariance matrix would take {_bytes_text(need)} (n_params^2 x 8 bytes), over the limit of "
+        f"{_bytes_text(COVARIANCE_LIMIT_BYTES)} ({most:,} parameters); expected a smaller policy: {fits}"
+    )
 
 
 def config_docs() -> dict[str, str]:

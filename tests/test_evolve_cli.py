@@ -4,6 +4,7 @@ the CMA-ES baseline, resume, and Ctrl-C or SIGTERM keeping the replay buffer."""
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -78,20 +79,96 @@ def test_bad_input_one_clear_error(args, expected, state_dir):
     assert not (state_dir / "replay.sqlite").exists()  # refused before any episode
 
 
-def test_budget_minimum_in_help_is_the_real_rule():
+def test_budget_range_in_help_is_the_real_rule():
     import re
 
     result = runner.invoke(app, ["evolve", "--help"], env={"COLUMNS": "200"})
     assert result.exit_code == 0, result.output
-    shown = re.search(r"--budget\s+<int range>\s+\[x>=(\d+)\]", result.output)
+    shown = re.search(r"--budget\s+(\d+)\.\.(\d+)\s", result.output)
     assert shown, result.output
-    minimum = int(shown.group(1))
-    se_darwin_agent.EvolveConfig(budget=minimum).resolve()  # the minimum shown is accepted
-    with pytest.raises(ValueError, match=f"budget={minimum - 1}"):
-        se_darwin_agent.EvolveConfig(budget=minimum - 1).resolve()
-    refused = runner.invoke(app, ["evolve", "--budget", str(minimum - 1)])
-    assert refused.exit_code == 2 and "--budget" in refused.output and str(minimum) in refused.output
-    assert "Traceback" not in refused.output
+    minimum, maximum = int(shown.group(1)), int(shown.group(2))
+    for ok in (minimum, maximum):
+        se_darwin_agent.EvolveConfig(budget=ok).validate()  # the range shown is accepted
+    for bad in (minimum - 1, maximum + 1):
+        with pytest.raises(ValueError, match=f"budget={bad}"):
+            se_darwin_agent.EvolveConfig(budget=bad).resolve()
+        refused = runner.invoke(app, ["evolve", "--budget", str(bad)])
+        assert refused.exit_code == 2 and f"budget={bad} (--budget): expected {minimum}..{maximum}" in refused.output
+        assert "Traceback" not in refused.output
+
+
+def _main(argv, monkeypatch, capsys):
+    """``genesis-fp16 ARGV`` through the CLI's own `main`, in this process: (exit code, stdout, stderr)."""
+    from genesis_fp16.cli import main
+
+    monkeypatch.setenv("COLUMNS", "300")
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    captured = capsys.readouterr()
+    return exit_.value.code, captured.out, captured.err
+
+
+@pytest.fixture
+def no_agent(monkeypatch):
+    """Fails the test if anything that allocates a run (the agent, CMA-ES, the learners, the replay buffer) is built."""
+    from agents import cma_search, learners
+    from infrastructure import replay_buffer
+
+    def reached(*args, **kwargs):
+        raise AssertionError("a refused option must stop the command before the run is built")
+
+    for owner, name in ((se_darwin_agent.SEDarwinAgent, "__init__"), (cma_search.CMASearch, "__init__"),
+                        (learners.Learners, "__init__"), (replay_buffer.ReplayBuffer, "__init__")):
+        monkeypatch.setattr(owner, name, reached)
+
+
+@pytest.mark.parametrize(
+    "args, expected",
+    [
+        (["--ensemble", "100000"],
+         "ensemble=100000 (--ensemble): expected 1..64 (each member is a network trained, with its optimizer state, every generation); "
+         "pass --ensemble 64 or less"),
+        (["--seed", "-1"], "seed=-1 (--seed): expected 0..4294967295; pass --seed 0 or more"),
+        (["--seed", "99999999999999999999"], "seed=99999999999999999999 (--seed): expected 0..4294967295"),
+        (["--policy", "mlp:100000"],
+         "policy mlp:100000 (--policy) on Pendulum-v1: 500,001 parameters (3 observations -> 1 actions); CMA-ES's covariance matrix "
+         "would take 1.82 TiB (n_params^2 x 8 bytes), over the limit of 1 GiB (11,585 parameters); expected a smaller policy: "
+         "--policy mlp:2316 at most"),
+        (["--popsize", "100000"], "popsize=100000 (--popsize): expected 2..1024"),
+        (["--refined", "5000"], "refined=5000 (--refined): expected 0..1023"),
+        (["--workers", "100000"], "workers=100000 (--workers): expected 1..1024"),
+        (["--model-rollouts", "10000000"], "model_rollouts=10000000 (--model-rollouts): expected 0..65536"),
+        (["--rollout-horizon", "100000"], "rollout_horizon=100000 (--rollout-horizon): expected 1..100"),
+        (["--refine-horizon", "100000"], "refine_horizon=100000 (--refine-horizon): expected 0..100"),
+        (["--episode-steps", "10000000000"], "episode_steps=10000000000 (--episode-steps): expected 1..1000000"),
+        (["--budget", "10000000"], "budget=10000000 (--budget): expected 1..100000"),
+        (["--eval-memory-mb", "99999999999999999999"], "eval_memory_mb=99999999999999999999 (--eval-memory-mb): expected 1..1048576"),
+    ],
+)
+def test_options_that_size_memory_are_bounded_one_line_before_anything_is_built(args, expected, monkeypatch, capsys, no_agent, state_dir):
+    import time
+
+    started = time.perf_counter()
+    code, out, err = _main(["evolve", *args], monkeypatch, capsys)
+    assert code == 2, err
+    assert err.startswith("error: ") and err.count("\n") == 1, err  # one line
+    assert expected in err, err
+    assert time.perf_counter() - started < 30  # nothing was allocated or run (a covariance of 1.82 TiB, 100,000 members)
+    assert not (state_dir / "replay.sqlite").exists() and not (state_dir / "runs").exists()
+
+
+def test_bounds_apply_to_the_python_api_too():
+    from agents.evolve_config import SEED_MAX, EvolveConfig
+
+    EvolveConfig(seed=SEED_MAX, ensemble=64, popsize=1024, refined=1023).validate()
+    with pytest.raises(ValueError) as err:
+        EvolveConfig(seed=SEED_MAX + 1, ensemble=65, popsize=1025, refined=True).validate()
+    for part in (f"seed={SEED_MAX + 1} (--seed)", "ensemble=65 (--ensemble)", "popsize=1025 (--popsize)",
+                 "refined=True (--refined): expected a whole number"):  # every problem at once
+        assert part in str(err.value)
+    with pytest.raises(ValueError, match=r"11,585 parameters\); expected a smaller policy: --policy mlp:2316 at most"):
+        EvolveConfig(policy="mlp:2317").resolve()
+    EvolveConfig(policy="mlp:2316").resolve()  # the widest that fits is accepted
 
 
 def test_help_groups_the_rarely_used_flags():
@@ -415,6 +492,35 @@ def test_a_run_whose_every_candidate_failed_says_so_and_exits_1(mode, nan_task, 
     assert failed and all("non-finite reward (nan)" in f["error"] for f in failed)
     assert "16 of 16" in result.stdout and f"{len(failed)} (charged 16 real episodes)" in result.stdout  # the table
     assert "error: every candidate failed" in result.stderr and "16 of 16 real episodes charged" in result.stderr
+
+
+def test_a_reward_finite_in_float32_near_its_limit_costs_its_candidates_and_the_run_finishes(monkeypatch, tmp_path, state_dir):
+    """A reward of 1e38 (finite as float32) once overflowed the critic's float32
+    statistics, and the run stopped (exit 2) after both learners rolled back.
+    Now such a reward costs its candidate like NaN does, and the learners train
+    on the rest."""
+    import task_envs
+
+    from agents.tasks import GROUP, Task, registry
+
+    class EP:
+        name = "LargeRewardDrift"
+
+        def load(self):
+            return lambda: Task(env_id="LargeRewardDrift", env_factory=task_envs.large_reward_above_zero, target=10.0, n_train=2,
+                                n_heldout=2)
+
+    monkeypatch.setattr(registry, "entry_points", lambda group: [EP()] if group == GROUP else [])
+    out = tmp_path / "report.json"
+    result = runner.invoke(app, ["evolve", "--env", "LargeRewardDrift", *TINY, "--budget", "18", "--seed", "0", "--workers", "1",
+                                 "--json", str(out)])
+    assert result.exit_code == 0, result.output
+    report = json.loads(out.read_text())
+    failed = report["failed_candidates"]
+    assert report["real_episodes"] == 18 and report["stop_reason"] == "budget"
+    assert failed and all("non-finite reward (1e+38, beyond the +-1e+15" in f["error"] for f in failed)
+    trained = [g for g in report["generations"] if g.get("critic_wall_s") is not None]
+    assert trained and all(math.isfinite(g["critic_val_loss"]) and math.isfinite(g["wm_val_loss"]) for g in trained)
 
 
 @pytest.fixture
