@@ -4,8 +4,8 @@ pydantic-settings skips what it does not know: an unknown variable, an empty
 value, a ``.env`` line it cannot parse. For most names that is right (the
 environment holds many other programs' variables); for a name meant as a
 setting it silently keeps the default. The worst case is the kill switch: a
-variable such as ``DISABLE_FP16_TRAINING=true`` or ``ENABLE_FP16=false``
-would leave reduced precision on, so every name that looks like a switch for
+variable such as ``DISABLE_FP16_TRAINING=true``, ``ENABLE_FP16=false``,
+``USE_FP16=false`` or ``FP16_TRAINING=false`` would leave reduced precision on, so every name that looks like a switch for
 FP16/BF16 training and is not ``ENABLE_FP16_TRAINING`` is refused, as is an
 empty ``ENABLE_FP16_TRAINING``.
 
@@ -40,7 +40,12 @@ NEAR_CUTOFF = 0.9
 # Names of other programs that would look like a switch for this one's precision.
 OTHER_PROGRAMS = frozenset({"TF_ENABLE_AUTO_MIXED_PRECISION"})  # TensorFlow's (NVIDIA containers)
 _SWITCH_WORDS = re.compile(r"ENABLE|DISABLE")
+# switch words that are too short to look for inside a word: whole ``_``-separated words only (USE_FP16, NO_BF16)
+_SWITCH_TOKENS = frozenset({"USE", "NO"})
 _PRECISION_WORDS = re.compile(r"FP16|BF16|PRECISION")
+# the kill switch's own words without its verb: a name made of these alone, TRAINING among them, is the switch
+# with the verb dropped (FP16_TRAINING, BF16_TRAINING, MIXED_PRECISION_TRAINING)
+_SWITCH_NOUNS = frozenset({"FP16", "BF16", "MIXED", "PRECISION", "TRAINING"})
 _DOCTOR = "`genesis-fp16 doctor` lists the valid names"
 
 
@@ -57,11 +62,22 @@ class Problem(NamedTuple):
     kill_switch: bool = False
 
 
-def looks_like_switch(name: str) -> bool:
+def looks_like_switch(name: str, prefix: str = "") -> bool:
     """Whether ``name`` (any case) reads as switching FP16/BF16 training on or off:
-    it holds FP16, BF16 or PRECISION together with ENABLE or DISABLE."""
+    it holds FP16, BF16 or PRECISION together with ENABLE or DISABLE (anywhere)
+    or USE or NO (as a word: ``USE_FP16``, ``NO_BF16``), or it is the kill
+    switch's words without the verb (``FP16_TRAINING``, ``BF16_TRAINING``).
+    ``BF16_ONLY`` or ``FP16`` alone are not switches; another program's names
+    (`OTHER_PROGRAMS`) are not either. The word rules read a name under
+    ``prefix`` without it (its FP16 does not make ``GENESIS_FP16_NO_COLOR`` a switch)."""
     upper = name.upper()
-    return bool(_SWITCH_WORDS.search(upper) and _PRECISION_WORDS.search(upper)) and upper not in OTHER_PROGRAMS
+    if upper in OTHER_PROGRAMS or not _PRECISION_WORDS.search(upper):
+        return False
+    if _SWITCH_WORDS.search(upper):
+        return True
+    rest = upper[len(prefix):] if prefix and upper.startswith(prefix) else upper
+    words = set(rest.split("_"))
+    return bool(_PRECISION_WORDS.search(rest)) and (bool(words & _SWITCH_TOKENS) or ("TRAINING" in words and words <= _SWITCH_NOUNS))
 
 
 @functools.lru_cache(maxsize=4096)  # the same environment is checked at every load
@@ -80,7 +96,7 @@ def name_problem(name: str, where: str, valid: tuple[str, ...], prefix: str) -> 
     upper = name.upper()
     if upper in valid:
         return None
-    if looks_like_switch(upper):
+    if looks_like_switch(upper, prefix):
         return Problem(
             f"unknown setting {name} {where}; did you mean {KILL_SWITCH}? It is the one switch for reduced "
             f"precision ({KILL_SWITCH}=false: every agent trains in FP32) and {name} is not read, so FP16/BF16 "

@@ -296,9 +296,9 @@ def test_mangled_prefix_is_refused_with_a_suggestion(monkeypatch):
 
 @pytest.mark.parametrize(
     "name",
-    ["PATH", "HOME", "ENABLE_SOMETHING_ELSE", "ENABLE_TRAINING", "FP16_TRAINING", "USE_FP16", "BF16_ONLY",
-     "PYTORCH_ENABLE_MPS_FALLBACK", "NVIDIA_TF32_OVERRIDE", "CUDA_VISIBLE_DEVICES", "CUDA_LAUNCH_BLOCKING",
-     "TORCH_CUDNN_V8_API_ENABLED", "TF_ENABLE_AUTO_MIXED_PRECISION", "GENESIS_HOME", "enable_fp16_training"],
+    ["PATH", "HOME", "ENABLE_SOMETHING_ELSE", "ENABLE_TRAINING", "BF16_ONLY", "FP16", "NO_PROXY", "USE_LIBUV", "TORCH_USE_CUDA_DSA",
+     "ACCELERATE_MIXED_PRECISION", "FP16_TRAINING_LOG", "PYTORCH_ENABLE_MPS_FALLBACK", "NVIDIA_TF32_OVERRIDE", "CUDA_VISIBLE_DEVICES",
+     "CUDA_LAUNCH_BLOCKING", "TORCH_CUDNN_V8_API_ENABLED", "TF_ENABLE_AUTO_MIXED_PRECISION", "GENESIS_HOME", "enable_fp16_training"],
 )
 def test_other_variables_are_not_taken_for_settings(monkeypatch, cwd, name):
     monkeypatch.setenv(name, "1")
@@ -312,7 +312,10 @@ def test_other_variables_are_not_taken_for_settings(monkeypatch, cwd, name):
 @pytest.mark.parametrize(
     "name, value",
     [("ENABLE_FP16", "false"), ("ENABLE_FP16_TRAIN", "false"), ("DISABLE_FP16_TRAINING", "true"),
-     ("DISABLE_BF16", "1"), ("enable_mixed_precision", "0"), ("GENESIS_FP16_DISABLE_FP16", "true")],
+     ("DISABLE_BF16", "1"), ("enable_mixed_precision", "0"), ("GENESIS_FP16_DISABLE_FP16", "true"),
+     # the switch without its verb, or with USE / NO for it (issue 44: these two were skipped silently)
+     ("FP16_TRAINING", "false"), ("USE_FP16", "false"), ("use_bf16", "0"), ("NO_FP16", "1"), ("BF16_TRAINING", "false"),
+     ("MIXED_PRECISION_TRAINING", "false"), ("USE_MIXED_PRECISION", "false"), ("GENESIS_FP16_USE_FP16", "false")],
 )
 def test_a_name_that_reads_as_the_kill_switch_is_refused(monkeypatch, cwd, name, value):
     monkeypatch.setenv(name, value)
@@ -324,6 +327,24 @@ def test_a_name_that_reads_as_the_kill_switch_is_refused(monkeypatch, cwd, name,
     # also where unknown names are let pass (doctor, a trainer without settings): it would leave FP16 on
     with pytest.raises(SettingsError, match="did you mean ENABLE_FP16_TRAINING"):
         load_settings(check_names=False)
+
+
+def test_the_verbless_kill_switch_in_dotenv_names_file_and_line(cwd):
+    (cwd / ".env").write_text("GENESIS_FP16_PRECISION=fp16\nUSE_FP16=false\n")
+    with pytest.raises(SettingsError, match=r"^\.env:2: unknown setting USE_FP16 in the \.env file; did you mean ENABLE_FP16_TRAINING\?"):
+        load_settings()
+
+
+def test_an_unknown_name_under_the_prefix_is_not_taken_for_the_kill_switch(monkeypatch):
+    """The prefix's own FP16 does not make a name a switch: GENESIS_FP16_NO_COLOR is a misspelt setting, let pass where
+    unknown names are (doctor), not a kill switch refused everywhere."""
+    from genesis_fp16.setting_names import looks_like_switch
+
+    assert not looks_like_switch("GENESIS_FP16_NO_COLOR", "GENESIS_FP16_")
+    monkeypatch.setenv("GENESIS_FP16_NO_COLOR", "1")
+    with pytest.raises(SettingsError, match="unknown setting GENESIS_FP16_NO_COLOR in the environment; did you mean GENESIS_FP16_"):
+        load_settings()
+    load_settings(check_names=False)
 
 
 def test_settings_with_precision_in_their_name_are_read(monkeypatch, cwd):
