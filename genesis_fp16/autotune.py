@@ -10,78 +10,35 @@ host cache's calibration for this workload if there is one, else a
 measurement, written to the cache. Its result feeds
 `genesis_fp16.decision.decide_precision`; no trainer measures by itself.
 
-The cache (`PrecisionCache`) is one JSON file per user (the setting
-``precision_cache``, default ``~/.cache/genesis-fp16/precision.json``), shared
-by every state dir: a second run in a fresh state dir reuses the first one's
-decision, so the same seed gives the same run on a quiet machine and a loaded
-one. It is written atomically (temp file, rename); two processes measuring
-the same new workload at once both measure, and the last write wins.
-``genesis-fp16 doctor --recalibrate`` empties it.
+The cache (`genesis_fp16.calibration_cache.PrecisionCache`) is one JSON file
+per user (the setting ``precision_cache``, default
+``~/.cache/genesis-fp16/precision.json``), shared by every state dir: a second
+run in a fresh state dir reuses the first one's decision, so the same seed
+gives the same run on a quiet machine and a loaded one. It is untrusted
+input: an entry is used only when its key and workload are this workload's
+and its verdict follows from its own figures; a file that is not a regular
+file of our format reads as absent, with one warning, and is never
+overwritten. Writers merge under a lock (temp file, fsync, rename); two
+processes measuring the same new workload at once both measure, and the
+last write of that entry wins. ``genesis-fp16 doctor --recalibrate`` empties it.
 """
 
 from __future__ import annotations
 
 import copy
 import dataclasses
-import json
-from pathlib import Path
 from typing import Any, Callable, Optional, Union
 
 import torch
 
 from . import calibration as cal
-from .checkpoint import atomic_write_text
+from .calibration_cache import PrecisionCache
 from .config import FP16TrainingConfig
 from .decision import PrecisionDecision, Source
 from .settings import PrecisionMode, Settings, load_settings
 from .telemetry import get_logger
 
 LossFn = Callable[[torch.nn.Module, Any], torch.Tensor]
-CACHE_VERSION = 1
-
-
-class PrecisionCache:
-    """Measured ``auto`` decisions per workload key, in one JSON file
-    (``{"version": 1, "calibrations": {key: record}}``). An unreadable file or
-    a record of another version reads as absent, never trusted further."""
-
-    def __init__(self, path: Union[str, Path]) -> None:
-        self.path = Path(path).expanduser()
-
-    @classmethod
-    def from_settings(cls, settings: Optional[Settings] = None) -> "PrecisionCache":
-        return cls((settings or load_settings(check_names=False)).precision_cache)
-
-    def _read(self) -> dict[str, Any]:
-        try:
-            data = json.loads(self.path.read_text())
-        except (OSError, ValueError):
-            return {}
-        if not isinstance(data, dict) or data.get("version") != CACHE_VERSION or not isinstance(data.get("calibrations"), dict):
-            return {}
-        return data["calibrations"]
-
-    def get(self, key: str) -> Optional[cal.Calibration]:
-        record = self._read().get(key)
-        return cal.Calibration.from_record(record) if isinstance(record, dict) else None
-
-    def all(self) -> list[cal.Calibration]:
-        """Every readable calibration, oldest first."""
-        found = [cal.Calibration.from_record(r) for r in self._read().values() if isinstance(r, dict)]
-        return sorted((c for c in found if c is not None), key=lambda c: (c.at, c.key))
-
-    def put(self, calibration: cal.Calibration) -> None:
-        records = self._read()
-        records[calibration.key] = calibration.as_record()
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(self.path, json.dumps({"version": CACHE_VERSION, "calibrations": records}, indent=1, sort_keys=True))
-
-    def clear(self) -> int:
-        """Forget every decision; returns how many there were."""
-        count = len(self._read())
-        if self.path.exists():
-            self.path.unlink()
-        return count
 
 
 def _copy_trainer(model: torch.nn.Module, optimizer: torch.optim.Optimizer, config: FP16TrainingConfig,
@@ -160,8 +117,8 @@ class Measurement:
 def cached_calibration(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: Any,
                        device: Union[str, torch.device], settings: Optional[Settings] = None) -> Optional[cal.Calibration]:
     """The host cache's calibration of this workload, or None (nothing is measured)."""
-    key = cal.workload_key(cal.workload(model, optimizer, batch, device))
-    found = PrecisionCache.from_settings(settings).get(key)
+    described = cal.workload(model, optimizer, batch, device)
+    found = PrecisionCache.from_settings(settings).get(cal.workload_key(described), described)
     if found is None or PrecisionMode(found.precision) not in cal.candidates(device):
         return None
     return found

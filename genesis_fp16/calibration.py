@@ -16,8 +16,16 @@ the decision from one run to the next (issue 37).
 A workload is keyed by `workload` (parameter shapes and dtypes, optimizer,
 batch shapes, device and its name, the CPU flags that matter, torch
 version, torch threads); the decision is kept in the host-level cache
-(`genesis_fp16.autotune.PrecisionCache`) and reused until the key changes.
+(`genesis_fp16.calibration_cache.PrecisionCache`) and reused until the key changes.
 `genesis-fp16 doctor` lists the decisions; ``doctor --recalibrate`` clears them.
+
+A record read back is untrusted input (issue 44): `parse_record` checks
+every field's type and range, that its key is the hash of its workload (and,
+given one, that the workload is this one), and takes the verdict again from
+its own figures with `decide`, today's rule: a verdict that does not follow
+from them (an edited file) makes the record absent, never used. Each record
+says when it was measured, by which process (host, pid, command) and under
+what load (`os.getloadavg`), and its reason says so (`provenance`).
 """
 
 from __future__ import annotations
@@ -26,10 +34,13 @@ import contextlib
 import hashlib
 import json
 import math
+import os
+import socket
 import statistics
+import sys
 import time
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 from datetime import datetime, timezone
 from typing import Any, Callable, Iterator, Optional, Union
 
@@ -40,8 +51,9 @@ from .precision.capability import Support
 from .profiles import GuardThresholds
 from .settings import PrecisionMode
 
-RECORD_VERSION = 2
-"""Of the key and the record: a new version ignores (and replaces) older decisions."""
+RECORD_VERSION = 3
+"""Of the key and the record: a new version ignores (and replaces) older decisions. 3: each record
+says when, by which process and under what load it was measured (`provenance`); a record of 2 is absent."""
 CANDIDATE_ORDER = (PrecisionMode.FP32, PrecisionMode.BF16, PrecisionMode.FP16)
 """What ``auto`` may pick (never tf32 or fp16-true: those are asked for by name)."""
 WARMUP_STEPS = 1
@@ -63,16 +75,6 @@ CPU_FLAGS_OF_INTEREST = ("avx2", "avx512f", "avx512_bf16", "avx512_fp16", "amx_b
 THRESHOLDS = GuardThresholds()
 """The guard's default thresholds: the canary's loss-ratio limit and floor are the calibration's."""
 _INF = "inf"
-
-
-def _number(value: Any, optional: bool) -> Optional[float]:
-    if value is None and optional:
-        return None
-    if value == _INF:
-        return math.inf
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"expected a number, got {value!r}")
-    return float(value)
 
 
 class CalibrationUnavailable(RuntimeError):
@@ -265,6 +267,62 @@ def decide(
     return fp32, f"measured here: {figures} fp32{failed_text}: none at least {margin:.2f}x fp32 in every round, so fp32", passed
 
 
+class RecordError(ValueError):
+    """A record that cannot be used, with what is wrong with it; ``stale`` for
+    one of another version (not a fault: older decisions are measured again)."""
+
+    def __init__(self, message: str, stale: bool = False) -> None:
+        super().__init__(message)
+        self.stale = stale
+
+
+MAX_STEPS = 10**9
+"""The most optimizer steps a record may claim (a larger number is not a calibration's)."""
+
+
+def this_process() -> dict[str, Any]:
+    """Who measures: this host's name, this process's id and its command (the
+    program and its subcommand, e.g. ``genesis-fp16 evolve``; no options, no paths)."""
+    argv = list(sys.argv) or [""]
+    program = os.path.basename(argv[0]) or "python"
+    if program == "__main__.py":  # python -m <package>
+        program = os.path.basename(os.path.dirname(argv[0])) or program
+    words = [program] + [a for a in argv[1:2] if a and not a.startswith("-") and "/" not in a and os.sep not in a]
+    return {"host": socket.gethostname()[:255], "pid": os.getpid(), "command": " ".join(words)[:120]}
+
+
+def current_load() -> dict[str, Any]:
+    """The load the measurement ran under: ``os.getloadavg()`` (1, 5 and 15
+    minutes; None where the OS has none) and the number of CPUs."""
+    try:
+        average: Optional[list[float]] = [round(float(v), 2) for v in os.getloadavg()]
+    except (AttributeError, OSError):
+        average = None
+    return {"average": average, "cpus": os.cpu_count()}
+
+
+def provenance(at: str, measured_by: Mapping[str, Any], load: Mapping[str, Any]) -> str:
+    """When, by which process and under what load a record was measured, in words."""
+    who = f"pid {measured_by.get('pid')} ({measured_by.get('command') or 'unknown command'}) on host {measured_by.get('host') or 'unknown'}"
+    average, cpus = load.get("average"), load.get("cpus")
+    if average:
+        under = "load average " + "/".join(f"{v:.2f}" for v in average) + " (1/5/15 min)" + (f" on {cpus} CPUs" if cpus else "")
+    else:
+        under = "load unknown"
+    return f"measured {at} by {who}, {under}"
+
+
+def _verdict(
+    seconds: Mapping[str, float], loss_ratios: Mapping[str, Optional[float]], failed: Mapping[str, str],
+    low: Mapping[str, float], at: str, measured_by: Mapping[str, Any], load: Mapping[str, Any],
+) -> tuple[str, str, dict[str, bool]]:
+    """(precision, reason, passed) by `decide` from a record's own figures: what
+    `measured` decides and what `parse_record` checks a record read back against."""
+    ratios = {m: r for m, r in loss_ratios.items() if r is not None}
+    precision, reason, passed = decide(seconds, ratios, errors=failed, low=low)
+    return precision, f"{provenance(at, measured_by, load)}: {reason.removeprefix('measured here: ')}", passed
+
+
 @dataclass(frozen=True)
 class Calibration:
     """One workload's measurement and the decision taken from it."""
@@ -291,7 +349,16 @@ class Calibration:
     steps: int
     """Optimizer steps per precision (warm-up included)."""
     at: str
+    """When it was measured (UTC, ISO 8601)."""
+    measured_by: dict[str, Any] = field(default_factory=dict)
+    """Which process measured it: ``host``, ``pid``, ``command`` (`this_process`)."""
+    load: dict[str, Any] = field(default_factory=dict)
+    """The load it was measured under: ``average`` (1/5/15 min, or None) and ``cpus`` (`current_load`)."""
     version: int = RECORD_VERSION
+
+    def provenance(self) -> str:
+        """When, by which process and under what load this was measured, in words."""
+        return provenance(self.at, self.measured_by, self.load)
 
     def as_record(self) -> dict[str, Any]:
         """Plain JSON data (a non-finite number as the string ``inf``)."""
@@ -301,23 +368,146 @@ class Calibration:
         return record
 
     @classmethod
-    def from_record(cls, record: Mapping[str, Any]) -> Optional["Calibration"]:
-        """The calibration a ledger row holds, or None for one of another version or shape (never trusted further)."""
-        names = {f.name for f in fields(cls)}
-        if set(record) != names or record.get("version") != RECORD_VERSION:
-            return None
+    def from_record(cls, record: Any) -> Optional["Calibration"]:
+        """The calibration a record holds, or None for one of another version or
+        shape, or whose verdict does not follow from its figures (`parse_record`)."""
         try:
-            values = dict(record)
-            for name in ("seconds", "speed", "speed_low", "loss_ratio"):
-                values[name] = {str(k): _number(v, name == "loss_ratio") for k, v in dict(record[name]).items()}
-            values["passed"] = {str(k): bool(v) for k, v in dict(record["passed"]).items()}
-            values["failed"] = {str(k): str(v) for k, v in dict(record["failed"]).items()}
-            values["workload"] = dict(record["workload"])
-            precision = str(record["precision"])
-            PrecisionMode(precision)
-        except (TypeError, ValueError):
+            return parse_record(record)
+        except RecordError:
             return None
-        return cls(**{**values, "precision": precision, "cost_s": float(values["cost_s"]), "steps": int(values["steps"])})
+
+
+def _show(value: Any, limit: int = 60) -> str:
+    """An untrusted value for a message: its repr, cut short."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _mapping(value: Any, name: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise RecordError(f"{name} is {type(value).__name__}, expected an object")
+    return value
+
+
+def _text(value: Any, name: str, limit: int = 10_000) -> str:
+    if not isinstance(value, str):
+        raise RecordError(f"{name} is {_show(value, 40)} ({type(value).__name__}), expected text")
+    if len(value) > limit:
+        raise RecordError(f"{name} is {len(value)} characters long, expected text of at most {limit}")
+    return value
+
+
+def _figure(value: Any, name: str, *, optional: bool = False, infinite: bool = False, signed: bool = False) -> Optional[float]:
+    """A finite number, non-negative unless ``signed`` (``"inf"`` too where ``infinite``; None where ``optional``)."""
+    if value is None and optional:
+        return None
+    if value == _INF and infinite:
+        return math.inf
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or (value < 0 and not signed):
+        expected = ("a finite number" if signed else "a non-negative finite number") + (' or "inf"' if infinite else "") + (" or null" if optional else "")
+        raise RecordError(f"{name} is {_show(value)}, expected {expected}")
+    return float(value)
+
+
+def _modes(value: Any, name: str) -> dict[str, Any]:
+    found = _mapping(value, name)
+    allowed = {m.value for m in CANDIDATE_ORDER}
+    for mode in found:
+        if mode not in allowed:
+            raise RecordError(f"{name} names {_show(mode)}, expected precisions among {', '.join(sorted(allowed))}")
+    return found
+
+
+def _integer(value: Any, name: str, low: int, high: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise RecordError(f"{name} is {_show(value)}, expected an integer from {low} to {high}")
+    return value
+
+
+def _normal(value: Any) -> Any:
+    """``value`` as JSON reads it back (tuples as lists), for comparing a workload with a record's."""
+    return json.loads(json.dumps(value, sort_keys=True))
+
+
+def parse_record(record: Any, *, key: Optional[str] = None, described: Optional[Mapping[str, Any]] = None) -> Calibration:
+    """The `Calibration` a record read back holds, checked as untrusted input:
+    every field of its type and range; its ``key`` the hash of its own
+    workload (and ``key`` when given, ``described`` when given: this
+    workload); its verdict and ``passed`` what `decide`, today's rule, takes
+    from its own figures; ``speed`` what its seconds give. Its reason is
+    written again from the figures (a stored one is not trusted). Raises
+    `RecordError` saying what is wrong (``stale`` for another version)."""
+    record = _mapping(record, "the entry")
+    if record.get("version") != RECORD_VERSION:
+        raise RecordError(f"it is a record of version {_show(record.get('version'))}, this version reads {RECORD_VERSION}", stale=True)
+    names = {f.name for f in fields(Calibration)}
+    missing, extra = sorted(names - set(record)), sorted(set(record) - names)
+    if missing or extra:
+        raise RecordError(f"its fields differ from a calibration's ({'missing ' + ', '.join(missing) if missing else ''}"
+                          f"{'; ' if missing and extra else ''}{'unknown ' + _show(extra) if extra else ''})")
+    own_key = _text(record["key"], "key", 64)
+    if key is not None and own_key != key:
+        raise RecordError(f"it is the entry of workload {own_key!r}, filed under {key!r}")
+    work = _mapping(record["workload"], "workload")
+    try:
+        if workload_key(work) != own_key:
+            raise RecordError("its key is not the hash of its workload (an entry edited or copied from another host)")
+    except (TypeError, ValueError) as exc:
+        raise RecordError(f"its workload cannot be hashed ({exc})") from None
+    if described is not None and _normal(work) != _normal(described):
+        mine, here = _normal(work), _normal(described)
+        differ = sorted(k for k in set(mine) | set(here) if mine.get(k) != here.get(k))
+        raise RecordError(f"its workload is not this one ({', '.join(differ)} differ: another host's or another workload's entry)")
+    seconds = {m: _figure(v, f"seconds[{m}]") for m, v in _modes(record["seconds"], "seconds").items()}
+    if PrecisionMode.FP32.value not in seconds:
+        raise RecordError("seconds has no fp32 timing, which every measurement has")
+    speed = {m: _figure(v, f"speed[{m}]", infinite=True) for m, v in _modes(record["speed"], "speed").items()}
+    low = {m: _figure(v, f"speed_low[{m}]", infinite=True) for m, v in _modes(record["speed_low"], "speed_low").items()}
+    ratios = {m: _figure(v, f"loss_ratio[{m}]", optional=True, infinite=True, signed=True) for m, v in _modes(record["loss_ratio"], "loss_ratio").items()}
+    passed = _modes(record["passed"], "passed")
+    if not all(isinstance(v, bool) for v in passed.values()):
+        raise RecordError(f"passed is {_show(passed)}, expected true or false per precision")
+    failed = {m: _text(v, f"failed[{m}]", 1000) for m, v in _modes(record["failed"], "failed").items()}
+    for name, values in (("speed", speed), ("speed_low", low), ("loss_ratio", ratios), ("passed", passed)):
+        if set(values) != set(seconds):
+            raise RecordError(f"{name} names {_show(sorted(values))}, seconds {sorted(seconds)}: a measurement gives both for the same precisions")
+    if set(failed) & set(seconds):
+        raise RecordError(f"failed names {sorted(set(failed) & set(seconds))}, which also have timings")
+    cost_s = _figure(record["cost_s"], "cost_s")
+    steps = _integer(record["steps"], "steps", 0, MAX_STEPS)
+    at = _text(record["at"], "at", 64)
+    try:
+        datetime.fromisoformat(at)
+    except ValueError:
+        raise RecordError(f"at is {_show(at)}, expected an ISO 8601 time") from None
+    by = _mapping(record["measured_by"], "measured_by")
+    if set(by) != {"host", "pid", "command"}:
+        raise RecordError(f"measured_by names {_show(sorted(by))}, expected host, pid, command")
+    by = {"host": _text(by["host"], "measured_by.host", 255), "pid": _integer(by["pid"], "measured_by.pid", 0, 2**31),
+          "command": _text(by["command"], "measured_by.command", 200)}
+    load = _mapping(record["load"], "load")
+    if set(load) != {"average", "cpus"}:
+        raise RecordError(f"load names {_show(sorted(load))}, expected average, cpus")
+    average = load["average"]
+    if average is not None and (not isinstance(average, list) or len(average) != 3):
+        raise RecordError(f"load.average is {_show(average)}, expected three numbers or null")
+    load = {"average": None if average is None else [_figure(v, "load.average") for v in average],
+            "cpus": None if load["cpus"] is None else _integer(load["cpus"], "load.cpus", 1, 1 << 20)}
+    precision = _text(record["precision"], "precision", 16)
+    derived, reason, derived_passed = _verdict(seconds, ratios, failed, low, at, by, load)
+    if precision != derived:
+        raise RecordError(f"its verdict {precision!r} does not follow from its own figures: today's rule gives {derived!r}")
+    if passed != derived_passed:
+        raise RecordError(f"its passed {passed} does not follow from its loss ratios: today's rule gives {derived_passed}")
+    for m, s in speeds(seconds).items():
+        if not (speed[m] == s or math.isclose(speed[m], s, rel_tol=1e-9)):
+            raise RecordError(f"speed[{m}] is {speed[m]!r}, its seconds give {s!r}")
+        if low[m] > speed[m] * (1 + 1e-9):
+            raise RecordError(f"speed_low[{m}] {low[m]!r} is above speed[{m}] {speed[m]!r}: a lower bound is not")
+    return Calibration(
+        key=own_key, workload=work, precision=precision, reason=reason, seconds=seconds, speed=speed, speed_low=low,
+        loss_ratio=ratios, passed=passed, failed=failed, cost_s=cost_s or 0.0, steps=steps, at=at, measured_by=by, load=load,
+    )
 
 
 def measured(
@@ -325,17 +515,21 @@ def measured(
     failed: Optional[dict[str, str]] = None, rounds: Optional[Mapping[str, list[float]]] = None,
 ) -> Calibration:
     """The `Calibration` of a measurement (`measure`): per-step seconds, final
-    losses for the precisions not out on speed, and each round's seconds."""
+    losses for the precisions not out on speed, and each round's seconds;
+    stamped with the time, this process (`this_process`) and the load (`current_load`)."""
     fp32 = PrecisionMode.FP32.value
     ratios = {m: loss_ratio(loss, losses[fp32]) for m, loss in losses.items()}
     low = lower_bound(rounds or {})
-    precision, reason, passed = decide(seconds, ratios, errors=failed, low=low)
     speed = speeds(seconds)
+    speed_low = {m: low.get(m, speed[m]) for m in seconds}
+    loss_ratios = {m: ratios.get(m) for m in seconds}
+    at = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    by, load = this_process(), current_load()
+    precision, reason, passed = _verdict(seconds, loss_ratios, failed or {}, speed_low, at, by, load)
     return Calibration(
         key=key, workload=described, precision=precision, reason=reason, seconds=dict(seconds), speed=speed,
-        speed_low={m: low.get(m, speed[m]) for m in seconds},
-        loss_ratio={m: ratios.get(m) for m in seconds}, passed=passed, failed=dict(failed or {}), cost_s=float(cost_s), steps=int(steps),
-        at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        speed_low=speed_low, loss_ratio=loss_ratios, passed=passed, failed=dict(failed or {}), cost_s=float(cost_s),
+        steps=int(steps), at=at, measured_by=by, load=load,
     )
 
 

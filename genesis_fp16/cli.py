@@ -114,12 +114,21 @@ def doctor(
     unknown = unknown_settings()
     import torch
 
-    from .autotune import PrecisionCache
+    from .calibration_cache import CacheRefused, PrecisionCache, fix_hint
     from .precision import MODES, capability_report, cpu_flags, cpu_has_fast_bf16, cpu_has_native_bf16
 
     cache = PrecisionCache.from_settings(settings)
-    cleared = cache.clear() if recalibrate else None
+    cleared, moved_aside, aside_problem, refused = None, None, "", None
+    if recalibrate:
+        try:
+            forgotten = cache.forget()
+            cleared, moved_aside, aside_problem = forgotten.count, forgotten.moved_aside, forgotten.problem
+        except CacheRefused as exc:  # not a cache of ours, not a regular file, locked: left alone, said why
+            refused = str(exc)
+        except OSError as exc:
+            refused = f"{cache.path} could not be changed ({exc.strerror or exc}); check that its directory is writable"
     calibrations = [c.as_record() for c in cache.all()]
+    found = cache.inspect()
 
     devices = ["cpu"] + [f"cuda:{i}" for i in range(torch.cuda.device_count())]
     reports = [_one_story(capability_report(d), calibrations) for d in devices]
@@ -140,15 +149,21 @@ def doctor(
         "auto_reason": primary["auto_reason"],
         "auto_decides_by": settings.auto_precision.value,
         "precision_cache": str(cache.path),
+        "precision_cache_state": found.state,
+        "precision_cache_problem": found.problem or None,
         "decisions": [{"workload": _workload_text(rec), "device": (rec.get("workload") or {}).get("device"), "precision": rec.get("precision"),
                        "source": "cached", "reason": rec.get("reason")} for rec in calibrations],
         "calibrations": calibrations,
         "calibrations_cleared": cleared,
+        "precision_cache_moved_aside": str(moved_aside) if moved_aside else None,
+        "recalibrate_refused": refused,
         "settings": json.loads(settings.model_dump_json()),
         "unknown_settings": unknown,
     }
     if as_json:
         print_json(data)
+        if refused:
+            raise typer.Exit(2)
         return
     out.print(Text.assemble(("genesis-fp16", "bold"), safe_text(f" {data['genesis_fp16_version']}  torch {data['torch_version']}  python {data['python']}")))
     table = Table(title="devices and precisions")
@@ -159,10 +174,18 @@ def doctor(
         sup = rep["support"]
         table.add_row(*safe_cells(rep["device"], rep["name"], *(sup[m] for m in modes), rep["auto"]))
     out.print(table)
-    if cleared is not None:
+    if moved_aside is not None:
+        out.print(safe_text(f"recalibrate: {cache.path} was not readable ({aside_problem}); moved aside to {moved_aside}, "
+                            "nothing deleted; each workload is measured again on its next run"))
+    elif cleared is not None:
         out.print(safe_text(f"recalibrate: forgot {cleared} measured decision(s); each workload is measured again on its next run"))
     if calibrations:
         out.print(_calibration_table(calibrations, cache.path))
+    elif found.problem:
+        measures = settings.auto_precision.value == "measure"
+        out.print(safe_text(f"no measured decision readable: the precision cache {cache.path} {found.problem} ({fix_hint(found)}); "
+                            f"{'until then auto measures each workload on every run and saves nothing; ' if measures else ''}"
+                            f"rule (not measured): {data['auto_precision']} on {data['auto_device']}"))
     else:
         out.print(safe_text(
             f"nothing measured on this host yet ({cache.path}); auto {'measures each workload the first time it trains' if settings.auto_precision.value == 'measure' else 'follows the flag rule (GENESIS_FP16_AUTO_PRECISION=rule)'}; "
@@ -178,6 +201,9 @@ def doctor(
     out.print(st)
     for problem in unknown:
         console.print(Text.assemble(("warning:", "yellow"), " ", safe_text(problem)), highlight=False)
+    if refused:
+        console.print(Text.assemble(("error:", "red"), " ", safe_text(f"recalibrate: {refused}")), highlight=False)
+        raise typer.Exit(2)
 
 
 def _workload_text(rec: dict[str, Any]) -> str:
@@ -203,6 +229,14 @@ def _one_story(report: dict[str, Any], calibrations: list[dict[str, Any]]) -> di
     return report
 
 
+def _measured_when(rec: dict[str, Any]) -> str:
+    """When, by which process and under what load a decision was measured (the record's own words)."""
+    by, load = rec.get("measured_by") or {}, rec.get("load") or {}
+    average = load.get("average")
+    under = "load " + "/".join(f"{v:.2f}" for v in average) + (f" on {load.get('cpus')} CPUs" if load.get("cpus") else "") if average else "load unknown"
+    return f"{rec.get('at')} by pid {by.get('pid')} ({by.get('command')}) on {by.get('host')}, {under}"
+
+
 def _calibration_table(calibrations: list[dict[str, Any]], where: Any) -> Table:
     table = Table(title=f"auto's measured decisions ({len(calibrations)}, {where}; `doctor --recalibrate` forgets them)")
     for col in ("when", "workload", "device", "speed vs fp32 (at worst)", "loss vs fp32", "decision", "why", "cost s"):
@@ -219,7 +253,7 @@ def _calibration_table(calibrations: list[dict[str, Any]], where: Any) -> Table:
         reason = str(rec.get("reason") or "")
         why = reason.rsplit(": ", 1)[-1] if ": " in reason else reason
         table.add_row(*safe_cells(
-            rec.get("at"), _workload_text(rec), where, speed or "-", ratio or "-", rec.get("precision"), why,
+            _measured_when(rec), _workload_text(rec), where, speed or "-", ratio or "-", rec.get("precision"), why,
             f"{cost:.3f}" if isinstance(cost, (int, float)) else "-",
         ))
     return table
