@@ -53,9 +53,10 @@ class CMASearch:
             options["popsize"] = int(popsize)
         self._es = cma.CMAEvolutionStrategy(self.x0.copy(), self.sigma0, options)
         self._asked: Optional[np.ndarray] = None
-        self._injected = 0
+        self._inject: list[np.ndarray] = []
         self.told: list[dict[str, Any]] = []
-        """Per generation: ``{"injected": k, "x": the asked population, "f": what pycma was told}``."""
+        """Per generation: ``{"injected": k, "inject": the k points handed to `ask`, "x": the asked
+        population, "f": what pycma was told}``."""
 
     @property
     def popsize(self) -> int:
@@ -88,7 +89,7 @@ class CMASearch:
             raise ValueError(f"CMASearch.ask: {len(inject)} injected points; expected at most popsize - 1 = {self.popsize - 1}")
         if inject:
             self._es.inject(inject, force=True)
-        self._asked, self._injected = np.asarray(self._es.ask(), dtype=np.float64), len(inject)
+        self._asked, self._inject = np.asarray(self._es.ask(), dtype=np.float64), inject
         return self._asked.copy()
 
     def tell(self, scores: Sequence[float]) -> None:
@@ -97,7 +98,7 @@ class CMASearch:
             raise ValueError(f"CMASearch.tell: {len(scores)} scores for {0 if self._asked is None else len(self._asked)} asked points")
         f = [-float(s) if math.isfinite(s) else TOLD_FAILED for s in scores]
         self._es.tell(list(self._asked), f)
-        self.told.append({"injected": self._injected, "x": self._asked.tolist(), "f": f})
+        self.told.append({"injected": len(self._inject), "inject": [x.tolist() for x in self._inject], "x": self._asked.tolist(), "f": f})
         self._asked = None
 
     # -- resume --------------------------------------------------------------------------
@@ -109,17 +110,25 @@ class CMASearch:
     @classmethod
     def replay(cls, data: dict[str, Any], purpose: str = "CMA-ES") -> "CMASearch":
         """The search a `record` describes, rebuilt by asking and telling
-        again. Raises ValueError when the replay does not ask for the recorded
-        points (another pycma, or an edited manifest)."""
+        again: each generation injects the points the live run handed to `ask`
+        (pycma re-expresses an injected point through its mean and step size,
+        so the asked row differs from it in the last bits, and re-injecting
+        the asked row would drift) and tells pycma the rows its own `ask`
+        returned, as the live run did. Raises ValueError when the replay does
+        not ask for the recorded points (another pycma, or an edited manifest)."""
         search = cls(np.asarray(data["x0"], dtype=np.float64), float(data["sigma0"]), seed=int(data["seed"]), popsize=data.get("popsize"),
                      purpose=purpose)
         for generation, told in enumerate(data.get("told") or []):
             recorded = np.asarray(told["x"], dtype=np.float64)
             k = int(told.get("injected") or 0)
-            asked = search.ask(list(recorded[:k]))
+            inject = told.get("inject")
+            inject = list(np.asarray(inject, dtype=np.float64)) if inject is not None else list(recorded[:k])  # records before "inject"
+            if len(inject) != k:
+                raise ValueError(f"the CMA-ES record of generation {generation} names {k} injected points and holds {len(inject)}")
+            asked = search.ask(inject)
             if asked.shape != recorded.shape or not np.allclose(asked, recorded, rtol=0.0, atol=REPLAY_ATOL):
                 raise ValueError(f"the CMA-ES search of generation {generation} does not replay to the points it recorded")
-            search._es.tell(list(recorded), list(told["f"]))
+            search._es.tell(list(asked), list(told["f"]))
             search.told.append(told)
-            search._asked = None
+            search._asked, search._inject = None, []
         return search
