@@ -136,7 +136,18 @@ class RunRecord:
             "search": self.search.record(),
             "actor": None if self.learners.actor is None else [float(v) for v in self.learners.actor],
             "time": self.time.snapshot(),
+            "decisions": self._decisions(),
         })
+
+    def _decisions(self) -> dict[str, Any]:
+        """Each learner's precision decision so far (manifest key -> `PrecisionDecision.as_dict`): part of the
+        run's state, so a resume trains on them instead of deciding (measuring) again."""
+        out = {}
+        for key, learner in self._learners_of():
+            decision = learner.decision if learner._training is not None else learner._reused_decision
+            if decision is not None:
+                out[key] = decision.as_dict()
+        return out
 
     def _learners_of(self) -> list[tuple[str, Any]]:
         """(manifest key, learner) of each learned part this run trains and has trained."""
@@ -146,6 +157,8 @@ class RunRecord:
     def _restore(self, manifest: dict[str, Any]) -> None:
         """The state `_progress` wrote; the replay rows of a cut-off generation deleted, the learners' snapshots loaded."""
         from genesis_fp16.checkpoint import CheckpointError
+        from genesis_fp16.decision import PrecisionDecision
+        from genesis_fp16.threads import torch_threads
 
         try:
             self.state = RunState.from_dict(manifest["state"])
@@ -159,7 +172,7 @@ class RunRecord:
         self.generations = list(manifest["generations"])
         self.obs_stats = ObsStats.from_dict(self.task.policy.obs_dim, manifest["obs_stats"])
         self.time.seconds.update(TimeShare(manifest["time"]).seconds)  # the object the evaluations already hold
-        keys = ("started", "sessions", "world_model_checkpoint", "critic_checkpoint", "real_episodes")
+        keys = ("started", "sessions", "world_model_checkpoint", "critic_checkpoint", "real_episodes", "decisions")
         self._manifest.update({k: manifest[k] for k in keys if k in manifest})
         self._prior_wall_s = float(manifest.get("wall_s") or 0.0)
         # a run whose every evaluation so far failed has no replay data, and needs none
@@ -168,17 +181,26 @@ class RunRecord:
                 f"run {self.run_id!r}: its replay data is gone from {self.buffer.path} (pruned, or another state dir); it cannot be resumed"
             )
         discarded = self.buffer.delete_generations_after(self.data_agent, self.generation)
-        for key, learner in self._learners_of():
-            snapshot = manifest.get(key)
-            if not snapshot:
-                continue
-            path = runs.world_model_dir(Path(self.settings.state_dir), self.run_id) / snapshot
-            try:
-                learner.load(path)
-            except CheckpointError as exc:
-                raise runs.RunError(f"run {self.run_id!r}: its {key.replace('_checkpoint', '').replace('_', ' ')} snapshot cannot be loaded "
-                                    f"({exc}); the run cannot be resumed") from None
-            learner.save()  # the learner's own checkpoint (a rollback may restore it) matches the committed generation again
+        decisions = manifest.get("decisions") or {}
+        if not isinstance(decisions, dict):
+            raise runs.RunError(f"run {self.run_id!r}: its manifest's field 'decisions' is not an object; the run cannot be resumed")
+        with torch_threads(self.settings.torch_threads):  # as the run trains: a workload's cache key counts its threads
+            for key, learner in self._learners_of():
+                if key in decisions:
+                    try:
+                        learner.reuse_decision(PrecisionDecision.from_dict(decisions[key]))
+                    except ValueError as exc:
+                        raise runs.RunError(f"run {self.run_id!r}: its manifest's decisions.{key}: {exc}; the run cannot be resumed") from None
+                snapshot = manifest.get(key)
+                if not snapshot:
+                    continue
+                path = runs.world_model_dir(Path(self.settings.state_dir), self.run_id) / snapshot
+                try:
+                    learner.load(path)
+                except CheckpointError as exc:
+                    raise runs.RunError(f"run {self.run_id!r}: its {key.replace('_checkpoint', '').replace('_', ' ')} snapshot cannot be "
+                                        f"loaded ({exc}); the run cannot be resumed") from None
+                learner.save()  # the learner's own checkpoint (a rollback may restore it) matches the committed generation again
         self.resumed_from = {
             "generation": self.generation, "real_episodes": self.real.real_episodes, "discarded_trajectories": discarded,
             "session": len(self._manifest["sessions"]) + 1,

@@ -82,6 +82,22 @@ class PrecisionDecision:
         return {"precision": self.mode.value, "source": self.source.value, "reason": self.reason,
                 "requested": self.requested.value, "device": self.device}
 
+    @classmethod
+    def from_dict(cls, data: Any) -> "PrecisionDecision":
+        """The decision `as_dict` wrote (a run's manifest keeps its learners'
+        decisions, so a resume never decides again). Raises ValueError naming
+        the field that is missing or not what `as_dict` writes."""
+        if not isinstance(data, dict):
+            raise ValueError(f"a precision decision must be an object, got {type(data).__name__}")
+        for key in ("precision", "source", "reason", "requested", "device"):
+            if not isinstance(data.get(key), str):
+                raise ValueError(f"a precision decision needs the text field {key!r}; got {data.get(key)!r}")
+        try:
+            return cls(PrecisionMode(data["precision"]), Source(data["source"]), data["reason"], PrecisionMode(data["requested"]),
+                       data["device"])
+        except ValueError as exc:
+            raise ValueError(f"a precision decision with an unknown value: {exc}") from None
+
     def line(self) -> str:
         """``bf16 (measured): ...``: the decision in one line."""
         return f"{self.mode.value} ({self.source.value}): {self.reason}"

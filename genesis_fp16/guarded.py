@@ -55,7 +55,7 @@ from .policy import EffectivePolicy, resolve_policy
 from .registry import Sample
 from .rollout import RolloutLedger, Stage
 from .settings import Settings, load_settings
-from .telemetry import get_logger
+from .telemetry import get_logger, log_once
 from .trainer import FP16Trainer
 
 __all__ = [
@@ -116,6 +116,9 @@ class GuardedTraining:
             ``auto`` (`genesis_fp16.autotune`): measured (or read from the
             host cache) once, before the trainer is built. Without it
             ``auto`` follows the device's flag rule, said in ``decision``.
+        decision: a decision made earlier for this agent (a resumed run's,
+            from its manifest): reused, never measured again, while the
+            request it answered stands (another request decides anew).
 
     Attributes:
         trainer: the trainer in use now (a new one after a rollback or a policy change).
@@ -142,6 +145,7 @@ class GuardedTraining:
         load: Optional[LoadFn] = None,
         fp32_reference: bool = True,
         sample: Optional[Sample] = None,
+        decision: Optional[PrecisionDecision] = None,
     ) -> None:
         if checkpoint_every < 0:
             raise ValueError(f"GuardedTraining({agent!r}): checkpoint_every={checkpoint_every}; expected 0 (off) or a positive step count")
@@ -150,8 +154,9 @@ class GuardedTraining:
         self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
         self.precision_arg, self.overrides = precision, overrides
         self.sample = sample
-        self.decision: Optional[PrecisionDecision] = None
-        """The precision decision of the trainer in use (`genesis_fp16.decision`)."""
+        self.decision: Optional[PrecisionDecision] = decision
+        """The precision decision of the trainer in use (`genesis_fp16.decision`); one passed in (a resumed run's)
+        is reused while the request it answered stands."""
         self.guard: Optional[Guard] = resolve_guard(f"GuardedTraining({agent!r})", agent, guard, self.settings)
         self.checkpoint_every = int(checkpoint_every)
         self.fp32_reference = fp32_reference
@@ -353,7 +358,23 @@ class GuardedTraining:
         report.precision_decision = self.decision
         report.skipped_steps = call.skipped_before + self.trainer.skipped_steps - call.skipped_from
         self._call = None
+        self._record_training(report)
         return report
+
+    def _record_training(self, report: CallReport) -> None:
+        """The call's outcome in the ledger (kind ``training``): `rollout status` shows every agent that trained,
+        with its precision, where that came from and how its last training went. A ledger that cannot be
+        written (read-only, full disk) costs the record, not the training."""
+        from .rollout import LedgerError
+
+        decision = self.decision
+        metrics = {"skipped_steps": report.skipped_steps, "val_loss": report.val_loss,
+                   "source": decision.source.value if decision is not None else None,
+                   "outcome": f"rolled back: {report.rollback_reason}" if report.rolled_back else "healthy"}
+        try:
+            self.ledger.record_quality_check(self.agent, "training", metrics, precision=report.precision, alarm=report.rolled_back)
+        except LedgerError as exc:
+            log_once(self._log, f"training_unrecorded:{self.agent}", "warning", "guarded.training_unrecorded", error=str(exc))
 
     def run(self, batches: Iterable[Any], loss_fn: LossFn, val_fn: Optional[ValFn] = None) -> CallReport:
         """One training call over ``batches``: `begin_call`, `step` each, `finish_call(val_fn)`."""

@@ -174,6 +174,7 @@ class Critic(GuardedLearner):
                 self.agent, self.model, self.optimizer, settings=self.settings, precision=self.requested_precision,
                 guard=self.guard if self.guard is not None else UNGUARDED, checkpoint_dir=self.checkpoint_dir,
                 good_name=f"{self.agent}.initial.pt", checkpoint_every=0, save=self.save, sample=(sample, td_loss),
+                decision=self._reused_decision,
             )
         return self._training
 

@@ -140,6 +140,7 @@ class WorldModel(GuardedLearner):
                 guard=self.guard if self.guard is not None else UNGUARDED, checkpoint_dir=self.checkpoint_dir,
                 good_name=f"{self.agent}.initial.pt", checkpoint_every=0, save=self.save,
                 sample=(sample_batch(self.model, self.batch_size, self.device), ensemble_loss),  # for a measured auto
+                decision=self._reused_decision,  # a resumed run's: never decided again
             )
         return self._training
 

@@ -13,6 +13,7 @@ from typing import Any, Optional, Union
 
 import torch
 
+from genesis_fp16.decision import PrecisionDecision
 from genesis_fp16.device import DeviceArg, resolve_device
 from genesis_fp16.guarded_contract import RollbackSummary
 from genesis_fp16.guarded import CallReport, Guard, GuardChoice, GuardedTraining, QualityLedger, Verdict, resolve_guard
@@ -54,6 +55,21 @@ class GuardedLearner:
         self.device = choice.device
         self.guard: Optional[Guard] = resolve_guard(owner, self.agent, guard, self.settings)
         self.requested_precision = precision
+        self._reused_decision: Optional[PrecisionDecision] = None
+
+    def reuse_decision(self, decision: PrecisionDecision) -> bool:
+        """Train on ``decision`` (an earlier one of this agent: a resumed run's,
+        from its manifest) instead of deciding again, while the request it
+        answered stands. Ignored (returns False) when it was made for another
+        device. Call it before the trainer is built, or the trainer is rebuilt."""
+        if decision.device != str(self.device):
+            self._log.info("precision.decision_not_reused", agent=self.agent, decided_on=decision.device, device=str(self.device))
+            return False
+        self._reused_decision = decision
+        if self._training is not None and self._training.decision != decision:
+            self._training.decision = decision
+            self._training._rebuild()
+        return True
 
     @property
     def trainer(self) -> Optional[FP16Trainer]:

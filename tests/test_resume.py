@@ -415,3 +415,38 @@ def test_resume_after_kill_9_gives_the_uninterrupted_report(tmp_path):
     expected, report = (json.loads((tmp_path / f"{name}.json").read_text()) for name in ("whole", "resumed"))
     assert report["resumed"] is True and report["resumed_from"]["generation"] >= 2
     assert comparable(report) == comparable(expected)
+
+
+async def test_a_resumed_run_trains_on_its_own_precision_decisions_and_never_measures_again(monkeypatch, state_dir):
+    """Issue 44: the resume restored its learners outside the run's thread
+    setting, missed the host cache and measured again (under load: FP32 after
+    BF16, another run). The decisions are part of the run's state now: with
+    the host cache gone and FP32 measuring faster, the resumed generations
+    still train in the run's BF16, and nothing is measured."""
+    from genesis_fp16 import calibration as cal
+    from genesis_fp16.autotune import PrecisionCache
+
+    monkeypatch.setenv("GENESIS_FP16_AUTO_PRECISION", "measure")
+    timings = {"fp32": 1.0e-3, "bf16": 0.5e-3, "fp16": 5e-3}
+    measured = []
+
+    def fake_time_step(mode, run, steps, device):
+        measured.append(mode.value)
+        run()
+        return timings[mode.value]
+
+    monkeypatch.setattr(cal, "time_step", fake_time_step)
+    settings = load_settings()
+    first = SEDarwinAgent(config(), settings=settings, evaluator=InProcessEvaluator(workers=1), on_generation=interrupt_after(0))
+    with pytest.raises(KeyboardInterrupt):
+        await first.evolve()
+    manifest = read_manifest(settings.state_dir, first.run_id)
+    assert {k: v["precision"] for k, v in manifest["decisions"].items()} == {"world_model_checkpoint": "bf16", "critic_checkpoint": "bf16"}
+    PrecisionCache.from_settings(settings).clear()
+    timings.update(bf16=2e-3)
+    measured.clear()
+    report = await SEDarwinAgent.resume(first.run_id, settings=settings, evaluator=InProcessEvaluator(workers=1)).evolve()
+    resumed = [g for g in report["generations"] if g["generation"] > 0]
+    assert resumed and all(g["wm_precision"] == "bf16" == g["critic_precision"] for g in resumed), resumed
+    assert all(g["wm_decision"] == report["generations"][0]["wm_decision"] for g in resumed)
+    assert measured == []  # never measured again

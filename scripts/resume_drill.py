@@ -1,0 +1,162 @@
+"""Kill `genesis-fp16 evolve` during a generation, resume it, and compare the
+report with the uninterrupted run's: a resumed run must be the same run.
+
+    python scripts/resume_drill.py --seed 0 --budget 48 --generations 1 2 3 --signals kill int --load 2
+
+One uninterrupted run, then for each (generation, signal, delay): a fresh
+state dir, `evolve` started with the same flags, the signal sent ``delay``
+seconds after generation ``g - 1`` was committed (so inside generation ``g``:
+its episodes, the world model's, the critic's or the actor's training), then
+the `--resume` command the interrupt prints. ``--load N`` keeps N busy
+processes running throughout (both cores busy on a 2-core machine).
+``--fresh-cache`` gives every session its own empty precision cache, so a
+resume that decided its precision again would measure it anew, under load.
+Prints one line per case and exits 1 when any report differs (fields that
+are wall times, paths and run ids are left out of the comparison).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+ROOT = Path(__file__).resolve().parents[1]
+VOLATILE = {"wall_s", "run_id", "replay_db", "run_manifest", "resumed", "resumed_from", "generations", "time_share"}
+VOLATILE_GENERATION = {"elapsed_s", "wm_wall_s", "critic_wall_s", "time"}
+SIGNALS = {"kill": signal.SIGKILL, "int": signal.SIGINT, "term": signal.SIGTERM}
+
+
+def comparable(report: dict[str, Any]) -> dict[str, Any]:
+    """The report without what differs between sessions of one run (times,
+    paths, ids); a precision decision by its precision alone (its reason holds
+    the figures measured, or says the host cache answered)."""
+    def decision(value: Any) -> Any:
+        return value.get("precision") if isinstance(value, dict) else value
+
+    data = {k: v for k, v in report.items() if k not in VOLATILE}
+    data["learners"] = {name: {**learner, "decision": decision(learner.get("decision"))} for name, learner in report["learners"].items()}
+    data["generations"] = [{k: decision(v) if k.endswith("_decision") else v for k, v in g.items() if k not in VOLATILE_GENERATION}
+                           for g in report["generations"]]
+    return data
+
+
+def differences(a: Any, b: Any, path: str = "") -> list[str]:
+    """Where two JSON values differ (the first few paths)."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        return [d for k in sorted(set(a) | set(b)) for d in differences(a.get(k), b.get(k), f"{path}.{k}")]
+    if isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
+        return [d for i, (x, y) in enumerate(zip(a, b)) for d in differences(x, y, f"{path}[{i}]")]
+    return [] if a == b else [f"{path}: {a!r} != {b!r}"]
+
+
+def _busy() -> None:  # pragma: no cover - a load generator
+    while True:
+        pass
+
+
+def evolve(state: Path, cache: Path, *args: str) -> subprocess.Popen:
+    env = {**os.environ, "GENESIS_FP16_STATE_DIR": str(state), "GENESIS_FP16_PRECISION_CACHE": str(cache)}
+    state.mkdir(parents=True, exist_ok=True)
+    log = open(state / f"evolve-{len(list(state.glob('evolve-*.log')))}.log", "w")  # a pipe would fill and stall the run
+    # SIGINT back to its default: a shell's background job starts with it ignored, and Python then never raises
+    # KeyboardInterrupt (the Ctrl-C case would run on to the end)
+    return subprocess.Popen([sys.executable, "-m", "genesis_fp16.cli", "evolve", *args], cwd=ROOT, env=env,
+                            stdout=subprocess.DEVNULL, stderr=log, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+
+
+def committed(state: Path) -> int:
+    """The last committed generation of the one run under ``state`` (-1: none yet)."""
+    for manifest in (state / "runs").glob("*/run.json"):
+        try:
+            return int(json.loads(manifest.read_text()).get("generation", -1))
+        except (OSError, ValueError):
+            return -1  # being replaced right now
+    return -1
+
+
+def finish(proc: subprocess.Popen, state: Path, what: str, timeout: float) -> None:
+    if proc.wait(timeout=timeout) != 0:
+        logs = sorted(state.glob("evolve-*.log"))
+        raise SystemExit(f"{what} failed (exit {proc.returncode}): {logs[-1].read_text()[-2000:] if logs else ''}")
+
+
+def run_case(work: Path, flags: list[str], generation: int, sig: str, delay: float, cache: Path, fresh_cache: bool,
+             timeout: float) -> tuple[Optional[dict[str, Any]], str]:
+    """(the resumed report, what happened) for one kill."""
+    state = work / f"g{generation}-{sig}-{delay:g}"
+    proc = evolve(state, cache if not fresh_cache else state / "cache-1.json", *flags)
+    deadline = time.monotonic() + timeout
+    while committed(state) < generation - 1 and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(delay)
+    if proc.poll() is not None:
+        return None, f"the run ended (exit {proc.returncode}) before the signal: generation {generation} never started"
+    at = committed(state)
+    proc.send_signal(SIGNALS[sig])
+    proc.wait(timeout=120)
+    run_id = next((state / "runs").glob("*/run.json")).parent.name
+    resumed = evolve(state, cache if not fresh_cache else state / "cache-2.json", "--resume", run_id, "--json", str(state / "report.json"))
+    finish(resumed, state, f"--resume after {sig} in generation {generation}", timeout)
+    return json.loads((state / "report.json").read_text()), f"signal after generation {at} was committed"
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--budget", type=int, default=48)
+    parser.add_argument("--generations", type=int, nargs="+", default=[1, 2, 3], help="kill during these generations")
+    parser.add_argument("--signals", nargs="+", choices=sorted(SIGNALS), default=["kill", "int"])
+    parser.add_argument("--delays", type=float, nargs="+", default=[1.0], help="seconds into the generation")
+    parser.add_argument("--load", type=int, default=0, help="busy processes running throughout")
+    parser.add_argument("--fresh-cache", action="store_true", help="every session its own empty precision cache")
+    parser.add_argument("--timeout", type=float, default=900.0)
+    parser.add_argument("--out", type=Path, help="write the cases as JSON here")
+    parser.add_argument("flags", nargs="*", help="more evolve flags (after --)")
+    args = parser.parse_args(argv)
+    flags = ["--seed", str(args.seed), "--budget", str(args.budget), *args.flags]
+    busy = [multiprocessing.Process(target=_busy, daemon=True) for _ in range(args.load)]
+    for p in busy:
+        p.start()
+    cases, failed = [], 0
+    try:
+        with tempfile.TemporaryDirectory(prefix="resume-drill-") as tmp:
+            work = Path(tmp)
+            cache = work / "precision.json"
+            whole = evolve(work / "whole", cache if not args.fresh_cache else work / "whole-cache.json", *flags,
+                           "--json", str(work / "whole.json"))
+            finish(whole, work / "whole", "the uninterrupted run", args.timeout)
+            expected = json.loads((work / "whole.json").read_text())
+            print(f"uninterrupted: held-out {expected['heldout_return']}, {expected['real_episodes']} episodes, "
+                  f"{expected['env_steps']} env steps", flush=True)
+            for generation in args.generations:
+                for sig in args.signals:
+                    for delay in args.delays:
+                        report, what = run_case(work, flags, generation, sig, delay, cache, args.fresh_cache, args.timeout)
+                        diff = ["no report"] if report is None else differences(comparable(expected), comparable(report))
+                        failed += bool(diff)
+                        cases.append({"generation": generation, "signal": sig, "delay": delay, "what": what, "same": not diff,
+                                      "differences": diff[:5],
+                                      "heldout": None if report is None else report["heldout_return"]})
+                        print(f"generation {generation}, {sig}, +{delay:g}s ({what}): "
+                              f"{'same report' if not diff else 'DIFFERS: ' + '; '.join(diff[:3])}", flush=True)
+    finally:
+        for p in busy:
+            p.terminate()
+    if args.out:
+        args.out.write_text(json.dumps({"flags": flags, "load": args.load, "cases": cases}, indent=1))
+    print(f"{len(cases) - failed} of {len(cases)} resumed runs gave the uninterrupted report (load: {args.load} busy processes)")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
