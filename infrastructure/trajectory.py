@@ -13,20 +13,27 @@ ARRAY_FIELDS = ("obs", "action", "reward", "next_obs", "done")
 FLOAT_FIELDS = ("obs", "action", "reward", "next_obs")  # stored as float32: NaN and inf are refused
 
 
-_F32_INF_FROM = 2.0**128 * (1 - 2.0**-25)  # the smallest magnitude that float32 rounds to inf
+F32_INF_FROM = 2.0**128 * (1 - 2.0**-25)  # the smallest magnitude that float32 rounds to inf
+MAX_MAGNITUDE = 1e15
+"""The largest magnitude a stored value may have. Finite float32 values near
+its limit (a reward of 1e38) still overflow the learners' float32 statistics
+(a sum of squares over a replay buffer of millions of transitions, a TD target
+r / (1 - gamma)); beyond 1e15 a value is refused like NaN: it costs its
+candidate, not the run."""
 
 
 def first_non_finite(values: ArrayLike) -> Optional[int]:
     """Where ``values`` stop being finite once stored as float32 (how the
     replay buffer keeps them): the index along the first axis of the first
-    entry holding NaN or inf, or None when all are finite. A float64 beyond
-    float32's range (1e39) counts as inf, since that is what would be stored.
-    A scalar is one entry (0 or None). Torch-free: the episode workers use it."""
+    entry holding NaN or inf, or a magnitude beyond `MAX_MAGNITUDE`, or None
+    when all are finite and in range. A float64 beyond float32's range (1e39)
+    counts as inf, since that is what would be stored. A scalar is one entry
+    (0 or None). Torch-free: the episode workers use it."""
     if isinstance(values, float):  # a reward, once per env step: the cheapest test
-        return None if abs(values) < _F32_INF_FROM else 0
+        return None if abs(values) <= MAX_MAGNITUDE else 0
     with np.errstate(over="ignore"):  # the overflow to inf is what this looks for, not a warning
         stored = np.asarray(values, dtype=np.float32)
-    finite = np.isfinite(stored)
+    finite = np.abs(stored) <= MAX_MAGNITUDE  # False for NaN and inf too
     if finite.all():
         return None
     return int(np.argwhere(~finite.reshape(stored.shape[0] if stored.ndim else 1, -1))[0][0])
@@ -102,8 +109,8 @@ class Trajectory:
         if bad is not None:
             name, t = bad
             raise ValueError(
-                f"trajectory {self.candidate or self.id!r}: non-finite {name} at transition {t} (NaN or inf as float32); "
-                "expected finite values: leave this episode out (its env returned bad data) instead of storing it"
+                f"trajectory {self.candidate or self.id!r}: non-finite {name} at transition {t} (NaN or inf as float32, or beyond "
+                f"+-{MAX_MAGNITUDE:g}); expected finite values: leave this episode out (its env returned bad data) instead of storing it"
             )
 
     @property

@@ -133,6 +133,28 @@ def huge_reward() -> gym.Env:
     return HugeReward()
 
 
+class LargeReward(Drift):
+    """A reward of 1e38 at the last step (step 4) for an action above
+    ``above``: finite even as float32, but near its limit (its square, or a
+    few summed, overflow)."""
+
+    def __init__(self, above: float = -np.inf) -> None:
+        super().__init__()
+        self.above = above
+
+    def step(self, action):
+        obs, reward, terminated, truncated, info = super().step(action)
+        return obs, 1e38 if truncated and float(action[0]) > self.above else reward, terminated, truncated, info
+
+
+def large_reward() -> gym.Env:
+    return LargeReward()
+
+
+def large_reward_above_zero() -> gym.Env:
+    return LargeReward(above=0.0)
+
+
 class NaNObs(Drift):
     """A simulator that diverges at the episode's last step (step 4): that
     next_obs is NaN for an action above ``nan_above`` (by default for every

@@ -80,12 +80,14 @@ def test_shape_mismatch_is_refused():
         Trajectory(obs=np.zeros((4, 3)), action=np.zeros((4, 1)), reward=np.zeros(3), next_obs=np.zeros((4, 3)), done=np.zeros(4))
 
 
-@pytest.mark.parametrize("name, value", [("next_obs", np.nan), ("reward", 1e39), ("obs", -np.inf), ("action", np.nan)])
+@pytest.mark.parametrize("name, value", [("next_obs", np.nan), ("reward", 1e39), ("obs", -np.inf), ("action", np.nan), ("reward", -1e38),
+                                         ("obs", 2e15)])
 def test_a_non_finite_trajectory_is_refused_when_made(name, value):
-    """1e39 is finite in float64 but inf as float32, the dtype it is stored in."""
+    """1e39 is finite in float64 but inf as float32, the dtype it is stored in; 1e38 is finite in float32 but beyond
+    what the learners' float32 statistics can hold (MAX_MAGNITUDE)."""
     arrays = {"obs": np.zeros((5, 3)), "action": np.zeros((5, 1)), "reward": np.zeros(5), "next_obs": np.zeros((5, 3))}
     arrays[name][3] = value
-    with pytest.raises(ValueError, match=rf"trajectory 'c': non-finite {name} at transition 3 \(NaN or inf as float32\)"):
+    with pytest.raises(ValueError, match=rf"trajectory 'c': non-finite {name} at transition 3 \(NaN or inf as float32, or beyond \+-1e\+15\)"):
         Trajectory(**arrays, done=np.zeros(5, bool), candidate="c")
 
 

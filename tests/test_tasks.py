@@ -211,6 +211,8 @@ def test_a_non_finite_reward_fails_its_own_job_only():
     [
         (task_envs.nan_last_obs, r"env 'Bad' returned a non-finite next_obs \(next_obs\[1\] = nan\) at step 4 of episode 0"),
         (task_envs.huge_reward, r"env 'Bad' returned a non-finite reward \(1e\+39, inf as float32\) at step 4 of episode 0"),
+        (task_envs.large_reward, r"env 'Bad' returned a non-finite reward \(1e\+38, beyond the \+-1e\+15 the learners' float32 statistics "
+                                 r"allow\) at step 4 of episode 0"),
         (task_envs.nan_reset_obs, r"env 'Bad' returned a non-finite obs \(obs\[1\] = nan\) from reset at step 0 of episode 0"),
     ],
 )

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, Sequence
 
 import numpy as np
 
-from infrastructure.trajectory import first_non_finite
+from infrastructure.trajectory import F32_INF_FROM, MAX_MAGNITUDE, first_non_finite
 
 from .policies import PolicySpec
 
@@ -32,8 +32,9 @@ class EnvFailure(RuntimeError):
 def refuse_non_finite(who: str, field: str, value: Any, step: int, episode: int) -> None:
     """Raise `EnvFailure` when ``value`` (``field`` of ``step`` of
     ``episode``: the obs from reset, an action, a reward or a next_obs) is
-    NaN or inf once stored as float32, as the replay buffer stores it: a
-    reward of 1e39 is inf there. One bad number would stop every later
+    NaN or inf once stored as float32, as the replay buffer stores it (a
+    reward of 1e39 is inf there), or beyond `MAX_MAGNITUDE` (a reward of 1e38
+    is finite there, but overflows the learners' statistics). One bad number would stop every later
     training of the world model on the buffer, so it costs its candidate
     instead. ``who`` produced the value: ``env 'X'``, or the policy."""
     bad = first_non_finite(value)
@@ -42,7 +43,7 @@ def refuse_non_finite(who: str, field: str, value: Any, step: int, episode: int)
     number = float(np.asarray(value, dtype=np.float64).reshape(-1)[bad])
     shown = str(number) if np.ndim(value) == 0 else f"{field}[{bad}] = {number}"
     if math.isfinite(number):
-        shown += ", inf as float32"
+        shown += ", inf as float32" if abs(number) >= F32_INF_FROM else f", beyond the +-{MAX_MAGNITUDE:g} the learners' float32 statistics allow"
     where = " from reset" if field == "obs" else ""
     raise EnvFailure(f"{who} returned a non-finite {field} ({shown}){where} at step {step} of episode {episode}")
 
