@@ -14,13 +14,17 @@ from .time_share import BUCKETS
 SUMMARY_KEYS = ("real_episodes", "target_reached", "episodes_to_target", "train_return", "heldout_return", "stop_reason")
 
 
-def _learner_fields(prefix: str, report: Any) -> dict[str, Any]:
-    """A learner's training report (world model or critic) as flat record fields."""
+def _learner_fields(prefix: str, report: Any, rounds: Sequence[Any] = ()) -> dict[str, Any]:
+    """A learner's training report (world model or critic) as flat record
+    fields; ``rounds``: every call of the generation (the critic trains once
+    per actor round), so a rollback in any of them shows, not only the last's."""
     if report is None:
         return {f"{prefix}_{k}": None for k in ("val_loss", "train_loss", "wall_s", "precision", "rollback_reason")} | {f"{prefix}_rolled_back": False}
+    rolled = [r for r in rounds or [report] if r.rolled_back]
     return {
         f"{prefix}_val_loss": report.val_loss, f"{prefix}_train_loss": report.train_loss, f"{prefix}_wall_s": report.wall_s,
-        f"{prefix}_precision": report.precision, f"{prefix}_rolled_back": report.rolled_back, f"{prefix}_rollback_reason": report.rollback_reason,
+        f"{prefix}_precision": report.precision, f"{prefix}_rolled_back": bool(rolled),
+        f"{prefix}_rollback_reason": "; ".join(r.rollback_reason for r in rolled) if rolled else None,
     }
 
 
@@ -51,7 +55,8 @@ def generation_record(
         "cma_best": best([c for c in candidates if c.operator == "cma"]),
         "sigma": sigma,
         **_learner_fields("wm", wm),
-        **_learner_fields("critic", critic),
+        **_learner_fields("critic", critic, reports.get("critic_rounds") or ()),
+        "learners_skipped": reports.get("skipped"),  # why the learners did not train this generation (too little data)
         "wm_decision": wm.precision_decision if wm is not None else None,
         "critic_decision": critic.precision_decision if critic is not None else None,
         "rollouts": rollouts.as_dict() if rollouts is not None else None,

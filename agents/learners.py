@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
 import numpy as np
 
 from genesis_fp16.settings import Settings
+from genesis_fp16.telemetry import get_logger
 from infrastructure.replay_buffer import ReplayBuffer
 
 from .evolve_config import EvolveConfig
@@ -38,6 +39,9 @@ EXPLORATION_NOISE = 0.1
 """The model rollouts' action noise, a fraction of the half action range (TD3's exploration noise)."""
 REFINE_STATES = 4096
 """The most recent real states the refinement draws its minibatches from."""
+MIN_TRANSITIONS = 2
+"""The fewest real transitions the learners train from (the world model holds one out to validate); fewer: the
+generation's learning is skipped, logged and recorded (``learners_skipped``), and the run goes on."""
 
 
 class Learners:
@@ -114,6 +118,12 @@ class Learners:
         from infrastructure.transitions import Transitions
 
         cfg, reports = self.config, {}
+        transitions = self.buffer.count(self.data_agent)["transitions"]
+        if transitions < MIN_TRANSITIONS:
+            reports["skipped"] = (f"only {transitions} real transition(s) so far; the learners train from {MIN_TRANSITIONS} "
+                                  "(one to train on, one to validate)")
+            get_logger("agents.learners", run_id=self.run_id).info("evolve.learners_skipped", generation=generation, reason=reports["skipped"])
+            return reports
         if self.world_model is not None:
             with self.time.measure("model_train"):
                 reports["world_model"] = await self.world_model.train(cfg.wm_steps)
@@ -146,10 +156,12 @@ class Learners:
         from .refine import refine
 
         actor = np.asarray(elite if elite is not None else z_mean, dtype=np.float64)
-        per_round = max(1, steps // cfg.actor_rounds)
+        per_round, rounds = max(1, steps // cfg.actor_rounds), []
+        reports["critic_rounds"] = rounds  # a rollback in any round shows in the generation's record
         for r in range(cfg.actor_rounds):
             with self.time.measure("critic"):
                 reports["critic"] = await self.critic.train(data, self._mean_policy(actor, space), per_round, save=r == cfg.actor_rounds - 1)
+            rounds.append(reports["critic"])
             with self.time.measure("refine"):
                 actor = (await asyncio.to_thread(refine, actor, data.obs, space, value=self.critic.value,
                                                  snapshots=[max(1, cfg.refine_steps // cfg.actor_rounds)], seed=seed * 31 + r))[0]

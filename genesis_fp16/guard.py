@@ -79,6 +79,9 @@ class RollbackGuard:
         self._tripped_trainer: Optional[FP16Trainer] = None
         self._rolled_back: Optional[tuple[FP16Trainer, GuardDecision]] = None  # (trainer, decision) of the last rollback
         self._last_good: Optional[Path] = None
+        self._since: Optional[tuple[int, int, int]] = None
+        """(training, skipped, overflow) steps of the trainer when the last rollback restored it: its failure and
+        overflow rates count from there, so a storm rolled back is not judged again on the healthy calls after it."""
         self._lock = threading.Lock()
         self._log = get_logger("genesis_fp16.guard", agent=agent)
 
@@ -118,12 +121,13 @@ class RollbackGuard:
         self.reset()
         if self.trainer is not trainer:
             self.attach(trainer)
+        self._since = (trainer.training_steps, trainer.skipped_steps, trainer.overflow_steps)  # a new window from here
         return trainer, restored
 
     def attach(self, trainer: FP16Trainer) -> None:
         """Listen to ``trainer``'s events. Events from a trainer attached
         earlier are ignored once another one is attached."""
-        self.trainer = trainer
+        self.trainer, self._since = trainer, None
         trainer.add_listener(lambda event, fields, t=trainer: self._on_event(t, event, fields))
         self._log.debug("guard.attached", trainer=trainer.name, precision=trainer.precision.name)
 
@@ -137,8 +141,7 @@ class RollbackGuard:
                 {"streak": fields.get("streak"), "step": fields.get("step")},
             )
         elif event == "trainer.step_skipped":
-            steps = trainer.training_steps
-            failed = trainer.skipped_steps
+            steps, failed, _ = self._window(trainer)
             limit = self.thresholds.failed_fraction
             if steps >= self.thresholds.min_steps and failed / steps > limit:
                 self._trip(
@@ -146,6 +149,13 @@ class RollbackGuard:
                     f"{failed} of {steps} steps failed ({failed / steps:.0%} > {limit:.0%})",
                     {"failed_steps": failed, "training_steps": steps},
                 )
+
+    def _window(self, trainer: FP16Trainer) -> tuple[int, int, int]:
+        """(training, skipped, overflow) steps of ``trainer`` since the last rollback restored it (else all of them)."""
+        counts = (trainer.training_steps, trainer.skipped_steps, trainer.overflow_steps)
+        if self._since is None or trainer is not self.trainer:
+            return counts
+        return (counts[0] - self._since[0], counts[1] - self._since[1], counts[2] - self._since[2])
 
     def _trip(self, trainer: FP16Trainer, reason: str, metrics: dict[str, Any]) -> None:
         with self._lock:
@@ -242,7 +252,10 @@ class RollbackGuard:
             return self._rolled_back[1]  # a P1 rollback of this trainer: the same, once
         stats: dict[str, Any] = {}
         if trainer is not None:
-            stats = dict(trainer.get_stats(), init_scale=trainer.config.loss_scale, growth_interval=trainer.config.growth_interval)
+            steps, failed, overflow = self._window(trainer)
+            stats = dict(trainer.get_stats(), init_scale=trainer.config.loss_scale, growth_interval=trainer.config.growth_interval,
+                         training_steps=steps, failed_step_rate=failed / steps if steps else 0.0,
+                         overflow_rate=overflow / steps if steps else 0.0)
         window = self.ledger.guard_window(self.agent, self._window_kind(reference))
         verdict = judge(
             stats, self.thresholds, val_loss=val_loss, fp32_val_loss=fp32_val_loss,

@@ -131,6 +131,14 @@ def _check_cells(checks: dict[str, Any]) -> list[tuple[str, str, str]]:
     return rows
 
 
+def _training_cell(check: Optional[dict[str, Any]]) -> str:
+    """``bf16 (measured) at <when>: healthy`` for an agent's last recorded training, or ``-``."""
+    if not check:
+        return "-"
+    m = check["metrics"]
+    return f"{check['precision']} ({m.get('source') or '?'}), {m.get('outcome') or '?'}, {check['at']}"
+
+
 @rollout_app.command("status")
 def rollout_status(as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
     """Every agent's stage, since when, who and why; its latest quality checks (shadow gap, canaries, inference gap)."""
@@ -144,18 +152,19 @@ def rollout_status(as_json: bool = typer.Option(False, "--json", help="Print JSO
     if not settings.enable_fp16_training:
         out.print("[bold red]kill switch on[/] (ENABLE_FP16_TRAINING=false): every agent trains in FP32 whatever its stage")
     table = Table(title=safe_text(f"rollout ledger {Path(settings.state_dir) / 'rollout.sqlite'}"))
-    for col in ("agent", "stage", "since", "actor", "reason", "last shadow gap"):
-        table.add_column(col)
+    for col in ("agent", "stage", "since", "actor", "reason", "last training", "last shadow gap"):
+        table.add_column(col, overflow="fold")
     for row in rows:
         gap = row["last_shadow_gap"]
         shown = f"{gap['gap']:+.1%} ({gap['precision']})" if gap and gap.get("gap") is not None else "-"
-        table.add_row(*safe_cells(row["agent"], row["stage"], row["since"], row["actor"], row["reason"], shown))
+        table.add_row(*safe_cells(row["agent"], row["stage"] or "-", row["since"] or "-", row["actor"] or "-", row["reason"],
+                                  _training_cell(row["last_training"]), shown))
     out.print(table if rows else "no agents in the ledger yet: genesis-fp16 rollout enable AGENT --shadow")
     checks = [(row["agent"], *cells) for row in rows for cells in _check_cells(row["last_checks"])]
     if checks:
         latest = Table(title="latest quality checks")
         for col in ("agent", "check", "when", "result"):
-            latest.add_column(col)
+            latest.add_column(col, overflow="fold")
         for cells in checks:
             latest.add_row(*safe_cells(*cells))
         out.print(latest)

@@ -376,3 +376,32 @@ def test_a_confirmation_begun_by_another_process_is_completed_here(state_dir):
     guard, trainer = _bf16_guard()
     assert guard.ledger.canary_calls("wm") == 1
     assert guard.check(trainer, val_loss=2.0, fp32_val_loss=1.0, reference="canary").action == "rollback"
+
+
+def test_the_failure_window_restarts_at_a_rollback(state_dir, tmp_path):
+    """A storm rolled back is not judged again: the restored FP32 trainer carries
+    the checkpoint's counters (most of them failed steps), and its next healthy
+    steps, and one NaN among them, raise no P0 and no warning."""
+    from structlog.testing import capture_logs
+
+    trainer, guard, ledger, batch = _setup(thresholds={"min_steps": 4})
+    _step(trainer, batch)
+    for _ in range(3):
+        _step(trainer, batch, nan=True)
+    assert guard.tripped is not None and guard.tripped.severity == "P0"
+    stormy = tmp_path / "stormy.pt"
+    trainer.save_checkpoint(stormy)  # 3 of 4 steps failed: the counters a restored trainer starts from
+    guard.record_good_checkpoint(stormy)
+    settings = load_settings()
+    fresh, restored = guard.recover(lambda: trainer_for("wm", trainer.model, trainer.optimizer, settings=settings),
+                                    lambda t, path: t.load_checkpoint(path))
+    assert restored == stormy
+    assert fresh.precision.name == "fp32" and fresh.skipped_steps == 3  # the counters came back with the checkpoint
+    with capture_logs() as logs:
+        _step(fresh, batch, nan=True)
+        for _ in range(4):
+            _step(fresh, batch)
+        verdict = guard.check(fresh)
+    assert guard.tripped is None and verdict.severity is None, verdict
+    assert verdict.metrics["training_steps"] == 5 and verdict.metrics["failed_step_rate"] == pytest.approx(0.2)
+    assert not [e for e in logs if e["event"].startswith("guard.") and e["log_level"] in ("warning", "error")], logs

@@ -364,3 +364,30 @@ def test_cli_refuses_a_bad_agent_name_in_one_line_before_touching_the_ledger(sta
     assert r.exit_code == 2, r.output
     assert "invalid agent name" in r.output and "Traceback" not in r.output
     assert not (state_dir / LEDGER_FILE).exists()
+
+
+def test_status_lists_every_agent_that_trained_enrolled_or_not(state_dir):
+    """Issue 44: after a default `evolve`, `rollout status` said "no agents in
+    the ledger yet" although the world model and the critic had trained with
+    decisions of their own. Every guarded training call is recorded now."""
+    import torch
+
+    from genesis_fp16.guarded import UNGUARDED, GuardedTraining
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 1)
+    training = GuardedTraining("learner.Task-v0", model, torch.optim.SGD(model.parameters(), lr=0.1), precision="fp32",
+                               guard=UNGUARDED, checkpoint_every=0)
+    batch = (torch.randn(8, 3), torch.randn(8, 1))
+    training.run([batch] * 3, lambda m, b: ((m(b[0]) - b[1]) ** 2).mean(), val_fn=lambda m, t: 0.5)
+    ledger = RolloutLedger.from_settings(load_settings())
+    ledger.enable("enrolled", actor="test")
+    rows = {row["agent"]: row for row in ledger.status()}
+    assert set(rows) == {"enrolled", "learner.Task-v0"}
+    row = rows["learner.Task-v0"]
+    assert row["stage"] is None and row["reason"] == "not enrolled: the settings decide"
+    assert row["last_training"]["precision"] == "fp32" and row["last_training"]["alarm"] is False
+    assert row["last_training"]["metrics"]["source"] == "explicit" and row["last_training"]["metrics"]["outcome"] == "healthy"
+    assert rows["enrolled"]["last_training"] is None
+    result = runner.invoke(app, ["rollout", "status"])
+    assert result.exit_code == 0 and "not enrolled" in result.output and "learner.Task-v0" in result.output.replace("\n", "")

@@ -109,17 +109,25 @@ class RolloutLedger(LedgerFile):
 
     @ledger_call
     def status(self) -> list[dict[str, Any]]:
-        """One row per managed agent: stage, since when, who, why, the last
-        good checkpoint, and the latest quality check of each kind
-        (``last_checks``: ``shadow_gap`` and each of `QUALITY_KINDS`, each
-        with its time ``at``, or None; ``last_shadow_gap`` is the first)."""
+        """One row per agent with a stage or a recorded training (an agent
+        never enrolled has stage None and the reason "not enrolled: the
+        settings decide"): stage, since when, who, why, the last good
+        checkpoint, the last training (``last_training``: precision, alarm
+        for a rollback, metrics with ``source`` and ``outcome``) and the latest
+        quality check of each kind (``last_checks``: ``shadow_gap`` and each
+        of `QUALITY_KINDS`, each with its time ``at``, or None;
+        ``last_shadow_gap`` is the first)."""
         out = []
         with self._transaction(write=False) as conn:
-            for r in conn.execute("SELECT agent, stage, updated_at, actor, reason FROM stages ORDER BY agent").fetchall():
-                checks, good = self._checks.latest(conn, r["agent"])
+            staged = {r["agent"]: r for r in conn.execute("SELECT agent, stage, updated_at, actor, reason FROM stages").fetchall()}
+            trained = {r[0] for r in conn.execute("SELECT DISTINCT agent FROM quality_checks WHERE kind = 'training'").fetchall()}
+            for agent in sorted(set(staged) | trained):
+                checks, good = self._checks.latest(conn, agent)
+                r = staged.get(agent)
                 out.append({
-                    "agent": r["agent"], "stage": self._stages.stage_of(r["stage"]), "since": r["updated_at"],
-                    "actor": r["actor"], "reason": r["reason"], "last_shadow_gap": checks["shadow_gap"],
+                    "agent": agent, "stage": self._stages.stage_of(r["stage"]) if r else None, "since": r["updated_at"] if r else None,
+                    "actor": r["actor"] if r else None, "reason": r["reason"] if r else "not enrolled: the settings decide",
+                    "last_shadow_gap": checks["shadow_gap"], "last_training": checks["training"],
                     "last_checks": checks, "last_good_checkpoint": good,
                 })  # fmt: skip
         return out

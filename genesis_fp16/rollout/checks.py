@@ -14,8 +14,10 @@ from ..telemetry import get_logger
 from .db import LedgerFile, Store, ledger_call, now
 
 # quality checks beside the shadow gaps: an FP32 canary's val-loss gap (stage on),
-# a policy canary's KL / deltas (PPO), the inference-side gap (val loss with and without autocast)
-QUALITY_KINDS = ("canary", "policy_canary", "inference_gap")
+# a policy canary's KL / deltas (PPO), the inference-side gap (val loss with and without autocast),
+# and each guarded training call's outcome (its precision and where that came from, skipped steps, rollback),
+# so `rollout status` lists every agent that trained, enrolled or not
+QUALITY_KINDS = ("canary", "policy_canary", "inference_gap", "training")
 
 
 def _real_in(value: float) -> Any:
