@@ -17,7 +17,7 @@ from genesis_fp16.modes import parse_mode
 from genesis_fp16.settings import PrecisionMode
 
 from .evaluation import BACKENDS
-from .runs import MANIFEST_VERSION, RunError
+from .runs import MANIFEST_VERSION, RESUME_FIELDS, UNRESUMABLE, ManifestFieldError, RunError, check_fields, is_int, is_number, is_numbers
 from .tasks import ResolvedTask, Task, TaskError, get_task
 
 # what needs the optional packages, in a missing extra's error
@@ -293,7 +293,60 @@ class Candidate:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "Candidate":
+        """The candidate `as_dict` wrote; `agents.runs.ManifestFieldError` (a `RunError`) names a field that is not what it writes."""
+        check_candidate(data)
         return cls(**{**data, "params": np.asarray(data["params"], dtype=float)})
+
+
+def _optional_number(v: Any) -> bool:
+    return v is None or is_number(v, finite=False)
+
+
+_CANDIDATE_CHECKS: dict[str, tuple[Any, str]] = {
+    "id": (lambda v: isinstance(v, str), "a string"),
+    "params": (lambda v: is_numbers(v) and len(v) > 0, "a non-empty list of finite numbers (the policy parameters)"),
+    "operator": (lambda v: isinstance(v, str), "a string (cma, refined:..., actor)"),
+    "generation": (lambda v: is_int(v, 0), "a whole number >= 0"),
+    "real_return": (_optional_number, "null or a number (the mean return)"),
+    "real_episodes": (lambda v: is_int(v, 0), "a whole number >= 0"),
+    "full": (lambda v: isinstance(v, bool), "true or false"),
+    "starts": (lambda v: isinstance(v, list) and all(is_int(i, 0) for i in v), "a list of whole numbers >= 0 (training start indices)"),
+    "returns": (lambda v: is_numbers(v, finite=False), "a list of numbers, one per start"),
+    "confirmed": (lambda v: v is None or isinstance(v, bool), "null, true or false"),
+    "validation_return": (_optional_number, "null or a number"),
+}
+
+
+def check_candidate(data: Any, *, n_params: Optional[int] = None) -> None:
+    """Raise `agents.runs.ManifestFieldError` for the first field of a candidate record (`Candidate.as_dict`) that is
+    unknown, missing or not of its type; ``n_params``: the length its params must have."""
+    check_fields(data, _CANDIDATE_CHECKS, required=("id", "params", "operator", "generation"), known_only=True,
+                 what="an object (a candidate)")
+    if n_params is not None and len(data["params"]) != n_params:
+        raise ManifestFieldError("params", data["params"], f"{n_params} numbers, one per policy parameter (as search.x0)")
+    if len(data.get("returns", [])) != len(data.get("starts", [])):
+        raise ManifestFieldError("returns", data.get("returns"), f"one return per start ({len(data.get('starts', []))} starts)")
+
+
+def check_saved_config(saved: Any) -> None:
+    """Raise `agents.runs.ManifestFieldError` for the first option of a saved config (`EvolveConfig` as a dict) whose
+    type or range is not what `EvolveConfig` takes. Unknown options are `resumed_config`'s to refuse."""
+    kinds: dict[str, tuple[Any, str]] = {
+        "int": (lambda v: is_int(v), "a whole number"), "float": (lambda v: is_number(v, finite=False), "a number"),
+        "str": (lambda v: isinstance(v, str), "a string"), "bool": (lambda v: isinstance(v, bool), "true or false"),
+    }
+    checks: dict[str, tuple[Any, str]] = {}
+    for f in fields(EvolveConfig):
+        optional = str(f.type).startswith("Optional[")
+        ok, text = kinds[str(f.type).removeprefix("Optional[").removesuffix("]")]
+        least, most = f.metadata.get("least"), f.metadata.get("most")
+        if least is not None or most is not None:
+            text = f"a whole number in {range_text(least, most)}"
+            ok = (lambda lo, hi: lambda v: is_int(v) and (lo is None or v >= lo) and (hi is None or v <= hi))(least, most)
+        if optional:
+            ok, text = (lambda inner: lambda v: v is None or inner(v))(ok), f"null or {text}"
+        checks[f.name] = (ok, text)
+    check_fields(saved, checks, what="an object (the run's options)")
 
 
 CONFIG_FIELDS = {f.name for f in fields(EvolveConfig)}
@@ -303,17 +356,27 @@ def resumed_config(
     manifest: dict[str, Any], *, budget: Optional[int], workers: Optional[int], options: dict[str, Any], backend: Optional[str] = None,
     budget_steps: Optional[int] = None,
 ) -> EvolveConfig:
-    """The run's own config, with the budgets, workers and backend the caller may change."""
-    run_id, saved = manifest["run_id"], dict(manifest["config"])
+    """The run's own config, with the budgets, workers and backend the caller may change. A field a resume needs that
+    is missing, or a saved option out of range, is a `RunError` naming the manifest file and the field."""
+    where = getattr(manifest, "path", None) or f"run {manifest.get('run_id')!r}'s manifest"
+    run_id = manifest.get("run_id")
     if int(manifest.get("version") or 0) < MANIFEST_VERSION:
         raise RunError(
             f"run {run_id!r}: its manifest is version {manifest.get('version')!r}, written before the loop in "
             f"which CMA-ES carries the population and a critic refines it (version {MANIFEST_VERSION}); this version cannot continue it. Resume it with the version that "
             "started it, or start a new run"
         )
+    for name in RESUME_FIELDS:
+        if name not in manifest:
+            raise RunError(f"{where}: field {name}: missing; expected what this version writes in every manifest; {UNRESUMABLE}")
+    saved = dict(manifest["config"])
     unknown = sorted(set(saved) - CONFIG_FIELDS)
     if unknown:
         raise RunError(f"run {run_id!r}: its manifest has options this version does not know ({', '.join(unknown)}); resume it with the version that started it")
+    try:  # the run's own options, before the caller's changes (the agent checks those)
+        EvolveConfig(**saved).validate()
+    except ValueError as exc:
+        raise RunError(f"{where}: field config: {exc}; {UNRESUMABLE}") from None
     mismatched = [f"{k}={v!r} (the run has {saved.get(k)!r})" for k, v in options.items() if saved.get(k) != v]
     if mismatched:
         raise RunError(

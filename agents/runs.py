@@ -54,6 +54,75 @@ class RunError(ValueError):
     options, unreadable manifest); the message says what to do."""
 
 
+class ManifestFieldError(RunError):
+    """One field of a run manifest holds what this code cannot continue from;
+    ``field`` is its path in the manifest (``pool[0].params``, ``config.seed``)."""
+
+    def __init__(self, field: str, value: Any, expected: str) -> None:
+        self.field, self.value, self.expected = field, value, expected
+        super().__init__(f"field {field}: {shown(value)}; expected {expected}")
+
+    def within(self, prefix: str) -> "ManifestFieldError":
+        """The same problem, its field under ``prefix`` (``pool[3].``)."""
+        return ManifestFieldError(prefix + self.field if self.field else prefix.rstrip("."), self.value, self.expected)
+
+
+_MISSING = object()
+
+
+def shown(value: Any, limit: int = 60) -> str:
+    """A field's value as an error shows it: JSON-like, cut to ``limit`` characters."""
+    if value is _MISSING:
+        return "missing"
+    try:
+        text = json.dumps(value, default=repr)
+    except (TypeError, ValueError):
+        text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def is_int(value: Any, least: Optional[int] = None, most: Optional[int] = None) -> bool:
+    """A whole number (a JSON integer, not a bool) in [least, most]."""
+    return (isinstance(value, int) and not isinstance(value, bool) and (least is None or value >= least)
+            and (most is None or value <= most))
+
+
+def is_number(value: Any, *, finite: bool = True) -> bool:
+    """A JSON number (not a bool); ``finite``: not NaN nor infinite."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and (not finite or math.isfinite(value))
+
+
+def is_numbers(value: Any, *, finite: bool = True) -> bool:
+    """A list of numbers (see `is_number`)."""
+    return isinstance(value, list) and all(is_number(v, finite=finite) for v in value)
+
+
+def check_fields(data: Any, checks: dict[str, tuple[Any, str]], *, required: Sequence[str] = (), known_only: bool = False,
+                 what: str = "an object") -> None:
+    """Raise `ManifestFieldError` for the first field of the mapping ``data`` that fails its check
+    (``checks``: name -> (predicate, what was expected)), is in ``required`` and missing, or (``known_only``)
+    is not among ``checks``. An empty field name stands for ``data`` itself."""
+    if not isinstance(data, dict):
+        raise ManifestFieldError("", data, what)
+    for name in required:
+        if name not in data:
+            raise ManifestFieldError(name, _MISSING, checks[name][1])
+    if known_only:
+        for name in data:
+            if name not in checks:
+                raise ManifestFieldError(str(name), data[name], f"no such field (the fields are {', '.join(checks)})")
+    for name, (ok, expected) in checks.items():
+        if name in data and not ok(data[name]):
+            raise ManifestFieldError(name, data[name], expected)
+
+
+class Manifest(dict):  # type: ignore[type-arg]
+    """A run manifest as read: the dict, and ``path``, the file it was read
+    from (for errors that name it)."""
+
+    path: Optional[Path] = None
+
+
 class RunStorageError(RuntimeError):
     """The run manifest could not be written; the message names the file."""
 
@@ -122,7 +191,138 @@ def read_manifest(state_dir: Path, run_id: str) -> dict[str, Any]:
         raise RunError(f"{path}: not a genesis-fp16 run manifest (expected format {MANIFEST_FORMAT!r})")
     if not isinstance(data.get("version"), int) or data["version"] > MANIFEST_VERSION:
         raise RunError(f"{path}: run manifest version {data.get('version')!r}; this code reads version {MANIFEST_VERSION} and older")
-    return _decode(data)
+    manifest = Manifest(_decode(data))
+    manifest.path = path
+    try:
+        check_manifest(manifest)
+    except ManifestFieldError as exc:
+        raise RunError(f"{path}: {exc}; {UNRESUMABLE}") from None
+    return manifest
+
+
+UNRESUMABLE = "the run cannot be resumed as it is: restore the field, or start a new run (`genesis-fp16 state prune` deletes this one)"
+RESUME_FIELDS = ("config", "real_episodes", "state", "search", "pool", "generations", "obs_stats", "time")
+"""The fields a resume reads without a default (a manifest this code writes has them all from its first write)."""
+_STATE_TEXT = "a string or null"
+
+
+def check_manifest(data: dict[str, Any]) -> None:
+    """Raise `ManifestFieldError` for the first field a resume reads whose type
+    or range is not what this code writes (a hand-edited manifest): the
+    counts, the state, the candidates, the observation statistics, the CMA-ES
+    record, the config. A field that is absent is let be here (`state list`
+    reads minimal manifests too); `resumed_config` asks for `RESUME_FIELDS`."""
+    from .evolve_config import check_candidate, check_saved_config
+    from .search_space import check_obs_stats
+
+    def objects(v: Any) -> bool:
+        return isinstance(v, list) and all(isinstance(x, dict) for x in v)
+
+    def optional_text(v: Any) -> bool:
+        return v is None or isinstance(v, str)
+
+    def snapshot_name(v: Any) -> bool:  # a file in the run's world-model folder, nothing outside it
+        return v is None or (isinstance(v, str) and v not in (".", "..") and "/" not in v and "\\" not in v)
+
+    check_fields(data, {
+        "run_id": (lambda v: isinstance(v, str), "a string"),
+        "status": (lambda v: isinstance(v, str), "a string"),
+        "started": (lambda v: v is None or is_number(v), "a time in seconds"),
+        "wall_s": (lambda v: v is None or is_number(v) and v >= 0, "seconds >= 0"),
+        "generation": (lambda v: is_int(v, -1), "a whole number >= -1 (the last committed generation; -1: none)"),
+        "real_episodes": (lambda v: is_int(v, 0), "a whole number >= 0 (the real episodes the run spent)"),
+        "env_steps": (lambda v: v is None or is_int(v, 0), "a whole number >= 0 (the real env steps the run spent)"),
+        "sessions": (objects, "a list of objects"),
+        "failures": (objects, "a list of objects"),
+        "confirmations": (objects, "a list of objects"),
+        "generations": (objects, "a list of objects, one per committed generation"),
+        "pool": (objects, "a list of objects, one per candidate"),
+        "state": (lambda v: isinstance(v, dict), "an object (the loop's state)"),
+        "obs_stats": (lambda v: isinstance(v, dict), "an object with count, mean and m2"),
+        "search": (lambda v: isinstance(v, dict), "an object (the CMA-ES record)"),
+        "actor": (lambda v: v is None or is_numbers(v), "null or a list of finite numbers"),
+        "time": (lambda v: isinstance(v, dict) and all(is_number(x) and x >= 0 for x in v.values()), "an object of seconds >= 0"),
+        "config": (lambda v: isinstance(v, dict), "an object (the run's options)"),
+        "world_model_checkpoint": (snapshot_name, "null or a file name in the run's world-model folder"),
+        "critic_checkpoint": (snapshot_name, "null or a file name in the run's world-model folder"),
+    })
+    for i, gen in enumerate(data.get("generations") or []):
+        try:
+            check_fields(gen, {"generation": (lambda v: is_int(v, 0), "a whole number >= 0"),
+                               "real_episodes": (lambda v: is_int(v, 0), "a whole number >= 0"),
+                               "env_steps": (lambda v: is_int(v, 0), "a whole number >= 0")})
+        except ManifestFieldError as exc:
+            raise exc.within(f"generations[{i}].") from None
+    try:
+        check_fields(data.get("state", {}), {
+            "generation": (lambda v: is_int(v, -1), "a whole number >= -1"),
+            "candidates_run": (lambda v: is_int(v, 0), "a whole number >= 0"),
+            "reached_at": (lambda v: v is None or is_int(v, 0), "null or a whole number >= 0"),
+            "answer": (optional_text, _STATE_TEXT), "budget_exhausted": (optional_text, _STATE_TEXT),
+            "unconfirmed": (optional_text, _STATE_TEXT),
+        }, known_only=True)
+    except ManifestFieldError as exc:
+        raise exc.within("state.") from None
+    n_params = _check_search(data.get("search"))
+    for i, candidate in enumerate(data.get("pool") or []):
+        try:
+            check_candidate(candidate, n_params=n_params)
+        except ManifestFieldError as exc:
+            raise exc.within(f"pool[{i}].") from None
+    actor = data.get("actor")
+    if actor is not None and n_params is not None and len(actor) != n_params:
+        raise ManifestFieldError("actor", actor, f"{n_params} numbers, one per policy parameter (as search.x0)")
+    for name, check in (("obs_stats", check_obs_stats), ("config", check_saved_config)):
+        if name in data:
+            try:
+                check(data[name])
+            except ManifestFieldError as exc:
+                raise exc.within(f"{name}.") from None
+    stats, policy = data.get("obs_stats") or {}, (data.get("config") or {}).get("policy")
+    if stats.get("count") and n_params is not None and isinstance(policy, str) and not _fits(n_params, policy, len(stats["mean"])):
+        raise ManifestFieldError("obs_stats.mean", stats["mean"],
+                                 f"one value per observation dimension: {len(stats['mean'])} do not fit the {policy} policy's {n_params} parameters")
+
+
+def _fits(n_params: int, policy: str, obs_dim: int) -> bool:
+    """Whether a ``policy`` with ``n_params`` parameters can see ``obs_dim`` observations (some whole number of actions
+    >= 1 makes the count: ``act (obs + 1)`` for linear, ``H (obs + 1) + act (H + 1)`` for ``mlp:H``)."""
+    from .tasks.policies import parse_policy
+
+    try:
+        hidden = parse_policy(policy)
+    except ValueError:
+        return True  # the config check names a bad policy
+    rest, per_action = (n_params, obs_dim + 1) if hidden == 0 else (n_params - hidden * (obs_dim + 1), hidden + 1)
+    return rest >= per_action and rest % per_action == 0
+
+
+def _check_search(search: Any) -> Optional[int]:
+    """Check the CMA-ES record's fields; its policy parameter count (len x0), None without one."""
+    if search is None:
+        return None
+
+    def rows(v: Any) -> bool:
+        return isinstance(v, list) and all(is_numbers(r) for r in v)
+
+    try:
+        check_fields(search, {
+            "x0": (lambda v: is_numbers(v) and len(v) > 0, "a non-empty list of finite numbers (the search's start)"),
+            "sigma0": (lambda v: is_number(v) and v > 0, "a finite number > 0"),
+            "seed": (lambda v: is_int(v, 0), "a whole number >= 0"),
+            "popsize": (lambda v: v is None or is_int(v, 2), "null or a whole number >= 2"),
+            "told": (lambda v: isinstance(v, list) and all(isinstance(t, dict) for t in v), "a list of objects, one per generation"),
+        }, required=("x0", "sigma0", "seed"))
+        for g, told in enumerate(search.get("told") or []):
+            try:
+                check_fields(told, {"x": (rows, "a list of rows of finite numbers (the asked points)"),
+                                    "f": (lambda v: is_numbers(v, finite=False), "a list of numbers (what CMA-ES was told)"),
+                                    "injected": (lambda v: is_int(v, 0), "a whole number >= 0")}, required=("x", "f"))
+            except ManifestFieldError as exc:
+                raise exc.within(f"told[{g}].") from None
+    except ManifestFieldError as exc:
+        raise exc.within("search.") from None
+    return len(search["x0"])
 
 
 # -- running or not --------------------------------------------------------------------

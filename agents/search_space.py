@@ -23,7 +23,7 @@ raw weight. Before any data the statistics are the identity (mu 0, sigma 1).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Optional, Sequence
 
 import numpy as np
 
@@ -120,4 +120,24 @@ class ObsStats:
 
     @classmethod
     def from_dict(cls, obs_dim: int, data: dict[str, Any]) -> "ObsStats":
-        return cls(obs_dim, count=int(data["count"]), mean=data["mean"], m2=data["m2"])
+        """The statistics `as_dict` wrote; `agents.runs.ManifestFieldError` (a `RunError`) names a field that is not
+        what it writes (a count below 0, a mean of another length than ``obs_dim``, ...)."""
+        check_obs_stats(data, obs_dim=obs_dim)
+        return cls(obs_dim, count=data["count"], mean=data["mean"], m2=data["m2"])
+
+
+def check_obs_stats(data: Any, *, obs_dim: Optional[int] = None) -> None:
+    """Raise `agents.runs.ManifestFieldError` for the first field of an `ObsStats.as_dict` record that is missing or not
+    what it writes: ``count`` a whole number >= 0, ``mean`` and ``m2`` (>= 0) lists of finite numbers of one length
+    (``obs_dim``, where given and anything was counted)."""
+    from .runs import ManifestFieldError, check_fields, is_int, is_numbers
+
+    check_fields(data, {
+        "count": (lambda v: is_int(v, 0), "a whole number >= 0 (observations counted)"),
+        "mean": (lambda v: is_numbers(v), "a list of finite numbers, one per observation dimension"),
+        "m2": (lambda v: is_numbers(v) and all(x >= 0 for x in v), "a list of finite numbers >= 0, one per observation dimension"),
+    }, required=("count", "mean", "m2"), what="an object with count, mean and m2")
+    if len(data["m2"]) != len(data["mean"]):
+        raise ManifestFieldError("m2", data["m2"], f"as many values as mean ({len(data['mean'])})")
+    if obs_dim is not None and data["count"] and len(data["mean"]) != obs_dim:
+        raise ManifestFieldError("mean", data["mean"], f"{obs_dim} values, one per observation dimension of the task")

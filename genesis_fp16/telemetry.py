@@ -353,9 +353,22 @@ def read_events(path: Path, *, include_rotated: bool = False) -> list[dict[str, 
 
 
 def _read_event_file(path: Path) -> list[dict[str, Any]]:
-    lines = path.read_text(encoding="utf-8").splitlines()
+    """One log file's events. Each line is decoded alone, so a line that is not
+    UTF-8 is told by its number like a line that is not JSON; either one is
+    skipped as torn when it is the last line, and an error naming the file and
+    the line anywhere else."""
+    lines = path.read_bytes().splitlines()
     events = []
-    for number, line in enumerate(lines, start=1):
+    for number, raw in enumerate(lines, start=1):
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            if number == len(lines):
+                break  # a write cut in the middle of a character
+            raise ValueError(
+                f"{path}:{number}: not UTF-8 text (byte {raw[exc.start]:#04x} at column {exc.start + 1}); the event log is written "
+                "as UTF-8 JSON lines: delete or repair that line"
+            ) from None
         if not line.strip():
             continue
         try:

@@ -167,7 +167,8 @@ def test_a_resumed_run_may_change_its_backend():
     from agents.runs import MANIFEST_VERSION
 
     saved = asdict(EvolveConfig())
-    manifest = {"run_id": "r", "version": MANIFEST_VERSION, "config": saved, "real_episodes": 0}
+    manifest = {"run_id": "r", "version": MANIFEST_VERSION, "config": saved, "real_episodes": 0,
+                **{name: {} for name in ("state", "search", "obs_stats", "time")}, "pool": [], "generations": []}
     assert resumed_config(manifest, budget=None, workers=None, options={}, backend="ray").backend == "ray"
     del saved["backend"]  # a run started before backends existed: the process pool
     assert resumed_config(manifest, budget=None, workers=None, options={}).backend == "process"

@@ -288,7 +288,8 @@ async def test_a_run_whose_every_candidate_failed_so_far_resumes(state_dir):
 
 def test_a_run_from_before_the_cma_loop_is_refused():
     saved = dataclasses.asdict(config())
-    manifest = {"run_id": "r", "version": MANIFEST_VERSION - 1, "real_episodes": 8, "config": saved}
+    manifest = {"run_id": "r", "version": MANIFEST_VERSION - 1, "real_episodes": 8, "config": saved,
+                "state": {}, "search": {}, "pool": [], "generations": [], "obs_stats": {}, "time": {}}
     with pytest.raises(RunError, match=f"version {MANIFEST_VERSION - 1}.*cannot continue it"):
         resumed_config(manifest, budget=None, workers=None, options={})
     manifest["version"] = MANIFEST_VERSION
@@ -296,6 +297,97 @@ def test_a_run_from_before_the_cma_loop_is_refused():
     manifest["config"] = {**saved, "racing": True}  # an option this version does not know
     with pytest.raises(RunError, match=r"options this version does not know \(racing\)"):
         resumed_config(manifest, budget=None, workers=None, options={})
+
+
+def _cli_main(argv, monkeypatch, capsys):
+    """``genesis-fp16 ARGV`` through the CLI's own `main`, in this process: (exit code, stderr)."""
+    from genesis_fp16.cli import main
+
+    monkeypatch.setenv("COLUMNS", "300")
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    return exit_.value.code, capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "edit, field, expected",
+    [  # issue 44's edits first
+        (lambda m: m["config"].update(seed=1.5), "config.seed: 1.5", "expected a whole number in 0..4294967295"),
+        (lambda m: m["obs_stats"].update(count=-1), "obs_stats.count: -1", "expected a whole number >= 0"),
+        (lambda m: m.update(pool=[{"x": 1}]), "pool[0].id: missing", "expected a string"),
+        (lambda m: m.update(real_episodes=-5), "real_episodes: -5", "expected a whole number >= 0"),
+        (lambda m: m["pool"][0].update(x=1), "pool[0].x: 1", "expected no such field (the fields are id, params, operator"),
+        (lambda m: m["pool"][1].update(params=m["pool"][1]["params"][:3]), "pool[1].params", "expected 41 numbers, one per policy parameter"),
+        (lambda m: m["pool"][0].update(generation="0"), 'pool[0].generation: "0"', "expected a whole number >= 0"),
+        (lambda m: m.update(obs_stats={"count": 5, "mean": [0.0, 1.0], "m2": [1.0, 1.0]}), "obs_stats.mean: [0.0, 1.0]",
+         "2 do not fit the mlp:8 policy's 41 parameters"),
+        (lambda m: m["obs_stats"].update(m2=[-1.0, 0.0, 0.0]), "obs_stats.m2", "expected a list of finite numbers >= 0"),
+        (lambda m: m["config"].update(ensemble=100000), "config.ensemble: 100000", "expected a whole number in 1..64"),
+        (lambda m: m["config"].update(use_critic=False), "config: invalid evolve options: refined=4: refinement needs the critic", ""),
+        (lambda m: m["state"].update(generation=None), "state.generation: null", "expected a whole number >= -1"),
+        (lambda m: m["search"].update(sigma0="big"), 'search.sigma0: "big"', "expected a finite number > 0"),
+        (lambda m: m.update(world_model_checkpoint="../../elsewhere.pt"), "world_model_checkpoint", "a file name in the run's world-model folder"),
+        (lambda m: m.pop("generations"), "generations: missing", "expected what this version writes in every manifest"),
+        (lambda m: m.update(env_steps=2.5), "env_steps: 2.5", "expected a whole number >= 0"),
+    ],
+)
+def test_a_hand_edited_manifest_is_one_line_naming_the_file_and_the_field(edit, field, expected, edited_run, monkeypatch, capsys):
+    state_dir, run_id, original = edited_run
+    path = manifest_path(state_dir, run_id)
+    manifest = json.loads(original)
+    edit(manifest)
+    path.write_text(json.dumps(manifest))
+    code, err = _cli_main(["evolve", "--resume", run_id], monkeypatch, capsys)
+    assert code == 2, err
+    assert err.startswith(f"error: {path}: field {field}") and err.count("\n") == 1, err  # one line, the file and the field first
+    assert expected in err and "Traceback" not in err
+    with pytest.raises(RunError, match="field"):
+        SEDarwinAgent.resume(run_id, settings=load_settings())  # the Python API says the same
+
+
+@pytest.fixture(scope="module")
+def _one_interrupted_run(tmp_path_factory):
+    """A run interrupted after generation 1, made once (as conftest isolates a test): (run id, its manifest's text)."""
+    import asyncio
+
+    state = tmp_path_factory.mktemp("edited_state")
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("GENESIS_FP16_STATE_DIR", str(state))
+        env.setenv("GENESIS_FP16_PRECISION_CACHE", str(state / "precision-cache.json"))
+        env.setenv("GENESIS_FP16_DEVICE", "cpu")
+        env.setenv("GENESIS_FP16_AUTO_PRECISION", "rule")
+        agent = SEDarwinAgent(config(), settings=load_settings(), evaluator=InProcessEvaluator(workers=1), on_generation=interrupt_after(1))
+        with pytest.raises(KeyboardInterrupt):
+            asyncio.run(agent.evolve())
+    return agent.run_id, manifest_path(state, agent.run_id).read_text()
+
+
+@pytest.fixture
+def edited_run(_one_interrupted_run, state_dir):
+    """That run's manifest in this test's state dir (a resume of an edited manifest stops before it reads anything else)."""
+    run_id, original = _one_interrupted_run
+    manifest_path(state_dir, run_id).parent.mkdir(parents=True)
+    return state_dir, run_id, original
+
+
+def test_candidate_and_obs_stats_records_name_the_bad_field():
+    from agents.evolve_config import Candidate
+    from agents.search_space import ObsStats
+
+    good = Candidate("c", np.zeros(3), "cma", 0).as_dict()
+    assert Candidate.from_dict(good).id == "c"
+    for bad, message in (({"x": 1}, "field id: missing"), ({**good, "x": 1}, "field x: 1; expected no such field"),
+                         ({**good, "params": [1.0, "a"]}, "field params"), ({**good, "starts": [0], "returns": []}, "field returns"),
+                         ({**good, "full": 1}, "field full: 1; expected true or false")):
+        with pytest.raises(RunError, match=message):
+            Candidate.from_dict(bad)
+    assert ObsStats.from_dict(2, {"count": 3, "mean": [0.0, 1.0], "m2": [1.0, 2.0]}).count == 3
+    for bad, message in (({"count": -1, "mean": [], "m2": []}, "field count: -1; expected a whole number >= 0"),
+                         ({"count": 1.5, "mean": [0.0, 0.0], "m2": [0.0, 0.0]}, "field count: 1.5"),
+                         ({"count": 3, "mean": [0.0], "m2": [0.0]}, "field mean: \\[0.0\\]; expected 2 values"),
+                         ({"count": 3, "mean": [0.0, 0.0]}, "field m2: missing"), ([], "expected an object with count, mean and m2")):
+        with pytest.raises(RunError, match=message):
+            ObsStats.from_dict(2, bad)
 
 
 async def test_an_edited_search_record_is_one_clear_error(state_dir):

@@ -190,6 +190,22 @@ def test_cli_tune_bad_input(state_dir, tmp_path):
     assert r.exit_code == 2 and "bad.jsonl:1: not a JSON event line" in r.output
 
 
+def test_cli_tune_a_line_that_is_not_utf8_is_one_error_naming_file_and_line(state_dir, tmp_path):
+    """Issue 44: a non-UTF-8 line stopped tune with the codec's message, naming neither the file nor the line. It is
+    told as a line that is not JSON is: an error with the file and the line in the middle, skipped as torn at the end."""
+    good = json.dumps({"event": "x", "agent": "a"}).encode()
+    bad = tmp_path / "latin1.jsonl"
+    bad.write_bytes(good + b"\n" + json.dumps({"event": "y", "reason": "caf\u00e9"}, ensure_ascii=False).encode("latin-1") + b"\n" + good + b"\n")
+    r = runner.invoke(app, ["tune", "--events", str(bad)], env={"COLUMNS": "300"})
+    assert r.exit_code == 2, r.output
+    assert f"{bad}:2: not UTF-8 text (byte 0xe9 at column 30)" in r.output and "delete or repair that line" in r.output
+    assert r.output.count("\n") == 1 and "Traceback" not in r.output and "codec" not in r.output
+    torn = tmp_path / "torn.jsonl"
+    torn.write_bytes(good + b"\n" + "{\"event\": \"\u00e9".encode()[:-1])  # a write cut inside a two-byte character
+    assert [e["event"] for e in telemetry.read_events(torn)] == ["x"]
+    assert runner.invoke(app, ["tune", "--events", str(torn)]).exit_code == 0
+
+
 # -- the event catalogue tune relies on ------------------------------------------------
 
 def _events_in_source(root):
