@@ -142,11 +142,16 @@ def stop_detail(report: dict[str, Any]) -> str:
                 f"{report['target']:g}{confirmed} after {report['episodes_to_target']} real episodes")
     if report.get("budget_exhausted") == "env_steps":
         steps = report["config"]["episode_steps"]
-        used = f"{report['env_steps']} of {report['budget_steps']} real env steps used ({report['real_episodes']} real episodes)"
-        more = f"another generation may take more (episodes of up to {steps} steps)"
+        # a failed episode is charged at its longest (its steps are not known), as the loop charges it
+        charged = report["env_steps"] + sum(int(f.get("episodes") or 0) for f in report.get("failed_candidates") or []) * steps
+        left = max(0, report["budget_steps"] - charged)
+        used = f"{charged} of {report['budget_steps']} real env steps used ({report['real_episodes']} real episodes)"
+        more = (f"the {left} left are too few for another episode, which may run {steps} steps" if left < steps
+                else f"{left} are left")
     else:
+        left = max(0, report["budget"] - report["real_episodes"])
         used = f"{report['real_episodes']} of {report['budget']} real episodes used"
-        more = "another generation needs more"
+        more = "none is left" if left == 0 else f"the {left} left are too few for what comes next"
     n_val = report.get("validation_start_states")
     if report.get("unconfirmed"):
         return (f"budget spent: {used}; {report['unconfirmed']} met the target {report['target']:g} on the training start states, "

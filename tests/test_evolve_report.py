@@ -15,16 +15,25 @@ def test_stop_detail_says_which_set_the_target_was_reached_on():
     assert stop_detail(report) == ("target reached on the 16 training start states: mean return -250.0 >= -300, confirmed on the "
                                    "8 validation start states (mean -260.0), after 56 real episodes")
     report.update(stop_reason="budget", train_return=-400.0, episodes_to_target=None, real_episodes=192, validation_return=None)
-    assert stop_detail(report) == ("budget spent: 192 of 200 real episodes used, and another generation needs more; "
+    assert stop_detail(report) == ("budget spent: 192 of 200 real episodes used, and the 8 left are too few for what comes next; "
                                    "target -300 not reached on the training start states")
+    report.update(real_episodes=200)
+    assert stop_detail(report).startswith("budget spent: 200 of 200 real episodes used, and none is left; ")
 
 
 def test_stop_detail_of_a_budget_of_env_steps_unconfirmed_and_refuted():
     report = {"stop_reason": "budget", "budget_exhausted": "env_steps", "train_start_states": 16, "validation_start_states": 8,
               "train_return": None, "target": -300.0, "episodes_to_target": None, "real_episodes": 15, "budget": 200,
               "env_steps": 3000, "budget_steps": 3100, "config": {"episode_steps": 200}}
-    assert stop_detail(report) == ("budget spent: 3000 of 3100 real env steps used (15 real episodes), and another generation may "
-                                   "take more (episodes of up to 200 steps); target -300 not reached on the training start states")
+    assert stop_detail(report) == ("budget spent: 3000 of 3100 real env steps used (15 real episodes), and the 100 left are too few "
+                                   "for another episode, which may run 200 steps; target -300 not reached on the training start states")
+    # issue 44: InvertedPendulum-v5 stopped at 2,059 of 3,000 steps saying only "budget spent"; a failed episode counts at its longest
+    report.update(env_steps=2059, budget_steps=3000, config={"episode_steps": 1000})
+    assert "2059 of 3000 real env steps used (15 real episodes), and the 941 left are too few for another episode, which may run " \
+           "1000 steps" in stop_detail(report)
+    report.update(env_steps=1000, failed_candidates=[{"episodes": 1, "error": "x"}])
+    assert "2000 of 3000 real env steps used (15 real episodes), and 1000 are left" in stop_detail(report)
+    report.update(env_steps=3000, budget_steps=3100, config={"episode_steps": 200}, failed_candidates=[])
     report.update(unconfirmed="g3-2-cma")
     assert stop_detail(report) == ("budget spent: 3000 of 3100 real env steps used (15 real episodes); g3-2-cma met the target -300 "
                                    "on the training start states, but the budget has no room to confirm it on the 8 validation start states")
