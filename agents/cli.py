@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import json
+import re
 import signal
 import threading
 from contextlib import ExitStack, contextmanager
@@ -15,7 +16,7 @@ from typing import Any, Iterator, Optional
 
 import typer
 
-from .evolve_config import ADVANCED
+from .evolve_config import ADVANCED, RARE_PANELS
 
 
 class Backend(str, Enum):
@@ -93,6 +94,21 @@ def _list_tasks(value: bool) -> None:
     raise typer.Exit(0)
 
 
+def _help_all(ctx: typer.Context, value: bool) -> None:
+    """--help-all: the help with every option, the rarely used ones (`ADVANCED`, hidden from --help) too, then exit."""
+    if not value or ctx.resilient_parsing:
+        return
+    hidden = [p for p in ctx.command.params if getattr(p, "hidden", False)]
+    for p in hidden:  # shown for this one help text; the command object is shared by every invocation in a process
+        p.hidden = False
+    try:
+        typer.echo(ctx.get_help(), nl=False)
+    finally:
+        for p in hidden:
+            p.hidden = True
+    raise typer.Exit(0)
+
+
 def _config_options() -> list[inspect.Parameter]:
     """One keyword parameter per `EvolveConfig` field offered as a flag: its
     name, default, help (the field's docstring) and panel come from the field."""
@@ -112,8 +128,14 @@ def _config_options() -> list[inspect.Parameter]:
             # the range is shown here and checked by `EvolveConfig.validate` (one error line naming the option, the value,
             # the range and what to pass), not by click's min/max (an error panel without the value)
             extra["metavar"] = range_text(meta.get("least"), meta.get("most")).replace(" ", "")
-        help_text = " ".join(docs.get(f.name, "").split()).replace("`", "").split("; ")[0].split(". ")[0].rstrip(".") + "."
-        option = typer.Option(f.default, *decls, help=help_text, rich_help_panel=meta.get("panel"), show_default=f.default is not None, **extra)
+        # the docstring's first clause without its long asides, the default after it: about two lines at 80 columns
+        # (docs/EVOLUTION.md's option table has the whole docstring)
+        help_text = " ".join(docs.get(f.name, "").split()).replace("`", "").split("; ")[0].split(". ")[0].rstrip(".")
+        help_text = re.sub(r" \([^()]{30,}\)", "", help_text)
+        if f.default is not None and kind is not bool:
+            help_text += f" (default {f.default})"
+        option = typer.Option(f.default, *decls, help=help_text + ".", rich_help_panel=meta.get("panel"), show_default=False,
+                              hidden=meta.get("panel") in RARE_PANELS, **extra)
         params.append(inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=option, annotation=kind))
     return params
 
@@ -121,19 +143,21 @@ def _config_options() -> list[inspect.Parameter]:
 def evolve(
     ctx: typer.Context,
     list_tasks: bool = typer.Option(False, "--list-tasks", is_eager=True, callback=_list_tasks, help="List the registered tasks and exit."),
+    help_all: bool = typer.Option(False, "--help-all", is_eager=True, callback=_help_all,
+                                  help="Show every option, the rarely used ones too, and exit."),
     baseline: Baseline = typer.Option(Baseline.none, "--baseline", help="cma: the floor, a one-episode CMA-ES, instead of the loop."),
     ray_address: Optional[str] = typer.Option(
-        None, "--ray-address", metavar="auto|HOST:PORT", rich_help_panel=ADVANCED,
+        None, "--ray-address", metavar="auto|HOST:PORT", rich_help_panel=ADVANCED, hidden=True,
         help="With --backend ray: the cluster to join (default: settings' ray_address); unset: a local Ray with --workers CPUs.",
     ),
     torch_threads: Optional[int] = typer.Option(
-        None, "--torch-threads", min=0, max=4096, rich_help_panel=ADVANCED,
+        None, "--torch-threads", metavar="0..4096", rich_help_panel=ADVANCED, hidden=True,
         help="torch CPU threads (default: settings' torch_threads, 1: the models are small; 0: torch's default).",
     ),
     json_path: Optional[Path] = typer.Option(None, "--json", help="Write the report as JSON to this file."),
     plot: Optional[Path] = typer.Option(None, "--plot", help="Draw the learning curves as PNG here."),
     tensorboard: Optional[Path] = typer.Option(
-        None, "--tensorboard", metavar="DIR", rich_help_panel=ADVANCED,
+        None, "--tensorboard", metavar="DIR", rich_help_panel=ADVANCED, hidden=True,
         help="Write TensorBoard scalars (loss scale, overflow rate, losses, FP32 gaps, verdicts) here; default: settings' tensorboard_dir.",
     ),
     resume: Optional[str] = typer.Option(
@@ -151,14 +175,17 @@ def evolve(
 
     from .evolve_config import EVOLVE, EvolveConfig
 
-    settings = load_settings_or_exit()
-    if torch_threads is not None:  # the flag wins over GENESIS_FP16_TORCH_THREADS for this run
-        settings = settings.model_copy(update={"torch_threads": torch_threads})
+    # first: a value out of range is one line before anything is loaded or allocated
+    if torch_threads is not None and not 0 <= torch_threads <= 4096:
+        raise fail(f"--torch-threads {torch_threads}: expected 0..4096 (torch CPU threads; 0: torch's default); pass a value in that range")
     config = EvolveConfig(**options)
-    try:  # first: a value out of range is one line before anything is loaded or allocated
+    try:
         config.validate()
     except ValueError as exc:
         raise fail(str(exc))
+    settings = load_settings_or_exit()
+    if torch_threads is not None:  # the flag wins over GENESIS_FP16_TORCH_THREADS for this run
+        settings = settings.model_copy(update={"torch_threads": torch_threads})
     if baseline == Baseline.cma:
         config = replace(config, use_world_model=False, use_critic=False, refined=0)
     # the options given on the command line: a resumed run must match them (or may change budgets, workers, backend)
@@ -228,10 +255,10 @@ def _run(config: Any, settings: Any, given: dict[str, Any], *, resume: Optional[
          json_path: Optional[Path], plot: Optional[Path], tensorboard: Optional[Path]) -> None:
     """The run itself, once its options are checked; ``given``: the config options the command line set."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-    from rich.table import Table
     from rich.text import Text
 
     from genesis_fp16.checkpoint import CheckpointError, atomic_write_text
+    from genesis_fp16.terminal import Table  # columns fold what does not fit instead of cutting it
     from genesis_fp16.cli import console, fail, out, safe_cells, safe_text, strict_json_value
     from genesis_fp16.storage import StorageError, full_disk
     from genesis_fp16.tensorboard_sink import tensorboard_events

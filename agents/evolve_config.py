@@ -25,6 +25,10 @@ EVOLVE = "genesis-fp16 evolve"
 
 ADVANCED = "Advanced"
 """The help panel of the rarely used options."""
+ABLATIONS = "Ablations"
+"""The help panel of the switches that take a part of the loop out."""
+RARE_PANELS = (ABLATIONS, ADVANCED)
+"""Panels `genesis-fp16 evolve --help` leaves out (one screen); ``--help-all`` shows them."""
 REFINING_POPSIZE = 8
 """The CMA-ES population while refining, by measurement (Pendulum-v1, seeds 0-2: 8 with 4 refined reached the target in
 70-87 real episodes, pycma's 15 with 2 refined not within 90)."""
@@ -105,10 +109,10 @@ class EvolveConfig:
     """Mean return on the training start states that counts as solved; None: the task's, else the env spec's `reward_threshold`."""
     policy: Optional[str] = option(None)
     """The policy family, `linear` or `mlp:H`; None: the task's."""
-    use_world_model: bool = option(True, flag="world-model")
+    use_world_model: bool = option(True, flag="world-model", panel=ABLATIONS)
     """Train the world model on every real transition; its short rollouts from real states train the critic and, with
     `refine_horizon` > 0, the refinement looks through it. False: the ablation without a model."""
-    use_critic: bool = option(True, flag="critic")
+    use_critic: bool = option(True, flag="critic", panel=ABLATIONS)
     """Train the twin-Q critic and refine by its gradient. False: the ablation without a critic (refinement through the
     model's `refine_horizon` steps alone, where there is a model)."""
     refined: int = option(4, least=0, most=1023, why="fewer than the CMA-ES population, itself at most 1024")

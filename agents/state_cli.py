@@ -51,9 +51,9 @@ def _runs_or_exit(state_dir: Path) -> list[RunInfo]:
 def list_command(as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table.")) -> None:
     """Every run with its status, start time, real episodes and size on disk, and the totals of the files that grow."""
     from rich import box
-    from rich.table import Table
 
     from genesis_fp16.cli import out, print_json, safe_text
+    from genesis_fp16.terminal import Table  # columns fold what does not fit instead of cutting it
 
     from .runs import storage_totals
 
@@ -64,11 +64,11 @@ def list_command(as_json: bool = typer.Option(False, "--json", help="Print JSON 
         print_json({"state_dir": str(state_dir), "runs": [r.as_dict() for r in found], "totals": totals})
         return
     table = Table(title=safe_text(f"runs in {state_dir}"), box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True, show_edge=False)
-    table.add_column("run", no_wrap=True)
-    table.add_column("status", no_wrap=True)
-    table.add_column("started", no_wrap=True)
+    table.add_column("run")
+    table.add_column("status")
+    table.add_column("started")
     table.add_column("episodes", justify="right")
-    table.add_column("size", justify="right", no_wrap=True)
+    table.add_column("size", justify="right")
     for r in found:
         table.add_row(
             safe_text(r.run_id), r.status, _when(r.started), "-" if r.real_episodes is None else str(r.real_episodes), human_bytes(r.bytes),

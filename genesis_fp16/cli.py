@@ -16,7 +16,6 @@ from importlib import metadata
 from typing import Any, Optional
 
 import typer
-from rich.table import Table
 from rich.text import Text
 
 # torch-free imports only: commands that train nothing must start in well under
@@ -29,7 +28,7 @@ from .profiles import ProfileError
 from .packages import shadowed
 from .errors import strict_json_value  # re-exported: the CLIs import it from here
 from .telemetry import set_console_level, visible_controls
-from .terminal import make_console
+from .terminal import Table, make_console  # Table: rich's, its columns fold what does not fit instead of cutting it
 
 COMMAND_GROUP = "genesis_fp16.commands"
 

@@ -6,10 +6,9 @@ from pathlib import Path
 from typing import Any, Optional
 
 import typer
-from rich.table import Table
 from rich.text import Text
 
-from .terminal import make_console
+from .terminal import Table, make_console  # Table: rich's, its columns fold what does not fit instead of cutting it
 
 out = make_console()
 

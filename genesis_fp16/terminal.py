@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any, Tuple
 
+from rich import table as rich_table
 from rich.console import Console, ConsoleDimensions
 
 # wide enough for any row this project prints; tables take only the room they need
@@ -40,3 +41,15 @@ def make_console(*, stderr: bool = False, **options: Any) -> Console:
     never wraps text and is wide when piped."""
     options.setdefault("soft_wrap", True)
     return WideWhenPiped(stderr=stderr, **options)
+
+
+class Table(rich_table.Table):
+    """The tables commands print: a `rich.table.Table` whose columns fold a
+    value that does not fit onto the next lines (``overflow="fold"``) instead
+    of cutting it with an ellipsis, so a path, an id or a long word is shown
+    whole at any width (a narrow terminal, ``COLUMNS=80``). A column asks for
+    another overflow by name."""
+
+    def add_column(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("overflow", "fold")
+        super().add_column(*args, **kwargs)

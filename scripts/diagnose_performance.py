@@ -152,7 +152,8 @@ def meta() -> dict:
 
 def compare(before: Path, after: Path) -> None:
     from rich.console import Console
-    from rich.table import Table
+
+    from genesis_fp16.terminal import Table  # columns fold what does not fit instead of cutting it
 
     a, b = json.loads(before.read_text()), json.loads(after.read_text())
     table = Table(title=f"{before} -> {after}")

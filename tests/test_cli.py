@@ -30,6 +30,44 @@ def test_doctor_human_output():
     assert "nothing measured on this host yet" in result.stdout and "rule (not measured)" in result.stdout
 
 
+def _table_columns(output: str, title: str) -> list[str]:
+    """The cells of the table printed under ``title``, column by column, each column's lines joined without spaces (a
+    folded value's pieces, or a wrapped one's words, read back whole)."""
+    lines = output.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.strip() == title)
+    body = next(i for i in range(start, len(lines)) if lines[i].startswith("┡"))
+    end = next(i for i in range(body, len(lines)) if lines[i].startswith("└"))
+    cells = [line.split("│")[1:-1] for line in lines[body + 1:end]]
+    return ["".join("".join(row[j].split()) for row in cells) for j in range(len(cells[0]))]
+
+
+def test_doctor_tables_wrap_values_at_80_columns_instead_of_cutting_them(tmp_path, monkeypatch):
+    """Issue 44: at 80 columns doctor's tables cut long values ("…"). Every value is there, folded onto more lines."""
+    from genesis_fp16 import cli
+    from genesis_fp16.precision import MODES
+    from genesis_fp16.settings import describe_settings, load_settings
+
+    deep = tmp_path / "a-folder-name-far-too-long-for-one-column-of-a-table-eighty-columns-wide"
+    monkeypatch.setenv("GENESIS_FP16_PRECISION_CACHE", str(deep / "precision-cache-with-a-long-name.json"))
+    monkeypatch.setenv("GENESIS_FP16_NONFINITE_STREAK_THRESHOLD", "3")
+    data = json.loads(runner.invoke(app, ["doctor", "--json"]).stdout)
+    monkeypatch.setattr(cli.out, "_width", 80)  # as COLUMNS=80 or an 80-column terminal sets it
+    result = runner.invoke(app, ["doctor"])
+    assert result.exit_code == 0, result.output
+    assert "…" not in result.stdout
+    assert max(len(line) for line in result.stdout.splitlines() if line[:1] in "┏┃┡│└") <= 80  # the tables fit (text lines are the terminal's to wrap)
+    settings = load_settings()
+    names, values = _table_columns(result.stdout, "settings in effect")
+    rows = describe_settings()
+    assert names == "".join(row["env"] for row in rows)
+    assert values == "".join("".join(str(getattr(v, "value", v)).split()) for v in (getattr(settings, row["field"]) for row in rows))
+    assert str(deep / "precision-cache-with-a-long-name.json") in values
+    columns = _table_columns(result.stdout, "devices and precisions")
+    modes = [m.value for m in MODES]  # the table's column order
+    expected = [[d["device"], d["name"], *(d["support"][m] for m in modes), d["auto"]] for d in data["devices"]]
+    assert columns == ["".join("".join(str(row[j]).split()) for row in expected) for j in range(len(columns))]
+
+
 def test_bad_setting_exits_nonzero_with_one_message():
     proc = subprocess.run(
         [sys.executable, "-m", "genesis_fp16.cli", "doctor", "--json"],

@@ -36,7 +36,7 @@ def test_entry_point_registers_evolve():
     exe = Path(sys.executable).with_name("genesis-fp16")
     import os
 
-    out = subprocess.run([str(exe), "evolve", "--help"], capture_output=True, text=True, timeout=120,
+    out = subprocess.run([str(exe), "evolve", "--help-all"], capture_output=True, text=True, timeout=120,
                          env={**os.environ, "COLUMNS": "200"})  # flag names whole, not cut to fit 80 columns
     assert out.returncode == 0, out.stderr
     for flag in ("--env", "--budget", "--budget-steps", "--seed", "--precision", "--critic-precision", "--refined", "--baseline",
@@ -143,6 +143,7 @@ def no_agent(monkeypatch):
         (["--episode-steps", "10000000000"], "episode_steps=10000000000 (--episode-steps): expected 1..1000000"),
         (["--budget", "10000000"], "budget=10000000 (--budget): expected 1..100000"),
         (["--eval-memory-mb", "99999999999999999999"], "eval_memory_mb=99999999999999999999 (--eval-memory-mb): expected 1..1048576"),
+        (["--torch-threads", "100000"], "--torch-threads 100000: expected 0..4096"),
     ],
 )
 def test_options_that_size_memory_are_bounded_one_line_before_anything_is_built(args, expected, monkeypatch, capsys, no_agent, state_dir):
@@ -172,13 +173,48 @@ def test_bounds_apply_to_the_python_api_too():
 
 
 def test_help_groups_the_rarely_used_flags():
-    result = runner.invoke(app, ["evolve", "--help"], env={"COLUMNS": "200"})
+    result = runner.invoke(app, ["evolve", "--help-all"], env={"COLUMNS": "200"})
     assert result.exit_code == 0, result.output
-    main, advanced = result.output.split("Advanced", 1)
-    for flag in ("--env", "--budget", "--seed", "--refined", "--json"):
+    main, rare = result.output.split("Advanced", 1)
+    for flag in ("--env", "--budget", "--seed", "--refined", "--json", "--help-all"):
         assert flag in main
-    for flag in ("--popsize", "--sigma0", "--wm-steps", "--model-rollouts", "--eval-memory-mb"):
-        assert flag in advanced and flag not in main
+    for flag in ("--popsize", "--sigma0", "--wm-steps", "--model-rollouts", "--eval-memory-mb", "--no-world-model", "--no-critic"):
+        assert flag in rare and flag not in main
+    short = runner.invoke(app, ["evolve", "--help"], env={"COLUMNS": "200"}).output
+    assert "--help-all" in short and "--popsize" not in short and "Advanced" not in short
+
+
+def _evolve_options() -> list[str]:
+    """Every flag `evolve` takes, from the command itself."""
+    import typer.main
+
+    command = typer.main.get_command(app).commands["evolve"]
+    return sorted(opt for param in command.params for opt in (*param.opts, *param.secondary_opts))
+
+
+def test_help_fits_one_screen_at_80_columns():
+    """Issue 44: `evolve --help` was 178 lines at 80 columns. The common options fit one screen, nothing cut."""
+    result = runner.invoke(app, ["evolve", "--help"], env={"COLUMNS": "80"})
+    assert result.exit_code == 0, result.output
+    lines = result.output.rstrip("\n").splitlines()
+    assert len(lines) <= 50, result.output
+    assert max(len(line) for line in lines) <= 80 and "…" not in result.output  # no flag name cut to fit
+    for flag in ("--env", "--budget", "--seed", "--policy", "--precision", "--critic-precision", "--workers", "--resume",
+                 "--json", "--help-all"):
+        assert flag in result.output
+
+
+def test_help_all_reaches_every_option():
+    import re
+
+    result = runner.invoke(app, ["evolve", "--help-all"], env={"COLUMNS": "80"})
+    assert result.exit_code == 0, result.output
+    assert "…" not in result.output
+    shown = set(re.findall(r"--[a-z0-9][a-z0-9-]*", result.output))
+    options = _evolve_options()
+    assert len(options) > 30 and set(options) <= shown, sorted(set(options) - shown)
+    again = runner.invoke(app, ["evolve", "--help"], env={"COLUMNS": "80"})  # --help-all hid the rare ones again after it
+    assert len(again.output.splitlines()) <= 50 and "--popsize" not in again.output
 
 
 def test_tiny_run_writes_json_report(tmp_path, state_dir):

@@ -32,3 +32,18 @@ def test_terminal_and_explicit_widths_are_kept():
     buf = io.StringIO()
     make_console(file=buf, width=40).print(_table("x" * 100))
     assert "x" * 100 not in buf.getvalue()  # at 40 columns the cell wraps, as asked
+
+
+def test_the_commands_table_folds_a_long_value_instead_of_cutting_it():
+    from genesis_fp16.terminal import Table as FoldingTable
+
+    path = "/state/" + "a-very-long-folder-name-" * 6 + "precision.json"
+    table = FoldingTable()
+    table.add_column("variable")
+    table.add_column("value")
+    table.add_row("GENESIS_FP16_PRECISION_CACHE", path)
+    buf = io.StringIO()
+    make_console(file=buf, width=60).print(table)
+    lines = buf.getvalue().splitlines()
+    assert "…" not in buf.getvalue() and max(map(len, lines)) <= 60
+    assert "".join(line.split("│")[2].strip() for line in lines if line.startswith("│")) == path

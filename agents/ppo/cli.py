@@ -31,10 +31,10 @@ def ppo(
 ) -> None:
     """Train PPO: prints the optimization summary, progress (env steps/s, mean return) and a 20-episode deterministic evaluation."""
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-    from rich.table import Table
     from rich.text import Text
 
     from genesis_fp16.checkpoint import CheckpointError, atomic_write_text
+    from genesis_fp16.terminal import Table  # columns fold what does not fit instead of cutting it
     from genesis_fp16.cli import console, fail, load_settings_or_exit, out, safe_cells, safe_text
     from genesis_fp16.extras import require
     from genesis_fp16.storage import StorageError, check_output_path

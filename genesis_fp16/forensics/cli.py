@@ -171,9 +171,8 @@ def _print_rows(rows: list[dict], columns: list[str], json_out: Optional[Path]) 
     """The rows as a table: on stdout, the result, when the JSON goes to a
     file; on stderr when the JSON itself is printed, so stdout stays one JSON
     document a pipe can parse."""
-    from rich.table import Table
-
     from ..cli import console, out, safe_cells
+    from ..terminal import Table  # columns fold what does not fit instead of cutting it
     from .analyze import _fmt
 
     table = Table()
