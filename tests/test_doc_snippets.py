@@ -1,8 +1,10 @@
 """Every fenced block in README.md and docs/*.md is checked here, one test id
 per block (``README.md:L47``):
 
-- ``python`` blocks run, in order, one namespace per page, in a scratch cwd and
-  state dir;
+- ``python`` blocks run, in order, in a scratch cwd and state dir, one fresh
+  namespace per section (the blocks under one heading): a section pasted alone
+  runs, so each one imports what it uses; and the names each section's code
+  uses (in function bodies too) must be defined in it (ruff's F821);
 - ``bash``/``sh``/``console`` blocks are checked, then run:
 
   - checked (every block, skipped or not): each ``genesis-fp16`` command is
@@ -48,6 +50,7 @@ PYTHON = {"python", "py"}
 SHELL = {"bash", "sh", "shell", "console"}
 SKIP = re.compile(r"<!--\s*snippet:\s*skip\s*\((?P<reason>.+)\)\s*-->")
 FENCE = re.compile(r"^(?P<indent>\s*)(?P<fence>```+)(?P<lang>[\w+-]*)\s*$")
+HEADING = re.compile(r"^#{1,6}\s+\S")  # outside a fence: a section starts
 REPO_PATH = re.compile(r"^(scripts|configs|examples|tests|docs)/[\w./-]+$")
 EXTRA = re.compile(r"^\.\[(?P<names>[\w,-]+)\]$")  # pip install -e ".[dev]"
 FLAG = re.compile(r"^\[?(?P<flag>--?[A-Za-z][\w-]*)")
@@ -62,18 +65,22 @@ class Block:
     lang: str
     code: str
     skip: str | None
+    section: str = ""  # the heading it is under, with its line ("L12 ## 1. Describe the task"); "" before the first
 
     @property
     def id(self) -> str:
-        return f"{self.page.relative_to(ROOT).as_posix()}:L{self.line}"
+        page = self.page.relative_to(ROOT).as_posix() if self.page.is_relative_to(ROOT) else self.page.name
+        return f"{page}:L{self.line}"
 
 
 def parse_blocks(page: Path) -> list[Block]:
     lines = page.read_text(encoding="utf-8").splitlines()
-    blocks, i = [], 0
+    blocks, i, section = [], 0, ""
     while i < len(lines):
         m = FENCE.match(lines[i])
         if not m:
+            if HEADING.match(lines[i]):
+                section = f"L{i + 1} {lines[i].strip()}"
             i += 1
             continue
         start, indent, fence = i, len(m["indent"]), m["fence"]
@@ -95,6 +102,7 @@ def parse_blocks(page: Path) -> list[Block]:
                 m["lang"].lower(),
                 "\n".join(body) + "\n",
                 skip["reason"] if skip else None,
+                section,
             )
         )
         i += 1
@@ -123,15 +131,83 @@ def test_blocks_found_and_every_fence_names_its_language():
 PY_PAGES = sorted({b.page for b in BLOCKS if b.lang in PYTHON and not b.skip})
 
 
+def sections(blocks: list[Block]) -> dict[str, list[Block]]:
+    """The Python blocks of ``blocks`` by the section they are in, in page order."""
+    out: dict[str, list[Block]] = {}
+    for block in blocks:
+        if block.lang in PYTHON:
+            out.setdefault(block.section, []).append(block)
+    return out
+
+
+def run_sections(page: Path, blocks: list[Block]) -> dict[str, dict]:
+    """Run each section's blocks, in order, each section in a fresh namespace
+    (as if pasted alone into a new interpreter); the namespaces by section. A
+    name another section defined is a failure naming the block and section."""
+    namespaces: dict[str, dict] = {}
+    for section, in_section in sections(blocks).items():
+        namespace = namespaces[section] = {"__name__": f"doc_{page.stem.lower()}"}
+        for block in in_section:
+            try:
+                exec(compile(block.code, block.id, "exec"), namespace)  # noqa: S102 -- our own docs, run as written
+            except NameError as exc:
+                raise AssertionError(
+                    f"{block.id} (section {section or 'before the first heading'}): {exc}; each section runs alone, in a "
+                    "fresh namespace: import or define the name in this section"
+                ) from exc
+    return namespaces
+
+
+def undefined_names(sections_code: dict[str, str]) -> dict[str, list[str]]:
+    """ruff's undefined-name check (F821) on each section's code (its blocks
+    joined): name -> the names it uses without defining or importing them,
+    in function bodies too (which running it would not reach). Skips the test
+    when ruff (a dev dependency) is not installed."""
+    import json
+    import tempfile
+
+    ruff = shutil.which("ruff", path=str(Path(sys.executable).parent)) or shutil.which("ruff")
+    if ruff is None:
+        pytest.skip("ruff is not installed (pip install -e '.[dev]')")
+    with tempfile.TemporaryDirectory() as tmp:
+        files = {}
+        for i, (name, code) in enumerate(sections_code.items()):
+            path = Path(tmp) / f"section_{i}.py"
+            path.write_text(code, encoding="utf-8")
+            files[str(path)] = name
+        proc = subprocess.run([ruff, "check", "--isolated", "--no-cache", "--select", "F821", "--output-format", "json", *files],
+                              capture_output=True, text=True, timeout=60)
+    found: dict[str, list[str]] = {name: [] for name in sections_code}
+    for problem in json.loads(proc.stdout or "[]"):
+        found[files[problem["filename"]]].append(problem["message"])
+    return found
+
+
 @pytest.mark.usefixtures("one_thread")
 @pytest.mark.parametrize("page", PY_PAGES, ids=lambda p: p.relative_to(ROOT).as_posix())
 def test_python_blocks_run(page, state_dir, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
-    namespace: dict = {"__name__": f"doc_{page.stem.lower()}"}
-    for block in (
-        b for b in BLOCKS if b.page == page and b.lang in PYTHON and not b.skip
-    ):
-        exec(compile(block.code, block.id, "exec"), namespace)  # noqa: S102 -- our own docs, run as written
+    run_sections(page, [b for b in BLOCKS if b.page == page and not b.skip])
+
+
+def test_python_sections_define_the_names_they_use():
+    runnable = [b for b in BLOCKS if b.lang in PYTHON and not b.skip]
+    code = {f"{page.relative_to(ROOT).as_posix()} {section}": "\n".join(b.code for b in blocks)
+            for page in PY_PAGES for section, blocks in sections([b for b in runnable if b.page == page]).items()}
+    problems = {name: found for name, found in undefined_names(code).items() if found}
+    assert not problems, f"names a section uses but does not define (each section runs alone): {problems}"
+
+
+def test_sections_are_run_alone(tmp_path):
+    page = tmp_path / "page.md"
+    page.write_text("# Page\n\n## 1. One\n\n```python\nimport math\nx = math.pi\n```\n\n"
+                    "```python\ny = x\n```\n\n## 2. Two\n\n```python\nz = math.tau\n```\n", encoding="utf-8")
+    blocks = parse_blocks(page)
+    assert [b.section for b in blocks] == ["L3 ## 1. One", "L3 ## 1. One", "L14 ## 2. Two"]
+    with pytest.raises(AssertionError, match=r"page.md:L16 \(section L14 ## 2. Two\): name 'math' is not defined"):
+        run_sections(page, blocks)  # the blocks of one section share a namespace, the next section starts afresh
+    code = {"one": "def f():\n    return THERMOSTAT\n", "two": "import math\nx = math.pi\n"}
+    assert undefined_names(code) == {"one": ["Undefined name `THERMOSTAT`"], "two": []}
 
 
 def _check_skip_reason(block: Block) -> None:
