@@ -4,7 +4,7 @@
 #   bash scripts/gpu_acceptance.sh [OUT_DIR]      (default: gpu_results/)
 #
 # 1. the GPU tests (pytest -m gpu: CUDA FP16 with the scaler, BF16, checkpoints, NCCL, pinned PPO)
-# 2. the benchmark matrix on CUDA (strict FP32, TF32, BF16, FP16; S, M, L, LSTM)
+# 2. the benchmark matrix on CUDA (strict FP32, TF32, BF16, FP16; S, M, L, XL, LSTM: XL is a CUDA default)
 # 3. the same matrix compiled (torch.compile) for sizes S and L
 # 4. NCCL runs of the distributed trainer, world size = visible GPUs (at least 1), FP16 and BF16,
 #    DDP and FSDP2, one with an injected overflow

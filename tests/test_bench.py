@@ -20,12 +20,13 @@ from typer.testing import CliRunner
 
 from genesis_fp16 import FP16Trainer
 from genesis_fp16 import precision as P
-from genesis_fp16.bench import PRECISIONS, harness, measure, models, options, runner
+from genesis_fp16.bench import PRECISIONS, harness, limits, measure, models, options, report, runner
 from genesis_fp16.bench.harness import CellFlags
 from genesis_fp16.bench.loops import RawLoop, trainer_config
 from genesis_fp16.bench.measure import PeakMemory
 from genesis_fp16.bench.models import SIZES, make_task
 from genesis_fp16.bench.options import BenchOptions
+from genesis_fp16.extras import MissingExtraError
 from genesis_fp16.precision import capability
 from genesis_fp16.settings import PrecisionMode
 from genesis_fp16.telemetry import get_logger, read_events
@@ -70,6 +71,14 @@ def test_quick_json_shape_and_finite_positive_numbers(quick_run):
         assert math.isfinite(row["val_loss_delta_vs_fp32"])
         assert 0.0 <= row["overflow_rate"] <= 1.0
         assert row["quality_steps"] == models.QUICK_STEPS["S"]
+        # the limit columns: FLOPs per step, the precision's peak, step time / limit time
+        assert row["mode"] == "eager" and row["flops_per_step"] == limits.flops_per_step(SIZES["S"])
+        for key in ("achieved_tflops", "peak_tflops", "limit_ms_per_step", "x_off_limit"):
+            assert math.isfinite(row[key]) and row[key] > 0, (key, row)
+        assert row["x_off_limit"] == pytest.approx(row["ms_per_step"] / row["limit_ms_per_step"])
+        assert row["peak_source"].startswith("measured: " if header["device"] == "cpu" else ("measured: ", "datasheet: "))
+    assert set(header["limits"]) == {"fp32", "bf16", "fp16"} and "3 x forward" in header["flops_formula"]
+    assert set(data["summary"]["overhead_vs_raw_by_precision"]) == {"fp32", "bf16", "fp16"}
     fp32 = next(r for r in rows if r["precision"] == "fp32")
     assert fp32["val_loss_delta_vs_fp32"] == 0.0 and fp32["speedup_vs_fp32"] == 1.0
     # the student learned something in the fixed steps, and reduced precision stays close
@@ -88,11 +97,15 @@ def test_quick_csv_is_device_stamped_and_plot_is_png(quick_run):
         lines = list(csv.DictReader(fh))
     measured = [r for r in lines if r["samples_per_s"]]
     assert len(measured) == 3
+    for row in measured:
+        assert row["mode"] == "eager" and int(row["flops_per_step"]) == limits.flops_per_step(SIZES["S"])
+        assert float(row["x_off_limit"]) > 0 and float(row["limit_ms_per_step"]) > 0 and row["peak_source"]
     for row in lines:
         assert row["torch_version"] == torch.__version__ and row["device"] and row["date"] and row["command"]
     assert any("not_applicable" in r["notes"] for r in lines) == (not torch.cuda.is_available())
     assert (out / "r.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert "| S | MLP h64 b64 | fp32 |" in result.stdout
+    assert "| S | MLP h64 b64 | fp32 | eager |" in result.stdout
+    assert "| x off limit |" in result.stdout and "| precision | overhead vs raw, worst size | each size |" in result.stdout
 
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16", "fp16"])
@@ -150,7 +163,7 @@ def test_relative_figures_and_checks():
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["--sizes", "S,XL"], "unknown size(s) XL"),
+        (["--sizes", "S,XXL"], "unknown size(s) XXL"),
         (["--precisions", "fp8"], "unknown precision(s) fp8"),
         (["--repeats", "0"], "repeats=0"),
         (["--threads", "0"], "threads=0"),
@@ -299,10 +312,10 @@ def test_script_wrapper_writes_the_seed_csv_and_a_plot(tmp_path):
     assert "--csv" in data["header"]["command"] and "--threads 1" in data["header"]["command"]
     assert data["header"]["torch_threads"] == 1
     bad = subprocess.run(
-        [sys.executable, str(REPO / "scripts" / "benchmark_fp16_training.py"), "--sizes", "XL", "--out-dir", str(out)],
+        [sys.executable, str(REPO / "scripts" / "benchmark_fp16_training.py"), "--sizes", "XXL", "--out-dir", str(out)],
         capture_output=True, text=True, timeout=60, cwd=tmp_path,
     )  # fmt: skip
-    assert bad.returncode == 2 and "unknown size(s) XL" in bad.stderr
+    assert bad.returncode == 2 and "unknown size(s) XXL" in bad.stderr
 
 
 def test_trainer_switches_back_to_train_mode_only_when_needed():
@@ -434,3 +447,230 @@ def test_full_run_with_every_check_passed_exits_0(monkeypatch, tmp_path):
     result = CliRunner().invoke(_app(), ["bench", "--sizes", "S", "--precisions", "fp32"])
     assert result.exit_code == 0, result.output
     assert "FAIL" not in result.output and "checks failed" not in result.output
+
+
+# -- sizes, FLOPs and the arithmetic limit (issue 45) ----------------------------------
+
+
+def test_flops_per_step_of_a_tiny_mlp_is_the_hand_count():
+    spec = models.SizeSpec("T", "mlp", hidden=4, batch=2, quality_steps=1)
+    # layers 32->4, 4->4, 4->4, 4->25: sum(in x out) = 128 + 16 + 16 + 100 = 260
+    forward = 2 * 2 * 260
+    assert limits.forward_flops(spec) == forward == 1040
+    # backward: every weight gradient (= forward) and every input gradient but the data's (2 x 2 x 32 x 4)
+    assert limits.flops_per_step(spec) == 3 * forward - 2 * 2 * 32 * 4 == 2608
+    # the layers are the model's, and torch's own counter agrees on the step
+    from torch.utils.flop_counter import FlopCounterMode
+
+    model = models.WorldModelMLP(spec.hidden)
+    assert [(m, k, n) for m, k, n, _ in limits.matmuls(spec)] == [(2, lin.in_features, lin.out_features) for lin in model.modules() if isinstance(lin, torch.nn.Linear)]
+    with FlopCounterMode(display=False) as counter:
+        model(torch.randn(2, 32)).sum().backward()
+    assert counter.get_total_flops() == 2608
+
+
+def test_flops_per_step_of_the_lstm_and_the_sizes():
+    spec = models.SizeSpec("T", "lstm", hidden=5, batch=2, quality_steps=1, seq_len=4, features=3)
+    # gates per step: (b*T) x 3 @ 3 x 20 and (b*T) x 5 @ 5 x 20; the head 2 x 5 @ 5 x 1
+    forward = 2 * 8 * 3 * 20 + 2 * 8 * 5 * 20 + 2 * 2 * 5
+    assert limits.forward_flops(spec) == forward == 2580
+    assert limits.flops_per_step(spec) == 3 * forward - 2 * 8 * 3 * 20 == 6780
+    lstm = models.OutcomeLSTM(spec.features, spec.hidden).lstm
+    assert lstm.weight_ih_l0.shape == (4 * 5, 3) and lstm.weight_hh_l0.shape == (4 * 5, 5)
+    flops = {name: limits.flops_per_step(spec) for name, spec in SIZES.items()}
+    assert flops["S"] < flops["M"] < flops["L"] < flops["XL"]
+    assert flops["XL"] == 2 * 4096 * (3 * (32 * 4096 + 2 * 4096**2 + 4096 * 25) - 32 * 4096)  # about 0.83 TFLOP
+
+
+def test_xl_is_selectable_by_name_and_a_cuda_default_only():
+    assert [s.name for s in models.parse_sizes("s,xl")] == ["S", "XL"]
+    xl = SIZES["XL"]
+    assert (xl.kind, xl.hidden, xl.batch, xl.graphable) == ("mlp", 4096, 4096, False)
+    assert "XL" not in [s.name for s in models.default_sizes("cpu")]
+    assert [s.name for s in models.default_sizes("cuda")] == ["S", "M", "L", "XL", "LSTM"]
+    assert [s.name for s in BenchOptions().sizes] == ["S", "M", "L", "LSTM"]
+    assert BenchOptions(quick=True).quality_steps(xl) == models.QUICK_STEPS["XL"]
+
+
+def _sizes_the_cli_asks_for(monkeypatch, args, device):
+    """The sizes ``bench ARGS`` hands to the run on ``device`` (the run is faked: nothing is measured)."""
+    seen = {}
+
+    def fake(options, update):
+        seen["sizes"] = [s.name for s in options.sizes]
+        return _passing_run(options, update)
+
+    monkeypatch.setattr(runner, "run_benchmark", fake)
+    monkeypatch.setattr(options, "pick_device", lambda requested: torch.device(device))
+    monkeypatch.setattr(options, "check_clock", lambda clock, device: None)
+    result = CliRunner().invoke(_app(), ["bench", "--precisions", "fp32", *args])
+    assert result.exit_code == 0, result.output
+    return seen["sizes"], result.output
+
+
+def test_the_cli_runs_xl_when_asked_and_by_default_on_cuda_only(monkeypatch):
+    sizes, output = _sizes_the_cli_asks_for(monkeypatch, ["--sizes", "xl,S"], "cpu")
+    assert sizes == ["XL", "S"] and "size XL is compute-bound" in output
+    sizes, output = _sizes_the_cli_asks_for(monkeypatch, [], "cpu")
+    assert sizes == ["S", "M", "L", "LSTM"] and "compute-bound" not in output
+    sizes, output = _sizes_the_cli_asks_for(monkeypatch, [], "cuda")
+    assert sizes == ["S", "M", "L", "XL", "LSTM"] and "compute-bound" not in output
+    assert _sizes_the_cli_asks_for(monkeypatch, ["--quick"], "cuda")[0] == ["S"]
+
+
+def _passing_run(options, update):
+    result = _fake_run(options, update)
+    for check in result["summary"]["checks"]:
+        check["passed"] = True
+    return result
+
+
+@pytest.mark.parametrize(
+    "name, precision, tflops, label",
+    [
+        ("NVIDIA H100 80GB HBM3", "bf16", 989.5, "H100 SXM5"),
+        ("NVIDIA H100 80GB HBM3", "fp32", 67.0, "H100 SXM5"),
+        ("NVIDIA H100 PCIe", "fp16", 756.5, "H100 PCIe"),
+        ("NVIDIA H100 NVL", "tf32", 417.5, "H100 NVL"),
+        ("NVIDIA H200", "tf32", 494.5, "H200 SXM"),
+        ("NVIDIA H200 NVL", "bf16", 835.5, "H200 NVL"),
+        ("NVIDIA A100-SXM4-80GB", "tf32", 156.0, "A100"),
+        ("NVIDIA A100 80GB PCIe", "fp32", 19.5, "A100"),
+        ("NVIDIA L4", "bf16", 121.0, "L4"),
+        ("NVIDIA L40S", "bf16", 362.05, "L40S"),
+        ("NVIDIA A10", "fp16", 125.0, "A10"),
+    ],
+)
+def test_the_limit_of_a_known_gpu_comes_from_its_datasheet(monkeypatch, name, precision, tflops, label):
+    monkeypatch.setattr(limits, "device_name", lambda device: name)  # never this machine's hardware
+
+    def no_measuring(*args, **kwargs):
+        raise AssertionError("a known device is looked up, not measured")
+
+    monkeypatch.setattr(limits, "measure_peak", no_measuring)
+    peak = limits.PeakTable(torch.device("cuda")).peak(precision)
+    assert peak.flops_per_s == pytest.approx(tflops * 1e12)
+    assert peak.source.startswith(f"datasheet: NVIDIA {label},")
+
+
+def test_an_unknown_gpu_or_a_mig_slice_is_measured_once_per_run(monkeypatch):
+    assert limits.datasheet_peak("NVIDIA GeForce RTX 4090", "bf16") is None
+    assert limits.datasheet_peak("NVIDIA A100-SXM4-40GB MIG 1g.5gb", "bf16") is None
+    assert limits.datasheet_peak("NVIDIA GH200 480GB", "bf16") is None  # not H200
+    calls = []
+
+    def stub(precision, device, budget_s):
+        calls.append(precision)
+        return limits.Peak(1e12, "measured: stub")
+
+    monkeypatch.setattr(limits, "device_name", lambda device: "NVIDIA A100-SXM4-40GB MIG 1g.5gb")
+    monkeypatch.setattr(limits, "measure_peak", stub)
+    table = limits.PeakTable(torch.device("cuda"))
+    assert table.peak("bf16") == table.peak("bf16") == limits.Peak(1e12, "measured: stub")
+    assert calls == ["bf16"] and table.as_dict() == {"bf16": {"peak_tflops": 1.0, "source": "measured: stub"}}
+    assert table.known("fp16") is None
+
+
+def _ticking(step):
+    """A timer that moves ``step`` seconds per call: the measurement becomes arithmetic."""
+    now = [0.0]
+
+    def timer():
+        now[0] += step
+        return now[0]
+
+    return timer
+
+
+def test_the_matmul_fallback_is_deterministic_under_a_patched_timer():
+    # every timed product "takes" 1 ms: both sizes are tried, the larger is the best rate
+    peak = limits.measure_peak("fp32", CPU, budget_s=0.3, sizes=(4, 8), timer=_ticking(0.001))
+    assert peak.flops_per_s == pytest.approx(2 * 8**3 / 0.001)
+    assert peak.source == "measured: 8x8 float32 matmul, fastest of repeats, 1.02e-06 TFLOP/s"
+    # a slow dtype: one product takes over a sixteenth of the budget, so the sizes stop growing
+    slow = limits.measure_peak("bf16", CPU, budget_s=0.3, sizes=(4, 8), timer=_ticking(0.05))
+    assert slow.flops_per_s == pytest.approx(2 * 4**3 / 0.05) and "4x4 bfloat16" in slow.source
+    # real clock, tiny sizes: a positive rate, quickly
+    assert limits.measure_peak("fp16", CPU, budget_s=0.02, sizes=(8, 16)).flops_per_s > 0
+
+
+def test_limit_columns_are_step_time_over_flops_at_peak():
+    spec = SIZES["S"]
+    flops = limits.flops_per_step(spec)
+    cols = limits.limit_columns(spec, 2.0, limits.Peak(1e12, "datasheet: test"))
+    assert cols["limit_ms_per_step"] == pytest.approx(1000 * flops / 1e12)
+    assert cols["x_off_limit"] == pytest.approx(2.0 / cols["limit_ms_per_step"])
+    assert cols["achieved_tflops"] == pytest.approx(flops / 0.002 / 1e12) and cols["peak_tflops"] == 1.0
+    unknown = limits.limit_columns(spec, 2.0, None)
+    assert unknown["flops_per_step"] == flops and unknown["x_off_limit"] is None and unknown["peak_source"] is None
+
+
+def _limit_result():
+    """A result as run_benchmark returns it: two MLP sizes and the LSTM, fp32 and bf16."""
+    rows = []
+    for size, ms in (("S", {"fp32": 1.0, "bf16": 1.4}), ("L", {"fp32": 60.0, "bf16": 26.0}), ("LSTM", {"fp32": 3.0, "bf16": 2.5})):
+        spec = SIZES[size]
+        for precision, step_ms in ms.items():
+            rows.append({
+                "size": size, "model": spec.label, "precision": precision, "mode": "eager", "precision_run": precision,
+                "samples_per_s": spec.batch / step_ms * 1000, "raw_samples_per_s": spec.batch / step_ms * 1000, "ms_per_step": step_ms,
+                **limits.limit_columns(spec, step_ms, limits.Peak(1e11 if precision == "fp32" else 4e11, f"measured: {precision}")),
+                "speedup_vs_fp32": ms["fp32"] / step_ms, "overhead_vs_raw": 1.01 if size == "S" else 0.99, "overhead_min": 0.95,
+                "overhead_max": 1.05, "peak_mem_mb": 1.0, "peak_mem_vs_fp32": 1.0, "val_loss": 0.1, "val_loss_delta_vs_fp32": 0.0,
+                "overflow_rate": 0.0, "skipped_steps": 0, "quality_steps": 10, "steps_per_chunk": 3, "repeats": 3,
+                "compiled": False, "cuda_graphs": False, "notes": "",
+            })  # fmt: skip
+    header = {"device": "cpu", "device_name": "test cpu", "cpu_flags": ["avx2"], "torch_version": torch.__version__, "date": "2026-01-01T00:00:00Z",
+              "command": "genesis-fp16 bench", "load_avg_start": [0.1, 0, 0], "load_avg_end": [0.2, 0, 0], "limits": {}}  # fmt: skip
+    result = {"header": header, "rows": rows, "auto": [], "not_applicable": [{"size": "S", "precision": "tf32", "reason": "CUDA only"}], "failed": []}
+    result["summary"] = runner.summarize(result)
+    return result
+
+
+def test_the_new_columns_are_in_the_csv_json_and_table(tmp_path):
+    result = _limit_result()
+    new = ("mode", "flops_per_step", "achieved_tflops", "peak_tflops", "limit_ms_per_step", "x_off_limit", "peak_source")
+    assert set(new) <= set(report.CSV_COLUMNS)
+    with open(report.write_csv(tmp_path / "r.csv", result), newline="") as fh:
+        lines = list(csv.DictReader(fh))
+    assert set(new) <= set(lines[0])
+    s_bf16 = next(r for r in lines if r["size"] == "S" and r["precision"] == "bf16")
+    assert s_bf16["mode"] == "eager" and int(s_bf16["flops_per_step"]) == limits.flops_per_step(SIZES["S"])
+    assert float(s_bf16["x_off_limit"]) == pytest.approx(1.4 / (1000 * limits.flops_per_step(SIZES["S"]) / 4e11), rel=1e-5)
+    data = json.loads(report.write_json(tmp_path / "r.json", result).read_text())
+    assert all(set(new) <= set(row) for row in data["rows"])
+    by = data["summary"]["overhead_vs_raw_by_precision"]
+    assert by["fp32"] == {"max": 1.01, "worst_size": "S", "by_size": {"S": 1.01, "L": 0.99, "LSTM": 0.99}}
+    table = report.markdown_table(result)
+    assert "| mode | samples/s |" in table and "| ms/step | limit ms | x off limit |" in table
+    assert "| S | MLP h64 b64 | bf16 | eager | " in table and "| fp32 | 1.010 (S) | S 1.010, L 0.990, LSTM 0.990 |" in table
+    assert "| S | | tf32 | | not applicable |" in table
+
+
+def test_speedups_compare_rows_of_one_mode():
+    """A captured row (the trainer's CUDA-graph capture, to come) is compared
+    with captured fp32, never with eager fp32."""
+    rows = [
+        {"size": "L", "precision": p, "mode": m, "samples_per_s": v, "val_loss": 0.5, "peak_mem_mb": 1.0, "overhead_vs_raw": 1.0}
+        for p, m, v in (("fp32", "eager", 100.0), ("bf16", "eager", 150.0), ("fp32", "captured", 200.0), ("bf16", "captured", 500.0))
+    ]
+    runner._relative_to_fp32(rows)
+    assert [r["speedup_vs_fp32"] for r in rows] == pytest.approx([1.0, 1.5, 1.0, 2.5])
+    summary = runner.summarize({"header": {"device": "cpu"}, "rows": rows})
+    assert summary["speedup_vs_fp32"] == pytest.approx({"L/fp32": 1.0, "L/bf16": 1.5, "L/fp32/captured": 1.0, "L/bf16/captured": 2.5})
+    assert set(summary["overhead_vs_raw_by_precision"]) == {"fp32", "bf16", "fp32/captured", "bf16/captured"}
+
+
+def test_the_plot_has_the_crossover(tmp_path):
+    pytest.importorskip("matplotlib", reason="the plots extra (pip install -e '.[plots]') is not installed")
+    path = report.write_plot(tmp_path / "p.png", _limit_result())
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 10_000
+
+
+def test_a_plot_without_matplotlib_is_one_line_naming_the_install(monkeypatch, tmp_path):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import now raises ImportError
+    with pytest.raises(MissingExtraError) as info:
+        report.write_plot(tmp_path / "p.png", _limit_result())
+    message = str(info.value)
+    assert "pip install -e '.[plots]'" in message and "\n" not in message
+    assert not (tmp_path / "p.png").exists()

@@ -9,8 +9,6 @@ from typing import Any, Optional
 
 import typer
 
-from ..extras import require
-
 
 def canonical_command(prog: str, options: Any, **paths: Optional[Path]) -> str:
     """The command that reproduces this run, with every default spelled out
@@ -77,11 +75,11 @@ def run_and_write(
     from rich.text import Text
 
     from ..cli import console, out, safe_text
-    from .report import markdown_table, write_csv, write_json, write_plot
+    from .report import markdown_table, require_matplotlib, write_csv, write_json, write_plot
     from .runner import run_benchmark
 
     if plot_path:  # before the run, not after minutes of measuring
-        require("matplotlib", "the bench plot (--plot)")
+        require_matplotlib()
     with Progress(
         TextColumn("[bold]bench[/]"),
         BarColumn(),
@@ -131,7 +129,9 @@ def run_and_write(
 def register(app: typer.Typer) -> None:
     @app.command("bench")
     def bench(
-        sizes: Optional[str] = typer.Option(None, "--sizes", help="Comma list of S,M,L,LSTM (default all; S with --quick)."),
+        sizes: Optional[str] = typer.Option(
+            None, "--sizes", help="Comma list of S,M,L,XL,LSTM (default S,M,L,LSTM on a CPU, with XL on CUDA; S with --quick)."
+        ),
         precisions: Optional[str] = typer.Option(
             None, "--precisions", help="Comma list of precisions with FP32 master weights (default all; a wrong name lists them)."
         ),
@@ -146,14 +146,16 @@ def register(app: typer.Typer) -> None:
         chunk_s: Optional[float] = typer.Option(None, "--chunk-s", help="Seconds per timed chunk (default 0.25; 0.05 with --quick)."),
         json_path: Optional[Path] = typer.Option(None, "--json", help="Write header + rows as JSON here."),
         csv_path: Optional[Path] = typer.Option(None, "--csv", help="Write device-stamped rows as CSV here."),
-        plot_path: Optional[Path] = typer.Option(None, "--plot", help="Write a PNG plot here."),
+        plot_path: Optional[Path] = typer.Option(
+            None, "--plot", help="Write a PNG plot here: per size, and speed-up vs fp32 against FLOPs per step (needs .[plots])."
+        ),
         markdown_path: Optional[Path] = typer.Option(None, "--markdown", help="Write the Markdown table here."),
     ) -> None:
-        """Throughput, peak memory, validation loss and trainer overhead per size and precision, stamped with the device.
+        """Throughput, distance from the arithmetic limit, peak memory, validation loss and trainer overhead per size and precision, stamped with the device.
         A full run exits 1 when an acceptance check fails (after writing every result); --quick never judges."""
         from ..cli import fail, load_settings_or_exit
         from ..storage import StorageError, check_output_path
-        from .models import SIZES, parse_sizes
+        from .models import SIZES, SLOW_ON_CPU, default_sizes, parse_sizes
         from .options import PRECISIONS, BenchOptions, check_clock, pick_device
 
         load_settings_or_exit()  # a bad GENESIS_FP16_* variable fails here, clearly
@@ -164,8 +166,9 @@ def register(app: typer.Typer) -> None:
         except StorageError as exc:
             raise fail(str(exc))
         try:
+            picked = pick_device(device)
             options = BenchOptions(
-                sizes=parse_sizes(sizes) if sizes else ([SIZES["S"]] if quick else list(SIZES.values())),
+                sizes=parse_sizes(sizes) if sizes else ([SIZES["S"]] if quick else default_sizes(picked.type)),
                 precisions=precisions or ",".join(PRECISIONS),  # type: ignore[arg-type]
                 repeats=repeats if repeats is not None else (3 if quick else 11),
                 quick=quick,
@@ -180,9 +183,17 @@ def register(app: typer.Typer) -> None:
             options.command = canonical_command(
                 "genesis-fp16 bench", options, json=json_path, csv=csv_path, plot=plot_path, markdown=markdown_path
             )
-            check_clock(options.clock, pick_device(options.device))
+            check_clock(options.clock, picked)
         except (ValueError, RuntimeError) as exc:
             raise fail(str(exc))
+        slow = [s.name for s in options.sizes if s.name in SLOW_ON_CPU]
+        if slow and picked.type == "cpu":
+            from ..cli import console
+
+            console.print(
+                f"[yellow]warning:[/] size {', '.join(slow)} is compute-bound: seconds per training step on a CPU, "
+                "so minutes per precision (it is a default on CUDA only)"
+            )
         result = run_and_write(options, json_path, csv_path, plot_path, markdown_path)
         if not result["rows"]:
             raise fail("no cell could be measured: " + "; ".join(f"{f['size']}/{f['precision']}: {f['reason']}" for f in result["failed"]), code=1)

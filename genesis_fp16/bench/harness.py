@@ -55,6 +55,9 @@ class Cell:
     task: Task
     flags: CellFlags
     graphed: bool = False
+    # how the trainer runs its step: "eager" for every cell today; "captured" is
+    # kept for the trainer's whole-step CUDA-graph capture, a row of its own when it lands
+    mode: str = "eager"
     steps: int = 1  # steps per timed chunk
     raw_times: list[float] = field(default_factory=list)
     ours_times: list[float] = field(default_factory=list)

@@ -83,12 +83,26 @@ SIZES: dict[str, SizeSpec] = {
     # S: a step is well under a millisecond of math: Python and dispatch dominate.
     "S": SizeSpec("S", "mlp", hidden=64, batch=64, quality_steps=300, graphable=True),
     "M": SizeSpec("M", "mlp", hidden=256, batch=256, quality_steps=200, graphable=True),
-    # L: matmul-bound (hidden 1024, batch 1024), where reduced precision pays.
+    # L: matmul-bound on a CPU (hidden 1024, batch 1024), where reduced precision pays there.
     "L": SizeSpec("L", "mlp", hidden=1024, batch=1024, quality_steps=60, lr=3e-4),
+    # XL: compute-bound on a GPU too (about 0.83 TFLOP per step; L is 13 GFLOP, which
+    # an H200 runs in launch overhead). Seconds per step on a CPU: not a CPU default.
+    # lr: L's lr x 1024 / 4096, so Adam moves each layer's output about as much as at L.
+    "XL": SizeSpec("XL", "mlp", hidden=4096, batch=4096, quality_steps=40, lr=7.5e-5),
     "LSTM": SizeSpec("LSTM", "lstm", hidden=64, batch=128, quality_steps=60, seq_len=16, features=32),
 }
 
-QUICK_STEPS = {"S": 50, "M": 40, "L": 10, "LSTM": 10}
+QUICK_STEPS = {"S": 50, "M": 40, "L": 10, "XL": 5, "LSTM": 10}
+
+# the sizes a run measures when --sizes is not given; XL only where it takes
+# seconds, not minutes (on a CPU it is one step every few seconds: ask for it by name)
+DEFAULT_SIZES = {"cpu": ("S", "M", "L", "LSTM"), "cuda": ("S", "M", "L", "XL", "LSTM")}
+SLOW_ON_CPU = ("XL",)
+
+
+def default_sizes(device_type: str) -> list[SizeSpec]:
+    """The sizes a run on a ``device_type`` (``cpu``, ``cuda``) measures by default."""
+    return [SIZES[name] for name in DEFAULT_SIZES.get(device_type, DEFAULT_SIZES["cpu"])]
 
 
 def parse_sizes(text: str) -> list[SizeSpec]:

@@ -8,7 +8,7 @@ from typing import Any, Optional
 import torch
 
 from ..precision import FP32_WEIGHT_MODES, parse_mode, unsupported_reason
-from .models import QUICK_STEPS, SIZES, SizeSpec
+from .models import QUICK_STEPS, SizeSpec, default_sizes
 
 # the modes that keep FP32 master weights, in the vocabulary's order
 # (fp16-true has none, so its quality and speed are not comparable here)
@@ -20,7 +20,9 @@ CLOCKS = ("wall", "cpu")
 class BenchOptions:
     """What to measure.
 
-    sizes / precisions: the matrix (see ``models.SIZES`` and ``PRECISIONS``).
+    sizes / precisions: the matrix (see ``models.SIZES`` and ``PRECISIONS``); the
+        default sizes are a CPU's (``models.default_sizes``: no XL); the CLI picks
+        the device's.
     repeats: timed raw/ours pairs per cell; the median is reported.
     quick: CI smoke budget (few steps, short chunks).
     compile: torch.compile the model (a failure is logged and the cell runs eager).
@@ -33,7 +35,7 @@ class BenchOptions:
         ``threads=1`` on a CPU device, where every kernel runs in that thread).
     """
 
-    sizes: list[SizeSpec] = field(default_factory=lambda: [SIZES["S"], SIZES["M"], SIZES["L"], SIZES["LSTM"]])
+    sizes: list[SizeSpec] = field(default_factory=lambda: default_sizes("cpu"))
     precisions: list[str] = field(default_factory=lambda: list(PRECISIONS))
     repeats: int = 11
     quick: bool = False

@@ -12,6 +12,7 @@ from ..precision import REDUCED_MODES
 from ..telemetry import get_logger
 from .auto import GOAL, auto_row
 from .harness import Cell, build_cell, calibrate, prime_cell, run_quality, time_pair
+from .limits import FLOPS_FORMULA, PeakTable, limit_columns
 from .models import make_task
 from .options import BenchOptions, check_clock, not_applicable_reason, pick_device
 from .stamp import device_header
@@ -69,6 +70,16 @@ def _run(options: BenchOptions, device: torch.device, progress: Optional[Progres
         repeats=options.repeats,
         load_avg=header["load_avg_start"][0],
     )
+    # each precision's arithmetic limit, before any cell is timed: looked up for a
+    # known GPU, else a timed matmul (a few hundred ms per precision, once per run)
+    peaks = PeakTable(device, budget_s=0.1 if options.quick else 0.3)
+    for precision in dict.fromkeys(p for _, p in planned):
+        try:
+            peaks.peak(precision)
+        except Exception as exc:  # no limit is a gap in two columns, not a lost run
+            log.warning("bench.peak_unmeasured", precision=precision, reason=f"{type(exc).__name__}: {exc}")
+    header["limits"] = peaks.as_dict()
+    header["flops_formula"] = FLOPS_FORMULA
     rows: list[dict[str, Any]] = []
     auto_rows: list[dict[str, Any]] = []
     failed: list[dict[str, Any]] = []
@@ -98,7 +109,7 @@ def _run(options: BenchOptions, device: torch.device, progress: Optional[Progres
                 cell = cells[(k + r) % len(cells)]
                 time_pair(cell, ours_first=bool(r % 2), clock=options.clock)
                 tick(f"{spec.name} {cell.precision}: repeat {r + 1}/{options.repeats}")
-        size_rows = [_row(cell) for cell in cells]
+        size_rows = [_row(cell, peaks) for cell in cells]
         _relative_to_fp32(size_rows)
         for row in size_rows:
             log.info("bench.row", **{k: row[k] for k in ("size", "precision", "samples_per_s", "overhead_vs_raw", "val_loss_delta_vs_fp32")})
@@ -114,22 +125,26 @@ def _run(options: BenchOptions, device: torch.device, progress: Optional[Progres
     return result
 
 
-def _row(cell: Cell) -> dict[str, Any]:
+def _row(cell: Cell, peaks: Optional[PeakTable] = None) -> dict[str, Any]:
     spec = cell.spec
     ratios = [o / r for o, r in zip(cell.ours_times, cell.raw_times) if r > 0]
     ours = statistics.median(cell.ours_times)
     raw = statistics.median(cell.raw_times)
     q = cell.quality
+    ms_per_step = 1000.0 * ours / cell.steps
+    peak = peaks.known(cell.precision) if peaks is not None else None
     return {
         "size": spec.name,
         "model": spec.label,
         "hidden": spec.hidden,
         "batch": spec.batch,
         "precision": cell.precision,
+        "mode": cell.mode,
         "precision_run": q["precision_run"],
         "samples_per_s": spec.batch * cell.steps / ours,
         "raw_samples_per_s": spec.batch * cell.steps / raw,
-        "ms_per_step": 1000.0 * ours / cell.steps,
+        "ms_per_step": ms_per_step,
+        **limit_columns(spec, ms_per_step, peak),
         "overhead_vs_raw": statistics.median(ratios),
         "overhead_min": min(ratios),
         "overhead_max": max(ratios),
@@ -150,7 +165,14 @@ def _row(cell: Cell) -> dict[str, Any]:
 
 
 def _relative_to_fp32(rows: list[dict[str, Any]]) -> None:
-    base = next((r for r in rows if r["precision"] == "fp32"), None)
+    """Speed-up, loss delta and memory against the fp32 row of the same mode
+    (an eager row against eager fp32, a captured one against captured fp32)."""
+    for mode in dict.fromkeys(r.get("mode", "eager") for r in rows):
+        _relative_to(next((r for r in rows if r["precision"] == "fp32" and r.get("mode", "eager") == mode), None),
+                     [r for r in rows if r.get("mode", "eager") == mode])
+
+
+def _relative_to(base: Optional[dict[str, Any]], rows: list[dict[str, Any]]) -> None:
     if base is None:
         return
     for row in rows:
@@ -167,10 +189,11 @@ def summarize(result: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {"device": device}
     if rows:
         out["max_overhead_vs_raw"] = max(r["overhead_vs_raw"] for r in rows)
+        out["overhead_vs_raw_by_precision"] = overhead_by_precision(rows)
         deltas = [abs(r["val_loss_delta_vs_fp32"]) for r in rows if r["val_loss_delta_vs_fp32"] is not None and r["precision"] in REDUCED]
         if deltas:
             out["max_abs_val_loss_delta_reduced"] = max(deltas)
-    speed = {f"{r['size']}/{r['precision']}": r["speedup_vs_fp32"] for r in rows if r["speedup_vs_fp32"] is not None}
+    speed = {_key(r): r["speedup_vs_fp32"] for r in rows if r["speedup_vs_fp32"] is not None}
     out["speedup_vs_fp32"] = speed
     checks = []
 
@@ -187,7 +210,7 @@ def summarize(result: dict[str, Any]) -> dict[str, Any]:
     else:
         check("fp16 speed-up at L vs strict fp32", speed.get("L/fp16"), lambda v: v >= 3.0, ">= 3x")
         check("bf16 speed-up at L vs strict fp32", speed.get("L/bf16"), lambda v: v >= 3.0, ">= 3x")
-        mem = {r["precision"]: r["peak_mem_vs_fp32"] for r in rows if r["size"] == "L"}
+        mem = {r["precision"]: r["peak_mem_vs_fp32"] for r in rows if r["size"] == "L" and r.get("mode", "eager") == "eager"}
         for p in ("fp16", "bf16"):
             check(f"{p} peak memory at L vs fp32", mem.get(p), lambda v: v <= 0.65, "<= 0.65 (35% lower)")
     versus = [a["auto_vs_fastest"] for a in result.get("auto", []) if a["auto_vs_fastest"] is not None]
@@ -195,4 +218,24 @@ def summarize(result: dict[str, Any]) -> dict[str, Any]:
         out["min_auto_vs_fastest"] = min(versus)
         check("auto's pick vs the fastest passing precision, every size", min(versus), lambda v: v >= GOAL, f">= {GOAL}")
     out["checks"] = checks
+    return out
+
+
+def _key(row: dict[str, Any]) -> str:
+    """``size/precision``, and ``/mode`` for a row that is not eager."""
+    mode = row.get("mode", "eager")
+    return f"{row['size']}/{row['precision']}" + ("" if mode == "eager" else f"/{mode}")
+
+
+def overhead_by_precision(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """The trainer's overhead over the raw loop per precision (and mode): the
+    worst size's median ratio, which size that is, and every size's median."""
+    out: dict[str, dict[str, Any]] = {}
+    for row in rows:
+        mode = row.get("mode", "eager")
+        key = row["precision"] + ("" if mode == "eager" else f"/{mode}")
+        entry = out.setdefault(key, {"max": None, "worst_size": None, "by_size": {}})
+        entry["by_size"][row["size"]] = row["overhead_vs_raw"]
+        if entry["max"] is None or row["overhead_vs_raw"] > entry["max"]:
+            entry["max"], entry["worst_size"] = row["overhead_vs_raw"], row["size"]
     return out
