@@ -17,7 +17,9 @@ from genesis_fp16.modes import parse_mode
 from genesis_fp16.settings import PrecisionMode
 
 from .evaluation import BACKENDS
-from .runs import MANIFEST_VERSION, RESUME_FIELDS, UNRESUMABLE, ManifestFieldError, RunError, check_fields, is_int, is_number, is_numbers
+from .manifest_fields import (
+    MANIFEST_VERSION, RESUME_FIELDS, UNRESUMABLE, ManifestFieldError, RunError, check_fields, is_int, is_number, is_numbers,
+)
 from .tasks import ResolvedTask, Task, TaskError, get_task
 
 # what needs the optional packages, in a missing extra's error

@@ -130,7 +130,7 @@ def check_obs_stats(data: Any, *, obs_dim: Optional[int] = None) -> None:
     """Raise `agents.runs.ManifestFieldError` for the first field of an `ObsStats.as_dict` record that is missing or not
     what it writes: ``count`` a whole number >= 0, ``mean`` and ``m2`` (>= 0) lists of finite numbers of one length
     (``obs_dim``, where given and anything was counted)."""
-    from .runs import ManifestFieldError, check_fields, is_int, is_numbers
+    from .manifest_fields import ManifestFieldError, check_fields, is_int, is_numbers
 
     check_fields(data, {
         "count": (lambda v: is_int(v, 0), "a whole number >= 0 (observations counted)"),
