@@ -31,6 +31,7 @@ import numpy as np
 import torch
 
 from .checkpoint_checks import (  # noqa: F401 - re-exported: trainer, fsdp and dynamics use them from here
+    KERNEL_OPTIONS,
     check_counters,
     check_model_state,
     check_optimizer_state,

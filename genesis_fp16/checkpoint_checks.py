@@ -108,6 +108,10 @@ def check_like(saved: Any, live: Any, field: str, source: str, *, tensor_numbers
             raise _bad(source, field, f"expected None, a bool or a number, found {_found(saved)}")
 
 
+KERNEL_OPTIONS = ("fused", "foreach", "capturable", "differentiable")
+"""Optimizer options that choose a kernel, not a hyperparameter: a checkpoint of a plain Adam fits a fused one."""
+
+
 def check_param_groups(
     saved: Any, live: list[dict[str, Any]], source: str, field: str = "optimizer.param_groups", *, known_keys_only: bool = True
 ) -> None:
@@ -139,7 +143,10 @@ def check_param_groups(
         if foreign and lacking and known_keys_only:
             raise _bad(source, f"{field}[{i}]", f"checkpoint does not fit this optimizer: hyperparameters {foreign} belong to another optimizer type")
         for key, value in got.items():
-            if key != "params" and key in want:
+            if key in KERNEL_OPTIONS:  # how the optimizer computes is the live one's (a load keeps it: genesis_fp16.restore)
+                if value is not None and not isinstance(value, bool):
+                    raise _bad(source, f"{field}[{i}].{key}", f"expected true, false or null, found {_found(value)}")
+            elif key != "params" and key in want:
                 check_like(value, want[key], f"{field}[{i}].{key}", source, tensor_numbers=True)
 
 

@@ -28,7 +28,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable, Optional, Union
+from typing import Any, Callable, Iterable, Iterator, Optional, Union
+
+import itertools
 
 import torch
 
@@ -57,11 +59,17 @@ from .rollout import RolloutLedger, Stage
 from .settings import Settings, load_settings
 from .telemetry import get_logger, log_once
 from .trainer import FP16Trainer
+from .window import WindowResult
 
 __all__ = [
     "DEFAULT_GUARD", "UNGUARDED", "CallReport", "Guard", "GuardChoice", "GuardedTraining", "LoadFn", "LossFn",
     "QualityLedger", "Reference", "SaveFn", "Sample", "ValFn", "Verdict", "resolve_guard",
 ]
+
+
+WINDOW_STEPS = 16
+"""Steps per training window (`GuardedTraining.train_windows`): one read back to the host per 16 steps, and a storm
+judged (and rolled back) at most 15 steps after the per-step path would have."""
 
 
 @dataclass
@@ -327,6 +335,55 @@ class GuardedTraining:
     def train(self, batches: Iterable[Any], loss_fn: LossFn) -> int:
         """`step` over ``batches``; returns how many steps were not skipped."""
         return sum(bool(self.step(batch, loss_fn)) for batch in batches)
+
+    def train_windows(
+        self, batches: Iterable[Any], loss_fn: LossFn, *, window: int = WINDOW_STEPS,
+        after_step: Optional[Callable[[torch.Tensor], None]] = None, after_rollback: Optional[Callable[[], None]] = None,
+    ) -> WindowResult:
+        """`step` over ``batches`` in windows of ``window`` steps with nothing
+        read back to the host inside one (`FP16Trainer.train_window`): the
+        guard judges each window's steps at its end (the events are those of
+        the per-step path, step by step), so a P0 storm is rolled back within
+        the window it started in, and the windows after it train the restored
+        weights in FP32 (``after_rollback()`` is called then). The call's FP32
+        reference trains each window's batches. Returns every step's loss and
+        whether it was taken, over all windows."""
+        if window < 1:
+            raise ValueError(f"GuardedTraining.train_windows: window={window}; expected a positive number of steps")
+        it, out = iter(batches), WindowResult()
+        while True:
+            self._ensure_good_checkpoint()
+            taken: list[Any] = []
+
+            def feed() -> Iterator[Any]:
+                for batch in itertools.islice(it, window):
+                    taken.append(batch)
+                    yield batch
+
+            trainer = self.trainer
+            before = trainer.training_steps
+            result = trainer.train_window(feed(), loss_fn, after_step)
+            if not result.steps:
+                return out
+            out.steps, out.skipped = out.steps + result.steps, out.skipped + result.skipped
+            out.losses += result.losses
+            out.stepped += result.stepped
+            out.eager = out.eager or result.eager
+            self.last_loss = torch.tensor(result.losses[-1])
+            reference = self._call.reference if self._call is not None else None
+            if reference is not None:
+                reference.trainer.train_window(taken, loss_fn)
+            trip = self.guard.tripped if self.guard is not None else None
+            if trip is not None and trip is not self._handled:
+                self._roll_back(trip)
+                if self._call is not None:
+                    if self._call.prepare is not None:
+                        self._call.prepare(self.model)  # the restored weights train on this call's data
+                    self._call.reference = None  # FP32 now: a reference adds nothing
+                if after_rollback is not None:
+                    after_rollback()
+            elif self.checkpoint_every and self.guard is not None and trainer.training_steps // self.checkpoint_every > before // self.checkpoint_every:
+                self.save_good_checkpoint()
 
     def finish_call(self, val_fn: Optional[ValFn] = None) -> CallReport:
         """End the call: the validation losses (``val_fn`` on the model and on

@@ -104,7 +104,12 @@ def apply_payload(
     try:
         # the model last: its weights are copied in place, the others' state objects swapped
         if payload.get("optimizer") is not None:
+            # how the optimizer computes (fused, foreach, capturable) is this trainer's, not the checkpoint's: a
+            # checkpoint of a plain Adam loads into a fused one (a training window needs it) and stays fused
+            kernels = [{k: g[k] for k in ckpt.KERNEL_OPTIONS if k in g} for g in trainer.optimizer.param_groups]
             trainer.optimizer.load_state_dict(payload["optimizer"])
+            for group, kept in zip(trainer.optimizer.param_groups, kernels):
+                group.update(kept)
         if trainer.scheduler is not None and payload.get("scheduler") is not None:
             trainer.scheduler.load_state_dict(payload["scheduler"])
         trainer.precision.load_state_dict(scaler_state)

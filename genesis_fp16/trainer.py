@@ -19,10 +19,11 @@ Checkpoint save and restore live in `genesis_fp16.restore`.
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Callable, ClassVar, ContextManager, Iterator, Optional, Union
+from typing import Any, Callable, ClassVar, ContextManager, Iterable, Iterator, Optional, Union
 
 import torch
 
@@ -34,6 +35,7 @@ from .precision import MODES, Precision
 from .restore import CHECKPOINT_WARNING_EVENT, ExtraCheck
 from .settings import PrecisionMode
 from .telemetry import EventListener, get_logger
+from .window import WindowResult, run_window
 
 __all__ = ["CHECKPOINT_WARNING_EVENT", "ExtraCheck", "FP16Trainer", "FP16TrainingConfig"]
 
@@ -52,6 +54,9 @@ class FP16Trainer:
     swaps variants there (the FSDP trainer's FP16 uses a sharded scaler)."""
 
     precision_plugins: ClassVar[Mapping[PrecisionMode, type[Precision]]] = MODES
+    supports_window: ClassVar[bool] = True
+    """Whether `train_window` may run its steps on the device (`genesis_fp16.window`); the distributed
+    trainers keep the per-step path, where the ranks agree on a loss's finiteness."""
     measures_auto: ClassVar[bool] = True
     """Whether ``precision="auto"`` may be decided by a measurement (`genesis_fp16.autotune`)
     for this class: False for the distributed trainers, which keep the flag rule so that every
@@ -230,6 +235,45 @@ class FP16Trainer:
         if self.nonfinite_streak == self.config.nonfinite_streak_threshold:
             self._emit("trainer.nonfinite_streak", "error", streak=self.nonfinite_streak, step=self.training_steps)
         return False
+
+    def train_window(
+        self, batches: Iterable[Any], compute_loss_fn: Callable[[torch.nn.Module, Any], torch.Tensor],
+        after_step: Optional[Callable[[torch.Tensor], None]] = None,
+    ) -> WindowResult:
+        """One micro-step and optimizer step per batch with nothing read back
+        to the host until the window ends (`genesis_fp16.window`): a
+        non-finite loss or an overflow skips its step on the device; then the
+        counters and events of every step, as `backward_and_step` would have
+        left them. ``after_step(taken)`` runs after each step with a device
+        flag (1.0 taken, 0.0 skipped). Runs the per-step path, saying why
+        once, where a window cannot run on the device (not a fused optimizer,
+        a scheduler, accumulation)."""
+        return run_window(self, batches, compute_loss_fn, after_step)
+
+    def _replay_window(self, result: WindowResult, scales: Optional[list[float]]) -> None:
+        """The counters and events of a window's steps, in order, from what it read back once."""
+        threshold = self.config.nonfinite_streak_threshold
+        for i, (loss, stepped) in enumerate(zip(result.losses, result.stepped)):
+            self.micro_steps += 1
+            self.training_steps += 1
+            if not math.isfinite(loss):
+                self.nonfinite_losses += 1
+                self.nonfinite_streak += 1
+                self._emit("trainer.step_skipped", "warning", reason="nonfinite_loss", step=self.training_steps, loss=loss,
+                           nonfinite_losses=self.nonfinite_losses, streak=self.nonfinite_streak)
+                if self.nonfinite_streak == threshold:
+                    self._emit("trainer.nonfinite_streak", "error", streak=self.nonfinite_streak, step=self.training_steps)
+                continue
+            self.nonfinite_streak = 0
+            if scales is not None and scales[i] != self._last_scale:
+                self._emit("trainer.scale_changed", "info" if stepped else "warning", old_scale=self._last_scale, new_scale=scales[i],
+                           step=self.training_steps)
+                self._last_scale = scales[i]
+            if not stepped:
+                self.overflow_steps += 1
+                self._emit("trainer.step_skipped", "warning", reason="overflow", step=self.training_steps,
+                           overflow_steps=self.overflow_steps, overflow_rate=self.overflow_rate)
+        self.precision.window_done(scales[-1] if scales else None)
 
     def train_batches(
         self, batches: Iterator[Any], compute_loss_fn: Callable[[torch.nn.Module, Any], torch.Tensor]

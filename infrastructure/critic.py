@@ -35,7 +35,7 @@ import time
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import Any, Callable, Optional, Union
+from typing import Any, Callable, Iterator, Optional, Union
 
 import numpy as np
 import numpy.typing as npt
@@ -44,6 +44,7 @@ from torch.func import functional_call
 
 from genesis_fp16 import checkpoint as ckpt
 from genesis_fp16.device import DeviceArg
+from genesis_fp16.window import fused_adam
 from genesis_fp16.guarded import DEFAULT_GUARD, UNGUARDED, Guard, GuardChoice, GuardedTraining, Verdict
 from genesis_fp16.settings import Settings
 from genesis_fp16.threads import torch_threads
@@ -155,7 +156,7 @@ class Critic(GuardedLearner):
             self.model = TwinQ(self.spec).to(self.device)
         self.target = copy.deepcopy(self.model).float().requires_grad_(False)
         self.low, self.high = low.to(self.device), high.to(self.device)
-        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=lr)
+        self.optimizer = fused_adam(self.model.parameters(), lr, self.device)  # a window skips a step on the device
         self.trained = False
         self._training: Optional[GuardedTraining] = None
         self._lock = asyncio.Lock()
@@ -261,9 +262,14 @@ class Critic(GuardedLearner):
         self.target.load_state_dict(self.model.state_dict())
 
     @torch.no_grad()
-    def _polyak(self) -> None:
-        model = [p.float() for p in self.model.parameters()]
-        torch._foreach_lerp_(list(self.target.parameters()), model, self.tau)
+    def _polyak(self, taken: torch.Tensor) -> None:
+        """The target moves ``tau`` towards the twins after a step taken (``taken`` 1.0), not after a skipped one
+        (0.0): a device flag, so the step's outcome is never read back."""
+        model, target = [p.float() for p in self.model.parameters()], list(self.target.parameters())
+        # target += w (model - target) with a device weight: _foreach_lerp_ reads a tensor weight back to the host
+        step = torch._foreach_sub(model, target)
+        torch._foreach_mul_(step, taken * self.tau)
+        torch._foreach_add_(target, step)
 
     def _train_sync(self, data: Transitions, policy: PolicyFn, steps: int, save: bool) -> CriticReport:
         started = time.perf_counter()
@@ -280,18 +286,17 @@ class Critic(GuardedLearner):
         if not self.trained:
             self._reset_target()
         x_train = self.model.inputs(train.obs, train.act)
-        losses: list[torch.Tensor] = []
+
+        def batches() -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+            for _ in range(steps):  # lazily: each step's targets come from the target network as the step before left it
+                rows = torch.randint(len(train), (min(self.batch_size, len(train)),), generator=self._generator).to(self.device)
+                yield x_train[rows], self._targets(train, next_act, rows)
+                time.sleep(0)  # hand the GIL to the event loop
+
+        # windows of steps with nothing read back to the host; the target follows each step taken (masked on the
+        # device), and is made anew from restored weights (refitted by prepare) after a rollback
+        losses = training.train_windows(batches(), td_loss, after_step=self._polyak, after_rollback=self._reset_target).losses
         rollbacks = len(training.rollbacks)
-        for _ in range(steps):
-            rows = torch.randint(len(train), (min(self.batch_size, len(train)),), generator=self._generator).to(self.device)
-            stepped = training.step((x_train[rows], self._targets(train, next_act, rows)), td_loss)
-            if len(training.rollbacks) != rollbacks:  # restored weights (refitted by prepare): a target from them
-                rollbacks = len(training.rollbacks)
-                self._reset_target()
-            elif stepped:
-                self._polyak()
-            losses.append(training.last_loss)
-            time.sleep(0)  # hand the GIL to the event loop
         y_val = self._targets(val, val_next, torch.arange(len(val), device=self.device))
         call = training.finish_call(partial(_val_loss, x=self.model.inputs(val.obs, val.act), y=y_val))
         if len(training.rollbacks) != rollbacks:
@@ -302,7 +307,7 @@ class Critic(GuardedLearner):
         healthy = call.decision is None or call.decision.action != "rollback"
         if checkpoint is not None and self.guard is not None and healthy and call.val_loss is not None and math.isfinite(call.val_loss):
             training.mark_good(checkpoint)
-        finite = [float(v) for v in losses[-50:] if math.isfinite(float(v))]
+        finite = [v for v in losses[-50:] if math.isfinite(v)]
         report = CriticReport.from_call(call, steps=steps, train_loss=float(np.mean(finite)) if finite else float("nan"),
                                         wall_s=time.perf_counter() - started, transitions=len(data), checkpoint=checkpoint,
                                         device=str(self.device))

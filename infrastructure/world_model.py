@@ -18,6 +18,7 @@ import numpy.typing as npt
 import torch
 
 from genesis_fp16.device import DeviceArg
+from genesis_fp16.window import fused_adam
 from genesis_fp16.guarded import DEFAULT_GUARD, UNGUARDED, Guard, GuardChoice, GuardedTraining, Verdict
 from genesis_fp16.settings import Settings
 from genesis_fp16.threads import torch_threads
@@ -123,7 +124,7 @@ class WorldModel(GuardedLearner):
         self.model = EnsembleDynamics(
             obs_dim, act_dim, ensemble=ensemble, elites=elites, hidden=hidden, layers=layers, probabilistic=probabilistic, done_head=done_head,
         ).to(self.device)
-        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=lr)
+        self.optimizer = fused_adam(self.model.parameters(), lr, self.device)  # a window skips a step on the device
         self.trained = False
         self._training: Optional[GuardedTraining] = None
         self._lock = asyncio.Lock()

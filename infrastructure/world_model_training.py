@@ -9,7 +9,7 @@ import math
 import time
 from functools import partial
 from pathlib import Path
-from typing import Optional, Protocol, Sequence
+from typing import Iterator, Optional, Protocol, Sequence
 
 import numpy as np
 import torch
@@ -58,20 +58,23 @@ def train_sync(wm: Trainee, trajectories: list[Trajectory], steps: int, save: bo
     # the normaliser is fitted to this call's data, on the model, its FP32 reference and restored weights alike
     training.begin_call(prepare=lambda m: m.fit_normaliser(x_tr, y_tr))
     xn_tr, yn_tr = model.normalise_x(x_tr), model.normalise_y(y_tr)
-    losses: list[torch.Tensor] = []
     n, members = len(xn_tr), model.members
     # each member trains on its own bootstrap of this call's data (one network: the data as it is);
     # indices come from the CPU generator, so every device draws the same batches
     boot = bootstrap(n, members, wm._generator)
-    for _ in range(steps):
-        rows = batch_rows(boot, n, members, wm.batch_size, wm._generator).to(wm.device, non_blocking=True)
-        training.step((xn_tr[rows], yn_tr[rows]), ensemble_loss)
-        losses.append(training.last_loss)
-        # Hand the GIL over now rather than at the interpreter's 5 ms forced
-        # switch: with tiny tensors this thread is mostly Python overhead,
-        # and the event loop should not wait for it.
-        time.sleep(0)
-    finite = [float(v) for v in losses[-50:] if math.isfinite(float(v))]
+
+    def batches() -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        for _ in range(steps):
+            rows = batch_rows(boot, n, members, wm.batch_size, wm._generator).to(wm.device, non_blocking=True)
+            yield xn_tr[rows], yn_tr[rows]
+            # Hand the GIL over now rather than at the interpreter's 5 ms forced
+            # switch: with tiny tensors this thread is mostly Python overhead,
+            # and the event loop should not wait for it.
+            time.sleep(0)
+
+    # windows of steps with nothing read back to the host inside one (genesis_fp16.window)
+    losses = training.train_windows(batches(), ensemble_loss).losses
+    finite = [v for v in losses[-50:] if math.isfinite(v)]
     call = training.finish_call(partial(val_loss_of, x=x_val, y=y_val))
     trainer = training.trainer
     val_loss = float(call.val_loss)

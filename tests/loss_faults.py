@@ -1,7 +1,7 @@
 """A loss fault injected into a world model's training by the tests:
 `WorldModel.train` has no test hook, so a NaN storm for the guard to roll
-back goes in here: each `GuardedTraining.step` gets the world model's loss
-function wrapped, so the trained model's loss is rewritten before the
+back goes in here: each `GuardedTraining.step` (and each step of
+`GuardedTraining.train_windows`) gets the world model's loss function wrapped, so the trained model's loss is rewritten before the
 backward while the FP32 reference (another model) is spared. World-model
 training runs in a thread of this process, so patching the instance reaches it."""
 
@@ -22,7 +22,7 @@ def loss_fault(world_model: Any, fault: FaultFn) -> Iterator[None]:
     its loss through ``fault(step, loss) -> loss``; ``step`` counts from 0 at
     the start of the block (one `train` call: that call's step)."""
     training = world_model.training
-    real = training.step
+    real, real_windows = training.step, training.train_windows
     steps = itertools.count()
 
     def step(batch: Any, loss_fn: Any, **kwargs: Any) -> bool:
@@ -34,11 +34,18 @@ def loss_fault(world_model: Any, fault: FaultFn) -> Iterator[None]:
 
         return real(batch, faulty, **kwargs)
 
-    training.step = step
+    def train_windows(batches: Any, loss_fn: Any, **kwargs: Any) -> Any:
+        def faulty(model: torch.nn.Module, data: Any) -> torch.Tensor:  # the trained model's loss, once per step
+            loss = loss_fn(model, data)
+            return fault(next(steps), loss) if model is training.trainer.model else loss
+
+        return real_windows(batches, faulty, **kwargs)
+
+    training.step, training.train_windows = step, train_windows
     try:
         yield
     finally:
-        del training.step
+        del training.step, training.train_windows
 
 
 def nan_storm(first: int, end: int) -> FaultFn:

@@ -32,6 +32,8 @@ class DistributedTrainer(FP16Trainer):
     """What DDP and FSDP2 share: the process group, agreed skip decisions,
     rank-tagged events. Subclasses wrap the model."""
 
+    supports_window = False  # every rank must agree on a skip: the per-step path's all-reduce of finiteness
+
     wrap_name = "distributed"
     measures_auto = False  # every rank must pick alike: auto follows the flag rule here
 

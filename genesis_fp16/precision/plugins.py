@@ -81,6 +81,26 @@ class Precision:
         """The loss scale after the last optimizer step (1.0 without a scaler)."""
         return 1.0
 
+    # -- a training window's steps (genesis_fp16.window): nothing read back to the host --------
+    def window_unscale_(self, grads: list[torch.Tensor], found: torch.Tensor) -> None:
+        """Set ``found`` (a 0-dim device tensor) to 1.0 when a gradient is
+        not finite, on the device; with a scaler, unscale them in place too.
+        The op ``GradScaler.unscale_`` runs (multiplying by 1.0 here: exact)."""
+        if grads:
+            if getattr(self, "_one", None) is None or self._one.device != grads[0].device:
+                self._one = torch.ones((), device=grads[0].device)
+            torch._amp_foreach_non_finite_check_and_unscale_(grads, found, self._one)
+
+    def window_update(self, found: torch.Tensor, finite: torch.Tensor) -> None:
+        """After a window's optimizer step: update the scale on the device (no scaler: nothing)."""
+
+    def scale_tensor(self) -> torch.Tensor:
+        """The scale on the device, 0-dim (only modes with a scaler are asked)."""
+        raise NotImplementedError(f"{type(self).__name__} has no scaler")
+
+    def window_done(self, scale: Optional[float]) -> None:
+        """The window's last scale, read once at its end (no scaler: nothing)."""
+
     def state_dict(self) -> dict[str, Any]:
         """What a checkpoint keeps under its "scaler" key ({} without a scaler)."""
         return {}
@@ -123,6 +143,30 @@ class FP16Mixed(Precision):
     @property
     def scale(self) -> float:
         return self._scale
+
+    def window_unscale_(self, grads: list[torch.Tensor], found: torch.Tensor) -> None:
+        if grads:
+            # GradScaler.unscale_'s own inverse (a power of two: multiplying by it is exact)
+            inv = self.scaler._scale.double().reciprocal().float()
+            torch._amp_foreach_non_finite_check_and_unscale_(grads, found, inv)
+
+    def window_update(self, found: torch.Tensor, finite: torch.Tensor) -> None:
+        # GradScaler.update's op with this step's found_inf; after a non-finite loss the scale and the growth
+        # tracker stay as they were, as the per-step path (which skips before the backward) leaves them
+        scaler = self.scaler
+        scale, tracker = scaler._scale, scaler._growth_tracker
+        before = (scale.clone(), tracker.clone())
+        torch._amp_update_scale_(scale, tracker, found, scaler.get_growth_factor(), scaler.get_backoff_factor(),
+                                 scaler.get_growth_interval())
+        scale.copy_(torch.where(finite, scale, before[0]))
+        tracker.copy_(torch.where(finite, tracker, before[1]))
+
+    def scale_tensor(self) -> torch.Tensor:
+        return self.scaler._scale.reshape(())
+
+    def window_done(self, scale: Optional[float]) -> None:
+        if scale is not None:
+            self._scale = scale
 
     def state_dict(self) -> dict[str, Any]:
         return self.scaler.state_dict()

@@ -1,0 +1,142 @@
+"""A training window: K optimizer steps with no value read back to the host.
+
+On a GPU every read of a device value (``.item()``, ``float(t)``, ``bool(t)``)
+is a synchronisation: the host waits for the device instead of queueing the
+next step, and nothing with a synchronisation in it can be captured as a CUDA
+graph. The per-step path (`FP16Trainer.backward_and_step`) reads the loss's
+finiteness every step, and with FP16 the scale after it. Inside a window:
+
+* a non-finite loss or a gradient overflow skips its step on the device: the
+  gradients are checked (and, with a scaler, unscaled) by the op
+  ``GradScaler.unscale_`` uses, and the optimizer gets the result as
+  ``found_inf``, which a fused optimizer (``Adam(fused=True)``, ``AdamW``,
+  ``SGD``) honours without reading it (PyTorch's ``torch/amp/grad_scaler.py``
+  hands it ``grad_scale`` and ``found_inf`` the same way);
+* the FP16 scale updates on the device (`FP16Mixed.window_update`), left as
+  it was after a non-finite loss, as the per-step path leaves it;
+* each step's loss and overflow flag go into two device buffers, read once
+  at the window's end. The trainer's counters and events are then replayed
+  step by step from them, so the guard sees what the per-step path would
+  have shown it (the same skipped steps, the same streak at the same step).
+
+A window needs a fused optimizer, no LR scheduler (it steps per step on the
+host), one micro-step per optimizer step and the finite-loss check on; where
+one of these is missing the trainer runs its per-step path for the window's
+batches and says why once (``trainer.window_eager``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Optional
+
+import torch
+
+LossFn = Callable[[torch.nn.Module, Any], torch.Tensor]
+StepHook = Callable[[torch.Tensor], None]
+"""Called after each step with a device flag, 1.0 when the step was taken and 0.0 when skipped (e.g. a target network's
+Polyak update, masked by it)."""
+
+
+@dataclass
+class WindowResult:
+    """What a window did, read once at its end."""
+
+    steps: int = 0
+    """Optimizer steps attempted (skipped ones included)."""
+    skipped: int = 0
+    losses: list[float] = field(default_factory=list)
+    """Each step's loss (NaN or inf where it was not finite)."""
+    stepped: list[bool] = field(default_factory=list)
+    eager: Optional[str] = None
+    """Why the window ran the per-step path (None: it ran on the device, read back once)."""
+
+
+def window_blocker(trainer: Any) -> Optional[str]:
+    """Why ``trainer`` (an `FP16Trainer`: not imported here, it imports this module) cannot run a window on the
+    device (None: it can)."""
+    opt = trainer.optimizer
+    if not getattr(opt, "_step_supports_amp_scaling", False) or not all(g.get("fused") for g in opt.param_groups):
+        return (f"{type(opt).__name__} is not a fused optimizer: a skipped step would need its found_inf read on the host "
+                "(use e.g. torch.optim.Adam(params, fused=True))")
+    if trainer.scheduler is not None:
+        return "an LR scheduler steps per optimizer step on the host"
+    if trainer.config.grad_accumulation_steps != 1:
+        return "gradient accumulation (grad_accumulation_steps > 1)"
+    if not trainer.config.check_finite_loss:
+        return "check_finite_loss=False (the per-step path steps on a non-finite loss)"
+    if not type(trainer).supports_window:
+        return f"{type(trainer).__name__} keeps the per-step path (ranks agree on finiteness there)"
+    return None
+
+
+def run_window(trainer: Any, batches: Iterable[Any], loss_fn: LossFn, after_step: Optional[StepHook] = None) -> WindowResult:
+    """The steps of ``batches`` on ``trainer`` with no host read; see the module docstring."""
+    blocker = window_blocker(trainer)
+    if blocker is not None:
+        return _eager(trainer, batches, loss_fn, after_step, blocker)
+    device, opt, precision = trainer.device, trainer.optimizer, trainer.precision
+    losses: list[torch.Tensor] = []
+    flags: list[torch.Tensor] = []
+    scales: Optional[list[torch.Tensor]] = [] if precision.uses_scaler else None
+    found = torch.zeros((), device=device)
+    params = [p for group in opt.param_groups for p in group["params"]]
+    for batch in batches:  # lazily: a batch may depend on the step before (a critic's targets on its target network)
+        loss = trainer.training_step(batch, loss_fn)
+        finite = torch.isfinite(loss.detach()).all()
+        precision.backward(loss)
+        found.copy_(~finite)  # a non-finite loss skips its step even where its gradients came out finite
+        grads = [p.grad for p in params if p.grad is not None]
+        precision.window_unscale_(grads, found)  # gradients unscaled in place, found = 1 where one is not finite
+        if trainer.config.max_grad_norm is not None:
+            trainer._clip_gradients(trainer.config.max_grad_norm)
+        opt.grad_scale, opt.found_inf = None, found  # the fused kernel skips the whole step when found_inf is 1
+        try:
+            opt.step()
+        finally:
+            del opt.grad_scale, opt.found_inf
+        opt.zero_grad(set_to_none=True)
+        precision.window_update(found, finite)
+        losses.append(loss.detach().float().reshape(-1)[0] if loss.numel() else torch.full((), math.nan, device=device))
+        flags.append(found.clone())
+        if scales is not None:
+            scales.append(precision.scale_tensor().clone())
+        if after_step is not None:
+            after_step(1.0 - found)
+    k = len(losses)
+    if k == 0:
+        return WindowResult()
+    read = torch.stack(losses + flags + (scales or [])).tolist()  # the window's one read
+    result = WindowResult(steps=k, losses=read[:k])
+    result.stepped = [f == 0.0 for f in read[k:2 * k]]
+    trainer._replay_window(result, read[2 * k:] if scales is not None else None)
+    result.skipped = result.stepped.count(False)
+    return result
+
+
+def _eager(trainer: Any, batches: Iterable[Any], loss_fn: LossFn, after_step: Optional[StepHook], why: str) -> WindowResult:
+    from .telemetry import log_once
+
+    log_once(trainer._log, f"window_eager:{trainer.name}:{why}", "info", "trainer.window_eager", reason=why)
+    result = WindowResult(eager=why)
+    for batch in batches:
+        loss = trainer.training_step(batch, loss_fn)
+        stepped = trainer.backward_and_step(loss)
+        result.steps += 1
+        result.losses.append(float(loss.detach().float().reshape(-1)[0]) if loss.numel() else math.nan)
+        result.stepped.append(stepped)
+        if after_step is not None:
+            after_step(torch.ones((), device=trainer.device) if stepped else torch.zeros((), device=trainer.device))
+    result.skipped = result.stepped.count(False)
+    return result
+
+
+def fused_adam(params: Iterable[torch.nn.Parameter], lr: float, device: torch.device) -> torch.optim.Adam:
+    """``Adam(fused=True)`` where ``device`` has the fused kernel (CPU and CUDA in the torch versions this project
+    supports): it skips a step on the device's ``found_inf``, so a window needs it; elsewhere the plain Adam, and a
+    window there runs the per-step path (`window_blocker` says why)."""
+    from torch.optim.optimizer import _get_fused_kernels_supported_devices
+
+    fused = torch.device(device).type in _get_fused_kernels_supported_devices()
+    return torch.optim.Adam(params, lr=lr, fused=fused or None)
