@@ -6,8 +6,8 @@ next step, and nothing with a synchronisation in it can be captured as a CUDA
 graph. The per-step path (`FP16Trainer.backward_and_step`) reads the loss's
 finiteness every step, and with FP16 the scale after it. Inside a window:
 
-* a non-finite loss or a gradient overflow skips its step on the device: the
-  gradients are checked (and, with a scaler, unscaled) by the op
+* a non-finite loss, or with FP16's scaler a gradient overflow, skips its
+  step on the device: the gradients are unscaled and checked by the op
   ``GradScaler.unscale_`` uses, and the optimizer gets the result as
   ``found_inf``, which a fused optimizer (``Adam(fused=True)``, ``AdamW``,
   ``SGD``) honours without reading it (PyTorch's ``torch/amp/grad_scaler.py``
@@ -87,8 +87,8 @@ def run_window(trainer: Any, batches: Iterable[Any], loss_fn: LossFn, after_step
         finite = torch.isfinite(loss.detach()).all()
         precision.backward(loss)
         found.copy_(~finite)  # a non-finite loss skips its step even where its gradients came out finite
-        grads = [p.grad for p in params if p.grad is not None]
-        precision.window_unscale_(grads, found)  # gradients unscaled in place, found = 1 where one is not finite
+        if precision.uses_scaler:  # gradients unscaled in place, found = 1 where one is not finite
+            precision.window_unscale_([p.grad for p in params if p.grad is not None], found)
         if trainer.config.max_grad_norm is not None:
             trainer._clip_gradients(trainer.config.max_grad_norm)
         opt.grad_scale, opt.found_inf = None, found  # the fused kernel skips the whole step when found_inf is 1
