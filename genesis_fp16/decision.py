@@ -1,29 +1,35 @@
-"""The precision decision: made once, before any trainer exists.
+"""The precision decision: made once, before any trainer exists (or, for the
+seed API's ``auto``, at the trainer's first batch).
 
 "Why did this run train in FP32?" is this module's answer. `decide_precision`
 turns what an agent asked for (an explicit argument, the settings, its
-profile: `genesis_fp16.policy`'s layering), its rollout-ledger stage, the kill
+profile: `genesis_fp16.policy`'s layering, each value's origin a typed
+`Source` in `EffectivePolicy.origins`), its rollout-ledger stage, the kill
 switch, the device and, for ``auto``, a measurement of the workload (a
 `genesis_fp16.calibration.Calibration`, measured or read from the host cache
 by `genesis_fp16.autotune`) into one `PrecisionDecision`: the mode, where it
 came from (`Source`) and a one-line reason. The trainer receives it (the
-plugin of its mode) and never reads settings or the ledger, never measures
-and never swaps its plugin.
+plugin of its mode) and never reads the ledger; apart from the seed API's
+first batch, it never measures and never swaps its plugin.
 
 `decide` is the same decision over a bare `FP16TrainingConfig` (the seed
-API, ``FP16Trainer(model, optimizer, FP16TrainingConfig(precision="auto"))``):
-``auto`` there is the device's flag rule, unless a measurement is passed.
+API, ``FP16Trainer(model, optimizer, FP16TrainingConfig(precision="auto"))``).
+There the trainer takes ``auto`` at its first batch, measured on that batch
+(``GENESIS_FP16_AUTO_PRECISION=measure``, the default; ``when="decided at
+the first batch"`` says so in the reason), and runs `pending_auto`'s provisional choice
+(the flag rule's) until then; with ``GENESIS_FP16_AUTO_PRECISION=rule`` it is
+the device's flag rule.
 """
 
 from __future__ import annotations
 
-import enum
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Optional, Union
 
 import torch
 
 from .config import FP16TrainingConfig
+from .modes import Source
 from .precision import capability, parse_mode, runnable_mode
 from .precision.capability import Support
 from .settings import AutoPrecision, PrecisionMode
@@ -33,29 +39,6 @@ if TYPE_CHECKING:
     from .calibration import Calibration
     from .policy import EffectivePolicy
     from .settings import Settings
-
-
-class Source(str, enum.Enum):
-    """Where a decision came from."""
-
-    EXPLICIT = "explicit"
-    """An argument (``--precision``, ``precision=``, a config built by hand)."""
-    SETTINGS = "settings"
-    """The global settings (``GENESIS_FP16_PRECISION``, ``.env``)."""
-    PROFILE = "profile"
-    """The agent's profile."""
-    LEDGER = "ledger"
-    """The rollout ledger's stage (``off`` or ``rolled_back``: FP32)."""
-    KILL_SWITCH = "kill_switch"
-    """``ENABLE_FP16_TRAINING=false``."""
-    MEASURED = "measured"
-    """``auto``, measured on this workload now."""
-    CACHED = "cached"
-    """``auto``, a measurement of this workload on this host from the host cache."""
-    RULE = "rule"
-    """``auto`` by the device's flag rule (not measured)."""
-    FALLBACK = "fallback"
-    """The precision asked for cannot run on the device: the nearest at least as precise."""
 
 
 @dataclass(frozen=True)
@@ -103,19 +86,6 @@ class PrecisionDecision:
         return f"{self.mode.value} ({self.source.value}): {self.reason}"
 
 
-def _source_of(origin: str) -> Source:
-    """A policy's per-field origin (`EffectivePolicy.sources`) as a `Source`."""
-    if origin.startswith("kill switch"):
-        return Source.KILL_SWITCH
-    if origin.startswith("ledger:"):
-        return Source.LEDGER
-    if origin.startswith("profile:"):
-        return Source.PROFILE
-    if origin == "argument":
-        return Source.EXPLICIT
-    return Source.SETTINGS
-
-
 def _measured_speed(calibration: Optional["Calibration"], mode: PrecisionMode) -> Optional[float]:
     if calibration is None:
         return None
@@ -132,12 +102,14 @@ def decide(
     measured: Optional["Calibration"] = None,
     cached: bool = False,
     unmeasured: str = "",
+    when: str = "",
 ) -> PrecisionDecision:
     """The decision for ``config`` on ``device``. ``source`` is where a named
     precision came from; ``off_source``/``off_reason`` why reduced precision
     is off when ``config.enabled`` is False. ``auto`` takes ``measured`` (a
     calibration of this workload; ``cached`` when read from the host cache),
-    else the flag rule with ``unmeasured`` as the why-not. A precision the
+    else the flag rule with ``unmeasured`` as the why-not; ``when`` (e.g.
+    ``"decided at the first batch"``) leads an ``auto`` decision's reason. A precision the
     device cannot run follows ``config.on_unsupported`` (``error`` raises
     `UnsupportedPrecisionError`). ``precision.slow_on_device`` is logged only
     where a measurement says the named precision is slower than FP32."""
@@ -157,6 +129,8 @@ def decide(
             mode, rule = capability.auto_precision(device)
             src = Source.RULE
             reason = f"rule (not measured{': ' + unmeasured if unmeasured else ''}): {rule}"
+        if when:
+            reason = f"{when}: {reason}"
         decision = PrecisionDecision(mode, src, reason, requested, str(device), measured if src != Source.RULE else None)
         level = "info"
         log_once(log, f"auto:{device}:{src.value}:{mode.value}:{reason}", level, "precision.auto_selected",
@@ -176,6 +150,17 @@ def decide(
     elif support == Support.SLOW:
         reason += f"; the flag rule counts it as slow here (not measured): {capability.slow_reason(device, asked)}"
     return PrecisionDecision(asked, source, reason, requested, str(device), measured)
+
+
+def pending_auto(config: FP16TrainingConfig, device: Union[str, torch.device]) -> PrecisionDecision:
+    """The provisional decision of a trainer whose ``auto`` is measured at its
+    first batch (`genesis_fp16.trainer.FP16Trainer`), until that batch: the
+    device's flag rule, `Source.RULE`, its reason saying it is pending. Not
+    logged: the decision taken at the first batch is."""
+    device = torch.device(device)
+    mode, rule = capability.auto_precision(device)
+    return PrecisionDecision(mode, Source.RULE, f"pending: measured at the first batch; until then {rule}",
+                             config.requested_precision, str(device))
 
 
 def decide_precision(
@@ -202,9 +187,8 @@ def decide_precision(
         policy = resolve_policy(agent, settings, precision=precision, overrides=overrides)
     if not unmeasured and settings is not None and settings.auto_precision == AutoPrecision.RULE:
         unmeasured = "GENESIS_FP16_AUTO_PRECISION=rule"
-    sources = policy.sources
     return decide(
-        policy.config, device, source=_source_of(sources.get("precision", "settings")),
-        off_source=_source_of(sources.get("enabled", "settings")), off_reason=policy.reason if policy.reason != "settings and profile" else "",
+        policy.config, device, source=policy.origin("precision"),
+        off_source=policy.origin("enabled"), off_reason=policy.reason if policy.reason != "settings and profile" else "",
         measured=measured, cached=cached, unmeasured=unmeasured,
     )

@@ -7,7 +7,9 @@ argument says ``enabled=False``) and, over everything, the kill switch
 ``ENABLE_FP16_TRAINING=false``.
 The precision fields of the layers are merged as one dict and validated once
 as a `PrecisionConfig`. Each value records
-where it came from, for ``genesis-fp16 profiles show``.
+where it came from: in words for ``genesis-fp16 profiles show``
+(``sources``) and as a typed `Source` (``origins``), which
+`genesis_fp16.decision` reads.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Optional
 
 from .config import PRECISION_FIELDS, FP16TrainingConfig, precision_name, validate_precision
+from .modes import Source
 from .settings import Settings, load_settings
 
 @dataclass
@@ -31,6 +34,9 @@ class EffectivePolicy:
     sources: dict[str, str] = field(default_factory=dict)
     """Which layer set each value: field name -> `settings`, `profile:<where>`, `argument`,
     `ledger:<stage>` or the kill switch."""
+    origins: dict[str, Source] = field(default_factory=dict)
+    """The same per field, typed (`Source.SETTINGS`, ``PROFILE``, ``EXPLICIT``, ``LEDGER``,
+    ``KILL_SWITCH``): what a precision decision says it came from. A field not in it came from the settings."""
     stage: Optional[str] = None
     """The agent's rollout stage (`off`, `shadow`, `on`, `rolled_back`); None when the ledger has never seen it."""
     thresholds: dict[str, Any] = field(default_factory=dict)
@@ -56,11 +62,15 @@ class EffectivePolicy:
         """Stage ``shadow``: measure an FP32 reference beside the reduced-precision run."""
         return self.stage == "shadow" and self.config.enabled
 
+    def origin(self, key: str) -> Source:
+        """Where the value of ``key`` came from (`Source.SETTINGS` when no layer above the settings set it)."""
+        return self.origins.get(key, Source.SETTINGS)
+
     def as_dict(self) -> dict[str, Any]:
         """The fields as plain data (copies), with the derived ``precision``, ``requested`` and ``shadow``."""
         return {
             "agent": self.agent, "precision": self.precision, "requested": self.requested, "stage": self.stage,
-            "shadow": self.shadow, **asdict(self),
+            "shadow": self.shadow, **asdict(self), "origins": {key: source.value for key, source in self.origins.items()},
         }
 
 
@@ -93,6 +103,8 @@ def resolve_policy(
     sources = {key: "settings" for key in ("enabled", *PRECISION_FIELDS)}
     sources.update({key: f"profile:{origin}" for key, origin in profile["sources"].items()})
     sources.update({key: "argument" for key in explicit})
+    origins = {key: Source.PROFILE for key in profile["sources"]}
+    origins.update({key: Source.EXPLICIT for key in explicit})
 
     # trainer-config names, lowest layer first; the precision fields are merged
     # and validated as one PrecisionConfig, the rest (enabled, device, ...) taken as they are
@@ -112,6 +124,7 @@ def resolve_policy(
     if stage in ("off", "rolled_back"):
         values["enabled"] = False
         sources["enabled"] = f"ledger:{stage}"
+        origins["enabled"] = Source.LEDGER
         reason = f"rollout ledger stage is {stage}"
     elif stage in ("shadow", "on") and explicit.get("enabled", True):
         # an operator rolled this agent out: reduced precision is on unless an
@@ -119,12 +132,16 @@ def resolve_policy(
         if not values["enabled"]:
             values["enabled"] = True
             sources["enabled"] = f"ledger:{stage}"
+            origins["enabled"] = Source.LEDGER
         reason = f"rollout ledger stage is {stage}"
     if not settings.enable_fp16_training:
         values["enabled"] = False
         sources["enabled"] = "kill switch (ENABLE_FP16_TRAINING=false)"
+        origins["enabled"] = Source.KILL_SWITCH
         reason = "kill switch ENABLE_FP16_TRAINING=false"
     if not values["enabled"]:
         sources["precision"] = sources["enabled"]
+        origins["precision"] = origins.get("enabled", Source.SETTINGS)
     config = FP16TrainingConfig.from_precision_config(merged, **values)
-    return EffectivePolicy(agent=agent, config=config, sources=sources, stage=stage, thresholds=thresholds, reason=reason)
+    return EffectivePolicy(agent=agent, config=config, sources=sources, origins=origins, stage=stage, thresholds=thresholds,
+                           reason=reason)

@@ -10,15 +10,25 @@ optimizer step ``unscale_`` -> ``clip_grad_norm_`` -> ``optimizer_step``
 
 The precision is decided before the trainer exists (`genesis_fp16.decision`):
 the trainer takes a `PrecisionDecision` and runs its mode's plugin; it never
-reads settings or the ledger, never measures and never swaps its plugin
-(except `cast_model_to_fp16`, asked for by name). Without a decision, the
-config alone decides (`decision.decide`: ``auto`` by the device's flag rule).
+reads the ledger and never swaps its plugin (except `cast_model_to_fp16`,
+asked for by name). Without a decision, the config decides
+(`decision.decide`), with one exception, the seed API's ``auto``
+(``FP16Trainer(model, optimizer, FP16TrainingConfig(precision="auto"))``)
+under ``GENESIS_FP16_AUTO_PRECISION=measure`` (the default): the trainer
+defers the choice to its first batch (`training_step` or `train_window`),
+measures there on copies of the model and optimizer
+(`autotune.measured_auto`, the host cache first, as ``GuardedTraining``'s
+``sample`` does) and runs the decided precision's plugin from then on. Until
+that batch it runs the flag rule's choice, said to be provisional
+(`decision.pending_auto`; ``get_stats()["auto_pending"]``). With
+``GENESIS_FP16_AUTO_PRECISION=rule``, ``auto`` is the device's flag rule.
 Checkpoint save and restore live in `genesis_fp16.restore`.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 import time
 from collections.abc import Mapping
@@ -30,10 +40,10 @@ import torch
 from . import checkpoint as ckpt
 from . import restore
 from .config import FP16TrainingConfig
-from .decision import PrecisionDecision, decide
+from .decision import PrecisionDecision, decide, pending_auto
 from .precision import MODES, Precision
 from .restore import CHECKPOINT_WARNING_EVENT, ExtraCheck
-from .settings import PrecisionMode
+from .settings import AutoPrecision, PrecisionMode, Settings, load_settings
 from .telemetry import EventListener, get_logger
 from .window import WindowResult, run_window
 
@@ -58,10 +68,11 @@ class FP16Trainer:
     """Whether `train_window` may run its steps on the device (`genesis_fp16.window`); the distributed
     trainers keep the per-step path, where the ranks agree on a loss's finiteness."""
     measures_auto: ClassVar[bool] = True
-    """Whether ``precision="auto"`` may be decided by a measurement (`genesis_fp16.autotune`)
-    for this class: False for the distributed trainers, which keep the flag rule so that every
-    rank decides alike without a collective (the registry measures only for its single-process
-    ``auto`` entry, `registry.resolve_trainer`)."""
+    """Whether ``precision="auto"`` built without a decision may be decided by a measurement at
+    the first batch (`genesis_fp16.autotune`) for this class: the DDP trainer measures on rank 0
+    and sends every rank its decision; False for FSDP2, whose sharded model cannot be copied and
+    stepped on one rank alone: it keeps the flag rule. (The registry measures before the trainer
+    exists only for its single-process ``auto`` entry, `registry.resolve_trainer`.)"""
 
     def __init__(
         self,
@@ -83,8 +94,13 @@ class FP16Trainer:
         self.device = torch.device(self.config.device) if self.config.device else _infer_device(model)
         self.listeners: list[EventListener] = list(listeners or [])
         self._log = get_logger("genesis_fp16.trainer", trainer=name)
-        self.decision: PrecisionDecision = decision if decision is not None else decide(self.config, self.device)
-        """What this trainer trains in, where that came from and why (`genesis_fp16.decision`)."""
+        self._auto_at_first_batch: Optional[Settings] = None if decision is not None else self._defers_auto()
+        """The settings a seed-API ``auto`` measures under at its first batch; None once decided (or never deferred)."""
+        if decision is None:
+            decision = decide(self.config, self.device) if self._auto_at_first_batch is None else pending_auto(self.config, self.device)
+        self.decision: PrecisionDecision = decision
+        """What this trainer trains in, where that came from and why (`genesis_fp16.decision`); before a
+        deferred ``auto``'s first batch, the flag rule's provisional choice (`auto_pending`)."""
         self.precision: Precision = self.precision_plugins[self.decision.mode](self.device, self.config.precision_config)
         self.model = self.precision.convert_module(model)  # fp16-true casts the weights; others return it as is
         self.training_steps = 0  # optimizer steps attempted (skipped ones included)
@@ -96,6 +112,56 @@ class FP16Trainer:
         self._micro_in_window = 0
         self._started = time.perf_counter()
         self._last_scale = self.precision.scale
+
+    # -- a seed-API auto, decided at the first batch ---------------------------
+    def _defers_auto(self) -> Optional[Settings]:
+        """The settings to measure under when this trainer's ``auto`` waits for its first batch, else None."""
+        if not type(self).measures_auto or self.config.requested_precision != PrecisionMode.AUTO:
+            return None
+        settings = load_settings(check_names=False)
+        return settings if settings.auto_precision == AutoPrecision.MEASURE else None
+
+    @property
+    def auto_pending(self) -> bool:
+        """True while a seed-API ``auto`` waits for its first batch to measure on (it runs the rule's choice until then)."""
+        return self._auto_at_first_batch is not None
+
+    def _first_batch_decision(self, batch: Any, compute_loss_fn: Callable[[torch.nn.Module, Any], torch.Tensor],
+                              settings: Settings) -> PrecisionDecision:
+        """The decision a deferred ``auto`` takes on its first batch: `autotune.measured_auto` on copies (the host
+        cache's verdict for this workload, else a measurement written there), then `decision.decide`; the flag
+        rule, saying why, where the workload cannot be measured. The distributed trainer sends rank 0's to every rank."""
+        return self._measured_decision(self.model, batch, compute_loss_fn, settings, "decided at the first batch")
+
+    def _measured_decision(self, model: torch.nn.Module, batch: Any, compute_loss_fn: Callable[[torch.nn.Module, Any], torch.Tensor],
+                           settings: Settings, when: str) -> PrecisionDecision:
+        from .autotune import measured_auto
+
+        found = measured_auto(model, self.optimizer, batch, compute_loss_fn, device=self.device, settings=settings,
+                              config=self.config, name=self.name)
+        return decide(self.config, self.device, measured=found.calibration, cached=found.cached, unmeasured=found.why, when=when)
+
+    def _decide_at_first_batch(self, batch: Any, compute_loss_fn: Callable[[torch.nn.Module, Any], torch.Tensor]) -> None:
+        """Take the deferred decision on ``batch`` and run its precision's plugin (kept when the provisional one is
+        the same mode: a scaler state loaded from a checkpoint stays)."""
+        settings = self._auto_at_first_batch
+        assert settings is not None
+        decision = self._first_batch_decision(batch, compute_loss_fn, settings)
+        if decision.mode != self.decision.mode:
+            self.precision = self.precision_plugins[decision.mode](self.device, self.config.precision_config)
+            self.model = self.precision.convert_module(self.model)
+            self._last_scale = self.precision.scale
+        self.decision = decision
+        self._auto_at_first_batch = None
+
+    def _decide_at_first_of(self, batches: Iterable[Any],
+                            compute_loss_fn: Callable[[torch.nn.Module, Any], torch.Tensor]) -> Iterable[Any]:
+        """`_decide_at_first_batch` on the first of ``batches``; returns them all, that one included."""
+        rest = iter(batches)
+        for first in rest:
+            self._decide_at_first_batch(first, compute_loss_fn)
+            return itertools.chain((first,), rest)
+        return ()
 
     @property
     def calibration(self) -> Any:
@@ -148,7 +214,9 @@ class FP16Trainer:
 
     def training_step(self, batch: Any, compute_loss_fn: Callable[[torch.nn.Module, Any], torch.Tensor]) -> torch.Tensor:
         """Run ``compute_loss_fn(model, batch)`` under autocast and return the
-        loss."""
+        loss. A seed-API ``auto`` first decides its precision on this batch (the first one)."""
+        if self._auto_at_first_batch is not None:
+            self._decide_at_first_batch(batch, compute_loss_fn)
         if not self.model.training:
             # Only after someone switched the model to eval (validation, inference):
             # model.train() walks every submodule, about 2 us each, which is 1-2% of a
@@ -247,7 +315,9 @@ class FP16Trainer:
         left them. ``after_step(taken)`` runs after each step with a device
         flag (1.0 taken, 0.0 skipped). Runs the per-step path, saying why
         once, where a window cannot run on the device (not a fused optimizer,
-        a scheduler, accumulation)."""
+        a scheduler, accumulation). A seed-API ``auto`` decides on the first batch before the window starts."""
+        if self._auto_at_first_batch is not None:
+            batches = self._decide_at_first_of(batches, compute_loss_fn)
         return run_window(self, batches, compute_loss_fn, after_step)
 
     def _replay_window(self, result: WindowResult, scales: Optional[list[float]]) -> None:
@@ -307,7 +377,9 @@ class FP16Trainer:
         `nonfinite_losses` and `nonfinite_streak`, `samples_seen`,
         `samples_per_s`, `grad_accumulation_steps`, `auto_reason` (why
         ``auto`` runs what it runs; None when a precision was asked for by name),
-        and `decision` (`PrecisionDecision.as_dict`: precision, source, reason)."""
+        `decision` (`PrecisionDecision.as_dict`: precision, source, reason) and
+        `auto_pending` (True while a seed-API ``auto`` waits for its first batch:
+        `precision` and `decision` are then the flag rule's provisional choice)."""
         elapsed = time.perf_counter() - self._started
         return {
             "precision": self.precision.name,
@@ -328,6 +400,7 @@ class FP16Trainer:
             "grad_accumulation_steps": self.config.grad_accumulation_steps,
             "auto_reason": self.auto_reason,
             "decision": self.decision.as_dict(),
+            "auto_pending": self.auto_pending,
         }
 
     # -- precision casts ---------------------------------------------------------

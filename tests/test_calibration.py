@@ -208,15 +208,23 @@ def test_the_measurement_leaves_the_trajectory_and_the_rng_as_they_were(measure)
     assert torch.equal(runs["auto"][1], runs["bf16"][1])
 
 
-def test_the_trainer_never_measures_nor_swaps_its_plugin(measure):
-    # issue 37: the seed API decides auto by the device rule at construction, with no measurement and no ledger
+def test_the_seed_api_measures_once_at_its_first_batch_and_never_again(measure, monkeypatch):
+    # issue 45, item 4: the seed API's auto is measured on its first batch (tests/test_auto_first_batch.py); the
+    # plugin it decides there is the one it keeps, and no later batch measures or swaps it
     measure.set({"fp32": 1.0e-3, "bf16": 0.5e-3, "fp16": 5e-3})
     model = _mlp(16)
     trainer = FP16Trainer(model, torch.optim.Adam(model.parameters(), 1e-3), FP16TrainingConfig(precision="auto"))
-    plugin = trainer.precision
+    assert measure.calls == [] and trainer.auto_pending
+    _train(trainer, 1)
+    plugin, calls = trainer.precision, list(measure.calls)
+    assert calls and trainer.decision.source == Source.MEASURED and "first batch" in trainer.decision.reason
     _train(trainer, 3)
-    assert trainer.precision is plugin and measure.calls == [] and trainer.decision.source == Source.RULE
-    assert not hasattr(trainer, "calibrate") and not hasattr(trainer, "_adopt") and not hasattr(trainer, "calibration_pending")
+    assert trainer.precision is plugin and measure.calls == calls and trainer.precision.name == "bf16"
+    monkeypatch.setenv("GENESIS_FP16_AUTO_PRECISION", "rule")  # issue 37's seed API: the device rule, never measured
+    other = _mlp(16)
+    ruled = FP16Trainer(other, torch.optim.Adam(other.parameters(), 1e-3), FP16TrainingConfig(precision="auto"))
+    _train(ruled, 2)
+    assert ruled.decision.source == Source.RULE and measure.calls == calls
 
 
 def test_a_loss_that_trains_another_model_is_decided_by_the_rule_and_its_gradients_kept(monkeypatch, measure):

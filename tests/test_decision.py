@@ -12,7 +12,9 @@ import pytest
 import torch
 
 from genesis_fp16 import FP16Trainer, FP16TrainingConfig
+from genesis_fp16 import modes
 from genesis_fp16.decision import PrecisionDecision, Source, decide, decide_precision
+from genesis_fp16.policy import resolve_policy
 from genesis_fp16.precision import UnsupportedPrecisionError
 from genesis_fp16.precision import capability as C
 from genesis_fp16.precision.capability import Support
@@ -51,6 +53,23 @@ def test_each_source_is_named(state_dir, monkeypatch):
     assert killed.source == Source.KILL_SWITCH and killed.mode == PrecisionMode.FP32 and "ENABLE_FP16_TRAINING" in killed.reason
 
 
+def test_the_decision_reads_the_policys_typed_origin_not_its_words(state_dir, monkeypatch):
+    """issue 45, item 4: the request reaches the decision as one typed value (`EffectivePolicy.origins`), not as the
+    words `profiles show` prints, parsed back."""
+    assert modes.Source is Source  # torch-free, so that the policy can hold it
+    policy = resolve_policy("wm", load_settings(), precision="fp16")
+    assert policy.origin("precision") == Source.EXPLICIT and policy.origin("loss_scale") == Source.SETTINGS
+    assert policy.as_dict()["origins"] == {"precision": "explicit", "enabled": "explicit"}
+    policy.sources["precision"] = "kill switch (words for people only)"
+    assert decide_precision("wm", "cpu", policy=policy).source == Source.EXPLICIT
+    monkeypatch.setenv("ENABLE_FP16_TRAINING", "false")
+    killed = resolve_policy("wm", load_settings(), precision="bf16")
+    assert killed.origin("enabled") == killed.origin("precision") == Source.KILL_SWITCH
+    RolloutLedger.from_settings(load_settings()).disable("wm")
+    monkeypatch.delenv("ENABLE_FP16_TRAINING")
+    assert resolve_policy("wm", load_settings(), precision="bf16").origin("precision") == Source.LEDGER
+
+
 def test_a_precision_the_device_cannot_run_falls_back_upwards_or_raises(monkeypatch):
     monkeypatch.setattr(C, "device_support", lambda d, m: Support.NONE if m == PrecisionMode.BF16 else Support.NATIVE)
     fell = decide(FP16TrainingConfig(precision="bf16"), "cpu")
@@ -76,7 +95,9 @@ def test_the_registry_decides_before_the_trainer_and_the_trainer_keeps_it(state_
     assert built.trainer.get_stats()["decision"]["source"] == "rule"
 
 
-def test_the_seed_api_still_decides_auto_by_the_device_rule(monkeypatch):
+def test_the_seed_api_decides_auto_by_the_device_rule_under_the_rule_setting(monkeypatch):
+    # conftest sets GENESIS_FP16_AUTO_PRECISION=rule; under measure (the default) the seed API measures at its first
+    # batch (tests/test_auto_first_batch.py)
     monkeypatch.setattr(C, "cpu_flags", lambda: CPU_KINDS["avx2"])
     model = torch.nn.Linear(4, 2)
     trainer = FP16Trainer(model, torch.optim.SGD(model.parameters(), 0.1), FP16TrainingConfig(precision="auto"))

@@ -247,6 +247,36 @@ def ddp_scenarios(ctx: gd.DistContext, out: Path, res: dict[str, Any]) -> None:
     trainer = registry.trainer_for("dist-agent", model, opt, settings=settings)
     res["registry"] = {"cls": type(trainer).__name__, "precision": trainer.precision.name, "rank": trainer.rank}
 
+    # 7. a seed-API auto (issue 45, item 4): rank 0 measures at the first batch, every rank trains in its decision.
+    # Rank 0's injected timings say bf16 (1.5x fp32), rank 1's would say fp32 (0.5x): rank 1 must not measure.
+    from genesis_fp16 import calibration as cal
+
+    os.environ.update(GENESIS_FP16_AUTO_PRECISION="measure", GENESIS_FP16_PRECISION_CACHE=str(out / f"precision{rank}.json"))
+    table = {"fp32": 1e-3, "bf16": 1e-3 / (1.5 if rank == 0 else 0.5), "fp16": 1e-2}
+    timed: list[str] = []
+
+    def fake_time_step(mode: Any, run: Callable[[], None], steps: int, device: Any) -> float:
+        run()
+        timed.append(mode.value)
+        return table[mode.value]
+
+    cal.time_step = fake_time_step  # this worker process only
+    model, opt = make_model(dropout=0.2)
+    trainer = gd.DDPTrainer(model, opt, FP16TrainingConfig(precision="auto", loss_scale=1024.0), context=ctx)
+    pending = trainer.auto_pending
+    torch.manual_seed(5 + rank)
+    train(trainer, range(1), rank)
+    after_auto = torch.get_rng_state()
+    reference = gd.DDPTrainer(*make_model(dropout=0.2), config(trainer.precision.name), context=ctx)
+    torch.manual_seed(5 + rank)  # the same first step, asked for by name: the measurement changed no weight and no RNG
+    train(reference, range(1), rank)
+    res["auto_as_named"] = torch.equal(flat(dict(model.named_parameters())), flat(dict(reference.module.named_parameters())))
+    res["auto_rng_as_named"] = torch.equal(after_auto, torch.get_rng_state())
+    train(trainer, range(1, 4), rank)
+    res["auto"] = {"pending": pending, "precision": trainer.precision.name, "source": trainer.decision.source.value,
+                   "reason": trainer.decision.reason, "timed": len(timed), "steps": trainer.training_steps}
+    res["auto_params"] = flat(dict(model.named_parameters()))
+
 
 def test_ddp_two_ranks(tmp_path: Path) -> None:
     r0, r1 = spawn("ddp", tmp_path)
@@ -309,6 +339,15 @@ def test_ddp_two_ranks(tmp_path: Path) -> None:
 
     assert r0["registry"] == {"cls": "DDPTrainer", "precision": "bf16", "rank": 0}
     assert r1["registry"]["rank"] == 1
+
+    # a seed-API auto: rank 0 measured (its timings: bf16), rank 1 did not and trains in rank 0's decision
+    assert r0["auto"]["timed"] > 0 and r1["auto"]["timed"] == 0
+    for r in (r0, r1):
+        assert r["auto"]["pending"] is True and r["auto"]["steps"] == 4
+        assert r["auto_as_named"] is True and r["auto_rng_as_named"] is True
+        assert r["auto"]["precision"] == "bf16" and r["auto"]["source"] == "measured"
+        assert "first batch on rank 0" in r["auto"]["reason"]
+    assert torch.equal(r0["auto_params"], r1["auto_params"])
 
 
 # -- FSDP2 scenarios ----------------------------------------------------------------

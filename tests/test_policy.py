@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from genesis_fp16.modes import Source
 from genesis_fp16.policy import resolve_policy
 from genesis_fp16.registry import trainer_for
 from genesis_fp16.rollout import RolloutLedger
@@ -31,6 +32,7 @@ def test_profile_over_settings(state_dir, monkeypatch):
     pol = resolve_policy("wm")
     assert pol.config.precision == "bf16" and pol.sources["precision"].startswith("profile:")
     assert pol.config.loss_scale == 4096.0 and pol.sources["loss_scale"] == "settings"
+    assert pol.origin("precision") == Source.PROFILE and pol.origin("loss_scale") == Source.SETTINGS  # typed, as decided
     assert resolve_policy("other").config.precision == "fp16"  # other agents keep the global value
 
 
@@ -39,6 +41,7 @@ def test_argument_over_profile(state_dir):
     pol = resolve_policy("wm", precision="fp16", overrides={"growth_interval": 7})
     assert pol.config.precision == "fp16" and pol.sources["precision"] == "argument"
     assert pol.config.growth_interval == 7 and pol.sources["growth_interval"] == "argument"
+    assert pol.origin("precision") == pol.origin("growth_interval") == Source.EXPLICIT
 
 
 def test_explicit_precision_enables_over_profile_disable(state_dir):

@@ -12,20 +12,26 @@ wrapper; it overrides only the base trainer's hooks:
   it and skips. FSDP2 uses ``ShardedGradScaler`` (see `.fsdp`).
 * checkpoints: DDP writes one file (`.ddp`), FSDP2 a directory of DCP
   shards (`.dcp_io`).
+* a seed-API ``auto`` (built without a decision, ``measures_auto``: DDP):
+  rank 0 measures at the first batch, on copies of the unwrapped module and
+  the optimizer, and every rank takes its decision (`gather_json`), so all
+  ranks train in one precision. FSDP2 keeps the flag rule: its sharded model
+  cannot be copied and stepped on one rank alone.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import torch
 import torch.distributed as dist
 
-from ..decision import PrecisionDecision
+from ..decision import PrecisionDecision, decide
+from ..settings import Settings
 from ..telemetry import EventListener
 from ..trainer import FP16Trainer, FP16TrainingConfig
-from .launch import DistContext, init_distributed
+from .launch import DistContext, gather_json, init_distributed
 
 
 class DistributedTrainer(FP16Trainer):
@@ -35,7 +41,7 @@ class DistributedTrainer(FP16Trainer):
     supports_window = False  # every rank must agree on a skip: the per-step path's all-reduce of finiteness
 
     wrap_name = "distributed"
-    measures_auto = False  # every rank must pick alike: auto follows the flag rule here
+    measures_auto = False  # every rank must pick alike: the flag rule, unless a subclass measures on rank 0 (DDP)
 
     def __init__(
         self,
@@ -90,6 +96,22 @@ class DistributedTrainer(FP16Trainer):
     def _emit(self, event: str, level: str = "info", **fields: Any) -> None:
         fields.setdefault("rank", self.ctx.rank)
         super()._emit(event, level, **fields)
+
+    def _first_batch_decision(self, batch: Any, compute_loss_fn: Callable[[torch.nn.Module, Any], torch.Tensor],
+                              settings: Settings) -> PrecisionDecision:
+        """Rank 0 measures on copies of the unwrapped module (no collective runs in the copies) and sends its
+        decision to every rank (collective: every rank calls it at its first batch). A failure of rank 0's
+        measurement is the flag rule, sent alike, never a peer left waiting."""
+        when = "decided at the first batch on rank 0"
+        mine: Optional[PrecisionDecision] = None
+        if self.ctx.is_main:
+            try:
+                mine = self._measured_decision(self.module, batch, compute_loss_fn, settings, when)
+            except Exception as exc:  # the other ranks wait in the gather below
+                mine = decide(self.config, self.device, unmeasured=f"rank 0's measurement failed ({type(exc).__name__}: {exc})",
+                              when=when)
+        sent = gather_json(mine.as_dict() if mine is not None else None)[0]
+        return mine if mine is not None else PrecisionDecision.from_dict(sent)
 
     def _all_finite(self, loss: torch.Tensor) -> bool:
         # One small all-reduce per micro-step: every rank skips backward together.

@@ -24,6 +24,7 @@ class DDPTrainer(DistributedTrainer):
     filesystem all ranks see)."""
 
     wrap_name = "ddp"
+    measures_auto = True  # a seed-API auto: rank 0 measures at the first batch, every rank takes its decision
 
     def __init__(self, *args: Any, ddp_kwargs: Optional[dict[str, Any]] = None, **kwargs: Any) -> None:
         self._ddp_kwargs = dict(ddp_kwargs or {})
