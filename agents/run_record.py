@@ -160,17 +160,17 @@ class RunRecord:
         from genesis_fp16.decision import PrecisionDecision
         from genesis_fp16.threads import torch_threads
 
-        try:
+        try:  # read_manifest checked each field's type; what only the task can say (sizes) is checked here
             self.state = RunState.from_dict(manifest["state"])
             self.search = CMASearch.replay(manifest["search"])
+            self.real.restore(manifest)
+            actor = manifest.get("actor")
+            self.learners.actor = None if actor is None else np.asarray(actor, dtype=np.float64)
+            self.pool = [Candidate.from_dict(c) for c in manifest["pool"]]
+            self.generations = list(manifest["generations"])
+            self.obs_stats = ObsStats.from_dict(self.task.policy.obs_dim, manifest["obs_stats"])
         except (KeyError, TypeError, ValueError) as exc:
-            raise runs.RunError(f"run {self.run_id!r}: {exc}; the run cannot be resumed") from None
-        self.real.restore(manifest)
-        actor = manifest.get("actor")
-        self.learners.actor = None if actor is None else np.asarray(actor, dtype=np.float64)
-        self.pool = [Candidate.from_dict(c) for c in manifest["pool"]]
-        self.generations = list(manifest["generations"])
-        self.obs_stats = ObsStats.from_dict(self.task.policy.obs_dim, manifest["obs_stats"])
+            raise runs.RunError(f"{self.manifest_path}: {exc}; the run cannot be resumed") from None
         self.time.seconds.update(TimeShare(manifest["time"]).seconds)  # the object the evaluations already hold
         keys = ("started", "sessions", "world_model_checkpoint", "critic_checkpoint", "real_episodes", "decisions")
         self._manifest.update({k: manifest[k] for k in keys if k in manifest})
