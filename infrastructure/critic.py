@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import asyncio
 import copy
-import math
 import numbers
 import time
 from dataclasses import dataclass, field
@@ -280,37 +279,23 @@ class Critic(GuardedLearner):
         train, val = data.rows(order[n_val:]), data.rows(order[:n_val])
         next_act, val_next = policy_act[order[n_val:]], policy_act[order[:n_val]]
         stats = [s.to(self.device) for s in normaliser_stats(data, self.gamma)]
-        training = self.training
-        training.begin_call(prepare=lambda model: model.refit(*stats))
-        self.target.refit(*stats)  # the target's function kept, its units this call's
-        if not self.trained:
-            self._reset_target()
-        x_train = self.model.inputs(train.obs, train.act)
 
-        def batches() -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-            for _ in range(steps):  # lazily: each step's targets come from the target network as the step before left it
-                rows = torch.randint(len(train), (min(self.batch_size, len(train)),), generator=self._generator).to(self.device)
-                yield x_train[rows], self._targets(train, next_act, rows)
-                time.sleep(0)  # hand the GIL to the event loop
+        def batches() -> Iterator[tuple[torch.Tensor, torch.Tensor]]:  # made once prepare refitted the twins
+            self.target.refit(*stats)  # the target's function kept, its units this call's
+            if not self.trained:
+                self._reset_target()
+            x_train, n = self.model.inputs(train.obs, train.act), min(self.batch_size, len(train))
+            # lazily: each step's targets come from the target network as the step before left it
+            rows = (torch.randint(len(train), (n,), generator=self._generator).to(self.device) for _ in range(steps))
+            return ((x_train[r], self._targets(train, next_act, r)) for r in rows)
 
-        # windows of steps with nothing read back to the host; the target follows each step taken (masked on the
-        # device), and is made anew from restored weights (refitted by prepare) after a rollback
-        losses = training.train_windows(batches(), td_loss, after_step=self._polyak, after_rollback=self._reset_target).losses
-        rollbacks = len(training.rollbacks)
-        y_val = self._targets(val, val_next, torch.arange(len(val), device=self.device))
-        call = training.finish_call(partial(_val_loss, x=self.model.inputs(val.obs, val.act), y=y_val))
-        if len(training.rollbacks) != rollbacks:
-            self._reset_target()
-        self.model.train()
-        self.trained = True
-        checkpoint = str(self.save()) if save else None
-        healthy = call.decision is None or call.decision.action != "rollback"
-        if checkpoint is not None and self.guard is not None and healthy and call.val_loss is not None and math.isfinite(call.val_loss):
-            training.mark_good(checkpoint)
-        finite = [v for v in losses[-50:] if math.isfinite(v)]
-        report = CriticReport.from_call(call, steps=steps, train_loss=float(np.mean(finite)) if finite else float("nan"),
-                                        wall_s=time.perf_counter() - started, transitions=len(data), checkpoint=checkpoint,
-                                        device=str(self.device))
+        # the target follows each step taken (masked on the device), is made anew after a rollback, gives the held-out targets
+        report = self._guarded_call(
+            started, CriticReport, td_loss, prepare=lambda model: model.refit(*stats), batches=batches, save=save,
+            validation=lambda: partial(_val_loss, y=self._targets(val, val_next, torch.arange(len(val), device=self.device)),
+                                       x=self.model.inputs(val.obs, val.act)),
+            after_step=self._polyak, after_rollback=self._reset_target, steps=steps, transitions=len(data))
+        self.model.train()  # _val_loss left it in eval mode
         self._log.info("critic.trained", steps=steps, train_loss=report.train_loss, val_loss=report.val_loss,
                        precision=report.precision, skipped_steps=report.skipped_steps, rolled_back=report.rolled_back,
                        wall_s=round(report.wall_s, 3), transitions=len(data), device=report.device)

@@ -5,17 +5,15 @@ and this module as what a call does, step by step."""
 
 from __future__ import annotations
 
-import math
 import time
 from functools import partial
 from pathlib import Path
-from typing import Iterator, Optional, Protocol, Sequence
+from typing import Any, Callable, Iterator, Optional, Protocol, Sequence
 
-import numpy as np
 import torch
 
 from genesis_fp16 import checkpoint as ckpt
-from genesis_fp16.guarded import Guard, GuardedTraining
+from genesis_fp16.guarded import CallReport, Guard, GuardedTraining
 
 from .dynamics import check_checkpoint_extra
 from .ensemble import EnsembleDynamics, batch_rows, bootstrap, check_architecture, ensemble_loss, member_losses
@@ -33,11 +31,10 @@ class Trainee(Protocol):
     batch_size: int
     trained: bool
     _generator: torch.Generator
+    _guarded_call: Callable[..., TrainReport]  # GuardedLearner's
 
     @property
     def training(self) -> GuardedTraining: ...
-
-    def save(self, path: Optional[Path] = None) -> Path: ...
 
     def _dataset(self, trajectories: Sequence[Trajectory]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]: ...
 
@@ -50,52 +47,37 @@ def on_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
 
 
 def train_sync(wm: Trainee, trajectories: list[Trajectory], steps: int, save: bool) -> TrainReport:
-    """``steps`` optimizer steps of ``wm`` on ``trajectories`` (checked by the
-    caller), then the validation, the elites, the checkpoint and the report."""
+    """``steps`` optimizer steps of ``wm`` on ``trajectories`` (checked by the caller), then the validation, the
+    elites, the checkpoint and the report: the world model's parts of `GuardedLearner._guarded_call`."""
     started = time.perf_counter()
     x_tr, y_tr, x_val, y_val = (on_device(t, wm.device) for t in wm._dataset(trajectories))  # once per call
-    model, training = wm.model, wm.training
+    model = wm.model
+
+    def batches() -> Iterator[tuple[torch.Tensor, torch.Tensor]]:  # made once prepare fitted the normaliser
+        xn_tr, yn_tr = model.normalise_x(x_tr), model.normalise_y(y_tr)
+        n, members = len(xn_tr), model.members
+        # each member trains on its own bootstrap of this call's data (one network: the data as it is);
+        # indices come from the CPU generator, so every device draws the same batches
+        boot = bootstrap(n, members, wm._generator)
+        rows = (batch_rows(boot, n, members, wm.batch_size, wm._generator).to(wm.device, non_blocking=True) for _ in range(steps))
+        return ((xn_tr[r], yn_tr[r]) for r in rows)
+
+    def after_call(call: CallReport) -> dict[str, Any]:  # the inference gap and the elites
+        trainer, val_loss = wm.training.trainer, float(call.val_loss)  # type: ignore[arg-type]
+        inference_fp32, inference_gap = inference_gap_of(model, trainer, val_loss, x_val, y_val)
+        if wm.guard is not None and trainer.precision.name != "fp32":  # recorded where the canaries are
+            gap = {"val_loss": val_loss, "fp32_val_loss": inference_fp32, "gap": inference_gap}
+            wm.guard.ledger.record_quality_check(wm.agent, "inference_gap", gap, precision=trainer.precision.name)
+        model.eval()
+        with torch.no_grad():  # the elites: the members with the lowest FP32 validation loss
+            model.set_elites(member_losses(model, model.normalise_x(x_val), model.normalise_y(y_val)))
+        return {"inference_val_loss_fp32": inference_fp32, "inference_gap": inference_gap,
+                "member_val_loss": [float(v) for v in model.member_val_loss], "elites": model.elites}
+
     # the normaliser is fitted to this call's data, on the model, its FP32 reference and restored weights alike
-    training.begin_call(prepare=lambda m: m.fit_normaliser(x_tr, y_tr))
-    xn_tr, yn_tr = model.normalise_x(x_tr), model.normalise_y(y_tr)
-    n, members = len(xn_tr), model.members
-    # each member trains on its own bootstrap of this call's data (one network: the data as it is);
-    # indices come from the CPU generator, so every device draws the same batches
-    boot = bootstrap(n, members, wm._generator)
-
-    def batches() -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        for _ in range(steps):
-            rows = batch_rows(boot, n, members, wm.batch_size, wm._generator).to(wm.device, non_blocking=True)
-            yield xn_tr[rows], yn_tr[rows]
-            # Hand the GIL over now rather than at the interpreter's 5 ms forced
-            # switch: with tiny tensors this thread is mostly Python overhead,
-            # and the event loop should not wait for it.
-            time.sleep(0)
-
-    # windows of steps with nothing read back to the host inside one (genesis_fp16.window)
-    losses = training.train_windows(batches(), ensemble_loss).losses
-    finite = [v for v in losses[-50:] if math.isfinite(v)]
-    call = training.finish_call(partial(val_loss_of, x=x_val, y=y_val))
-    trainer = training.trainer
-    val_loss = float(call.val_loss)
-    inference_fp32, inference_gap = inference_gap_of(model, trainer, val_loss, x_val, y_val)
-    if wm.guard is not None and trainer.precision.name != "fp32":  # recorded where the canaries are
-        gap = {"val_loss": val_loss, "fp32_val_loss": inference_fp32, "gap": inference_gap}
-        wm.guard.ledger.record_quality_check(wm.agent, "inference_gap", gap, precision=trainer.precision.name)
-    model.eval()
-    with torch.no_grad():  # the elites: the members with the lowest FP32 validation loss
-        model.set_elites(member_losses(model, model.normalise_x(x_val), model.normalise_y(y_val)))
-    wm.trained = True
-    checkpoint = str(wm.save()) if save else None
-    healthy = call.decision is None or call.decision.action != "rollback"
-    if checkpoint is not None and wm.guard is not None and healthy and math.isfinite(val_loss):
-        training.mark_good(checkpoint)
-    return TrainReport.from_call(
-        call, train_loss=float(np.mean(finite)) if finite else float("nan"), steps=steps, wall_s=time.perf_counter() - started,
-        transitions=len(x_tr) + len(x_val), trajectories=len(trajectories), inference_val_loss_fp32=inference_fp32,
-        inference_gap=inference_gap, checkpoint=checkpoint, device=str(wm.device),
-        member_val_loss=[float(v) for v in model.member_val_loss], elites=model.elites,
-    )
+    return wm._guarded_call(started, TrainReport, ensemble_loss, prepare=lambda m: m.fit_normaliser(x_tr, y_tr), batches=batches,
+                            validation=lambda: partial(val_loss_of, x=x_val, y=y_val), save=save, after_call=after_call,
+                            steps=steps, transitions=len(x_tr) + len(x_val), trajectories=len(trajectories))
 
 
 def restore(wm: Trainee, path: Path) -> None:

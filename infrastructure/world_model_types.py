@@ -1,21 +1,23 @@
-"""What the world model reports after training and its validation
-measurements; what it needs of the rollback guard and the ledger is typed in
-``genesis_fp16.guarded`` (`Guard`, `QualityLedger`); the guard's verdict,
-carried as it is, is `genesis_fp16.judge.Verdict`."""
+"""What the world model reports after training and its validation measurements, and the guarded call the
+world model and the critic train through (`GuardedLearner._guarded_call`); what it needs of the rollback guard
+and the ledger is typed in ``genesis_fp16.guarded`` (`Guard`, `QualityLedger`); the guard's verdict, carried as
+it is, is `genesis_fp16.judge.Verdict`."""
 
 from __future__ import annotations
 
 import contextlib
 import copy
 import math
+import time
 from dataclasses import dataclass, field, fields
-from typing import Any, Optional, Union
+from typing import Any, Callable, Iterable, Iterator, Optional, Union
 
+import numpy as np
 import torch
 
 from genesis_fp16.decision import PrecisionDecision
 from genesis_fp16.device import DeviceArg, resolve_device
-from genesis_fp16.guarded_contract import RollbackSummary
+from genesis_fp16.guarded_contract import LossFn, RollbackSummary, ValFn
 from genesis_fp16.guarded import CallReport, Guard, GuardChoice, GuardedTraining, QualityLedger, Verdict, resolve_guard
 from genesis_fp16.names import check_agent_name
 from genesis_fp16.settings import Settings, load_settings
@@ -29,6 +31,12 @@ __all__ = ["Guard", "GuardedCallReport", "GuardedLearner", "ShadowGapLedger", "T
 
 ShadowGapLedger = QualityLedger
 """Where shadow-stage measurements go (``genesis_fp16.rollout.RolloutLedger``)."""
+
+
+def _handing_over(batches: Iterable[Any]) -> Iterator[Any]:
+    for batch in batches:  # the GIL handed to the event loop after each batch, not at the interpreter's 5 ms forced switch
+        yield batch
+        time.sleep(0)
 
 
 class GuardedLearner:
@@ -70,6 +78,30 @@ class GuardedLearner:
             self._training.decision = decision
             self._training._rebuild()
         return True
+
+    def _guarded_call(self, started: float, report: type[GuardedCallReport], loss_fn: LossFn, *, prepare: Callable[[torch.nn.Module], None],
+                      batches: Callable[[], Iterable[Any]], validation: Callable[[], ValFn], save: bool,
+                      after_step: Optional[Callable[[torch.Tensor], None]] = None, after_rollback: Optional[Callable[[], None]] = None,
+                      after_call: Callable[[CallReport], dict[str, Any]] = lambda call: {}, **fields: Any) -> Any:
+        """A `train()` call: `begin_call` with ``prepare``; ``batches()`` (made then) in windows of ``loss_fn``, ``after_step``
+        after each step taken, ``after_rollback`` after a rollback (there or in `finish_call`, with ``validation()`` made after
+        the steps); ``after_call(call)``'s fields; a checkpoint if ``save`` (marked good if healthy); ``report.from_call``."""
+        training = self.training
+        training.begin_call(prepare=prepare)
+        result = training.train_windows(_handing_over(batches()), loss_fn, after_step=after_step, after_rollback=after_rollback)
+        rollbacks = len(training.rollbacks)
+        call = training.finish_call(validation())
+        if after_rollback is not None and len(training.rollbacks) != rollbacks:
+            after_rollback()
+        fields.update(after_call(call))
+        self.trained = True
+        checkpoint = str(self.save()) if save else None
+        healthy = call.decision is None or call.decision.action != "rollback"
+        if checkpoint is not None and self.guard is not None and healthy and call.val_loss is not None and math.isfinite(call.val_loss):
+            training.mark_good(checkpoint)
+        finite = [v for v in result.losses[-50:] if math.isfinite(v)]
+        return report.from_call(call, train_loss=float(np.mean(finite)) if finite else float("nan"),
+                                wall_s=time.perf_counter() - started, checkpoint=checkpoint, device=str(self.device), **fields)
 
     @property
     def trainer(self) -> Optional[FP16Trainer]:
