@@ -98,7 +98,9 @@ def _help_all(ctx: typer.Context, value: bool) -> None:
     """--help-all: the help with every option, the rarely used ones (`ADVANCED`, hidden from --help) too, then exit."""
     if not value or ctx.resilient_parsing:
         return
-    hidden = [p for p in ctx.command.params if getattr(p, "hidden", False)]
+    from typer.core import TyperOption  # typer carries its own click: click.Option is not its base
+
+    hidden = [p for p in ctx.command.params if isinstance(p, TyperOption) and p.hidden]
     for p in hidden:  # shown for this one help text; the command object is shared by every invocation in a process
         p.hidden = False
     try:
@@ -175,7 +177,9 @@ def evolve(
 
     from .evolve_config import EVOLVE, EvolveConfig
 
-    # first: a value out of range is one line before anything is loaded or allocated
+    require("gymnasium", EVOLVE)  # first: a missing extra is one error line, before any output
+    require("cma", EVOLVE)
+    # then: a value out of range is one line before anything is loaded or allocated
     if torch_threads is not None and not 0 <= torch_threads <= 4096:
         raise fail(f"--torch-threads {torch_threads}: expected 0..4096 (torch CPU threads; 0: torch's default); pass a value in that range")
     config = EvolveConfig(**options)
@@ -195,8 +199,6 @@ def evolve(
     tensorboard = tensorboard if tensorboard is not None else settings.tensorboard_dir
     if tensorboard is not None:
         check_available()
-    require("gymnasium", EVOLVE)  # before any output: a missing extra is one error line
-    require("cma", EVOLVE)
     try:
         if resume is None:
             config = config.resolve()[0]  # the task checked (env id, spaces, target) before any output

@@ -18,7 +18,7 @@ from genesis_fp16.settings import PrecisionMode
 
 from .evaluation import BACKENDS
 from .manifest_fields import (
-    MANIFEST_VERSION, RESUME_FIELDS, UNRESUMABLE, ManifestFieldError, RunError, check_fields, is_int, is_number, is_numbers,
+    MANIFEST_VERSION, Manifest, RESUME_FIELDS, UNRESUMABLE, ManifestFieldError, RunError, check_fields, is_int, is_number, is_numbers,
 )
 from .tasks import ResolvedTask, Task, TaskError, get_task
 
@@ -364,7 +364,7 @@ def resumed_config(
 ) -> EvolveConfig:
     """The run's own config, with the budgets, workers and backend the caller may change. A field a resume needs that
     is missing, or a saved option out of range, is a `RunError` naming the manifest file and the field."""
-    where = getattr(manifest, "path", None) or f"run {manifest.get('run_id')!r}'s manifest"
+    where = (manifest.path if isinstance(manifest, Manifest) else None) or f"run {manifest.get('run_id')!r}'s manifest"
     run_id = manifest.get("run_id")
     if int(manifest.get("version") or 0) < MANIFEST_VERSION:
         raise RunError(

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 from typing import Any, Optional, Sequence
 
 MANIFEST_VERSION = 3  # 3: one CMA-ES carries the population, a critic refines it (2: raced evaluations, probe search)
@@ -79,3 +80,10 @@ def check_fields(data: Any, checks: dict[str, tuple[Any, str]], *, required: Seq
     for name, (ok, expected) in checks.items():
         if name in data and not ok(data[name]):
             raise ManifestFieldError(name, data[name], expected)
+
+
+class Manifest(dict):  # type: ignore[type-arg]
+    """A run manifest as read: the dict, and ``path``, the file it was read
+    from (for errors that name it)."""
+
+    path: Optional[Path] = None

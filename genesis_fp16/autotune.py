@@ -42,9 +42,7 @@ LossFn = Callable[[torch.nn.Module, Any], torch.Tensor]
 
 
 def _copy_trainer(model: torch.nn.Module, optimizer: torch.optim.Optimizer, config: FP16TrainingConfig,
-                  device: torch.device, mode: PrecisionMode, name: str) -> Any:
-    from .trainer import FP16Trainer
-
+                  device: torch.device, mode: PrecisionMode, name: str, trainer_cls: Callable[..., Any]) -> Any:
     try:
         model, optimizer = copy.deepcopy((model, optimizer))  # one memo: the copy's optimizer holds the copy's parameters
     except Exception as exc:
@@ -52,14 +50,17 @@ def _copy_trainer(model: torch.nn.Module, optimizer: torch.optim.Optimizer, conf
     optimizer.zero_grad(set_to_none=True)
     config = dataclasses.replace(config, precision=mode.value, enabled=True, device=str(device))
     decision = PrecisionDecision(mode, Source.EXPLICIT, "a calibration copy", mode, str(device))
-    return FP16Trainer(model, optimizer, config, name=f"{name}.calibration.{mode.value}", decision=decision)
+    return trainer_cls(model, optimizer, config, name=f"{name}.calibration.{mode.value}", decision=decision)
 
 
 def measure_auto(
     model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: Any, loss_fn: LossFn, *,
-    device: Union[str, torch.device, None] = None, config: Optional[FP16TrainingConfig] = None, name: str = "auto",
+    trainer_cls: Callable[..., Any], device: Union[str, torch.device, None] = None, config: Optional[FP16TrainingConfig] = None,
+    name: str = "auto",
 ) -> cal.Calibration:
-    """Measure now what ``auto`` picks for this workload, on copies: the
+    """Measure now what ``auto`` picks for this workload, on copies trained by
+    ``trainer_cls`` (`FP16Trainer`: passed in, since the trainer measures a
+    deferred ``auto`` through this module and it cannot import the trainer): the
     model, its optimizer, their gradients and the RNGs are left as they were;
     no cache is read or written. Raises `CalibrationUnavailable` where the
     workload cannot be measured (a model that cannot be copied, a loss that
@@ -83,7 +84,7 @@ def measure_auto(
     copies: dict[PrecisionMode, Any] = {}
     try:
         with cal.preserved_rng(device):
-            copies = {m: _copy_trainer(model, optimizer, config, device, m, name) for m in cal.candidates(device)}
+            copies = {m: _copy_trainer(model, optimizer, config, device, m, name, trainer_cls) for m in cal.candidates(device)}
             seconds, losses, failed, rounds = cal.measure(
                 {m: runner(t) for m, t in copies.items()},
                 {m: (lambda t=t: cal.final_loss(t.model, batch, loss_fn)) for m, t in copies.items()},
@@ -125,7 +126,7 @@ def cached_calibration(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
 
 
 def measured_auto(
-    model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: Any, loss_fn: LossFn, *,
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: Any, loss_fn: LossFn, *, trainer_cls: Callable[..., Any],
     device: Union[str, torch.device, None] = None, settings: Optional[Settings] = None,
     config: Optional[FP16TrainingConfig] = None, name: str = "auto",
 ) -> Measurement:
@@ -138,7 +139,7 @@ def measured_auto(
     if found is not None:
         return Measurement(found, cached=True)
     try:
-        result = measure_auto(model, optimizer, batch, loss_fn, device=device, config=config, name=name)
+        result = measure_auto(model, optimizer, batch, loss_fn, trainer_cls=trainer_cls, device=device, config=config, name=name)
     except cal.CalibrationUnavailable as exc:
         return Measurement(None, why=str(exc))
     try:

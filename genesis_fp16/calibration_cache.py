@@ -10,7 +10,7 @@ directory or a socket is refused before it is opened, and it is opened with
 ``NaN``, no number too large to be finite), nested at most `MAX_DEPTH`
 deep, with our format marker. Anything else reads as no decisions, with one
 warning (``precision.cache_unreadable``) naming the file and what is wrong.
-Each entry is then checked by `genesis_fp16.calibration.parse_record`: its
+Each entry is then checked by `genesis_fp16.calibration_record.parse_record`: its
 key the hash of its workload, its workload this one, its verdict what
 today's rule takes from its own figures; an entry that fails is absent
 (``precision.cache_entry_ignored``) and the workload is measured again.
@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any, Optional, Union
 
 from . import calibration as cal
+from . import calibration_record
 from .checkpoint import atomic_write_text
 from .telemetry import get_logger, log_once
 
@@ -239,8 +240,8 @@ class PrecisionCache:
     @staticmethod
     def _entry(key: str, record: Any, described: Optional[dict[str, Any]] = None) -> tuple[Optional[cal.Calibration], str]:
         try:
-            return cal.parse_record(record, key=key, described=described), ""
-        except cal.RecordError as exc:
+            return calibration_record.parse_record(record, key=key, described=described), ""
+        except calibration_record.RecordError as exc:
             return None, "" if exc.stale else f"{str(key)[:64]!r}: {exc}"
 
     @staticmethod

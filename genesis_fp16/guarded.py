@@ -26,11 +26,8 @@ verdict, from its rule to the reports, is `genesis_fp16.judge.Verdict`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, Optional, Union
-
-import itertools
+from typing import Any, Callable, Iterable, Optional, Union
 
 import torch
 
@@ -38,18 +35,8 @@ from . import registry
 from .canary import CANARY_SUFFIX, SHADOW_SUFFIX, fp32_reference
 from .decision import PrecisionDecision
 from .guarded_contract import (
-    DEFAULT_GUARD,
-    UNGUARDED,
-    CallReport,
-    Guard,
-    GuardChoice,
-    LoadFn,
-    LossFn,
-    QualityLedger,
-    Reference,
-    SaveFn,
-    ValFn,
-    resolve_guard,
+    DEFAULT_GUARD, UNGUARDED, CallReport, Guard, GuardChoice, LoadFn, LossFn, QualityLedger, Reference, SaveFn, ValFn, _Call,
+    record_training, resolve_guard,
 )
 from .judge import Verdict
 from .names import check_agent_name
@@ -57,28 +44,14 @@ from .policy import EffectivePolicy, resolve_policy
 from .registry import Sample
 from .rollout import RolloutLedger, Stage
 from .settings import Settings, load_settings
-from .telemetry import get_logger, log_once
+from .telemetry import get_logger
 from .trainer import FP16Trainer
-from .window import WindowResult
+from .window import WINDOW_STEPS, WindowResult, guarded_windows
 
 __all__ = [
     "DEFAULT_GUARD", "UNGUARDED", "CallReport", "Guard", "GuardChoice", "GuardedTraining", "LoadFn", "LossFn",
     "QualityLedger", "Reference", "SaveFn", "Sample", "ValFn", "Verdict", "resolve_guard",
 ]
-
-
-WINDOW_STEPS = 16
-"""Steps per training window (`GuardedTraining.train_windows`): one read back to the host per 16 steps, and a storm
-judged (and rolled back) at most 15 steps after the per-step path would have."""
-
-
-@dataclass
-class _Call:
-    skipped_from: int
-    report: CallReport
-    reference: Optional[Reference] = None
-    skipped_before: int = 0
-    prepare: Optional[Callable[[torch.nn.Module], None]] = None
 
 
 def _restore_weights(trainer: FP16Trainer, path: Path) -> None:
@@ -320,17 +293,23 @@ class GuardedTraining:
         reference = self._call.reference if self._call is not None else None
         if reference is not None:
             reference.trainer.backward_and_step(reference.trainer.training_step(batch, loss_fn))
-        trip = self.guard.tripped if self.guard is not None else None
-        if trip is not None and trip is not self._handled:
-            self._roll_back(trip)
-            if self._call is not None:
-                if self._call.prepare is not None:
-                    self._call.prepare(self.model)  # the restored weights train on this call's data
-                self._call.reference = None  # FP32 now: a reference adds nothing
-        elif stepped and trainer.training_steps > before and self.checkpoint_every and trainer.training_steps % self.checkpoint_every == 0:
-            if self.guard is not None:
-                self.save_good_checkpoint()
+        if not self._handle_trip() and stepped and trainer.training_steps > before and self.checkpoint_every \
+                and trainer.training_steps % self.checkpoint_every == 0 and self.guard is not None:
+            self.save_good_checkpoint()
         return stepped
+
+    def _handle_trip(self) -> bool:
+        """Roll back a P0 trip not handled yet; the restored weights train on this call's data (its ``prepare``),
+        with no reference (FP32 now). True when it rolled back."""
+        trip = self.guard.tripped if self.guard is not None else None
+        if trip is None or trip is self._handled:
+            return False
+        self._roll_back(trip)
+        if self._call is not None:
+            if self._call.prepare is not None:
+                self._call.prepare(self.model)
+            self._call.reference = None
+        return True
 
     def train(self, batches: Iterable[Any], loss_fn: LossFn) -> int:
         """`step` over ``batches``; returns how many steps were not skipped."""
@@ -348,42 +327,7 @@ class GuardedTraining:
         weights in FP32 (``after_rollback()`` is called then). The call's FP32
         reference trains each window's batches. Returns every step's loss and
         whether it was taken, over all windows."""
-        if window < 1:
-            raise ValueError(f"GuardedTraining.train_windows: window={window}; expected a positive number of steps")
-        it, out = iter(batches), WindowResult()
-        while True:
-            self._ensure_good_checkpoint()
-            taken: list[Any] = []
-
-            def feed() -> Iterator[Any]:
-                for batch in itertools.islice(it, window):
-                    taken.append(batch)
-                    yield batch
-
-            trainer = self.trainer
-            before = trainer.training_steps
-            result = trainer.train_window(feed(), loss_fn, after_step)
-            if not result.steps:
-                return out
-            out.steps, out.skipped = out.steps + result.steps, out.skipped + result.skipped
-            out.losses += result.losses
-            out.stepped += result.stepped
-            out.eager = out.eager or result.eager
-            self.last_loss = torch.tensor(result.losses[-1])
-            reference = self._call.reference if self._call is not None else None
-            if reference is not None:
-                reference.trainer.train_window(taken, loss_fn)
-            trip = self.guard.tripped if self.guard is not None else None
-            if trip is not None and trip is not self._handled:
-                self._roll_back(trip)
-                if self._call is not None:
-                    if self._call.prepare is not None:
-                        self._call.prepare(self.model)  # the restored weights train on this call's data
-                    self._call.reference = None  # FP32 now: a reference adds nothing
-                if after_rollback is not None:
-                    after_rollback()
-            elif self.checkpoint_every and self.guard is not None and trainer.training_steps // self.checkpoint_every > before // self.checkpoint_every:
-                self.save_good_checkpoint()
+        return guarded_windows(self, batches, loss_fn, window, after_step, after_rollback)
 
     def finish_call(self, val_fn: Optional[ValFn] = None) -> CallReport:
         """End the call: the validation losses (``val_fn`` on the model and on
@@ -415,23 +359,8 @@ class GuardedTraining:
         report.precision_decision = self.decision
         report.skipped_steps = call.skipped_before + self.trainer.skipped_steps - call.skipped_from
         self._call = None
-        self._record_training(report)
+        record_training(self.ledger, self.agent, report, self._log)
         return report
-
-    def _record_training(self, report: CallReport) -> None:
-        """The call's outcome in the ledger (kind ``training``): `rollout status` shows every agent that trained,
-        with its precision, where that came from and how its last training went. A ledger that cannot be
-        written (read-only, full disk) costs the record, not the training."""
-        from .rollout import LedgerError
-
-        decision = self.decision
-        metrics = {"skipped_steps": report.skipped_steps, "val_loss": report.val_loss,
-                   "source": decision.source.value if decision is not None else None,
-                   "outcome": f"rolled back: {report.rollback_reason}" if report.rolled_back else "healthy"}
-        try:
-            self.ledger.record_quality_check(self.agent, "training", metrics, precision=report.precision, alarm=report.rolled_back)
-        except LedgerError as exc:
-            log_once(self._log, f"training_unrecorded:{self.agent}", "warning", "guarded.training_unrecorded", error=str(exc))
 
     def run(self, batches: Iterable[Any], loss_fn: LossFn, val_fn: Optional[ValFn] = None) -> CallReport:
         """One training call over ``batches``: `begin_call`, `step` each, `finish_call(val_fn)`."""
@@ -452,17 +381,15 @@ class GuardedTraining:
         """``guard.check(trainer, **kwargs)`` (P1/P2: ``val_loss``,
         ``fp32_val_loss``, ``throughput_ratio``, ``reference``); a rollback is
         handled as in `step` before this returns."""
-        guard = self._require_guard("check")
-        decision = guard.check(self.trainer, **kwargs)
-        if decision.action == "rollback":
-            self._roll_back(decision)
-        return decision
+        return self._judged(self._require_guard("check").check(self.trainer, **kwargs))
 
     def check_policy_canary(self, **gap: float) -> Verdict:
         """``guard.check_policy_canary(trainer, kl=..., max_logp_delta=...,
         max_value_delta=...)`` (a policy's canary on a held batch); a confirmed
         alarm is rolled back as in `step`."""
-        decision = self._require_guard("check_policy_canary").check_policy_canary(self.trainer, **gap)
+        return self._judged(self._require_guard("check_policy_canary").check_policy_canary(self.trainer, **gap))
+
+    def _judged(self, decision: Verdict) -> Verdict:
         if decision.action == "rollback":
             self._roll_back(decision)
         return decision

@@ -160,3 +160,29 @@ def resolve_guard(owner: str, agent: str, guard: Union[Guard, GuardChoice], sett
     return guard
 
 
+@dataclass
+class _Call:
+    """One training call's bookkeeping in `GuardedTraining` (begin_call ... finish_call)."""
+
+    skipped_from: int
+    report: CallReport
+    reference: Optional[Reference] = None
+    skipped_before: int = 0
+    prepare: Optional[Callable[[torch.nn.Module], None]] = None
+
+
+def record_training(ledger: QualityLedger, agent: str, report: CallReport, log: Any) -> None:
+    """A training call's outcome in the ledger (kind ``training``): `rollout status` shows every agent that trained,
+    with its precision, where that came from and how its last training went. A ledger that cannot be written
+    (read-only, full disk) costs the record, not the training."""
+    from .rollout import LedgerError
+    from .telemetry import log_once
+
+    decision = report.precision_decision
+    metrics = {"skipped_steps": report.skipped_steps, "val_loss": report.val_loss,
+               "source": decision.source.value if decision is not None else None,
+               "outcome": f"rolled back: {report.rollback_reason}" if report.rolled_back else "healthy"}
+    try:
+        ledger.record_quality_check(agent, "training", metrics, precision=report.precision, alarm=report.rolled_back)
+    except LedgerError as exc:
+        log_once(log, f"training_unrecorded:{agent}", "warning", "guarded.training_unrecorded", error=str(exc))

@@ -221,7 +221,9 @@ def decide_for(
         elif sample is None:
             why = "no sample batch was given to measure on"
         else:
-            found = autotune.measured_auto(model, optimizer, sample[0], sample[1], device=device, settings=settings,
+            from .trainer import FP16Trainer
+
+            found = autotune.measured_auto(model, optimizer, sample[0], sample[1], trainer_cls=FP16Trainer, device=device, settings=settings,
                                            config=policy.config, name=agent)
             measured, cached, why = found.calibration, found.cached, found.why
     elif requested != PrecisionMode.FP32 and sample is not None:

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import math
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -137,7 +136,7 @@ class FP16Trainer:
                            settings: Settings, when: str) -> PrecisionDecision:
         from .autotune import measured_auto
 
-        found = measured_auto(model, self.optimizer, batch, compute_loss_fn, device=self.device, settings=settings,
+        found = measured_auto(model, self.optimizer, batch, compute_loss_fn, trainer_cls=FP16Trainer, device=self.device, settings=settings,
                               config=self.config, name=self.name)
         return decide(self.config, self.device, measured=found.calibration, cached=found.cached, unmeasured=found.why, when=when)
 
@@ -319,31 +318,6 @@ class FP16Trainer:
         if self._auto_at_first_batch is not None:
             batches = self._decide_at_first_of(batches, compute_loss_fn)
         return run_window(self, batches, compute_loss_fn, after_step)
-
-    def _replay_window(self, result: WindowResult, scales: Optional[list[float]]) -> None:
-        """The counters and events of a window's steps, in order, from what it read back once."""
-        threshold = self.config.nonfinite_streak_threshold
-        for i, (loss, stepped) in enumerate(zip(result.losses, result.stepped)):
-            self.micro_steps += 1
-            self.training_steps += 1
-            if not math.isfinite(loss):
-                self.nonfinite_losses += 1
-                self.nonfinite_streak += 1
-                self._emit("trainer.step_skipped", "warning", reason="nonfinite_loss", step=self.training_steps, loss=loss,
-                           nonfinite_losses=self.nonfinite_losses, streak=self.nonfinite_streak)
-                if self.nonfinite_streak == threshold:
-                    self._emit("trainer.nonfinite_streak", "error", streak=self.nonfinite_streak, step=self.training_steps)
-                continue
-            self.nonfinite_streak = 0
-            if scales is not None and scales[i] != self._last_scale:
-                self._emit("trainer.scale_changed", "info" if stepped else "warning", old_scale=self._last_scale, new_scale=scales[i],
-                           step=self.training_steps)
-                self._last_scale = scales[i]
-            if not stepped:
-                self.overflow_steps += 1
-                self._emit("trainer.step_skipped", "warning", reason="overflow", step=self.training_steps,
-                           overflow_steps=self.overflow_steps, overflow_rate=self.overflow_rate)
-        self.precision.window_done(scales[-1] if scales else None)
 
     def train_batches(
         self, batches: Iterator[Any], compute_loss_fn: Callable[[torch.nn.Module, Any], torch.Tensor]

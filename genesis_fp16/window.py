@@ -27,13 +27,17 @@ batches and says why once (``trainer.window_eager``).
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Optional
+from typing import Any, Callable, Iterable, Iterator, Optional
 
 import torch
 
 LossFn = Callable[[torch.nn.Module, Any], torch.Tensor]
+WINDOW_STEPS = 16
+"""Steps per training window (`GuardedTraining.train_windows`): one read back to the host per 16 steps, and a storm
+judged (and rolled back) at most 15 steps after the per-step path would have."""
 StepHook = Callable[[torch.Tensor], None]
 """Called after each step with a device flag, 1.0 when the step was taken and 0.0 when skipped (e.g. a target network's
 Polyak update, masked by it)."""
@@ -110,9 +114,35 @@ def run_window(trainer: Any, batches: Iterable[Any], loss_fn: LossFn, after_step
     read = torch.stack(losses + flags + (scales or [])).tolist()  # the window's one read
     result = WindowResult(steps=k, losses=read[:k])
     result.stepped = [f == 0.0 for f in read[k:2 * k]]
-    trainer._replay_window(result, read[2 * k:] if scales is not None else None)
+    replay(trainer, result, read[2 * k:] if scales is not None else None)
     result.skipped = result.stepped.count(False)
     return result
+
+
+def replay(trainer: Any, result: WindowResult, scales: Optional[list[float]]) -> None:
+    """The counters and events of a window's steps, in order, from what it read back once."""
+    threshold = trainer.config.nonfinite_streak_threshold
+    for i, (loss, stepped) in enumerate(zip(result.losses, result.stepped)):
+        trainer.micro_steps += 1
+        trainer.training_steps += 1
+        if not math.isfinite(loss):
+            trainer.nonfinite_losses += 1
+            trainer.nonfinite_streak += 1
+            trainer._emit("trainer.step_skipped", "warning", reason="nonfinite_loss", step=trainer.training_steps, loss=loss,
+                       nonfinite_losses=trainer.nonfinite_losses, streak=trainer.nonfinite_streak)
+            if trainer.nonfinite_streak == threshold:
+                trainer._emit("trainer.nonfinite_streak", "error", streak=trainer.nonfinite_streak, step=trainer.training_steps)
+            continue
+        trainer.nonfinite_streak = 0
+        if scales is not None and scales[i] != trainer._last_scale:
+            trainer._emit("trainer.scale_changed", "info" if stepped else "warning", old_scale=trainer._last_scale, new_scale=scales[i],
+                       step=trainer.training_steps)
+            trainer._last_scale = scales[i]
+        if not stepped:
+            trainer.overflow_steps += 1
+            trainer._emit("trainer.step_skipped", "warning", reason="overflow", step=trainer.training_steps,
+                       overflow_steps=trainer.overflow_steps, overflow_rate=trainer.overflow_rate)
+    trainer.precision.window_done(scales[-1] if scales else None)
 
 
 def _eager(trainer: Any, batches: Iterable[Any], loss_fn: LossFn, after_step: Optional[StepHook], why: str) -> WindowResult:
@@ -140,3 +170,39 @@ def fused_adam(params: Iterable[torch.nn.Parameter], lr: float, device: torch.de
 
     fused = torch.device(device).type in _get_fused_kernels_supported_devices()
     return torch.optim.Adam(params, lr=lr, fused=fused or None)
+
+
+def guarded_windows(training: Any, batches: Iterable[Any], loss_fn: LossFn, window: int, after_step: Optional[StepHook],
+                    after_rollback: Optional[Callable[[], None]]) -> WindowResult:
+    """`GuardedTraining.train_windows` (``training``: not imported here, it imports this module): the batches in
+    windows on its trainer, its FP32 reference on each window's batches, a trip rolled back at the window's end."""
+    if window < 1:
+        raise ValueError(f"GuardedTraining.train_windows: window={window}; expected a positive number of steps")
+    it, out = iter(batches), WindowResult()
+    while True:
+        training._ensure_good_checkpoint()
+        taken: list[Any] = []
+
+        def feed() -> Iterator[Any]:
+            for batch in itertools.islice(it, window):
+                taken.append(batch)
+                yield batch
+
+        trainer = training.trainer
+        before = trainer.training_steps
+        result = trainer.train_window(feed(), loss_fn, after_step)
+        if not result.steps:
+            return out
+        out.steps, out.skipped, out.eager = out.steps + result.steps, out.skipped + result.skipped, out.eager or result.eager
+        out.losses += result.losses
+        out.stepped += result.stepped
+        training.last_loss = torch.tensor(result.losses[-1])
+        reference = training._call.reference if training._call is not None else None
+        if reference is not None:
+            reference.trainer.train_window(taken, loss_fn)
+        if training._handle_trip():
+            if after_rollback is not None:
+                after_rollback()
+        elif training.checkpoint_every and training.guard is not None \
+                and trainer.training_steps // training.checkpoint_every > before // training.checkpoint_every:
+            training.save_good_checkpoint()

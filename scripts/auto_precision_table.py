@@ -186,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
         picks, costs = [], []
         for _ in range(args.repeats):
             m = copy.deepcopy(model)
-            result = measure_auto(m, make_opt(m), batch, loss_fn, device=device, config=FP16TrainingConfig(precision="auto", device=str(device)),
+            result = measure_auto(m, make_opt(m), batch, loss_fn, trainer_cls=FP16Trainer, device=device, config=FP16TrainingConfig(precision="auto", device=str(device)),
                                   name="table-auto")
             picks.append(result.precision)
             costs.append(result.cost_s)

@@ -24,6 +24,7 @@ from typer.testing import CliRunner
 
 from genesis_fp16 import FP16Trainer, FP16TrainingConfig
 from genesis_fp16 import calibration as cal
+from genesis_fp16 import calibration_record
 from genesis_fp16.autotune import PrecisionCache, measure_auto, measured_auto
 from genesis_fp16.cli import app
 from genesis_fp16.decision import Source
@@ -97,7 +98,8 @@ def _mse(model: torch.nn.Module, batch) -> torch.Tensor:
 
 
 def _measure(model: torch.nn.Module, batch=None) -> cal.Calibration:
-    return measure_auto(model, torch.optim.Adam(model.parameters(), 1e-3), batch if batch is not None else _batch(), _mse)
+    return measure_auto(model, torch.optim.Adam(model.parameters(), 1e-3), batch if batch is not None else _batch(), _mse,
+                        trainer_cls=FP16Trainer)
 
 
 def _guarded(model: torch.nn.Module, agent: str = "wm", **kwargs) -> GuardedTraining:
@@ -267,7 +269,7 @@ def test_a_decision_is_reused_until_the_workload_changes(measure):
     assert len(measure.calls) == timed and again.trainer.precision.name == "bf16" and again.decision.source == Source.CACHED
     assert [e["source"] for e in logs if e["event"] == "precision.auto_selected"] == ["cached"]
     model = _mlp(32)
-    measured_auto(model, torch.optim.Adam(model.parameters()), _batch(n=64), _mse)  # another batch shape: measured again
+    measured_auto(model, torch.optim.Adam(model.parameters()), _batch(n=64), _mse, trainer_cls=FP16Trainer)  # another batch shape: measured again
     assert len(measure.calls) > timed
     assert len(PrecisionCache.from_settings().all()) == 2
 
@@ -303,9 +305,9 @@ def test_the_record_round_trips_through_json(measure):
     measure.set({"fp32": 1.0e-3, "bf16": 0.5e-3, "fp16": 5e-3})
     result = _measure(_mlp(32))
     record = json.loads(json.dumps(result.as_record()))
-    assert cal.Calibration.from_record(record) == result
-    assert cal.Calibration.from_record({**record, "extra": 1}) is None
-    assert cal.Calibration.from_record({**record, "speed": {"fp32": "fast"}}) is None
+    assert calibration_record.from_record(record) == result
+    assert calibration_record.from_record({**record, "extra": 1}) is None
+    assert calibration_record.from_record({**record, "speed": {"fp32": "fast"}}) is None
 
 
 def test_the_workload_key_changes_with_what_the_timings_depend_on(monkeypatch):

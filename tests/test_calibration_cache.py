@@ -27,8 +27,9 @@ import torch
 from structlog.testing import capture_logs
 from typer.testing import CliRunner
 
-from genesis_fp16 import FP16TrainingConfig, autotune
+from genesis_fp16 import FP16Trainer, FP16TrainingConfig, autotune
 from genesis_fp16 import calibration as cal
+from genesis_fp16 import calibration_record
 from genesis_fp16 import calibration_cache as cc
 from genesis_fp16.calibration_cache import CacheRefused, PrecisionCache
 from genesis_fp16.cli import app
@@ -66,7 +67,7 @@ def measuring(monkeypatch):
     """`measure_auto` replaced: each call returns the injected figures' calibration of the workload, counted."""
     calls: list[str] = []
 
-    def fake(model, optimizer, batch, loss_fn, *, device=None, config=None, name="auto"):
+    def fake(model, optimizer, batch, loss_fn, *, trainer_cls=None, device=None, config=None, name="auto"):
         described = cal.workload(model, optimizer, batch, device or "cpu")
         calls.append(cal.workload_key(described))
         return _calibration(described)
@@ -117,7 +118,7 @@ def test_a_hand_edited_verdict_is_not_used_and_the_workload_is_measured_again(ca
     _edit(cache_path, key, precision="fp16", reason="measured here: fp16 is the fastest")  # fp16 measured at 0.20x fp32
     with capture_logs() as logs:
         assert autotune.cached_calibration(model, optimizer, batch, "cpu") is None
-        found = autotune.measured_auto(model, optimizer, batch, _loss, device="cpu")
+        found = autotune.measured_auto(model, optimizer, batch, _loss, trainer_cls=FP16Trainer, device="cpu")
     assert not found.cached and found.calibration.precision == "bf16" and measuring == [key]
     ignored = _warnings(logs, "precision.cache_entry_ignored")
     assert len(ignored) == 1 and str(cache_path) in ignored[0]["reason"]
@@ -153,11 +154,11 @@ def test_a_record_copied_from_another_host_under_this_hosts_key_is_not_used(cach
     assert f"filed under {key!r}" in problems and "its key is not the hash of its workload" in problems
     # its key made this host's too: the workload still differs
     forged = {**foreign, "key": key}
-    with pytest.raises(cal.RecordError, match="its key is not the hash"):
-        cal.parse_record(forged, key=key, described=described)
-    with pytest.raises(cal.RecordError, match="its workload is not this one \\(cpu_flags, device_name differ"):
-        cal.parse_record(foreign, described=described)
-    found = autotune.measured_auto(model, optimizer, batch, _loss, device="cpu")
+    with pytest.raises(calibration_record.RecordError, match="its key is not the hash"):
+        calibration_record.parse_record(forged, key=key, described=described)
+    with pytest.raises(calibration_record.RecordError, match="its workload is not this one \\(cpu_flags, device_name differ"):
+        calibration_record.parse_record(foreign, described=described)
+    found = autotune.measured_auto(model, optimizer, batch, _loss, trainer_cls=FP16Trainer, device="cpu")
     assert not found.cached and measuring == [key]
 
 
@@ -219,7 +220,7 @@ def test_a_fifo_is_refused_without_opening_it(cache_path, measuring):
     _unreadable(cache_path, "is a FIFO, expected a regular file")
     model, optimizer, batch, _ = _workload()
     with capture_logs() as logs:
-        found = _within(10, lambda: autotune.measured_auto(model, optimizer, batch, _loss, device="cpu"))
+        found = _within(10, lambda: autotune.measured_auto(model, optimizer, batch, _loss, trainer_cls=FP16Trainer, device="cpu"))
     assert found.calibration.precision == "bf16" and not found.cached  # the decision stands, measured
     assert len(_warnings(logs, "precision.calibration_not_saved")) == 1
     result = _within(30, lambda: _doctor("--recalibrate"))
@@ -322,7 +323,7 @@ def test_a_file_that_is_not_a_cache_of_ours_is_never_overwritten_nor_deleted(cac
     cache_path.write_text(content)
     model, optimizer, batch, _ = _workload()
     with capture_logs() as logs:
-        found = autotune.measured_auto(model, optimizer, batch, _loss, device="cpu")
+        found = autotune.measured_auto(model, optimizer, batch, _loss, trainer_cls=FP16Trainer, device="cpu")
     assert found.calibration.precision == "bf16" and not found.cached
     not_saved = _warnings(logs, "precision.calibration_not_saved")
     assert len(not_saved) == 1 and str(cache_path) in not_saved[0]["reason"] and "left alone" in not_saved[0]["reason"]

@@ -16,6 +16,7 @@ import torch
 
 from .. import calibration as cal
 from ..autotune import measure_auto
+from ..trainer import FP16Trainer
 from .loops import trainer_config
 from .models import SizeSpec, Task
 from .options import BenchOptions
@@ -29,7 +30,7 @@ def auto_row(spec: SizeSpec, task: Task, options: BenchOptions, device: torch.de
     optimizer = torch.optim.Adam(model.parameters(), lr=spec.lr)
     config = trainer_config("auto", device)
     try:
-        result: Optional[cal.Calibration] = measure_auto(model, optimizer, task.train[0], task.loss_fn, device=device, config=config,
+        result: Optional[cal.Calibration] = measure_auto(model, optimizer, task.train[0], task.loss_fn, trainer_cls=FP16Trainer, device=device, config=config,
                                                          name=f"bench-{spec.name}-auto")
         why = None
     except cal.CalibrationUnavailable as exc:
