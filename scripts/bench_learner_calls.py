@@ -33,11 +33,10 @@ sys.path.insert(0, str(ROOT / "scripts"))
 
 
 def _cpu_flags() -> str:
-    try:
-        flags = next(line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags")).split()
-    except (OSError, StopIteration):
-        return "unknown"
-    return " ".join(f for f in ("amx_bf16", "avx512_bf16", "avx512f", "avx2") if f in flags)
+    from genesis_fp16.precision import cpu_flags
+
+    flags = cpu_flags()
+    return " ".join(f for f in ("amx_bf16", "avx512_bf16", "avx512f", "avx2") if f in flags) or "unknown"
 
 
 def calls(precision: str, steps: int, state: Path) -> dict[str, Callable[[], Any]]:
