@@ -9,8 +9,11 @@ seconds after generation ``g - 1`` was committed (so inside generation ``g``:
 its episodes, the world model's, the critic's or the actor's training), then
 the `--resume` command the interrupt prints. ``--load N`` keeps N busy
 processes running throughout (both cores busy on a 2-core machine).
-``--fresh-cache`` gives every session its own empty precision cache, so a
-resume that decided its precision again would measure it anew, under load.
+The uninterrupted run and each interrupted run's first session share one
+precision cache (a host's cache: the same decisions, as `auto` promises
+however loaded the machine); ``--fresh-cache`` gives each resumed session an
+empty one, so a resume that decided its precision again would measure it
+anew, under load, instead of taking the run's own decisions.
 Prints one line per case and exits 1 when any report differs (fields that
 are wall times, paths and run ids are left out of the comparison).
 """
@@ -94,7 +97,7 @@ def run_case(work: Path, flags: list[str], generation: int, sig: str, delay: flo
              timeout: float) -> tuple[Optional[dict[str, Any]], str]:
     """(the resumed report, what happened) for one kill."""
     state = work / f"g{generation}-{sig}-{delay:g}"
-    proc = evolve(state, cache if not fresh_cache else state / "cache-1.json", *flags)
+    proc = evolve(state, cache, *flags)
     deadline = time.monotonic() + timeout
     while committed(state) < generation - 1 and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -105,7 +108,7 @@ def run_case(work: Path, flags: list[str], generation: int, sig: str, delay: flo
     proc.send_signal(SIGNALS[sig])
     proc.wait(timeout=120)
     run_id = next((state / "runs").glob("*/run.json")).parent.name
-    resumed = evolve(state, cache if not fresh_cache else state / "cache-2.json", "--resume", run_id, "--json", str(state / "report.json"))
+    resumed = evolve(state, cache if not fresh_cache else state / "cache-resumed.json", "--resume", run_id, "--json", str(state / "report.json"))
     finish(resumed, state, f"--resume after {sig} in generation {generation}", timeout)
     return json.loads((state / "report.json").read_text()), f"signal after generation {at} was committed"
 
@@ -118,9 +121,10 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--signals", nargs="+", choices=sorted(SIGNALS), default=["kill", "int"])
     parser.add_argument("--delays", type=float, nargs="+", default=[1.0], help="seconds into the generation")
     parser.add_argument("--load", type=int, default=0, help="busy processes running throughout")
-    parser.add_argument("--fresh-cache", action="store_true", help="every session its own empty precision cache")
+    parser.add_argument("--fresh-cache", action="store_true", help="each resumed session an empty precision cache of its own")
     parser.add_argument("--timeout", type=float, default=900.0)
     parser.add_argument("--out", type=Path, help="write the cases as JSON here")
+    parser.add_argument("--keep", type=Path, help="run in this directory and keep it (state dirs, logs, reports)")
     parser.add_argument("flags", nargs="*", help="more evolve flags (after --)")
     args = parser.parse_args(argv)
     flags = ["--seed", str(args.seed), "--budget", str(args.budget), *args.flags]
@@ -130,9 +134,10 @@ def main(argv: Optional[list[str]] = None) -> int:
     cases, failed = [], 0
     try:
         with tempfile.TemporaryDirectory(prefix="resume-drill-") as tmp:
-            work = Path(tmp)
+            work = Path(tmp) if args.keep is None else args.keep
+            work.mkdir(parents=True, exist_ok=True)
             cache = work / "precision.json"
-            whole = evolve(work / "whole", cache if not args.fresh_cache else work / "whole-cache.json", *flags,
+            whole = evolve(work / "whole", cache, *flags,
                            "--json", str(work / "whole.json"))
             finish(whole, work / "whole", "the uninterrupted run", args.timeout)
             expected = json.loads((work / "whole.json").read_text())
@@ -145,7 +150,7 @@ def main(argv: Optional[list[str]] = None) -> int:
                         diff = ["no report"] if report is None else differences(comparable(expected), comparable(report))
                         failed += bool(diff)
                         cases.append({"generation": generation, "signal": sig, "delay": delay, "what": what, "same": not diff,
-                                      "differences": diff[:5],
+                                      "differences": diff[:20],
                                       "heldout": None if report is None else report["heldout_return"]})
                         print(f"generation {generation}, {sig}, +{delay:g}s ({what}): "
                               f"{'same report' if not diff else 'DIFFERS: ' + '; '.join(diff[:3])}", flush=True)
