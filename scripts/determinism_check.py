@@ -26,30 +26,33 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-VOLATILE = {"wall_s", "run_id", "replay_db", "run_manifest", "time_share", "elapsed_s", "wm_wall_s", "time", "cost_s", "at", "seconds",
-            "speed", "speed_low"}
+VOLATILE = {"wall_s", "run_id", "replay_db", "run_manifest", "time_share", "elapsed_s", "wm_wall_s", "critic_wall_s", "time", "cost_s", "at",
+            "seconds", "speed", "speed_low"}
 
 
-def _burn() -> None:
+def burn() -> None:
     while True:
         pass
 
 
-def _strip(value: Any) -> Any:
+def strip(value: Any, volatile: frozenset[str] | set[str] = VOLATILE) -> Any:
+    """A report without the fields that differ between equal runs (timings, ids, paths: ``volatile``, at any depth);
+    a precision decision by its precision alone (the first run measured, the others read the cache)."""
     if isinstance(value, dict):
-        if "source" in value and "reason" in value and "precision" in value:  # a precision decision: the first run measured, the others read the cache
+        if "source" in value and "reason" in value and "precision" in value:
             return {"precision": value["precision"]}
-        return {k: _strip(v) for k, v in value.items() if k not in VOLATILE}
+        return {k: strip(v, volatile) for k, v in value.items() if k not in volatile}
     if isinstance(value, list):
-        return [_strip(v) for v in value]
+        return [strip(v, volatile) for v in value]
     return value
 
 
-def _diff(a: Any, b: Any, path: str = "") -> list[str]:
+def diff(a: Any, b: Any, path: str = "") -> list[str]:
+    """Where two JSON values differ, as ``.path: a != b`` lines."""
     if isinstance(a, dict) and isinstance(b, dict):
-        return [d for k in sorted(set(a) | set(b)) for d in _diff(a.get(k), b.get(k), f"{path}.{k}")]
+        return [d for k in sorted(set(a) | set(b)) for d in diff(a.get(k), b.get(k), f"{path}.{k}")]
     if isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
-        return [d for i, (x, y) in enumerate(zip(a, b)) for d in _diff(x, y, f"{path}[{i}]")]
+        return [d for i, (x, y) in enumerate(zip(a, b)) for d in diff(x, y, f"{path}[{i}]")]
     return [] if a == b else [f"{path}: {a!r} != {b!r}"]
 
 
@@ -64,7 +67,7 @@ def main() -> int:
     cache = args.cache or out / "precision.json"
     reports = []
     for k in range(args.runs):
-        burners = [multiprocessing.Process(target=_burn, daemon=True) for _ in range(os.cpu_count() or 1)] if k % 2 else []
+        burners = [multiprocessing.Process(target=burn, daemon=True) for _ in range(os.cpu_count() or 1)] if k % 2 else []
         for b in burners:
             b.start()
         try:
@@ -79,12 +82,12 @@ def main() -> int:
                 b.terminate()
                 b.join()
         report = json.loads(report_path.read_text())
-        reports.append(_strip(report))
+        reports.append(strip(report))
         decision = report.get("precision_decision") or {}
         print(f"run {k} ({'burner' if burners else 'quiet'}): precision {report.get('precision')} ({decision.get('source')})")
     differing = 0
     for k, report in enumerate(reports[1:], start=1):
-        diffs = _diff(reports[0], report)
+        diffs = diff(reports[0], report)
         differing += bool(diffs)
         print(f"run {k} vs run 0: {len(diffs)} field(s) differ" + "".join(f"\n  {d}" for d in diffs[:20]))
     print(f"{args.runs - differing}/{args.runs} reports identical apart from timings and ids ({out})")

@@ -33,37 +33,17 @@ from pathlib import Path
 from typing import Any, Optional
 
 ROOT = Path(__file__).resolve().parents[1]
-VOLATILE = {"wall_s", "run_id", "replay_db", "run_manifest", "resumed", "resumed_from", "generations", "time_share"}
-VOLATILE_GENERATION = {"elapsed_s", "wm_wall_s", "critic_wall_s", "time"}
+sys.path.insert(0, str(ROOT / "scripts"))
+from determinism_check import VOLATILE, burn, diff, strip  # noqa: E402  (one report comparison for both drills)
 SIGNALS = {"kill": signal.SIGKILL, "int": signal.SIGINT, "term": signal.SIGTERM}
+RESUME_ONLY = {"resumed", "resumed_from"}
+"""What a resumed report says of itself beside what any two runs differ in (`determinism_check.VOLATILE`)."""
 
 
 def comparable(report: dict[str, Any]) -> dict[str, Any]:
-    """The report without what differs between sessions of one run (times,
-    paths, ids); a precision decision by its precision alone (its reason holds
-    the figures measured, or says the host cache answered)."""
-    def decision(value: Any) -> Any:
-        return value.get("precision") if isinstance(value, dict) else value
-
-    data = {k: v for k, v in report.items() if k not in VOLATILE}
-    data["learners"] = {name: {**learner, "decision": decision(learner.get("decision"))} for name, learner in report["learners"].items()}
-    data["generations"] = [{k: decision(v) if k.endswith("_decision") else v for k, v in g.items() if k not in VOLATILE_GENERATION}
-                           for g in report["generations"]]
-    return data
-
-
-def differences(a: Any, b: Any, path: str = "") -> list[str]:
-    """Where two JSON values differ (the first few paths)."""
-    if isinstance(a, dict) and isinstance(b, dict):
-        return [d for k in sorted(set(a) | set(b)) for d in differences(a.get(k), b.get(k), f"{path}.{k}")]
-    if isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
-        return [d for i, (x, y) in enumerate(zip(a, b)) for d in differences(x, y, f"{path}[{i}]")]
-    return [] if a == b else [f"{path}: {a!r} != {b!r}"]
-
-
-def _busy() -> None:  # pragma: no cover - a load generator
-    while True:
-        pass
+    """The report without what differs between sessions of one run (times, paths, ids, that it resumed); a
+    precision decision by its precision alone (its reason holds the figures measured, or says the cache answered)."""
+    return strip(report, VOLATILE | RESUME_ONLY)
 
 
 def evolve(state: Path, cache: Path, *args: str) -> subprocess.Popen:
@@ -128,7 +108,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("flags", nargs="*", help="more evolve flags (after --)")
     args = parser.parse_args(argv)
     flags = ["--seed", str(args.seed), "--budget", str(args.budget), *args.flags]
-    busy = [multiprocessing.Process(target=_busy, daemon=True) for _ in range(args.load)]
+    busy = [multiprocessing.Process(target=burn, daemon=True) for _ in range(args.load)]
     for p in busy:
         p.start()
     cases, failed = [], 0
@@ -147,13 +127,13 @@ def main(argv: Optional[list[str]] = None) -> int:
                 for sig in args.signals:
                     for delay in args.delays:
                         report, what = run_case(work, flags, generation, sig, delay, cache, args.fresh_cache, args.timeout)
-                        diff = ["no report"] if report is None else differences(comparable(expected), comparable(report))
-                        failed += bool(diff)
-                        cases.append({"generation": generation, "signal": sig, "delay": delay, "what": what, "same": not diff,
-                                      "differences": diff[:20],
+                        found = ["no report"] if report is None else diff(comparable(expected), comparable(report))
+                        failed += bool(found)
+                        cases.append({"generation": generation, "signal": sig, "delay": delay, "what": what, "same": not found,
+                                      "differences": found[:20],
                                       "heldout": None if report is None else report["heldout_return"]})
                         print(f"generation {generation}, {sig}, +{delay:g}s ({what}): "
-                              f"{'same report' if not diff else 'DIFFERS: ' + '; '.join(diff[:3])}", flush=True)
+                              f"{'same report' if not found else 'DIFFERS: ' + '; '.join(found[:3])}", flush=True)
     finally:
         for p in busy:
             p.terminate()
