@@ -178,6 +178,8 @@ def evolve(
     from .evolve_config import EVOLVE, EvolveConfig
 
     require("gymnasium", EVOLVE)  # first: a missing extra is one error line, before any output
+    if plot is not None:  # before cma: cma warns on import when matplotlib is missing
+        require("matplotlib", f"{EVOLVE} --plot")
     require("cma", EVOLVE)
     # then: a value out of range is one line before anything is loaded or allocated
     if torch_threads is not None and not 0 <= torch_threads <= 4096:
@@ -194,8 +196,6 @@ def evolve(
         config = replace(config, use_world_model=False, use_critic=False, refined=0)
     # the options given on the command line: a resumed run must match them (or may change budgets, workers, backend)
     given = {name: value for name, value in options.items() if ctx.get_parameter_source(name).name != "DEFAULT"}
-    if plot is not None:  # first: cma warns on import when matplotlib is missing
-        require("matplotlib", f"{EVOLVE} --plot")
     tensorboard = tensorboard if tensorboard is not None else settings.tensorboard_dir
     if tensorboard is not None:
         check_available()
