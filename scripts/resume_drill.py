@@ -138,7 +138,16 @@ def main(argv: Optional[list[str]] = None) -> int:
         for p in busy:
             p.terminate()
     if args.out:
-        args.out.write_text(json.dumps({"flags": flags, "load": args.load, "cases": cases}, indent=1))
+        import time
+
+        import torch
+
+        from genesis_fp16.precision import cpu_flags
+
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip() or None
+        meta = {"torch": torch.__version__, "cpu_flags": sorted(f for f in cpu_flags() if f in ("amx_bf16", "avx512_bf16", "avx512f", "avx2")),
+                "commit": commit, "date": time.strftime("%Y-%m-%d"), "fresh_cache": args.fresh_cache}
+        args.out.write_text(json.dumps({"flags": flags, "load": args.load, **meta, "cases": cases}, indent=1))
     print(f"{len(cases) - failed} of {len(cases)} resumed runs gave the uninterrupted report (load: {args.load} busy processes)")
     return 1 if failed else 0
 
