@@ -43,14 +43,16 @@ def calls(precision: str, steps: int, state: Path) -> dict[str, Callable[[], Any
     from count_host_reads import _trajectories
 
     from genesis_fp16.guarded import UNGUARDED
+    from genesis_fp16.settings import load_settings
     from infrastructure.critic import Critic
     from infrastructure.transitions import Transitions
     from infrastructure.world_model import WorldModel
 
     trajs = _trajectories()
-    wm = WorldModel(3, 1, precision=precision, guard=UNGUARDED, checkpoint_dir=state / f"wm-{precision}", seed=0)
+    wm = WorldModel(3, 1, precision=precision, guard=UNGUARDED, checkpoint_dir=state / f"wm-{precision}", seed=0,
+                    settings=load_settings(state_dir=state))
     critic = Critic(3, 1, action_low=[-2.0], action_high=[2.0], precision=precision, guard=UNGUARDED,
-                    checkpoint_dir=state / f"critic-{precision}", seed=0)
+                    checkpoint_dir=state / f"critic-{precision}", seed=0, settings=load_settings(state_dir=state))
     data = Transitions.from_trajectories(trajs)
 
     def policy(obs: torch.Tensor) -> torch.Tensor:
@@ -71,7 +73,6 @@ def main(argv: list[str] | None = None) -> int:
     load_before = os.getloadavg()
     times: dict[tuple[str, str], list[float]] = {}
     with tempfile.TemporaryDirectory() as tmp:
-        os.environ.setdefault("GENESIS_FP16_STATE_DIR", tmp)
         runs = {p: calls(p, args.steps, Path(tmp)) for p in args.precisions}
         for p in args.precisions:  # warm-up: the trainers built, the first call's set-up
             for fn in runs[p].values():

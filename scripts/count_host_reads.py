@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import tempfile
 from pathlib import Path
@@ -80,9 +79,11 @@ def _trajectories(n: int = 6, length: int = 100, seed: int = 0) -> list[Any]:
 
 def world_model_reads(precision: str, steps: int, state: Path) -> int:
     from genesis_fp16.guarded import UNGUARDED
+    from genesis_fp16.settings import load_settings
     from infrastructure.world_model import WorldModel
 
-    wm = WorldModel(3, 1, precision=precision, guard=UNGUARDED, checkpoint_dir=state / f"wm-{precision}", seed=0)
+    wm = WorldModel(3, 1, precision=precision, guard=UNGUARDED, checkpoint_dir=state / f"wm-{precision}", seed=0,
+                    settings=load_settings(state_dir=state))
     trajs = _trajectories()
     wm._train_sync(trajs, 8, False)  # the trainer built and the first call's set-up out of the count
     return host_reads(lambda: wm._train_sync(trajs, steps, False))
@@ -90,11 +91,12 @@ def world_model_reads(precision: str, steps: int, state: Path) -> int:
 
 def critic_reads(precision: str, steps: int, state: Path) -> int:
     from genesis_fp16.guarded import UNGUARDED
+    from genesis_fp16.settings import load_settings
     from infrastructure.critic import Critic
     from infrastructure.transitions import Transitions
 
     critic = Critic(3, 1, action_low=[-2.0], action_high=[2.0], precision=precision, guard=UNGUARDED,
-                    checkpoint_dir=state / f"critic-{precision}", seed=0)
+                    checkpoint_dir=state / f"critic-{precision}", seed=0, settings=load_settings(state_dir=state))
     data = Transitions.from_trajectories(_trajectories())
 
     def policy(obs: torch.Tensor) -> torch.Tensor:
@@ -132,7 +134,6 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(1)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        os.environ.setdefault("GENESIS_FP16_STATE_DIR", tmp)
         for name, fn in (("world_model", world_model_reads), ("critic", critic_reads), ("bench_mlp", mlp_reads)):
             for precision in args.precisions:
                 reads = fn(precision, args.steps, Path(tmp))

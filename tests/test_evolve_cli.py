@@ -530,6 +530,18 @@ def test_a_run_whose_every_candidate_failed_says_so_and_exits_1(mode, nan_task, 
     assert "error: every candidate failed" in result.stderr and "16 of 16 real episodes charged" in result.stderr
 
 
+def _register_drift_task(monkeypatch, name: str, env_factory) -> None:
+    """``--env NAME``: a task plugin (the only one registered) of 2 training and 2 held-out start states on ``env_factory``."""
+    from agents.tasks import GROUP, Task, registry
+
+    class EP:
+        def load(self):
+            return lambda: Task(env_id=name, env_factory=env_factory, target=10.0, n_train=2, n_heldout=2)
+
+    EP.name = name
+    monkeypatch.setattr(registry, "entry_points", lambda group: [EP()] if group == GROUP else [])
+
+
 def test_a_reward_finite_in_float32_near_its_limit_costs_its_candidates_and_the_run_finishes(monkeypatch, tmp_path, state_dir):
     """A reward of 1e38 (finite as float32) once overflowed the critic's float32
     statistics, and the run stopped (exit 2) after both learners rolled back.
@@ -537,16 +549,7 @@ def test_a_reward_finite_in_float32_near_its_limit_costs_its_candidates_and_the_
     on the rest."""
     import task_envs
 
-    from agents.tasks import GROUP, Task, registry
-
-    class EP:
-        name = "LargeRewardDrift"
-
-        def load(self):
-            return lambda: Task(env_id="LargeRewardDrift", env_factory=task_envs.large_reward_above_zero, target=10.0, n_train=2,
-                                n_heldout=2)
-
-    monkeypatch.setattr(registry, "entry_points", lambda group: [EP()] if group == GROUP else [])
+    _register_drift_task(monkeypatch, "LargeRewardDrift", task_envs.large_reward_above_zero)
     out = tmp_path / "report.json"
     result = runner.invoke(app, ["evolve", "--env", "LargeRewardDrift", *TINY, "--budget", "18", "--seed", "0", "--workers", "1",
                                  "--json", str(out)])
@@ -565,16 +568,7 @@ def nan_obs_task(monkeypatch):
     an episode's last step for a positive action, so some candidates only."""
     import task_envs
 
-    from agents.tasks import GROUP, Task, registry
-
-    class EP:
-        name = "NaNObsDrift"
-
-        def load(self):
-            return lambda: Task(env_id="NaNObsDrift", env_factory=task_envs.nan_last_obs_above_zero, target=10.0, n_train=2,
-                                n_heldout=2)
-
-    monkeypatch.setattr(registry, "entry_points", lambda group: [EP()] if group == GROUP else [])
+    _register_drift_task(monkeypatch, "NaNObsDrift", task_envs.nan_last_obs_above_zero)
 
 
 def test_a_candidate_whose_env_returns_a_nan_observation_costs_that_candidate_only(nan_obs_task, monkeypatch, tmp_path, state_dir):
