@@ -9,7 +9,8 @@ says, by default what ``genesis-fp16 ppo`` picks, with its CPU fast path: for
 HalfCheetah-v5 and Swimmer-v5 the lean MuJoCo step, gymnasium's results step for step),
 128 steps per rollout, 4 epochs, minibatch 256, separate 64-64 tanh actor and
 critic MLPs, the same learning rate / gamma / GAE lambda / entropy / clip
-values, FP32 on the CPU. Each measurement runs in its own subprocess with
+values and the same observation / reward normalisation (SB3's VecNormalize
+where ours normalises inside the learner), FP32 on the CPU. Each measurement runs in its own subprocess with
 OMP_NUM_THREADS=1; the two alternate (SB3 first on odd repeats, ours first on
 even ones) and the ratio is of the medians. Every run is timed twice: by
 wall clock and by the process's CPU time (``time.process_time``, user +
@@ -96,11 +97,14 @@ def worker_sb3(env_id: str, steps: int, seed: int, vec_env: str) -> dict:  # SB3
     from stable_baselines3 import PPO
     from stable_baselines3.common.env_util import make_vec_env
     from stable_baselines3.common.evaluation import evaluate_policy
-    from stable_baselines3.common.vec_env import DummyVecEnv
+    from stable_baselines3.common.vec_env import DummyVecEnv, VecNormalize
 
     cfg = _ours_config(env_id, steps, seed)
     lr = cfg.learning_rate
     env = make_vec_env(env_id, n_envs=cfg.num_envs, seed=seed, vec_env_cls=DummyVecEnv)
+    normalized = cfg.normalize_obs or cfg.normalize_reward
+    if normalized:  # ours normalises inside the learner; SB3's way is the VecNormalize wrapper
+        env = VecNormalize(env, norm_obs=cfg.normalize_obs, norm_reward=cfg.normalize_reward, gamma=cfg.gamma)
     model = PPO(
         "MlpPolicy", env, n_steps=cfg.num_steps, batch_size=cfg.minibatch_size, n_epochs=cfg.update_epochs,
         learning_rate=(lambda progress: progress * lr) if cfg.anneal_lr else lr, gamma=cfg.gamma,
@@ -114,6 +118,10 @@ def worker_sb3(env_id: str, steps: int, seed: int, vec_env: str) -> dict:  # SB3
     model.learn(total_timesteps=total)
     wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
     eval_env = make_vec_env(env_id, n_envs=1, seed=seed + 10_000)
+    if normalized:  # the training statistics, frozen; true rewards
+        eval_env = VecNormalize(eval_env, norm_obs=cfg.normalize_obs, norm_reward=False, training=False)
+        if cfg.normalize_obs:
+            eval_env.obs_rms = env.obs_rms
     mean, _ = evaluate_policy(model, eval_env, n_eval_episodes=cfg.eval_episodes, deterministic=True)
     return {"impl": "sb3", "env_steps": model.num_timesteps, "wall_s": wall, "cpu_s": cpu,
             "env_steps_per_s": model.num_timesteps / wall, "env_steps_per_cpu_s": model.num_timesteps / cpu, "eval_return": float(mean)}

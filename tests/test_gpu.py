@@ -111,3 +111,59 @@ def test_cuda_auto_measures_fp16_against_bf16_and_keeps_the_decision(monkeypatch
     timed = set(decision.calibration.seconds)
     assert {"fp32", "fp16"} <= timed and ("bf16" in timed) == torch.cuda.is_bf16_supported()
     assert [c.key for c in PrecisionCache.from_settings().all()] == [decision.calibration.key]
+
+
+def _fused_pair(precision):
+    """Two trainers with the same weights on one fused Adam kernel (the window needs a fused optimizer)."""
+    pair = []
+    for _ in range(2):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.GELU(), torch.nn.Linear(256, 8)).cuda()
+        opt = torch.optim.Adam(model.parameters(), lr=1e-3, fused=True)
+        pair.append(FP16Trainer(model, opt, FP16TrainingConfig(precision=precision, max_grad_norm=1.0)))
+    return pair
+
+
+def _nan_at(bad):
+    calls = [0]
+
+    def fn(model, batch):
+        n, calls[0] = calls[0], calls[0] + 1
+        loss = loss_fn(model, batch)
+        return loss * float("nan") if n in bad else loss
+
+    return fn
+
+
+def _synchronizing_calls(fn):
+    """(fn's result, how many calls in it waited on the GPU), by torch's sync debug mode."""
+    import warnings
+
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("warn")
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            result = fn()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    return result, sum("synchroniz" in str(w.message) for w in caught)
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16", "fp16"])
+def test_a_cuda_window_trains_as_the_per_step_path_and_waits_on_the_gpu_far_less(precision):
+    g = torch.Generator(device="cuda").manual_seed(0)
+    batches = [(torch.randn(32, 64, device="cuda", generator=g), torch.randn(32, 8, device="cuda", generator=g)) for _ in range(32)]
+    bad = {5, 6, 7, 20}
+    a, b = _fused_pair(precision)
+    per_step_fn, window_fn = _nan_at(bad), _nan_at(bad)
+    taken, per_step_syncs = _synchronizing_calls(lambda: [a.backward_and_step(a.training_step(x, per_step_fn)) for x in batches])
+    windowed, window_syncs = _synchronizing_calls(
+        lambda: b.train_window(batches[:16], window_fn).stepped + b.train_window(batches[16:], window_fn).stepped)
+    assert windowed == taken and taken.count(False) == len(bad)
+    for name in ("training_steps", "skipped_steps", "nonfinite_losses", "overflow_steps"):
+        assert getattr(a, name) == getattr(b, name), name
+    diff = max(float((p - q).abs().max()) for p, q in zip(a.model.parameters(), b.model.parameters()))
+    assert diff <= 1e-6, f"weights differ by {diff}"
+    print(f"{precision}: synchronizing calls, 32 steps: per step {per_step_syncs}, two windows of 16 {window_syncs}")
+    assert window_syncs <= 8 and window_syncs * 4 <= per_step_syncs

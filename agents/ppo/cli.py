@@ -125,7 +125,6 @@ def ppo(
     if json_path is not None:
         data = result.as_dict()
         data["total_steps_asked"] = cfg.total_steps
-        data["time_split_s"] = split
         data["env_stepping_s"], data["inference_s"], data["update_s"] = split["env"], split["inference"], split["update"]
         try:
             atomic_write_text(json_path, json.dumps(data, indent=2, default=str))
@@ -144,8 +143,7 @@ def ppo(
 
 
 def _reward_threshold(env_id: str) -> Optional[float]:
-    """The env spec's "solved" return, the line a PPO curve is read against;
-    PPO's config has no target of its own."""
+    """The env spec's "solved" return, the line a PPO curve is read against (PPO's config has no target)."""
     import gymnasium
 
     try:

@@ -1,9 +1,6 @@
-"""PPO configuration: a dataclass with a docstring per field (CleanRL style),
-loaded from YAML (``configs/base.yaml``) and ``--set key=value`` overrides.
-
-Every value is validated here, and a bad one raises `ConfigError`
-naming the key, the value and what is allowed.
-"""
+"""PPO configuration: a dataclass with a docstring per field (CleanRL style), loaded from YAML
+(``configs/base.yaml``) and ``--set key=value`` overrides; every value is validated here, and a bad
+one raises `ConfigError` naming the key, the value and what is allowed."""
 
 from __future__ import annotations
 
@@ -123,8 +120,8 @@ class PPOConfig:
     """Width of the two tanh hidden layers (actor and critic, separate, like SB3's default MlpPolicy)."""
     normalize_obs: bool = False
     """Running observation normalisation (gymnasium NormalizeObservation) - useful for MuJoCo."""
-    normalize_reward: bool = False
-    """Running return normalisation (gymnasium NormalizeReward) - useful for MuJoCo."""
+    normalize_reward: bool = True
+    """Running return normalisation (SB3's VecNormalize): the critic's gradient cannot starve the actor's (docs/PPO.md)."""
     device: str = "auto"
     """auto (cuda when available) | cpu | cuda | cuda:N."""
     eval_episodes: int = 20

@@ -1,15 +1,10 @@
-"""PPO's rollback guard: PPO trains through
-`genesis_fp16.guarded.GuardedTraining` (P0 on a non-finite streak, live; P1/P2
-on the run's statistics after each iteration; rollbacks through
-``guard.recover()``: FP32 from the ledger, the last good checkpoint restored),
-plus a policy canary on a held batch that compares the reduced-precision
-forward with FP32 (KL of the taken actions, max |log-prob delta|, max |value
-delta|; thresholds ``canary_kl``, ``canary_logp_delta``,
-``canary_value_delta`` in the profile), every ``canary_every``-th
-reduced-precision iteration.
-
-Checkpoints are written only while the trainer is in reduced precision (an
-FP32 trainer has nothing to roll back to).
+"""PPO's rollback guard: `genesis_fp16.guarded.GuardedTraining` (P0 on a
+non-finite streak, live; P1/P2 on the run's statistics after each iteration;
+rollbacks to FP32 and the last good checkpoint) plus a policy canary: every
+``canary_every``-th reduced-precision iteration, the held batch's forward with
+and without autocast (KL of the taken actions, max |log-prob delta|, max
+|value delta| against the profile's ``canary_*`` thresholds). Checkpoints are
+written only while the trainer is in reduced precision.
 """
 
 from __future__ import annotations
@@ -31,10 +26,8 @@ HELD_ROWS = 256  # the held batch: the first rollout's first rows, fixed for the
 
 
 class PPOGuard:
-    """One PPO run's `GuardedTraining` (``training``; its trainer is PPO's),
-    the held batch and the policy canary. ``save(path)`` writes a checkpoint
-    of the run (weights, optimizer, normalisation statistics); ``load(path,
-    trainer=...)`` restores one into a trainer."""
+    """One PPO run's `GuardedTraining` (``training``), the held batch and the policy canary; ``save(path)`` and
+    ``load(path, trainer=...)`` write and restore the run's checkpoints (weights, optimizer, normalisers)."""
 
     def __init__(self, agent: str, net: torch.nn.Module, optimizer: torch.optim.Optimizer, precision: str, overrides: dict[str, Any],
                  save: Callable[[Path], Path], load: Callable[..., Any], *, seed: int = 0, settings: Optional[Settings] = None,
@@ -84,9 +77,8 @@ class PPOGuard:
         return self.training.step(batch, loss_fn)
 
     def end_iteration(self) -> None:
-        """P1/P2 on the run's statistics, the policy canary when due; a healthy
-        reduced-precision iteration becomes the last good checkpoint. An FP32
-        trainer has nothing to roll back: nothing is judged or written."""
+        """P1/P2 on the run's statistics, the policy canary when due; a healthy reduced-precision iteration becomes
+        the last good checkpoint (an FP32 trainer has nothing to roll back: nothing is judged or written)."""
         due = self._iteration is not None and self._iteration.canary_due
         self._iteration = None
         if self.training.reduced:
@@ -94,7 +86,7 @@ class PPOGuard:
             if not report.rolled_back and due:
                 self._policy_canary()
         new = self.training.rollbacks[self._rollbacks_before:]
-        last_good = self.guard.last_good_checkpoint
+        last_good = self.guard.last_good_checkpoint if new else None  # a ledger query: only when there is news
         for decision in new:
             self._log.warning("ppo.rolled_back", reason=f"{decision.severity}: {decision.reason}", precision=self.trainer.precision.name,
                               checkpoint=str(last_good) if last_good is not None else None)

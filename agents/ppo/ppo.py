@@ -28,7 +28,7 @@ from genesis_fp16.trainer import FP16Trainer
 
 from .config import PPOConfig, as_dict
 from .envs import ActionRepeat, VecEnvChoice, build_envs, check_spaces
-from .fast import PIECES, FastPath, MujocoVectorEnv, lean_mujoco_supported
+from .fast import PIECES, FastPath, MujocoVectorEnv, lean_mujoco_supported, tanh
 from .guarding import PPOGuard
 from .results import CompiledFallback, TrainResult, optimization_summary, resolved_optimizations
 from .rollout import RolloutBuffer, RunningMeanStd, check_extra, load_normalisers, sample_minibatch
@@ -49,13 +49,12 @@ def _layer(inp: int, out: int, std: float) -> nn.Linear:
 
 
 class ActorCritic(nn.Module):
-    """Separate actor and critic MLPs (two tanh layers each, orthogonal init: SB3's default
-    ``MlpPolicy``), stored stacked so both towers run in one matmul per layer: rows ``[:hidden]``
-    of ``w1`` and ``w2[0]`` are the actor's, the rest the critic's. No weight is shared; half the
-    kernel launches of two MLPs (a 64-unit MLP is launch-bound). Sampling is ``pick(out,
-    perturbation(noise))`` with noise drawn for a whole rollout at once (Gumbel-max for discrete
-    actions, ``mean + std * eps`` for continuous), so chunked inference picks batched inference's
-    actions; no ``torch.distributions`` (its argument checks cost more than this forward)."""
+    """Separate actor and critic MLPs (two `fast.tanh` layers each, orthogonal init: SB3's default ``MlpPolicy``),
+    stacked so both towers run in one matmul per layer (half the launches; a 64-unit MLP is launch-bound): rows
+    ``[:hidden]`` of ``w1`` and ``w2[0]`` are the actor's, the rest the critic's; no weight is shared. Sampling is
+    ``pick(out, perturbation(noise))``, noise drawn for a whole rollout at once (Gumbel-max for discrete actions,
+    ``mean + std * eps`` for continuous), so chunked inference picks batched inference's actions; no
+    ``torch.distributions`` (its argument checks cost more than this forward)."""
 
     def __init__(self, obs_dim: int, act_dim: int, discrete: bool, hidden: int = 64) -> None:
         super().__init__()
@@ -71,8 +70,8 @@ class ActorCritic(nn.Module):
 
     def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(actor output: logits or mean, value)."""
-        h = torch.tanh(torch.addmm(self.b1, obs, self.w1.t()))  # (B, 2H): both first layers
-        h = torch.tanh(torch.baddbmm(self.b2, h.view(-1, 2, self.hidden).transpose(0, 1), self.w2))  # (2, B, H)
+        h = tanh(torch.addmm(self.b1, obs, self.w1.t()))  # (B, 2H): both first layers
+        h = tanh(torch.baddbmm(self.b2, h.view(-1, 2, self.hidden).transpose(0, 1), self.w2))  # (2, B, H)
         return F.linear(h[0], self.actor_head.weight, self.actor_head.bias), F.linear(h[1], self.critic_head.weight, self.critic_head.bias).squeeze(-1)
 
     def log_prob_entropy(self, out: torch.Tensor, actions: torch.Tensor, with_entropy: bool = True) -> tuple[torch.Tensor, Optional[torch.Tensor]]:

@@ -52,7 +52,9 @@ class RunningMeanStd:
         self.count = 1e-4
 
     def update(self, x: np.ndarray) -> None:
-        batch_mean, batch_var, n = x.mean(0), x.var(0), x.shape[0]
+        n = x.shape[0]  # x.mean(0) and x.var(0) to the bit, without their Python wrappers (called every env step)
+        batch_mean = np.add.reduce(x, axis=0) / n
+        batch_var = np.add.reduce(np.square(x - batch_mean), axis=0) / n
         delta = batch_mean - self.mean
         total = self.count + n
         self.mean = self.mean + delta * n / total
