@@ -38,12 +38,13 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # benchmarks/ (the baselines' host report) is not installed
 SHARED = dict(num_envs=8, num_steps=128, update_epochs=4, minibatch_size=256)
+OVERRIDES: list[str] = []  # --set key=value: configs/base.yaml overrides, read by both implementations
 
 
 def _ours_config(env_id: str, steps: int, seed: int, vec_env: str = "sync"):
     from agents.ppo.config import load_config
 
-    return load_config(ROOT / "configs" / "base.yaml", env_id=env_id, total_steps=steps, seed=seed,
+    return load_config(ROOT / "configs" / "base.yaml", OVERRIDES, env_id=env_id, total_steps=steps, seed=seed,
                        vec_env=vec_env, device="cpu", **SHARED)
 
 
@@ -129,7 +130,7 @@ def worker_sb3(env_id: str, steps: int, seed: int, vec_env: str) -> dict:  # SB3
 
 def _spawn(impl: str, env_id: str, steps: int, seed: int, vec_env: str) -> dict:
     cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", impl, "--env", env_id, "--steps", str(steps), "--seed", str(seed),
-           "--vec-env", vec_env]
+           "--vec-env", vec_env, *(f"--set={o}" for o in OVERRIDES)]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}  # a subprocess needs its env
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT)
     if proc.returncode != 0:
@@ -148,8 +149,11 @@ def main() -> None:
     ap.add_argument("--vec-env", choices=["auto", "sync"], default="auto",
                     help="our PPO's vec_env (SB3 steps its DummyVecEnv either way; auto: what `genesis-fp16 ppo` picks); "
                          "the raw rate is measured on gymnasium's SyncVectorEnv")
+    ap.add_argument("--set", dest="overrides", action="append", default=[],
+                    help="a key=value override of configs/base.yaml, for ours and SB3 alike (e.g. normalize_reward=false)")
     ap.add_argument("--worker", choices=["ours", "sb3", "raw"], help=argparse.SUPPRESS)
     args = ap.parse_args()
+    OVERRIDES[:] = args.overrides
     if args.worker:
         fn = {"ours": worker_ours, "sb3": worker_sb3, "raw": worker_raw}[args.worker]
         print(json.dumps(fn(args.env, args.steps, args.seed, args.vec_env)))
@@ -179,7 +183,7 @@ def main() -> None:
     pair_ratios_cpu = [o["env_steps_per_cpu_s"] / s["env_steps_per_cpu_s"] for o, s in pairs]
     where = host()  # CPU model, the flags a figure is read against, cores, torch, date
     summary = {
-        "env": args.env, "steps": args.steps, "repeats": args.repeats, "settings": SHARED, "vec_env": args.vec_env,
+        "env": args.env, "steps": args.steps, "repeats": args.repeats, "settings": SHARED, "overrides": OVERRIDES, "vec_env": args.vec_env,
         "vec_env_resolved": sorted({str(r["vec_env"]) for r in runs["ours"]}),
         "median_env_steps_per_s": med, "median_env_steps_per_cpu_s": med_cpu, "ratio_of_medians": ratio,
         "ratio_of_medians_cpu": ratio_cpu, "pair_ratios": pair_ratios, "pair_ratios_cpu": pair_ratios_cpu,

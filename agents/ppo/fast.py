@@ -211,15 +211,18 @@ class FastPath:
         if "rollout_actor" not in self.pieces or not _plain_float32(self.net.w1):
             return None
         h = self.net.hidden
-        with torch.no_grad():
-            w1, b1, w2, b2 = self.net.w1[:h].t(), self.net.b1[:h], self.net.w2[0], self.net.b2[0, 0]
-            w3, b3 = self.net.actor_head.weight.t(), self.net.actor_head.bias
+        net = self.net  # detached views: the weights as the optimizer leaves them, no graph
+        w1, b1, w2, b2 = net.w1.detach()[:h].t(), net.b1.detach()[:h], net.w2.detach()[0], net.b2.detach()[0, 0]
+        w3, b3 = net.actor_head.weight.detach().t(), net.actor_head.bias.detach()
         pert, discrete = perturbation.float(), self.net.discrete
 
-        def step(obs: torch.Tensor, t: int) -> torch.Tensor:
-            with torch.inference_mode():
-                out = torch.addmm(b3, tanh(torch.addmm(b2, tanh(torch.addmm(b1, obs, w1)), w2)), w3).add_(pert[t])
-                return torch.argmax(out, dim=-1) if discrete else out
+        def step(obs: torch.Tensor, t: int) -> torch.Tensor:  # no input needs grad: no graph, no context to enter
+            h = torch.addmm(b1, obs, w1)
+            np.tanh(x := h.numpy(), out=x)  # `tanh` in place (float32 on the CPU, checked above), no autograd node
+            h = torch.addmm(b2, h, w2)
+            np.tanh(x := h.numpy(), out=x)
+            out = torch.addmm(b3, h, w3).add_(pert[t])
+            return torch.argmax(out, dim=-1) if discrete else out
 
         return step
 
