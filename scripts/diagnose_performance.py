@@ -10,7 +10,8 @@ inference: the rollout's per-step actor forward and pick, batched (one forward f
            in chunks of 4 and per env; vector steps/s
 update:    one PPO update (4 epochs x minibatches over an 8x128 rollout) in FP32, AMP BF16,
            AMP FP16 (CPU: slow by design, shown for completeness), torch.compile, and FP32
-           with 2 torch threads instead of 1; updates/s
+           with 2 torch threads instead of 1; and the floor: the same minibatches' loss and
+           backward alone (no clipping, optimizer or trainer); updates/s
 
 Repeats alternate the variants within one run and report medians: on a shared
 machine only ratios measured side by side mean much. ``--clock cpu`` (the
@@ -98,6 +99,20 @@ def bench_inference(env_id: str, repeats: int, steps: int) -> dict:
     return {k: {"value": statistics.median(v), "unit": "vector steps/s (8 envs)", "samples": v} for k, v in samples.items()}
 
 
+def _forward_backward(ppo, adv, ret) -> None:
+    """`PPO._update`'s minibatches through the loss and its backward alone: no clipping, optimizer step or trainer."""
+    import torch
+
+    cfg, data = ppo.cfg, ppo.buffer.flat(adv, ret)
+    gen = torch.Generator().manual_seed(0)
+    for _epoch in range(cfg.update_epochs):
+        perm = torch.randperm(cfg.batch_size, generator=gen)
+        shuffled = {k: v[perm] for k, v in data.items()}
+        for start in range(0, cfg.batch_size, cfg.minibatch_size):
+            ppo._loss(ppo.net, {k: v[start:start + cfg.minibatch_size] for k, v in shuffled.items()})[0].backward()
+            ppo.net.zero_grad(set_to_none=True)
+
+
 def bench_update(env_id: str, repeats: int, updates: int, device: str) -> dict:
     import torch
 
@@ -111,6 +126,7 @@ def bench_update(env_id: str, repeats: int, updates: int, device: str) -> dict:
         "update.amp_fp16": dict(precision="fp16"),
         "update.compiled_fp32": dict(precision="fp32", use_torch_compile=True),
         "update.fp32_2threads": dict(precision="fp32", num_workers=2),
+        "update.fp32_forward_backward": dict(precision="fp32"),  # the floor: the same minibatches' loss and backward only
     }
     learners = {}
     for name, v in variants.items():
@@ -126,9 +142,10 @@ def bench_update(env_id: str, repeats: int, updates: int, device: str) -> dict:
                                        ppo.cfg.gae_lambda))
             ret = adv + ppo.buffer.val
             torch.set_num_threads(ppo.cfg.optimizations.num_workers or 1)  # each variant its own thread count
+            step = _forward_backward if name == "update.fp32_forward_backward" else PPO._update
             t0 = now()
             for _ in range(updates):
-                ppo._update(adv, ret)
+                step(ppo, adv, ret)
             samples[name].append(updates / (now() - t0))
     for name, ppo in learners.items():
         info[name] = {"precision": ppo.trainer.precision.name, "scaler": ppo.trainer.scaler.is_enabled(),
