@@ -237,6 +237,40 @@ def test_smoke_each_env(env_id, tmp_path, monkeypatch):
     assert all(v > 0 for k, v in result.time_split_s.items() if k != "other")
 
 
+def test_the_running_statistics_are_numpys_mean_and_var_to_the_bit():
+    """RunningMeanStd.update skips NumPy's wrappers (it runs every env step) and must give their bits: the first
+    batch's statistics against a hand-written combination of x.mean(0) and x.var(0), float32 and float64."""
+    from agents.ppo.rollout import RunningMeanStd
+
+    rng = np.random.default_rng(0)
+    for dtype, shape in ((np.float64, (8,)), (np.float32, (8, 17)), (np.float64, (256, 3))):
+        x = (rng.normal(size=shape) * 30).astype(dtype)
+        rms = RunningMeanStd(shape[1:])
+        rms.update(x)
+        n, count = shape[0], 1e-4
+        total = count + n
+        delta = x.mean(0) - np.zeros(shape[1:])
+        assert np.array_equal(rms.mean, delta * n / total)
+        assert np.array_equal(rms.var, (np.ones(shape[1:]) * count + x.var(0) * n + delta**2 * count * n / total) / total)
+
+
+def test_reward_normalisation_is_on_by_default_and_scales_the_value_targets():
+    """The default keeps the critic's targets near 1 (a CartPole return of 500 is about 100 unscaled): docs/PPO.md."""
+    stored = {}
+    for normalize in (None, False):  # None: the default
+        cfg = load_config(None, total_steps=1024, eval_episodes=0, vec_env="sync", seed=1,
+                          **({} if normalize is None else {"normalize_reward": normalize}))
+        ppo = PPO(cfg)
+        try:
+            ppo.train()
+            stored[normalize] = ppo.buffer.rows["rew"].copy()
+        finally:
+            ppo.close()
+    assert np.all(stored[False] == 1.0)  # CartPole pays 1 a step
+    # by the rollout's last step the returns' spread is large: the scaled rewards are well under 1 (clipped at 10)
+    assert np.all((stored[None][-1] > 0) & (stored[None][-1] < 0.5)) and stored[None].max() <= 10.0
+
+
 def test_cartpole_learns_quickly():
     # 20k steps with the base config: the deterministic return well above random (about 10-30)
     cfg = load_config(None, total_steps=20_480, eval_episodes=3, vec_env="sync", seed=1)
