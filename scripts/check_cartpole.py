@@ -25,7 +25,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -35,18 +34,11 @@ sys.path.insert(0, str(ROOT / "scripts"))  # bench_ppo_vs_sb3's workers
 
 
 def _worker(impl: str, seed: int, steps: int, overrides: list[str]) -> dict:
-    if impl == "sb3":
-        from bench_ppo_vs_sb3 import worker_sb3
+    """One run by bench_ppo_vs_sb3's workers: the same config for both (its overrides too), on the CPU."""
+    import bench_ppo_vs_sb3 as bench
 
-        return worker_sb3("CartPole-v1", steps, seed, "auto")
-    from agents.ppo.config import load_config
-    from agents.ppo.ppo import run
-
-    cfg = load_config(ROOT / "configs" / "base.yaml", overrides, env_id="CartPole-v1", total_steps=steps, seed=seed)
-    cpu0 = time.process_time()
-    res = run(cfg)
-    return {"impl": "ours", "env_steps": res.env_steps, "eval_return": res.eval_return, "wall_s": res.wall_s,
-            "cpu_s_with_eval": time.process_time() - cpu0, "env_steps_per_s": res.env_steps_per_s}
+    bench.OVERRIDES[:] = overrides
+    return (bench.worker_sb3 if impl == "sb3" else bench.worker_ours)("CartPole-v1", steps, seed, "auto")
 
 
 def _spawn(impl: str, seed: int, steps: int, overrides: list[str]) -> dict:

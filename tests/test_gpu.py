@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from genesis_fp16 import FP16Trainer, FP16TrainingConfig
+from tests.test_window import _storm
 
 pytestmark = [
     pytest.mark.gpu,
@@ -124,17 +125,6 @@ def _fused_pair(precision):
     return pair
 
 
-def _nan_at(bad):
-    calls = [0]
-
-    def fn(model, batch):
-        n, calls[0] = calls[0], calls[0] + 1
-        loss = loss_fn(model, batch)
-        return loss * float("nan") if n in bad else loss
-
-    return fn
-
-
 def _synchronizing_calls(fn):
     """(fn's result, how many calls in it waited on the GPU), by torch's sync debug mode."""
     import warnings
@@ -156,7 +146,7 @@ def test_a_cuda_window_trains_as_the_per_step_path_and_waits_on_the_gpu_far_less
     batches = [(torch.randn(32, 64, device="cuda", generator=g), torch.randn(32, 8, device="cuda", generator=g)) for _ in range(32)]
     bad = {5, 6, 7, 20}
     a, b = _fused_pair(precision)
-    per_step_fn, window_fn = _nan_at(bad), _nan_at(bad)
+    per_step_fn, window_fn = _storm(bad), _storm(bad)  # NaN losses at those steps
     taken, per_step_syncs = _synchronizing_calls(lambda: [a.backward_and_step(a.training_step(x, per_step_fn)) for x in batches])
     windowed, window_syncs = _synchronizing_calls(
         lambda: b.train_window(batches[:16], window_fn).stepped + b.train_window(batches[16:], window_fn).stepped)
