@@ -281,6 +281,7 @@ class Candidate:
     real_return: Optional[float] = None  # mean over the training start states it was run on
     real_episodes: int = 0
     full: bool = False  # evaluated on every training start state
+    accepted: bool = False  # its returns so far put the training mean at the target (`agents.verify`'s sequential test)
     starts: list[int] = field(default_factory=list)  # indices into the training start states, in the order run
     returns: list[float] = field(default_factory=list)  # its real return on each of them
     confirmed: Optional[bool] = None  # met the target and was run on the validation start states: did it hold?
@@ -291,8 +292,9 @@ class Candidate:
         return dict(zip(self.starts, self.returns))
 
     def meets(self, target: float) -> bool:
-        """Whether this candidate is fully evaluated with a mean return of at least ``target``."""
-        return self.full and self.real_return is not None and self.real_return >= target
+        """Whether this candidate's mean return over the training start states is at least ``target``: all of them ran, or
+        the sequential test accepted it on fewer."""
+        return (self.full or self.accepted) and self.real_return is not None and self.real_return >= target
 
     def as_dict(self) -> dict[str, Any]:
         return {**asdict(self), "params": [float(v) for v in self.params]}
@@ -316,6 +318,7 @@ _CANDIDATE_CHECKS: dict[str, tuple[Any, str]] = {
     "real_return": (_optional_number, "null or a number (the mean return)"),
     "real_episodes": (lambda v: is_int(v, 0), "a whole number >= 0"),
     "full": (lambda v: isinstance(v, bool), "true or false"),
+    "accepted": (lambda v: isinstance(v, bool), "true or false"),
     "starts": (lambda v: isinstance(v, list) and all(is_int(i, 0) for i in v), "a list of whole numbers >= 0 (training start indices)"),
     "returns": (lambda v: is_numbers(v, finite=False), "a list of numbers, one per start"),
     "confirmed": (lambda v: v is None or isinstance(v, bool), "null, true or false"),
