@@ -49,7 +49,7 @@ def generation_record(
         "real_episodes": real_episodes,
         "env_steps": env_steps,  # of the episodes that finished so far
         "candidates": [{"id": c.id, "operator": c.operator, "real_return": c.real_return, "episodes": c.real_episodes, "full": c.full,
-                        "accepted": c.accepted}
+                        "accepted": c.accepted, "joined": c.joined}
                        for c in candidates],
         "best_return": best(candidates),  # the best one-episode return of the generation
         "refined_best": best([c for c in candidates if c.operator.startswith("refined")]),
