@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import asdict, dataclass, field, fields, replace
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 import numpy as np
 
@@ -164,12 +164,23 @@ class EvolveConfig:
     critic_agent: Optional[str] = option(None, cli=False)
     """The critic's ledger agent; None: `critic.<task id>`."""
 
-    def resolve(self, task: Optional[Task] = None) -> tuple["EvolveConfig", ResolvedTask]:
+    def resolve(self, task: Union[Task, ResolvedTask, None] = None) -> tuple["EvolveConfig", ResolvedTask]:
         """The task (``task``, else the one ``env_id`` names), checked, and this
         config with its target, policy, episode length and agents filled in
-        from it. Raises ValueError (TaskError) saying what to fix."""
+        from it. Raises ValueError (TaskError) saying what to fix. A
+        `ResolvedTask` (the CLI resolves before any output, to refuse a bad env
+        in one line) is taken as it is: resolving opens the env, once is enough;
+        its target, policy and episode length must be this config's where it sets them."""
         self.validate()
-        resolved = (task or get_task(self.env_id)).resolve(target=self.target, policy=self.policy, episode_steps=self.episode_steps)
+        if isinstance(task, ResolvedTask):
+            resolved = task
+            clash = [f"{name}={mine!r} (the resolved task's is {theirs!r})" for name, mine, theirs in (
+                ("target", self.target, resolved.target), ("policy", self.policy, resolved.policy.name),
+                ("episode_steps", self.episode_steps, resolved.episode_steps)) if mine is not None and mine != theirs]
+            if clash:
+                raise TaskError(f"{resolved.env_id}: {'; '.join(clash)}; expected the options the task was resolved with")
+        else:
+            resolved = (task or get_task(self.env_id)).resolve(target=self.target, policy=self.policy, episode_steps=self.episode_steps)
         check_policy_size(resolved)
         cfg = replace(
             self, env_id=resolved.env_id, target=resolved.target, policy=resolved.policy.name, episode_steps=resolved.episode_steps,
