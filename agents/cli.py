@@ -199,9 +199,10 @@ def evolve(
     tensorboard = tensorboard if tensorboard is not None else settings.tensorboard_dir
     if tensorboard is not None:
         check_available()
+    task = None
     try:
         if resume is None:
-            config = config.resolve()[0]  # the task checked (env id, spaces, target) before any output
+            config, task = config.resolve()  # the task checked (env id, spaces, target) before any output; the agent takes it as it is
         else:
             config.validate()
         # before any episode: a bad state dir or output path must not lose the run
@@ -231,7 +232,7 @@ def evolve(
                 connected.enter_context(ray_connection(address, num_cpus=config.workers))
             except RayConnectError as exc:
                 raise fail(str(exc))
-        _run(config, settings, given, resume=resume, baseline=baseline, json_path=json_path, plot=plot, tensorboard=tensorboard)
+        _run(config, task, settings, given, resume=resume, baseline=baseline, json_path=json_path, plot=plot, tensorboard=tensorboard)
 
 
 evolve.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
@@ -253,9 +254,10 @@ def _backend_of_run(ctx: typer.Context, backend: Backend, resume: Optional[str],
     return Backend(saved) if saved in {b.value for b in Backend} else backend
 
 
-def _run(config: Any, settings: Any, given: dict[str, Any], *, resume: Optional[str], baseline: Baseline,
+def _run(config: Any, task: Any, settings: Any, given: dict[str, Any], *, resume: Optional[str], baseline: Baseline,
          json_path: Optional[Path], plot: Optional[Path], tensorboard: Optional[Path]) -> None:
-    """The run itself, once its options are checked; ``given``: the config options the command line set."""
+    """The run itself, once its options are checked; ``task``: the config's task, resolved (None for a resume, which
+    resolves the run's own); ``given``: the config options the command line set."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
     from rich.text import Text
 
@@ -300,7 +302,7 @@ def _run(config: Any, settings: Any, given: dict[str, Any], *, resume: Optional[
     try:
         with _sigterm_as_interrupt(), tensorboard_events(tensorboard), progress:
             if agent is None:
-                agent = SEDarwinAgent(config, settings=settings, on_generation=on_generation)
+                agent = SEDarwinAgent(config, task=task, settings=settings, on_generation=on_generation)
             agent.on_generation = on_generation
             progress.update(task_id, completed=min(agent.real_episodes, budget))
             report = asyncio.run(agent.evolve())

@@ -17,8 +17,9 @@ search policy parameters through `CMASearch`.
   lose leave the update exactly as it would have been without them, so the
   search never goes where its own samples would not have taken it.
 * Same seed, same search: pycma's normal draws come from a NumPy generator
-  seeded by ``seed`` (never from ``numpy.random``), and the driver keeps what
-  it asked, injected and told (`record`), so a resumed run rebuilds the same
+  of the stream ``cma_search`` of ``seed`` (`genesis_fp16.seeds`; never from
+  ``numpy.random``), and the driver keeps what it asked, injected and told
+  (`record`), so a resumed run rebuilds the same
   state by replaying it (`CMASearch.replay`, which checks that the replay asks
   for exactly the recorded points).
 """
@@ -31,6 +32,7 @@ from typing import Any, Optional, Sequence
 import numpy as np
 
 from genesis_fp16.extras import require
+from genesis_fp16.seeds import numpy_rng
 
 TOLD_FAILED = 1e300
 """What pycma (a minimiser) is told for a candidate whose episode failed."""
@@ -53,7 +55,7 @@ class CMASearch:
             raise ValueError(f"popsize={popsize}: expected at least 2, or None (pycma's default, 4 + 3 ln n)")
         cma = require("cma", purpose)
         self.x0, self.sigma0, self.seed, self.requested_popsize = np.asarray(x0, dtype=np.float64).copy(), float(sigma0), int(seed), popsize
-        rng = np.random.default_rng([self.seed, 23])
+        rng = numpy_rng(self.seed, "cma_search")
         options: dict[str, Any] = {"seed": math.nan, "verbose": -9, "randn": lambda *shape: rng.standard_normal(shape)}
         if popsize is not None:
             options["popsize"] = int(popsize)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import asdict, dataclass, field, fields, replace
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 import numpy as np
 
@@ -18,7 +18,7 @@ from genesis_fp16.settings import PrecisionMode
 
 from .evaluation import BACKENDS
 from .manifest_fields import (
-    MANIFEST_VERSION, Manifest, RESUME_FIELDS, UNRESUMABLE, ManifestFieldError, RunError, check_fields, is_int, is_number, is_numbers,
+    MANIFEST_CHANGES, MANIFEST_VERSION, Manifest, RESUME_FIELDS, UNRESUMABLE, ManifestFieldError, RunError, check_fields, is_int, is_number, is_numbers,
 )
 from .tasks import ResolvedTask, Task, TaskError, get_task
 
@@ -48,9 +48,11 @@ def option(
 
 
 SEED_MAX = 2**32 - 1
-"""The largest seed (32 bits, as most seeding APIs take). The loop derives the env reset seeds (``1e6 (seed + 1)`` and
-offsets, kept in float64: exact up to a seed of about 9e9) and the torch seeds (``seed * 100_003 * 31 + ...``, below
-torch's 2^64) from it; both stay in range for every seed up to this."""
+"""The largest seed (32 bits, as most seeding APIs take). Every random stream of a run is seeded by
+`genesis_fp16.seeds.stream_seed` (seed, the stream's name, its indices: 63 bits, what NumPy and torch take), and the
+env reset seeds of its start states lie in a block that stream picks (`agents.tasks.task.reset_seed_base`: below
+2^53, exact in the float64 rows a start state is); neither depends on how large the seed is, so this bound is the
+seeding APIs' custom, not an overflow's."""
 COVARIANCE_LIMIT_BYTES = 1 << 30
 """The most CMA-ES's covariance matrix (n_params² float64s; pycma holds about three such matrices) may take: 1 GiB,
 11,585 policy parameters. A larger policy is refused before anything is allocated."""
@@ -160,12 +162,23 @@ class EvolveConfig:
     critic_agent: Optional[str] = option(None, cli=False)
     """The critic's ledger agent; None: `critic.<task id>`."""
 
-    def resolve(self, task: Optional[Task] = None) -> tuple["EvolveConfig", ResolvedTask]:
+    def resolve(self, task: Union[Task, ResolvedTask, None] = None) -> tuple["EvolveConfig", ResolvedTask]:
         """The task (``task``, else the one ``env_id`` names), checked, and this
         config with its target, policy, episode length and agents filled in
-        from it. Raises ValueError (TaskError) saying what to fix."""
+        from it. Raises ValueError (TaskError) saying what to fix. A
+        `ResolvedTask` (the CLI resolves before any output, to refuse a bad env
+        in one line) is taken as it is: resolving opens the env, once is enough;
+        its target, policy and episode length must be this config's where it sets them."""
         self.validate()
-        resolved = (task or get_task(self.env_id)).resolve(target=self.target, policy=self.policy, episode_steps=self.episode_steps)
+        if isinstance(task, ResolvedTask):
+            resolved = task
+            clash = [f"{name}={mine!r} (the resolved task's is {theirs!r})" for name, mine, theirs in (
+                ("target", self.target, resolved.target), ("policy", self.policy, resolved.policy.name),
+                ("episode_steps", self.episode_steps, resolved.episode_steps)) if mine is not None and mine != theirs]
+            if clash:
+                raise TaskError(f"{resolved.env_id}: {'; '.join(clash)}; expected the options the task was resolved with")
+        else:
+            resolved = (task or get_task(self.env_id)).resolve(target=self.target, policy=self.policy, episode_steps=self.episode_steps)
         check_policy_size(resolved)
         cfg = replace(
             self, env_id=resolved.env_id, target=resolved.target, policy=resolved.policy.name, episode_steps=resolved.episode_steps,
@@ -372,8 +385,8 @@ def resumed_config(
     run_id = manifest.get("run_id")
     if int(manifest.get("version") or 0) < MANIFEST_VERSION:
         raise RunError(
-            f"run {run_id!r}: its manifest is version {manifest.get('version')!r}, written before the loop in "
-            f"which CMA-ES carries the population and a critic refines it (version {MANIFEST_VERSION}); this version cannot continue it. Resume it with the version that "
+            f"run {run_id!r}: its manifest is version {manifest.get('version')!r}, written before "
+            f"{MANIFEST_CHANGES[MANIFEST_VERSION]} (version {MANIFEST_VERSION}); this version cannot continue it. Resume it with the version that "
             "started it, or start a new run"
         )
     for name in RESUME_FIELDS:

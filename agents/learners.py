@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
 
 import numpy as np
 
+from genesis_fp16.seeds import stream_seed
 from genesis_fp16.settings import Settings
 from genesis_fp16.telemetry import get_logger
 from infrastructure.replay_buffer import ReplayBuffer
@@ -62,11 +63,8 @@ class Learners:
         return Path(self.settings.state_dir) / "world_model" / self.run_id
 
     def _make_world_model(self) -> WorldModel:
-        import torch
-
         from infrastructure.world_model import WorldModel
 
-        torch.manual_seed(self.config.seed)
         assert self.config.wm_agent is not None  # resolve() names it after the task
         return WorldModel(
             self.task.policy.obs_dim, self.task.policy.act_dim, done_head=self.task.learns_termination, buffer=self.buffer,
@@ -132,7 +130,7 @@ class Learners:
         trajectories = await self.buffer.asample(self.data_agent)
         real = Transitions.from_trajectories(trajectories)
         parts = [real]
-        seed = cfg.seed * 100_003 + generation
+        seed = stream_seed(cfg.seed, "learners.learn", generation)
         if self.world_model is not None and cfg.model_rollouts > 0:
             import torch
 
@@ -164,7 +162,7 @@ class Learners:
             rounds.append(reports["critic"])
             with self.time.measure("refine"):
                 actor = (await asyncio.to_thread(refine, actor, data.obs, space, value=self.critic.value,
-                                                 snapshots=[max(1, cfg.refine_steps // cfg.actor_rounds)], seed=seed * 31 + r))[0]
+                                                 snapshots=[max(1, cfg.refine_steps // cfg.actor_rounds)], seed=stream_seed(cfg.seed, "learners.actor_round", generation, r)))[0]
         self.actor = space.to_raw(actor)
         self.last = reports
         return reports
@@ -202,7 +200,7 @@ class Learners:
             with self.time.measure("refine"):
                 zs = await asyncio.to_thread(
                     refine, z0, states, space, value=value, model=model_step(self.world_model) if horizon else None, horizon=horizon,
-                    snapshots=snapshots, seed=cfg.seed * 100_003 + generation * 2 + k,
+                    snapshots=snapshots, seed=stream_seed(cfg.seed, "learners.refine", generation, k),
                 )
             out += [(z, f"refined:{name}:{n}") for z, n in zip(zs, snapshots)]
         return out

@@ -9,7 +9,13 @@ import math
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-MANIFEST_VERSION = 3  # 3: one CMA-ES carries the population, a critic refines it (2: raced evaluations, probe search)
+MANIFEST_VERSION = 4
+"""4: every seed from `genesis_fp16.seeds.stream_seed` (a run's start states, start order and CMA-ES draws differ from
+version 3's, so a version-3 run cannot go on consistently); 3: one CMA-ES carries the population, a critic refines it;
+2: raced evaluations, probe search."""
+MANIFEST_CHANGES = {3: "the loop in which CMA-ES carries the population and a critic refines it",
+                    4: "seeds derived by stream name (genesis_fp16.seeds), which gives a run other start states and CMA-ES draws"}
+"""What each version changed, for the error that refuses an older manifest."""
 UNRESUMABLE = "the run cannot be resumed as it is: restore the field, or start a new run (`genesis-fp16 state prune` deletes this one)"
 RESUME_FIELDS = ("config", "real_episodes", "state", "search", "pool", "generations", "obs_stats", "time")
 """The fields a resume reads without a default (a manifest this code writes has them all from its first write)."""

@@ -31,7 +31,7 @@ import os
 import time
 import uuid
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional, Union
 
 import numpy as np
 
@@ -43,7 +43,7 @@ from infrastructure.replay_buffer import ReplayBuffer, trajectories_from_episode
 
 from . import runs
 from .cma_search import CMASearch
-from .evaluation import Evaluation, EvaluationBackend, EvaluationError, Evaluator
+from .evaluation import Evaluation, EvaluationBackend, EvaluationError, make_evaluator
 from .evolve_config import EVOLVE, Candidate, EvolveConfig
 from .evolve_report import generation_record, run_report
 from .learners import Learners, refined_count
@@ -52,7 +52,7 @@ from .real_episodes import RealEpisodes
 from .run_record import RunRecord
 from .run_state import RunState, StopReason
 from .search_space import ObsStats
-from .tasks import Task
+from .tasks import ResolvedTask, Task
 from .time_share import TimeShare
 
 if TYPE_CHECKING:  # torch and the learners load only when a run uses them
@@ -66,13 +66,14 @@ class SEDarwinAgent(RunRecord):
     """Runs `evolve`. ``on_generation(record)`` is called after each
     committed generation (the CLI's progress display). `resume`
     continues an interrupted run from its manifest (see ``agents.runs``).
-    ``task``: what to evolve (default: the task ``config.env_id`` names)."""
+    ``task``: what to evolve (default: the task ``config.env_id`` names), or
+    that task already resolved (`EvolveConfig.resolve`: the CLI's, taken as it is)."""
 
     def __init__(
         self,
         config: Optional[EvolveConfig] = None,
         *,
-        task: Optional[Task] = None,
+        task: Union[Task, ResolvedTask, None] = None,
         settings: Optional[Settings] = None,
         buffer: Optional[ReplayBuffer] = None,
         world_model: Optional[WorldModel] = None,
@@ -95,7 +96,9 @@ class SEDarwinAgent(RunRecord):
         self.time = TimeShare()
         self.learners = Learners(self.config, self.task, self.settings, self.buffer, self.data_agent, self.run_id, self.time,
                                  world_model=world_model, critic=critic)
-        self.evaluator = evaluator or self._make_evaluator()
+        cfg = self.config
+        self.evaluator = evaluator or make_evaluator(self.task, backend=cfg.backend, workers=cfg.workers, timeout_s=cfg.eval_timeout_s,
+                                                     memory_limit_mb=cfg.eval_memory_mb, mujoco_log=mujoco_log_for(self.settings))
         self.real = RealEpisodes(self.evaluator, self.config, self.starts, self.time, self._log)
         self.obs_stats = ObsStats(self.task.policy.obs_dim)  # the search's coordinates (agents.search_space)
         self.search = CMASearch(np.zeros(self.task.n_params), self.config.sigma0, seed=self.config.seed,
@@ -132,16 +135,6 @@ class SEDarwinAgent(RunRecord):
     def failures(self) -> list[dict[str, Any]]:
         """Candidates charged and skipped, and why."""
         return self.real.failures
-
-    def _make_evaluator(self) -> EvaluationBackend:
-        """The config's backend: the process pool, or Ray tasks on the connected cluster."""
-        cfg = self.config
-        if cfg.backend == "ray":
-            from .ray_evaluation import RayEvaluator
-
-            return RayEvaluator(self.task, workers=cfg.workers, timeout_s=cfg.eval_timeout_s, memory_limit_mb=cfg.eval_memory_mb)
-        return Evaluator(self.task, workers=cfg.workers, timeout_s=cfg.eval_timeout_s, memory_limit_mb=cfg.eval_memory_mb,
-                         mujoco_log=mujoco_log_for(self.settings))
 
     def _has_data(self) -> bool:
         """Whether any real evaluation succeeded (the replay buffer has a trajectory)."""

@@ -24,6 +24,8 @@ from typing import Awaitable, Callable, Optional, Sequence
 
 import numpy as np
 
+from genesis_fp16.seeds import numpy_rng
+
 from .evaluation import Evaluation, EvaluationError
 
 FIRST_STAGE = 2
@@ -47,7 +49,7 @@ def start_order(n_train: int, seed: int) -> list[int]:
     """The order (indices into the training start states) of a run with
     ``seed``: a fixed permutation. Candidate ``c`` of the run takes its one
     episode on ``order[c mod n_train]``, and verification walks the same order."""
-    return [int(i) for i in np.random.default_rng([seed, 11]).permutation(n_train)]
+    return [int(i) for i in numpy_rng(seed, "verify.start_order").permutation(n_train)]
 
 
 def t90(dof: int) -> float:

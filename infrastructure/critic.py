@@ -45,6 +45,7 @@ from genesis_fp16 import checkpoint as ckpt
 from genesis_fp16.device import DeviceArg
 from genesis_fp16.window import fused_adam
 from genesis_fp16.guarded import DEFAULT_GUARD, UNGUARDED, Guard, GuardChoice, GuardedTraining, Verdict
+from genesis_fp16.seeds import torch_generator
 from genesis_fp16.settings import Settings
 from genesis_fp16.threads import torch_threads
 from genesis_fp16.trainer import FP16Trainer
@@ -150,16 +151,14 @@ class Critic(GuardedLearner):
         self.checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir else Path(self.settings.state_dir) / "critic"
         self.spec = CriticSpec(int(obs_dim), int(act_dim), int(hidden), int(layers), activation,
                                tuple(low.tolist()), tuple(high.tolist()))
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(seed)
-            self.model = TwinQ(self.spec).to(self.device)
+        self.model = TwinQ(self.spec, torch_generator(seed, "critic.init")).to(self.device)
         self.target = copy.deepcopy(self.model).float().requires_grad_(False)
         self.low, self.high = low.to(self.device), high.to(self.device)
         self.optimizer = fused_adam(self.model.parameters(), lr, self.device)  # a window skips a step on the device
         self.trained = False
         self._training: Optional[GuardedTraining] = None
         self._lock = asyncio.Lock()
-        self._generator = torch.Generator().manual_seed(seed)
+        self._generator = torch_generator(seed, "critic.batches")
         self.history: list[CriticReport] = []
 
     # -- trainer -------------------------------------------------------------------

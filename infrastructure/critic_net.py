@@ -27,7 +27,7 @@ from __future__ import annotations
 import numbers
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 import torch
 from torch import nn
@@ -95,16 +95,16 @@ def check_spec(obs_dim: int, act_dim: int, hidden: int, layers: int, activation:
 class TwinQ(nn.Module):
     """Two Q networks as one: ``forward(x_norm [N, in]) -> [2, N]`` in value
     units (see the module's docstring); `q` takes raw observations and
-    actions and returns raw values."""
+    actions and returns raw values. ``generator``: what the initial weights are drawn from (`EnsembleLinear`)."""
 
-    def __init__(self, spec: CriticSpec) -> None:
+    def __init__(self, spec: CriticSpec, generator: Optional[torch.Generator] = None) -> None:
         super().__init__()
         self.spec = spec
         self.obs_dim, self.act_dim = spec.obs_dim, spec.act_dim
         self.act_fn = ACTIVATIONS[spec.activation]
         sizes = [spec.obs_dim + spec.act_dim] + [spec.hidden] * spec.layers
-        self.hidden_layers = nn.ModuleList(EnsembleLinear(TWINS, a, b) for a, b in zip(sizes[:-1], sizes[1:]))
-        self.head = EnsembleLinear(TWINS, sizes[-1], 1)
+        self.hidden_layers = nn.ModuleList(EnsembleLinear(TWINS, a, b, generator) for a, b in zip(sizes[:-1], sizes[1:]))
+        self.head = EnsembleLinear(TWINS, sizes[-1], 1, generator)
         low, high = torch.tensor(spec.action_low), torch.tensor(spec.action_high)
         self.register_buffer("act_mid", (high + low) / 2)
         self.register_buffer("act_half", (high - low) / 2)

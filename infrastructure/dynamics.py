@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from genesis_fp16.checkpoint import generator_state_problem
+from genesis_fp16.seeds import numpy_rng
 
 from .trajectory import FLOAT_FIELDS, Trajectory, non_finite_field
 
@@ -190,10 +191,10 @@ def data_key(traj: Trajectory) -> int:
 
 
 def validation_draws(key: int, length: int, seed: int) -> np.ndarray:
-    """One uniform draw per transition from a generator seeded by (seed, key);
+    """One uniform draw per transition from the stream ``dynamics.validation_split`` of (seed, key);
     a transition validates when its draw is under the validation fraction, so
     it stays on its side in every later training run."""
-    return np.random.default_rng([seed, key]).random(length)
+    return numpy_rng(seed, "dynamics.validation_split", key).random(length)
 
 
 def training_data(

@@ -112,13 +112,14 @@ def check_architecture(payload: Mapping[str, Any], spec: EnsembleSpec, source: s
 
 class EnsembleLinear(nn.Module):
     """E linear layers as one: ``x [E, B, in] -> [E, B, out]`` by ``baddbmm``.
-    Initialised as ``nn.Linear`` is (uniform within 1/sqrt(in)), member by member."""
+    Initialised as ``nn.Linear`` is (uniform within 1/sqrt(in)), member by member,
+    from ``generator`` (None: torch's global generator, as ``nn.Linear``)."""
 
-    def __init__(self, members: int, n_in: int, n_out: int) -> None:
+    def __init__(self, members: int, n_in: int, n_out: int, generator: Optional[torch.Generator] = None) -> None:
         super().__init__()
         bound = 1.0 / math.sqrt(n_in)
-        self.weight = nn.Parameter(torch.empty(members, n_in, n_out).uniform_(-bound, bound))
-        self.bias = nn.Parameter(torch.empty(members, 1, n_out).uniform_(-bound, bound))
+        self.weight = nn.Parameter(torch.empty(members, n_in, n_out).uniform_(-bound, bound, generator=generator))
+        self.bias = nn.Parameter(torch.empty(members, 1, n_out).uniform_(-bound, bound, generator=generator))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return torch.baddbmm(self.bias, x, self.weight)
@@ -139,11 +140,12 @@ class EnsembleDynamics(nn.Module):
     ``forward(x_norm [E, B, in])`` gives the head's raw output ``[E, B, out]``;
     `heads` splits it into the normalised mean, the soft-bounded log-variance
     (None without the Gaussian head) and the done logit (None without a done head).
+    ``generator``: what the initial weights are drawn from (`EnsembleLinear`).
     """
 
     def __init__(
         self, obs_dim: int, act_dim: int, *, ensemble: int = 5, elites: Optional[int] = None, hidden: int = 64,
-        layers: int = 2, probabilistic: bool = True, done_head: bool = False,
+        layers: int = 2, probabilistic: bool = True, done_head: bool = False, generator: Optional[torch.Generator] = None,
     ) -> None:
         super().__init__()
         n_elites = check_spec(ensemble, elites, hidden, layers)
@@ -152,8 +154,8 @@ class EnsembleDynamics(nn.Module):
         self.members = int(ensemble)
         n_in, self.n_gauss = obs_dim + act_dim, obs_dim + 1  # delta obs and reward
         sizes = [n_in] + [int(hidden)] * int(layers)
-        self.hidden_layers = nn.ModuleList(EnsembleLinear(self.members, a, b) for a, b in zip(sizes[:-1], sizes[1:]))
-        self.head = EnsembleLinear(self.members, sizes[-1], self.n_gauss * (2 if probabilistic else 1) + int(done_head))
+        self.hidden_layers = nn.ModuleList(EnsembleLinear(self.members, a, b, generator) for a, b in zip(sizes[:-1], sizes[1:]))
+        self.head = EnsembleLinear(self.members, sizes[-1], self.n_gauss * (2 if probabilistic else 1) + int(done_head), generator)
         if probabilistic:  # learned bounds of the log-variance, shared by the members (mbrl-lib's initial values)
             self.max_logvar = nn.Parameter(torch.full((1, 1, self.n_gauss), 0.5))
             self.min_logvar = nn.Parameter(torch.full((1, 1, self.n_gauss), -10.0))

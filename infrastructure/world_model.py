@@ -20,6 +20,7 @@ import torch
 from genesis_fp16.device import DeviceArg
 from genesis_fp16.window import fused_adam
 from genesis_fp16.guarded import DEFAULT_GUARD, UNGUARDED, Guard, GuardChoice, GuardedTraining, Verdict
+from genesis_fp16.seeds import torch_generator
 from genesis_fp16.settings import Settings
 from genesis_fp16.threads import torch_threads
 
@@ -120,15 +121,15 @@ class WorldModel(GuardedLearner):
         self.lr = lr
         self.max_transitions = max_transitions
         self.checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir else Path(self.settings.state_dir) / "world_model"
-        torch.manual_seed(seed)
         self.model = EnsembleDynamics(
             obs_dim, act_dim, ensemble=ensemble, elites=elites, hidden=hidden, layers=layers, probabilistic=probabilistic, done_head=done_head,
+            generator=torch_generator(seed, "world_model.init"),
         ).to(self.device)
         self.optimizer = fused_adam(self.model.parameters(), lr, self.device)  # a window skips a step on the device
         self.trained = False
         self._training: Optional[GuardedTraining] = None
         self._lock = asyncio.Lock()
-        self._generator = torch.Generator().manual_seed(seed)  # on the CPU: the same draws on every device
+        self._generator = torch_generator(seed, "world_model.batches")  # on the CPU: the same draws on every device
         self.history: list[TrainReport] = []
 
     # -- trainer --------------------------------------------------------------

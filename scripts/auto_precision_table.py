@@ -56,11 +56,11 @@ def bench_workload(name: str, device: torch.device) -> Workload:
 def world_model_workload(device: torch.device) -> Workload:
     from infrastructure.ensemble import EnsembleDynamics, ensemble_loss
 
-    torch.manual_seed(0)
-    model = EnsembleDynamics(3, 1, ensemble=5, hidden=128, layers=2).to(device)
-    x, y = torch.randn(4096, 4, device=device), torch.randn(4096, 4, device=device)
+    gen = torch.Generator().manual_seed(0)  # a private generator: torch's global one is left as it was
+    model = EnsembleDynamics(3, 1, ensemble=5, hidden=128, layers=2, generator=gen).to(device)
+    x, y = torch.randn(4096, 4, generator=gen).to(device), torch.randn(4096, 4, generator=gen).to(device)
     model.fit_normaliser(x, y)
-    rows = torch.randint(0, 4096, (5, 256), device=device)
+    rows = torch.randint(0, 4096, (5, 256), generator=gen).to(device)
     batch = (model.normalise_x(x)[rows], model.normalise_y(y)[rows])
     return model, lambda m: torch.optim.Adam(m.parameters(), lr=1e-3), batch, ensemble_loss
 

@@ -65,10 +65,10 @@ def _clock(device: torch.device) -> Callable[[], float]:
 
 
 def _model(obs_dim: int, act_dim: int, ensemble: int, hidden: int, layers: int, device: torch.device) -> EnsembleDynamics:
-    torch.manual_seed(0)
-    model = EnsembleDynamics(obs_dim, act_dim, ensemble=ensemble, hidden=hidden, layers=layers).to(device)
-    x = torch.randn(4096, obs_dim + act_dim, device=device)
-    y = torch.randn(4096, obs_dim + 1, device=device)
+    gen = torch.Generator().manual_seed(0)  # a private generator: torch's global one is left as it was
+    model = EnsembleDynamics(obs_dim, act_dim, ensemble=ensemble, hidden=hidden, layers=layers, generator=gen).to(device)
+    x = torch.randn(4096, obs_dim + act_dim, generator=gen).to(device)
+    y = torch.randn(4096, obs_dim + 1, generator=gen).to(device)
     model.fit_normaliser(x, y)
     return model
 

@@ -45,6 +45,7 @@ from genesis_fp16.bench.models import SIZES, make_task, validation_loss  # noqa:
 from genesis_fp16.guard import RollbackGuard  # noqa: E402
 from genesis_fp16.profiles import THRESHOLD_DEFAULTS  # noqa: E402
 from genesis_fp16.rollout import RolloutLedger  # noqa: E402
+from genesis_fp16.seeds import init_parameters, torch_generator  # noqa: E402
 from genesis_fp16.settings import load_settings  # noqa: E402
 from infrastructure.dynamics import DynamicsMLP, mse_loss, training_data  # noqa: E402
 from infrastructure.replay_buffer import trajectories_from_episodes  # noqa: E402
@@ -69,8 +70,8 @@ def pendulum_trajectories(candidates: int = 8):
 def wm_fp32_val_loss(data, seed: int) -> float:
     """WorldModel's FP32 training loop, seeded ``seed``, on fixed data; its validation loss."""
     x_tr, y_tr, x_val, y_val = data
-    torch.manual_seed(seed)
-    model = DynamicsMLP(pendulum_task.OBS_DIM, pendulum_task.ACT_DIM, 64)  # WorldModel's default hidden
+    model = init_parameters(DynamicsMLP(pendulum_task.OBS_DIM, pendulum_task.ACT_DIM, 64),  # WorldModel's default hidden
+                            torch_generator(seed, "canary_threshold.init"))
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
     trainer = registry.create_trainer("fp32", model, optimizer, name=f"threshold.seed{seed}")
     model.fit_normaliser(x_tr, y_tr)

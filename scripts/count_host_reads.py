@@ -108,9 +108,9 @@ def critic_reads(precision: str, steps: int, state: Path) -> int:
 
 def mlp_reads(precision: str, steps: int, state: Path) -> int:
     from genesis_fp16 import FP16Trainer, FP16TrainingConfig
+    from genesis_fp16.seeds import init_parameters
 
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1))
+    model = init_parameters(torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1)), torch.Generator().manual_seed(0))
     trainer = FP16Trainer(model, torch.optim.Adam(model.parameters(), lr=1e-3, fused=True), FP16TrainingConfig(precision=precision))
     g = torch.Generator().manual_seed(0)
     batches = [(torch.randn(64, 64, generator=g), torch.randn(64, 1, generator=g)) for _ in range(16)]

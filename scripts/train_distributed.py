@@ -43,6 +43,7 @@ from genesis_fp16.distributed import (
     init_distributed,
     inject_inf_grad,
 )
+from genesis_fp16.seeds import init_parameters, torch_generator
 from genesis_fp16.telemetry import get_logger
 
 
@@ -175,8 +176,7 @@ def run(args: Args, ctx: Any) -> int:
         if ctx.is_main:
             print(f"error: --inject-overflow-rank {args.inject_overflow_rank}: expected 0..{ctx.world_size - 1}", file=sys.stderr)
         return 2
-    torch.manual_seed(args.seed)  # same init on every rank (DDP also broadcasts rank 0's)
-    model = WorldModel(args.hidden)
+    model = init_parameters(WorldModel(args.hidden), torch_generator(args.seed, "train_distributed.init"))  # same init on every rank (DDP also broadcasts rank 0's)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
     config = FP16TrainingConfig(
         precision=args.precision,

@@ -13,7 +13,7 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from agents import se_darwin_agent
+from agents import evaluation, se_darwin_agent
 from agents.evaluation import Evaluator
 from genesis_fp16.cli import app
 
@@ -359,6 +359,42 @@ def test_cma_baseline_reports_same_keys(tmp_path, state_dir):
     assert report["best_candidate"]["operator"] == "cma_mean" or report["train_return"] is not None
 
 
+
+def test_the_task_is_resolved_once_and_the_evaluator_made_by_the_one_factory(monkeypatch, state_dir):
+    """Issue 46: the CLI resolves the task (which opens the env) once, before any output, and hands it to the agent;
+    the agent's evaluator comes from `agents.evaluation.make_evaluator`, the one factory (patched here through the
+    class it makes)."""
+    from agents.tasks.task import Task
+
+    resolved, made = [], []
+    real_resolve = Task.resolve
+    monkeypatch.setattr(Task, "resolve", lambda self, **kw: resolved.append(self.env_id) or real_resolve(self, **kw))
+
+    class Counted(Evaluator):
+        def __init__(self, *args, **kwargs):
+            made.append(kwargs)
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(evaluation, "Evaluator", Counted)
+    result = runner.invoke(app, ["evolve", *TINY, "--baseline", "cma", "--budget", "6", "--workers", "1"])
+    assert result.exit_code == 0, result.output
+    assert resolved == ["Pendulum-v1"] and len(made) == 1 and made[0]["workers"] == 1
+    assert not hasattr(se_darwin_agent.SEDarwinAgent, "_make_evaluator")
+
+
+def test_a_resolved_task_is_taken_as_it_is():
+    """`EvolveConfig.resolve` of a `ResolvedTask` opens no env again, and refuses a config that asks for another target,
+    policy or episode length than the task was resolved with."""
+    from dataclasses import replace
+
+    from agents.tasks import TaskError
+
+    config, task = se_darwin_agent.EvolveConfig().resolve()
+    again, same = config.resolve(task)
+    assert same is task and again == config
+    with pytest.raises(TaskError, match=r"target=-1.0 \(the resolved task's is -300.0\); policy='mlp:4'"):
+        replace(config, target=-1.0, policy="mlp:4").resolve(task)
+
 class InterruptOnSecondPopulation(Evaluator):
     def evaluate_many(self, jobs, **kw):
         self.populations = getattr(self, "populations", 0) + 1
@@ -368,7 +404,7 @@ class InterruptOnSecondPopulation(Evaluator):
 
 
 def test_ctrl_c_keeps_replay_buffer(monkeypatch, state_dir):
-    monkeypatch.setattr(se_darwin_agent, "Evaluator", InterruptOnSecondPopulation)
+    monkeypatch.setattr(evaluation, "Evaluator", InterruptOnSecondPopulation)
     result = runner.invoke(app, ["evolve", *TINY, "--budget", "40", "--workers", "1"])
     assert result.exit_code == 130, result.output
     assert "interrupted" in result.output and "1 generation(s) (6 real episodes) are committed" in result.output
@@ -379,12 +415,12 @@ def test_ctrl_c_keeps_replay_buffer(monkeypatch, state_dir):
 def test_resume_via_the_cli_continues_the_run(monkeypatch, tmp_path, state_dir):
     from agents.runs import read_manifest
 
-    monkeypatch.setattr(se_darwin_agent, "Evaluator", InterruptOnSecondPopulation)
+    monkeypatch.setattr(evaluation, "Evaluator", InterruptOnSecondPopulation)
     cut = runner.invoke(app, ["evolve", *TINY, "--no-world-model", "--budget", "12", "--workers", "1"])
     assert cut.exit_code == 130, cut.output
     (run_id,) = [p.name for p in (state_dir / "runs").iterdir()]
     assert read_manifest(state_dir, run_id)["generation"] == 0
-    monkeypatch.setattr(se_darwin_agent, "Evaluator", Evaluator)
+    monkeypatch.setattr(evaluation, "Evaluator", Evaluator)
     # a resumed run keeps its own options: only the budgets, workers and backend may change
     refused = runner.invoke(app, ["evolve", "--resume", run_id, "--refined", "2"], env={"COLUMNS": "300"})
     assert refused.exit_code == 2, refused.output
@@ -425,7 +461,7 @@ class FailingSeedEvaluator(Evaluator):
 
 
 def test_seed_generation_timeout_is_one_clear_error(monkeypatch, state_dir):
-    monkeypatch.setattr(se_darwin_agent, "Evaluator", FailingSeedEvaluator)
+    monkeypatch.setattr(evaluation, "Evaluator", FailingSeedEvaluator)
     result = runner.invoke(app, ["evolve", *TINY, "--budget", "40", "--workers", "1"])
     assert result.exit_code == 1, result.output
     assert "did not finish within 60 s" in result.output and "generation(s)" in result.output and "safe in" in result.output
@@ -436,7 +472,7 @@ def test_seed_generation_timeout_is_one_clear_error(monkeypatch, state_dir):
 # processes, so the run is still going when the signal comes.
 SLOW_EVOLVE = """
 import dataclasses, functools, time
-from agents import se_darwin_agent
+from agents import evaluation
 from agents.evaluation import Evaluator
 
 
@@ -448,7 +484,7 @@ class SlowEvaluator(Evaluator):
 
 
 if __name__ == "__main__":
-    se_darwin_agent.Evaluator = SlowEvaluator
+    evaluation.Evaluator = SlowEvaluator  # the one factory, agents.evaluation.make_evaluator, makes the agent's
     from genesis_fp16.cli import app
 
     app(["evolve", "--budget", "16", "--workers", "2"], prog_name="genesis-fp16")

@@ -13,7 +13,7 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from agents import pendulum_task, se_darwin_agent
+from agents import evaluation, pendulum_task
 from agents.evaluation import Evaluation, Evaluator
 from agents.evolve_config import resumed_config
 from agents.runs import MANIFEST_VERSION, RunError, RunLock, manifest_path, read_manifest
@@ -234,7 +234,7 @@ async def test_world_model_snapshot_keeps_the_batch_sampler(tmp_path):
 def test_cli_resume_end_to_end(monkeypatch, tmp_path, state_dir):
     runner = CliRunner()
     # batches: generation 0's population, generation 1's refined pair and population, generation 2's population
-    monkeypatch.setattr(se_darwin_agent, "Evaluator", lambda *a, **kw: InterruptOnEvaluation(population=4))
+    monkeypatch.setattr(evaluation, "Evaluator", lambda *a, **kw: InterruptOnEvaluation(population=4))
     flags = ["--budget", "24", "--workers", "1", "--popsize", "6", "--wm-steps", "30", "--ensemble", "2", "--refine-steps", "4",
              "--critic-updates", "0.02", "--model-rollouts", "0", "--target", "-1"]
     cut = runner.invoke(app, ["evolve", *flags])  # interrupted in generation 2
@@ -245,7 +245,7 @@ def test_cli_resume_end_to_end(monkeypatch, tmp_path, state_dir):
     refused = runner.invoke(app, ["evolve", "--resume", run_id, "--seed", "5"])
     assert refused.exit_code == 2 and "seed=5 (the run has 0)" in refused.output
 
-    monkeypatch.setattr(se_darwin_agent, "Evaluator", lambda *a, **kw: InProcessEvaluator(workers=1))
+    monkeypatch.setattr(evaluation, "Evaluator", lambda *a, **kw: InProcessEvaluator(workers=1))
     out = tmp_path / "report.json"
     result = runner.invoke(app, ["evolve", "--resume", run_id, "--json", str(out)])
     assert result.exit_code == 0, result.output

@@ -69,12 +69,12 @@ def test_bad_state_dir_is_one_clear_error(bad_state_dir, command):
 
 @pytest.mark.parametrize("bad_state_dir", ["file", "dangling"], indirect=True)
 def test_bad_state_dir_stops_evolve_before_any_episode(bad_state_dir, monkeypatch):
-    from agents import se_darwin_agent
+    from agents import evaluation
 
     def no_episodes(*args, **kwargs):
         raise AssertionError("an evaluator was created: the state dir was checked too late")
 
-    monkeypatch.setattr(se_darwin_agent, "Evaluator", no_episodes)
+    monkeypatch.setattr(evaluation, "Evaluator", no_episodes)
     result = runner.invoke(app, ["evolve", "--budget", "16", "--workers", "1"])
     assert result.exit_code == 2, result.output
     assert bad_state_dir in _one_error_line(result)

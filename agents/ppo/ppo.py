@@ -23,6 +23,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from genesis_fp16.extras import require
+from genesis_fp16.seeds import torch_generator
 from genesis_fp16.telemetry import get_logger
 from genesis_fp16.trainer import FP16Trainer
 
@@ -41,9 +42,9 @@ def _log():
     return get_logger("agents.ppo")  # looked up per call: the telemetry sinks may change after import
 
 
-def _layer(inp: int, out: int, std: float) -> nn.Linear:
+def _layer(inp: int, out: int, std: float, generator: Optional[torch.Generator] = None) -> nn.Linear:
     layer = nn.Linear(inp, out)
-    nn.init.orthogonal_(layer.weight, std)
+    nn.init.orthogonal_(layer.weight, std, generator=generator)
     nn.init.constant_(layer.bias, 0.0)
     return layer
 
@@ -54,18 +55,19 @@ class ActorCritic(nn.Module):
     ``[:hidden]`` of ``w1`` and ``w2[0]`` are the actor's, the rest the critic's; no weight is shared. Sampling is
     ``pick(out, perturbation(noise))``, noise drawn for a whole rollout at once (Gumbel-max for discrete actions,
     ``mean + std * eps`` for continuous), so chunked inference picks batched inference's actions; no
-    ``torch.distributions`` (its argument checks cost more than this forward)."""
+    ``torch.distributions`` (its argument checks cost more than this forward). ``generator``: what the orthogonal
+    init draws from (PPO passes its seed's ``ppo.init`` stream; None: torch's global generator, as torch's layers)."""
 
-    def __init__(self, obs_dim: int, act_dim: int, discrete: bool, hidden: int = 64) -> None:
+    def __init__(self, obs_dim: int, act_dim: int, discrete: bool, hidden: int = 64, generator: Optional[torch.Generator] = None) -> None:
         super().__init__()
         self.discrete, self.hidden = discrete, hidden
         self.w1 = nn.Parameter(torch.empty(2 * hidden, obs_dim))
         self.b1 = nn.Parameter(torch.zeros(2 * hidden))
         self.w2 = nn.Parameter(torch.empty(2, hidden, hidden))  # [actor, critic], (in, out)
         self.b2 = nn.Parameter(torch.zeros(2, 1, hidden))
-        self.actor_head, self.critic_head = _layer(hidden, act_dim, 0.01), _layer(hidden, 1, 1.0)
+        self.actor_head, self.critic_head = _layer(hidden, act_dim, 0.01, generator), _layer(hidden, 1, 1.0, generator)
         for block in (self.w1.data[:hidden], self.w1.data[hidden:], self.w2.data[0], self.w2.data[1]):
-            nn.init.orthogonal_(block, math.sqrt(2))
+            nn.init.orthogonal_(block, math.sqrt(2), generator=generator)
         self.log_std = nn.Parameter(torch.zeros(act_dim), requires_grad=not discrete)
 
     def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -169,8 +171,6 @@ class PPO:
         self.device = resolve_device(cfg.device)
         if opts.num_workers > 0:
             torch.set_num_threads(opts.num_workers)
-        torch.manual_seed(cfg.seed)
-        np.random.seed(cfg.seed)
         fast_on = opts.cpu_fast_path and self.device.type == "cpu" and not opts.use_torch_compile
         if envs is None:
             lean = fast_on and "lean_mujoco" in fast_pieces and lean_mujoco_supported(cfg.env_id)
@@ -184,7 +184,7 @@ class PPO:
         act_dim = int(act_space.n) if self.discrete else int(np.prod(act_space.shape))
         if not self.discrete:
             self.act_low, self.act_high = act_space.low, act_space.high
-        self.net = ActorCritic(self.obs_dim, act_dim, self.discrete, cfg.hidden_size).to(self.device)
+        self.net = ActorCritic(self.obs_dim, act_dim, self.discrete, cfg.hidden_size, torch_generator(cfg.seed, "ppo.init")).to(self.device)
         self.fast = FastPath(self.net, fast_pieces) if fast_on else None
         self.forward: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]] = self.fast.forward if self.fast else self.net.forward
         if opts.use_torch_compile:
@@ -193,7 +193,7 @@ class PPO:
         self.obs_rms = RunningMeanStd((self.obs_dim,)) if cfg.normalize_obs else None
         self.ret_rms = RunningMeanStd(()) if cfg.normalize_reward else None
         self._ret_acc = np.zeros(cfg.num_envs)
-        self.noise_gen = torch.Generator().manual_seed(cfg.seed)
+        self.noise_gen = torch_generator(cfg.seed, "ppo.noise")
         self.pin = opts.use_pinned_memory and self.device.type == "cuda"
         self.buffer = RolloutBuffer(cfg.num_steps, cfg.num_envs, self.obs_dim, self.act_shape, self.discrete, self.pin)
         # fused Adam: one kernel over all parameters (torch's CPU default is a per-tensor Python loop)
@@ -370,7 +370,7 @@ class PPO:
             diagnostics.update(last)
             return loss
 
-        gen = torch.Generator().manual_seed(cfg.seed * 100_003 + self.iteration)
+        gen = torch_generator(cfg.seed, "ppo.minibatches", self.iteration)
         for _epoch in range(cfg.update_epochs):
             perm = torch.randperm(b, generator=gen).to(self.device, non_blocking=True)
             shuffled = {k: v[perm] for k, v in data.items()}  # one gather per epoch; minibatches are views

@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
+from genesis_fp16.seeds import numpy_rng
+
 from .task import StartStates
 
 if TYPE_CHECKING:
@@ -40,14 +42,15 @@ def start_states(
     (theta uniform in [-pi, pi], theta_dot uniform in [-1, 1]). Training angles
     are stratified so every region of the circle is covered; held-out ones are
     drawn independently from a different stream and never seen by the search;
-    validation ones (which confirm a target met on the training states) from a third."""
-    rng = np.random.default_rng(10_000 + seed)
+    validation ones (which confirm a target met on the training states) from a third
+    (the streams ``pendulum.train_starts``, ``pendulum.heldout_starts``, ``pendulum.validation_starts``)."""
+    rng = numpy_rng(seed, "pendulum.train_starts")
     edges = np.linspace(-math.pi, math.pi, n_train + 1)
     theta = rng.uniform(edges[:-1], edges[1:])
     train = np.stack([theta, rng.uniform(-1.0, 1.0, n_train)], axis=1)
-    rng_h = np.random.default_rng(20_000 + seed)
+    rng_h = numpy_rng(seed, "pendulum.heldout_starts")
     heldout = np.stack([rng_h.uniform(-math.pi, math.pi, n_heldout), rng_h.uniform(-1.0, 1.0, n_heldout)], axis=1)
-    rng_v = np.random.default_rng(30_000 + seed)
+    rng_v = numpy_rng(seed, "pendulum.validation_starts")
     validation = np.stack([rng_v.uniform(-math.pi, math.pi, n_validation), rng_v.uniform(-1.0, 1.0, n_validation)], axis=1)
     return StartStates(train=train, heldout=heldout, validation=validation)
 

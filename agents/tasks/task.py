@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, Sequence
 
 import numpy as np
 
+from genesis_fp16.seeds import numpy_rng, stream_seed
+
 from .episodes import EpisodeSpec, SetStateFn
 from .policies import PolicySpec, parse_policy
 
@@ -27,6 +29,19 @@ if TYPE_CHECKING:
 ProjectFn = Callable[["torch.Tensor"], "torch.Tensor"]  # imagined observations back onto what the env can produce
 TerminationFn = Callable[["torch.Tensor"], "torch.Tensor"]  # observations (..., obs_dim) -> bool (...)
 DEFAULT_EPISODE_STEPS = 1000
+RESET_STRIDE = 1_000_000
+"""The reset seeds of one run's start states lie in one block of this many (`reset_seed_base`)."""
+RESET_BLOCKS = 2**32
+"""Blocks a run's seed picks its block among: the largest reset seed, about ``RESET_STRIDE * (RESET_BLOCKS + 1)``, is
+under 2^53, exact in the float64 rows a start state is."""
+
+
+def reset_seed_base(seed: int) -> int:
+    """The first reset seed of the block of a run seeded ``seed``: ``RESET_STRIDE``
+    times a block (1 to `RESET_BLOCKS`) from the stream ``task.reset_seeds``
+    (`genesis_fp16.seeds`). The run's training, validation, held-out and
+    model-only states are disjoint ranges inside the block (`ResolvedTask.start_states`)."""
+    return RESET_STRIDE * (1 + stream_seed(seed, "task.reset_seeds") % RESET_BLOCKS)
 
 
 class TaskError(ValueError):
@@ -185,12 +200,12 @@ class ResolvedTask:
 
     def start_states(self, seed: int) -> StartStates:
         """Train, held-out and validation start states; by default disjoint
-        ranges of reset seeds (train from ``1e6 (seed + 1)``, validation
+        ranges of reset seeds (train from `reset_seed_base`, validation
         300,000 and held-out 500,000 above it; the states only the model sees
         are drawn 800,000 above)."""
         if self.task.exact_states is not None:
             return self.task.exact_states.split(seed)
-        base = 1_000_000 * (seed + 1)
+        base = reset_seed_base(seed)
         train = np.arange(self.task.n_train, dtype=np.float64) + base
         heldout = np.arange(self.task.n_heldout, dtype=np.float64) + base + 500_000
         validation = np.arange(self.task.n_validation, dtype=np.float64) + base + 300_000
@@ -219,7 +234,8 @@ class ImaginedStarts:
         exact = task.task.exact_states
         if exact is None:
             self.train_obs = task.reset_observations([int(s[0]) for s in train]).astype(np.float32)
-            self.pool = task.reset_observations(range(1_000_000 * (seed + 1) + 800_000, 1_000_000 * (seed + 1) + 800_000 + self.POOL))
+            extra = reset_seed_base(seed) + 800_000
+            self.pool = task.reset_observations(range(extra, extra + self.POOL))
         else:
             self.train_obs = exact.observe(train).astype(np.float32)
 
@@ -228,7 +244,7 @@ class ImaginedStarts:
         return self.train_obs[list(indices)]
 
     def for_generation(self, generation: int) -> np.ndarray:
-        g = np.random.default_rng([self.seed, generation, 7])
+        g = numpy_rng(self.seed, "task.imagined_starts", generation)
         n_train = len(self.train)
         if self.n <= n_train:
             return self.train_obs[np.sort(g.choice(n_train, size=self.n, replace=False))]

@@ -17,6 +17,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from ..seeds import init_parameters, torch_generator
+
 OBS_DIM = 24
 ACT_DIM = 8
 
@@ -129,13 +131,13 @@ class Task:
     loss_fn: Callable[[nn.Module, Any], torch.Tensor]
 
     def make_model(self, seed: int, device: torch.device) -> nn.Module:
-        """The student at its initial weights: identical for every call with the same seed."""
-        torch.manual_seed(seed)
+        """The student at its initial weights: identical for every call with the same seed (drawn from
+        its own generator: torch's global one is left as it was)."""
         if self.spec.kind == "lstm":
             model: nn.Module = OutcomeLSTM(self.spec.features, self.spec.hidden)
         else:
             model = WorldModelMLP(self.spec.hidden)
-        return model.to(device)
+        return init_parameters(model, torch_generator(seed, "bench.student_init")).to(device)
 
 
 def _mse(model: nn.Module, batch: Any) -> torch.Tensor:

@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from ..rollout import RolloutLedger
+from ..seeds import init_parameters, torch_generator
 from ..settings import Settings
 
 REDUCED = "fp16" if torch.cuda.is_available() else "bf16"
@@ -56,6 +57,5 @@ def drill_data(seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def model_and_optimizer(seed: int = 0) -> tuple[nn.Module, torch.optim.Optimizer]:
-    torch.manual_seed(seed)
-    model = TinyModel()
+    model = init_parameters(TinyModel(), torch_generator(seed, "drill.init"))  # torch's global generator untouched
     return model, torch.optim.Adam(model.parameters(), lr=1e-2)

@@ -27,6 +27,7 @@ from typing import Callable, Optional
 import torch
 
 from ..checkpoint import CheckpointError, build_payload, load_payload, save_payload
+from ..seeds import init_parameters, torch_generator
 from ..telemetry import get_logger
 from . import data
 from .model import ScalarModel, TinyConfig, TinyLM, lm_loss
@@ -58,9 +59,9 @@ class PretrainSpec:
     seed: int = 0
 
     def key(self, cfg: TinyConfig) -> str:
-        # "v": the layout of the saved models; a new one gets a new file, so
-        # an older cache is rebuilt instead of refused
-        blob = json.dumps({"spec": self.__dict__, "model": cfg.to_dict(), "v": 3}, sort_keys=True)
+        # "v": the layout of the saved models, or how they are built (4: the initial weights from the
+        # generator of `genesis_fp16.seeds`); a new one gets a new file, so an older cache is rebuilt instead of refused
+        blob = json.dumps({"spec": self.__dict__, "model": cfg.to_dict(), "v": 4}, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
 
@@ -112,10 +113,9 @@ def build_assets(spec: PretrainSpec = PretrainSpec(), cfg: TinyConfig = TinyConf
 
 
 def _build_assets(spec: PretrainSpec, cfg: TinyConfig, progress: Optional[Callable[[int, int], None]]) -> Assets:
-    torch.manual_seed(spec.seed)
     g = torch.Generator().manual_seed(spec.seed)
     started = time.perf_counter()
-    ref = TinyLM(cfg)
+    ref = init_parameters(TinyLM(cfg), torch_generator(spec.seed, "forensics.pretrain.init"))  # torch's global generator untouched
     opt = torch.optim.AdamW(ref.parameters(), lr=spec.lr, weight_decay=0.0)
     total = spec.steps + spec.finetune_steps
     for step in range(spec.steps):

@@ -102,8 +102,7 @@ def _gae(rewards: torch.Tensor, values: torch.Tensor, lam: float = 0.95) -> torc
 
 
 def run_one(assets: Assets, cfg: ComponentPrecisions, seed: int, args: SweepArgs, progress: Optional[Callable[[int], None]] = None) -> dict:
-    torch.manual_seed(seed)
-    g = torch.Generator().manual_seed(seed)
+    g = torch.Generator().manual_seed(seed)  # every draw of a run (prompts, sampling) comes from it: the models are copies, not new
     started = time.perf_counter()
     policy = copy.deepcopy(assets.policy).train()
     value = assets.value_model(args.return_scale).train()
