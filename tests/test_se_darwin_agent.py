@@ -107,10 +107,11 @@ async def test_tiny_loop_end_to_end(state_dir):
     for key in ("real_episodes", "heldout_return", "train_return", "target_reached", "learners", "wall_s", "generations", "time_share"):
         assert key in report
     assert report["mode"] == "loop" and "precision" not in report and "imagination" not in report
-    assert report["real_episodes"] == 24 <= report["budget"]  # 4 generations of one episode per candidate
+    assert report["real_episodes"] == 24 <= report["budget"]  # one episode per candidate
     assert report["learners"]["world_model"]["precision"] == agent.world_model.precision
     assert report["learners"]["critic"]["agent"] == "critic.Pendulum-v1"
-    assert [g["generation"] for g in report["generations"]] == [0, 1, 2, 3] == [g["generation"] for g in seen]
+    assert [g["generation"] for g in report["generations"]] == list(range(len(seen))) == [g["generation"] for g in seen]
+    assert len(seen) >= 3  # 6 in generation 0, then the population and its extras
     gens = report["generations"]
     assert [c["operator"] for c in gens[0]["candidates"]] == ["cma"] * 6  # nothing to refine with before any data
     # the actor of the last generation's rounds and a copy of the mean, beside CMA-ES's 6 (the budget cuts the last)
@@ -126,9 +127,9 @@ async def test_tiny_loop_end_to_end(state_dir):
         assert (g["critic_val_loss"] is not None) == (g["wm_val_loss"] is not None)
     assert gens[0]["wm_val_loss"] is not None
     counts = ReplayBuffer(settings=settings).count(agent.data_agent)
-    assert counts == {"trajectories": 24, "transitions": 24 * pendulum_task.EPISODE_STEPS, "generations": 4}
+    assert counts == {"trajectories": 24, "transitions": 24 * pendulum_task.EPISODE_STEPS, "generations": len(gens)}
     events = [e for e in telemetry.read_events(settings.events_path) if e.get("event") == "evolve.generation"]
-    assert [e["generation"] for e in events] == [0, 1, 2, 3]
+    assert [e["generation"] for e in events] == list(range(len(gens)))
     assert all("best_return" in e and "real_episodes" in e and "refined_best" in e for e in events)
 
 
