@@ -74,7 +74,7 @@ async def test_list_shows_runs_with_sizes(state_dir):
     runs = {r["run_id"]: r for r in data["runs"]}
     assert list(runs) == [agent.run_id, legacy]  # newest first
     real = runs[agent.run_id]
-    assert real["status"] == "finished" and real["real_episodes"] == 24 and real["generation"] == 3  # 4 generations of 6
+    assert real["status"] == "finished" and real["real_episodes"] == 24 and real["generation"] == len(agent.generations) - 1 >= 2
     assert real["replay_trajectories"] == 24 and real["replay_bytes"] > 24 * 200 * 4 * 8  # 24 episodes of 200 steps
     folder = state_dir / "world_model" / agent.run_id  # both learners' own checkpoints (a finished run's snapshots are gone)
     learned = {p.name: p.stat().st_size for p in folder.iterdir()}

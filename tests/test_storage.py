@@ -356,7 +356,7 @@ def test_full_disk_in_the_replay_buffer_is_one_clear_error(monkeypatch, state_di
     assert result.exit_code == 1, result.output
     line = _one_error_line(result)
     assert "full" in line and "replay.sqlite" in line
-    assert "1 generation(s) (8 real episodes) are committed" in line
+    assert "1 generation(s) (15 real episodes) are committed" in line
     assert "corrupt" not in line
 
 
@@ -443,7 +443,7 @@ def test_an_sqlite_io_error_on_a_full_disk_during_evolve_names_the_full_disk(mon
     assert result.exit_code == 1, result.output
     line = _one_error_line(result)
     assert "the disk is full" in line and "replay.sqlite" in line and ": I/O error (" not in line
-    assert "1 generation(s) (8 real episodes) are committed" in line and "--resume" in line
+    assert "1 generation(s) (15 real episodes) are committed" in line and "--resume" in line
 
 
 def _tmpfs_available(directory: Path) -> bool:
