@@ -6,10 +6,16 @@ search policy parameters through `CMASearch`.
   4 + 3 ln n, weighted recombination, active covariance update), minimising;
   this driver speaks in returns (higher is better) and turns a failed
   candidate (score -inf or NaN) into `TOLD_FAILED`.
-* Outside proposals join a population by pycma's ``inject(..., force=True)``:
-  an injected point is asked back as it is (the refined copies of CEM-RL,
-  Pourchot and Sigaud 2019, evaluated like any other candidate), and the
-  update in ``tell`` trims its step where it is far off the distribution.
+* CMA-ES keeps its tuned population of its own samples. Outside proposals
+  (the refined candidates, evaluated beside the population as CEM-RL's
+  refined half is, Pourchot and Sigaud 2019) are extras: one joins the
+  update only when its return ranks among the population's parents (the
+  better half), in the place of the population's worst sample, and as a
+  direction from the mean no longer than the population's longest sample
+  (in CMA-ES's own Mahalanobis metric: pycma's ``inject`` without ``force``
+  likewise uses a proposal as a direction of a sample's length). Extras that
+  lose leave the update exactly as it would have been without them, so the
+  search never goes where its own samples would not have taken it.
 * Same seed, same search: pycma's normal draws come from a NumPy generator
   of the stream ``cma_search`` of ``seed`` (`genesis_fp16.seeds`; never from
   ``numpy.random``), and the driver keeps what it asked, injected and told
@@ -55,10 +61,10 @@ class CMASearch:
             options["popsize"] = int(popsize)
         self._es = cma.CMAEvolutionStrategy(self.x0.copy(), self.sigma0, options)
         self._asked: Optional[np.ndarray] = None
-        self._inject: list[np.ndarray] = []
         self.told: list[dict[str, Any]] = []
-        """Per generation: ``{"injected": k, "inject": the k points handed to `ask`, "x": the asked
-        population, "f": what pycma was told}``."""
+        """Per generation: ``{"x": the asked population, "f": what pycma was told, "extras": how many
+        extras joined, "told_x": the rows pycma was told (with ``extras`` > 0: the joined extras in the
+        worst samples' places)}``."""
 
     @property
     def popsize(self) -> int:
@@ -80,28 +86,42 @@ class CMASearch:
         """pycma's own stop conditions that hold now (empty: go on)."""
         return dict(self._es.stop())
 
-    def ask(self, inject: Sequence[np.ndarray] = ()) -> np.ndarray:
-        """The next population, (popsize, n): the ``inject``ed points first
-        (at most popsize - 1 of them: CMA-ES keeps at least one sample of its
-        own), then CMA-ES's samples."""
+    def ask(self) -> np.ndarray:
+        """The next population of CMA-ES's own samples, (popsize, n)."""
         if self._asked is not None:
             raise RuntimeError("CMASearch.ask: the last population was not told yet")
-        inject = [np.asarray(x, dtype=np.float64) for x in inject]
-        if len(inject) >= self.popsize:
-            raise ValueError(f"CMASearch.ask: {len(inject)} injected points; expected at most popsize - 1 = {self.popsize - 1}")
-        if inject:
-            self._es.inject(inject, force=True)
-        self._asked, self._inject = np.asarray(self._es.ask(), dtype=np.float64), inject
+        self._asked = np.asarray(self._es.ask(), dtype=np.float64)
         return self._asked.copy()
 
-    def tell(self, scores: Sequence[float]) -> None:
-        """The asked population's scores, in order (higher is better; -inf or NaN: the candidate failed)."""
+    def tell(self, scores: Sequence[float], extras: Sequence[tuple[np.ndarray, float]] = ()) -> list[int]:
+        """The asked population's scores, in order (higher is better; -inf or
+        NaN: the candidate failed), and the ``extras`` evaluated beside it
+        (point, score). Returns the indices of the extras that joined the
+        update (see the module's docstring)."""
         if self._asked is None or len(scores) != len(self._asked):
             raise ValueError(f"CMASearch.tell: {len(scores)} scores for {0 if self._asked is None else len(self._asked)} asked points")
         f = [-float(s) if math.isfinite(s) else TOLD_FAILED for s in scores]
-        self._es.tell(list(self._asked), f)
-        self.told.append({"injected": len(self._inject), "inject": [x.tolist() for x in self._inject], "x": self._asked.tolist(), "f": f})
+        x = self._asked.copy()
+        mu = max(1, len(f) // 2)
+        parent_bar = sorted(f)[mu - 1]  # the worst parent's (minimised) score
+        ranked = sorted((i for i, (_, s) in enumerate(extras) if math.isfinite(s) and -float(s) <= parent_bar), key=lambda i: -extras[i][1])
+        joined = ranked[: len(f) - mu]  # the population's parents stay its own samples' best or better
+        if joined:
+            mean = np.asarray(self._es.mean, dtype=np.float64)
+            longest = max(float(self._es.mahalanobis_norm(row - mean)) for row in x)
+            worst = sorted(range(len(f)), key=lambda i: -f[i])
+            for slot, i in zip(worst, joined):
+                dx = np.asarray(extras[i][0], dtype=np.float64) - mean
+                norm = float(self._es.mahalanobis_norm(dx))
+                x[slot] = mean + dx * (min(1.0, longest / norm) if norm > 0 else 1.0)
+                f[slot] = -float(extras[i][1])
+        self._es.tell(list(x), f)
+        record: dict[str, Any] = {"x": self._asked.tolist(), "f": f, "extras": len(joined)}
+        if joined:
+            record["told_x"] = x.tolist()
+        self.told.append(record)
         self._asked = None
+        return joined
 
     # -- resume --------------------------------------------------------------------------
     def record(self) -> dict[str, Any]:
@@ -112,25 +132,25 @@ class CMASearch:
     @classmethod
     def replay(cls, data: dict[str, Any], purpose: str = "CMA-ES") -> "CMASearch":
         """The search a `record` describes, rebuilt by asking and telling
-        again: each generation injects the points the live run handed to `ask`
-        (pycma re-expresses an injected point through its mean and step size,
-        so the asked row differs from it in the last bits, and re-injecting
-        the asked row would drift) and tells pycma the rows its own `ask`
-        returned, as the live run did. Raises ValueError when the replay does
-        not ask for the recorded points (another pycma, or an edited manifest)."""
-        search = cls(np.asarray(data["x0"], dtype=np.float64), float(data["sigma0"]), seed=int(data["seed"]), popsize=data.get("popsize"),
-                     purpose=purpose)
+        again: each generation asks (which must give the recorded population)
+        and tells pycma the recorded rows and scores, as the live run did.
+        Raises ValueError when the replay does not ask for the recorded points
+        (another pycma, an edited manifest, or a record of an older loop that
+        injected points into the population)."""
+        search = cls(np.asarray(data["x0"], dtype=np.float64), float(data["sigma0"]),
+                     seed=int(data["seed"]), popsize=data.get("popsize"), purpose=purpose)
         for generation, told in enumerate(data.get("told") or []):
+            if told.get("injected"):
+                raise ValueError(f"the CMA-ES record of generation {generation} injected points into the population (an older loop's "
+                                 "record); this version keeps refined candidates beside the population and cannot replay it")
             recorded = np.asarray(told["x"], dtype=np.float64)
-            k = int(told.get("injected") or 0)
-            inject = told.get("inject")
-            inject = list(np.asarray(inject, dtype=np.float64)) if inject is not None else list(recorded[:k])  # records before "inject"
-            if len(inject) != k:
-                raise ValueError(f"the CMA-ES record of generation {generation} names {k} injected points and holds {len(inject)}")
-            asked = search.ask(inject)
+            asked = search.ask()
             if asked.shape != recorded.shape or not np.allclose(asked, recorded, rtol=0.0, atol=REPLAY_ATOL):
                 raise ValueError(f"the CMA-ES search of generation {generation} does not replay to the points it recorded")
-            search._es.tell(list(asked), list(told["f"]))
+            rows = np.asarray(told.get("told_x") or told["x"], dtype=np.float64)
+            if rows.shape != recorded.shape:
+                raise ValueError(f"the CMA-ES record of generation {generation} told {len(rows)} rows for {len(recorded)} asked")
+            search._es.tell(list(rows), list(told["f"]))
             search.told.append(told)
-            search._asked, search._inject = None, []
+            search._asked = None
         return search

@@ -31,9 +31,6 @@ ABLATIONS = "Ablations"
 """The help panel of the switches that take a part of the loop out."""
 RARE_PANELS = (ABLATIONS, ADVANCED)
 """Panels `genesis-fp16 evolve --help` leaves out (one screen); ``--help-all`` shows them."""
-REFINING_POPSIZE = 8
-"""The CMA-ES population while refining, by measurement (Pendulum-v1, seeds 0-2: 8 with 4 refined reached the target in
-70-87 real episodes, pycma's 15 with 2 refined not within 90)."""
 RESUMABLE = ("budget", "budget_steps", "workers", "backend")
 """Options a resumed run may change; every other one must equal the run's."""
 
@@ -120,7 +117,8 @@ class EvolveConfig:
     """Train the twin-Q critic and refine by its gradient. False: the ablation without a critic (refinement through the
     model's `refine_horizon` steps alone, where there is a model)."""
     refined: int = option(4, least=0, most=1023, why="fewer than the CMA-ES population, itself at most 1024")
-    """Refined candidates injected into each CMA-ES population (0: no refinement, the loop is a one-episode CMA-ES: the floor)."""
+    """The most refined candidates run beside each CMA-ES population, fewer (down to none) while they do not win (0: no
+    refinement, the loop is a one-episode CMA-ES: the floor)."""
     precision: Optional[str] = option(None)
     """The world model's precision (`auto`, `fp32`, `bf16`, ...); None: the settings and its profile decide."""
     critic_precision: Optional[str] = option(None)
@@ -132,8 +130,8 @@ class EvolveConfig:
     episode_steps: Optional[int] = option(None, panel=ADVANCED, least=1, most=1_000_000, why="an episode's transitions are held in memory")
     """Steps per real episode; None: the task's, else the env spec's `max_episode_steps`."""
     popsize: Optional[int] = option(None, panel=ADVANCED, least=2, most=1024, why="each candidate's parameters are held in memory")
-    """CMA-ES population (refined candidates included); None: 8 while refining (more generations, so more refinements, per
-    real episode), pycma's default 4 + 3 ln(policy parameters) without (the floor, as the tuned yardstick)."""
+    """CMA-ES's population of its own samples (the refined candidates run beside it); None: pycma's default
+    4 + 3 ln(policy parameters), the floor's tuned population."""
     sigma0: float = option(0.5, panel=ADVANCED)
     """CMA-ES's initial step size, in normalised coordinates."""
     refine_steps: int = option(800, panel=ADVANCED, least=1)
@@ -192,14 +190,15 @@ class EvolveConfig:
             raise TaskError(f"budget_steps={cfg.budget_steps}: expected at least one episode's worth ({steps} real env steps on {cfg.env_id})")
         popsize = cfg.population(resolved.n_params)
         if cfg.refined >= popsize:
-            raise TaskError(f"refined={cfg.refined}: expected fewer than the CMA-ES population ({popsize}); CMA-ES keeps one sample of its own")
+            raise TaskError(f"refined={cfg.refined}: expected fewer than the CMA-ES population ({popsize}), whose better half stays "
+                            "its own samples' best")
         return cfg, resolved
 
     def population(self, n_params: int) -> int:
         """The CMA-ES population of a run with ``n_params`` policy parameters (see `popsize`)."""
         if self.popsize is not None:
             return self.popsize
-        return REFINING_POPSIZE if self.refined > 0 else 4 + int(3 * math.log(n_params))
+        return 4 + int(3 * math.log(n_params))
 
     def validate(self) -> None:
         """Raise `ValueError` listing every option out of range (all at once)."""
@@ -294,9 +293,11 @@ class Candidate:
     real_return: Optional[float] = None  # mean over the training start states it was run on
     real_episodes: int = 0
     full: bool = False  # evaluated on every training start state
+    accepted: bool = False  # its returns so far put the training mean at the target (`agents.verify`'s sequential test)
     starts: list[int] = field(default_factory=list)  # indices into the training start states, in the order run
     returns: list[float] = field(default_factory=list)  # its real return on each of them
     confirmed: Optional[bool] = None  # met the target and was run on the validation start states: did it hold?
+    joined: Optional[bool] = None  # a refined candidate (an extra): did it join CMA-ES's update (`agents.cma_search`)?
     validation_return: Optional[float] = None  # mean over the validation start states
 
     def start_returns(self) -> dict[int, float]:
@@ -304,8 +305,9 @@ class Candidate:
         return dict(zip(self.starts, self.returns))
 
     def meets(self, target: float) -> bool:
-        """Whether this candidate is fully evaluated with a mean return of at least ``target``."""
-        return self.full and self.real_return is not None and self.real_return >= target
+        """Whether this candidate's mean return over the training start states is at least ``target``: all of them ran, or
+        the sequential test accepted it on fewer."""
+        return (self.full or self.accepted) and self.real_return is not None and self.real_return >= target
 
     def as_dict(self) -> dict[str, Any]:
         return {**asdict(self), "params": [float(v) for v in self.params]}
@@ -329,9 +331,11 @@ _CANDIDATE_CHECKS: dict[str, tuple[Any, str]] = {
     "real_return": (_optional_number, "null or a number (the mean return)"),
     "real_episodes": (lambda v: is_int(v, 0), "a whole number >= 0"),
     "full": (lambda v: isinstance(v, bool), "true or false"),
+    "accepted": (lambda v: isinstance(v, bool), "true or false"),
     "starts": (lambda v: isinstance(v, list) and all(is_int(i, 0) for i in v), "a list of whole numbers >= 0 (training start indices)"),
     "returns": (lambda v: is_numbers(v, finite=False), "a list of numbers, one per start"),
     "confirmed": (lambda v: v is None or isinstance(v, bool), "null, true or false"),
+    "joined": (lambda v: v is None or isinstance(v, bool), "null, true or false"),
     "validation_return": (_optional_number, "null or a number"),
 }
 

@@ -48,7 +48,8 @@ def generation_record(
         "generation": generation,
         "real_episodes": real_episodes,
         "env_steps": env_steps,  # of the episodes that finished so far
-        "candidates": [{"id": c.id, "operator": c.operator, "real_return": c.real_return, "episodes": c.real_episodes, "full": c.full}
+        "candidates": [{"id": c.id, "operator": c.operator, "real_return": c.real_return, "episodes": c.real_episodes, "full": c.full,
+                        "accepted": c.accepted, "joined": c.joined}
                        for c in candidates],
         "best_return": best(candidates),  # the best one-episode return of the generation
         "refined_best": best([c for c in candidates if c.operator.startswith("refined")]),
@@ -86,7 +87,7 @@ def run_report(
         "env_steps": env_steps,  # of the episodes that finished (a lost candidate's steps are not known)
         "episodes_to_target": reached_at,
         "target_reached": reached_at is not None,
-        "train_return": best.real_return if best and best.full else None,
+        "train_return": best.real_return if best and (best.full or best.accepted) else None,  # accepted: the mean of the states it ran
         "heldout_return": heldout.mean_return if heldout is not None else None,
         "heldout_episodes": heldout_episodes,
         "train_start_states": train_start_states,

@@ -235,27 +235,26 @@ class Learners:
 
 
 WINDOW = 3
-"""Generations whose selections decide the share of refined candidates (`refined_count`)."""
+"""Generations whose extras decide how many refined candidates the next one gets (`refined_count`)."""
+FIRST_EXTRAS = 2
+"""Refined candidates of the first generation that has a learner to refine with, before any has been judged."""
 
 
-def refined_count(generations: Sequence[dict[str, Any]], most: int, popsize: int) -> int:
-    """How many refined candidates the next population gets, between 1 and
-    ``most``: over the last `WINDOW` generation records, the refined
-    candidates' share of the population's better half (CMA-ES's parents)
-    against their share of the population. Winning more than their share
-    earns one more, less than half of it costs one; before any record,
-    ``most``. Read from the records alone, so a resumed run adapts alike."""
-    count = most
-    for record in generations[-WINDOW:] if most > 1 else []:
-        cands = [c for c in record.get("candidates") or [] if c.get("real_return") is not None]
-        refined = sum(c["operator"].startswith("refined") for c in cands)
-        if not cands or not refined:
-            continue
-        top = sorted(cands, key=lambda c: -float(c["real_return"]) if np.isfinite(c["real_return"]) else np.inf)[: max(1, len(cands) // 2)]
-        won = sum(c["operator"].startswith("refined") for c in top) / len(top)
-        expected = refined / len(cands)
-        if won > expected:
-            count = min(most, count + 1)
-        elif won < expected / 2:
-            count = max(1, count - 1)
-    return min(count, popsize - 1)
+def refined_count(generations: Sequence[dict[str, Any]], most: int) -> int:
+    """How many refined candidates (extras beside CMA-ES's population) the
+    next generation gets, read from the generation records alone (so a
+    resumed run decides alike): over the last `WINDOW` records, twice the
+    extras that joined CMA-ES's update (their return ranked among the
+    population's parents), at most ``most``. None joined: none, but for a
+    probe of one when no extra ran in the last `WINDOW` generations (so they
+    return when they start to win); none ever ran: `FIRST_EXTRAS`."""
+    if most <= 0:
+        return 0
+    extras = [c for record in generations for c in record.get("candidates") or [] if c.get("operator", "").startswith("refined")]
+    if not extras:
+        return min(most, FIRST_EXTRAS)
+    window = [c for record in generations[-WINDOW:] for c in record.get("candidates") or [] if c.get("operator", "").startswith("refined")]
+    joined = sum(bool(c.get("joined")) for c in window)
+    if joined:
+        return min(most, 2 * joined)
+    return 0 if window else 1

@@ -125,7 +125,9 @@ def _check_search(search: Any) -> Optional[int]:
             try:
                 check_fields(told, {"x": (rows, "a list of rows of finite numbers (the asked points)"),
                                     "f": (lambda v: is_numbers(v, finite=False), "a list of numbers (what CMA-ES was told)"),
-                                    "injected": (lambda v: is_int(v, 0), "a whole number >= 0")}, required=("x", "f"))
+                                    "injected": (lambda v: is_int(v, 0), "a whole number >= 0"),
+                                    "extras": (lambda v: is_int(v, 0), "a whole number >= 0"),
+                                    "told_x": (rows, "a list of rows of finite numbers (the told points)")}, required=("x", "f"))
             except ManifestFieldError as exc:
                 raise exc.within(f"told[{g}].") from None
     except ManifestFieldError as exc:

@@ -109,8 +109,8 @@ class RealEpisodes:
 
     async def verify(self, cand: Candidate) -> Optional[Evaluation]:
         """``cand`` (one episode so far, at the target) run on the other
-        training start states until it cannot reach the target; its returns,
-        episodes and whether it is full are set on it. Returns the new
+        training start states until the sequential test decides (`agents.verify`); its returns,
+        episodes, whether it is full and whether it was accepted are set on it. Returns the new
         episodes (None when an evaluation failed: it is then charged, its one
         episode's return kept)."""
         assert len(cand.starts) == 1
@@ -121,6 +121,7 @@ class RealEpisodes:
             self.charge_failure(cand, result.error, episodes=result.episodes, score=False)
             return None
         self._score(cand, result.starts, result.evaluation, returns=result.returns)
+        cand.accepted = result.accepted
         return result.evaluation
 
     def _score(self, cand: Candidate, starts: list[int], res: Evaluation, returns: Optional[Sequence[float]] = None) -> None:
@@ -131,27 +132,28 @@ class RealEpisodes:
         self.env_steps += res.env_steps
 
     async def confirm(self, cand: Candidate, generation: int) -> Optional[bool]:
-        """Run ``cand`` (which met the target on every training start state) on
-        the validation start states: whether their mean meets the target too
-        (an evaluation that fails does not); None, and nothing run, when the
-        budgets have no room for them. The episodes never reach the replay
-        buffer, so the validation set stays out of the search."""
-        n = len(self.starts.validation)
+        """Run ``cand`` (which met the target on the training start states) on
+        the validation start states, stage by stage until the sequential test
+        decides (`agents.verify`): whether their mean meets the target too (an
+        evaluation that fails does not); None, and nothing run, when the
+        budgets have no room for all of them. The episodes never reach the
+        replay buffer, so the validation set stays out of the search."""
+        states = self.starts.validation
+        n = len(states)
         if self.over_budget(n) is not None:
             return None
-        self.real_episodes += n
-        try:
-            res = await self.evaluate(cand.params, self.starts.validation)
-        except EvaluationError as exc:
-            self.charge_failure(cand, exc, episodes=n, score=False)
+        result = await verify(self.evaluate, cand.params, states, list(range(n)), target=self.target)
+        self.real_episodes += result.episodes
+        if result.error is not None:
+            self.charge_failure(cand, result.error, episodes=result.episodes, score=False)
             cand.confirmed = False
         else:
-            self.env_steps += res.env_steps
-            cand.validation_return = res.mean_return
-            cand.confirmed = bool(res.mean_return >= self.target)
+            self.env_steps += result.evaluation.env_steps
+            cand.validation_return = float(np.mean(result.returns))
+            cand.confirmed = result.decided == "accept" or (result.decided == "all" and cand.validation_return >= self.target)
         self.confirmations.append({
             "candidate": cand.id, "generation": generation, "train_return": cand.real_return,
-            "validation_return": cand.validation_return, "episodes": n, "confirmed": cand.confirmed,
+            "validation_return": cand.validation_return, "episodes": result.episodes, "confirmed": cand.confirmed,
         })
         self._log.info("evolve.confirmation", **self.confirmations[-1])
         return cand.confirmed

@@ -225,6 +225,8 @@ class SEDarwinAgent:
     async def _loop(self, started: float) -> StopReason:
         """Generations after the last committed one until the target is met
         and confirmed, or the next generation could exceed a budget."""
+        if self.resumed_from is not None and self.real.over_budget(1) is None:
+            self.state.budget_exhausted = None  # resumed with a larger budget: the run goes on
         while self.state.reached_at is None:
             if self.state.budget_exhausted is None:
                 self.state.budget_exhausted = self.real.over_budget(1)  # not one more episode: no generation to run
@@ -235,36 +237,38 @@ class SEDarwinAgent:
         return StopReason.TARGET
 
     async def _generation(self, generation: int, started: float) -> None:
-        n_train, clock = len(self.starts.train), self.time.snapshot()
+        clock = self.time.snapshot()
         space = self.obs_stats.space(self.task.policy)
         last = [c for c in self.pool if c.generation == generation - 1 and c.returns and math.isfinite(c.returns[0])]
         elite = space.to_z(max(last, key=lambda c: c.returns[0]).params) if last else None
-        count = refined_count(self.generations, self.config.refined, self.search.popsize)  # adapts to how the refined fare
-        refined = await self.learners.refine(self.search.mean, space, generation, elite, count) if self._has_data() else []
-        zs = self.search.ask([z for z, _ in refined])
-        ops = [op for _, op in refined] + ["cma"] * (len(zs) - len(refined))  # refined:<mean|elite>:<steps>, or cma
-        cands = [Candidate(f"g{generation}-{k}-{op}", space.to_raw(z), op, generation) for k, (z, op) in enumerate(zip(zs, ops))]
-        order, results = self.real.order, []
-        if self.real.over_budget(len(cands)) is None:  # the whole population fits even at full-length episodes: one batch
-            pairs = [(c, order[(self.state.candidates_run + k) % n_train]) for k, c in enumerate(cands)]
-            results = await self.real.episodes(pairs)
-            self.state.candidates_run += len(pairs)
-        else:  # the budget may end inside it: one candidate at a time, each charged its real steps (the same cut whatever --workers)
-            ran = 0
-            while ran < len(cands) and (over := self.real.over_budget(1)) is None:
-                results += await self.real.episodes([(cands[ran], order[self.state.candidates_run % n_train])])
-                self.state.candidates_run, ran = self.state.candidates_run + 1, ran + 1
-            if ran < len(cands):
-                self.state.budget_exhausted = over
-                cands = cands[:ran]  # what ran is learned from; CMA-ES is not told a cut population
-        self.state.pool += cands
-        if cands and len(cands) == len(zs):
-            self.search.tell([c.real_return if c.real_return is not None else -math.inf for c in cands])
-        evaluated: list[tuple[Candidate, Evaluation]] = list(results)
-        await self._verify(cands, evaluated, generation)
+        count = refined_count(self.generations, self.config.refined)  # extras: fewer, down to none, while they do not win
+        refined = await self.learners.refine(self.search.mean, space, generation, elite, count) if count and self._has_data() else []
+        zs = self.search.ask()
+        extras = [Candidate(f"g{generation}-x{k}-{op}", space.to_raw(z), op, generation) for k, (z, op) in enumerate(refined)]
+        own = [Candidate(f"g{generation}-{k}-cma", space.to_raw(z), "cma", generation) for k, z in enumerate(zs)]
+        evaluated: list[tuple[Candidate, Evaluation]] = []
+        # the extras first (their own start states), then CMA-ES's samples on the start states the floor gives them: a
+        # refined candidate that meets the target is verified before the population runs, and ends the run once confirmed
+        done = sum(c.operator.startswith("refined") for c in self.pool)
+        ran_extras = await self._run(extras, done, evaluated, generation)
+        ran_own: list[Candidate] = []
+        if self.state.reached_at is None and self.state.budget_exhausted is None:
+            ran_own = await self._run(own, self.state.candidates_run, evaluated, generation)
+            self.state.candidates_run += len(ran_own)
+        if len(ran_own) == len(own):  # a population cut short (budget, or a target met by an extra) is not told
+            def score(c: Candidate) -> float:
+                return c.real_return if c.real_return is not None else -math.inf
+
+            joined = self.search.tell([score(c) for c in own], [(z, score(c)) for (z, _), c in zip(refined, ran_extras)])
+            for i, cand in enumerate(ran_extras):
+                cand.joined = i in joined
+        cands = ran_extras + ran_own
         await self._commit(generation, evaluated)
         reports: dict[str, Any] = {}
-        if self.state.reached_at is None and self._has_data():
+        # the learners' cost follows what they return: they learn only for a generation that will run refined candidates
+        upcoming = refined_count([*self.generations, {"candidates": [{"operator": c.operator, "joined": c.joined} for c in cands]}],
+                                 self.config.refined)
+        if self.state.reached_at is None and self._has_data() and upcoming:
             space = self.obs_stats.space(self.task.policy)
             scored = [c for c in cands if c.returns and math.isfinite(c.returns[0])]
             best = space.to_z(max(scored, key=lambda c: c.returns[0]).params) if scored else None
@@ -281,6 +285,28 @@ class SEDarwinAgent:
                        wm_val_loss=record["wm_val_loss"], critic_val_loss=record["critic_val_loss"])
         if self.on_generation is not None:
             self.on_generation(record)
+
+    async def _run(self, cands: list[Candidate], first: int, evaluated: list[tuple[Candidate, Evaluation]], generation: int) -> list[Candidate]:
+        """One episode for each of ``cands`` (candidate k on training start state
+        ``order[(first + k) mod n]``), then the verification of the best that met
+        the target; returns the candidates that ran (all but what the budget
+        cut), now in the pool, their episodes added to ``evaluated``."""
+        order, n_train = self.real.order, len(self.starts.train)
+        if not cands:
+            return []
+        if self.real.over_budget(len(cands)) is None:  # all of them fit even at full-length episodes: one batch
+            evaluated += await self.real.episodes([(c, order[(first + k) % n_train]) for k, c in enumerate(cands)])
+            ran = list(cands)
+        else:  # the budget may end inside it: one candidate at a time, each charged its real steps (the same cut whatever --workers)
+            ran = []
+            while len(ran) < len(cands) and (over := self.real.over_budget(1)) is None:
+                evaluated += await self.real.episodes([(cands[len(ran)], order[(first + len(ran)) % n_train])])
+                ran.append(cands[len(ran)])
+            if len(ran) < len(cands):
+                self.state.budget_exhausted = over
+        self.state.pool += ran
+        await self._verify(ran, evaluated, generation)
+        return ran
 
     async def _verify(self, cands: list[Candidate], evaluated: list[tuple[Candidate, Evaluation]], generation: int) -> None:
         """The best candidate whose one episode met the target runs on
@@ -317,6 +343,8 @@ class SEDarwinAgent:
         for cand, res in evaluated:
             outcome = "target" if cand.meets(self.real.target) else ("full" if cand.full else "episode")
             trajs += trajectories_from_episodes(res.episodes, cand.id, outcome)
+            if cand.operator != "cma":  # the search's coordinates follow its own samples, as the floor's do
+                continue
             for episode in res.episodes:
                 if "obs" in episode:
                     self.obs_stats.update(np.asarray(episode["obs"], dtype=np.float64) * scale)

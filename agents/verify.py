@@ -1,14 +1,19 @@
-"""Verifying a candidate whose one real episode met the target: it runs on
-the other training start states in stages and stops as soon as it can no
-longer reach the target.
+"""Verifying a candidate whose one real episode met the target, and
+confirming it on the validation start states: a sequential test that stops
+as soon as the returns so far decide, either way.
 
 Stages double (2, 4, 8, ... start states, then all of them: successive
 halving's schedule, Jamieson and Talwalkar 2016) over one fixed order of the
-training start states per run (`start_order`). After each stage the
-candidate goes on while ``mean(r) + t * sd(r) / sqrt(n) >= target`` on its
-returns so far, ``t`` the one-sided 90% quantile of Student's t with
-``n - 1`` degrees of freedom: an upper confidence bound, wide while few
-states are in. Every episode run is charged, a stopped candidate's too.
+start states per run (`start_order`). After each stage, on the ``n``
+returns so far of the ``N`` states, the bounds are ``mean(r) -+ t * sd(r) /
+sqrt(n) * sqrt((N - n) / (N - 1))``, ``t`` the one-sided 90% quantile of
+Student's t with ``n - 1`` degrees of freedom and the last factor the finite
+population correction (the mean asked about is the one over the N states,
+which n of them pin down exactly at n = N). The candidate is rejected once
+the upper bound falls below the target and accepted once the lower bound
+reaches it: the same error rate both ways, so a policy that meets the target
+on every state it runs is decided in a few episodes, as one that cannot
+reach it is. Every episode run is charged, a stopped candidate's too.
 """
 
 from __future__ import annotations
@@ -51,44 +56,67 @@ def t90(dof: int) -> float:
     return T90[max(k for k in T90 if k <= dof)]
 
 
-def upper_bound(values: Sequence[float]) -> float:
-    """mean + t90(n - 1) * sd / sqrt(n); +inf with fewer than 2 values (nothing to judge by)."""
+def half_width(values: Sequence[float], population: Optional[int] = None) -> float:
+    """t90(n - 1) * sd / sqrt(n), times the finite population correction when the
+    ``n`` values are drawn from ``population`` states; +inf with fewer than 2 values (nothing to judge by)."""
     v = np.asarray(values, dtype=np.float64)
-    if len(v) < 2:
+    n = len(v)
+    if n < 2:
         return math.inf
-    return float(v.mean() + t90(len(v) - 1) * v.std(ddof=1) / math.sqrt(len(v)))
+    fpc = 1.0 if population is None or population <= 1 else math.sqrt(max(0, population - n) / (population - 1))
+    return float(t90(n - 1) * v.std(ddof=1) / math.sqrt(n) * fpc) if fpc > 0 else 0.0
+
+
+def upper_bound(values: Sequence[float], population: Optional[int] = None) -> float:
+    """mean + `half_width`: above the mean over ``population`` states (90%, one-sided)."""
+    return float(np.mean(values)) + half_width(values, population) if len(values) else math.inf
+
+
+def lower_bound(values: Sequence[float], population: Optional[int] = None) -> float:
+    """mean - `half_width`: below the mean over ``population`` states (90%, one-sided)."""
+    return float(np.mean(values)) - half_width(values, population) if len(values) else -math.inf
 
 
 @dataclass
 class Verification:
-    """What verifying one candidate ran: ``starts`` (indices into the training
+    """What verifying one candidate ran: ``starts`` (indices into the
     start states, in the order run, the candidate's own first episode first),
     ``returns`` on them, the new episodes (``evaluation``) and how many were
-    charged; ``error`` when a stage failed."""
+    charged; ``error`` when a stage failed; ``decided``: ``accept`` (the lower
+    bound reached the target), ``reject`` (the upper bound fell below it),
+    ``all`` (every state ran: the mean decides), None (an error stopped it)."""
 
     starts: list[int] = field(default_factory=list)
     returns: list[float] = field(default_factory=list)
     evaluation: Evaluation = field(default_factory=lambda: Evaluation(returns=[], episodes=[]))
     episodes: int = 0
     error: Optional[EvaluationError] = None
+    decided: Optional[str] = None
+
+    @property
+    def accepted(self) -> bool:
+        return self.decided == "accept"
 
 
 async def verify(
-    evaluate: EvaluateFn, params: np.ndarray, train: np.ndarray, order: Sequence[int], *, first: tuple[int, float], target: float,
+    evaluate: EvaluateFn, params: np.ndarray, states: np.ndarray, order: Sequence[int], *, first: Optional[tuple[int, float]] = None,
+    target: float,
 ) -> Verification:
-    """Run ``params`` on the training start states ``train`` in ``order``
-    (``first``: the start index and return of its episode so far), stage by
-    stage, until it cannot reach ``target``, fails, or has run them all."""
-    rest = [i for i in order if i != first[0]]
-    result = Verification(starts=[first[0]], returns=[float(first[1])])
-    done = 0
-    for size in stage_sizes(len(order)):
-        idx = rest[done : size - 1]
+    """Run ``params`` on the start states ``states`` in ``order`` (``first``:
+    the start index and return of its episode so far, if any), stage by
+    stage, until the returns decide (`Verification.decided`), an evaluation
+    fails, or it has run them all."""
+    rest = [i for i in order if first is None or i != first[0]]
+    result = Verification() if first is None else Verification(starts=[first[0]], returns=[float(first[1])])
+    done, n = 0, len(order)
+    offset = 0 if first is None else 1
+    for size in stage_sizes(n):
+        idx = rest[done : size - offset]
         if not idx:
             continue
         result.episodes += len(idx)
         try:
-            res = await evaluate(params, train[idx])
+            res = await evaluate(params, states[idx])
         except EvaluationError as exc:
             result.error = exc
             return result
@@ -96,7 +124,14 @@ async def verify(
         result.returns += [float(r) for r in res.returns]
         result.evaluation.returns += list(res.returns)
         result.evaluation.episodes += list(res.episodes)
-        done = size - 1
-        if len(result.starts) < len(order) and upper_bound(result.returns) < target:
+        done = size - offset
+        if len(result.starts) >= n:
+            result.decided = "all"
+        elif upper_bound(result.returns, n) < target:
+            result.decided = "reject"
+        elif lower_bound(result.returns, n) >= target:
+            result.decided = "accept"
+        if result.decided is not None:
             break
+    result.decided = result.decided or "all"  # one state only: the first episode was all of it
     return result

@@ -19,7 +19,7 @@ from agents.refine import ZPolicy, objective, refine
 from agents.search_space import ObsStats, SearchSpace
 from agents.se_darwin_agent import SEDarwinAgent
 from agents.tasks import get_task
-from agents.verify import stage_sizes, start_order, upper_bound, verify
+from agents.verify import lower_bound, stage_sizes, start_order, upper_bound, verify
 from agents.evaluation import Evaluation, EvaluationEnvError
 from genesis_fp16.settings import load_settings
 from loop_fakes import FakeEvaluator
@@ -30,21 +30,15 @@ TASK = get_task("Pendulum-v1").resolve()
 
 
 # -- (a) the CMA-ES driver ---------------------------------------------------------------------
-def test_injected_points_are_asked_back_first_and_exactly():
+def test_failed_candidates_are_told_as_failures_and_bad_settings_raise():
     search = CMASearch(np.zeros(5), 0.5, seed=3, popsize=6)
     search.tell(list(-np.linalg.norm(search.ask(), axis=1)))
-    inject = [np.full(5, 0.25), np.linspace(-1.0, 1.0, 5)]
-    asked = search.ask(inject)
-    assert asked.shape == (6, 5)
-    # as injected, up to rounding: pycma stores an injected point as its step from the mean in units of sigma
-    # (mean + sigma * ((x - mean) / sigma): off by an ulp or so, far below the replay's tolerance)
-    np.testing.assert_allclose(asked[0], inject[0], rtol=0, atol=1e-12)
-    np.testing.assert_allclose(asked[1], inject[1], rtol=0, atol=1e-12)
-    assert not any(np.allclose(row, x) for row in asked[2:] for x in inject)  # CMA-ES's own samples after them
+    search.ask()
     search.tell([0.0, -np.inf, float("nan"), -1.0, -2.0, -3.0])
-    assert search.told[-1]["injected"] == 2 and search.told[-1]["f"][1] == TOLD_FAILED == search.told[-1]["f"][2]
-    with pytest.raises(ValueError, match="at most popsize - 1"):
-        search.ask([np.zeros(5)] * 6)
+    assert search.told[-1]["extras"] == 0 and search.told[-1]["f"][1] == TOLD_FAILED == search.told[-1]["f"][2]
+    with pytest.raises(ValueError, match="6 asked points"):
+        search.ask()
+        search.tell([0.0])
     with pytest.raises(ValueError, match="sigma0"):
         CMASearch(np.zeros(5), 0.0, seed=0)
 
@@ -52,14 +46,15 @@ def test_injected_points_are_asked_back_first_and_exactly():
 def _driven(seed: int = 5, generations: int = 4) -> CMASearch:
     search = CMASearch(np.zeros(4), 0.3, seed=seed, popsize=6)
     for g in range(generations):
-        inject = [search.mean + 0.1] if g % 2 else []
-        xs = search.ask(inject)
-        search.tell(list(-np.sum((xs - 1.0) ** 2, axis=1)))
+        xs = search.ask()
+        extras = [(search.mean + 0.1, 0.0)] if g % 2 else []  # the best: it joins
+        search.tell(list(-np.sum((xs - 1.0) ** 2, axis=1)), extras)
     return search
 
 
 def test_replay_rebuilds_the_same_search():
     search = _driven()
+    assert [t["extras"] for t in search.told] == [0, 1, 0, 1]
     again = CMASearch.replay(copy.deepcopy(search.record()))
     np.testing.assert_array_equal(again.mean, search.mean)
     assert again.sigma == search.sigma and again.generations == search.generations == 4
@@ -69,23 +64,29 @@ def test_replay_rebuilds_the_same_search():
     assert not np.allclose(_driven(seed=6).mean, _driven().mean)
 
 
-def test_replay_with_injections_over_ten_generations_is_the_live_search():
-    """A resumed run replays the manifest's record (through JSON): pycma
-    re-expresses an injected point, so the asked row differs from it in the
-    last bits; re-injecting the asked row drifted, and the replay stopped
-    matching (33 of 40 runs with refined injections). Each generation injects
-    points near, at and far off the distribution (refined copies can be far)."""
+def test_replay_with_extras_over_ten_generations_is_the_live_search():
+    """A resumed run replays the manifest's record (through JSON). Each
+    generation offers extras near, at and far off the distribution (refined
+    copies can be far), some winning, some not."""
     for trial in range(24):
         rng = np.random.default_rng(trial)
         search = CMASearch(rng.normal(size=12), 0.5, seed=trial)
         for g in range(10):
-            inject = [search.mean + rng.normal(size=12) * rng.choice([0.01, 1.0, 10.0]) for _ in range(int(rng.integers(0, 3)))]
-            xs = search.ask(inject)
-            search.tell(list(-np.sum(xs**2, axis=1)))
+            xs = search.ask()
+            extras = [(search.mean + rng.normal(size=12) * rng.choice([0.01, 1.0, 10.0]), float(rng.normal(-10.0, 10.0)))
+                      for _ in range(int(rng.integers(0, 3)))]
+            search.tell(list(-np.sum(xs**2, axis=1)), extras)
         again = CMASearch.replay(json.loads(json.dumps(search.record())))
         np.testing.assert_array_equal(again.mean, search.mean, err_msg=f"trial {trial}")
         assert again.sigma == search.sigma, trial
         np.testing.assert_array_equal(again.ask(), search.ask(), err_msg=f"trial {trial}")
+
+
+def test_a_record_of_the_older_injecting_loop_is_refused_by_name():
+    record = copy.deepcopy(_driven().record())
+    record["told"][1]["injected"] = 1
+    with pytest.raises(ValueError, match="injected points into the population"):
+        CMASearch.replay(record)
 
 
 def test_replay_of_an_edited_record_raises():
@@ -196,8 +197,10 @@ def critic_config(**kw) -> EvolveConfig:
     return EvolveConfig(**{**base, **kw})
 
 
-async def test_refined_copies_are_injected_first_and_told(state_dir):
-    agent = SEDarwinAgent(critic_config(), settings=load_settings(), evaluator=FakeEvaluator(TASK), critic=tiny_critic())
+async def test_refined_copies_run_beside_the_population_and_join_it_only_when_they_win(state_dir):
+    from agents.learners import refined_count
+
+    agent = SEDarwinAgent(critic_config(budget=40), settings=load_settings(), evaluator=FakeEvaluator(TASK), critic=tiny_critic())
     refined_out: list[list[np.ndarray]] = []
     inner = agent.learners.refine
 
@@ -209,18 +212,24 @@ async def test_refined_copies_are_injected_first_and_told(state_dir):
     agent.learners.refine = recording
     report = await agent.evolve()
     gens = report["generations"]
-    assert len(gens) == 4 and agent.search.generations == 4
+    told_gens = agent.search.generations  # the last population, cut by the budget, is not told
+    assert len(gens) >= 4 and told_gens in (len(gens), len(gens) - 1) and agent.search.popsize == 6
     assert [c["operator"] for c in gens[0]["candidates"]] == ["cma"] * 6  # no data, no critic yet: nothing refined
-    assert [told["injected"] for told in agent.search.told] == [0, 2, 2, 2]
-    assert len(refined_out) == 3  # generations 1-3 (generation 0 has no data to refine with)
-    for g, zs in zip(range(1, 4), refined_out):
-        ops = [c["operator"] for c in gens[g]["candidates"]]
-        assert ops == ["refined:actor", "refined:mean:8", "cma", "cma", "cma", "cma"]  # the rounds' actor, then the mean refined
-        told = agent.search.told[g]
-        np.testing.assert_allclose(np.asarray(told["x"][:2]), np.asarray(zs), rtol=0, atol=1e-12)  # asked back as injected
-        # told their real returns like every other candidate (pycma minimises: the negated return)
-        assert told["f"] == [-c["real_return"] for c in gens[g]["candidates"]]
-        assert gens[g]["refined_best"] == max(c["real_return"] for c in gens[g]["candidates"][:2])
+    assert [c["operator"] for c in gens[1]["candidates"]] == ["refined:actor", "refined:mean:8"] + ["cma"] * 6  # extras first
+    for g in range(1, told_gens):
+        cands, told = gens[g]["candidates"], agent.search.told[g]
+        extras = [c for c in cands if c["operator"] != "cma"]
+        assert len(extras) == refined_count(gens[:g], 2)  # as the records before it decide
+        own = [c["real_return"] for c in cands if c["operator"] == "cma"]
+        assert len(own) == 6 and told["extras"] == sum(bool(c["joined"]) for c in extras)
+        parents_bar = sorted(own, reverse=True)[2]
+        for c in extras:  # an extra joins when it ranks among CMA-ES's parents (and, here, each such one does)
+            assert c["joined"] == (c["real_return"] >= parents_bar)
+        # what pycma was told: the own samples' returns, the joined extras' in the worst ones' places (minimised: negated)
+        expected = sorted([-r for r in own])
+        joined = sorted(-c["real_return"] for c in extras if c["joined"])
+        assert sorted(told["f"]) == sorted(expected[: 6 - len(joined)] + joined)
+    assert sum(len(z) for z in refined_out) == sum(c["operator"] != "cma" for g in gens for c in g["candidates"])
     assert report["mode"] == "no_model" and set(report["learners"]) == {"critic"}
     assert all(g["critic_val_loss"] is not None for g in gens[:-1])
 
@@ -244,11 +253,43 @@ async def test_verification_runs_the_other_start_states_in_stages():
     train = np.arange(16, dtype=float)[:, None]
     order = start_order(16, 0)
     calls: list[list[float]] = []
-    res = await verify(_evaluate_by(lambda s: 0.0, calls), np.zeros(3), train, order, first=(order[5], 0.0), target=0.0)
-    assert [len(c) for c in calls] == [1, 2, 4, 8] and res.episodes == 15 and res.error is None
+    # returns spread evenly about the target (mean over the 16 states exactly at it): no stage decides before the last
+    res = await verify(_evaluate_by(lambda s: float(s[0]) - 7.5, calls), np.zeros(3), train, order, first=(order[5], order[5] - 7.5),
+                       target=0.0)
+    assert [len(c) for c in calls] == [1, 2, 4, 8] and res.episodes == 15 and res.error is None and res.decided == "all"
     assert res.starts[0] == order[5] and sorted(res.starts) == list(range(16))
     assert res.starts[1:] == [i for i in order if i != order[5]]  # the run's order, its own first state left out
-    assert len(res.evaluation.returns) == 15 and res.returns == [0.0] * 16
+    assert len(res.evaluation.returns) == 15 and sorted(res.returns) == [s - 7.5 for s in range(16)]
+
+
+async def test_verification_accepts_as_soon_as_the_lower_bound_reaches_the_target():
+    train = np.arange(16, dtype=float)[:, None]
+    order = start_order(16, 0)
+    calls: list[list[float]] = []
+    res = await verify(_evaluate_by(lambda s: 10.0 + float(s[0]) % 2, calls), np.zeros(3), train, order, first=(order[0], 10.0),
+                       target=0.0)
+    # 2 states at 10-11 against a target of 0: t90(1) * sd / sqrt(2) is about 2, so the lower bound is far above it
+    assert [len(c) for c in calls] == [1] and res.episodes == 1 and res.accepted and len(res.starts) == 2
+    assert lower_bound(res.returns, 16) >= 0.0 > lower_bound([10.0, -20.0], 16)
+
+
+async def test_the_same_test_without_a_first_episode_runs_stages_of_the_states():
+    states = np.arange(8, dtype=float)[:, None]
+    calls: list[list[float]] = []
+    res = await verify(_evaluate_by(lambda s: -1.0 - 10.0 * (s[0] % 2), calls), np.zeros(3), states, list(range(8)), target=0.0)
+    assert [len(c) for c in calls] == [2, 2] and res.decided == "reject" and res.episodes == 4  # -1 and -11: 2 states leave it open
+    calls.clear()
+    res = await verify(_evaluate_by(lambda s: 5.0 * (1 - s[0] % 2), calls), np.zeros(3), states, list(range(8)), target=2.5)
+    assert [len(c) for c in calls] == [2, 2, 4] and res.decided == "all" and np.mean(res.returns) == 2.5  # 5 and 0: only all 8 tell
+    calls.clear()
+    res = await verify(_evaluate_by(lambda s: 1000.0, calls), np.zeros(3), states, list(range(8)), target=900.0)
+    assert [len(c) for c in calls] == [2] and res.accepted  # the same return on every state it ran: 2 episodes confirm
+
+
+def test_the_bounds_tighten_to_the_mean_as_the_states_run_out():
+    values = [1.0, 3.0, 2.0, 6.0]
+    assert lower_bound(values, 4) == upper_bound(values, 4) == 3.0
+    assert lower_bound(values) < lower_bound(values, 16) < 3.0 < upper_bound(values, 16) < upper_bound(values)
 
 
 async def test_verification_stops_when_the_target_is_out_of_reach():
@@ -306,18 +347,48 @@ def test_docs_options_table_is_made_from_the_config():
     assert "| `actor_rounds` | `--actor-rounds` | `8` |" in table and "| `use_critic` | `--critic` / `--no-critic` | `True` |" in table
 
 
-def test_the_share_of_refined_candidates_follows_how_often_they_are_parents():
-    from agents.learners import refined_count
+def test_the_refined_extras_follow_how_often_they_join_the_update_and_fall_to_none():
+    from agents.learners import FIRST_EXTRAS, refined_count
 
-    def record(refined_returns, cma_returns):
-        return {"candidates": [{"operator": "refined:mean:8", "real_return": r} for r in refined_returns]
-                + [{"operator": "cma", "real_return": r} for r in cma_returns]}
+    def record(joined, cma=4):
+        return {"candidates": [{"operator": "refined:mean:8", "real_return": -1.0, "joined": j} for j in joined]
+                + [{"operator": "cma", "real_return": -2.0, "joined": None}] * cma}
 
-    losing = record([-900.0, -800.0], [-100.0, -200.0, -300.0, -400.0])  # never among the better half
-    winning = record([-10.0, -20.0], [-100.0, -200.0, -300.0, -400.0])  # the two best
-    assert refined_count([], 4, 8) == 4  # no record yet: all of them
-    assert refined_count([losing], 4, 8) == 3 and refined_count([losing] * 3, 4, 8) == 1
-    assert refined_count([losing] * 10, 4, 8) == 1  # never below one: the critic keeps a say
-    assert refined_count([losing, losing, winning], 4, 8) == 3  # the last generations decide
-    assert refined_count([winning] * 3, 4, 8) == 4 and refined_count([winning], 9, 8) == 7  # at most popsize - 1
-    assert refined_count([record([float("-inf")], [-1.0, -2.0])], 2, 8) == 1  # a failed refined candidate ranks last
+    plain, losing, winning = record([]), record([False, False]), record([True, False])
+    assert refined_count([], 4) == FIRST_EXTRAS == 2 and refined_count([plain] * 5, 4) == 2  # none judged yet
+    assert refined_count([], 1) == 1 and refined_count([winning], 0) == 0
+    assert refined_count([losing], 4) == 0 and refined_count([losing, plain, plain], 4) == 0  # lost within the window: none
+    assert refined_count([losing, plain, plain, plain], 4) == 1  # none ran for a whole window: a probe of one
+    assert refined_count([winning], 4) == 2 and refined_count([winning, winning], 4) == 4 and refined_count([winning] * 3, 3) == 3
+    assert refined_count([winning, plain, plain, plain], 4) == 1  # the win left the window
+
+
+def test_extras_that_lose_leave_cma_es_exactly_as_the_floor():
+    from agents.cma_search import CMASearch
+
+    alone, beside = CMASearch(np.zeros(5), 0.5, seed=3, popsize=6), CMASearch(np.zeros(5), 0.5, seed=3, popsize=6)
+    for g in range(4):
+        x, y = alone.ask(), beside.ask()
+        assert np.array_equal(x, y)  # the same samples, generation after generation
+        scores = [-float(np.sum((row - 1.0) ** 2)) for row in x]
+        alone.tell(scores)
+        assert beside.tell(scores, [(np.full(5, 9.0), min(scores) - 1.0), (np.ones(5), float("-inf"))]) == []
+    assert np.array_equal(alone.mean, beside.mean) and alone.sigma == beside.sigma
+
+
+def test_an_extra_that_wins_joins_as_a_direction_no_longer_than_the_longest_sample():
+    from agents.cma_search import CMASearch
+
+    search = CMASearch(np.zeros(5), 0.5, seed=3, popsize=6)
+    x = search.ask()
+    scores = [-float(np.sum((row - 1.0) ** 2)) for row in x]
+    far = np.full(5, 100.0)  # far outside the distribution, and the best
+    assert search.tell(scores, [(far, 0.0), (np.ones(5), max(scores) - 1e-9)]) == [0, 1]
+    told = np.asarray(search.told[-1]["told_x"])
+    worst = np.argsort(scores)[:2]  # the two worst samples' places
+    assert search.told[-1]["extras"] == 2 and not np.array_equal(told[worst], x[worst])
+    norms = np.linalg.norm(x, axis=1)
+    # identity covariance at the start: about the Euclidean length (pycma's metric rounds differently), far below the 224 asked
+    assert np.linalg.norm(told[worst[0]]) == pytest.approx(norms.max(), rel=1e-4)
+    replayed = CMASearch.replay(search.record())
+    assert np.array_equal(replayed.mean, search.mean) and replayed.sigma == search.sigma
