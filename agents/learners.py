@@ -28,10 +28,11 @@ from infrastructure.replay_buffer import ReplayBuffer
 from .evolve_config import EvolveConfig
 from .search_space import SearchSpace
 from .tasks import ResolvedTask
-from .time_share import TimeShare
 
 if TYPE_CHECKING:
     import torch
+
+    from .run_state import RunState
 
     from infrastructure.critic import Critic
     from infrastructure.world_model import WorldModel
@@ -46,17 +47,28 @@ generation's learning is skipped, logged and recorded (``learners_skipped``), an
 
 
 class Learners:
-    """The world model and the critic of one run (either may be None: the ablations)."""
+    """The world model and the critic of one run (either may be None: the ablations). ``state``: the run's
+    (`agents.run_state.RunState`), where the refinement's actor lives and where the wall time is counted."""
 
     def __init__(self, config: EvolveConfig, task: ResolvedTask, settings: Settings, buffer: ReplayBuffer, data_agent: str, run_id: str,
-                 time: TimeShare, *, world_model: Optional[WorldModel] = None, critic: Optional[Critic] = None) -> None:
-        self.config, self.task, self.settings, self.buffer, self.data_agent, self.run_id, self.time = (
-            config, task, settings, buffer, data_agent, run_id, time)
+                 state: RunState, *, world_model: Optional[WorldModel] = None, critic: Optional[Critic] = None) -> None:
+        self.config, self.task, self.settings, self.buffer, self.data_agent, self.run_id, self.state = (
+            config, task, settings, buffer, data_agent, run_id, state)
         self.world_model = world_model if world_model is not None or not config.use_world_model else self._make_world_model()
         self.critic = critic if critic is not None or not config.use_critic else self._make_critic()
         self.last: dict[str, Any] = {}
-        self.actor: Optional[np.ndarray] = None
-        """The policy (raw parameters) the last `learn` improved round by round, injected first by the next `refine`."""
+
+    time = property(lambda self: self.state.time, doc="Where the run's wall time goes (`RunState.time`).")
+
+    @property
+    def actor(self) -> Optional[np.ndarray]:
+        """The policy (raw parameters) the last `learn` improved round by round, injected first by the next `refine`
+        (`RunState.actor`: a resumed run injects it too)."""
+        return self.state.actor
+
+    @actor.setter
+    def actor(self, value: Optional[np.ndarray]) -> None:
+        self.state.actor = value
 
     @property
     def checkpoint_dir(self) -> Path:

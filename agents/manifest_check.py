@@ -9,6 +9,8 @@ from typing import Any, Optional
 from .manifest_fields import ManifestFieldError, check_fields, is_int, is_number, is_numbers
 
 _STATE_TEXT = "a string or null"
+STOP_REASONS = ("target", "budget", "failed")
+"""The values of `agents.run_state.StopReason` (not imported: the run state imports the search, and this stays a leaf)."""
 
 
 def check_manifest(data: dict[str, Any]) -> None:
@@ -65,6 +67,7 @@ def check_manifest(data: dict[str, Any]) -> None:
             "reached_at": (lambda v: v is None or is_int(v, 0), "null or a whole number >= 0"),
             "answer": (optional_text, _STATE_TEXT), "budget_exhausted": (optional_text, _STATE_TEXT),
             "unconfirmed": (optional_text, _STATE_TEXT),
+            "stop": (lambda v: v is None or v in STOP_REASONS, f"null or one of {', '.join(STOP_REASONS)} (why the run stopped)"),
         }, known_only=True)
     except ManifestFieldError as exc:
         raise exc.within("state.") from None

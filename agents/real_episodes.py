@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from typing import TYPE_CHECKING, Any, Optional, Sequence
+from typing import TYPE_CHECKING, Optional, Sequence
 
 import numpy as np
 
 from .evaluation import Evaluation, EvaluationBackend, EvaluationEnvError, EvaluationError, EvaluationTimeout
 from .evolve_config import Candidate, EvolveConfig
+from .run_state import Spent
 from .tasks import StartStates
 from .time_share import TimeShare
 from .verify import start_order, verify
@@ -25,16 +26,31 @@ if TYPE_CHECKING:
 class RealEpisodes:
     """What the run spent (``real_episodes``, ``env_steps`` of the episodes
     that finished), what failed (``failures``) and every confirmation tried
-    (``confirmations``); kept in the run manifest (`progress`, `restore`)."""
+    (``confirmations``), charged to ``spent`` (the run state's: `agents.run_state.Spent`)."""
 
     def __init__(self, evaluator: EvaluationBackend, config: EvolveConfig, starts: StartStates, time: TimeShare,
-                 log: "structlog.stdlib.BoundLogger") -> None:
-        self.evaluator, self.config, self.starts, self.time, self._log = evaluator, config, starts, time, log
+                 log: "structlog.stdlib.BoundLogger", spent: Spent) -> None:
+        self.evaluator, self.config, self.starts, self.time, self._log, self.spent = evaluator, config, starts, time, log, spent
         self.order = start_order(len(starts.train), config.seed)
-        self.real_episodes = 0
-        self.env_steps = 0
-        self.failures: list[dict[str, Any]] = []  # candidates charged and skipped (or not confirmed), and why
-        self.confirmations: list[dict[str, Any]] = []
+
+    failures = property(lambda self: self.spent.failures, doc="Candidates charged and skipped (or not confirmed), and why.")
+    confirmations = property(lambda self: self.spent.confirmations, doc="Every confirmation tried.")
+
+    @property
+    def real_episodes(self) -> int:
+        return self.spent.real_episodes
+
+    @real_episodes.setter
+    def real_episodes(self, value: int) -> None:
+        self.spent.real_episodes = value
+
+    @property
+    def env_steps(self) -> int:
+        return self.spent.env_steps
+
+    @env_steps.setter
+    def env_steps(self, value: int) -> None:
+        self.spent.env_steps = value
 
     @property
     def target(self) -> float:
@@ -141,14 +157,3 @@ class RealEpisodes:
         })
         self._log.info("evolve.confirmation", **self.confirmations[-1])
         return cand.confirmed
-
-    # -- the run manifest -----------------------------------------------------------------
-    def progress(self) -> dict[str, Any]:
-        return {"real_episodes": self.real_episodes, "env_steps": self.env_steps, "failures": self.failures,
-                "confirmations": self.confirmations}
-
-    def restore(self, manifest: dict[str, Any]) -> None:
-        self.real_episodes = int(manifest["real_episodes"])
-        self.env_steps = int(manifest.get("env_steps") or 0)
-        self.failures = list(manifest.get("failures") or [])
-        self.confirmations = list(manifest.get("confirmations") or [])

@@ -27,47 +27,43 @@ from __future__ import annotations
 
 import asyncio
 import math
-import os
 import time
 import uuid
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Optional, Union
 
 import numpy as np
 
 from genesis_fp16.extras import require
 from genesis_fp16.settings import Settings
-from genesis_fp16.telemetry import get_logger
 from genesis_fp16.threads import torch_threads
 from infrastructure.replay_buffer import ReplayBuffer, trajectories_from_episodes
 
-from . import runs
-from .cma_search import CMASearch
 from .evaluation import Evaluation, EvaluationBackend, EvaluationError, make_evaluator
-from .evolve_config import EVOLVE, Candidate, EvolveConfig
+from .evolve_config import EVOLVE, Candidate, EvolveConfig, resumed_config
 from .evolve_report import generation_record, run_report
 from .learners import Learners, refined_count
 from .mujoco_log import mujoco_log_for
 from .real_episodes import RealEpisodes
-from .run_record import RunRecord
+from .run_record import RunRecorder, open_run
 from .run_state import RunState, StopReason
-from .search_space import ObsStats
 from .tasks import ResolvedTask, Task
-from .time_share import TimeShare
 
 if TYPE_CHECKING:  # torch and the learners load only when a run uses them
     from infrastructure.critic import Critic
     from infrastructure.world_model import WorldModel
 
-__all__ = ["Candidate", "EvolveConfig", "SEDarwinAgent", "StopReason", "run_cma_baseline"]
+__all__ = ["Candidate", "EvolveConfig", "RunState", "SEDarwinAgent", "StopReason", "run_cma_baseline"]
 
 
-class SEDarwinAgent(RunRecord):
+class SEDarwinAgent:
     """Runs `evolve`. ``on_generation(record)`` is called after each
     committed generation (the CLI's progress display). `resume`
     continues an interrupted run from its manifest (see ``agents.runs``).
     ``task``: what to evolve (default: the task ``config.env_id`` names), or
-    that task already resolved (`EvolveConfig.resolve`: the CLI's, taken as it is)."""
+    that task already resolved (`EvolveConfig.resolve`: the CLI's, taken as it is).
+    ``state``: where the run starts from (default: nothing done yet;
+    `resume` passes the one it read from the manifest, with the ``recorder``
+    of that manifest, and the learners then load their snapshots)."""
 
     def __init__(
         self,
@@ -81,6 +77,8 @@ class SEDarwinAgent(RunRecord):
         evaluator: Optional[EvaluationBackend] = None,
         on_generation: Optional[Callable[[dict[str, Any]], None]] = None,
         run_id: Optional[str] = None,
+        state: Optional[RunState] = None,
+        recorder: Optional[RunRecorder] = None,
     ) -> None:
         from genesis_fp16.settings import load_settings
 
@@ -88,64 +86,114 @@ class SEDarwinAgent(RunRecord):
         require("cma", EVOLVE)
         self.config, self.task = (config or EvolveConfig()).resolve(task)  # the task resolved once: the env is made here
         self.settings = settings or load_settings()
-        self.run_id = run_id or f"seed{self.config.seed}-{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:6]}"
-        self.data_agent = f"{self.config.agent}:{self.run_id}"  # one run's data never trains another run's model
-        self._log = get_logger("agents.se_darwin", agent=self.config.agent, run_id=self.run_id)
+        if recorder is not None and run_id not in (None, recorder.run_id):
+            raise ValueError(f"run_id={run_id!r}: the recorder records run {recorder.run_id!r}")
+        self.run_id = recorder.run_id if recorder is not None else (
+            run_id or f"seed{self.config.seed}-{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:6]}")
+        self.state = state if state is not None else RunState.new(self.config, self.task)
+        self.recorder = recorder or RunRecorder(self.settings, self.config, self.run_id)
+        self.data_agent, self._log = self.recorder.data_agent, self.recorder.log
         self.buffer = buffer or ReplayBuffer(settings=self.settings)
         self.starts = self.task.start_states(self.config.seed)
-        self.time = TimeShare()
-        self.learners = Learners(self.config, self.task, self.settings, self.buffer, self.data_agent, self.run_id, self.time,
+        self.learners = Learners(self.config, self.task, self.settings, self.buffer, self.data_agent, self.run_id, self.state,
                                  world_model=world_model, critic=critic)
         cfg = self.config
         self.evaluator = evaluator or make_evaluator(self.task, backend=cfg.backend, workers=cfg.workers, timeout_s=cfg.eval_timeout_s,
                                                      memory_limit_mb=cfg.eval_memory_mb, mujoco_log=mujoco_log_for(self.settings))
-        self.real = RealEpisodes(self.evaluator, self.config, self.starts, self.time, self._log)
-        self.obs_stats = ObsStats(self.task.policy.obs_dim)  # the search's coordinates (agents.search_space)
-        self.search = CMASearch(np.zeros(self.task.n_params), self.config.sigma0, seed=self.config.seed,
-                                popsize=self.config.population(self.task.n_params),
-                                purpose=EVOLVE)
-        self.state = RunState()
+        self.real = RealEpisodes(self.evaluator, self.config, self.starts, self.time, self._log, self.state.spent)
         self.on_generation = on_generation
-        self.pool: list[Candidate] = []  # every candidate run, failed ones scored -inf
-        self.generations: list[dict[str, Any]] = []
-        self.resumed_from: Optional[dict[str, Any]] = None
-        self._lock = runs.RunLock(Path(self.settings.state_dir), self.run_id)
-        self._manifest: dict[str, Any] = {
-            "run_id": self.run_id, "data_agent": self.data_agent, "status": "new", "started": time.time(),
-            "pid": os.getpid(), "sessions": [],
-        }
-        self._prior_wall_s = 0.0  # wall time of earlier sessions of this run
+        self.resumed_from: Optional[dict[str, Any]] = (
+            self.recorder.resume_learners(self.state, self.learners, self.buffer) if self.recorder.resumed else None)
+
+    @classmethod
+    def resume(
+        cls,
+        run_id: str,
+        *,
+        settings: Optional[Settings] = None,
+        budget: Optional[int] = None,
+        budget_steps: Optional[int] = None,
+        workers: Optional[int] = None,
+        backend: Optional[str] = None,
+        options: Optional[dict[str, Any]] = None,
+        task: Optional[Task] = None,
+        buffer: Optional[ReplayBuffer] = None,
+        world_model: Optional[WorldModel] = None,
+        critic: Optional[Critic] = None,
+        evaluator: Optional[EvaluationBackend] = None,
+        on_generation: Optional[Callable[[dict[str, Any]], None]] = None,
+    ) -> "SEDarwinAgent":
+        """The interrupted run ``run_id``, ready to `evolve` on from its
+        last committed generation: its own config (``budget`` and
+        ``budget_steps`` may change it, ``workers`` and ``backend`` too; every other option in ``options``, keyed as in
+        `EvolveConfig`, must equal the run's; ``task`` for a run of a
+        task that is not registered; ``world_model``, ``critic``, ``buffer`` and
+        ``evaluator`` as in the constructor), and its `RunState` read once from
+        the manifest (candidates, CMA-ES, episodes spent, the learners'
+        snapshots). Replay rows of a generation that was cut off are deleted:
+        that generation runs again. Raises `agents.runs.RunError` when the run
+        cannot be resumed."""
+        from genesis_fp16.settings import load_settings
+
+        settings = settings or load_settings()
+        manifest, lock = open_run(settings, run_id)
+        try:
+            config = resumed_config(manifest, budget=budget, budget_steps=budget_steps, workers=workers, options=options or {}, backend=backend)
+            config, resolved = config.resolve(task)
+            state = RunState.from_manifest(manifest, resolved)
+            recorder = RunRecorder(settings, config, run_id, prior=manifest, lock=lock)
+            return cls(config, task=resolved, settings=settings, buffer=buffer, world_model=world_model, critic=critic, evaluator=evaluator,
+                       on_generation=on_generation, state=state, recorder=recorder)
+        except BaseException:
+            lock.release()
+            raise
 
     world_model = property(lambda self: self.learners.world_model, doc="The world model (None in the ablation without one).")
     critic = property(lambda self: self.learners.critic, doc="The critic (None in the ablation without one).")
     generation = property(lambda self: self.state.generation, doc="The last committed generation (-1: none yet).")
     reached_at = property(lambda self: self.state.reached_at, doc="Real episodes spent when the target was met and confirmed.")
+    search = property(lambda self: self.state.search, doc="CMA-ES over the search's coordinates (`RunState.search`).")
+    obs_stats = property(lambda self: self.state.obs_stats, doc="The statistics of the search's coordinates.")
+    pool = property(lambda self: self.state.pool, doc="Every candidate run, failed ones scored -inf.")
+    generations = property(lambda self: self.state.generations, doc="The committed generations' records.")
+    time = property(lambda self: self.state.time, doc="Where the run's wall time goes.")
+    manifest_path = property(lambda self: self.recorder.manifest_path, doc="The run's manifest file.")
 
     @property
     def real_episodes(self) -> int:
-        """Real episodes charged so far (`RealEpisodes`), every session of the run."""
-        return self.real.real_episodes
+        """Real episodes charged so far, every session of the run (`RunState.spent`)."""
+        return self.state.spent.real_episodes
 
     @property
     def env_steps(self) -> int:
         """Real env steps of the episodes that finished."""
-        return self.real.env_steps
+        return self.state.spent.env_steps
 
     @property
     def failures(self) -> list[dict[str, Any]]:
         """Candidates charged and skipped, and why."""
-        return self.real.failures
+        return self.state.spent.failures
+
+    def committed(self) -> tuple[int, int]:
+        """(generations, real episodes) committed to the manifest: what a
+        resume continues after (the replay rows of a later generation are
+        discarded then)."""
+        return self.generation + 1, self.recorder.committed_episodes()
 
     def _has_data(self) -> bool:
         """Whether any real evaluation succeeded (the replay buffer has a trajectory)."""
-        return any(c.real_return is not None and math.isfinite(c.real_return) for c in self.pool)
+        return self.state.has_data()
+
+    def _save_progress(self, generation: int, started: float, record: dict[str, Any]) -> None:
+        """Commit ``generation`` to the manifest (`RunRecorder.commit`): a resume continues after it."""
+        self.recorder.commit(self.state, self.learners, generation, started, record)
 
     # -- the loop ------------------------------------------------------------------------------
     async def evolve(self) -> dict[str, Any]:
         """Run (or, after `resume`, continue) the loop, then the held-out
         evaluation of the run's answer; returns the report."""
         started = time.perf_counter()
-        self._begin_session()
+        self.recorder.begin_session(self.state, self.learners)
         try:
             with torch_threads(self.settings.torch_threads):
                 stop = await self._loop(started)
@@ -157,18 +205,19 @@ class SEDarwinAgent(RunRecord):
             self._log.warning("evolve.interrupted", generation=self.generation + 1, real_episodes=self.real_episodes,
                               replay_db=str(self.buffer.path))
             self.evaluator.terminate()
-            self._end_session("interrupted", started)
+            self.recorder.end_session(self.state, "interrupted", started)
             raise
         except BaseException as exc:
             # any other error (a precision the device cannot run, a bad checkpoint, ...): the
             # workers must not outlive the run, or the caller's interpreter waits on them at exit
             self.evaluator.terminate()
             self.evaluator.close()
-            self._end_session("interrupted", started, error=f"{type(exc).__name__}: {exc}")
+            self.recorder.end_session(self.state, "interrupted", started, error=f"{type(exc).__name__}: {exc}")
             raise
         self.evaluator.close()
-        report = self._report(best, heldout, stop, self._wall_s(started))
-        self._end_session("finished", started, report=report)
+        self.state.stop = stop
+        report = self._report(best, heldout, stop, self.recorder.wall_s(started))
+        self.recorder.end_session(self.state, "finished", started, report=report)
         self._log.info("evolve.finished", **{k: report[k] for k in ("real_episodes", "env_steps", "train_return", "heldout_return",
                                                                    "target_reached", "wall_s")})
         return report
@@ -255,7 +304,7 @@ class SEDarwinAgent(RunRecord):
                 ran.append(cands[len(ran)])
             if len(ran) < len(cands):
                 self.state.budget_exhausted = over
-        self.pool += ran
+        self.state.pool += ran
         await self._verify(ran, evaluated, generation)
         return ran
 

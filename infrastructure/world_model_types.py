@@ -118,6 +118,13 @@ class GuardedLearner:
         """The trainer's `PrecisionDecision` (mode, source, reason)."""
         return self.training.decision
 
+    @property
+    def decision_so_far(self) -> Optional[PrecisionDecision]:
+        """The decision training runs on, without building the trainer (which
+        may measure to decide): the trainer's once built, else the one handed to
+        `reuse_decision`, else None (nothing decided yet)."""
+        return self._training.decision if self._training is not None else self._reused_decision
+
 
 class GuardedCallReport(RollbackSummary):
     """What a learner's report takes from its `GuardedTraining` call, shared by

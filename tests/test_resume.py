@@ -212,7 +212,7 @@ async def test_other_options_and_a_running_run_are_refused(state_dir):
             SEDarwinAgent.resume(first.run_id, settings=settings)
     finally:
         holder.release()
-    SEDarwinAgent.resume(first.run_id, settings=settings, options={"seed": 0})._lock.release()
+    SEDarwinAgent.resume(first.run_id, settings=settings, options={"seed": 0}).recorder.lock.release()
 
 
 async def test_world_model_snapshot_keeps_the_batch_sampler(tmp_path):
