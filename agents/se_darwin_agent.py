@@ -200,7 +200,7 @@ class SEDarwinAgent:
                 if not self._has_data():
                     stop = StopReason.FAILED  # the budget went on evaluations that all failed
                 best = await self._answer() if stop is not StopReason.FAILED else None
-                heldout = await asyncio.to_thread(self.evaluator.evaluate, best.params, self.starts.heldout) if best is not None else None
+                heldout = await self._heldout(best)
         except (asyncio.CancelledError, KeyboardInterrupt):
             self._log.warning("evolve.interrupted", generation=self.generation + 1, real_episodes=self.real_episodes,
                               replay_db=str(self.buffer.path))
@@ -221,6 +221,17 @@ class SEDarwinAgent:
         self._log.info("evolve.finished", **{k: report[k] for k in ("real_episodes", "env_steps", "train_return", "heldout_return",
                                                                    "target_reached", "wall_s")})
         return report
+
+    async def _heldout(self, best: Optional[Candidate]) -> Optional[Evaluation]:
+        """The answer's held-out evaluation; None when there is no answer or it fails (a NaN on a held-out
+        start state, a lost worker): the run's spent budget and its answer are kept, the report says None."""
+        if best is None:
+            return None
+        try:
+            return await asyncio.to_thread(self.evaluator.evaluate, best.params, self.starts.heldout)
+        except EvaluationError as exc:
+            self._log.warning("evolve.candidate_failed", candidate=best.id, error=f"held-out evaluation: {exc}")
+            return None
 
     async def _loop(self, started: float) -> StopReason:
         """Generations after the last committed one until the target is met

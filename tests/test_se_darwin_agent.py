@@ -365,3 +365,19 @@ async def test_an_unverified_best_episode_competes_for_the_answer(state_dir):
     best_episode = max(float(c["real_return"]) for g in report["generations"] for c in g["candidates"])
     assert not report["target_reached"] and report["best_candidate"]["operator"] == "cma"
     assert report["train_return"] == pytest.approx(best_episode)
+
+
+async def test_a_failing_held_out_evaluation_keeps_the_run_and_reports_none(state_dir):
+    """A NaN on a held-out start state (or a lost worker) after the budget is spent: the run finishes with its answer
+    and its spent budget, the held-out return None and the failure logged, instead of raising."""
+    from agents.evaluation import EvaluationEnvError
+
+    task = get_task("Pendulum-v1").resolve()
+    heldout = len(task.start_states(0).heldout)
+    fake = FakeEvaluator(task, fail_on=lambda params, states: EvaluationEnvError("nan on a held-out state") if len(states) == heldout else None)
+    settings = load_settings()
+    report = await SEDarwinAgent(tiny_config(budget=12, target=-1.0, use_world_model=False, use_critic=False, refined=0),
+                                 settings=settings, evaluator=fake).evolve()
+    assert report["real_episodes"] == 12 and report["heldout_return"] is None and report["best_candidate"] is not None
+    failed = [e for e in telemetry.read_events(settings.events_path) if e.get("event") == "evolve.candidate_failed"]
+    assert failed and "held-out evaluation: nan on a held-out state" in failed[-1]["error"]
