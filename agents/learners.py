@@ -244,17 +244,23 @@ def refined_count(generations: Sequence[dict[str, Any]], most: int) -> int:
     """How many refined candidates (extras beside CMA-ES's population) the
     next generation gets, read from the generation records alone (so a
     resumed run decides alike): over the last `WINDOW` records, twice the
-    extras that joined CMA-ES's update (their return ranked among the
-    population's parents), at most ``most``. None joined: none, but for a
-    probe of one when no extra ran in the last `WINDOW` generations (so they
-    return when they start to win); none ever ran: `FIRST_EXTRAS`."""
+    extras that won (a return above the best of the population's own
+    samples: joining CMA-ES's update, by ranking among its parents, is not
+    enough where half the population is poor), at most ``most``. None won:
+    none, but for a probe of one when no extra ran in the last `WINDOW`
+    generations (so they return when they start to win); none ever ran:
+    `FIRST_EXTRAS`."""
     if most <= 0:
         return 0
-    extras = [c for record in generations for c in record.get("candidates") or [] if c.get("operator", "").startswith("refined")]
-    if not extras:
+
+    def extras(records: Sequence[dict[str, Any]]) -> list[tuple[dict[str, Any], Optional[float]]]:
+        return [(c, record.get("cma_best")) for record in records for c in record.get("candidates") or []
+                if c.get("operator", "").startswith("refined")]
+
+    if not extras(generations):
         return min(most, FIRST_EXTRAS)
-    window = [c for record in generations[-WINDOW:] for c in record.get("candidates") or [] if c.get("operator", "").startswith("refined")]
-    joined = sum(bool(c.get("joined")) for c in window)
-    if joined:
-        return min(most, 2 * joined)
+    window = extras(generations[-WINDOW:])
+    won = sum(bar is not None and c.get("real_return") is not None and float(c["real_return"]) > float(bar) for c, bar in window)
+    if won:
+        return min(most, 2 * won)
     return 0 if window else 1

@@ -277,8 +277,9 @@ class SEDarwinAgent:
         await self._commit(generation, evaluated)
         reports: dict[str, Any] = {}
         # the learners' cost follows what they return: they learn only for a generation that will run refined candidates
-        upcoming = refined_count([*self.generations, {"candidates": [{"operator": c.operator, "joined": c.joined} for c in cands]}],
-                                 self.config.refined)
+        own_best = max((c.returns[0] for c in ran_own if c.returns), default=None)
+        upcoming = refined_count([*self.generations, {"cma_best": own_best, "candidates": [
+            {"operator": c.operator, "real_return": c.real_return} for c in cands]}], self.config.refined)
         if self.state.reached_at is None and self._has_data() and upcoming:
             space = self.obs_stats.space(self.task.policy)
             scored = [c for c in cands if c.returns and math.isfinite(c.returns[0])]

@@ -347,20 +347,22 @@ def test_docs_options_table_is_made_from_the_config():
     assert "| `actor_rounds` | `--actor-rounds` | `8` |" in table and "| `use_critic` | `--critic` / `--no-critic` | `True` |" in table
 
 
-def test_the_refined_extras_follow_how_often_they_join_the_update_and_fall_to_none():
+def test_the_refined_extras_follow_how_often_they_beat_the_population_and_fall_to_none():
     from agents.learners import FIRST_EXTRAS, refined_count
 
-    def record(joined, cma=4):
-        return {"candidates": [{"operator": "refined:mean:8", "real_return": -1.0, "joined": j} for j in joined]
-                + [{"operator": "cma", "real_return": -2.0, "joined": None}] * cma}
+    def record(extras, cma_best=-2.0):  # the extras' returns; the population's best one-episode return
+        return {"cma_best": cma_best, "candidates": [{"operator": "refined:mean:8", "real_return": r, "joined": True} for r in extras]
+                + [{"operator": "cma", "real_return": cma_best, "joined": None}]}
 
-    plain, losing, winning = record([]), record([False, False]), record([True, False])
+    plain, losing, winning = record([]), record([-5.0, -3.0]), record([-1.0, -9.0])
     assert refined_count([], 4) == FIRST_EXTRAS == 2 and refined_count([plain] * 5, 4) == 2  # none judged yet
     assert refined_count([], 1) == 1 and refined_count([winning], 0) == 0
     assert refined_count([losing], 4) == 0 and refined_count([losing, plain, plain], 4) == 0  # lost within the window: none
     assert refined_count([losing, plain, plain, plain], 4) == 1  # none ran for a whole window: a probe of one
     assert refined_count([winning], 4) == 2 and refined_count([winning, winning], 4) == 4 and refined_count([winning] * 3, 3) == 3
     assert refined_count([winning, plain, plain, plain], 4) == 1  # the win left the window
+    # joining CMA-ES's update (ranking among its parents) is not winning: only beating the population's best is
+    assert refined_count([record([-2.5, -2.0])], 4) == 0 and refined_count([record([-1.0], cma_best=None)], 4) == 0
 
 
 def test_extras_that_lose_leave_cma_es_exactly_as_the_floor():
