@@ -32,6 +32,7 @@ class RealEpisodes:
                  log: "structlog.stdlib.BoundLogger", spent: Spent) -> None:
         self.evaluator, self.config, self.starts, self.time, self._log, self.spent = evaluator, config, starts, time, log, spent
         self.order = start_order(len(starts.train), config.seed)
+        self.cut = False  # the last verification stopped because its next stage did not fit the budgets
 
     failures = property(lambda self: self.spent.failures, doc="Candidates charged and skipped (or not confirmed), and why.")
     confirmations = property(lambda self: self.spent.confirmations, doc="Every confirmation tried.")
@@ -75,6 +76,10 @@ class RealEpisodes:
             return "env_steps"
         return None
 
+    def fits(self, episodes: int) -> bool:
+        """Whether ``episodes`` more real episodes fit both budgets (`over_budget`)."""
+        return self.over_budget(episodes) is None
+
     # -- evaluations ----------------------------------------------------------------------
     async def evaluate(self, params: np.ndarray, states: np.ndarray) -> Evaluation:
         with self.time.measure("real_episodes"):
@@ -115,8 +120,9 @@ class RealEpisodes:
         episode's return kept)."""
         assert len(cand.starts) == 1
         result = await verify(self.evaluate, cand.params, self.starts.train, self.order, first=(cand.starts[0], cand.returns[0]),
-                              target=self.target)
+                              target=self.target, fits=self.fits)
         self.real_episodes += result.episodes
+        self.cut = result.decided == "budget"
         if result.error is not None:
             self.charge_failure(cand, result.error, episodes=result.episodes, score=False)
             return None
@@ -135,15 +141,16 @@ class RealEpisodes:
         """Run ``cand`` (which met the target on the training start states) on
         the validation start states, stage by stage until the sequential test
         decides (`agents.verify`): whether their mean meets the target too (an
-        evaluation that fails does not); None, and nothing run, when the
-        budgets have no room for all of them. The episodes never reach the
+        evaluation that fails does not); None when the budgets have no room
+        for the next stage (what ran is charged). The episodes never reach the
         replay buffer, so the validation set stays out of the search."""
         states = self.starts.validation
         n = len(states)
-        if self.over_budget(n) is not None:
-            return None
-        result = await verify(self.evaluate, cand.params, states, list(range(n)), target=self.target)
+        result = await verify(self.evaluate, cand.params, states, list(range(n)), target=self.target, fits=self.fits)
         self.real_episodes += result.episodes
+        if result.decided == "budget":  # the next stage did not fit: what ran is charged, nothing is decided
+            self.env_steps += result.evaluation.env_steps
+            return None
         if result.error is not None:
             self.charge_failure(cand, result.error, episodes=result.episodes, score=False)
             cand.confirmed = False

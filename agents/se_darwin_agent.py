@@ -328,19 +328,19 @@ class SEDarwinAgent:
         target = self.real.target
         hopeful = sorted((c for c in cands if c.real_return is not None and c.real_return >= target), key=lambda c: -c.real_return)
         for cand in hopeful[:1]:  # the best one per generation: a lucky episode on an easy start state costs 2-4 episodes to refute
-            need = len(self.starts.train) - 1
-            if self.real.over_budget(need) is not None:
-                self.state.budget_exhausted = self.real.over_budget(need)
-                self.state.unconfirmed = cand.id
-                return
+            # stage by stage while each stage fits the budgets (the sequential test may need few of them)
             res = await self.real.verify(cand)
             if res is not None and res.returns:
                 evaluated.append((cand, res))
+            if self.real.cut:
+                self.state.budget_exhausted = self.real.over_budget(len(self.starts.train) - 1) or "episodes"
+                self.state.unconfirmed = cand.id
+                return
             if not cand.meets(target):
                 continue
             confirmed = await self.real.confirm(cand, generation)
             if confirmed is None:
-                self.state.budget_exhausted = self.real.over_budget(len(self.starts.validation))
+                self.state.budget_exhausted = self.real.over_budget(len(self.starts.validation)) or "episodes"
                 self.state.unconfirmed = cand.id
                 return
             if confirmed:

@@ -84,7 +84,8 @@ class Verification:
     ``returns`` on them, the new episodes (``evaluation``) and how many were
     charged; ``error`` when a stage failed; ``decided``: ``accept`` (the lower
     bound reached the target), ``reject`` (the upper bound fell below it),
-    ``all`` (every state ran: the mean decides), None (an error stopped it)."""
+    ``all`` (every state ran: the mean decides), ``budget`` (the next stage
+    did not fit the budget), None (an error stopped it)."""
 
     starts: list[int] = field(default_factory=list)
     returns: list[float] = field(default_factory=list)
@@ -100,12 +101,13 @@ class Verification:
 
 async def verify(
     evaluate: EvaluateFn, params: np.ndarray, states: np.ndarray, order: Sequence[int], *, first: Optional[tuple[int, float]] = None,
-    target: float,
+    target: float, fits: Optional[Callable[[int], bool]] = None,
 ) -> Verification:
     """Run ``params`` on the start states ``states`` in ``order`` (``first``:
     the start index and return of its episode so far, if any), stage by
     stage, until the returns decide (`Verification.decided`), an evaluation
-    fails, or it has run them all."""
+    fails, it has run them all, or the next stage does not ``fits`` the budget
+    (``decided`` ``budget``: what ran is kept, nothing is decided)."""
     rest = [i for i in order if first is None or i != first[0]]
     result = Verification() if first is None else Verification(starts=[first[0]], returns=[float(first[1])])
     done, n = 0, len(order)
@@ -114,6 +116,9 @@ async def verify(
         idx = rest[done : size - offset]
         if not idx:
             continue
+        if fits is not None and not fits(result.episodes + len(idx)):  # this verification's episodes so far are not charged yet
+            result.decided = "budget"
+            return result
         result.episodes += len(idx)
         try:
             res = await evaluate(params, states[idx])

@@ -394,3 +394,18 @@ def test_an_extra_that_wins_joins_as_a_direction_no_longer_than_the_longest_samp
     assert np.linalg.norm(told[worst[0]]) == pytest.approx(norms.max(), rel=1e-4)
     replayed = CMASearch.replay(search.record())
     assert np.array_equal(replayed.mean, search.mean) and replayed.sigma == search.sigma
+
+
+async def test_each_stage_runs_only_when_it_fits_the_budget():
+    """The sequential test may need only a few states: each stage runs when it fits (this verification's episodes so
+    far counted), instead of asking room for all of them first; a stage that does not fit stops it undecided."""
+    train = np.arange(16, dtype=float)[:, None]
+    order = start_order(16, 0)
+    calls: list[list[float]] = []
+    res = await verify(_evaluate_by(lambda s: float(s[0]) - 7.5, calls), np.zeros(3), train, order, first=(order[5], order[5] - 7.5),
+                       target=0.0, fits=lambda n: n <= 3)
+    assert [len(c) for c in calls] == [1, 2] and res.decided == "budget" and res.episodes == 3  # 3 + 4 more would not fit
+    calls.clear()
+    res = await verify(_evaluate_by(lambda s: 1000.0, calls), np.zeros(3), train, order, first=(order[0], 1000.0), target=950.0,
+                       fits=lambda n: n <= 1)
+    assert res.accepted and res.episodes == 1  # one episode fits, and it decides

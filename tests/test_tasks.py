@@ -270,22 +270,22 @@ async def test_a_run_whose_every_candidate_gives_nan_says_it_failed(mode, state_
 
 async def test_nan_candidates_are_charged_and_the_others_train_the_model(state_dir):
     task = Task(env_id="NaNAbove", env_factory=task_envs.nan_reward_above_zero, target=10.0, n_train=2, n_heldout=2)
-    # seed 2: under issue 46's seed streams, seed 1's answer acts above 0 on a held-out start state, and evolve() lets a
-    # held-out evaluation that fails raise (a separate matter: this test is about the candidates charged during the run)
-    agent = SEDarwinAgent(EvolveConfig(budget=18, seed=2, **TINY), task=task, settings=load_settings())
+    agent = SEDarwinAgent(EvolveConfig(budget=18, seed=1, **TINY), task=task, settings=load_settings())
     report = await agent.evolve()
     failed = report["failed_candidates"]
     assert report["stop_reason"] == "budget" and report["real_episodes"] == 18
     assert failed and all("non-finite reward" in f["error"] for f in failed) and len(failed) < 18
     assert sum(f["episodes"] for f in failed) == sum(1 for g in report["generations"] for c in g["candidates"] if c["real_return"] == -np.inf)
     assert np.isfinite(report["train_return"])
-    # the world model and the critic train from the first generation with a usable return on
+    # the world model and the critic train from the first generation with a usable return on (and after it, for the
+    # generations that run refined candidates)
     trained, succeeded = [], False
     for g in report["generations"]:
-        succeeded = succeeded or any(np.isfinite(c["real_return"]) for c in g["candidates"])
+        first = not succeeded and any(np.isfinite(c["real_return"]) for c in g["candidates"])
+        succeeded = succeeded or first
         trained.append(g["wm_val_loss"] is not None)
-        assert trained[-1] == succeeded == (g["critic_val_loss"] is not None)
-    assert trained[0] and all(trained)
+        assert trained[-1] == (g["critic_val_loss"] is not None) and (succeeded or not trained[-1]) and (trained[-1] or not first)
+    assert trained[0]
     counts = agent.buffer.count(agent.data_agent)  # only the finite episodes reached the replay buffer
     assert counts["trajectories"] == 18 - len(failed) and counts["transitions"] == 5 * (18 - len(failed))
 
