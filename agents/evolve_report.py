@@ -28,6 +28,24 @@ def _learner_fields(prefix: str, report: Any, rounds: Sequence[Any] = ()) -> dic
     }
 
 
+def candidates_record(candidates: Sequence[Candidate]) -> dict[str, Any]:
+    """The candidates' part of a generation record: each one's operator, real return (its one episode; a verified
+    one's mean over the training start states it ran) and verdicts, and the best one-episode return of each kind
+    (what `agents.learners.refined_count` reads)."""
+    def best(cands: Sequence[Candidate]) -> Optional[float]:
+        scores = [c.returns[0] for c in cands if c.returns]
+        return max(scores) if scores else None
+
+    return {
+        "candidates": [{"id": c.id, "operator": c.operator, "real_return": c.real_return, "episodes": c.real_episodes, "full": c.full,
+                        "accepted": c.accepted, "joined": c.joined}
+                       for c in candidates],
+        "best_return": best(candidates),  # the best one-episode return of the generation
+        "refined_best": best([c for c in candidates if c.operator.startswith("refined")]),
+        "cma_best": best([c for c in candidates if c.operator == "cma"]),
+    }
+
+
 def generation_record(
     generation: int, *, real_episodes: int, env_steps: int, candidates: Sequence[Candidate], sigma: float, reports: dict[str, Any],
     elapsed_s: float, time: Optional[dict[str, float]] = None, confirmations: Sequence[dict[str, Any]] = (),
@@ -38,22 +56,13 @@ def generation_record(
     start states it ran), the best of each kind, CMA-ES's step size, the
     world model's and the critic's losses and precisions, the model
     rollouts, and the wall seconds per bucket (`agents.time_share`)."""
-    def best(cands: Sequence[Candidate]) -> Optional[float]:
-        scores = [c.returns[0] for c in cands if c.returns]
-        return max(scores) if scores else None
-
     rollouts = reports.get("rollouts")
     wm, critic = reports.get("world_model"), reports.get("critic")
     return {
         "generation": generation,
         "real_episodes": real_episodes,
         "env_steps": env_steps,  # of the episodes that finished so far
-        "candidates": [{"id": c.id, "operator": c.operator, "real_return": c.real_return, "episodes": c.real_episodes, "full": c.full,
-                        "accepted": c.accepted, "joined": c.joined}
-                       for c in candidates],
-        "best_return": best(candidates),  # the best one-episode return of the generation
-        "refined_best": best([c for c in candidates if c.operator.startswith("refined")]),
-        "cma_best": best([c for c in candidates if c.operator == "cma"]),
+        **candidates_record(candidates),
         "sigma": sigma,
         **_learner_fields("wm", wm),
         **_learner_fields("critic", critic, reports.get("critic_rounds") or ()),

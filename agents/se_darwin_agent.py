@@ -40,7 +40,7 @@ from infrastructure.replay_buffer import ReplayBuffer, trajectories_from_episode
 
 from .evaluation import Evaluation, EvaluationBackend, EvaluationError, make_evaluator
 from .evolve_config import EVOLVE, Candidate, EvolveConfig, resumed_config
-from .evolve_report import generation_record, run_report
+from .evolve_report import candidates_record, generation_record, run_report
 from .learners import Learners, refined_count
 from .mujoco_log import mujoco_log_for
 from .real_episodes import RealEpisodes
@@ -277,9 +277,7 @@ class SEDarwinAgent:
         await self._commit(generation, evaluated)
         reports: dict[str, Any] = {}
         # the learners' cost follows what they return: they learn only for a generation that will run refined candidates
-        own_best = max((c.returns[0] for c in ran_own if c.returns), default=None)
-        upcoming = refined_count([*self.generations, {"cma_best": own_best, "candidates": [
-            {"operator": c.operator, "real_return": c.real_return} for c in cands]}], self.config.refined)
+        upcoming = refined_count([*self.generations, candidates_record(cands)], self.config.refined)
         if self.state.reached_at is None and self._has_data() and upcoming:
             space = self.obs_stats.space(self.task.policy)
             scored = [c for c in cands if c.returns and math.isfinite(c.returns[0])]
