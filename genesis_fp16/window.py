@@ -76,7 +76,10 @@ def window_blocker(trainer: Any) -> Optional[str]:
 
 
 def run_window(trainer: Any, batches: Iterable[Any], loss_fn: LossFn, after_step: Optional[StepHook] = None) -> WindowResult:
-    """The steps of ``batches`` on ``trainer`` with no host read; see the module docstring."""
+    """The steps of ``batches`` on ``trainer`` with no host read; see the module docstring. Whatever raises inside
+    the window (the loss, the data, a ``KeyboardInterrupt``), the steps already taken are read back and replayed
+    into the trainer's counters, events and scale before the exception goes on: the counters always equal what
+    the optimizer did."""
     blocker = window_blocker(trainer)
     if blocker is not None:
         return _eager(trainer, batches, loss_fn, after_step, blocker)
@@ -86,32 +89,48 @@ def run_window(trainer: Any, batches: Iterable[Any], loss_fn: LossFn, after_step
     scales: Optional[list[torch.Tensor]] = [] if precision.uses_scaler else None
     found = torch.zeros((), device=device)
     params = [p for group in opt.param_groups for p in group["params"]]
-    for batch in batches:  # lazily: a batch may depend on the step before (a critic's targets on its target network)
-        loss = trainer.training_step(batch, loss_fn)
-        finite = torch.isfinite(loss.detach()).all()
-        precision.backward(loss)
-        found.copy_(~finite)  # a non-finite loss skips its step even where its gradients came out finite
-        if precision.uses_scaler:  # gradients unscaled in place, found = 1 where one is not finite
-            precision.window_unscale_([p.grad for p in params if p.grad is not None], found)
-        if trainer.config.max_grad_norm is not None:
-            trainer._clip_gradients(trainer.config.max_grad_norm)
-        opt.grad_scale, opt.found_inf = None, found  # the fused kernel skips the whole step when found_inf is 1
-        try:
-            opt.step()
-        finally:
-            del opt.grad_scale, opt.found_inf
-        opt.zero_grad(set_to_none=True)
-        precision.window_update(found, finite)
-        losses.append(loss.detach().float().reshape(-1)[0] if loss.numel() else torch.full((), math.nan, device=device))
-        flags.append(found.clone())
-        if scales is not None:
-            scales.append(precision.scale_tensor().clone())
-        if after_step is not None:
-            after_step(1.0 - found)
+    try:
+        for batch in batches:  # lazily: a batch may depend on the step before (a critic's targets on its target network)
+            loss = trainer.training_step(batch, loss_fn)
+            finite = torch.isfinite(loss.detach()).all()
+            precision.backward(loss)
+            found.copy_(~finite)  # a non-finite loss skips its step even where its gradients came out finite
+            if precision.uses_scaler:  # gradients unscaled in place, found = 1 where one is not finite
+                precision.window_unscale_([p.grad for p in params if p.grad is not None], found)
+            if trainer.config.max_grad_norm is not None:
+                trainer._clip_gradients(trainer.config.max_grad_norm)
+            opt.grad_scale, opt.found_inf = None, found  # the fused kernel skips the whole step when found_inf is 1
+            try:
+                opt.step()
+            finally:
+                del opt.grad_scale, opt.found_inf
+            # from here the step happened: its record goes in before anything else can raise
+            value = loss.detach().float().reshape(-1)[0] if loss.numel() else torch.full((), math.nan, device=device)
+            losses.append(value)
+            flags.append(found.clone())
+            opt.zero_grad(set_to_none=True)
+            precision.window_update(found, finite)
+            if scales is not None:
+                scales.append(precision.scale_tensor().clone())
+            if after_step is not None:
+                after_step(1.0 - flags[-1])
+    except BaseException:
+        _settle(trainer, losses, flags, scales)  # the steps that ran are accounted for before the error goes on
+        raise
+    return _settle(trainer, losses, flags, scales)
+
+
+def _settle(trainer: Any, losses: list[torch.Tensor], flags: list[torch.Tensor],
+            scales: Optional[list[torch.Tensor]]) -> WindowResult:
+    """Read the window's records back once and replay them into ``trainer``. A step interrupted between its
+    optimizer step and its scale update has no scale recorded: the scale read back is then the one on the
+    device now, which is what the scaler holds."""
     k = len(losses)
     if k == 0:
         return WindowResult()
-    read = torch.stack(losses + flags + (scales or [])).tolist()  # the window's one read
+    if scales is not None and len(scales) < k:
+        scales = scales + [trainer.precision.scale_tensor().clone()]
+    read = torch.stack(losses + flags[:k] + (scales or [])).tolist()  # the window's one read
     result = WindowResult(steps=k, losses=read[:k])
     result.stepped = [f == 0.0 for f in read[k:2 * k]]
     replay(trainer, result, read[2 * k:] if scales is not None else None)
@@ -151,9 +170,12 @@ def _eager(trainer: Any, batches: Iterable[Any], loss_fn: LossFn, after_step: Op
     log_once(trainer._log, f"window_eager:{trainer.name}:{why}", "info", "trainer.window_eager", reason=why)
     result = WindowResult(eager=why)
     for batch in batches:
+        before = trainer.training_steps
         loss = trainer.training_step(batch, loss_fn)
         stepped = trainer.backward_and_step(loss)
-        result.steps += 1
+        if trainer.training_steps == before:  # a micro-step of an accumulation window: no optimizer step yet
+            continue
+        result.steps += 1  # optimizer steps, as the device window counts them
         result.losses.append(float(loss.detach().float().reshape(-1)[0]) if loss.numel() else math.nan)
         result.stepped.append(stepped)
         if after_step is not None:
@@ -191,12 +213,13 @@ def guarded_windows(training: Any, batches: Iterable[Any], loss_fn: LossFn, wind
         trainer = training.trainer
         before = trainer.training_steps
         result = trainer.train_window(feed(), loss_fn, after_step)
-        if not result.steps:
+        if not taken:
             return out
         out.steps, out.skipped, out.eager = out.steps + result.steps, out.skipped + result.skipped, out.eager or result.eager
         out.losses += result.losses
         out.stepped += result.stepped
-        training.last_loss = torch.tensor(result.losses[-1])
+        if result.losses:
+            training.last_loss = torch.tensor(result.losses[-1])
         reference = training._call.reference if training._call is not None else None
         if reference is not None:
             reference.trainer.train_window(taken, loss_fn)

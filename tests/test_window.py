@@ -196,3 +196,82 @@ def test_a_world_model_call_reads_back_once_per_window(state_dir, tmp_path):
         wm._train_sync(trajs, 8, False)
         count = reads.host_reads(lambda: wm._train_sync(trajs, 64, False))
         assert count <= 64 // 16 + 12, (precision, count)
+
+
+class _Raised(Exception):
+    pass
+
+
+def _raising(bad: set[int], at: int, exc: type[BaseException] = _Raised):
+    """NaN at the calls in ``bad``, and ``exc`` raised at call ``at`` (counted per call)."""
+    storm, calls = _storm(bad), [0]
+
+    def loss_fn(model, batch):
+        n, calls[0] = calls[0], calls[0] + 1
+        if n == at:
+            raise exc("the loss failed")
+        return storm(model, batch)
+
+    return loss_fn
+
+
+def _overflowing(trainer, every: int = 3):
+    count = [0]
+
+    def hook(grad):
+        count[0] += 1
+        return grad * float("inf") if count[0] % every == 0 else grad
+
+    trainer.model[0].weight.register_hook(hook)
+    return trainer
+
+
+@pytest.mark.parametrize("precision, fault", [("fp32", "nan"), ("fp16", "nan"), ("fp16", "overflow")])
+@pytest.mark.parametrize("exc", [_Raised, KeyboardInterrupt])
+def test_a_loss_raising_mid_window_leaves_the_counters_as_the_per_step_path(precision, fault, exc):
+    """NaN losses (or FP16 overflows) and then a loss that raises: the steps before the raise are accounted
+    for (counters, events, scale) before the error goes on, as the per-step path leaves them."""
+    batches = _batches(12)
+    bad = {2, 3} if fault == "nan" else set()
+
+    def make():
+        t = _trainer(precision, growth_interval=1)
+        return _overflowing(t) if fault == "overflow" else t
+
+    a, b = make(), make()
+    with capture_logs() as per_step_logs, pytest.raises(exc):
+        _per_step(a, batches, _raising(bad, at=9, exc=exc))
+    with capture_logs() as window_logs, pytest.raises(exc):
+        b.train_window(batches, _raising(bad, at=9, exc=exc))
+    assert a.training_steps == b.training_steps == 9
+    for name in ("skipped_steps", "nonfinite_losses", "overflow_steps", "nonfinite_streak", "micro_steps"):
+        assert getattr(a, name) == getattr(b, name), name
+    assert a.nonfinite_losses == len(bad)
+    if fault == "overflow":
+        assert a.overflow_steps >= 3  # every third backward, and more while the scale backs off
+    assert a.get_stats()["current_scale"] == b.get_stats()["current_scale"] == float(b.scaler.get_scale())
+    assert a.scaler.state_dict() == b.scaler.state_dict()
+    assert _events(window_logs) == _events(per_step_logs)
+    assert _same_weights(a, b)
+    assert a.optimizer.state_dict()["state"][0]["step"] == b.optimizer.state_dict()["state"][0]["step"]
+
+
+def test_data_raising_mid_window_leaves_the_steps_taken_accounted_for():
+    batches = _batches(6)
+
+    def data():
+        yield from batches[:4]
+        raise _Raised("the data source failed")
+
+    b = _trainer("fp32")
+    with pytest.raises(_Raised):
+        b.train_window(data(), _storm({1}))
+    assert b.training_steps == 4 and b.nonfinite_losses == 1 and b.optimizer.state_dict()["state"][0]["step"] == 3
+
+
+def test_the_per_step_window_counts_optimizer_steps_under_accumulation():
+    t = _trainer("fp32", fused=False, grad_accumulation_steps=2)
+    flags = []
+    result = t.train_window(_batches(8), _mse, after_step=flags.append)
+    assert result.eager is not None and result.steps == 4 == t.training_steps and len(result.stepped) == 4
+    assert len(result.losses) == 4 and len(flags) == 4
