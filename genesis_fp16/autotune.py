@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import math
 from typing import Any, Callable, Optional, Union
 
 import torch
@@ -39,6 +40,9 @@ from .settings import PrecisionMode, Settings, load_settings
 from .telemetry import get_logger
 
 LossFn = Callable[[torch.nn.Module, Any], torch.Tensor]
+LOSS_CALLS_PER_PRECISION = cal.WARMUP_STEPS + 1 + cal.ROUNDS * cal.STEPS_PER_ROUND + 1
+"""The loss's calls per precision measured: the warm-up, the probe step, the timed rounds and the final loss check
+(a precision out at the probe stops after 2); on a CPU that runs FP32, BF16 and FP16, at most 1 + 3 x 18 = 55."""
 
 
 def _copy_trainer(model: torch.nn.Module, optimizer: torch.optim.Optimizer, config: FP16TrainingConfig,
@@ -60,17 +64,23 @@ def measure_auto(
 ) -> cal.Calibration:
     """Measure now what ``auto`` picks for this workload, on copies trained by
     ``trainer_cls`` (`FP16Trainer`: passed in, since the trainer measures a
-    deferred ``auto`` through this module and it cannot import the trainer): the
-    model, its optimizer, their gradients and the RNGs are left as they were;
-    no cache is read or written. Raises `CalibrationUnavailable` where the
-    workload cannot be measured (a model that cannot be copied, a loss that
-    trains another model than the one it is given, a step that fails)."""
+    deferred ``auto`` through this module and it cannot import the trainer).
+    The caller's world is left as a named precision would leave it: the model's
+    weights, buffers (running statistics), gradients and modes, its optimizer,
+    and the global RNGs (torch's, NumPy's, Python's ``random``); no cache is
+    read or written. The loss is called `LOSS_CALLS_PER_PRECISION` times per
+    precision the device runs, and once more first (`_probe`). Raises
+    `CalibrationUnavailable` where the workload cannot or should not be
+    measured: an empty batch, a loss that is not finite on it, a model that
+    cannot be copied, a loss that trains another model than the one it is
+    given, a step that fails."""
     config = config or FP16TrainingConfig()
     device = torch.device(device) if device is not None else next((p.device for p in model.parameters()), torch.device("cpu"))
+    empty = cal.unmeasurable_batch(batch)
+    if empty is not None:
+        raise cal.CalibrationUnavailable(empty)
     described = cal.workload(model, optimizer, batch, device)
     key = cal.workload_key(described)
-    real = list(model.parameters())
-    grads = [None if p.grad is None else p.grad.detach().clone() for p in real]
     clock = cal.clock(device)
     started = clock()
 
@@ -80,30 +90,43 @@ def measure_auto(
                 trainer.backward_and_step(trainer.training_step(batch, loss_fn))
         return run
 
-    failure: Optional[BaseException] = None
     copies: dict[PrecisionMode, Any] = {}
-    try:
-        with cal.preserved_rng(device):
-            copies = {m: _copy_trainer(model, optimizer, config, device, m, name, trainer_cls) for m in cal.candidates(device)}
+    with cal.preserved_rng(device), cal.preserved_module(model):
+        copies = {m: _copy_trainer(model, optimizer, config, device, m, name, trainer_cls) for m in cal.candidates(device)}
+        _probe(model, copies[PrecisionMode.FP32], batch, loss_fn)
+        try:
             seconds, losses, failed, rounds = cal.measure(
                 {m: runner(t) for m, t in copies.items()},
                 {m: (lambda t=t: cal.final_loss(t.model, batch, loss_fn)) for m, t in copies.items()},
                 device,
             )
-    except cal.CalibrationUnavailable:
-        raise
-    except Exception as exc:  # a real fault of the loss shows again in the real step that follows, unmeasured
-        failure = exc
-    finally:
-        touched = any((p.grad is not None) != (g is not None) or (g is not None and not torch.equal(p.grad, g)) for p, g in zip(real, grads))
-        for p, g in zip(real, grads):
-            p.grad = g
-    if touched:
-        raise cal.CalibrationUnavailable("the loss function trains another model than the one it is given")
-    if failure is not None:
-        raise cal.CalibrationUnavailable(f"a calibration step failed ({type(failure).__name__}: {failure})")
+        except Exception as exc:  # a real fault of the loss shows again in the real step that follows, unmeasured
+            raise cal.CalibrationUnavailable(f"a calibration step failed ({type(exc).__name__}: {exc})") from None
+    fp32_loss = losses.get(PrecisionMode.FP32.value, math.nan)
+    if not math.isfinite(fp32_loss):
+        raise cal.CalibrationUnavailable(f"FP32's own loss is not finite after the calibration steps ({fp32_loss})")
     steps = max(t.training_steps for t in copies.values())
     return cal.measured(key, described, seconds, losses, clock() - started, steps, failed, rounds)
+
+
+def _probe(model: torch.nn.Module, fp32: Any, batch: Any, loss_fn: LossFn) -> None:
+    """One loss of the FP32 copy on ``batch``, before any timed step: not measured (`CalibrationUnavailable`) when
+    it is not finite (a NaN batch decides nothing, and is never cached) or when it reaches ``model`` itself (a loss
+    that closes over the caller's model would train that model, not the copy it is given)."""
+    real = [p for p in model.parameters() if p.requires_grad]
+    buffers = [b.detach().clone() for b in model.buffers()]
+    try:
+        with fp32.autocast():
+            loss = loss_fn(fp32.model, batch)
+        reached = any(g is not None for g in torch.autograd.grad(loss.sum(), real, allow_unused=True)) if real and \
+            loss.requires_grad else False
+    except Exception as exc:
+        raise cal.CalibrationUnavailable(f"the loss failed on a copy of the model ({type(exc).__name__}: {exc})") from None
+    if reached or any(not torch.equal(b, kept) for b, kept in zip(model.buffers(), buffers)):
+        raise cal.CalibrationUnavailable("the loss function trains another model than the one it is given")
+    value = float(loss.detach().float().reshape(-1)[0]) if loss.numel() else math.nan
+    if not math.isfinite(value):
+        raise cal.CalibrationUnavailable(f"the loss on the first batch is not finite ({value}) in FP32: nothing to measure")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -386,10 +386,52 @@ def clock(device: Union[str, torch.device]) -> Callable[[], float]:
 
 @contextlib.contextmanager
 def preserved_rng(device: Union[str, torch.device]) -> Iterator[None]:
-    """Torch's CPU RNG (and ``device``'s, on CUDA) as they were afterwards: the calibration draws nothing from the run's streams."""
+    """The global RNGs a loss may draw from as they were afterwards: torch's CPU RNG (and ``device``'s, on CUDA),
+    NumPy's global ``np.random`` and Python's ``random``: the calibration draws nothing from the run's streams."""
+    import random
+
+    import numpy as np
+
     device = torch.device(device)
-    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+    python_state, numpy_state = random.getstate(), np.random.get_state()
+    try:
+        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+            yield
+    finally:
+        random.setstate(python_state)
+        np.random.set_state(numpy_state)
+
+
+@contextlib.contextmanager
+def preserved_module(model: torch.nn.Module) -> Iterator[None]:
+    """``model``'s parameters, buffers (a BatchNorm's running statistics), gradients and train/eval modes as they
+    were afterwards, whatever a loss that closes over it did to them during the calibration."""
+    tensors = {name: t.detach().clone() for name, t in (*model.named_parameters(), *model.named_buffers())}
+    grads = {name: None if p.grad is None else p.grad.detach().clone() for name, p in model.named_parameters()}
+    modes = [m.training for m in model.modules()]
+    try:
         yield
+    finally:
+        with torch.no_grad():
+            for name, t in (*model.named_parameters(), *model.named_buffers()):
+                kept = tensors.get(name)
+                if kept is not None and (t.shape != kept.shape or not torch.equal(t, kept)):
+                    t.copy_(kept)
+        for name, p in model.named_parameters():
+            p.grad = grads.get(name)
+        for m, training in zip(model.modules(), modes):
+            m.training = training
+
+
+def unmeasurable_batch(batch: Any) -> Optional[str]:
+    """Why ``batch`` is not a batch to measure on (None: it is): empty (a tensor with no elements in it)."""
+    if isinstance(batch, torch.Tensor):
+        return f"the batch is empty (a tensor of shape {list(batch.shape)})" if batch.numel() == 0 else None
+    if isinstance(batch, (tuple, list)):
+        return next((why for item in batch if (why := unmeasurable_batch(item))), None)
+    if isinstance(batch, Mapping):
+        return next((why for item in batch.values() if (why := unmeasurable_batch(item))), None)
+    return None
 
 
 def final_loss(model: torch.nn.Module, batch: Any, loss_fn: Callable[[torch.nn.Module, Any], torch.Tensor]) -> float:

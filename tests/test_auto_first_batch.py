@@ -200,3 +200,71 @@ def test_a_decision_passed_in_or_a_named_precision_never_waits(monkeypatch, timi
     assert not disabled.auto_pending and disabled.precision.name == "fp32"
     _train(disabled, 1)
     assert timings["calls"] == []
+
+
+def _noisy_mse(model: torch.nn.Module, batch) -> torch.Tensor:
+    """A loss that draws from NumPy's and Python's global RNGs (label noise), as user code does."""
+    import random
+
+    import numpy as np
+
+    x, y = batch
+    noise = torch.as_tensor(np.random.normal(0.0, 0.1, size=tuple(y.shape)), dtype=y.dtype) * random.random()
+    return torch.nn.functional.mse_loss(model(x).float(), y + noise)
+
+
+def test_auto_with_a_loss_that_draws_from_numpy_and_random_trains_as_the_named_precision(monkeypatch, timings):
+    """The measurement's 40-55 extra loss calls draw from NumPy's and Python's RNGs too; they are restored, so
+    the weights after 10 steps are those of the same precision asked for by name."""
+    import random
+
+    import numpy as np
+
+    _flags(monkeypatch, "avx2")
+    runs = {}
+    for precision in ("auto", "bf16"):
+        model = _mlp()
+        trainer = _seed_api(model, precision)
+        np.random.seed(7)
+        random.seed(7)
+        for k in range(10):
+            trainer.backward_and_step(trainer.training_step(_batch(seed=k), _noisy_mse))
+        runs[precision] = ([p.detach().clone() for p in model.parameters()], trainer.precision.name, np.random.rand())
+    assert runs["auto"][1] == runs["bf16"][1] == "bf16" and timings["calls"]
+    assert all(torch.equal(a, b) for a, b in zip(runs["auto"][0], runs["bf16"][0]))
+    assert runs["auto"][2] == runs["bf16"][2]
+
+
+def test_a_loss_closing_over_the_callers_batchnorm_model_leaves_it_untouched(monkeypatch, timings):
+    """The loss ignores the copy it is given and runs the caller's model (and its BatchNorm): found at the first
+    loss call, before any timed step; the running statistics and the counter are as they were; the rule decides."""
+    _flags(monkeypatch, "avx2")
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.BatchNorm1d(16), torch.nn.Linear(16, 2))
+    calls = [0]
+
+    def closing(_copy, batch):
+        calls[0] += 1
+        return torch.nn.functional.mse_loss(model(batch[0]).float(), batch[1])
+
+    trainer = _seed_api(model)
+    buffers = {k: v.clone() for k, v in model.state_dict().items() if "running" in k or "num_batches" in k}
+    trainer._decide_at_first_batch(_batch(), closing)
+    assert all(torch.equal(model.state_dict()[k], v) for k, v in buffers.items())
+    assert int(model[1].num_batches_tracked) == 0 and calls[0] == 1 and timings["calls"] == []
+    assert trainer.decision.source == Source.RULE and "another model" in trainer.decision.reason
+
+
+@pytest.mark.parametrize("kind", ["nan", "empty"])
+def test_a_nan_or_empty_first_batch_is_not_measured_and_caches_nothing(monkeypatch, timings, tmp_path, kind):
+    _flags(monkeypatch, "avx2")
+    x, y = _batch()
+    batch = (x, y * float("nan")) if kind == "nan" else (x[:0], y[:0])
+    trainer = _seed_api(_mlp())
+    trainer._decide_at_first_batch(batch, _mse)
+    assert trainer.decision.source == Source.RULE and timings["calls"] == []
+    assert ("not finite" if kind == "nan" else "empty") in trainer.decision.reason
+    assert not (tmp_path / "precision.json").exists()
+    clean = _seed_api(_mlp())  # a clean first batch of the same workload is measured, not read as fp32 from the cache
+    clean._decide_at_first_batch(_batch(), _mse)
+    assert clean.decision.source == Source.MEASURED and clean.precision.name == "bf16"
