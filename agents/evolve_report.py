@@ -100,6 +100,7 @@ def run_report(
         "heldout_return": heldout.mean_return if heldout is not None else None,
         "heldout_episodes": heldout_episodes,
         "train_start_states": train_start_states,
+        "train_states_run": len(best.returns) if best else None,  # of the answer: fewer than all when the test accepted
         "validation_start_states": validation_start_states,
         "validation_return": best.validation_return if best else None,
         "confirmations": confirmations,  # each target met on the training start states, run on the validation ones
@@ -145,10 +146,16 @@ def stop_detail(report: dict[str, Any]) -> str:
                 f"real episodes charged, none gave a usable return{first}")
     if report["stop_reason"] == "target":
         reached = "-" if report["train_return"] is None else f"{report['train_return']:.1f}"
+        ran = report.get("train_states_run") or n_train
+        on = f"all {n_train}" if ran >= n_train else f"{ran} of the {n_train}"
         confirmed = ""
         if report.get("validation_return") is not None:
-            confirmed = f", confirmed on the {report['validation_start_states']} validation start states (mean {report['validation_return']:.1f}),"
-        return (f"target reached on the {n_train} training start states: mean return {reached} >= "
+            n_val = report["validation_start_states"]
+            tried = next((c.get("episodes") for c in reversed(report.get("confirmations") or []) if c.get("confirmed")), None)
+            val_on = f"all {n_val}" if tried is None or tried >= n_val else f"{tried} of the {n_val}"
+            confirmed = f", confirmed on {val_on} validation start states (mean {report['validation_return']:.1f}),"
+        test = "" if ran >= n_train else " (the sequential test's bound on the mean over all of them)"
+        return (f"target reached on {on} training start states{test}: mean return {reached} >= "
                 f"{report['target']:g}{confirmed} after {report['episodes_to_target']} real episodes")
     if report.get("budget_exhausted") == "env_steps":
         steps = report["config"]["episode_steps"]

@@ -112,15 +112,15 @@ class RealEpisodes:
             out.append((cand, res))
         return out
 
-    async def verify(self, cand: Candidate) -> Optional[Evaluation]:
+    async def verify(self, cand: Candidate, scale: Optional[float]) -> Optional[Evaluation]:
         """``cand`` (one episode so far, at the target) run on the other
         training start states until the sequential test decides (`agents.verify`); its returns,
         episodes, whether it is full and whether it was accepted are set on it. Returns the new
         episodes (None when an evaluation failed: it is then charged, its one
-        episode's return kept)."""
+        episode's return kept). ``scale``: the spread of the task's returns (`agents.verify.return_scale`)."""
         assert len(cand.starts) == 1
-        result = await verify(self.evaluate, cand.params, self.starts.train, self.order, first=(cand.starts[0], cand.returns[0]),
-                              target=self.target, fits=self.fits)
+        result = await verify(self.evaluate, cand.params, self.starts.train, self.order,
+                              first=(cand.starts[0], cand.returns[0]), target=self.target, fits=self.fits, scale=scale)
         self.real_episodes += result.episodes
         self.cut = result.decided == "budget"
         if result.error is not None:
@@ -137,7 +137,7 @@ class RealEpisodes:
         cand.full = len(cand.returns) == len(self.starts.train)
         self.env_steps += res.env_steps
 
-    async def confirm(self, cand: Candidate, generation: int) -> Optional[bool]:
+    async def confirm(self, cand: Candidate, generation: int, scale: Optional[float]) -> Optional[bool]:
         """Run ``cand`` (which met the target on the training start states) on
         the validation start states, stage by stage until the sequential test
         decides (`agents.verify`): whether their mean meets the target too (an
@@ -146,7 +146,10 @@ class RealEpisodes:
         replay buffer, so the validation set stays out of the search."""
         states = self.starts.validation
         n = len(states)
-        result = await verify(self.evaluate, cand.params, states, list(range(n)), target=self.target, fits=self.fits)
+        # the candidate's training returns (its first, picked for meeting the target, left out) show how its return
+        # varies across start states of this kind: their spread is pooled into the bound's
+        result = await verify(self.evaluate, cand.params, states, list(range(n)), target=self.target, fits=self.fits,
+                              scale=scale, alike=cand.returns[1:])
         self.real_episodes += result.episodes
         if result.decided == "budget":  # the next stage did not fit: what ran is charged, nothing is decided
             self.env_steps += result.evaluation.env_steps
@@ -157,7 +160,7 @@ class RealEpisodes:
         else:
             self.env_steps += result.evaluation.env_steps
             cand.validation_return = float(np.mean(result.returns))
-            cand.confirmed = result.decided == "accept" or (result.decided == "all" and cand.validation_return >= self.target)
+            cand.confirmed = result.decided == "accept"
         self.confirmations.append({
             "candidate": cand.id, "generation": generation, "train_return": cand.real_return,
             "validation_return": cand.validation_return, "episodes": result.episodes, "confirmed": cand.confirmed,

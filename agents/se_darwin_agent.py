@@ -47,6 +47,7 @@ from .real_episodes import RealEpisodes
 from .run_record import RunRecorder, open_run
 from .run_state import RunState, StopReason
 from .tasks import ResolvedTask, Task
+from .verify import return_scale
 
 if TYPE_CHECKING:  # torch and the learners load only when a run uses them
     from infrastructure.critic import Critic
@@ -324,10 +325,11 @@ class SEDarwinAgent:
         meets it there goes to the validation start states, and the run stops
         once they confirm it."""
         target = self.real.target
+        scale = return_scale([c.returns[0] for c in self.pool if c.returns])  # the spread of the run's episodes so far
         hopeful = sorted((c for c in cands if c.real_return is not None and c.real_return >= target), key=lambda c: -c.real_return)
         for cand in hopeful[:1]:  # the best one per generation: a lucky episode on an easy start state costs 2-4 episodes to refute
             # stage by stage while each stage fits the budgets (the sequential test may need few of them)
-            res = await self.real.verify(cand)
+            res = await self.real.verify(cand, scale)
             if res is not None and res.returns:
                 evaluated.append((cand, res))
             if self.real.cut:
@@ -336,7 +338,7 @@ class SEDarwinAgent:
                 return
             if not cand.meets(target):
                 continue
-            confirmed = await self.real.confirm(cand, generation)
+            confirmed = await self.real.confirm(cand, generation, scale)
             if confirmed is None:
                 self.state.budget_exhausted = self.real.over_budget(len(self.starts.validation)) or "episodes"
                 self.state.unconfirmed = cand.id

@@ -10,11 +10,17 @@ from agents.evolve_report import mode_of, report_rows, stop_detail
 def test_stop_detail_says_which_set_the_target_was_reached_on():
     report = {"stop_reason": "target", "train_start_states": 16, "train_return": -250.04, "target": -300.0,
               "episodes_to_target": 56, "real_episodes": 56, "budget": 200}
-    assert stop_detail(report) == "target reached on the 16 training start states: mean return -250.0 >= -300 after 56 real episodes"
+    assert stop_detail(report) == "target reached on all 16 training start states: mean return -250.0 >= -300 after 56 real episodes"
     report.update(validation_return=-260.0, validation_start_states=8)
-    assert stop_detail(report) == ("target reached on the 16 training start states: mean return -250.0 >= -300, confirmed on the "
+    assert stop_detail(report) == ("target reached on all 16 training start states: mean return -250.0 >= -300, confirmed on all "
                                    "8 validation start states (mean -260.0), after 56 real episodes")
-    report.update(stop_reason="budget", train_return=-400.0, episodes_to_target=None, real_episodes=192, validation_return=None)
+    # accepted by the sequential test on fewer states: says how many ran, and that the bound is over all of them
+    report.update(train_states_run=9, confirmations=[{"confirmed": True, "episodes": 4}])
+    assert stop_detail(report) == ("target reached on 9 of the 16 training start states (the sequential test's bound on the mean "
+                                   "over all of them): mean return -250.0 >= -300, confirmed on 4 of the 8 validation start states "
+                                   "(mean -260.0), after 56 real episodes")
+    report.update(stop_reason="budget", train_return=-400.0, episodes_to_target=None, real_episodes=192, validation_return=None,
+                  confirmations=[])
     assert stop_detail(report) == ("budget spent: 192 of 200 real episodes used, and the 8 left are too few for what comes next; "
                                    "target -300 not reached on the training start states")
     report.update(real_episodes=200)

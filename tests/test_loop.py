@@ -19,8 +19,8 @@ from agents.refine import ZPolicy, objective, refine
 from agents.search_space import ObsStats, SearchSpace
 from agents.se_darwin_agent import SEDarwinAgent
 from agents.tasks import get_task
-from agents.verify import lower_bound, stage_sizes, start_order, upper_bound, verify
-from agents.evaluation import Evaluation, EvaluationEnvError
+from agents.evaluation import Evaluation
+from agents.verify import start_order
 from genesis_fp16.settings import load_settings
 from loop_fakes import FakeEvaluator
 
@@ -234,85 +234,6 @@ async def test_refined_copies_run_beside_the_population_and_join_it_only_when_th
     assert all(g["critic_val_loss"] is not None for g in gens[:-1])
 
 
-# -- (e) verification -----------------------------------------------------------------------------
-def test_stage_sizes_and_start_order():
-    assert stage_sizes(16) == [2, 4, 8, 16] and stage_sizes(5) == [2, 4, 5] and stage_sizes(1) == [1] and stage_sizes(2) == [2]
-    order = start_order(16, 3)
-    assert sorted(order) == list(range(16)) and order == start_order(16, 3) and order != start_order(16, 4)
-    assert upper_bound([1.0]) == np.inf and upper_bound([1.0, 1.0]) == 1.0
-
-
-def _evaluate_by(score, calls):
-    async def evaluate(params, states):
-        calls.append([float(s[0]) for s in states])
-        return Evaluation(returns=[score(s) for s in states], episodes=[{} for _ in states])
-    return evaluate
-
-
-async def test_verification_runs_the_other_start_states_in_stages():
-    train = np.arange(16, dtype=float)[:, None]
-    order = start_order(16, 0)
-    calls: list[list[float]] = []
-    # returns spread evenly about the target (mean over the 16 states exactly at it): no stage decides before the last
-    res = await verify(_evaluate_by(lambda s: float(s[0]) - 7.5, calls), np.zeros(3), train, order, first=(order[5], order[5] - 7.5),
-                       target=0.0)
-    assert [len(c) for c in calls] == [1, 2, 4, 8] and res.episodes == 15 and res.error is None and res.decided == "all"
-    assert res.starts[0] == order[5] and sorted(res.starts) == list(range(16))
-    assert res.starts[1:] == [i for i in order if i != order[5]]  # the run's order, its own first state left out
-    assert len(res.evaluation.returns) == 15 and sorted(res.returns) == [s - 7.5 for s in range(16)]
-
-
-async def test_verification_accepts_as_soon_as_the_lower_bound_reaches_the_target():
-    train = np.arange(16, dtype=float)[:, None]
-    order = start_order(16, 0)
-    calls: list[list[float]] = []
-    res = await verify(_evaluate_by(lambda s: 10.0 + float(s[0]) % 2, calls), np.zeros(3), train, order, first=(order[0], 10.0),
-                       target=0.0)
-    # 2 states at 10-11 against a target of 0: t90(1) * sd / sqrt(2) is about 2, so the lower bound is far above it
-    assert [len(c) for c in calls] == [1] and res.episodes == 1 and res.accepted and len(res.starts) == 2
-    assert lower_bound(res.returns, 16) >= 0.0 > lower_bound([10.0, -20.0], 16)
-
-
-async def test_the_same_test_without_a_first_episode_runs_stages_of_the_states():
-    states = np.arange(8, dtype=float)[:, None]
-    calls: list[list[float]] = []
-    res = await verify(_evaluate_by(lambda s: -1.0 - 10.0 * (s[0] % 2), calls), np.zeros(3), states, list(range(8)), target=0.0)
-    assert [len(c) for c in calls] == [2, 2] and res.decided == "reject" and res.episodes == 4  # -1 and -11: 2 states leave it open
-    calls.clear()
-    res = await verify(_evaluate_by(lambda s: 5.0 * (1 - s[0] % 2), calls), np.zeros(3), states, list(range(8)), target=2.5)
-    assert [len(c) for c in calls] == [2, 2, 4] and res.decided == "all" and np.mean(res.returns) == 2.5  # 5 and 0: only all 8 tell
-    calls.clear()
-    res = await verify(_evaluate_by(lambda s: 1000.0, calls), np.zeros(3), states, list(range(8)), target=900.0)
-    assert [len(c) for c in calls] == [2] and res.accepted  # the same return on every state it ran: 2 episodes confirm
-
-
-def test_the_bounds_tighten_to_the_mean_as_the_states_run_out():
-    values = [1.0, 3.0, 2.0, 6.0]
-    assert lower_bound(values, 4) == upper_bound(values, 4) == 3.0
-    assert lower_bound(values) < lower_bound(values, 16) < 3.0 < upper_bound(values, 16) < upper_bound(values)
-
-
-async def test_verification_stops_when_the_target_is_out_of_reach():
-    train = np.arange(16, dtype=float)[:, None]
-    order = start_order(16, 0)
-    calls: list[list[float]] = []
-    res = await verify(_evaluate_by(lambda s: -1000.0, calls), np.zeros(3), train, order, first=(order[0], 0.0), target=0.0)
-    # 2 states: the bound (t90 with 1 dof) still reaches the target; 4: it cannot, and the rest never runs
-    assert [len(c) for c in calls] == [1, 2] and res.episodes == 3 and len(res.starts) == 4
-    assert upper_bound(res.returns) < 0.0 <= upper_bound(res.returns[:2])
-
-
-async def test_verification_that_fails_is_charged():
-    train = np.arange(16, dtype=float)[:, None]
-    order = start_order(16, 0)
-
-    async def broken(params, states):
-        raise EvaluationEnvError("env exploded")
-
-    res = await verify(broken, np.zeros(3), train, order, first=(order[0], 0.0), target=0.0)
-    assert res.episodes == 1 and isinstance(res.error, EvaluationEnvError) and res.starts == [order[0]]
-
-
 # -- (f) same seed, same report with the critic on ------------------------------------------------
 RUN_SPECIFIC = ("run_id", "run_manifest", "replay_db", "wall_s", "elapsed_s", "wm_wall_s", "critic_wall_s", "time_share", "time")
 
@@ -396,16 +317,3 @@ def test_an_extra_that_wins_joins_as_a_direction_no_longer_than_the_longest_samp
     assert np.array_equal(replayed.mean, search.mean) and replayed.sigma == search.sigma
 
 
-async def test_each_stage_runs_only_when_it_fits_the_budget():
-    """The sequential test may need only a few states: each stage runs when it fits (this verification's episodes so
-    far counted), instead of asking room for all of them first; a stage that does not fit stops it undecided."""
-    train = np.arange(16, dtype=float)[:, None]
-    order = start_order(16, 0)
-    calls: list[list[float]] = []
-    res = await verify(_evaluate_by(lambda s: float(s[0]) - 7.5, calls), np.zeros(3), train, order, first=(order[5], order[5] - 7.5),
-                       target=0.0, fits=lambda n: n <= 3)
-    assert [len(c) for c in calls] == [1, 2] and res.decided == "budget" and res.episodes == 3  # 3 + 4 more would not fit
-    calls.clear()
-    res = await verify(_evaluate_by(lambda s: 1000.0, calls), np.zeros(3), train, order, first=(order[0], 1000.0), target=950.0,
-                       fits=lambda n: n <= 1)
-    assert res.accepted and res.episodes == 1  # one episode fits, and it decides
