@@ -22,9 +22,11 @@ import io
 import re
 import sys
 from pathlib import Path
-from typing import NamedTuple, Optional
+from typing import Any, NamedTuple, Optional
 
 from dotenv.parser import parse_stream
+
+from . import storage
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -122,15 +124,41 @@ def empty_switch_problem(name: str, value: Optional[str], where: str) -> Optiona
     )
 
 
+TEXT_MAX_BYTES = 4 * 1024 * 1024
+"""A larger settings, ``.env`` or profile file is not read (one is a few KiB)."""
+TOML_MAX_DEPTH = 16
+"""Deeper nesting is not a settings or profile file (one nests at most 3 deep)."""
+
+
 def read_utf8(path: Path, what: str, error: type[ValueError] = SettingsError) -> str:
-    """``path`` as UTF-8 text; a byte that is not UTF-8 raises ``error`` naming
-    the file and the line."""
-    data = path.read_bytes()
+    """``path`` as UTF-8 text, read as untrusted input (`genesis_fp16.storage.read_untrusted`: a regular file, opened
+    without blocking, at most `TEXT_MAX_BYTES`); anything else raises ``error`` naming the file, and a byte that is not
+    UTF-8 the line too."""
+    try:
+        data, _ = storage.read_untrusted(path, what, "replace it with a regular text file, or remove it", TEXT_MAX_BYTES)
+    except storage.UntrustedFileError as exc:
+        raise error(str(exc)) from None
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
         line = data[: exc.start].count(b"\n") + 1
         raise error(f"{path}:{line}: {what} is not UTF-8 text (byte {data[exc.start]:#04x}); save it as UTF-8") from None
+
+
+def read_toml(path: Path, what: str, error: type[ValueError] = SettingsError) -> dict[str, Any]:
+    """The TOML file ``path`` (`read_utf8`), nested at most `TOML_MAX_DEPTH` deep; anything else raises ``error``
+    naming the file (tomllib recurses: a deeper file is refused, never a RecursionError)."""
+    text = read_utf8(path, what, error)
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise error(f"{path}: not valid TOML ({exc})") from None
+    except RecursionError:
+        data = None
+    if data is None or storage.too_deep(data, TOML_MAX_DEPTH):
+        raise error(f"{path}: {what} is nested more than {TOML_MAX_DEPTH} levels deep, not a file of settings; "
+                    "remove the nesting or the file")
+    return data
 
 
 def dotenv_entries(path: Path) -> list[tuple[str, Optional[str], int]]:
@@ -152,10 +180,7 @@ def dotenv_entries(path: Path) -> list[tuple[str, Optional[str], int]]:
 
 def toml_key_problems(path: Path, fields: list[str]) -> list[Problem]:
     """One problem per top-level key of the TOML file ``path`` that is none of ``fields``."""
-    try:
-        keys = list(tomllib.loads(read_utf8(path, "the settings file")))
-    except tomllib.TOMLDecodeError as exc:
-        raise SettingsError(f"{path}: not valid TOML ({exc})") from None
+    keys = list(read_toml(path, "the settings file"))
     problems = []
     for key in keys:
         if key.lower() not in fields:
