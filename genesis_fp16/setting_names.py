@@ -135,7 +135,8 @@ def read_utf8(path: Path, what: str, error: type[ValueError] = SettingsError) ->
     without blocking, at most `TEXT_MAX_BYTES`); anything else raises ``error`` naming the file, and a byte that is not
     UTF-8 the line too."""
     try:
-        data, _ = storage.read_untrusted(path, what, "replace it with a regular text file, or remove it", TEXT_MAX_BYTES)
+        data, _ = storage.read_untrusted(path, what, "replace it with a regular text file, or remove it",
+                                         TEXT_MAX_BYTES)
     except storage.UntrustedFileError as exc:
         raise error(str(exc)) from None
     try:
