@@ -12,6 +12,7 @@ with one `LedgerError` saying it is read-only, never that it is corrupt.
 from __future__ import annotations
 
 import functools
+import os
 import sqlite3
 from contextlib import contextmanager
 from datetime import datetime, timezone
@@ -29,6 +30,18 @@ LEDGER_FILE = "rollout.sqlite"
 class LedgerError(StorageError):
     """The ledger could not be read or written; the message names the file,
     ``kind`` says why (see `genesis_fp16.storage.KINDS`)."""
+
+
+def check_ledger_path(path: Path) -> None:
+    """Raise `LedgerError` (kind ``path``) when something other than a regular
+    file is at the ledger's ``path`` (a directory, a FIFO, a device), naming
+    it; nothing there (or a dangling link, which SQLite follows to create the file) passes."""
+    if os.path.exists(path) and not os.path.isfile(path):
+        raise LedgerError(
+            f"rollout ledger {path} {storage.not_regular(path)} (an SQLite database); move it aside: "
+            "without a ledger every agent is unmanaged (its settings and profile decide)",
+            "path",
+        )
 
 
 def now() -> str:
@@ -95,9 +108,13 @@ class LedgerFile:
             storage.prepare_dir(self.path.parent, name=self._dir_name, create=False, writable=False)
         except StorageError as exc:
             raise LedgerError(str(exc), exc.kind) from None
+        check_ledger_path(self.path)
         # WAL needs the file and its directory (the -wal and -shm files) writable
         reason = storage.unwritable_reason(self.path) or storage.unwritable_reason(self.path.parent)
-        if reason is None:
+        if reason is None and not write and self.path.is_file():
+            conn = storage.connect_for_reading(self.path)  # on a full disk: read-only, as in a read-only directory
+            conn.execute("PRAGMA busy_timeout=10000")
+        elif reason is None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             conn = sqlite3.connect(self.path, timeout=10.0, isolation_level=None)
             conn.execute("PRAGMA busy_timeout=10000")
