@@ -136,7 +136,8 @@ def test_a_byte_flipped_ledger_is_one_line_for_status(ledger, state_dir):
     for command in (["rollout", "status"], ["rollout", "status", "--json"], ["profiles", "show"]):
         result = runner.invoke(app, command)
         assert result.exit_code == 2, result.output
-        assert "rollout ledger is not a usable SQLite database (database disk image is malformed)" in _error_line(result)
+        line = _error_line(result)
+        assert "rollout ledger is not a usable SQLite database (database disk image is malformed)" in line
 
 
 def test_rollback_persists_across_a_new_process(ledger, state_dir):

@@ -247,8 +247,9 @@ def test_corrupt_ledger_is_still_called_corrupt(state_dir):
 
 
 def _no_shared_memory(monkeypatch) -> None:
-    """The disk is full: every read-write or ``mode=ro`` connection fails at its first statement as SQLite's WAL does
-    when it cannot size its ``-shm`` file (an I/O error where no space is left); an ``immutable`` one needs no ``-shm``."""
+    """The disk is full: every read-write or ``mode=ro`` connection fails at its first statement as SQLite's WAL
+    does when it cannot size its ``-shm`` file (an I/O error where no space is left); an ``immutable`` one needs no
+    ``-shm``."""
     real = sqlite3.connect
 
     class NoSpace:
@@ -282,7 +283,8 @@ def test_a_full_disk_keeps_ledger_reads_working_and_writes_fail_in_one_line(ledg
     result = runner.invoke(app, ["rollout", "enable", "wm"])
     assert result.exit_code == 1, result.output
     line = _one_error_line(result)
-    assert "the disk is full" in line and "nothing of this change was written" in line and str(ledger_with_history) in line
+    assert "the disk is full" in line and "nothing of this change was written" in line
+    assert str(ledger_with_history) in line
 
 
 _FULL_LEDGER = """
@@ -705,7 +707,8 @@ def test_what_is_not_a_regular_file_is_named_before_it_is_opened(odd_path):
     path, named = odd_path
     with pytest.raises(UntrustedFileError) as err:
         read_json(path, "the thing", "fix it", max_bytes=100, max_depth=4)
-    assert str(err.value) == f"the thing {path} {named}; fix it" and err.value.kind == "path" and err.value.exit_code == 2
+    assert str(err.value) == f"the thing {path} {named}; fix it"
+    assert err.value.kind == "path" and err.value.exit_code == 2
 
 
 @pytest.mark.timeout(10)
@@ -736,7 +739,8 @@ def test_the_untrusted_reader_bounds_size_and_depth_and_parses_strictly(tmp_path
         return err.value.problem
 
     assert problem('{"a": "' + "x" * 2000 + '"}') == "is larger than 1000 bytes"
-    assert problem("[" * 100_000 + "]" * 100_000, max_bytes=300_000) == "is nested too deep to read (more than 4 levels)"
+    deep = "[" * 100_000 + "]" * 100_000
+    assert problem(deep, max_bytes=300_000) == "is nested too deep to read (more than 4 levels)"
     assert problem("[[[[[1]]]]]") == "is nested more than 4 levels deep"
     for not_strict in ('{"a": NaN}', '{"a": Infinity}', '{"a": 1e400}', '{"a": 1', "\xff"):
         assert problem(not_strict).startswith("is not valid JSON"), not_strict
