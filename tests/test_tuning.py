@@ -243,7 +243,8 @@ def test_cli_tune_an_event_log_that_is_not_json_lines_of_objects_is_one_line(sta
 def test_events_whose_fields_have_other_types_count_for_nothing():
     """Objects, but not as this code writes them (an edited log): no crash, no proposal from them."""
     events = [{"event": 5, "agent": "a"}, {"event": "trainer.step_skipped", "agent": "a", "precision": ["fp16"]},
-              {"event": "guard.decision", "agent": "a", "precision": "fp16", "training_steps": 10, "overflow_rate": "x"},
+              {"event": "guard.decision", "agent": "a", "precision": "fp16", "training_steps": 10,
+               "overflow_rate": "x"},
               {"event": "trainer.step_skipped", "agent": "a", "reason": "overflow"}]
     summary = summarise(events)["a"]
     assert summary.overflow_skips == 1 and summary.judged_overflow_rate == 0.0 and summary.judged_steps == 10
