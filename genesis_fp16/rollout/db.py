@@ -6,7 +6,11 @@ concurrent processes serialise on SQLite's own lock; a writer that still finds
 the database locked after the busy timeout retries (`storage.retry_locked`, the
 replay buffer's policy too). A ledger that cannot be written (a read-only file,
 directory or mount) is still read: reads open it read-only, and a write fails
-with one `LedgerError` saying it is read-only, never that it is corrupt.
+with one `LedgerError` saying it is read-only, never that it is corrupt. On a
+full disk reads open it read-only too (`storage.connect_for_reading`), and a
+write fails saying the disk is full. Something other than a regular file at
+its path (a directory, a FIFO, a device) is one `LedgerError` naming it
+(`check_ledger_path`), before anything is opened.
 """
 
 from __future__ import annotations
