@@ -30,7 +30,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from genesis_fp16 import storage
+from genesis_fp16 import untrusted
 from genesis_fp16.errors import strict_json_value
 from genesis_fp16.rollout import LEDGER_FILE
 from infrastructure.replay_buffer import DEFAULT_FILENAME as REPLAY_FILE
@@ -109,7 +109,7 @@ def read_manifest(state_dir: Path, run_id: str) -> dict[str, Any]:
     """The manifest of ``run_id``; `RunError` if it is missing or unreadable."""
     path = manifest_path(state_dir, check_run_id(run_id))
     try:
-        data = storage.read_json(path, "run manifest", _UNREADABLE,
+        data = untrusted.read_json(path, "run manifest", _UNREADABLE,
                                  max_bytes=MANIFEST_MAX_BYTES, max_depth=MANIFEST_MAX_DEPTH)
     except FileNotFoundError:
         if world_model_dir(state_dir, run_id).is_dir():
@@ -118,7 +118,7 @@ def read_manifest(state_dir: Path, run_id: str) -> dict[str, Any]:
                 "it cannot be resumed. `genesis-fp16 state prune` can delete it"
             ) from None
         raise RunError(f"no run {run_id!r} in {Path(state_dir) / RUNS_DIR}; `genesis-fp16 state list` lists the runs") from None
-    except storage.UntrustedFileError as exc:
+    except untrusted.UntrustedFileError as exc:
         raise RunError(f"{path}: the run manifest {exc.problem}; {_UNREADABLE}") from None
     if not isinstance(data, dict) or data.get("format") != MANIFEST_FORMAT:
         raise RunError(f"{path}: not a genesis-fp16 run manifest (expected format {MANIFEST_FORMAT!r})")

@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any, Optional, Union
 
 from . import calibration as cal
-from . import calibration_record, storage
+from . import calibration_record, untrusted
 from .checkpoint import atomic_write_text
 from .telemetry import get_logger, log_once
 
@@ -89,12 +89,12 @@ class CacheFile:
 
 def _read_bounded(path: Path) -> tuple[Optional[bytes], CacheFile]:
     """The file's bytes (its first ones only when it holds more than `MAX_BYTES`), or None with why not; never blocks
-    (`genesis_fp16.storage.read_untrusted`)."""
+    (`genesis_fp16.untrusted.read_untrusted`)."""
     try:
-        data, stamp = storage.read_untrusted(path, "precision cache", _FIX, MAX_BYTES)
+        data, stamp = untrusted.read_untrusted(path, "precision cache", _FIX, MAX_BYTES)
     except FileNotFoundError:
         return None, CacheFile(path, "absent")
-    except storage.UntrustedFileError as exc:
+    except untrusted.UntrustedFileError as exc:
         if exc.head:  # read, and too large: whether it is ours is told by its first bytes
             return exc.head, CacheFile(path, "ours", exc.problem, stamp=exc.stamp)
         return None, CacheFile(path, "unusable", exc.problem)
@@ -115,8 +115,8 @@ def inspect(path: Union[str, Path]) -> CacheFile:
     if found.problem:  # larger than MAX_BYTES
         return bad(found.problem)
     try:
-        value = storage.parse_json(data, MAX_DEPTH)
-    except storage.JsonProblem as exc:
+        value = untrusted.parse_json(data, MAX_DEPTH)
+    except untrusted.JsonProblem as exc:
         return bad(str(exc))
     if not isinstance(value, dict):
         return bad(f"holds a JSON {type(value).__name__}, expected an object with \"format\": \"{CACHE_FORMAT}\"")
@@ -218,7 +218,7 @@ class PrecisionCache:
         valid entries, add this one, replace the file atomically. Raises
         `CacheRefused` (the file is left alone) or another ``OSError``."""
         doing = "saving the measured decision"
-        if storage.too_deep(calibration.as_record(), MAX_DEPTH - 3):  # the file nests it 2 deep; it must read back
+        if untrusted.too_deep(calibration.as_record(), MAX_DEPTH - 3):  # the file nests it 2 deep; it must read back
             raise CacheRefused(f"the workload {calibration.key} is nested too deep (its batch) to be kept in {self.path}; it is measured on each run")
         target = self._target(("absent", "ours"), doing)
         target.parent.mkdir(parents=True, exist_ok=True)

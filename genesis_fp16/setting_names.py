@@ -27,7 +27,7 @@ from typing import Any, NamedTuple, Optional
 
 from dotenv.parser import parse_stream
 
-from . import storage
+from . import untrusted
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -142,13 +142,13 @@ TOML_MAX_DEPTH = 16
 
 
 def read_utf8(path: Path, what: str, error: type[ValueError] = SettingsError) -> str:
-    """``path`` as UTF-8 text, read as untrusted input (`genesis_fp16.storage.read_untrusted`: a regular file, opened
+    """``path`` as UTF-8 text, read as untrusted input (`genesis_fp16.untrusted.read_untrusted`: a regular file, opened
     without blocking, at most `TEXT_MAX_BYTES`); anything else raises ``error`` naming the file, and a byte that is not
     UTF-8 the line too."""
     try:
-        data, _ = storage.read_untrusted(path, what, "replace it with a regular text file, or remove it",
+        data, _ = untrusted.read_untrusted(path, what, "replace it with a regular text file, or remove it",
                                          TEXT_MAX_BYTES)
-    except storage.UntrustedFileError as exc:
+    except untrusted.UntrustedFileError as exc:
         raise error(str(exc)) from None
     try:
         return data.decode("utf-8")
@@ -167,7 +167,7 @@ def read_toml(path: Path, what: str, error: type[ValueError] = SettingsError) ->
         raise error(f"{path}: not valid TOML ({exc})") from None
     except RecursionError:
         data = None
-    if data is None or storage.too_deep(data, TOML_MAX_DEPTH):
+    if data is None or untrusted.too_deep(data, TOML_MAX_DEPTH):
         raise error(f"{path}: {what} is nested more than {TOML_MAX_DEPTH} levels deep, not a file of settings; "
                     "remove the nesting or the file")
     return data

@@ -27,7 +27,7 @@ try:  # POSIX: appenders in other processes and rotation exclude each other
 except ImportError:  # Windows: rotation is safe between threads of one process only
     fcntl = None  # type: ignore[assignment]
 
-from . import storage
+from . import untrusted
 from .settings import LogFormat, LogLevel, Settings
 
 _LOCK = threading.Lock()
@@ -350,7 +350,7 @@ def read_events(path: Path, *, include_rotated: bool = False) -> list[dict[str, 
     so the events come oldest first; a rotation running meanwhile in another
     process can make this read miss or repeat a file's worth of events.
 
-    The log is read as untrusted input (`genesis_fp16.storage.open_untrusted`):
+    The log is read as untrusted input (`genesis_fp16.untrusted.open_untrusted`):
     a FIFO, a device or a directory in its place, a line longer than
     `EVENT_MAX_LINE`, nested deeper than `EVENT_MAX_DEPTH` or that is not a
     JSON object is a ValueError naming the file (and the line) and the fix."""
@@ -375,8 +375,8 @@ def _event(path: Path, number: int, raw: bytes) -> tuple[Optional[dict[str, Any]
         return None, (f"{path}:{number}: not UTF-8 text ({byte}); the event log is written as UTF-8 JSON lines: "
                       "delete or repair that line"), True  # a write cut in a character
     try:
-        event = storage.parse_json(line, EVENT_MAX_DEPTH, non_finite=True)  # the sink writes NaN as NaN
-    except storage.JsonProblem as exc:
+        event = untrusted.parse_json(line, EVENT_MAX_DEPTH, non_finite=True)  # the sink writes NaN as NaN
+    except untrusted.JsonProblem as exc:
         return None, f"{path}:{number}: not a JSON event line: it {exc}; {_REPAIR}", exc.torn
     if not isinstance(event, dict):
         what = "null" if event is None else f"a JSON {type(event).__name__}"
@@ -390,8 +390,8 @@ def _read_event_file(path: Path) -> list[dict[str, Any]]:
     skipped as torn when it is the last line, and an error naming the file and
     the line anywhere else."""
     try:
-        fd = storage.open_untrusted(path, "event log", _EVENTS_FIX)
-    except storage.UntrustedFileError as exc:
+        fd = untrusted.open_untrusted(path, "event log", _EVENTS_FIX)
+    except untrusted.UntrustedFileError as exc:
         raise ValueError(str(exc)) from None
     events: list[dict[str, Any]] = []
     torn = ""  # what is wrong with the line before, told only when another line follows it

@@ -680,7 +680,7 @@ def test_full_disk_writing_the_json_report_is_one_clear_error(monkeypatch, tmp_p
     assert "best return, held-out" in result.output  # the table was printed before
 
 
-# -- state files read as untrusted input (storage.read_untrusted, parse_json, read_json) ------------------------
+# -- state files read as untrusted input (untrusted.read_untrusted, parse_json, read_json) ----------------------
 
 
 @pytest.fixture
@@ -702,7 +702,7 @@ def odd_path(tmp_path, request):
 @pytest.mark.timeout(10)
 @pytest.mark.parametrize("odd_path", ["fifo", "dev_zero", "directory"], indirect=True)
 def test_what_is_not_a_regular_file_is_named_before_it_is_opened(odd_path):
-    from genesis_fp16.storage import UntrustedFileError, read_json
+    from genesis_fp16.untrusted import UntrustedFileError, read_json
 
     path, named = odd_path
     with pytest.raises(UntrustedFileError) as err:
@@ -717,17 +717,17 @@ def test_a_fifo_swapped_in_after_the_check_is_opened_without_blocking(tmp_path, 
     is still refused at once, never waited on."""
     import os
 
-    from genesis_fp16 import storage
+    from genesis_fp16 import untrusted
 
     path = tmp_path / "swapped"
     os.mkfifo(path)
-    monkeypatch.setattr(storage, "not_regular", lambda path: None)  # the check saw a regular file
-    with pytest.raises(storage.UntrustedFileError, match="changed into a FIFO while being opened"):
-        storage.read_untrusted(path, "the thing", "fix it", 100)
+    monkeypatch.setattr(untrusted, "not_regular", lambda path: None)  # the check saw a regular file
+    with pytest.raises(untrusted.UntrustedFileError, match="changed into a FIFO while being opened"):
+        untrusted.read_untrusted(path, "the thing", "fix it", 100)
 
 
 def test_the_untrusted_reader_bounds_size_and_depth_and_parses_strictly(tmp_path):
-    from genesis_fp16.storage import UntrustedFileError, read_json
+    from genesis_fp16.untrusted import UntrustedFileError, read_json
 
     path = tmp_path / "x.json"
 

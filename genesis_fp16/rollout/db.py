@@ -23,7 +23,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Iterator, Optional, TypeVar
 
-from .. import storage
+from .. import storage, untrusted
 from ..names import check_agent_name
 from ..storage import StorageError
 from .schema import SCHEMA, SCHEMA_VERSION, migrate
@@ -42,7 +42,7 @@ def check_ledger_path(path: Path) -> None:
     it; nothing there (or a dangling link, which SQLite follows to create the file) passes."""
     if os.path.exists(path) and not os.path.isfile(path):
         raise LedgerError(
-            f"rollout ledger {path} {storage.not_regular(path)} (an SQLite database); move it aside: "
+            f"rollout ledger {path} {untrusted.not_regular(path)} (an SQLite database); move it aside: "
             "without a ledger every agent is unmanaged (its settings and profile decide)",
             "path",
         )
