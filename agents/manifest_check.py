@@ -6,9 +6,11 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from .manifest_fields import ManifestFieldError, check_fields, is_int, is_number, is_numbers
+from .manifest_fields import ManifestFieldError, check_fields, check_whole_numbers, is_int, is_number, is_numbers
 
 _STATE_TEXT = "a string or null"
+LAST_TIME = 253402300799
+"""The last second of the year 9999 (a later start time cannot be shown as a date)."""
 STOP_REASONS = ("target", "budget", "failed")
 """The values of `agents.run_state.StopReason` (not imported: the run state imports the search, and this stays a leaf)."""
 
@@ -31,10 +33,12 @@ def check_manifest(data: dict[str, Any]) -> None:
     def snapshot_name(v: Any) -> bool:  # a file in the run's world-model folder, nothing outside it
         return v is None or (isinstance(v, str) and v not in (".", "..") and "/" not in v and "\\" not in v)
 
+    check_whole_numbers(data)
     check_fields(data, {
         "run_id": (lambda v: isinstance(v, str), "a string"),
         "status": (lambda v: isinstance(v, str), "a string"),
-        "started": (lambda v: v is None or is_number(v), "a time in seconds"),
+        "started": (lambda v: v is None or is_number(v) and 0 <= v <= LAST_TIME,
+                    "a time in seconds since 1970, before the year 10000"),
         "wall_s": (lambda v: v is None or is_number(v) and v >= 0, "seconds >= 0"),
         "generation": (lambda v: is_int(v, -1), "a whole number >= -1 (the last committed generation; -1: none)"),
         "real_episodes": (lambda v: is_int(v, 0), "a whole number >= 0 (the real episodes the run spent)"),

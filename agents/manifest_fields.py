@@ -69,6 +69,26 @@ def is_numbers(value: Any, *, finite: bool = True) -> bool:
     return isinstance(value, list) and all(is_number(v, finite=finite) for v in value)
 
 
+WHOLE_MAX = 2**53 - 1
+"""The largest whole number (in size) a manifest may hold: far past any count or seed a run writes, and the largest JSON
+readers keep exact. A larger one would overflow SQLite's or NumPy's 64-bit integers later, in the middle of a run."""
+
+
+def check_whole_numbers(data: Any) -> None:
+    """Raise `ManifestFieldError` for the first whole number anywhere in ``data`` (nested objects and lists) larger in
+    size than `WHOLE_MAX`: the range every whole-number field shares, before each field's own check."""
+    stack: list[tuple[str, Any]] = [("", data)]
+    while stack:
+        field, value = stack.pop()
+        if isinstance(value, dict):
+            stack.extend((f"{field}.{key}" if field else str(key), v) for key, v in reversed(list(value.items())))
+        elif isinstance(value, list):
+            stack.extend((f"{field}[{i}]", v) for i, v in reversed(list(enumerate(value))))
+        elif isinstance(value, int) and not isinstance(value, bool) and abs(value) > WHOLE_MAX:
+            raise ManifestFieldError(field, value, f"a whole number from -{WHOLE_MAX} to {WHOLE_MAX} (2**53 - 1): "
+                                     "no count or seed of a run comes near it")
+
+
 def check_fields(data: Any, checks: dict[str, tuple[Any, str]], *, required: Sequence[str] = (), known_only: bool = False,
                  what: str = "an object") -> None:
     """Raise `ManifestFieldError` for the first field of the mapping ``data`` that fails its check

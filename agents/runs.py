@@ -30,6 +30,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
+from genesis_fp16 import untrusted
 from genesis_fp16.errors import strict_json_value
 from genesis_fp16.rollout import LEDGER_FILE
 from infrastructure.replay_buffer import DEFAULT_FILENAME as REPLAY_FILE
@@ -51,6 +52,11 @@ MANIFEST_FILE = "run.json"
 LOCK_FILE = "lock"
 _RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 _NON_FINITE = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
+MANIFEST_MAX_BYTES = 128 * 1024 * 1024
+"""A larger run manifest is not read (one this code writes holds a few KiB per real episode)."""
+MANIFEST_MAX_DEPTH = 32
+"""Deeper nesting is not a manifest this code writes (it nests at most 6 deep)."""
+_UNREADABLE = "this run cannot be resumed (`genesis-fp16 state prune` can delete it)"
 
 
 class RunStorageError(RuntimeError):
@@ -103,7 +109,8 @@ def read_manifest(state_dir: Path, run_id: str) -> dict[str, Any]:
     """The manifest of ``run_id``; `RunError` if it is missing or unreadable."""
     path = manifest_path(state_dir, check_run_id(run_id))
     try:
-        text = path.read_text(encoding="utf-8")
+        data = untrusted.read_json(path, "run manifest", _UNREADABLE,
+                                 max_bytes=MANIFEST_MAX_BYTES, max_depth=MANIFEST_MAX_DEPTH)
     except FileNotFoundError:
         if world_model_dir(state_dir, run_id).is_dir():
             raise RunError(
@@ -111,12 +118,8 @@ def read_manifest(state_dir: Path, run_id: str) -> dict[str, Any]:
                 "it cannot be resumed. `genesis-fp16 state prune` can delete it"
             ) from None
         raise RunError(f"no run {run_id!r} in {Path(state_dir) / RUNS_DIR}; `genesis-fp16 state list` lists the runs") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise RunError(f"{path}: cannot read the run manifest ({exc})") from None
-    try:
-        data = json.loads(text)
-    except ValueError as exc:
-        raise RunError(f"{path}: the run manifest is not valid JSON ({exc}); this run cannot be resumed (`genesis-fp16 state prune` can delete it)") from None
+    except untrusted.UntrustedFileError as exc:
+        raise RunError(f"{path}: the run manifest {exc.problem}; {_UNREADABLE}") from None
     if not isinstance(data, dict) or data.get("format") != MANIFEST_FORMAT:
         raise RunError(f"{path}: not a genesis-fp16 run manifest (expected format {MANIFEST_FORMAT!r})")
     if not isinstance(data.get("version"), int) or data["version"] > MANIFEST_VERSION:
@@ -177,7 +180,7 @@ def is_running(state_dir: Path, run_id: str) -> bool:
     read-only state dir is still told apart from a running one."""
     path = RunLock(state_dir, run_id).path
     try:
-        fd = os.open(path, os.O_RDONLY)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO in its place does not hang the probe
     except OSError:  # no lock file (never run here, or pruned), or unreadable: nothing holds it
         return False
     try:
@@ -233,6 +236,8 @@ class RunInfo:
     replay_trajectories: int = 0
     world_model_bytes: int = 0
     manifest_bytes: int = 0
+    problem: Optional[str] = None
+    """Why its manifest, which is there, cannot be read (status ``unreadable``): the file, what is wrong, the fix."""
 
     @property
     def bytes(self) -> int:
@@ -271,15 +276,19 @@ def _started_from_id(run_id: str) -> Optional[float]:
 
 
 def list_runs(state_dir: Path) -> list[RunInfo]:
-    """Every run in ``state_dir``, newest first."""
+    """Every run in ``state_dir``, newest first. A run whose manifest cannot
+    be read is listed too, its status ``unreadable`` and ``problem`` saying why."""
     state_dir = Path(state_dir)
     manifests: dict[str, Optional[dict[str, Any]]] = {}
+    problems: dict[str, str] = {}
     runs_root = state_dir / RUNS_DIR
-    for path in sorted(runs_root.glob(f"*/{MANIFEST_FILE}")) if runs_root.is_dir() else []:
+    for folder in sorted(runs_root.iterdir()) if runs_root.is_dir() else []:
+        if not os.path.lexists(folder / MANIFEST_FILE):  # anything there (a FIFO, a dangling link) is read, and named
+            continue
         try:
-            manifests[path.parent.name] = read_manifest(state_dir, path.parent.name)
-        except RunError:
-            manifests[path.parent.name] = None
+            manifests[folder.name] = read_manifest(state_dir, folder.name)
+        except RunError as exc:  # one bad manifest does not hide the other runs
+            manifests[folder.name], problems[folder.name] = None, str(exc)
     usage: dict[str, dict[str, Any]] = {}
     buffer = replay_buffer_if_present(state_dir, read_only=True)
     if buffer is not None:
@@ -308,10 +317,11 @@ def list_runs(state_dir: Path) -> list[RunInfo]:
             started = min(u["first_created"] for u in replay)
         if started is None and run_id in wm_dirs:
             started = (wm_root / run_id).stat().st_mtime
+        status = effective_status(state_dir, manifest, run_id)
         found.append(
             RunInfo(
                 run_id=run_id,
-                status=effective_status(state_dir, manifest, run_id),
+                status="unreadable" if run_id in problems and status == "unknown" else status,
                 started=started,
                 real_episodes=manifest.get("real_episodes") if manifest else None,
                 generation=manifest.get("generation") if manifest else None,
@@ -320,6 +330,7 @@ def list_runs(state_dir: Path) -> list[RunInfo]:
                 replay_trajectories=sum(u["trajectories"] for u in replay),
                 world_model_bytes=_tree_bytes(world_model_dir(state_dir, run_id)),
                 manifest_bytes=_tree_bytes(runs_root / run_id),
+                problem=problems.get(run_id),
             )
         )
     return sorted(found, key=lambda r: (r.started or 0.0, r.run_id), reverse=True)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Callable, Optional
 
 import typer
 
@@ -49,10 +49,11 @@ def _runs_or_exit(state_dir: Path) -> list[RunInfo]:
 
 @state_app.command("list")
 def list_command(as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table.")) -> None:
-    """Every run with its status, start time, real episodes and size on disk, and the totals of the files that grow."""
+    """Every run with its status, start time, real episodes and size on disk, and the totals of the files that grow.
+    A run whose manifest cannot be read is listed as unreadable, then named on stderr in one line (exit 1)."""
     from rich import box
 
-    from genesis_fp16.cli import out, print_json, safe_text
+    from genesis_fp16.cli import out, print_error, print_json, safe_text
     from genesis_fp16.terminal import Table  # columns fold what does not fit instead of cutting it
 
     from .runs import storage_totals
@@ -62,6 +63,7 @@ def list_command(as_json: bool = typer.Option(False, "--json", help="Print JSON 
     totals = storage_totals(state_dir)
     if as_json:
         print_json({"state_dir": str(state_dir), "runs": [r.as_dict() for r in found], "totals": totals})
+        _unreadable_or_exit(found, print_error)
         return
     table = Table(title=safe_text(f"runs in {state_dir}"), box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True, show_edge=False)
     table.add_column("run")
@@ -80,6 +82,16 @@ def list_command(as_json: bool = typer.Option(False, "--json", help="Print JSON 
         out.print(f"{labels[key]:<31} {human_bytes(value):>10}", highlight=False)
     if not found:
         out.print("no runs yet: `genesis-fp16 evolve` makes one", highlight=False)
+    _unreadable_or_exit(found, print_error)
+
+
+def _unreadable_or_exit(found: list[RunInfo], print_error: Callable[[str], None]) -> None:
+    """One line per run whose manifest cannot be read (the others are listed), then exit 1 when there is any."""
+    bad = [r for r in found if r.problem]
+    for r in bad:
+        print_error(str(r.problem))
+    if bad:
+        raise typer.Exit(1)
 
 
 @state_app.command("prune")

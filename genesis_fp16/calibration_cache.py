@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any, Optional, Union
 
 from . import calibration as cal
-from . import calibration_record
+from . import calibration_record, untrusted
 from .checkpoint import atomic_write_text
 from .telemetry import get_logger, log_once
 
@@ -87,78 +87,18 @@ class CacheFile:
     stamp: Optional[tuple[int, int, int]] = None
 
 
-_KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
-          (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
-
-
-def _kind(mode: int) -> str:
-    return next((name for test, name in _KINDS if test(mode)), "not a regular file")
-
-
-def _finite(text: str) -> float:
-    value = float(text)
-    if value != value or value in (float("inf"), float("-inf")):
-        raise ValueError(f"the number {text} is not finite")
-    return value
-
-
-def _no_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not a JSON number")
-
-
-def _too_deep(value: Any, limit: int) -> bool:
-    stack = [(value, 1)]
-    while stack:
-        item, depth = stack.pop()
-        if isinstance(item, (dict, list)):
-            if depth > limit:
-                return True
-            stack.extend((v, depth + 1) for v in (item.values() if isinstance(item, dict) else item))
-    return False
-
-
 def _read_bounded(path: Path) -> tuple[Optional[bytes], CacheFile]:
-    """The file's bytes (at most `MAX_BYTES` + 1), or None with why not; never blocks."""
+    """The file's bytes (its first ones only when it holds more than `MAX_BYTES`), or None with why not; never blocks
+    (`genesis_fp16.untrusted.read_untrusted`)."""
     try:
-        lst = os.lstat(path)
+        data, stamp = untrusted.read_untrusted(path, "precision cache", _FIX, MAX_BYTES)
     except FileNotFoundError:
         return None, CacheFile(path, "absent")
-    except OSError as exc:
-        return None, CacheFile(path, "unusable", f"cannot be examined ({exc.strerror or exc})")
-    via = ""
-    if stat.S_ISLNK(lst.st_mode):
-        try:
-            via = f" (a symlink to {os.readlink(path)})"
-        except OSError:
-            via = " (a symlink)"
-    try:
-        st = os.stat(path)
-    except FileNotFoundError:
-        return None, CacheFile(path, "unusable", f"is a dangling symlink{via}")
-    except OSError as exc:
-        return None, CacheFile(path, "unusable", f"cannot be examined{via} ({exc.strerror or exc})")
-    if not stat.S_ISREG(st.st_mode):
-        return None, CacheFile(path, "unusable", f"is {_kind(st.st_mode)}{via}, expected a regular file")
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOCTTY", 0))
-    except OSError as exc:
-        return None, CacheFile(path, "unusable", f"cannot be opened{via} ({exc.strerror or exc})")
-    try:
-        fst = os.fstat(fd)
-        if not stat.S_ISREG(fst.st_mode):  # swapped since the stat (a writer's rename to another regular file is fine)
-            return None, CacheFile(path, "unusable", f"changed into {_kind(fst.st_mode)} while being opened{via}, expected a regular file")
-        chunks, size = [], 0
-        while size <= MAX_BYTES:
-            chunk = os.read(fd, min(1 << 20, MAX_BYTES + 1 - size))
-            if not chunk:
-                break
-            chunks.append(chunk)
-            size += len(chunk)
-    except OSError as exc:
-        return None, CacheFile(path, "unusable", f"cannot be read{via} ({exc.strerror or exc})")
-    finally:
-        os.close(fd)
-    return b"".join(chunks), CacheFile(path, "ours", stamp=(fst.st_ino, fst.st_size, fst.st_mtime_ns))
+    except untrusted.UntrustedFileError as exc:
+        if exc.head:  # read, and too large: whether it is ours is told by its first bytes
+            return exc.head, CacheFile(path, "ours", exc.problem, stamp=exc.stamp)
+        return None, CacheFile(path, "unusable", exc.problem)
+    return data, CacheFile(path, "ours", stamp=stamp)
 
 
 def inspect(path: Union[str, Path]) -> CacheFile:
@@ -172,17 +112,12 @@ def inspect(path: Union[str, Path]) -> CacheFile:
     def bad(problem: str) -> CacheFile:
         return CacheFile(path, "corrupt" if ours else "foreign", problem, stamp=found.stamp)
 
-    if len(data) > MAX_BYTES:
-        return bad(f"is larger than {MAX_BYTES // (1024 * 1024)} MiB")
+    if found.problem:  # larger than MAX_BYTES
+        return bad(found.problem)
     try:
-        text = data.decode("utf-8")
-        value = json.loads(text, parse_float=_finite, parse_constant=_no_constant)
-    except RecursionError:
-        return bad(f"is nested too deep to read (more than {MAX_DEPTH} levels)")
-    except (UnicodeDecodeError, ValueError) as exc:
-        return bad(f"is not valid JSON ({str(exc).splitlines()[0][:200]})")
-    if _too_deep(value, MAX_DEPTH):
-        return bad(f"is nested more than {MAX_DEPTH} levels deep")
+        value = untrusted.parse_json(data, MAX_DEPTH)
+    except untrusted.JsonProblem as exc:
+        return bad(str(exc))
     if not isinstance(value, dict):
         return bad(f"holds a JSON {type(value).__name__}, expected an object with \"format\": \"{CACHE_FORMAT}\"")
     if value.get("format") == CACHE_FORMAT:
@@ -283,7 +218,7 @@ class PrecisionCache:
         valid entries, add this one, replace the file atomically. Raises
         `CacheRefused` (the file is left alone) or another ``OSError``."""
         doing = "saving the measured decision"
-        if _too_deep(calibration.as_record(), MAX_DEPTH - 3):  # the file nests it 2 deep; it must read back
+        if untrusted.too_deep(calibration.as_record(), MAX_DEPTH - 3):  # the file nests it 2 deep; it must read back
             raise CacheRefused(f"the workload {calibration.key} is nested too deep (its batch) to be kept in {self.path}; it is measured on each run")
         target = self._target(("absent", "ours"), doing)
         target.parent.mkdir(parents=True, exist_ok=True)

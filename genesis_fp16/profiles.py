@@ -31,7 +31,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError, 
 
 from .config import trainer_name
 from .names import AgentNameError, check_agent_name
-from .settings import PrecisionConfig, Settings, allowed_values, no_bool, read_utf8
+from .settings import PrecisionConfig, Settings, allowed_values, no_bool, read_toml
 from .storage import FileStamp, file_stamp
 
 try:  # Python 3.11+
@@ -237,10 +237,7 @@ def parse_profiles(data: Any, source: Union[str, Path] = "<profiles>") -> Profil
 
 def _read_toml(path: Path) -> dict[str, Any]:
     """The file's TOML; not UTF-8 or not TOML is a ProfileError naming the file and line."""
-    try:
-        return tomllib.loads(read_utf8(path, "profile file", ProfileError))
-    except tomllib.TOMLDecodeError as exc:
-        raise ProfileError(f"{path}: not valid TOML ({exc})") from None
+    return read_toml(path, "profile file", ProfileError)
 
 
 _CACHE: dict[Path, tuple[FileStamp, ProfileFile]] = {}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any, Optional
 
@@ -45,6 +46,19 @@ def _ledger(settings: Any):
         raise fail(str(exc), code=exc.exit_code)
 
 
+def _read(settings: Any, what: str, *args: Any) -> Any:
+    """The ledger's ``what`` (``status``, ``history``); a fault (a corrupt page, an I/O error) is one line, not a
+    traceback."""
+    from .cli import fail
+    from .rollout import LedgerError
+
+    ledger = _ledger(settings)
+    try:
+        return getattr(ledger, what)(*args)
+    except LedgerError as exc:
+        raise fail(str(exc), code=exc.exit_code)
+
+
 def _policy_or_exit(agent: str, settings: Any):
     from .cli import fail
     from .policy import resolve_policy
@@ -77,8 +91,8 @@ def profiles_show(
         known = set(pf.agents) if pf else set()
         from .rollout import LEDGER_FILE
 
-        if (Path(settings.state_dir) / LEDGER_FILE).is_file():
-            known |= {row["agent"] for row in _ledger(settings).status()}
+        if os.path.exists(Path(settings.state_dir) / LEDGER_FILE):  # a directory or a FIFO there is named
+            known |= {row["agent"] for row in _read(settings, "status")}
         agents = sorted(known)
     else:
         agents = [agent]
@@ -144,7 +158,7 @@ def rollout_status(as_json: bool = typer.Option(False, "--json", help="Print JSO
     from .cli import print_json, safe_cells, safe_text
 
     settings = _settings()
-    rows = _ledger(settings).status()
+    rows = _read(settings, "status")
     if as_json:
         print_json({"kill_switch": not settings.enable_fp16_training, "agents": rows})
         return
@@ -245,7 +259,7 @@ def rollout_history(
     if agent is not None:
         _agent_or_exit(agent)
     try:
-        rows = _ledger(_settings()).history(agent)
+        rows = _read(_settings(), "history", agent)
     except ValueError as exc:
         raise fail(str(exc))
     if as_json:

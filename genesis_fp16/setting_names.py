@@ -4,10 +4,11 @@ pydantic-settings skips what it does not know: an unknown variable, an empty
 value, a ``.env`` line it cannot parse. For most names that is right (the
 environment holds many other programs' variables); for a name meant as a
 setting it silently keeps the default. The worst case is the kill switch: a
-variable such as ``DISABLE_FP16_TRAINING=true``, ``ENABLE_FP16=false``,
-``USE_FP16=false`` or ``FP16_TRAINING=false`` would leave reduced precision on, so every name that looks like a switch for
-FP16/BF16 training and is not ``ENABLE_FP16_TRAINING`` is refused, as is an
-empty ``ENABLE_FP16_TRAINING``.
+variable such as ``DISABLE_FP16_TRAINING=true``, ``USE_AMP=false`` or
+``HALF_PRECISION=false`` would leave reduced precision on, so every name that
+looks like a switch for reduced-precision training (`looks_like_switch`: a
+rule on its words, not a list of names) and is not ``ENABLE_FP16_TRAINING``
+is refused, as is an empty ``ENABLE_FP16_TRAINING``.
 
 The functions take the names they check against as arguments, so this module
 sits below `genesis_fp16.settings`, which gathers the sources and re-exports
@@ -22,9 +23,11 @@ import io
 import re
 import sys
 from pathlib import Path
-from typing import NamedTuple, Optional
+from typing import Any, NamedTuple, Optional
 
 from dotenv.parser import parse_stream
+
+from . import untrusted
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -37,15 +40,21 @@ KILL_SWITCH = "ENABLE_FP16_TRAINING"
 # variables (ENABEL_FP16_TRAINING 0.95, GENESIS_FP16PRECISION 0.98), while
 # ENABLE_TRAINING (0.86) or CUDA_VISIBLE_DEVICES (0.46) are other names.
 NEAR_CUTOFF = 0.9
-# Names of other programs that would look like a switch for this one's precision.
-OTHER_PROGRAMS = frozenset({"TF_ENABLE_AUTO_MIXED_PRECISION"})  # TensorFlow's (NVIDIA containers)
-_SWITCH_WORDS = re.compile(r"ENABLE|DISABLE")
-# switch words that are too short to look for inside a word: whole ``_``-separated words only (USE_FP16, NO_BF16)
-_SWITCH_TOKENS = frozenset({"USE", "NO"})
-_PRECISION_WORDS = re.compile(r"FP16|BF16|PRECISION")
-# the kill switch's own words without its verb: a name made of these alone, TRAINING among them, is the switch
-# with the verb dropped (FP16_TRAINING, BF16_TRAINING, MIXED_PRECISION_TRAINING)
-_SWITCH_NOUNS = frozenset({"FP16", "BF16", "MIXED", "PRECISION", "TRAINING"})
+# Other programs' variables that read as a switch for this one's precision, by prefix: TensorFlow's
+# (TF_ENABLE_AUTO_MIXED_PRECISION and its _GRAPH_REWRITE / _LOSS_SCALING, NVIDIA containers), PyTorch/XLA's
+# (XLA_USE_BF16), ONNX Runtime's (ORT_TENSORRT_FP16_ENABLE), Hugging Face Accelerate's (ACCELERATE_MIXED_PRECISION).
+OTHER_PROGRAMS = ("TF_", "XLA_", "ORT_", "ACCELERATE_")
+# The rule reads a name as words between "_" (and any other character that is not a letter or a digit).
+# A reduced precision: FP16, BF16 or PRECISION anywhere (ENABLEFP16 too), or the word AMP or HALF (not BEHALF, CHAMP).
+_PRECISION_TEXT = re.compile(r"FP16|BF16|PRECISION")
+_PRECISION_WORDS = frozenset({"AMP", "HALF"})
+# A switch: ENABLE or DISABLE anywhere, or the word USE, NO, TRAIN or MODE (not NO_PROXY's alone, not TRAINING_LOG).
+_SWITCH_TEXT = re.compile(r"ENABLE|DISABLE")
+_SWITCH_WORDS = frozenset({"USE", "NO", "TRAIN", "MODE"})
+# A name made only of these words (two or more, a precision among them) is the kill switch without its verb:
+# FP16_TRAINING, HALF_PRECISION, MIXED_PRECISION_TRAINING, BF16_ON.
+_SWITCH_NOUNS = frozenset({"FP16", "BF16", "AMP", "HALF", "MIXED", "PRECISION", "TRAINING", "TRAIN", "MODE", "ON",
+                           "OFF"})
 _DOCTOR = "`genesis-fp16 doctor` lists the valid names"
 
 
@@ -63,21 +72,25 @@ class Problem(NamedTuple):
 
 
 def looks_like_switch(name: str, prefix: str = "") -> bool:
-    """Whether ``name`` (any case) reads as switching FP16/BF16 training on or off:
-    it holds FP16, BF16 or PRECISION together with ENABLE or DISABLE (anywhere)
-    or USE or NO (as a word: ``USE_FP16``, ``NO_BF16``), or it is the kill
-    switch's words without the verb (``FP16_TRAINING``, ``BF16_TRAINING``).
-    ``BF16_ONLY`` or ``FP16`` alone are not switches; another program's names
-    (`OTHER_PROGRAMS`) are not either. The word rules read a name under
-    ``prefix`` without it (its FP16 does not make ``GENESIS_FP16_NO_COLOR`` a switch)."""
+    """Whether ``name`` (any case) reads as switching reduced-precision training on or off, by one rule, not a list:
+    cut into words at ``_``, it names a precision (FP16, BF16 or PRECISION anywhere; AMP or HALF as a word) and a
+    switch (ENABLE or DISABLE anywhere; USE, NO, TRAIN or MODE as a word): ``USE_AMP``, ``TRAIN_FP16``,
+    ``FP16_MODE``, ``GENESIS_FP16_DISABLE``; or it is made of such words alone, two or more (``FP16_TRAINING``,
+    ``HALF_PRECISION``). Beside ENABLE and DISABLE the name is read without ``prefix`` (its FP16 does not make
+    ``GENESIS_FP16_NO_COLOR`` a switch). ``BF16_ONLY``, ``FP16``, ``BEHALF_MODE`` or ``FP16_TRAINING_LOG`` are not
+    switches; another program's names (`OTHER_PROGRAMS`) are not either."""
     upper = name.upper()
-    if upper in OTHER_PROGRAMS or not _PRECISION_WORDS.search(upper):
+    if upper.startswith(OTHER_PROGRAMS):
         return False
-    if _SWITCH_WORDS.search(upper):
+    if _SWITCH_TEXT.search(upper) and _PRECISION_TEXT.search(upper):  # the whole name: GENESIS_FP16_DISABLE too
         return True
     rest = upper[len(prefix):] if prefix and upper.startswith(prefix) else upper
-    words = set(rest.split("_"))
-    return bool(_PRECISION_WORDS.search(rest)) and (bool(words & _SWITCH_TOKENS) or ("TRAINING" in words and words <= _SWITCH_NOUNS))
+    words = [w for w in re.split(r"[^A-Z0-9]+", rest) if w]
+    if not (_PRECISION_TEXT.search(rest) or _PRECISION_WORDS.intersection(words)):
+        return False
+    if _SWITCH_TEXT.search(rest) or _SWITCH_WORDS.intersection(words):
+        return True
+    return len(words) >= 2 and set(words) <= _SWITCH_NOUNS
 
 
 @functools.lru_cache(maxsize=4096)  # the same environment is checked at every load
@@ -122,15 +135,42 @@ def empty_switch_problem(name: str, value: Optional[str], where: str) -> Optiona
     )
 
 
+TEXT_MAX_BYTES = 4 * 1024 * 1024
+"""A larger settings, ``.env`` or profile file is not read (one is a few KiB)."""
+TOML_MAX_DEPTH = 16
+"""Deeper nesting is not a settings or profile file (one nests at most 3 deep)."""
+
+
 def read_utf8(path: Path, what: str, error: type[ValueError] = SettingsError) -> str:
-    """``path`` as UTF-8 text; a byte that is not UTF-8 raises ``error`` naming
-    the file and the line."""
-    data = path.read_bytes()
+    """``path`` as UTF-8 text, read as untrusted input (`genesis_fp16.untrusted.read_untrusted`: a regular file, opened
+    without blocking, at most `TEXT_MAX_BYTES`); anything else raises ``error`` naming the file, and a byte that is not
+    UTF-8 the line too."""
+    try:
+        data, _ = untrusted.read_untrusted(path, what, "replace it with a regular text file, or remove it",
+                                         TEXT_MAX_BYTES)
+    except untrusted.UntrustedFileError as exc:
+        raise error(str(exc)) from None
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
         line = data[: exc.start].count(b"\n") + 1
         raise error(f"{path}:{line}: {what} is not UTF-8 text (byte {data[exc.start]:#04x}); save it as UTF-8") from None
+
+
+def read_toml(path: Path, what: str, error: type[ValueError] = SettingsError) -> dict[str, Any]:
+    """The TOML file ``path`` (`read_utf8`), nested at most `TOML_MAX_DEPTH` deep; anything else raises ``error``
+    naming the file (tomllib recurses: a deeper file is refused, never a RecursionError)."""
+    text = read_utf8(path, what, error)
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise error(f"{path}: not valid TOML ({exc})") from None
+    except RecursionError:
+        data = None
+    if data is None or untrusted.too_deep(data, TOML_MAX_DEPTH):
+        raise error(f"{path}: {what} is nested more than {TOML_MAX_DEPTH} levels deep, not a file of settings; "
+                    "remove the nesting or the file")
+    return data
 
 
 def dotenv_entries(path: Path) -> list[tuple[str, Optional[str], int]]:
@@ -152,10 +192,7 @@ def dotenv_entries(path: Path) -> list[tuple[str, Optional[str], int]]:
 
 def toml_key_problems(path: Path, fields: list[str]) -> list[Problem]:
     """One problem per top-level key of the TOML file ``path`` that is none of ``fields``."""
-    try:
-        keys = list(tomllib.loads(read_utf8(path, "the settings file")))
-    except tomllib.TOMLDecodeError as exc:
-        raise SettingsError(f"{path}: not valid TOML ({exc})") from None
+    keys = list(read_toml(path, "the settings file"))
     problems = []
     for key in keys:
         if key.lower() not in fields:

@@ -29,9 +29,9 @@ from typing import Any, Optional
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError, field_validator
 from pydantic_settings import (
     BaseSettings,
+    InitSettingsSource,
     PydanticBaseSettingsSource,
     SettingsConfigDict,
-    TomlConfigSettingsSource,
 )
 
 from .setting_names import (
@@ -41,6 +41,7 @@ from .setting_names import (
     dotenv_entries,
     empty_switch_problem,
     name_problem,
+    read_toml,
     read_utf8,  # noqa: F401 - re-exported: profiles imports it from here
     toml_key_problems,
 )
@@ -306,8 +307,9 @@ class Settings(PrecisionConfig, BaseSettings):
     ) -> tuple[PydanticBaseSettingsSource, ...]:
         toml_path = config_file_path()
         sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings, dotenv_settings]
-        if toml_path.is_file():
-            sources.append(TomlConfigSettingsSource(settings_cls, toml_file=toml_path))
+        if os.path.lexists(toml_path):  # read as untrusted input: a FIFO or a directory there is named, never waited on
+            # what pydantic-settings' TomlConfigSettingsSource is, with the file read by `read_toml`
+            sources.append(InitSettingsSource(settings_cls, read_toml(toml_path, "the settings file")))
         elif CONFIG_FILE_ENV in os.environ:
             raise SettingsError(
                 f"{CONFIG_FILE_ENV}={str(toml_path)!r}: file not found; point it at an existing TOML file or unset it"
@@ -398,13 +400,15 @@ def _problems() -> list[Problem]:
         where = "in the environment"
         problems.append(name_problem(name, where, valid, ENV_PREFIX) or empty_switch_problem(name, value, where))
     dotenv = Path(DOTENV_FILE)
-    if dotenv.is_file():
+    # read as untrusted input (`read_utf8`): a FIFO or a device is named (pydantic-settings would wait on a FIFO);
+    # a directory (a virtualenv called .env) or a dangling link is no .env file, as for pydantic-settings
+    if os.path.exists(dotenv) and not dotenv.is_dir():
         for name, value, line in dotenv_entries(dotenv):
             where = "in the .env file"
             problem = name_problem(name, where, valid, ENV_PREFIX) or empty_switch_problem(name, value, where)
             problems.append(problem._replace(message=f"{dotenv}:{line}: {problem.message}") if problem else None)
     toml_path = config_file_path()
-    if toml_path.is_file():
+    if os.path.lexists(toml_path):
         problems.extend(toml_key_problems(toml_path, list(Settings.model_fields)))
     return [p for p in problems if p is not None]
 

@@ -11,6 +11,11 @@ and the CLIs.
   read-only file is never called corrupt.
 * `retry_locked` is the one retry policy for a locked SQLite database (the
   rollout ledger and the replay buffer both use it).
+* `connect_read_only` and `connect_for_reading` open an SQLite file for
+  reading where it cannot be written (a read-only directory, a full disk).
+
+State files read as untrusted input (a regular file, size and depth limits,
+strict JSON) are read by `genesis_fp16.untrusted`.
 
 Whether a path is writable is asked in one place, `can_write` (tests
 patch it: as root, ``chmod`` does not stop a write).
@@ -293,8 +298,10 @@ def describe(kind: str, what: str, path: PathLike, detail: object, lost: str = "
 
 def connect_read_only(path: PathLike, timeout: float = 10.0) -> sqlite3.Connection:
     """A read-only connection to an existing SQLite file. A WAL database needs
-    its ``-shm`` file, which cannot be created in a read-only directory; then
-    the file is opened ``immutable`` (nobody can write it there either)."""
+    its ``-shm`` file, which cannot be created in a read-only directory nor
+    sized on a full disk; then the file is opened ``immutable`` (nobody can
+    write it there either; what a writer that died left in its ``-wal`` file
+    is not seen until a write is possible again)."""
     uri = "file:" + quote(str(Path(path).resolve()))
     conn = sqlite3.connect(f"{uri}?mode=ro", uri=True, timeout=timeout, isolation_level=None)
     try:
@@ -302,6 +309,29 @@ def connect_read_only(path: PathLike, timeout: float = 10.0) -> sqlite3.Connecti
         return conn
     except sqlite3.OperationalError as exc:
         conn.close()
-        if fault_kind(exc) not in ("io", "read_only") or not unwritable_reason(Path(path).parent):
+        if not _no_shared_memory(path, exc):
             raise
     return sqlite3.connect(f"{uri}?mode=ro&immutable=1", uri=True, timeout=timeout, isolation_level=None)
+
+
+def _no_shared_memory(path: PathLike, exc: sqlite3.Error) -> bool:
+    """Whether ``exc`` is SQLite failing to make a WAL database's ``-shm`` file: a read-only directory, a full disk."""
+    kind = fault_kind(exc, path)
+    return (kind in ("io", "read_only") and unwritable_reason(Path(path).parent) is not None) or kind == "full"
+
+
+def connect_for_reading(path: PathLike, timeout: float = 10.0) -> sqlite3.Connection:
+    """A connection to read the existing SQLite file ``path`` that this
+    process may write: an ordinary one, or on a full disk (where WAL cannot
+    make its ``-shm`` file) the read-only one of `connect_read_only`, so reads
+    work on a full disk as in a read-only directory."""
+    conn = sqlite3.connect(path, timeout=timeout, isolation_level=None)
+    try:
+        conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
+        return conn
+    except sqlite3.OperationalError as exc:
+        conn.close()
+        if not _no_shared_memory(path, exc):
+            raise
+    return connect_read_only(path, timeout)
+

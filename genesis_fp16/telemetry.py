@@ -27,6 +27,7 @@ try:  # POSIX: appenders in other processes and rotation exclude each other
 except ImportError:  # Windows: rotation is safe between threads of one process only
     fcntl = None  # type: ignore[assignment]
 
+from . import untrusted
 from .settings import LogFormat, LogLevel, Settings
 
 _LOCK = threading.Lock()
@@ -334,15 +335,28 @@ def reset_once() -> None:
         _ONCE_KEYS.clear()
 
 
+EVENT_MAX_LINE = 1024 * 1024
+"""A longer line is not an event this code writes (one is at most a few KiB)."""
+EVENT_MAX_DEPTH = 32
+"""Deeper nesting is not an event this code writes (one nests at most 4 deep)."""
+_EVENTS_FIX = "name the JSON-lines log that training writes (--events FILE), or move this one aside"
+_REPAIR = "delete or repair that line"
+
+
 def read_events(path: Path, *, include_rotated: bool = False) -> list[dict[str, Any]]:
     """Read a JSON-lines event log, skipping a torn last line (a process killed
     mid-write) but failing loudly on garbage in the middle. ``include_rotated``
     reads the rotated files first (``path.N`` ... ``path.1``, then ``path``),
     so the events come oldest first; a rotation running meanwhile in another
-    process can make this read miss or repeat a file's worth of events."""
+    process can make this read miss or repeat a file's worth of events.
+
+    The log is read as untrusted input (`genesis_fp16.untrusted.open_untrusted`):
+    a FIFO, a device or a directory in its place, a line longer than
+    `EVENT_MAX_LINE`, nested deeper than `EVENT_MAX_DEPTH` or that is not a
+    JSON object is a ValueError naming the file (and the line) and the fix."""
     path = Path(path)
     files = rotated_files(path)[::-1] if include_rotated else []
-    if path.is_file():
+    if os.path.lexists(path):  # anything there is read, and named when it is not a regular file
         files.append(path)
     if not files:
         raise FileNotFoundError(f"event log {path} does not exist" + (" and has no rotated files" if include_rotated else ""))
@@ -352,29 +366,49 @@ def read_events(path: Path, *, include_rotated: bool = False) -> list[dict[str, 
     return events
 
 
+def _event(path: Path, number: int, raw: bytes) -> tuple[Optional[dict[str, Any]], str, bool]:
+    """(the event on line ``number``, or None with what is wrong, and whether a torn write explains it)."""
+    try:
+        line = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        byte = f"byte {raw[exc.start]:#04x} at column {exc.start + 1}"
+        return None, (f"{path}:{number}: not UTF-8 text ({byte}); the event log is written as UTF-8 JSON lines: "
+                      "delete or repair that line"), True  # a write cut in a character
+    try:
+        event = untrusted.parse_json(line, EVENT_MAX_DEPTH, non_finite=True)  # the sink writes NaN as NaN
+    except untrusted.JsonProblem as exc:
+        return None, f"{path}:{number}: not a JSON event line: it {exc}; {_REPAIR}", exc.torn
+    if not isinstance(event, dict):
+        what = "null" if event is None else f"a JSON {type(event).__name__}"
+        return None, f"{path}:{number}: not a JSON event line: it holds {what}, expected an object; {_REPAIR}", False
+    return event, "", False
+
+
 def _read_event_file(path: Path) -> list[dict[str, Any]]:
     """One log file's events. Each line is decoded alone, so a line that is not
     UTF-8 is told by its number like a line that is not JSON; either one is
     skipped as torn when it is the last line, and an error naming the file and
     the line anywhere else."""
-    lines = path.read_bytes().splitlines()
-    events = []
-    for number, raw in enumerate(lines, start=1):
-        try:
-            line = raw.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            if number == len(lines):
-                break  # a write cut in the middle of a character
-            raise ValueError(
-                f"{path}:{number}: not UTF-8 text (byte {raw[exc.start]:#04x} at column {exc.start + 1}); the event log is written "
-                "as UTF-8 JSON lines: delete or repair that line"
-            ) from None
-        if not line.strip():
-            continue
-        try:
-            events.append(json.loads(line))
-        except json.JSONDecodeError as exc:
-            if number == len(lines):
-                break
-            raise ValueError(f"{path}:{number}: not a JSON event line ({exc.msg})") from None
+    try:
+        fd = untrusted.open_untrusted(path, "event log", _EVENTS_FIX)
+    except untrusted.UntrustedFileError as exc:
+        raise ValueError(str(exc)) from None
+    events: list[dict[str, Any]] = []
+    torn = ""  # what is wrong with the line before, told only when another line follows it
+    with os.fdopen(fd, "rb") as file:
+        for number, raw in enumerate(iter(lambda: file.readline(EVENT_MAX_LINE + 1), b""), start=1):
+            if torn:
+                raise ValueError(torn)
+            if len(raw) > EVENT_MAX_LINE:
+                raise ValueError(f"{path}:{number}: the line is longer than {EVENT_MAX_LINE // 1024} KiB, "
+                                 f"not an event this code writes; {_REPAIR}")
+            if not raw.strip():
+                continue
+            event, problem, maybe_torn = _event(path, number, raw.rstrip(b"\r\n"))
+            if event is not None:
+                events.append(event)
+            elif maybe_torn:
+                torn = problem
+            else:
+                raise ValueError(problem)
     return events

@@ -108,9 +108,10 @@ def summarise(events: list[dict[str, Any]]) -> dict[str, AgentSummary]:
         agent = _agent_of(ev)
         if agent is None:
             continue
+        name, precision = ev.get("event", ""), ev.get("precision")
+        if not isinstance(name, str) or not (precision is None or isinstance(precision, str)):
+            continue  # not an event this code writes (an edited line): it counts for nothing
         s = out.setdefault(agent, AgentSummary(agent))
-        name = ev.get("event", "")
-        precision = ev.get("precision")
         if name.startswith("trainer.") and precision in REDUCED and (not s.precisions or s.precisions[-1] != precision):
             s.precisions.append(precision)
         if isinstance(ev.get("step"), int) and name.startswith("trainer."):
@@ -128,7 +129,8 @@ def summarise(events: list[dict[str, Any]]) -> dict[str, AgentSummary]:
                 s.min_scale = new if s.min_scale is None else min(s.min_scale, new)
         elif name == "guard.decision":
             if ev.get("precision") in REDUCED and isinstance(ev.get("training_steps"), int) and ev["training_steps"] > 0:
-                s.judged_overflow_rate = float(ev.get("overflow_rate", 0.0))
+                rate = ev.get("overflow_rate", 0.0)
+                s.judged_overflow_rate = float(rate) if isinstance(rate, (int, float)) and not isinstance(rate, bool) else 0.0
                 s.judged_steps = ev["training_steps"]
         elif name == "rollout.stage_changed" and ev.get("to_stage") == Stage.ROLLED_BACK:
             s.rollbacks.append({"when": ev.get("timestamp"), "reason": ev.get("reason"), "actor": ev.get("actor"),

@@ -155,6 +155,13 @@ def test_bad_toml_and_unknown_section(state_dir):
         profile_layer("wm", load_settings())
 
 
+def test_a_profile_file_nested_too_deep_is_one_error(state_dir):
+    """tomllib recurses: a 100,000-deep array was a RecursionError (the settings file's reader, issue 52)."""
+    _write(state_dir, "[agents.wm]\nx = " + "[" * 100_000 + "]" * 100_000 + "\n")
+    with pytest.raises(ProfileError, match="profile file is nested more than 16 levels deep"):
+        profile_layer("wm", load_settings())
+
+
 def test_example_file_is_valid():
     pf = load_profiles(EXAMPLE)
     assert pf.agents, "the example should show at least one agent"

@@ -335,6 +335,11 @@ def _cli_main(argv, monkeypatch, capsys):
         (lambda m: m.update(world_model_checkpoint="../../elsewhere.pt"), "world_model_checkpoint", "a file name in the run's world-model folder"),
         (lambda m: m.pop("generations"), "generations: missing", "expected what this version writes in every manifest"),
         (lambda m: m.update(env_steps=2.5), "env_steps: 2.5", "expected a whole number >= 0"),
+        # issue 52 (D7): a count past 64 bits was an OverflowError from the replay buffer
+        (lambda m: m.update(generation=10**20), "generation: 100000000000000000000",
+         "from -9007199254740991 to 9007199254740991"),
+        (lambda m: m["state"].update(candidates_run=-(2**63)), "state.candidates_run", "(2**53 - 1)"),
+        (lambda m: m.update(started=1e300), "started: 1e+300", "a time in seconds since 1970, before the year 10000"),
     ],
 )
 def test_a_hand_edited_manifest_is_one_line_naming_the_file_and_the_field(edit, field, expected, edited_run, monkeypatch, capsys):
@@ -374,6 +379,37 @@ def edited_run(_one_interrupted_run, state_dir):
     run_id, original = _one_interrupted_run
     manifest_path(state_dir, run_id).parent.mkdir(parents=True)
     return state_dir, run_id, original
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("how, said", [
+    ("fifo", "is a FIFO, expected a regular file"),
+    ("dev_zero", "is a character device (a symlink to /dev/zero), expected a regular file"),
+    ("deep", "is nested too deep to read (more than 32 levels)"),
+    ("huge", "is larger than 128 MiB"),
+])
+def test_a_manifest_that_is_no_file_of_ours_is_one_line_on_resume(how, said, edited_run, monkeypatch, capsys):
+    """Issue 52 (D2): a FIFO as run.json hung ``evolve --resume``, a link to /dev/zero read 23.5 GB, a deep array
+    raised RecursionError. Each is one line naming the file, what it is and the fix, before anything is read."""
+    import os
+
+    from agents import runs
+
+    state_dir, run_id, _ = edited_run
+    path = manifest_path(state_dir, run_id)
+    if how == "fifo":
+        os.mkfifo(path)
+    elif how == "dev_zero":
+        path.symlink_to("/dev/zero")
+    elif how == "deep":
+        path.write_text("[" * 100_000 + "]" * 100_000)
+    else:
+        monkeypatch.setattr(runs, "MANIFEST_MAX_BYTES", 10)  # a file past the limit, made small
+        path.write_text("{}" * 10)
+    code, err = _cli_main(["evolve", "--resume", run_id], monkeypatch, capsys)
+    assert code == 2, err
+    assert err.startswith(f"error: {path}: the run manifest {said.replace('128 MiB', '10 bytes')}; "), err
+    assert err.count("\n") == 1 and "Traceback" not in err and "state prune" in err
 
 
 def test_candidate_and_obs_stats_records_name_the_bad_field():

@@ -99,6 +99,47 @@ def test_corrupt_ledger_is_one_clear_error(state_dir):
         RolloutLedger.from_settings(load_settings()).stage("a")
 
 
+def _error_line(result) -> str:
+    """The one ``error:`` line a failed command printed, and no traceback."""
+    assert result.exception is None or isinstance(result.exception, SystemExit), repr(result.exception)
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in result.output, result.output
+    return lines[0]
+
+
+@pytest.mark.timeout(20)
+@pytest.mark.parametrize("kind, named", [("directory", "is a directory"), ("fifo", "is a FIFO"),
+                                         ("dev_zero", "is a character device (a symlink to /dev/zero)")])
+@pytest.mark.parametrize("command", [["rollout", "status"], ["rollout", "history"], ["rollout", "enable", "wm"],
+                                     ["profiles", "show"], ["profiles", "show", "wm"]])
+def test_a_ledger_path_that_is_not_a_file_is_named_as_such(state_dir, kind, named, command):
+    """Issue 52 (D9): a directory, a FIFO or /dev/zero at the ledger's path was "I/O error ... check the disk", and
+    ``profiles show`` read it as an empty ledger (exit 0); it is one line naming what is there, and nothing is read."""
+    path = state_dir / LEDGER_FILE
+    {"directory": path.mkdir, "fifo": lambda: os.mkfifo(path), "dev_zero": lambda: path.symlink_to("/dev/zero")}[kind]()
+    result = runner.invoke(app, command)
+    assert result.exit_code == 2, result.output
+    assert f"rollout ledger {path} {named}, expected a regular file" in _error_line(result)
+
+
+def test_a_byte_flipped_ledger_is_one_line_for_status(ledger, state_dir):
+    """Issue 52 (D6): a flipped byte in a table's page made ``rollout status`` exit with a traceback."""
+    ledger.enable("wm", shadow=True)
+    path = state_dir / LEDGER_FILE
+    conn = sqlite3.connect(path)
+    page_size = conn.execute("PRAGMA page_size").fetchone()[0]
+    root = conn.execute("SELECT rootpage FROM sqlite_master WHERE name = 'stages'").fetchone()[0]
+    conn.close()
+    data = bytearray(path.read_bytes())
+    data[(root - 1) * page_size] ^= 0xFF  # the page's b-tree type
+    path.write_bytes(bytes(data))
+    for command in (["rollout", "status"], ["rollout", "status", "--json"], ["profiles", "show"]):
+        result = runner.invoke(app, command)
+        assert result.exit_code == 2, result.output
+        line = _error_line(result)
+        assert "rollout ledger is not a usable SQLite database (database disk image is malformed)" in line
+
+
 def test_rollback_persists_across_a_new_process(ledger, state_dir):
     ledger.enable("wm")
     ledger.rollback("wm", "NaN storm", severity="P0")

@@ -250,6 +250,57 @@ def test_unknown_toml_key_is_refused_with_a_suggestion(sources):
         load_settings()
 
 
+def _odd_file(path: Path, kind: str) -> str:
+    """Put a ``kind`` of file at ``path``; how the error names it."""
+    import os
+
+    if kind == "fifo":
+        os.mkfifo(path)
+        return "is a FIFO, expected a regular file"
+    if kind == "dev_zero":
+        path.symlink_to("/dev/zero")
+        return "is a character device (a symlink to /dev/zero), expected a regular file"
+    if kind == "directory":
+        path.mkdir()
+        return "is a directory, expected a regular file"
+    path.write_text("a = " + "[" * 100_000 + "]" * 100_000 + "\n")
+    return "is nested more than 16 levels deep"
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("kind", ["fifo", "dev_zero", "directory", "deep"])
+def test_a_settings_file_that_is_no_toml_file_is_one_line(cwd, kind):
+    """Issue 52 (D11): a 100,000-deep array in genesis_fp16.toml was a RecursionError from ``rollout status`` and
+    ``doctor``; a FIFO or /dev/zero there was skipped as no file (pydantic-settings read only regular files). Each is
+    one line naming the file, what is there and the fix, for every command, ``doctor`` too."""
+    from typer.testing import CliRunner
+
+    from genesis_fp16.cli import app
+
+    named = _odd_file(cwd / "genesis_fp16.toml", kind)
+    for check_names in (True, False):
+        with pytest.raises(SettingsError, match="genesis_fp16.toml") as err:
+            load_settings(check_names=check_names)
+        assert named in str(err.value) and "\n" not in str(err.value)
+    for command in (["rollout", "status"], ["doctor"]):
+        result = CliRunner().invoke(app, command, env={"COLUMNS": "300"})
+        assert result.exit_code == 2, result.output
+        assert result.output.startswith("error: ") and result.output.count("\n") == 1 and named in result.output
+
+
+@pytest.mark.timeout(30)
+def test_a_fifo_as_dotenv_is_named_and_a_directory_called_dotenv_is_none(cwd):
+    """pydantic-settings reads a FIFO called .env (and would wait on it); a directory called .env is a virtualenv."""
+    import os
+
+    os.mkdir(cwd / ".env")
+    load_settings()
+    os.rmdir(cwd / ".env")
+    os.mkfifo(cwd / ".env")
+    with pytest.raises(SettingsError, match=r"^the \.env file \.env is a FIFO, expected a regular file; replace it"):
+        load_settings()
+
+
 def test_cli_misspelled_variable_is_one_line_and_doctor_still_lists_names(monkeypatch):
     from typer.testing import CliRunner
 
@@ -298,7 +349,12 @@ def test_mangled_prefix_is_refused_with_a_suggestion(monkeypatch):
     "name",
     ["PATH", "HOME", "ENABLE_SOMETHING_ELSE", "ENABLE_TRAINING", "BF16_ONLY", "FP16", "NO_PROXY", "USE_LIBUV", "TORCH_USE_CUDA_DSA",
      "ACCELERATE_MIXED_PRECISION", "FP16_TRAINING_LOG", "PYTORCH_ENABLE_MPS_FALLBACK", "NVIDIA_TF32_OVERRIDE", "CUDA_VISIBLE_DEVICES",
-     "CUDA_LAUNCH_BLOCKING", "TORCH_CUDNN_V8_API_ENABLED", "TF_ENABLE_AUTO_MIXED_PRECISION", "GENESIS_HOME", "enable_fp16_training"],
+     "CUDA_LAUNCH_BLOCKING", "TORCH_CUDNN_V8_API_ENABLED", "TF_ENABLE_AUTO_MIXED_PRECISION", "GENESIS_HOME",
+     "enable_fp16_training",
+     # the rule's short words are whole words (BEHALF, CHAMP, AMPLIFIER, TRAINING_LOG are not); others' by prefix
+     "BEHALF_MODE", "CHAMP_MODE", "USE_AMPLIFIER", "HALF_LIFE", "TRAIN_MODE", "AMP", "HALF", "CUDA_MODULE_LOADING",
+     "TF_ENABLE_AUTO_MIXED_PRECISION_LOSS_SCALING", "XLA_USE_BF16", "ORT_TENSORRT_FP16_ENABLE",
+     "PYTORCH_NO_CUDA_MEMORY_CACHING"],
 )
 def test_other_variables_are_not_taken_for_settings(monkeypatch, cwd, name):
     monkeypatch.setenv(name, "1")
@@ -315,7 +371,11 @@ def test_other_variables_are_not_taken_for_settings(monkeypatch, cwd, name):
      ("DISABLE_BF16", "1"), ("enable_mixed_precision", "0"), ("GENESIS_FP16_DISABLE_FP16", "true"),
      # the switch without its verb, or with USE / NO for it (issue 44: these two were skipped silently)
      ("FP16_TRAINING", "false"), ("USE_FP16", "false"), ("use_bf16", "0"), ("NO_FP16", "1"), ("BF16_TRAINING", "false"),
-     ("MIXED_PRECISION_TRAINING", "false"), ("USE_MIXED_PRECISION", "false"), ("GENESIS_FP16_USE_FP16", "false")],
+     ("MIXED_PRECISION_TRAINING", "false"), ("USE_MIXED_PRECISION", "false"), ("GENESIS_FP16_USE_FP16", "false"),
+     # issue 52 (D13): these passed (exit 0, reduced precision on); by the rule, not by a list, they are refused
+     ("TRAIN_FP16", "false"), ("FP16_MODE", "false"), ("HALF_PRECISION", "false"), ("ENABLE_AMP", "false"),
+     ("USE_AMP", "false"), ("NO_AMP", "1"), ("AMP_MODE", "off"), ("use_half", "0"), ("TRAIN_BF16", "0"),
+     ("MIXED_PRECISION", "no"), ("GENESIS_FP16_DISABLE", "true")],
 )
 def test_a_name_that_reads_as_the_kill_switch_is_refused(monkeypatch, cwd, name, value):
     monkeypatch.setenv(name, value)
@@ -374,17 +434,18 @@ def test_an_empty_kill_switch_in_dotenv_names_file_and_line(cwd):
         load_settings()
 
 
-def test_cli_refuses_a_switch_like_name_in_one_line(monkeypatch, cwd):
+@pytest.mark.parametrize("name", ["DISABLE_FP16_TRAINING", "TRAIN_FP16", "HALF_PRECISION", "USE_AMP"])
+def test_cli_refuses_a_switch_like_name_in_one_line(monkeypatch, cwd, name):
     from typer.testing import CliRunner
 
     from genesis_fp16.cli import app
 
-    monkeypatch.setenv("DISABLE_FP16_TRAINING", "true")
+    monkeypatch.setenv(name, "false")
     for command in (["rollout", "status"], ["doctor"]):
-        result = CliRunner().invoke(app, command)
+        result = CliRunner().invoke(app, command, env={"COLUMNS": "300"})
         assert result.exit_code == 2, result.output
-        assert "DISABLE_FP16_TRAINING" in result.output and "did you mean ENABLE_FP16_TRAINING?" in result.output
-        assert "Traceback" not in result.output
+        assert name in result.output and "did you mean ENABLE_FP16_TRAINING?" in result.output
+        assert "Traceback" not in result.output and result.output.count("\n") == 1
 
 
 def test_the_kill_switch_itself_in_any_case_is_read(monkeypatch, cwd):

@@ -251,3 +251,51 @@ def test_a_read_only_replay_buffer_creates_nothing_and_refuses_writes(state_dir)
         ReplayBuffer(state_dir / "missing.sqlite", read_only=True)
     assert not (state_dir / "missing.sqlite").exists()
     assert files == sorted(p.name for p in state_dir.iterdir() if p.name not in ("replay.sqlite-wal", "replay.sqlite-shm"))
+
+
+def _spoil(path: Path, how: str) -> str:
+    """Put what ``how`` names at the manifest ``path`` (a FIFO, a link to /dev/zero, a 100,000-deep array, an edited
+    field); what the error says about it."""
+    if how == "fifo":
+        path.unlink()
+        os.mkfifo(path)
+        return "the run manifest is a FIFO, expected a regular file"
+    if how == "dev_zero":
+        path.unlink()
+        path.symlink_to("/dev/zero")
+        return "the run manifest is a character device (a symlink to /dev/zero), expected a regular file"
+    if how == "deep":
+        path.write_text("[" * 100_000 + "]" * 100_000)
+        return "the run manifest is nested too deep to read"
+    path.write_text(path.read_text().replace('"generation": 0', '"generation": 100000000000000000000'))
+    return "field generation: 100000000000000000000; expected a whole number from"
+
+
+@pytest.mark.timeout(30)
+def test_one_unreadable_manifest_does_not_hide_the_other_runs(state_dir):
+    """Issue 52 (D2): a FIFO as one run's manifest hung `state list`, a link to /dev/zero read without bound, a deep
+    array raised RecursionError, and an unreadable one was listed as "unknown" without a word. Every run is listed,
+    each unreadable one as such, named in one line on stderr with the file and the fix; the exit is 1 (as ls's)."""
+    from agents.runs import manifest_path
+
+    bad = ["fifo", "dev_zero", "deep", "huge"]
+    for i, run_id in enumerate(["good", *bad]):
+        write_manifest(state_dir, {"run_id": run_id, "status": "interrupted", "started": time.time() - i,
+                                   "generation": 0, "real_episodes": 1, "config": {}})
+    said = {run_id: _spoil(manifest_path(state_dir, run_id), run_id) for run_id in bad}
+    for args in (["--json"], []):
+        result = runner.invoke(app, ["state", "list", *args], env={"COLUMNS": "300"})
+        assert result.exit_code == 1, result.output
+        assert result.exception is None or isinstance(result.exception, SystemExit), repr(result.exception)
+        errors = result.stderr.splitlines()
+        assert len(errors) == len(bad) and "Traceback" not in result.output, result.stderr
+        for run_id in bad:
+            line = next(e for e in errors if e.startswith(f"error: {manifest_path(state_dir, run_id)}: "))
+            assert said[run_id] in line and "state prune" in line, line
+        if args:
+            runs = {r["run_id"]: r for r in json.loads(result.stdout)["runs"]}
+            assert runs["good"]["status"] == "interrupted" and runs["good"]["problem"] is None
+            assert {r: runs[r]["status"] for r in bad} == dict.fromkeys(bad, "unreadable")
+            assert said["fifo"] in runs["fifo"]["problem"]
+        else:
+            assert "good" in result.stdout and result.stdout.count("unreadable") == len(bad)

@@ -243,6 +243,80 @@ def test_corrupt_ledger_is_still_called_corrupt(state_dir):
     assert "not a usable SQLite database" in _one_error_line(result)
 
 
+# -- a ledger on a full disk: reads work, writes fail in one line --------------------------------
+
+
+def _no_shared_memory(monkeypatch) -> None:
+    """The disk is full: every read-write or ``mode=ro`` connection fails at its first statement as SQLite's WAL
+    does when it cannot size its ``-shm`` file (an I/O error where no space is left); an ``immutable`` one needs no
+    ``-shm``."""
+    real = sqlite3.connect
+
+    class NoSpace:
+        def __init__(self, conn: sqlite3.Connection) -> None:
+            self.conn = conn
+
+        def execute(self, *args, **kwargs):
+            raise _sqlite_io_error()
+
+        def close(self) -> None:
+            self.conn.close()
+
+    def connect(database, *args, **kwargs):
+        conn = real(database, *args, **kwargs)
+        return conn if "immutable=1" in str(database) or str(database) == ":memory:" else NoSpace(conn)
+
+    _free_space(monkeypatch, 8 * 1024)
+    monkeypatch.setattr(sqlite3, "connect", connect)
+
+
+def test_a_full_disk_keeps_ledger_reads_working_and_writes_fail_in_one_line(ledger_with_history, monkeypatch):
+    """Issue 52 (D10): on a full disk ``rollout status`` and ``history`` failed with "nothing of this change was
+    written"; they read the ledger read-only now, as in a read-only directory."""
+    _no_shared_memory(monkeypatch)
+    result = runner.invoke(app, ["rollout", "status", "--json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["agents"][0]["stage"] == "rolled_back"
+    result = runner.invoke(app, ["rollout", "history", "wm", "--json"])
+    assert result.exit_code == 0, result.output
+    assert [h["to_stage"] for h in json.loads(result.stdout)] == ["shadow", "rolled_back"]
+    result = runner.invoke(app, ["rollout", "enable", "wm"])
+    assert result.exit_code == 1, result.output
+    line = _one_error_line(result)
+    assert "the disk is full" in line and "nothing of this change was written" in line
+    assert str(ledger_with_history) in line
+
+
+_FULL_LEDGER = """
+set -u
+mount -t tmpfs -o size=1m tmpfs "$1/mnt"
+export GENESIS_FP16_STATE_DIR="$1/mnt/state"
+"$2" -m genesis_fp16.cli rollout enable wm --shadow > "$1/first.out" 2>&1 || exit 3
+dd if=/dev/zero of="$1/mnt/fill" bs=4k 2>/dev/null
+"$2" -m genesis_fp16.cli rollout status --json > "$1/status.out" 2> "$1/status.err"; echo $? > "$1/status.rc"
+"$2" -m genesis_fp16.cli rollout enable other > "$1/enable.out" 2> "$1/enable.err"; echo $? > "$1/enable.rc"
+"""
+
+
+def test_a_real_full_disk_keeps_ledger_reads_working(tmp_path):
+    """The ledger on a 1 MiB tmpfs filled to the last block: ``rollout status`` reads it, ``rollout enable`` is one
+    line saying the disk is full."""
+    import os
+
+    (tmp_path / "mnt").mkdir()
+    if not _tmpfs_available(tmp_path / "mnt"):
+        pytest.skip("no user/mount namespaces here (unshare -rm) to mount a small tmpfs")
+    env = dict(os.environ, GENESIS_FP16_LOG_LEVEL="ERROR")
+    proc = subprocess.run(["unshare", "-rm", "bash", "-c", _FULL_LEDGER, "bash", str(tmp_path), sys.executable],
+                          capture_output=True, text=True, timeout=120, env=env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr + (tmp_path / "first.out").read_text()
+    read = lambda name: (tmp_path / name).read_text()  # noqa: E731
+    assert read("status.rc").strip() == "0", read("status.err")
+    assert [a["stage"] for a in json.loads(read("status.out"))["agents"]] == ["shadow"]
+    assert read("enable.rc").strip() == "1" and "the disk is full" in read("enable.err"), read("enable.err")
+    assert read("enable.err").count("\n") == 1 and "Traceback" not in read("enable.err")
+
+
 # -- classification ------------------------------------------------------------------------
 
 
@@ -604,3 +678,76 @@ def test_full_disk_writing_the_json_report_is_one_clear_error(monkeypatch, tmp_p
     line = _one_error_line(result)
     assert "the report could not be written" in line and "No space left on device" in line and "replay.sqlite" in line
     assert "best return, held-out" in result.output  # the table was printed before
+
+
+# -- state files read as untrusted input (untrusted.read_untrusted, parse_json, read_json) ----------------------
+
+
+@pytest.fixture
+def odd_path(tmp_path, request):
+    """Something that is not a regular file where one is read: (its path, how the error names it)."""
+    import os
+
+    path = tmp_path / "state.json"
+    if request.param == "fifo":
+        os.mkfifo(path)
+        return path, "is a FIFO, expected a regular file"
+    if request.param == "dev_zero":
+        path.symlink_to("/dev/zero")
+        return path, "is a character device (a symlink to /dev/zero), expected a regular file"
+    path.mkdir()
+    return path, "is a directory, expected a regular file"
+
+
+@pytest.mark.timeout(10)
+@pytest.mark.parametrize("odd_path", ["fifo", "dev_zero", "directory"], indirect=True)
+def test_what_is_not_a_regular_file_is_named_before_it_is_opened(odd_path):
+    from genesis_fp16.untrusted import UntrustedFileError, read_json
+
+    path, named = odd_path
+    with pytest.raises(UntrustedFileError) as err:
+        read_json(path, "the thing", "fix it", max_bytes=100, max_depth=4)
+    assert str(err.value) == f"the thing {path} {named}; fix it"
+    assert err.value.kind == "path" and err.value.exit_code == 2
+
+
+@pytest.mark.timeout(10)
+def test_a_fifo_swapped_in_after_the_check_is_opened_without_blocking(tmp_path, monkeypatch):
+    """The check and the open are two steps: the open is non-blocking, so a FIFO that appears between them (no writer)
+    is still refused at once, never waited on."""
+    import os
+
+    from genesis_fp16 import untrusted
+
+    path = tmp_path / "swapped"
+    os.mkfifo(path)
+    monkeypatch.setattr(untrusted, "not_regular", lambda path: None)  # the check saw a regular file
+    with pytest.raises(untrusted.UntrustedFileError, match="changed into a FIFO while being opened"):
+        untrusted.read_untrusted(path, "the thing", "fix it", 100)
+
+
+def test_the_untrusted_reader_bounds_size_and_depth_and_parses_strictly(tmp_path):
+    from genesis_fp16.untrusted import UntrustedFileError, read_json
+
+    path = tmp_path / "x.json"
+
+    def problem(text: str, **limits) -> str:
+        path.write_text(text)
+        with pytest.raises(UntrustedFileError) as err:
+            read_json(path, "the thing", "fix it", **{"max_bytes": 1000, "max_depth": 4, **limits})
+        assert err.value.kind == "corrupt" and str(err.value).startswith(f"the thing {path} ")
+        return err.value.problem
+
+    assert problem('{"a": "' + "x" * 2000 + '"}') == "is larger than 1000 bytes"
+    deep = "[" * 100_000 + "]" * 100_000
+    assert problem(deep, max_bytes=300_000) == "is nested too deep to read (more than 4 levels)"
+    assert problem("[[[[[1]]]]]") == "is nested more than 4 levels deep"
+    for not_strict in ('{"a": NaN}', '{"a": Infinity}', '{"a": 1e400}', '{"a": 1', "\xff"):
+        assert problem(not_strict).startswith("is not valid JSON"), not_strict
+    path.write_bytes(b'{"a": "\xff"}')
+    with pytest.raises(UntrustedFileError, match=r"is not UTF-8 text \(byte 0xff at offset 7\)"):
+        read_json(path, "the thing", "fix it", max_bytes=1000, max_depth=4)
+    path.write_text('{"a": [[1.5]]}')
+    assert read_json(path, "the thing", "fix it", max_bytes=1000, max_depth=4) == {"a": [[1.5]]}
+    with pytest.raises(FileNotFoundError):
+        read_json(tmp_path / "absent.json", "the thing", "fix it", max_bytes=1000, max_depth=4)

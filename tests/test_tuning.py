@@ -206,6 +206,50 @@ def test_cli_tune_a_line_that_is_not_utf8_is_one_error_naming_file_and_line(stat
     assert runner.invoke(app, ["tune", "--events", str(torn)]).exit_code == 0
 
 
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("kind, said", [
+    ("fifo", "event log {path} is a FIFO, expected a regular file; name the JSON-lines log"),
+    ("dev_zero", "event log {path} is a character device (a symlink to /dev/zero), expected a regular file"),
+    ("directory", "event log {path} is a directory, expected a regular file"),
+    ("deep", "{path}:2: not a JSON event line: it is nested too deep to read (more than 32 levels); delete or repair"),
+    ("deep_last", "{path}:2: not a JSON event line: it is nested more than 32 levels deep; delete or repair"),
+    ("list", "{path}:2: not a JSON event line: it holds a JSON list, expected an object; delete or repair that line"),
+    ("null", "{path}:2: not a JSON event line: it holds null, expected an object; delete or repair that line"),
+])
+def test_cli_tune_an_event_log_that_is_not_json_lines_of_objects_is_one_line(state_dir, kind, said):
+    """Issue 52 (D12): a line that is not an object (``[1,2]``, ``null``) or is nested 100,000 deep crashed ``tune``;
+    a FIFO as the log would hang it. Each is one line naming the file (and the line) and the fix. The default log,
+    <state_dir>/events.jsonl, is read (no --events): a torn last line is still skipped, a deep one is not torn."""
+    import os
+
+    path = state_dir / "events.jsonl"
+    good = json.dumps({"event": "trainer.step_skipped", "agent": "a", "reason": "overflow"})
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "dev_zero":
+        path.symlink_to("/dev/zero")
+    elif kind == "directory":
+        path.mkdir()
+    else:
+        bad = {"deep": "[" * 100_000 + "]" * 100_000, "deep_last": '{"a": ' + "[" * 40 + "]" * 40 + "}",
+               "list": "[1, 2]", "null": "null"}[kind]
+        path.write_text(f"{good}\n{bad}\n" + ("" if kind == "deep_last" else f"{good}\n"))
+    r = runner.invoke(app, ["tune"], env={"COLUMNS": "400"})
+    assert r.exit_code == 2, r.output
+    assert r.output.startswith("error: " + said.format(path=path)) and r.output.count("\n") == 1, r.output
+    assert "Traceback" not in r.output
+
+
+def test_events_whose_fields_have_other_types_count_for_nothing():
+    """Objects, but not as this code writes them (an edited log): no crash, no proposal from them."""
+    events = [{"event": 5, "agent": "a"}, {"event": "trainer.step_skipped", "agent": "a", "precision": ["fp16"]},
+              {"event": "guard.decision", "agent": "a", "precision": "fp16", "training_steps": 10,
+               "overflow_rate": "x"},
+              {"event": "trainer.step_skipped", "agent": "a", "reason": "overflow"}]
+    summary = summarise(events)["a"]
+    assert summary.overflow_skips == 1 and summary.judged_overflow_rate == 0.0 and summary.judged_steps == 10
+
+
 # -- the event catalogue tune relies on ------------------------------------------------
 
 def _events_in_source(root):

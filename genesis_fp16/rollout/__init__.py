@@ -26,7 +26,7 @@ from ..settings import Settings, env_name, load_settings
 from ..telemetry import get_logger
 from .tuning import TuningStore
 from .checks import QUALITY_KINDS, CheckStore
-from .db import LEDGER_FILE, LedgerError, LedgerFile, ledger_call
+from .db import LEDGER_FILE, LedgerError, LedgerFile, check_ledger_path, ledger_call
 from .guard_state import WINDOW_KINDS, GuardStateStore
 from .schema import SCHEMA_VERSION
 from .stages import SEVERITIES, STAGES, Severity, Stage, StageStore, TextEnum
@@ -219,6 +219,7 @@ def current_stage(agent: str, settings: Settings) -> Optional[Stage]:
     path = Path(settings.state_dir) / LEDGER_FILE
     ledger = storage.file_stamp(path)  # before reading: a write during the read is seen at the next call
     if ledger is None:
+        check_ledger_path(path)  # a directory, a FIFO or a device there is named, not read as no ledger
         return None
     stamp = (ledger, storage.file_stamp(path.with_name(path.name + "-wal")))  # every committed write changes one of them
     key = (str(path), agent)

@@ -6,19 +6,24 @@ concurrent processes serialise on SQLite's own lock; a writer that still finds
 the database locked after the busy timeout retries (`storage.retry_locked`, the
 replay buffer's policy too). A ledger that cannot be written (a read-only file,
 directory or mount) is still read: reads open it read-only, and a write fails
-with one `LedgerError` saying it is read-only, never that it is corrupt.
+with one `LedgerError` saying it is read-only, never that it is corrupt. On a
+full disk reads open it read-only too (`storage.connect_for_reading`), and a
+write fails saying the disk is full. Something other than a regular file at
+its path (a directory, a FIFO, a device) is one `LedgerError` naming it
+(`check_ledger_path`), before anything is opened.
 """
 
 from __future__ import annotations
 
 import functools
+import os
 import sqlite3
 from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Iterator, Optional, TypeVar
 
-from .. import storage
+from .. import storage, untrusted
 from ..names import check_agent_name
 from ..storage import StorageError
 from .schema import SCHEMA, SCHEMA_VERSION, migrate
@@ -29,6 +34,18 @@ LEDGER_FILE = "rollout.sqlite"
 class LedgerError(StorageError):
     """The ledger could not be read or written; the message names the file,
     ``kind`` says why (see `genesis_fp16.storage.KINDS`)."""
+
+
+def check_ledger_path(path: Path) -> None:
+    """Raise `LedgerError` (kind ``path``) when something other than a regular
+    file is at the ledger's ``path`` (a directory, a FIFO, a device), naming
+    it; nothing there (or a dangling link, which SQLite follows to create the file) passes."""
+    if os.path.exists(path) and not os.path.isfile(path):
+        raise LedgerError(
+            f"rollout ledger {path} {untrusted.not_regular(path)} (an SQLite database); move it aside: "
+            "without a ledger every agent is unmanaged (its settings and profile decide)",
+            "path",
+        )
 
 
 def now() -> str:
@@ -95,9 +112,13 @@ class LedgerFile:
             storage.prepare_dir(self.path.parent, name=self._dir_name, create=False, writable=False)
         except StorageError as exc:
             raise LedgerError(str(exc), exc.kind) from None
+        check_ledger_path(self.path)
         # WAL needs the file and its directory (the -wal and -shm files) writable
         reason = storage.unwritable_reason(self.path) or storage.unwritable_reason(self.path.parent)
-        if reason is None:
+        if reason is None and not write and self.path.is_file():
+            conn = storage.connect_for_reading(self.path)  # on a full disk: read-only, as in a read-only directory
+            conn.execute("PRAGMA busy_timeout=10000")
+        elif reason is None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             conn = sqlite3.connect(self.path, timeout=10.0, isolation_level=None)
             conn.execute("PRAGMA busy_timeout=10000")
