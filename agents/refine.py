@@ -24,6 +24,8 @@ from typing import TYPE_CHECKING, Callable, Optional, Sequence
 import numpy as np
 import torch
 
+from genesis_fp16.seeds import torch_generator
+
 from .search_space import SearchSpace
 from .tasks.torch_policy import BatchedPolicy
 
@@ -88,7 +90,7 @@ def refine(
     policy = ZPolicy(space)
     z = torch.tensor(np.asarray(z0, dtype=np.float32)[None], requires_grad=True)
     opt = torch.optim.Adam([z], lr=lr)
-    gen = torch.Generator().manual_seed(seed)
+    gen = torch_generator(seed, "refine.rows")
     out: list[np.ndarray] = []
     for step in range(1, steps[-1] + 1):
         rows = torch.randint(len(states), (min(batch, len(states)),), generator=gen)

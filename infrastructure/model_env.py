@@ -44,6 +44,8 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
+from genesis_fp16.seeds import torch_generator
+
 from .dynamics import NotTrainedError, ProjectFn, TerminationFn, features
 from .ensemble import EnsembleDynamics, run_layers
 from .transitions import Transitions
@@ -140,7 +142,7 @@ class ModelEnv:
         self.device = self.model.x_mean.device
         self.terminated, self.project = terminated, project
         self.max_disagreement = _check_limit(max_disagreement)
-        self.generator = torch.Generator().manual_seed(int(seed))
+        self.generator = torch_generator(int(seed), "model_env")
         self._obs: Optional[torch.Tensor] = None
 
     @property
