@@ -81,7 +81,7 @@ def refine(
 ) -> list[np.ndarray]:
     """Snapshots (z-coordinates) of one Adam ascent of J from ``z0``, at each
     step count in ``snapshots`` (ascending); minibatches of ``batch`` rows of
-    ``states`` drawn by a generator seeded by ``seed``."""
+    ``states`` drawn from the stream ``refine.rows`` of ``seed`` (`genesis_fp16.seeds`)."""
     steps = sorted({int(s) for s in snapshots})
     if not steps or steps[0] < 1:
         raise ValueError(f"snapshots={list(snapshots)}: expected step counts >= 1")

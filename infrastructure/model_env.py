@@ -126,7 +126,8 @@ class ModelEnv:
         project: ``obs -> obs``, maps predicted observations back into what
             the env can produce (e.g. clamps into the observation box).
         seed: seeds the CPU generator of the member draws and the Gaussian
-            noise, once: successive rollouts of one `ModelEnv` draw afresh.
+            noise (its stream ``model_env``, `genesis_fp16.seeds`), once:
+            successive rollouts of one `ModelEnv` draw afresh.
         max_disagreement: the disagreement that ends a row (default
             `DEFAULT_MAX_DISAGREEMENT`; ``inf``: never).
 
