@@ -1,7 +1,8 @@
 """One seed-stream function (issue 46): every seed the project derives is
 `genesis_fp16.seeds.stream_seed` of (the run's seed, a stream's name, its
 indices), and nothing outside the tests seeds torch's global generator; a
-module is initialised from a generator of its own instead."""
+module is initialised from a generator of its own instead. Issue 53: an
+allow-list (every generator seeded by `stream_seed`) replaces a list of old salts."""
 
 from __future__ import annotations
 
