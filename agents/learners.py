@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
 
 import numpy as np
 
-from genesis_fp16.seeds import stream_seed
+from genesis_fp16.seeds import stream_seed, torch_generator
 from genesis_fp16.settings import Settings
 from genesis_fp16.telemetry import get_logger
 from infrastructure.replay_buffer import ReplayBuffer
@@ -94,8 +94,10 @@ class Learners:
                       checkpoint_dir=self.checkpoint_dir)
 
     # -- policies in torch --------------------------------------------------------------------
-    def _mean_policy(self, z: np.ndarray, space: SearchSpace, noise: float = 0.0, seed: int = 0) -> Callable[[torch.Tensor], torch.Tensor]:
-        """``obs (N, obs_dim) -> actions (N, act_dim)`` of the policy at ``z``, with Gaussian ``noise`` (a fraction of the half range)."""
+    def _mean_policy(self, z: np.ndarray, space: SearchSpace, noise: float = 0.0,
+                     generator: Optional[torch.Generator] = None) -> Callable[[torch.Tensor], torch.Tensor]:
+        """``obs (N, obs_dim) -> actions (N, act_dim)`` of the policy at ``z``, with Gaussian ``noise`` (a fraction of
+        the half range) drawn from ``generator`` (required with noise)."""
         import torch
 
         from .refine import ZPolicy
@@ -104,13 +106,15 @@ class Learners:
         spec = self.task.policy
         low, high = torch.tensor(spec.action_low, dtype=torch.float32), torch.tensor(spec.action_high, dtype=torch.float32)
         half = (high - low) / 2
-        gen = torch.Generator().manual_seed(seed)
+        if noise > 0 and generator is None:
+            raise ValueError("_mean_policy: noise without a generator: pass the stream the noise is drawn from")
 
         def act(obs: torch.Tensor) -> torch.Tensor:
             with torch.no_grad():
                 a = policy(zt, obs.float().cpu()[None])[0]
                 if noise > 0:
-                    a = torch.maximum(torch.minimum(a + noise * half * torch.randn(a.shape, generator=gen), high), low)
+                    step = noise * half * torch.randn(a.shape, generator=generator)
+                    a = torch.maximum(torch.minimum(a + step, high), low)
             return a.to(obs.device)
 
         return act
@@ -142,17 +146,20 @@ class Learners:
         trajectories = await self.buffer.asample(self.data_agent)
         real = Transitions.from_trajectories(trajectories)
         parts = [real]
-        seed = stream_seed(cfg.seed, "learners.learn", generation)
         if self.world_model is not None and cfg.model_rollouts > 0:
             import torch
 
             from infrastructure.model_env import branched_rollouts
 
+            # one stream per use: the replay rows, the exploration noise, the model env's member and Gaussian draws
             with self.time.measure("model_rollouts"):
-                rows = torch.randint(len(real), (cfg.model_rollouts,), generator=torch.Generator().manual_seed(seed))
-                model, stats = branched_rollouts(self.world_model, self._mean_policy(z_mean, space, EXPLORATION_NOISE, seed), real.obs[rows],
+                rows = torch.randint(len(real), (cfg.model_rollouts,),
+                                     generator=torch_generator(cfg.seed, "learners.rows", generation))
+                explore = self._mean_policy(z_mean, space, EXPLORATION_NOISE,
+                                            torch_generator(cfg.seed, "learners.exploration", generation))
+                model, stats = branched_rollouts(self.world_model, explore, real.obs[rows],
                                                  cfg.rollout_horizon, terminated=self.task.task.termination, project=self.task.task.project,
-                                                 seed=seed)
+                                                 seed=stream_seed(cfg.seed, "learners.model_env", generation))
             parts.append(model)
             reports["rollouts"] = stats
         data, steps = Transitions.cat(parts), max(1, math.ceil(cfg.critic_updates * new_steps))

@@ -24,6 +24,8 @@ from typing import TYPE_CHECKING, Callable, Optional, Sequence
 import numpy as np
 import torch
 
+from genesis_fp16.seeds import torch_generator
+
 from .search_space import SearchSpace
 from .tasks.torch_policy import BatchedPolicy
 
@@ -79,7 +81,7 @@ def refine(
 ) -> list[np.ndarray]:
     """Snapshots (z-coordinates) of one Adam ascent of J from ``z0``, at each
     step count in ``snapshots`` (ascending); minibatches of ``batch`` rows of
-    ``states`` drawn by a generator seeded by ``seed``."""
+    ``states`` drawn from the stream ``refine.rows`` of ``seed`` (`genesis_fp16.seeds`)."""
     steps = sorted({int(s) for s in snapshots})
     if not steps or steps[0] < 1:
         raise ValueError(f"snapshots={list(snapshots)}: expected step counts >= 1")
@@ -88,7 +90,7 @@ def refine(
     policy = ZPolicy(space)
     z = torch.tensor(np.asarray(z0, dtype=np.float32)[None], requires_grad=True)
     opt = torch.optim.Adam([z], lr=lr)
-    gen = torch.Generator().manual_seed(seed)
+    gen = torch_generator(seed, "refine.rows")
     out: list[np.ndarray] = []
     for step in range(1, steps[-1] + 1):
         rows = torch.randint(len(states), (min(batch, len(states)),), generator=gen)

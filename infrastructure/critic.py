@@ -166,7 +166,8 @@ class Critic(GuardedLearner):
     def training(self) -> GuardedTraining:
         """The `GuardedTraining` the twins train through (built on first use)."""
         if self._training is None:
-            g = torch.Generator().manual_seed(0)  # a workload sample for a measured auto; the run's streams untouched
+            # a workload sample for a measured auto; the run's streams untouched
+            g = torch_generator(0, "critic.auto_sample")
             sample = (torch.randn(self.batch_size, self.spec.obs_dim + self.spec.act_dim, generator=g).to(self.device),
                       torch.randn(self.batch_size, generator=g).to(self.device))
             self._training = GuardedTraining(

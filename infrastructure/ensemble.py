@@ -32,6 +32,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from genesis_fp16.checkpoint import CheckpointError
+from genesis_fp16.seeds import torch_generator
 
 from .dynamics import features
 
@@ -309,7 +310,7 @@ def sample_batch(model: EnsembleDynamics, batch: int, device: torch.device) -> t
     ``(x [E, B, in], y [E, B, out])``, normalised data being near N(0, 1),
     drawn from a generator of its own (the run's streams are not touched);
     a done column of zeros."""
-    g = torch.Generator().manual_seed(0)
+    g = torch_generator(0, "ensemble.auto_sample")
     n_out = model.n_gauss + int(model.done_head)
     x = torch.randn(model.members, batch, model.obs_dim + model.act_dim, generator=g)
     y = torch.randn(model.members, batch, n_out, generator=g)

@@ -44,6 +44,8 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
+from genesis_fp16.seeds import torch_generator
+
 from .dynamics import NotTrainedError, ProjectFn, TerminationFn, features
 from .ensemble import EnsembleDynamics, run_layers
 from .transitions import Transitions
@@ -124,7 +126,8 @@ class ModelEnv:
         project: ``obs -> obs``, maps predicted observations back into what
             the env can produce (e.g. clamps into the observation box).
         seed: seeds the CPU generator of the member draws and the Gaussian
-            noise, once: successive rollouts of one `ModelEnv` draw afresh.
+            noise (its stream ``model_env``, `genesis_fp16.seeds`), once:
+            successive rollouts of one `ModelEnv` draw afresh.
         max_disagreement: the disagreement that ends a row (default
             `DEFAULT_MAX_DISAGREEMENT`; ``inf``: never).
 
@@ -140,7 +143,7 @@ class ModelEnv:
         self.device = self.model.x_mean.device
         self.terminated, self.project = terminated, project
         self.max_disagreement = _check_limit(max_disagreement)
-        self.generator = torch.Generator().manual_seed(int(seed))
+        self.generator = torch_generator(int(seed), "model_env")
         self._obs: Optional[torch.Tensor] = None
 
     @property

@@ -40,6 +40,7 @@ from genesis_fp16.bench.models import SIZES, make_task
 from genesis_fp16.bench.stamp import INTERESTING_FLAGS
 from genesis_fp16.config import FP16TrainingConfig
 from genesis_fp16.precision import cpu_flags
+from genesis_fp16.seeds import torch_generator
 from genesis_fp16.settings import PrecisionMode
 from genesis_fp16.trainer import FP16Trainer
 
@@ -56,7 +57,7 @@ def bench_workload(name: str, device: torch.device) -> Workload:
 def world_model_workload(device: torch.device) -> Workload:
     from infrastructure.ensemble import EnsembleDynamics, ensemble_loss
 
-    gen = torch.Generator().manual_seed(0)  # a private generator: torch's global one is left as it was
+    gen = torch_generator(0, "auto_precision_table.world_model")  # a private generator: torch's global one untouched
     model = EnsembleDynamics(3, 1, ensemble=5, hidden=128, layers=2, generator=gen).to(device)
     x, y = torch.randn(4096, 4, generator=gen).to(device), torch.randn(4096, 4, generator=gen).to(device)
     model.fit_normaliser(x, y)
@@ -72,7 +73,7 @@ def ppo_workload(device: torch.device) -> Workload:
     ppo = PPO(load_config(None, env_id="CartPole-v1", vec_env="sync", device=str(device)))
     try:
         n = ppo.cfg.minibatch_size
-        g = torch.Generator().manual_seed(0)
+        g = torch_generator(0, "auto_precision_table.ppo_batch")
         mb = {
             "obs": torch.randn(n, 4, generator=g), "act": torch.randint(0, 2, (n,), generator=g),
             "logp": torch.full((n,), -0.69), "adv": torch.randn(n, generator=g), "ret": torch.randn(n, generator=g),

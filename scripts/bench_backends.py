@@ -18,7 +18,6 @@ import os
 import platform
 import time
 
-import numpy as np
 
 
 def _noop() -> None:
@@ -46,9 +45,10 @@ def main() -> None:
     from agents.evaluation import Evaluator
     from agents.ray_evaluation import RayEvaluator
     from agents.tasks.builtin import pendulum
+    from genesis_fp16.seeds import numpy_rng
 
     task = pendulum().resolve()
-    params = task.policy.random_params(np.random.default_rng(0), 1, 1.0)[0]
+    params = task.policy.random_params(numpy_rng(0, "bench_backends.params"), 1, 1.0)[0]
     states = task.start_states(0).train
     states = [states[i % len(states)] for i in range(args.states)]
     out: dict = {"host": platform.node(), "cpus": os.cpu_count(), "torch": torch.__version__, "ray": ray.__version__,

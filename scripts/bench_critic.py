@@ -52,6 +52,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from genesis_fp16.guarded import UNGUARDED  # noqa: E402
+from genesis_fp16.seeds import torch_generator  # noqa: E402
 from infrastructure.critic import Critic  # noqa: E402
 from infrastructure.transitions import Transitions  # noqa: E402
 
@@ -65,7 +66,7 @@ def _flags() -> list[str]:
 
 
 def _task(obs_dim: int, act_dim: int, bound: float, n: int, seed: int) -> Transitions:
-    g = torch.Generator().manual_seed(seed)
+    g = torch_generator(seed, "bench_critic.task")
     w, v = torch.randn(obs_dim, 8, generator=g) / obs_dim**0.5, torch.randn(act_dim, 8, generator=g) / act_dim**0.5
     obs = torch.randn(n, obs_dim, generator=g)
     act = (torch.rand(n, act_dim, generator=g) * 2 - 1) * bound

@@ -27,13 +27,14 @@ import torch
 from genesis_fp16.bench.stamp import INTERESTING_FLAGS
 from genesis_fp16.guarded import UNGUARDED
 from genesis_fp16.precision import cpu_flags
+from genesis_fp16.seeds import numpy_rng
 from genesis_fp16.settings import Settings
 from infrastructure.trajectory import Trajectory
 from infrastructure.world_model import WorldModel
 
 
 def _trajectories(n: int, length: int, obs_dim: int, act_dim: int) -> list[Trajectory]:
-    rng = np.random.default_rng(0)
+    rng = numpy_rng(0, "bench_torch_threads.trajectories")
     out = []
     for _ in range(n):
         obs = rng.normal(size=(length + 1, obs_dim)).astype(np.float32)

@@ -45,6 +45,7 @@ import torch
 from genesis_fp16 import registry
 from genesis_fp16.bench.stamp import INTERESTING_FLAGS
 from genesis_fp16.config import FP16TrainingConfig
+from genesis_fp16.seeds import numpy_rng, torch_generator
 from genesis_fp16.precision import capability, cpu_flags
 from genesis_fp16.settings import PrecisionMode
 from infrastructure.ensemble import EnsembleDynamics, ensemble_loss
@@ -65,7 +66,7 @@ def _clock(device: torch.device) -> Callable[[], float]:
 
 
 def _model(obs_dim: int, act_dim: int, ensemble: int, hidden: int, layers: int, device: torch.device) -> EnsembleDynamics:
-    gen = torch.Generator().manual_seed(0)  # a private generator: torch's global one is left as it was
+    gen = torch_generator(0, "bench_world_model.model")  # a private generator: torch's global one is left as it was
     model = EnsembleDynamics(obs_dim, act_dim, ensemble=ensemble, hidden=hidden, layers=layers, generator=gen).to(device)
     x = torch.randn(4096, obs_dim + act_dim, generator=gen).to(device)
     y = torch.randn(4096, obs_dim + 1, generator=gen).to(device)
@@ -79,7 +80,7 @@ def time_train_step(model: EnsembleDynamics, precision: str, batch: int, steps: 
     trainer = registry.create_trainer(precision, model, optimizer, FP16TrainingConfig(precision=precision))
     device = next(model.parameters()).device
     n_in = model.obs_dim + model.act_dim
-    gen = torch.Generator().manual_seed(0)
+    gen = torch_generator(0, "bench_world_model.train_batches")
     batches = [(torch.randn(model.members, batch, n_in, generator=gen).to(device), torch.randn(model.members, batch, model.n_gauss, generator=gen).to(device))
                for _ in range(8)]
     clock = _clock(device)
@@ -95,7 +96,7 @@ def time_rollout_step(model: EnsembleDynamics, rows: int, horizon: int) -> float
     """Seconds per `ModelEnv.step` of ``rows`` rows (no cut: every row steps every time)."""
     device = next(model.parameters()).device
     model.member_val_loss.fill_(0.0)  # stands for a trained model's
-    start = torch.randn(rows, model.obs_dim, generator=torch.Generator().manual_seed(0))
+    start = torch.randn(rows, model.obs_dim, generator=torch_generator(0, "bench_world_model.rollout_starts"))
     env = ModelEnv(model, seed=0, max_disagreement=float("inf"))
 
     def run(steps: int) -> None:
@@ -138,7 +139,7 @@ def disagreement(task_names: list[str], thresholds: list[float], horizon: int, s
     out = []
     for name in task_names:
         task = get_task(name).resolve()
-        rng = np.random.default_rng(0)
+        rng = numpy_rng(0, "bench_world_model.random_params")
         params = task.policy.random_params(rng, 16, 1.0)
         starts = task.start_states(0).train
         trajs = []

@@ -45,7 +45,7 @@ from genesis_fp16.bench.models import SIZES, make_task, validation_loss  # noqa:
 from genesis_fp16.guard import RollbackGuard  # noqa: E402
 from genesis_fp16.profiles import THRESHOLD_DEFAULTS  # noqa: E402
 from genesis_fp16.rollout import RolloutLedger  # noqa: E402
-from genesis_fp16.seeds import init_parameters, torch_generator  # noqa: E402
+from genesis_fp16.seeds import init_parameters, numpy_rng, torch_generator  # noqa: E402
 from genesis_fp16.settings import load_settings  # noqa: E402
 from infrastructure.dynamics import DynamicsMLP, mse_loss, training_data  # noqa: E402
 from infrastructure.replay_buffer import trajectories_from_episodes  # noqa: E402
@@ -57,7 +57,7 @@ WM_BATCH = 256
 
 def pendulum_trajectories(candidates: int = 8):
     starts = pendulum_task.start_states(0)
-    rng = np.random.default_rng(0)
+    rng = numpy_rng(0, "canary_threshold.random_params")
     out = []
     for k, params in enumerate(pendulum_task.random_params(rng, candidates, 1.0)):
         res = pendulum_task.run_episodes(params, [starts.train[k % len(starts.train)]])
@@ -76,7 +76,7 @@ def wm_fp32_val_loss(data, seed: int) -> float:
     trainer = registry.create_trainer("fp32", model, optimizer, name=f"threshold.seed{seed}")
     model.fit_normaliser(x_tr, y_tr)
     xn, yn = model.normalise_x(x_tr), model.normalise_y(y_tr)
-    gen = torch.Generator().manual_seed(seed)
+    gen = torch_generator(seed, "canary_threshold.batches")
     for _ in range(WM_STEPS):
         idx = torch.randint(len(xn), (min(WM_BATCH, len(xn)),), generator=gen)
         trainer.backward_and_step(trainer.training_step((xn[idx], yn[idx]), mse_loss))

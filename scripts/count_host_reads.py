@@ -65,9 +65,10 @@ def host_reads(run: Callable[[], Any]) -> int:
 
 
 def _trajectories(n: int = 6, length: int = 100, seed: int = 0) -> list[Any]:
+    from genesis_fp16.seeds import numpy_rng
     from infrastructure.trajectory import Trajectory
 
-    rng = np.random.default_rng(seed)
+    rng = numpy_rng(seed, "count_host_reads.trajectories")
     out = []
     for _ in range(n):
         obs = rng.normal(size=(length, 3))
@@ -108,11 +109,12 @@ def critic_reads(precision: str, steps: int, state: Path) -> int:
 
 def mlp_reads(precision: str, steps: int, state: Path) -> int:
     from genesis_fp16 import FP16Trainer, FP16TrainingConfig
-    from genesis_fp16.seeds import init_parameters
+    from genesis_fp16.seeds import init_parameters, torch_generator
 
-    model = init_parameters(torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1)), torch.Generator().manual_seed(0))
+    model = init_parameters(torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1)),
+                            torch_generator(0, "count_host_reads.mlp_init"))
     trainer = FP16Trainer(model, torch.optim.Adam(model.parameters(), lr=1e-3, fused=True), FP16TrainingConfig(precision=precision))
-    g = torch.Generator().manual_seed(0)
+    g = torch_generator(0, "count_host_reads.mlp_batches")
     batches = [(torch.randn(64, 64, generator=g), torch.randn(64, 1, generator=g)) for _ in range(16)]
 
     def loss_fn(m: torch.nn.Module, b: Any) -> torch.Tensor:

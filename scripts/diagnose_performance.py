@@ -103,8 +103,10 @@ def _forward_backward(ppo, adv, ret) -> None:
     """`PPO._update`'s minibatches through the loss and its backward alone: no clipping, optimizer step or trainer."""
     import torch
 
+    from genesis_fp16.seeds import torch_generator
+
     cfg, data = ppo.cfg, ppo.buffer.flat(adv, ret)
-    gen = torch.Generator().manual_seed(0)
+    gen = torch_generator(0, "diagnose_performance.minibatches")
     for _epoch in range(cfg.update_epochs):
         perm = torch.randperm(cfg.batch_size, generator=gen)
         shuffled = {k: v[perm] for k, v in data.items()}

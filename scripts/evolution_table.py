@@ -41,7 +41,6 @@ import time
 from pathlib import Path
 from typing import Any, NamedTuple, Optional, Sequence
 
-import numpy as np
 import torch
 
 # the baselines live in benchmarks/ at the repository root, not in an installed package
@@ -55,6 +54,7 @@ from benchmarks.baselines import BaselineConfig, host, run_ars, run_cma_tuned, r
 from benchmarks.baselines.common import Clock  # noqa: E402
 from genesis_fp16.checkpoint import atomic_write_text  # noqa: E402
 from genesis_fp16.extras import MissingExtraError, require  # noqa: E402
+from genesis_fp16.seeds import numpy_rng  # noqa: E402
 from genesis_fp16.settings import load_settings  # noqa: E402
 from infrastructure.replay_buffer import trajectories_from_episodes  # noqa: E402
 from infrastructure.world_model import WorldModel  # noqa: E402
@@ -143,7 +143,7 @@ def precision_table(task: ResolvedTask, seeds: list[int], steps: int, episodes: 
     rows = []
     for seed in seeds:
         starts = task.start_states(seed)
-        rng = np.random.default_rng(seed)
+        rng = numpy_rng(seed, "evolution_table.precision_params")
         trajs = []
         for k, params in enumerate(task.policy.random_params(rng, episodes, 1.0)):
             res = run_episodes(task.episode_spec, params, [starts.train[k % len(starts.train)]])

@@ -32,6 +32,8 @@ from typing import Optional
 
 import psutil
 
+from genesis_fp16.seeds import stream_seed
+
 ROOT = Path(__file__).resolve().parents[1]
 STATE_ENV = "GENESIS_FP16_STATE_DIR"
 WORKER_MARK = "--multiprocessing-fork"
@@ -138,7 +140,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--backend", choices=("process", "ray"), default="process")
     parser.add_argument("--max-delay", type=float, default=2.0, help="the kill comes 0 to this many seconds after the first worker")
     args = parser.parse_args(argv)
-    rng = random.Random(args.seed)
+    rng = random.Random(stream_seed(args.seed, "kill_evolve_check.delays"))
     clean = {True: 0, False: 0}
     runs = {True: 0, False: 0}
     for i in range(args.runs):

@@ -49,6 +49,7 @@ from agents.tasks.torch_policy import clamp_projection
 from genesis_fp16.bench.stamp import INTERESTING_FLAGS
 from genesis_fp16.guarded import UNGUARDED
 from genesis_fp16.precision import cpu_flags
+from genesis_fp16.seeds import numpy_rng
 from genesis_fp16.settings import Settings
 from infrastructure.model_env import DEFAULT_MAX_DISAGREEMENT, ModelEnv
 from infrastructure.trajectory import Trajectory, trajectories_from_episodes
@@ -109,7 +110,7 @@ def rms(diff: np.ndarray, scale: np.ndarray) -> float:
 
 def measure(args: argparse.Namespace) -> dict[str, Any]:
     task = get_task(args.env).resolve()
-    rng = np.random.default_rng(args.seed)
+    rng = numpy_rng(args.seed, "model_error_growth.random_params")
     split = task.start_states(args.seed)
     per_policy = max(1, args.episodes // args.policies)
     started = time.perf_counter()

@@ -87,10 +87,11 @@ class WorldModel(nn.Module):
 
 
 def make_batch(step: int, rank: int, world: int, args: Args, micro: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-    teacher = torch.Generator().manual_seed(10_000 + args.seed)
+    teacher = torch_generator(args.seed, "train_distributed.teacher")
     w1 = torch.randn(OBS + ACT, 64, generator=teacher) / (OBS + ACT) ** 0.5
     w2 = torch.randn(64, OBS + 1, generator=teacher) / 8.0
-    g = torch.Generator().manual_seed(args.seed * 1_000_003 + (step * args.accum + micro) * world + rank)
+    # the global micro-batch's index: one world size with accumulation draws what more ranks draw without
+    g = torch_generator(args.seed, "train_distributed.batch", (step * args.accum + micro) * world + rank)
     x = torch.randn(args.batch_size, OBS + ACT, generator=g)
     y = torch.tanh(x @ w1) @ w2 + 0.01 * torch.randn(args.batch_size, OBS + 1, generator=g)
     return x, y

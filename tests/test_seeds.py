@@ -1,7 +1,8 @@
 """One seed-stream function (issue 46): every seed the project derives is
 `genesis_fp16.seeds.stream_seed` of (the run's seed, a stream's name, its
 indices), and nothing outside the tests seeds torch's global generator; a
-module is initialised from a generator of its own instead."""
+module is initialised from a generator of its own instead. Issue 53: an
+allow-list (every generator seeded by `stream_seed`) replaces a list of old salts."""
 
 from __future__ import annotations
 
@@ -110,26 +111,107 @@ def test_learned_parts_initialise_from_the_seed_without_the_global_generator(tmp
     torch.random.set_rng_state(state)
 
 
+SEEDED_TREES = ("genesis_fp16", "agents", "infrastructure", "benchmarks", "scripts")
+STREAM_CALLS = frozenset({"stream_seed", "numpy_rng", "torch_generator"})
+"""`genesis_fp16.seeds`'s stream functions: a generator's seed is one of them, and their own seed (the first
+argument) is the run's seed or a stream's, no arithmetic on it (what tells streams apart: the name and indices)."""
+SEEDING_CALLS = frozenset({"manual_seed", "default_rng", "Random", "RandomState", "SeedSequence", "PCG64", "PCG64DXSM",
+                           "MT19937", "Philox", "SFC64"})
+"""Calls that seed a generator (torch's ``manual_seed``, NumPy's generators and bit generators, Python's ``Random``):
+the seed, their first argument, must be a call to `stream_seed`."""
+GLOBAL_SEEDING = frozenset({"torch.manual_seed", "torch.random.manual_seed", "torch.cuda.manual_seed",
+                            "torch.cuda.manual_seed_all", "torch.seed", "torch.random.seed", "torch.cuda.seed",
+                            "torch.cuda.seed_all", "np.random.seed", "numpy.random.seed", "random.seed"})
+"""Seeding a global generator changes the draws of whatever else runs in the process: never, whatever the seed."""
+
+
+def _called(func: ast.expr) -> str:
+    return func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else ""
+
+
+def _seed_argument(call: ast.Call) -> ast.expr | None:
+    if call.args:
+        return call.args[0]
+    return next((k.value for k in call.keywords if k.arg in ("seed", "x", "entropy")), None)
+
+
+def _salted(seed: ast.expr) -> bool:
+    """Arithmetic, or a list of numbers, anywhere in a stream's seed: a salt made by hand."""
+    return any(isinstance(n, (ast.BinOp, ast.UnaryOp, ast.List, ast.Tuple)) for n in ast.walk(seed))
+
+
+def seeding_faults(source: str, filename: str = "<source>") -> list[str]:
+    """Every call in ``source`` that seeds a generator other than from a named stream (`stream_seed`, `numpy_rng`,
+    `torch_generator`), seeds a global one, or salts a stream's seed by hand: ``"line: call"`` each."""
+    faults = []
+    for node in ast.walk(ast.parse(source, filename)):
+        if not isinstance(node, ast.Call):
+            continue
+        called, seed = _called(node.func), _seed_argument(node)
+        if called in STREAM_CALLS:
+            if seed is not None and _salted(seed):
+                faults.append(f"{node.lineno}: {ast.unparse(node)} (hand-made arithmetic on a stream's seed)")
+        elif ast.unparse(node.func) in GLOBAL_SEEDING:
+            faults.append(f"{node.lineno}: {ast.unparse(node)} (seeds a global generator)")
+        elif called in SEEDING_CALLS and not (isinstance(seed, ast.Call) and _called(seed.func) == "stream_seed"):
+            faults.append(f"{node.lineno}: {ast.unparse(node)} (not seeded from a named stream)")
+    return faults
+
+
+def test_the_seeding_check_catches_hand_made_seeds() -> None:
+    bad = {
+        "torch.Generator().manual_seed(seed + 1)": "not seeded from a named stream",
+        "torch.Generator(device=d).manual_seed(0)": "not seeded from a named stream",
+        "g = torch.Generator()\ng.manual_seed(seed)": "not seeded from a named stream",
+        "np.random.default_rng([cfg.seed, 0xA125])": "not seeded from a named stream",
+        "np.random.default_rng(seed=10_000 + seed)": "not seeded from a named stream",
+        "np.random.default_rng()": "not seeded from a named stream",
+        "default_rng(seed)": "not seeded from a named stream",
+        "np.random.Generator(np.random.PCG64(seed))": "not seeded from a named stream",
+        "random.Random(args.seed)": "not seeded from a named stream",
+        "np.random.RandomState(3)": "not seeded from a named stream",
+        "torch.Generator().manual_seed(int(stream_seed(0, 'x')) + 1)": "not seeded from a named stream",
+        "torch.manual_seed(stream_seed(0, 'x'))": "seeds a global generator",
+        "torch.cuda.manual_seed_all(0)": "seeds a global generator",
+        "np.random.seed(1)": "seeds a global generator",
+        "random.seed(1)": "seeds a global generator",
+        "numpy_rng(seed * 1000 + seq_len, 'forensics.probe')": "hand-made arithmetic",
+        "torch_generator(10_000 + seed, 'x')": "hand-made arithmetic",
+        "stream_seed([seed, 11], 'x')": "hand-made arithmetic",
+        "torch_generator(int(seed) ^ 0xA125, 'x')": "hand-made arithmetic",
+        "torch.Generator().manual_seed(stream_seed(seed * 7, 'x'))": "hand-made arithmetic",
+        "torch.seed()": "seeds a global generator",
+    }
+    for source, why in bad.items():
+        faults = seeding_faults(source)
+        assert len(faults) == 1 and why in faults[0], (source, faults)
+    good = [
+        "torch_generator(seed, 'learners.rows', generation)",
+        "torch_generator(int(seed), 'model_env')",
+        "torch.Generator().manual_seed(stream_seed(cfg.seed, 'x', g))",
+        "torch.Generator(device=device).manual_seed(stream_seed(0, 'bench.limits.matmul'))",
+        "np.random.default_rng(stream_seed(seed, 'x'))",
+        "random.Random(stream_seed(args.seed, 'delays'))",
+        "numpy_rng(self.seed, 'x', (step * accum + micro) * world + rank)",  # arithmetic on an index, not the seed
+        "env.action_space.seed(seed)",  # an environment's start state: not a generator of the project's
+        "env.reset(seed=seed + 1)",
+    ]
+    assert [f for source in good for f in seeding_faults(source)] == []
+
+
 def _sources(*folders: str) -> list[Path]:
     return sorted(p for folder in folders for p in ROOT.joinpath(folder).rglob("*.py"))
 
 
-def test_nothing_outside_the_tests_seeds_torchs_global_generator() -> None:
-    """A library that calls ``torch.manual_seed`` changes the draws of everything else in the process;
-    a module is initialised from its own generator (`init_parameters`, or the layer's ``generator=``)."""
-    folders = [p.name for p in ROOT.iterdir() if p.is_dir() and p.name not in ("tests", ".venv", "build", "site") and not p.name.startswith(".")]
-    found = []
-    for path in _sources(*folders):
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
-            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in ("manual_seed", "seed") \
-                    and isinstance(node.func.value, (ast.Name, ast.Attribute)) and ast.unparse(node.func.value) in ("torch", "torch.random", "torch.cuda", "np.random", "numpy.random"):
-                found.append(f"{path.relative_to(ROOT)}:{node.lineno} {ast.unparse(node.func)}")
-    assert found == [], f"seed a generator of your own (genesis_fp16.seeds) instead: {found}"
-
-
-def test_no_hand_made_seed_salts_in_the_agents() -> None:
-    """Every seed of the loop is a named stream (`stream_seed`), not the run's seed salted by hand."""
-    salts = ("100_003", "default_rng([", "default_rng(10_000", "default_rng(20_000", "default_rng(30_000", "1_000_000 * (seed")
-    found = [f"{p.relative_to(ROOT)}:{n} {salt}" for p in _sources("agents", "infrastructure") for n, line in enumerate(p.read_text().splitlines(), 1)
-             for salt in salts if salt in line]
-    assert found == []
+def test_every_generator_is_seeded_from_a_named_stream() -> None:
+    """An allow-list: outside the tests, every generator is seeded by `stream_seed` (directly, or by `numpy_rng` and
+    `torch_generator`), none by a hand-made salt; none seeds torch's, NumPy's or Python's global generator (a module is
+    initialised from a generator of its own: `init_parameters`, or the layer's ``generator=``). `genesis_fp16/seeds.py`
+    is the one place that seeds a generator itself."""
+    folders = [p.name for p in ROOT.iterdir() if p.is_dir() and p.name not in ("tests", ".venv", "build", "site")
+               and not p.name.startswith(".")]
+    assert set(SEEDED_TREES) <= set(folders)
+    allowed = ROOT / "genesis_fp16" / "seeds.py"
+    found = [f"{path.relative_to(ROOT)}:{fault}" for path in _sources(*folders) if path != allowed
+             for fault in seeding_faults(path.read_text(), str(path))]
+    assert found == [], f"seed a generator from a named stream (genesis_fp16.seeds) instead: {found}"

@@ -7,6 +7,8 @@ from typing import Optional
 import numpy as np
 import torch
 
+from genesis_fp16.seeds import torch_generator
+
 
 class RolloutBuffer:
     """``num_steps x num_envs`` tensors for one rollout. On CUDA they are
@@ -100,7 +102,7 @@ def sample_minibatch(n: int, obs_dim: int, act_dim: int, act_shape: tuple[int, .
     """A minibatch of a run's shapes and dtypes (as `RolloutBuffer.flat` gives)
     for a measured ``auto`` (`genesis_fp16.autotune`), before any rollout, from
     a generator of its own (no RNG of the run is drawn)."""
-    g = torch.Generator().manual_seed(0)
+    g = torch_generator(0, "ppo.auto_sample")
     act = torch.randint(act_dim, (n,), generator=g) if discrete else torch.randn(n, *act_shape, generator=g)
     mb = {"obs": torch.randn(n, obs_dim, generator=g), "act": act, "logp": torch.zeros(n),
           "adv": torch.randn(n, generator=g), "ret": torch.randn(n, generator=g), "val": torch.zeros(n)}

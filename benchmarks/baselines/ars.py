@@ -30,6 +30,7 @@ from typing import Any, Optional
 import numpy as np
 
 from genesis_fp16.extras import require
+from genesis_fp16.seeds import numpy_rng
 
 from agents.tasks import ResolvedTask, Task
 from .common import BaselineConfig, Clock, TargetWatch, baseline_report, target_states
@@ -122,7 +123,7 @@ def run_ars(cfg: Optional[BaselineConfig] = None, *, hyper: Optional[ARSHyper] =
     starts = resolved.start_states(cfg.seed)
     check_states, checked_on = target_states(starts)
     obs_dim, act_dim = resolved.policy.obs_dim, resolved.policy.act_dim
-    rng = np.random.default_rng([cfg.seed, 0xA125])
+    rng = numpy_rng(cfg.seed, "baselines.ars")
     theta = np.zeros((act_dim, obs_dim))
     stats = RunningStats(obs_dim) if hp.normalize else None
     watch = TargetWatch(resolved.target, every=cfg.check_every or 1)

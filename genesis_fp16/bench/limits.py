@@ -21,6 +21,7 @@ from typing import Any, Callable, Optional
 import torch
 
 from ..precision import MODES, cpu_name, parse_mode
+from ..seeds import stream_seed
 from .measure import sync_device
 from .models import ACT_DIM, OBS_DIM, SizeSpec
 
@@ -169,7 +170,8 @@ def measure_peak(
     plugin = MODES[parse_mode(precision)](device)
     dtype = plugin.compute_dtype
     sizes = sizes or (MATMUL_SIZES_CUDA if device.type == "cuda" else MATMUL_SIZES_CPU)
-    gen = torch.Generator(device=device).manual_seed(0)  # its own generator: torch's global RNG is left as it was
+    # its own generator, on the device: torch's global RNG is left as it was
+    gen = torch.Generator(device=device).manual_seed(stream_seed(0, "bench.limits.matmul"))
     best, best_n = 0.0, 0
     start = timer()
     with plugin.math_context():

@@ -147,7 +147,7 @@ def _mse(model: nn.Module, batch: Any) -> torch.Tensor:
 
 
 def make_task(spec: SizeSpec, seed: int, device: torch.device, n_train_batches: int = 8, n_val: int = 2048) -> Task:
-    gen = torch.Generator().manual_seed(seed + 1)
+    gen = torch_generator(seed, "bench.task")
     with torch.no_grad():
         if spec.kind == "lstm":
             teacher = _lstm_teacher(spec, gen)

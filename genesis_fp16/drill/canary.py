@@ -19,6 +19,7 @@ from torch import nn
 
 from ..guard import RollbackGuard
 from ..guarded import CallReport, GuardedTraining
+from ..seeds import torch_generator
 from ..trainer import FP16Trainer
 from .common import REDUCED, DrillScratch, ScenarioResult, drill_data, model_and_optimizer, mse
 
@@ -49,7 +50,7 @@ class CanaryRun:
         )
         self.x, self.y = drill.batch
         self.x_val, self.y_val = drill_data(seed=1)
-        self.generator = torch.Generator().manual_seed(0)
+        self.generator = torch_generator(0, "drill.canary")
         self.canaries = 0
         self.stats: dict[str, Any] = {}  # the reduced-precision trainer's statistics at the end of the last call
 

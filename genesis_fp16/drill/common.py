@@ -50,7 +50,7 @@ def mse(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Ten
 
 
 def drill_data(seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-    g = torch.Generator().manual_seed(seed)
+    g = torch_generator(seed, "drill.data")
     x = torch.randn(64, 8, generator=g)
     y = (x[:, :1] * 0.5 - x[:, 1:2] * 0.25).tanh()
     return x, y

@@ -113,7 +113,7 @@ def build_assets(spec: PretrainSpec = PretrainSpec(), cfg: TinyConfig = TinyConf
 
 
 def _build_assets(spec: PretrainSpec, cfg: TinyConfig, progress: Optional[Callable[[int, int], None]]) -> Assets:
-    g = torch.Generator().manual_seed(spec.seed)
+    g = torch_generator(spec.seed, "forensics.pretrain.data")
     started = time.perf_counter()
     ref = init_parameters(TinyLM(cfg), torch_generator(spec.seed, "forensics.pretrain.init"))  # torch's global generator untouched
     opt = torch.optim.AdamW(ref.parameters(), lr=spec.lr, weight_decay=0.0)

@@ -19,6 +19,7 @@ from typing import Callable, Optional
 import torch
 
 from ..precision import cpu_name
+from ..seeds import torch_generator
 from .configs import ComponentPrecisions
 from .metrics import accum_report, classify_failure, kl_report, reward_report, token_logprobs, value_report
 from .model import ScalarModel, TinyLM, cast_copy
@@ -218,7 +219,7 @@ def probe(
     for seq_len in seq_lengths:
         if seq_len <= PROMPT_LEN + 1 or seq_len > assets.reference.cfg.max_len:
             raise ValueError(f"sequence length {seq_len} must be in ({PROMPT_LEN + 1}, {assets.reference.cfg.max_len}]")
-        g = torch.Generator().manual_seed(seed * 1000 + seq_len)
+        g = torch_generator(seed, "forensics.probe", seq_len)
         prompts = data.sample_windows("heldout", num_prompts, PROMPT_LEN, g)
         tokens = generate(assets.policy, prompts, seq_len, g)
         truth = ground_truth(assets, tokens, generated_mask(tokens, PROMPT_LEN))

@@ -22,6 +22,7 @@ from ..checkpoint import build_payload, load_payload, save_payload
 from .configs import ComponentPrecisions
 from .metrics import token_logprobs
 from .model import cast_copy
+from ..seeds import torch_generator
 from .pretrain import Assets
 from .probe import PROMPT_LEN, Truth, generate, generated_mask, ground_truth, score_config, with_logits
 from . import data
@@ -39,7 +40,7 @@ def assets_sha256(assets: Assets) -> str:
 
 
 def freeze(assets: Assets, path: Path, num_prompts: int = 16, seq_len: int = 96, seed: int = 0) -> Path:
-    g = torch.Generator().manual_seed(10_000 + seed)
+    g = torch_generator(seed, "forensics.replay.freeze")
     prompts = data.sample_windows("heldout", num_prompts, PROMPT_LEN, g)
     tokens = generate(assets.policy, prompts, seq_len, g)
     truth = ground_truth(assets, tokens, generated_mask(tokens, PROMPT_LEN))

@@ -37,6 +37,7 @@ from typing import Callable, Optional
 import torch
 
 from ..checkpoint import atomic_write_text
+from ..seeds import torch_generator
 from ..telemetry import get_logger
 from ..trainer import FP16Trainer, FP16TrainingConfig
 from .configs import ComponentPrecisions
@@ -102,7 +103,8 @@ def _gae(rewards: torch.Tensor, values: torch.Tensor, lam: float = 0.95) -> torc
 
 
 def run_one(assets: Assets, cfg: ComponentPrecisions, seed: int, args: SweepArgs, progress: Optional[Callable[[int], None]] = None) -> dict:
-    g = torch.Generator().manual_seed(seed)  # every draw of a run (prompts, sampling) comes from it: the models are copies, not new
+    # every draw of a run (prompts, sampling) comes from it: the models are copies, not new
+    g = torch_generator(seed, "forensics.sweep.run")
     started = time.perf_counter()
     policy = copy.deepcopy(assets.policy).train()
     value = assets.value_model(args.return_scale).train()
@@ -112,7 +114,7 @@ def run_one(assets: Assets, cfg: ComponentPrecisions, seed: int, args: SweepArgs
     rew = cast_copy(assets.reward, cfg.dtype("reward"))
     ref64 = cast_copy(assets.reference, torch.float64)
     total = PROMPT_LEN + args.gen_len
-    probe_tokens = data.sample_windows("heldout", args.batch, total, torch.Generator().manual_seed(999))
+    probe_tokens = data.sample_windows("heldout", args.batch, total, torch_generator(0, "forensics.sweep.probe_tokens"))
     probe_mask = generated_mask(probe_tokens, PROMPT_LEN)
     steps: list[dict] = []
     failure = None
