@@ -68,8 +68,10 @@ def _safe_data(agent: Any) -> str:
         return ""
     generations, episodes = agent.committed()
     return (
-        f"; {generations} generation(s) ({episodes} real episodes) are committed, their data safe in {agent.buffer.path}, "
-        f"and every checkpoint written before is whole (atomic writes); `genesis-fp16 evolve --resume {agent.run_id}` continues after them"
+        f"; {generations} generation(s) ({episodes} real episodes) are committed, their data safe in "
+        f"{agent.buffer.path}, "
+        f"and every checkpoint written before is whole (atomic writes); `genesis-fp16 evolve --resume {agent.run_id}` "
+        "continues after them"
     )
 
 
@@ -78,7 +80,7 @@ def _list_tasks(value: bool) -> None:
     if not value:
         return
     from genesis_fp16.cli import fail, safe_text
-    from genesis_fp16.extras import require
+    from genesis_fp16.base.extras import require
 
     from .evolve_config import EVOLVE
     from .tasks import TaskError, task_names
@@ -90,7 +92,10 @@ def _list_tasks(value: bool) -> None:
         raise fail(str(exc))
     for name, description in names.items():
         typer.echo(safe_text(f"{name:<28} {description}"))
-    typer.echo("any other gymnasium id with a flat Box observation and a Box action works too (--target R where its spec has no reward_threshold)")
+    typer.echo(
+        "any other gymnasium id with a flat Box observation and a Box action works too (--target R where its spec has "
+        "no reward_threshold)"
+    )
     raise typer.Exit(0)
 
 
@@ -122,12 +127,21 @@ def _config_options() -> list[inspect.Parameter]:
         if not meta.get("cli", True):
             continue
         flag = "--" + (meta.get("flag") or f.name).replace("_", "-")
-        kind = {"Optional[int]": Optional[int], "Optional[float]": Optional[float], "Optional[str]": Optional[str], "int": int,
-                "float": float, "str": str, "bool": bool}[str(f.type)]
+        kind = {
+            "Optional[int]": Optional[int],
+            "Optional[float]": Optional[float],
+            "Optional[str]": Optional[str],
+            "int": int,
+            "float": float,
+            "str": str,
+            "bool": bool,
+            "Optional[PrecisionRequest]": Optional[str],
+        }[str(f.type)]  # a request's text: parsed by EvolveConfig
         decls = [f"{flag}/--no-{flag[2:]}"] if kind is bool else [flag]
         extra: dict[str, Any] = {}
         if kind in (int, Optional[int]) and (meta.get("least") is not None or meta.get("most") is not None):
-            # the range is shown here and checked by `EvolveConfig.validate` (one error line naming the option, the value,
+            # the range is shown here and checked by `EvolveConfig.validate` (one error line naming the option, the
+            # value,
             # the range and what to pass), not by click's min/max (an error panel without the value)
             extra["metavar"] = range_text(meta.get("least"), meta.get("most")).replace(" ", "")
         # the docstring's first clause without its long asides, the default after it: about two lines at 80 columns
@@ -136,44 +150,77 @@ def _config_options() -> list[inspect.Parameter]:
         help_text = re.sub(r" \([^()]{30,}\)", "", help_text)
         if f.default is not None and kind is not bool:
             help_text += f" (default {f.default})"
-        option = typer.Option(f.default, *decls, help=help_text + ".", rich_help_panel=meta.get("panel"), show_default=False,
-                              hidden=meta.get("panel") in RARE_PANELS, **extra)
+        option = typer.Option(
+            f.default,
+            *decls,
+            help=help_text + ".",
+            rich_help_panel=meta.get("panel"),
+            show_default=False,
+            hidden=meta.get("panel") in RARE_PANELS,
+            **extra,
+        )
         params.append(inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=option, annotation=kind))
     return params
 
 
 def evolve(
     ctx: typer.Context,
-    list_tasks: bool = typer.Option(False, "--list-tasks", is_eager=True, callback=_list_tasks, help="List the registered tasks and exit."),
-    help_all: bool = typer.Option(False, "--help-all", is_eager=True, callback=_help_all,
-                                  help="Show every option, the rarely used ones too, and exit."),
-    baseline: Baseline = typer.Option(Baseline.none, "--baseline", help="cma: the floor, a one-episode CMA-ES, instead of the loop."),
+    list_tasks: bool = typer.Option(
+        False, "--list-tasks", is_eager=True, callback=_list_tasks, help="List the registered tasks and exit."
+    ),
+    help_all: bool = typer.Option(
+        False,
+        "--help-all",
+        is_eager=True,
+        callback=_help_all,
+        help="Show every option, the rarely used ones too, and exit.",
+    ),
+    baseline: Baseline = typer.Option(
+        Baseline.none, "--baseline", help="cma: the floor, a one-episode CMA-ES, instead of the loop."
+    ),
     ray_address: Optional[str] = typer.Option(
-        None, "--ray-address", metavar="auto|HOST:PORT", rich_help_panel=ADVANCED, hidden=True,
-        help="With --backend ray: the cluster to join (default: settings' ray_address); unset: a local Ray with --workers CPUs.",
+        None,
+        "--ray-address",
+        metavar="auto|HOST:PORT",
+        rich_help_panel=ADVANCED,
+        hidden=True,
+        help="With --backend ray: the cluster to join (default: settings' ray_address); unset: a local Ray with "
+        "--workers CPUs.",
     ),
     torch_threads: Optional[int] = typer.Option(
-        None, "--torch-threads", metavar="0..4096", rich_help_panel=ADVANCED, hidden=True,
+        None,
+        "--torch-threads",
+        metavar="0..4096",
+        rich_help_panel=ADVANCED,
+        hidden=True,
         help="torch CPU threads (default: settings' torch_threads, 1: the models are small; 0: torch's default).",
     ),
     json_path: Optional[Path] = typer.Option(None, "--json", help="Write the report as JSON to this file."),
     plot: Optional[Path] = typer.Option(None, "--plot", help="Draw the learning curves as PNG here."),
     tensorboard: Optional[Path] = typer.Option(
-        None, "--tensorboard", metavar="DIR", rich_help_panel=ADVANCED, hidden=True,
-        help="Write TensorBoard scalars (loss scale, overflow rate, losses, FP32 gaps, verdicts) here; default: settings' tensorboard_dir.",
+        None,
+        "--tensorboard",
+        metavar="DIR",
+        rich_help_panel=ADVANCED,
+        hidden=True,
+        help="Write TensorBoard scalars (loss scale, overflow rate, losses, FP32 gaps, verdicts) here; default: "
+        "settings' tensorboard_dir.",
     ),
     resume: Optional[str] = typer.Option(
-        None, "--resume", metavar="RUN_ID",
-        help="Continue an interrupted run (ids: genesis-fp16 state list) with its own options; --budget and --budget-steps may change.",
+        None,
+        "--resume",
+        metavar="RUN_ID",
+        help="Continue an interrupted run (ids: genesis-fp16 state list) with its own options; --budget and "
+        "--budget-steps may change.",
     ),
     **options: Any,
 ) -> None:
     """Evolve a policy for a task: CMA-ES refined by an FP16/BF16 critic and world model (or the CMA-ES floor)."""
-    from genesis_fp16.extras import require
+    from genesis_fp16.base.extras import require
     from genesis_fp16.cli import fail, load_settings_or_exit
-    from genesis_fp16.settings import env_name
-    from genesis_fp16.storage import StorageError, check_output_path, prepare_dir
-    from genesis_fp16.tensorboard_sink import check_available
+    from genesis_fp16.base.settings import env_name
+    from genesis_fp16.base.storage import StorageError, check_output_path, prepare_dir
+    from genesis_fp16.base.tensorboard_sink import check_available
 
     from .evolve_config import EVOLVE, EvolveConfig
 
@@ -183,7 +230,10 @@ def evolve(
     require("cma", EVOLVE)
     # then: a value out of range is one line before anything is loaded or allocated
     if torch_threads is not None and not 0 <= torch_threads <= 4096:
-        raise fail(f"--torch-threads {torch_threads}: expected 0..4096 (torch CPU threads; 0: torch's default); pass a value in that range")
+        raise fail(
+            f"--torch-threads {torch_threads}: expected 0..4096 (torch CPU threads; 0: torch's default); pass a value "
+            "in that range"
+        )
     config = EvolveConfig(**options)
     try:
         config.validate()
@@ -202,7 +252,9 @@ def evolve(
     task = None
     try:
         if resume is None:
-            config, task = config.resolve()  # the task checked (env id, spaces, target) before any output; the agent takes it as it is
+            config, task = (
+                config.resolve()
+            )  # the task checked (env id, spaces, target) before any output; the agent takes it as it is
         else:
             config.validate()
         # before any episode: a bad state dir or output path must not lose the run
@@ -220,8 +272,10 @@ def evolve(
 
     runs_on = _backend_of_run(ctx, Backend(config.backend), resume, Path(settings.state_dir))
     if ray_address is not None and runs_on != Backend.ray:
-        raise fail(f"--ray-address {ray_address}: it applies to --backend ray only (this run uses --backend {runs_on.value}); "
-                   "add --backend ray, or leave --ray-address out")
+        raise fail(
+            f"--ray-address {ray_address}: it applies to --backend ray only (this run uses --backend {runs_on.value}); "
+            "add --backend ray, or leave --ray-address out"
+        )
     # the setting is the default address of the Ray backend: a run on the process pool ignores it
     address = ray_address if ray_address is not None else settings.ray_address
     with ExitStack() as connected:
@@ -232,11 +286,22 @@ def evolve(
                 connected.enter_context(ray_connection(address, num_cpus=config.workers))
             except RayConnectError as exc:
                 raise fail(str(exc))
-        _run(config, task, settings, given, resume=resume, baseline=baseline, json_path=json_path, plot=plot, tensorboard=tensorboard)
+        _run(
+            config,
+            task,
+            settings,
+            given,
+            resume=resume,
+            baseline=baseline,
+            json_path=json_path,
+            plot=plot,
+            tensorboard=tensorboard,
+        )
 
 
 evolve.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
-    [p for p in inspect.signature(evolve).parameters.values() if p.kind is not inspect.Parameter.VAR_KEYWORD] + _config_options()
+    [p for p in inspect.signature(evolve).parameters.values() if p.kind is not inspect.Parameter.VAR_KEYWORD]
+    + _config_options()
 )
 
 
@@ -254,18 +319,29 @@ def _backend_of_run(ctx: typer.Context, backend: Backend, resume: Optional[str],
     return Backend(saved) if saved in {b.value for b in Backend} else backend
 
 
-def _run(config: Any, task: Any, settings: Any, given: dict[str, Any], *, resume: Optional[str], baseline: Baseline,
-         json_path: Optional[Path], plot: Optional[Path], tensorboard: Optional[Path]) -> None:
+def _run(
+    config: Any,
+    task: Any,
+    settings: Any,
+    given: dict[str, Any],
+    *,
+    resume: Optional[str],
+    baseline: Baseline,
+    json_path: Optional[Path],
+    plot: Optional[Path],
+    tensorboard: Optional[Path],
+) -> None:
     """The run itself, once its options are checked; ``task``: the config's task, resolved (None for a resume, which
     resolves the run's own); ``given``: the config options the command line set."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
     from rich.text import Text
 
-    from genesis_fp16.checkpoint import CheckpointError, atomic_write_text
-    from genesis_fp16.terminal import Table  # columns fold what does not fit instead of cutting it
+    from genesis_fp16.training.checkpoint import CheckpointError
+    from genesis_fp16.base.storage import atomic_write_text
+    from genesis_fp16.base.terminal import Table  # columns fold what does not fit instead of cutting it
     from genesis_fp16.cli import console, fail, out, safe_cells, safe_text, strict_json_value
-    from genesis_fp16.storage import StorageError, full_disk
-    from genesis_fp16.tensorboard_sink import tensorboard_events
+    from genesis_fp16.base.storage import StorageError, full_disk
+    from genesis_fp16.base.tensorboard_sink import tensorboard_events
 
     from .evaluation import EvaluationError
     from .evolve_report import mode_of, report_rows
@@ -290,12 +366,21 @@ def _run(config: Any, task: Any, settings: Any, given: dict[str, Any], *, resume
 
     def on_generation(record: dict[str, Any]) -> None:
         progress.update(task_id, completed=min(record["real_episodes"], budget))
-        learned = "".join(f" {name} loss {_fmt(record.get(key), '.4f')} ({record.get(prec)})"
-                          for name, key, prec in (("model", "wm_val_loss", "wm_precision"), ("critic", "critic_val_loss", "critic_precision"))
-                          if record.get(prec) is not None)
+        learned = "".join(
+            f" {name} loss {_fmt(record.get(key), '.4f')} ({record.get(prec)})"
+            for name, key, prec in (
+                ("model", "wm_val_loss", "wm_precision"),
+                ("critic", "critic_val_loss", "critic_precision"),
+            )
+            if record.get(prec) is not None
+        )
         progress.console.print(
-            safe_text(f"gen {record['generation']:>2}: {record['real_episodes']:>4} episodes, {record['env_steps']:>7} steps; best episode "
-                      f"{_fmt(record['best_return'])} (refined {_fmt(record['refined_best'])}, cma {_fmt(record['cma_best'])}){learned}"),
+            safe_text(
+                f"gen {record['generation']:>2}: {record['real_episodes']:>4} episodes, {record['env_steps']:>7} "
+                "steps; best episode "
+                f"{_fmt(record['best_return'])} (refined {_fmt(record['refined_best'])}, cma "
+                f"{_fmt(record['cma_best'])}){learned}"
+            ),
             highlight=False,
         )
 
@@ -310,20 +395,29 @@ def _run(config: Any, task: Any, settings: Any, given: dict[str, Any], *, resume
         if agent is not None:
             generations, episodes = agent.committed()
             console.print(
-                Text.assemble(("interrupted", "yellow"), safe_text(
-                    f": {generations} generation(s) ({episodes} real episodes) are committed, their data safe "
-                    f"in {agent.buffer.path} (agent {agent.data_agent!r})")),
+                Text.assemble(
+                    ("interrupted", "yellow"),
+                    safe_text(
+                        f": {generations} generation(s) ({episodes} real episodes) are committed, their data safe "
+                        f"in {agent.buffer.path} (agent {agent.data_agent!r})"
+                    ),
+                ),
                 highlight=False,
             )
             console.print(safe_text(f"continue it with: genesis-fp16 evolve --resume {agent.run_id}"), highlight=False)
         raise typer.Exit(EXIT_SIGTERM if isinstance(exc, Terminated) else EXIT_SIGINT)
     except ValueError as exc:
         raise fail(str(exc))
-    except StorageError as exc:  # the replay buffer or the ledger (ReplayBufferError, LedgerError): state dir, corrupt file, full disk
+    except (
+        StorageError
+    ) as exc:  # the replay buffer or the ledger (ReplayBufferError, LedgerError): state dir, corrupt file, full disk
         if agent is not None:
             agent.evaluator.terminate()
         raise fail(f"{exc}{_safe_data(agent)}", code=exc.exit_code)
-    except (CheckpointError, RunStorageError) as exc:  # a world-model checkpoint or the run manifest could not be written
+    except (
+        CheckpointError,
+        RunStorageError,
+    ) as exc:  # a world-model checkpoint or the run manifest could not be written
         if agent is not None:
             agent.evaluator.terminate()
         full = "the disk is full: " if full_disk(Path(settings.state_dir) / "runs", exc) else ""
@@ -344,9 +438,15 @@ def _run(config: Any, task: Any, settings: Any, given: dict[str, Any], *, resume
     if json_path is not None:
         # strict JSON: a candidate lost to a timeout scores -inf, written as "-inf"
         try:
-            atomic_write_text(json_path, json.dumps(strict_json_value(report), indent=2, default=str, allow_nan=False) + "\n")
+            atomic_write_text(
+                json_path, json.dumps(strict_json_value(report), indent=2, default=str, allow_nan=False) + "\n"
+            )
         except OSError as exc:  # e.g. the disk filled during the run: the table above is the report
-            raise fail(f"--json {json_path}: the report could not be written ({exc}); the run's data is in {report.get('replay_db') or 'the table above'}", code=1)
+            raise fail(
+                f"--json {json_path}: the report could not be written ({exc}); the run's data is in "
+                f"{report.get('replay_db') or 'the table above'}",
+                code=1,
+            )
         console.print(safe_text(f"report written to {json_path}"), highlight=False)
     if plot is not None:
         from .evolve_config import EVOLVE
@@ -355,7 +455,9 @@ def _run(config: Any, task: Any, settings: Any, given: dict[str, Any], *, resume
         try:
             write_png(evolve_figure(report), plot, f"{EVOLVE} --plot")
         except OSError as exc:
-            raise fail(f"--plot {plot}: the figure could not be written ({exc}); the report is in the table above", code=1)
+            raise fail(
+                f"--plot {plot}: the figure could not be written ({exc}); the report is in the table above", code=1
+            )
         console.print(safe_text(f"plot written to {plot}"), highlight=False)
     if report["stop_reason"] == "failed":  # after the report: it says which candidates failed and why
         raise fail(report["stop_detail"], code=1)
@@ -376,8 +478,15 @@ def _resumed_agent(run_id: str, settings: Any, *, baseline: Baseline, given: dic
         raise fail("--resume continues a run with its own options; leave --baseline out")
     options = {k: v for k, v in given.items() if k not in RESUMABLE}
     try:
-        return SEDarwinAgent.resume(run_id, settings=settings, budget=given.get("budget"), budget_steps=given.get("budget_steps"),
-                                    workers=given.get("workers"), backend=given.get("backend"), options=options)
+        return SEDarwinAgent.resume(
+            run_id,
+            settings=settings,
+            budget=given.get("budget"),
+            budget_steps=given.get("budget_steps"),
+            workers=given.get("workers"),
+            backend=given.get("backend"),
+            options=options,
+        )
     except (RunError, ValueError, ReplayBufferError) as exc:
         raise fail(str(exc))
 

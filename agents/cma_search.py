@@ -17,7 +17,7 @@ search policy parameters through `CMASearch`.
   lose leave the update exactly as it would have been without them, so the
   search never goes where its own samples would not have taken it.
 * Same seed, same search: pycma's normal draws come from a NumPy generator
-  of the stream ``cma_search`` of ``seed`` (`genesis_fp16.seeds`; never from
+  of the stream ``cma_search`` of ``seed`` (`genesis_fp16.base.seeds`; never from
   ``numpy.random``), and the driver keeps what it asked, injected and told
   (`record`), so a resumed run rebuilds the same
   state by replaying it (`CMASearch.replay`, which checks that the replay asks
@@ -31,8 +31,8 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
-from genesis_fp16.extras import require
-from genesis_fp16.seeds import numpy_rng
+from genesis_fp16.base.extras import require
+from genesis_fp16.base.seeds import numpy_rng
 
 TOLD_FAILED = 1e300
 """What pycma (a minimiser) is told for a candidate whose episode failed."""
@@ -48,13 +48,20 @@ class CMASearch:
     """CMA-ES from ``x0`` with step size ``sigma0``: `ask` a population
     (injected points first), `tell` its scores (higher is better)."""
 
-    def __init__(self, x0: np.ndarray, sigma0: float, *, seed: int, popsize: Optional[int] = None, purpose: str = "CMA-ES") -> None:
+    def __init__(
+        self, x0: np.ndarray, sigma0: float, *, seed: int, popsize: Optional[int] = None, purpose: str = "CMA-ES"
+    ) -> None:
         if not (math.isfinite(sigma0) and sigma0 > 0):
             raise ValueError(f"sigma0={sigma0}: expected a finite number > 0 (CMA-ES's initial step size)")
         if popsize is not None and popsize < 2:
             raise ValueError(f"popsize={popsize}: expected at least 2, or None (pycma's default, 4 + 3 ln n)")
         cma = require("cma", purpose)
-        self.x0, self.sigma0, self.seed, self.requested_popsize = np.asarray(x0, dtype=np.float64).copy(), float(sigma0), int(seed), popsize
+        self.x0, self.sigma0, self.seed, self.requested_popsize = (
+            np.asarray(x0, dtype=np.float64).copy(),
+            float(sigma0),
+            int(seed),
+            popsize,
+        )
         rng = numpy_rng(self.seed, "cma_search")
         options: dict[str, Any] = {"seed": math.nan, "verbose": -9, "randn": lambda *shape: rng.standard_normal(shape)}
         if popsize is not None:
@@ -99,12 +106,18 @@ class CMASearch:
         (point, score). Returns the indices of the extras that joined the
         update (see the module's docstring)."""
         if self._asked is None or len(scores) != len(self._asked):
-            raise ValueError(f"CMASearch.tell: {len(scores)} scores for {0 if self._asked is None else len(self._asked)} asked points")
+            raise ValueError(
+                f"CMASearch.tell: {len(scores)} scores for {0 if self._asked is None else len(self._asked)} asked "
+                "points"
+            )
         f = [-float(s) if math.isfinite(s) else TOLD_FAILED for s in scores]
         x = self._asked.copy()
         mu = max(1, len(f) // 2)
         parent_bar = sorted(f)[mu - 1]  # the worst parent's (minimised) score
-        ranked = sorted((i for i, (_, s) in enumerate(extras) if math.isfinite(s) and -float(s) <= parent_bar), key=lambda i: -extras[i][1])
+        ranked = sorted(
+            (i for i, (_, s) in enumerate(extras) if math.isfinite(s) and -float(s) <= parent_bar),
+            key=lambda i: -extras[i][1],
+        )
         joined = ranked[: len(f) - mu]  # the population's parents stay its own samples' best or better
         if joined:
             mean = np.asarray(self._es.mean, dtype=np.float64)
@@ -126,8 +139,13 @@ class CMASearch:
     # -- resume --------------------------------------------------------------------------
     def record(self) -> dict[str, Any]:
         """JSON for a run manifest: what `replay` needs."""
-        return {"x0": [float(v) for v in self.x0], "sigma0": self.sigma0, "seed": self.seed, "popsize": self.requested_popsize,
-                "told": self.told}
+        return {
+            "x0": [float(v) for v in self.x0],
+            "sigma0": self.sigma0,
+            "seed": self.seed,
+            "popsize": self.requested_popsize,
+            "told": self.told,
+        }
 
     @classmethod
     def replay(cls, data: dict[str, Any], purpose: str = "CMA-ES") -> "CMASearch":
@@ -137,19 +155,31 @@ class CMASearch:
         Raises ValueError when the replay does not ask for the recorded points
         (another pycma, an edited manifest, or a record of an older loop that
         injected points into the population)."""
-        search = cls(np.asarray(data["x0"], dtype=np.float64), float(data["sigma0"]),
-                     seed=int(data["seed"]), popsize=data.get("popsize"), purpose=purpose)
+        search = cls(
+            np.asarray(data["x0"], dtype=np.float64),
+            float(data["sigma0"]),
+            seed=int(data["seed"]),
+            popsize=data.get("popsize"),
+            purpose=purpose,
+        )
         for generation, told in enumerate(data.get("told") or []):
             if told.get("injected"):
-                raise ValueError(f"the CMA-ES record of generation {generation} injected points into the population (an older loop's "
-                                 "record); this version keeps refined candidates beside the population and cannot replay it")
+                raise ValueError(
+                    f"the CMA-ES record of generation {generation} injected points into the population (an older "
+                    "loop's "
+                    "record); this version keeps refined candidates beside the population and cannot replay it"
+                )
             recorded = np.asarray(told["x"], dtype=np.float64)
             asked = search.ask()
             if asked.shape != recorded.shape or not np.allclose(asked, recorded, rtol=0.0, atol=REPLAY_ATOL):
-                raise ValueError(f"the CMA-ES search of generation {generation} does not replay to the points it recorded")
+                raise ValueError(
+                    f"the CMA-ES search of generation {generation} does not replay to the points it recorded"
+                )
             rows = np.asarray(told.get("told_x") or told["x"], dtype=np.float64)
             if rows.shape != recorded.shape:
-                raise ValueError(f"the CMA-ES record of generation {generation} told {len(rows)} rows for {len(recorded)} asked")
+                raise ValueError(
+                    f"the CMA-ES record of generation {generation} told {len(rows)} rows for {len(recorded)} asked"
+                )
             search._es.tell(list(rows), list(told["f"]))
             search.told.append(told)
             search._asked = None

@@ -24,8 +24,8 @@ from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence, TypeVar, Union
 
-from genesis_fp16.extras import require
-from genesis_fp16.telemetry import get_logger
+from genesis_fp16.base.extras import require
+from genesis_fp16.base.telemetry import get_logger
 
 from .evaluation_contract import (
     Chunk,
@@ -51,8 +51,16 @@ from .tasks import ResolvedTask, run_episodes
 from .worker_limits import death_signal_context, init_worker
 
 __all__ = [
-    "BACKENDS", "Evaluation", "EvaluationBackend", "EvaluationEnvError", "EvaluationError", "EvaluationMemoryError",
-    "EvaluationTimeout", "EvaluationWorkerLost", "Evaluator", "make_evaluator",
+    "BACKENDS",
+    "Evaluation",
+    "EvaluationBackend",
+    "EvaluationEnvError",
+    "EvaluationError",
+    "EvaluationMemoryError",
+    "EvaluationTimeout",
+    "EvaluationWorkerLost",
+    "Evaluator",
+    "make_evaluator",
 ]
 
 T = TypeVar("T")
@@ -61,14 +69,21 @@ BACKENDS = ("process", "ray")
 
 
 def make_evaluator(
-    task: ResolvedTask, *, backend: str = "process", workers: int = 2, timeout_s: float = 60.0, memory_limit_mb: Optional[int] = 2048,
+    task: ResolvedTask,
+    *,
+    backend: str = "process",
+    workers: int = 2,
+    timeout_s: float = 60.0,
+    memory_limit_mb: Optional[int] = 2048,
     mujoco_log: Optional[Path] = None,
 ) -> EvaluationBackend:
     """The evaluator ``backend`` names: 'process' (a local spawn pool) or 'ray'
     (tasks on the Ray cluster this process is connected to). ``mujoco_log``:
     see `Evaluator` (the process pool only)."""
     if backend == "process":
-        return Evaluator(task, workers=workers, timeout_s=timeout_s, memory_limit_mb=memory_limit_mb, mujoco_log=mujoco_log)
+        return Evaluator(
+            task, workers=workers, timeout_s=timeout_s, memory_limit_mb=memory_limit_mb, mujoco_log=mujoco_log
+        )
     if backend == "ray":
         from .ray_evaluation import RayEvaluator
 
@@ -151,7 +166,9 @@ class Evaluator(SingleEvaluation):
                 return fut.result(timeout=max(0.0, deadline - time.monotonic()))
 
             try:
-                results, env_errors = collect(submitted, get, jobs, per_job_env_errors=per_job_env_errors, log=self._log)
+                results, env_errors = collect(
+                    submitted, get, jobs, per_job_env_errors=per_job_env_errors, log=self._log
+                )
             except FutureTimeout:
                 error = timed_out(self._log, jobs, self.timeout_s)
                 self._kill_pool()

@@ -200,7 +200,9 @@ def over_memory(log: Any, jobs: Sequence[Job], memory_limit_mb: Optional[int]) -
     """The error (and its event) for a chunk that hit its worker's memory limit."""
     n = episodes_in(jobs)
     log.warning("evolve.evaluation_memory_limit", memory_limit_mb=memory_limit_mb, episodes=n)
-    return EvaluationMemoryError(f"real evaluation of {n} episodes went over the worker memory limit ({memory_limit_mb} MiB)")
+    return EvaluationMemoryError(
+        f"real evaluation of {n} episodes went over the worker memory limit ({memory_limit_mb} MiB)"
+    )
 
 
 def worker_lost(log: Any, jobs: Sequence[Job], retries: int, why: str, how: str) -> EvaluationWorkerLost:

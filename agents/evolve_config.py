@@ -13,12 +13,22 @@ from typing import Any, Optional, Union
 
 import numpy as np
 
-from genesis_fp16.modes import parse_mode
-from genesis_fp16.settings import PrecisionMode
+from genesis_fp16.base.vocabulary import PrecisionMode
+from genesis_fp16.precision.request import PrecisionRequest
 
 from .evaluation import BACKENDS
 from .manifest_fields import (
-    MANIFEST_CHANGES, MANIFEST_VERSION, Manifest, RESUME_FIELDS, UNRESUMABLE, ManifestFieldError, RunError, check_fields, is_int, is_number, is_numbers,
+    MANIFEST_CHANGES,
+    MANIFEST_VERSION,
+    Manifest,
+    RESUME_FIELDS,
+    UNRESUMABLE,
+    ManifestFieldError,
+    RunError,
+    check_fields,
+    is_int,
+    is_number,
+    is_numbers,
 )
 from .tasks import ResolvedTask, Task, TaskError, get_task
 
@@ -36,20 +46,29 @@ RESUMABLE = ("budget", "budget_steps", "workers", "backend")
 
 
 def option(
-    default: Any, *, flag: Optional[str] = None, panel: Optional[str] = None, cli: bool = True, least: Optional[float] = None,
-    most: Optional[float] = None, why: str = "",
+    default: Any,
+    *,
+    flag: Optional[str] = None,
+    panel: Optional[str] = None,
+    cli: bool = True,
+    least: Optional[float] = None,
+    most: Optional[float] = None,
+    why: str = "",
 ) -> Any:
     """A config field and how `genesis-fp16 evolve` offers it: ``flag`` (default:
     the field's name with dashes), ``panel`` (None: the main one), ``cli`` False:
     not a flag, ``least`` and ``most``: the smallest and largest value it takes
     (``most`` bounds what the option sizes in memory), ``why``: the reason for
     ``most``, in the error that refuses a larger value."""
-    return field(default=default, metadata={"flag": flag, "panel": panel, "cli": cli, "least": least, "most": most, "why": why})
+    return field(
+        default=default, metadata={"flag": flag, "panel": panel, "cli": cli, "least": least, "most": most, "why": why}
+    )
 
 
 SEED_MAX = 2**32 - 1
 """The largest seed (32 bits, as most seeding APIs take). Every random stream of a run is seeded by
-`genesis_fp16.seeds.stream_seed` (seed, the stream's name, its indices: 63 bits, what NumPy and torch take), and the
+`genesis_fp16.base.seeds.stream_seed` (seed, the stream's name, its indices: 63 bits, what NumPy and torch take), and
+the
 env reset seeds of its start states lie in a block that stream picks (`agents.tasks.task.reset_seed_base`: below
 2^53, exact in the float64 rows a start state is); neither depends on how large the seed is, so this bound is the
 seeding APIs' custom, not an overflow's."""
@@ -60,6 +79,7 @@ COVARIANCE_LIMIT_BYTES = 1 << 30
 
 def range_text(least: Optional[float], most: Optional[float]) -> str:
     """``1..64``, ``>= 1`` or ``<= 64``: an option's range as its help and its errors show it."""
+
     def num(v: float) -> str:
         return str(int(v)) if float(v).is_integer() else f"{v:g}"
 
@@ -100,14 +120,19 @@ class EvolveConfig:
 
     env_id: str = option("Pendulum-v1", flag="env")
     """The task: a registered name (`genesis-fp16 evolve --list-tasks`) or any gymnasium id with Box spaces."""
-    budget: int = option(200, least=1, most=100_000, why="the run keeps every candidate it runs, in memory and in its manifest")
+    budget: int = option(
+        200, least=1, most=100_000, why="the run keeps every candidate it runs, in memory and in its manifest"
+    )
     """Real episodes the run may spend (candidates' episodes, verifications and confirmations)."""
     budget_steps: Optional[int] = option(None, least=1)
     """Real env steps the run may spend, beside `budget`; None: no limit."""
-    seed: int = option(0, least=0, most=SEED_MAX, why="the seeds of the start states, CMA-ES and torch are made from it")
+    seed: int = option(
+        0, least=0, most=SEED_MAX, why="the seeds of the start states, CMA-ES and torch are made from it"
+    )
     """Seeds the start states, CMA-ES, the refinement, the world model and the critic."""
     target: Optional[float] = option(None)
-    """Mean return on the training start states that counts as solved; None: the task's, else the env spec's `reward_threshold`."""
+    """Mean return on the training start states that counts as solved; None: the task's, else the env spec's
+    `reward_threshold`."""
     policy: Optional[str] = option(None)
     """The policy family, `linear` or `mlp:H`; None: the task's."""
     use_world_model: bool = option(True, flag="world-model", panel=ABLATIONS)
@@ -119,41 +144,62 @@ class EvolveConfig:
     refined: int = option(4, least=0, most=1023, why="fewer than the CMA-ES population, itself at most 1024")
     """The most refined candidates run beside each CMA-ES population, fewer (down to none) while they do not win (0: no
     refinement, the loop is a one-episode CMA-ES: the floor)."""
-    precision: Optional[str] = option(None)
+    precision: Optional[PrecisionRequest] = option(None)
     """The world model's precision (`auto`, `fp32`, `bf16`, ...); None: the settings and its profile decide."""
-    critic_precision: Optional[str] = option(None)
+    critic_precision: Optional[PrecisionRequest] = option(None)
     """The critic's precision; None: the settings and its profile decide."""
     workers: int = option(2, least=1, most=1024, why="each one is a process, or a Ray task, running episodes")
     """Processes (or Ray tasks at a time) running real episodes."""
     backend: str = option("process")
     """Where real episodes run: `process` (a local pool) or `ray` (the connected Ray cluster)."""
-    episode_steps: Optional[int] = option(None, panel=ADVANCED, least=1, most=1_000_000, why="an episode's transitions are held in memory")
+    episode_steps: Optional[int] = option(
+        None, panel=ADVANCED, least=1, most=1_000_000, why="an episode's transitions are held in memory"
+    )
     """Steps per real episode; None: the task's, else the env spec's `max_episode_steps`."""
-    popsize: Optional[int] = option(None, panel=ADVANCED, least=2, most=1024, why="each candidate's parameters are held in memory")
+    popsize: Optional[int] = option(
+        None, panel=ADVANCED, least=2, most=1024, why="each candidate's parameters are held in memory"
+    )
     """CMA-ES's population of its own samples (the refined candidates run beside it); None: pycma's default
     4 + 3 ln(policy parameters), the floor's tuned population."""
     sigma0: float = option(0.5, panel=ADVANCED)
     """CMA-ES's initial step size, in normalised coordinates."""
     refine_steps: int = option(800, panel=ADVANCED, least=1)
     """Actor-gradient steps of the longest refined copy; the others stop at 1/4, 1/16, ... of it."""
-    refine_horizon: int = option(0, panel=ADVANCED, least=0, most=100, why="the gradient runs back through every model step, each kept in memory")
+    refine_horizon: int = option(
+        0, panel=ADVANCED, least=0, most=100, why="the gradient runs back through every model step, each kept in memory"
+    )
     """World-model steps the refinement looks through before the critic's value (MVE / SVG(H)); 0: the critic alone."""
     critic_updates: float = option(2.0, panel=ADVANCED)
-    """Critic updates per new real transition (the update-to-data ratio), each on a batch of real and model transitions."""
+    """Critic updates per new real transition (the update-to-data ratio), each on a batch of real and model
+    transitions."""
     actor_rounds: int = option(8, panel=ADVANCED, least=0)
     """Rounds per generation in which the critic values an actor and the actor ascends the critic in turn (policy
-    iteration from the generation's best candidate); the actor joins the next population. 0: the critic values the mean."""
-    model_rollouts: int = option(256, panel=ADVANCED, least=0, most=65_536, why="one batch, through every ensemble member")
-    """Short model rollouts per generation, branched from real replay states, that train the critic beside the real data."""
-    rollout_horizon: int = option(5, panel=ADVANCED, least=1, most=100, why="every model step of every rollout is kept as critic data")
+    iteration from the generation's best candidate); the actor joins the next population. 0: the critic values the
+    mean."""
+    model_rollouts: int = option(
+        256, panel=ADVANCED, least=0, most=65_536, why="one batch, through every ensemble member"
+    )
+    """Short model rollouts per generation, branched from real replay states, that train the critic beside the real
+    data."""
+    rollout_horizon: int = option(
+        5, panel=ADVANCED, least=1, most=100, why="every model step of every rollout is kept as critic data"
+    )
     """Model steps per branched rollout (short: the model's error compounds with the horizon)."""
     wm_steps: int = option(800, panel=ADVANCED, least=1)
     """World-model optimizer steps per generation."""
-    ensemble: int = option(5, panel=ADVANCED, least=1, most=64, why="each member is a network trained, with its optimizer state, every generation")
+    ensemble: int = option(
+        5,
+        panel=ADVANCED,
+        least=1,
+        most=64,
+        why="each member is a network trained, with its optimizer state, every generation",
+    )
     """Members of the world model's probabilistic ensemble."""
     eval_timeout_s: float = option(120.0, panel=ADVANCED)
     """Seconds one evaluation may take; a slower one is charged its episodes and scored -inf."""
-    eval_memory_mb: Optional[int] = option(2048, panel=ADVANCED, least=1, most=1 << 20, why="1 TiB: the address-space limit must fit the OS's")
+    eval_memory_mb: Optional[int] = option(
+        2048, panel=ADVANCED, least=1, most=1 << 20, why="1 TiB: the address-space limit must fit the OS's"
+    )
     """Address space in MiB an evaluation worker may add; None: no limit."""
     agent: str = option("se_darwin", cli=False)
     """The name the loop logs under and files its replay data under (`<agent>:<run_id>`)."""
@@ -172,27 +218,58 @@ class EvolveConfig:
         self.validate()
         if isinstance(task, ResolvedTask):
             resolved = task
-            clash = [f"{name}={mine!r} (the resolved task's is {theirs!r})" for name, mine, theirs in (
-                ("target", self.target, resolved.target), ("policy", self.policy, resolved.policy.name),
-                ("episode_steps", self.episode_steps, resolved.episode_steps)) if mine is not None and mine != theirs]
+            clash = [
+                f"{name}={mine!r} (the resolved task's is {theirs!r})"
+                for name, mine, theirs in (
+                    ("target", self.target, resolved.target),
+                    ("policy", self.policy, resolved.policy.name),
+                    ("episode_steps", self.episode_steps, resolved.episode_steps),
+                )
+                if mine is not None and mine != theirs
+            ]
             if clash:
-                raise TaskError(f"{resolved.env_id}: {'; '.join(clash)}; expected the options the task was resolved with")
+                raise TaskError(
+                    f"{resolved.env_id}: {'; '.join(clash)}; expected the options the task was resolved with"
+                )
         else:
-            resolved = (task or get_task(self.env_id)).resolve(target=self.target, policy=self.policy, episode_steps=self.episode_steps)
+            resolved = (task or get_task(self.env_id)).resolve(
+                target=self.target, policy=self.policy, episode_steps=self.episode_steps
+            )
         check_policy_size(resolved)
         cfg = replace(
-            self, env_id=resolved.env_id, target=resolved.target, policy=resolved.policy.name, episode_steps=resolved.episode_steps,
+            self,
+            env_id=resolved.env_id,
+            target=resolved.target,
+            policy=resolved.policy.name,
+            episode_steps=resolved.episode_steps,
             wm_agent=self.wm_agent or ledger_agent("world_model", resolved.env_id),
             critic_agent=self.critic_agent or ledger_agent("critic", resolved.env_id),
         )
         steps = resolved.episode_steps
         if cfg.budget_steps is not None and cfg.budget_steps < steps:
-            raise TaskError(f"budget_steps={cfg.budget_steps}: expected at least one episode's worth ({steps} real env steps on {cfg.env_id})")
+            raise TaskError(
+                f"budget_steps={cfg.budget_steps}: expected at least one episode's worth ({steps} real env steps on "
+                f"{cfg.env_id})"
+            )
         popsize = cfg.population(resolved.n_params)
         if cfg.refined >= popsize:
-            raise TaskError(f"refined={cfg.refined}: expected fewer than the CMA-ES population ({popsize}), whose better half stays "
-                            "its own samples' best")
+            raise TaskError(
+                f"refined={cfg.refined}: expected fewer than the CMA-ES population ({popsize}), whose better half "
+                "stays "
+                "its own samples' best"
+            )
         return cfg, resolved
+
+    def __post_init__(self) -> None:
+        # the precisions asked for are parsed here, where the user speaks (a flag's text, a manifest's), into the one
+        # typed request that travels unchanged to the decision; text that is no precision is left for `validate`
+        for name in ("precision", "critic_precision"):
+            value = getattr(self, name)
+            if isinstance(value, str) and not isinstance(value, PrecisionRequest):
+                try:
+                    setattr(self, name, PrecisionRequest.parse(value))
+                except ValueError:
+                    pass
 
     def population(self, n_params: int) -> int:
         """The CMA-ES population of a run with ``n_params`` policy parameters (see `popsize`)."""
@@ -212,17 +289,20 @@ class EvolveConfig:
             if str(f.type) in ("int", "Optional[int]") and (isinstance(value, bool) or not isinstance(value, int)):
                 problems.append(f"{f.name}={value!r} ({flag}): expected a whole number in {range_text(least, most)}")
             elif least is not None and value < least:
-                problems.append(f"{f.name}={value} ({flag}): expected {range_text(least, most)}; pass {flag} {range_text(least, None)[3:]} or more")
+                problems.append(
+                    f"{f.name}={value} ({flag}): expected {range_text(least, most)}; pass {flag} "
+                    f"{range_text(least, None)[3:]} or more"
+                )
             elif most is not None and value > most:
                 why = f" ({meta['why']})" if meta.get("why") else ""
-                problems.append(f"{f.name}={value} ({flag}): expected {range_text(least, most)}{why}; pass {flag} {range_text(None, most)[3:]} or less")
+                problems.append(
+                    f"{f.name}={value} ({flag}): expected {range_text(least, most)}{why}; pass {flag} "
+                    f"{range_text(None, most)[3:]} or less"
+                )
         for name in ("precision", "critic_precision"):
             value = getattr(self, name)
-            if value is not None:
-                try:
-                    parse_mode(value)
-                except ValueError:
-                    problems.append(f"{name}={value!r}: expected one of {', '.join(m.value for m in PrecisionMode)}")
+            if value is not None and not isinstance(value, PrecisionRequest):  # not parsed in __post_init__
+                problems.append(f"{name}={value!r}: expected one of {', '.join(m.value for m in PrecisionMode)}")
         if self.target is not None and not math.isfinite(self.target):
             problems.append(f"target={self.target}: expected a finite number (a mean return that counts as solved)")
         if self.backend not in BACKENDS:
@@ -233,8 +313,10 @@ class EvolveConfig:
         if not (math.isfinite(self.critic_updates) and self.critic_updates >= 0):
             problems.append(f"critic_updates={self.critic_updates}: expected a finite number >= 0")
         if self.refined and not (self.use_critic or (self.use_world_model and self.refine_horizon > 0)):
-            problems.append(f"refined={self.refined}: refinement needs the critic, or the world model with refine_horizon >= 1; "
-                            "set refined=0 for plain CMA-ES")
+            problems.append(
+                f"refined={self.refined}: refinement needs the critic, or the world model with refine_horizon >= 1; "
+                "set refined=0 for plain CMA-ES"
+            )
         if problems:
             raise ValueError("invalid evolve options: " + "; ".join(problems))
 
@@ -250,36 +332,53 @@ def check_policy_size(resolved: ResolvedTask) -> None:
     most = math.isqrt(COVARIANCE_LIMIT_BYTES // 8)
     widest = (most - spec.act_dim) // (spec.obs_dim + spec.act_dim + 1)  # n_params = H (obs + act + 1) + act
     linear = spec.obs_dim * spec.act_dim + spec.act_dim
-    fits = (f"--policy mlp:{widest} at most" if widest >= 1 else
-            "--policy linear" if linear <= most else "none of the policy families fits this task's spaces")
+    fits = (
+        f"--policy mlp:{widest} at most"
+        if widest >= 1
+        else "--policy linear"
+        if linear <= most
+        else "none of the policy families fits this task's spaces"
+    )
     raise TaskError(
-        f"policy {spec.name} (--policy) on {resolved.env_id}: {n:,} parameters ({spec.obs_dim} observations -> {spec.act_dim} actions); "
+        f"policy {spec.name} (--policy) on {resolved.env_id}: {n:,} parameters ({spec.obs_dim} observations -> "
+        f"{spec.act_dim} actions); "
         f"CMA-ES's covariance matrix would take {_bytes_text(need)} (n_params^2 x 8 bytes), over the limit of "
         f"{_bytes_text(COVARIANCE_LIMIT_BYTES)} ({most:,} parameters); expected a smaller policy: {fits}"
     )
 
 
 def config_docs() -> dict[str, str]:
-    """Each `EvolveConfig` field's docstring (the string under it in the class body): the flags' help and the docs' option table."""
+    """Each `EvolveConfig` field's docstring (the string under it in the class body): the flags' help and the docs'
+    option table."""
     import ast
     import inspect
 
     body = ast.parse(inspect.getsource(EvolveConfig)).body[0].body  # type: ignore[attr-defined]
     docs = {}
     for node, after in zip(body, body[1:]):
-        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and isinstance(after, ast.Expr) \
-                and isinstance(after.value, ast.Constant) and isinstance(after.value.value, str):
+        if (
+            isinstance(node, ast.AnnAssign)
+            and isinstance(node.target, ast.Name)
+            and isinstance(after, ast.Expr)
+            and isinstance(after.value, ast.Constant)
+            and isinstance(after.value.value, str)
+        ):
             docs[node.target.id] = after.value.value
     return docs
 
 
 def options_table() -> str:
-    """The options as docs/EVOLUTION.md shows them (a markdown table: option, flag, default, meaning), made from the fields."""
+    """The options as docs/EVOLUTION.md shows them (a markdown table: option, flag, default, meaning), made from the
+    fields."""
     docs, rows = config_docs(), ["| option | flag | default | meaning |", "|---|---|---|---|"]
     for f in fields(EvolveConfig):
         meta = f.metadata
         name = (meta.get("flag") or f.name).replace("_", "-")
-        flag = "(Python only)" if not meta.get("cli", True) else (f"`--{name}` / `--no-{name}`" if f.type == "bool" else f"`--{name}`")
+        flag = (
+            "(Python only)"
+            if not meta.get("cli", True)
+            else (f"`--{name}` / `--no-{name}`" if f.type == "bool" else f"`--{name}`")
+        )
         rows.append(f"| `{f.name}` | {flag} | `{f.default}` | {' '.join(docs.get(f.name, '').split())} |")
     return "\n".join(rows)
 
@@ -305,7 +404,8 @@ class Candidate:
         return dict(zip(self.starts, self.returns))
 
     def meets(self, target: float) -> bool:
-        """Whether this candidate's mean return over the training start states is at least ``target``: all of them ran, or
+        """Whether this candidate's mean return over the training start states is at least ``target``: all of them ran,
+        or
         the sequential test accepted it on fewer."""
         return (self.full or self.accepted) and self.real_return is not None and self.real_return >= target
 
@@ -314,7 +414,8 @@ class Candidate:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "Candidate":
-        """The candidate `as_dict` wrote; `agents.runs.ManifestFieldError` (a `RunError`) names a field that is not what it writes."""
+        """The candidate `as_dict` wrote; `agents.runs.ManifestFieldError` (a `RunError`) names a field that is not
+        what it writes."""
         check_candidate(data)
         return cls(**{**data, "params": np.asarray(data["params"], dtype=float)})
 
@@ -332,7 +433,10 @@ _CANDIDATE_CHECKS: dict[str, tuple[Any, str]] = {
     "real_episodes": (lambda v: is_int(v, 0), "a whole number >= 0"),
     "full": (lambda v: isinstance(v, bool), "true or false"),
     "accepted": (lambda v: isinstance(v, bool), "true or false"),
-    "starts": (lambda v: isinstance(v, list) and all(is_int(i, 0) for i in v), "a list of whole numbers >= 0 (training start indices)"),
+    "starts": (
+        lambda v: isinstance(v, list) and all(is_int(i, 0) for i in v),
+        "a list of whole numbers >= 0 (training start indices)",
+    ),
     "returns": (lambda v: is_numbers(v, finite=False), "a list of numbers, one per start"),
     "confirmed": (lambda v: v is None or isinstance(v, bool), "null, true or false"),
     "joined": (lambda v: v is None or isinstance(v, bool), "null, true or false"),
@@ -343,20 +447,32 @@ _CANDIDATE_CHECKS: dict[str, tuple[Any, str]] = {
 def check_candidate(data: Any, *, n_params: Optional[int] = None) -> None:
     """Raise `agents.runs.ManifestFieldError` for the first field of a candidate record (`Candidate.as_dict`) that is
     unknown, missing or not of its type; ``n_params``: the length its params must have."""
-    check_fields(data, _CANDIDATE_CHECKS, required=("id", "params", "operator", "generation"), known_only=True,
-                 what="an object (a candidate)")
+    check_fields(
+        data,
+        _CANDIDATE_CHECKS,
+        required=("id", "params", "operator", "generation"),
+        known_only=True,
+        what="an object (a candidate)",
+    )
     if n_params is not None and len(data["params"]) != n_params:
-        raise ManifestFieldError("params", data["params"], f"{n_params} numbers, one per policy parameter (as search.x0)")
+        raise ManifestFieldError(
+            "params", data["params"], f"{n_params} numbers, one per policy parameter (as search.x0)"
+        )
     if len(data.get("returns", [])) != len(data.get("starts", [])):
-        raise ManifestFieldError("returns", data.get("returns"), f"one return per start ({len(data.get('starts', []))} starts)")
+        raise ManifestFieldError(
+            "returns", data.get("returns"), f"one return per start ({len(data.get('starts', []))} starts)"
+        )
 
 
 def check_saved_config(saved: Any) -> None:
     """Raise `agents.runs.ManifestFieldError` for the first option of a saved config (`EvolveConfig` as a dict) whose
     type or range is not what `EvolveConfig` takes. Unknown options are `resumed_config`'s to refuse."""
     kinds: dict[str, tuple[Any, str]] = {
-        "int": (lambda v: is_int(v), "a whole number"), "float": (lambda v: is_number(v, finite=False), "a number"),
-        "str": (lambda v: isinstance(v, str), "a string"), "bool": (lambda v: isinstance(v, bool), "true or false"),
+        "int": (lambda v: is_int(v), "a whole number"),
+        "float": (lambda v: is_number(v, finite=False), "a number"),
+        "str": (lambda v: isinstance(v, str), "a string"),
+        "bool": (lambda v: isinstance(v, bool), "true or false"),
+        "PrecisionRequest": (lambda v: isinstance(v, str), "a precision's name (text)"),  # kept as its text
     }
     checks: dict[str, tuple[Any, str]] = {}
     for f in fields(EvolveConfig):
@@ -365,7 +481,9 @@ def check_saved_config(saved: Any) -> None:
         least, most = f.metadata.get("least"), f.metadata.get("most")
         if least is not None or most is not None:
             text = f"a whole number in {range_text(least, most)}"
-            ok = (lambda lo, hi: lambda v: is_int(v) and (lo is None or v >= lo) and (hi is None or v <= hi))(least, most)
+            ok = (lambda lo, hi: lambda v: is_int(v) and (lo is None or v >= lo) and (hi is None or v <= hi))(
+                least, most
+            )
         if optional:
             ok, text = (lambda inner: lambda v: v is None or inner(v))(ok), f"null or {text}"
         checks[f.name] = (ok, text)
@@ -376,7 +494,12 @@ CONFIG_FIELDS = {f.name for f in fields(EvolveConfig)}
 
 
 def resumed_config(
-    manifest: dict[str, Any], *, budget: Optional[int], workers: Optional[int], options: dict[str, Any], backend: Optional[str] = None,
+    manifest: dict[str, Any],
+    *,
+    budget: Optional[int],
+    workers: Optional[int],
+    options: dict[str, Any],
+    backend: Optional[str] = None,
     budget_steps: Optional[int] = None,
 ) -> EvolveConfig:
     """The run's own config, with the budgets, workers and backend the caller may change. A field a resume needs that
@@ -386,16 +509,22 @@ def resumed_config(
     if int(manifest.get("version") or 0) < MANIFEST_VERSION:
         raise RunError(
             f"run {run_id!r}: its manifest is version {manifest.get('version')!r}, written before "
-            f"{MANIFEST_CHANGES[MANIFEST_VERSION]} (version {MANIFEST_VERSION}); this version cannot continue it. Resume it with the version that "
+            f"{MANIFEST_CHANGES[MANIFEST_VERSION]} (version {MANIFEST_VERSION}); this version cannot continue it. "
+            "Resume it with the version that "
             "started it, or start a new run"
         )
     for name in RESUME_FIELDS:
         if name not in manifest:
-            raise RunError(f"{where}: field {name}: missing; expected what this version writes in every manifest; {UNRESUMABLE}")
+            raise RunError(
+                f"{where}: field {name}: missing; expected what this version writes in every manifest; {UNRESUMABLE}"
+            )
     saved = dict(manifest["config"])
     unknown = sorted(set(saved) - CONFIG_FIELDS)
     if unknown:
-        raise RunError(f"run {run_id!r}: its manifest has options this version does not know ({', '.join(unknown)}); resume it with the version that started it")
+        raise RunError(
+            f"run {run_id!r}: its manifest has options this version does not know ({', '.join(unknown)}); resume it "
+            "with the version that started it"
+        )
     try:  # the run's own options, before the caller's changes (the agent checks those)
         EvolveConfig(**saved).validate()
     except ValueError as exc:
@@ -403,18 +532,26 @@ def resumed_config(
     mismatched = [f"{k}={v!r} (the run has {saved.get(k)!r})" for k, v in options.items() if saved.get(k) != v]
     if mismatched:
         raise RunError(
-            f"run {run_id!r} was started with other options: {'; '.join(mismatched)}. A resumed run keeps its own options "
-            "(only --budget, --budget-steps, --workers and --backend may change); resume it without these, or start a new run"
+            f"run {run_id!r} was started with other options: {'; '.join(mismatched)}. A resumed run keeps its own "
+            "options "
+            "(only --budget, --budget-steps, --workers and --backend may change); resume it without these, or start a "
+            "new run"
         )
     if budget is not None:
         spent = int(manifest["real_episodes"])
         if budget < spent:
-            raise RunError(f"budget={budget}: run {run_id!r} has already spent {spent} real episodes; expected a budget of at least {spent}")
+            raise RunError(
+                f"budget={budget}: run {run_id!r} has already spent {spent} real episodes; expected a budget of at "
+                f"least {spent}"
+            )
         saved["budget"] = budget
     if budget_steps is not None:
         spent_steps = int(manifest.get("env_steps") or 0)
         if budget_steps < spent_steps:
-            raise RunError(f"budget_steps={budget_steps}: run {run_id!r} has already spent {spent_steps} real env steps; expected at least that")
+            raise RunError(
+                f"budget_steps={budget_steps}: run {run_id!r} has already spent {spent_steps} real env steps; "
+                "expected at least that"
+            )
         saved["budget_steps"] = budget_steps
     if workers is not None:
         saved["workers"] = workers

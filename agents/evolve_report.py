@@ -11,7 +11,14 @@ from .evolve_config import Candidate, EvolveConfig
 from .time_share import BUCKETS
 
 # the part of a finished run's report its manifest keeps
-SUMMARY_KEYS = ("real_episodes", "target_reached", "episodes_to_target", "train_return", "heldout_return", "stop_reason")
+SUMMARY_KEYS = (
+    "real_episodes",
+    "target_reached",
+    "episodes_to_target",
+    "train_return",
+    "heldout_return",
+    "stop_reason",
+)
 
 
 def _learner_fields(prefix: str, report: Any, rounds: Sequence[Any] = ()) -> dict[str, Any]:
@@ -19,11 +26,16 @@ def _learner_fields(prefix: str, report: Any, rounds: Sequence[Any] = ()) -> dic
     fields; ``rounds``: every call of the generation (the critic trains once
     per actor round), so a rollback in any of them shows, not only the last's."""
     if report is None:
-        return {f"{prefix}_{k}": None for k in ("val_loss", "train_loss", "wall_s", "precision", "rollback_reason")} | {f"{prefix}_rolled_back": False}
+        return {f"{prefix}_{k}": None for k in ("val_loss", "train_loss", "wall_s", "precision", "rollback_reason")} | {
+            f"{prefix}_rolled_back": False
+        }
     rolled = [r for r in rounds or [report] if r.rolled_back]
     return {
-        f"{prefix}_val_loss": report.val_loss, f"{prefix}_train_loss": report.train_loss, f"{prefix}_wall_s": report.wall_s,
-        f"{prefix}_precision": report.precision, f"{prefix}_rolled_back": bool(rolled),
+        f"{prefix}_val_loss": report.val_loss,
+        f"{prefix}_train_loss": report.train_loss,
+        f"{prefix}_wall_s": report.wall_s,
+        f"{prefix}_precision": report.precision,
+        f"{prefix}_rolled_back": bool(rolled),
         f"{prefix}_rollback_reason": "; ".join(r.rollback_reason for r in rolled) if rolled else None,
     }
 
@@ -32,14 +44,24 @@ def candidates_record(candidates: Sequence[Candidate]) -> dict[str, Any]:
     """The candidates' part of a generation record: each one's operator, real return (its one episode; a verified
     one's mean over the training start states it ran) and verdicts, and the best one-episode return of each kind
     (what `agents.learners.refined_count` reads)."""
+
     def best(cands: Sequence[Candidate]) -> Optional[float]:
         scores = [c.returns[0] for c in cands if c.returns]
         return max(scores) if scores else None
 
     return {
-        "candidates": [{"id": c.id, "operator": c.operator, "real_return": c.real_return, "episodes": c.real_episodes, "full": c.full,
-                        "accepted": c.accepted, "joined": c.joined}
-                       for c in candidates],
+        "candidates": [
+            {
+                "id": c.id,
+                "operator": c.operator,
+                "real_return": c.real_return,
+                "episodes": c.real_episodes,
+                "full": c.full,
+                "accepted": c.accepted,
+                "joined": c.joined,
+            }
+            for c in candidates
+        ],
         "best_return": best(candidates),  # the best one-episode return of the generation
         "refined_best": best([c for c in candidates if c.operator.startswith("refined")]),
         "cma_best": best([c for c in candidates if c.operator == "cma"]),
@@ -47,8 +69,16 @@ def candidates_record(candidates: Sequence[Candidate]) -> dict[str, Any]:
 
 
 def generation_record(
-    generation: int, *, real_episodes: int, env_steps: int, candidates: Sequence[Candidate], sigma: float, reports: dict[str, Any],
-    elapsed_s: float, time: Optional[dict[str, float]] = None, confirmations: Sequence[dict[str, Any]] = (),
+    generation: int,
+    *,
+    real_episodes: int,
+    env_steps: int,
+    candidates: Sequence[Candidate],
+    sigma: float,
+    reports: dict[str, Any],
+    elapsed_s: float,
+    time: Optional[dict[str, float]] = None,
+    confirmations: Sequence[dict[str, Any]] = (),
 ) -> dict[str, Any]:
     """One committed generation: each candidate's operator (``cma``, or
     ``refined:N`` for a copy of the mean after N actor-gradient steps) and
@@ -77,11 +107,29 @@ def generation_record(
 
 
 def run_report(
-    cfg: EvolveConfig, *, best: Optional[Candidate], heldout: Optional[Evaluation], heldout_episodes: int, real_episodes: int,
-    env_steps: int, failures: list[dict[str, Any]], confirmations: list[dict[str, Any]],
-    reached_at: Optional[int], wall_s: float, stop_reason: str, budget_exhausted: Optional[str], unconfirmed: Optional[str],
-    learners: dict[str, Any], generations: list[dict[str, Any]], run_id: str, replay_db: str, run_manifest: str, resumed_from: Optional[dict[str, Any]],
-    train_start_states: int, validation_start_states: int, time_share: dict[str, Any],
+    cfg: EvolveConfig,
+    *,
+    best: Optional[Candidate],
+    heldout: Optional[Evaluation],
+    heldout_episodes: int,
+    real_episodes: int,
+    env_steps: int,
+    failures: list[dict[str, Any]],
+    confirmations: list[dict[str, Any]],
+    reached_at: Optional[int],
+    wall_s: float,
+    stop_reason: str,
+    budget_exhausted: Optional[str],
+    unconfirmed: Optional[str],
+    learners: dict[str, Any],
+    generations: list[dict[str, Any]],
+    run_id: str,
+    replay_db: str,
+    run_manifest: str,
+    resumed_from: Optional[dict[str, Any]],
+    train_start_states: int,
+    validation_start_states: int,
+    time_share: dict[str, Any],
 ) -> dict[str, Any]:
     """The run's report (docs/EVOLUTION.md lists its keys)."""
     report = {
@@ -96,7 +144,9 @@ def run_report(
         "env_steps": env_steps,  # of the episodes that finished (a lost candidate's steps are not known)
         "episodes_to_target": reached_at,
         "target_reached": reached_at is not None,
-        "train_return": best.real_return if best and (best.full or best.accepted) else None,  # accepted: the mean of the states it ran
+        "train_return": best.real_return
+        if best and (best.full or best.accepted)
+        else None,  # accepted: the mean of the states it ran
         "heldout_return": heldout.mean_return if heldout is not None else None,
         "heldout_episodes": heldout_episodes,
         "train_start_states": train_start_states,
@@ -106,7 +156,9 @@ def run_report(
         "confirmations": confirmations,  # each target met on the training start states, run on the validation ones
         "unconfirmed": unconfirmed,  # a candidate that met the target with no budget left to confirm it
         "time_share": time_share,
-        "best_candidate": {"id": best.id, "operator": best.operator, "params": [float(v) for v in best.params]} if best else None,
+        "best_candidate": {"id": best.id, "operator": best.operator, "params": [float(v) for v in best.params]}
+        if best
+        else None,
         "learners": learners,  # per learned part: its ledger agent, precision and the decision's reason
         "wall_s": wall_s,
         "stop_reason": stop_reason,
@@ -124,7 +176,8 @@ def run_report(
 
 
 def mode_of(cfg: EvolveConfig) -> str:
-    """The run's method in one word: ``loop`` (critic and model), ``no_model``, ``no_critic``, or ``cma`` (nothing refines: the floor)."""
+    """The run's method in one word: ``loop`` (critic and model), ``no_model``, ``no_critic``, or ``cma`` (nothing
+    refines: the floor)."""
     refines = cfg.refined > 0 and (cfg.use_critic or (cfg.use_world_model and cfg.refine_horizon > 0))
     if not refines:
         return "cma"
@@ -142,8 +195,11 @@ def stop_detail(report: dict[str, Any]) -> str:
     if report["stop_reason"] == "failed":
         failures = report.get("failed_candidates") or []
         first = f"; the first error: {failures[0]['error']}" if failures else ""
-        return (f"every candidate failed: {len(failures)} real evaluation(s), {report['real_episodes']} of {report['budget']} "
-                f"real episodes charged, none gave a usable return{first}")
+        return (
+            f"every candidate failed: {len(failures)} real evaluation(s), {report['real_episodes']} of "
+            f"{report['budget']} "
+            f"real episodes charged, none gave a usable return{first}"
+        )
     if report["stop_reason"] == "target":
         reached = "-" if report["train_return"] is None else f"{report['train_return']:.1f}"
         ran = report.get("train_states_run") or n_train
@@ -151,61 +207,96 @@ def stop_detail(report: dict[str, Any]) -> str:
         confirmed = ""
         if report.get("validation_return") is not None:
             n_val = report["validation_start_states"]
-            tried = next((c.get("episodes") for c in reversed(report.get("confirmations") or []) if c.get("confirmed")), None)
+            tried = next(
+                (c.get("episodes") for c in reversed(report.get("confirmations") or []) if c.get("confirmed")), None
+            )
             val_on = f"all {n_val}" if tried is None or tried >= n_val else f"{tried} of the {n_val}"
             confirmed = f", confirmed on {val_on} validation start states (mean {report['validation_return']:.1f}),"
         test = "" if ran >= n_train else " (the sequential test's bound on the mean over all of them)"
-        return (f"target reached on {on} training start states{test}: mean return {reached} >= "
-                f"{report['target']:g}{confirmed} after {report['episodes_to_target']} real episodes")
+        return (
+            f"target reached on {on} training start states{test}: mean return {reached} >= "
+            f"{report['target']:g}{confirmed} after {report['episodes_to_target']} real episodes"
+        )
     if report.get("budget_exhausted") == "env_steps":
         steps = report["config"]["episode_steps"]
         # a failed episode is charged at its longest (its steps are not known), as the loop charges it
-        charged = report["env_steps"] + sum(int(f.get("episodes") or 0) for f in report.get("failed_candidates") or []) * steps
+        charged = (
+            report["env_steps"]
+            + sum(int(f.get("episodes") or 0) for f in report.get("failed_candidates") or []) * steps
+        )
         left = max(0, report["budget_steps"] - charged)
         used = f"{charged} of {report['budget_steps']} real env steps used ({report['real_episodes']} real episodes)"
-        more = (f"the {left} left are too few for another episode, which may run {steps} steps" if left < steps
-                else f"{left} are left")
+        more = (
+            f"the {left} left are too few for another episode, which may run {steps} steps"
+            if left < steps
+            else f"{left} are left"
+        )
     else:
         left = max(0, report["budget"] - report["real_episodes"])
         used = f"{report['real_episodes']} of {report['budget']} real episodes used"
         more = "none is left" if left == 0 else f"the {left} left are too few for what comes next"
     n_val = report.get("validation_start_states")
     if report.get("unconfirmed"):
-        return (f"budget spent: {used}; {report['unconfirmed']} met the target {report['target']:g} on the training start states, "
-                f"but the budget has no room to confirm it on the {n_val} validation start states")
+        return (
+            f"budget spent: {used}; {report['unconfirmed']} met the target {report['target']:g} on the training start "
+            "states, "
+            f"but the budget has no room to confirm it on the {n_val} validation start states"
+        )
     refuted = len(report.get("confirmations") or [])
     if refuted:
-        return (f"budget spent: {used}, and {more}; target {report['target']:g} met on the training start states but not confirmed "
-                f"on the {n_val} validation start states ({refuted} tries)")
+        return (
+            f"budget spent: {used}, and {more}; target {report['target']:g} met on the training start states but not "
+            "confirmed "
+            f"on the {n_val} validation start states ({refuted} tries)"
+        )
     return f"budget spent: {used}, and {more}; target {report['target']:g} not reached on the training start states"
 
 
 def report_rows(report: dict[str, Any]) -> list[tuple[str, str]]:
     """The rows of `genesis-fp16 evolve`'s final table: (metric, value)."""
+
     def fmt(value: Any, spec: str = ".1f") -> str:
         return "-" if value is None else format(value, spec)
 
     n_train, n_heldout = report["train_start_states"], report["heldout_episodes"]
     heldout = fmt(report["heldout_return"])
-    if report["target_reached"] and report["heldout_return"] is not None and report["heldout_return"] < report["target"]:
+    if (
+        report["target_reached"]
+        and report["heldout_return"] is not None
+        and report["heldout_return"] < report["target"]
+    ):
         heldout += " (below the target, which is judged on the training and validation start states only)"
     steps_budget = f" of {report['budget_steps']}" if report.get("budget_steps") is not None else ""
     rows = [
         ("stopped", report["stop_detail"]),
-        ("target reached", f"{report['target_reached']} (target {report['target']:g}: mean return on the {n_train} training start states)"),
+        (
+            "target reached",
+            f"{report['target_reached']} (target {report['target']:g}: mean return on the {n_train} training start "
+            "states)",
+        ),
         ("real episodes", f"{report['real_episodes']} of {report['budget']}"),
         ("real env steps", f"{report['env_steps']}{steps_budget}"),
         ("episodes to target", str(report["episodes_to_target"]) if report["episodes_to_target"] is not None else "-"),
         (f"best return, full ({n_train} training start states)", fmt(report["train_return"])),
     ]
     if report.get("validation_start_states"):
-        rows.append((f"best return, validation ({report['validation_start_states']} validation start states)", fmt(report.get("validation_return"))))
+        rows.append(
+            (
+                f"best return, validation ({report['validation_start_states']} validation start states)",
+                fmt(report.get("validation_return")),
+            )
+        )
     rows += [
         (f"best return, held-out ({n_heldout} held-out start states)", heldout),
         ("answer", str((report.get("best_candidate") or {}).get("operator") or "-")),
     ]
     for name, learner in (report.get("learners") or {}).items():
-        rows.append((f"{name.replace('_', ' ')} precision", f"{learner['precision']} ({learner['agent']})" + _decision_text(learner.get("decision"))))
+        rows.append(
+            (
+                f"{name.replace('_', ' ')} precision",
+                f"{learner['precision']} ({learner['agent']})" + _decision_text(learner.get("decision")),
+            )
+        )
     rows += [("generations", str(len(report["generations"]))), ("wall time (s)", f"{report['wall_s']:.1f}")]
     share = report.get("time_share") or {}
     if share:

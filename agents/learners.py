@@ -20,17 +20,20 @@ from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
 
 import numpy as np
 
-from genesis_fp16.seeds import stream_seed, torch_generator
-from genesis_fp16.settings import Settings
-from genesis_fp16.telemetry import get_logger
+from genesis_fp16.base.seeds import stream_seed, torch_generator
+from genesis_fp16.base.settings import Settings
+from genesis_fp16.base.telemetry import get_logger
 from infrastructure.replay_buffer import ReplayBuffer
 
 from .evolve_config import EvolveConfig
+from .manifest_fields import RunError
 from .search_space import SearchSpace
 from .tasks import ResolvedTask
 
 if TYPE_CHECKING:
     import torch
+
+    from genesis_fp16.precision.decision import PrecisionDecision
 
     from .run_state import RunState
 
@@ -50,11 +53,31 @@ class Learners:
     """The world model and the critic of one run (either may be None: the ablations). ``state``: the run's
     (`agents.run_state.RunState`), where the refinement's actor lives and where the wall time is counted."""
 
-    def __init__(self, config: EvolveConfig, task: ResolvedTask, settings: Settings, buffer: ReplayBuffer, data_agent: str, run_id: str,
-                 state: RunState, *, world_model: Optional[WorldModel] = None, critic: Optional[Critic] = None) -> None:
+    def __init__(
+        self,
+        config: EvolveConfig,
+        task: ResolvedTask,
+        settings: Settings,
+        buffer: ReplayBuffer,
+        data_agent: str,
+        run_id: str,
+        state: RunState,
+        *,
+        world_model: Optional[WorldModel] = None,
+        critic: Optional[Critic] = None,
+    ) -> None:
         self.config, self.task, self.settings, self.buffer, self.data_agent, self.run_id, self.state = (
-            config, task, settings, buffer, data_agent, run_id, state)
-        self.world_model = world_model if world_model is not None or not config.use_world_model else self._make_world_model()
+            config,
+            task,
+            settings,
+            buffer,
+            data_agent,
+            run_id,
+            state,
+        )
+        self.world_model = (
+            world_model if world_model is not None or not config.use_world_model else self._make_world_model()
+        )
         self.critic = critic if critic is not None or not config.use_critic else self._make_critic()
         self.last: dict[str, Any] = {}
 
@@ -74,14 +97,39 @@ class Learners:
     def checkpoint_dir(self) -> Path:
         return Path(self.settings.state_dir) / "world_model" / self.run_id
 
+    def _run_decision(self, key: str) -> Optional[PrecisionDecision]:
+        """The learner's precision decision from the run's state (a resumed run's manifest, `RunState.decisions`):
+        trained on instead of deciding again; None for a new run."""
+        from genesis_fp16.precision.decision import PrecisionDecision
+
+        data = self.state.decisions.get(key)
+        if data is None:
+            return None
+        try:
+            return PrecisionDecision.from_dict(data)
+        except ValueError as exc:
+            raise RunError(
+                f"run {self.run_id!r}: its manifest's decisions.{key}: {exc}; the run cannot be resumed"
+            ) from None
+
     def _make_world_model(self) -> WorldModel:
         from infrastructure.world_model import WorldModel
 
         assert self.config.wm_agent is not None  # resolve() names it after the task
         return WorldModel(
-            self.task.policy.obs_dim, self.task.policy.act_dim, done_head=self.task.learns_termination, buffer=self.buffer,
-            agent=self.config.wm_agent, data_agent=self.data_agent, settings=self.settings, precision=self.config.precision,
-            seed=self.config.seed, ensemble=self.config.ensemble, probabilistic=self.config.ensemble > 1, checkpoint_dir=self.checkpoint_dir,
+            self.task.policy.obs_dim,
+            self.task.policy.act_dim,
+            done_head=self.task.learns_termination,
+            buffer=self.buffer,
+            agent=self.config.wm_agent,
+            data_agent=self.data_agent,
+            settings=self.settings,
+            precision=self.config.precision,
+            seed=self.config.seed,
+            ensemble=self.config.ensemble,
+            probabilistic=self.config.ensemble > 1,
+            checkpoint_dir=self.checkpoint_dir,
+            decision=self._run_decision("world_model_checkpoint"),
         )
 
     def _make_critic(self) -> Critic:
@@ -89,13 +137,23 @@ class Learners:
 
         assert self.config.critic_agent is not None
         spec = self.task.policy
-        return Critic(spec.obs_dim, spec.act_dim, action_low=spec.action_low, action_high=spec.action_high, agent=self.config.critic_agent,
-                      settings=self.settings, precision=self.config.critic_precision, seed=self.config.seed,
-                      checkpoint_dir=self.checkpoint_dir)
+        return Critic(
+            spec.obs_dim,
+            spec.act_dim,
+            action_low=spec.action_low,
+            action_high=spec.action_high,
+            agent=self.config.critic_agent,
+            settings=self.settings,
+            precision=self.config.critic_precision,
+            seed=self.config.seed,
+            checkpoint_dir=self.checkpoint_dir,
+            decision=self._run_decision("critic_checkpoint"),
+        )
 
     # -- policies in torch --------------------------------------------------------------------
-    def _mean_policy(self, z: np.ndarray, space: SearchSpace, noise: float = 0.0,
-                     generator: Optional[torch.Generator] = None) -> Callable[[torch.Tensor], torch.Tensor]:
+    def _mean_policy(
+        self, z: np.ndarray, space: SearchSpace, noise: float = 0.0, generator: Optional[torch.Generator] = None
+    ) -> Callable[[torch.Tensor], torch.Tensor]:
         """``obs (N, obs_dim) -> actions (N, act_dim)`` of the policy at ``z``, with Gaussian ``noise`` (a fraction of
         the half range) drawn from ``generator`` (required with noise)."""
         import torch
@@ -104,7 +162,10 @@ class Learners:
 
         policy, zt = ZPolicy(space), torch.tensor(np.asarray(z, dtype=np.float32)[None])
         spec = self.task.policy
-        low, high = torch.tensor(spec.action_low, dtype=torch.float32), torch.tensor(spec.action_high, dtype=torch.float32)
+        low, high = (
+            torch.tensor(spec.action_low, dtype=torch.float32),
+            torch.tensor(spec.action_high, dtype=torch.float32),
+        )
         half = (high - low) / 2
         if noise > 0 and generator is None:
             raise ValueError("_mean_policy: noise without a generator: pass the stream the noise is drawn from")
@@ -120,8 +181,15 @@ class Learners:
         return act
 
     # -- learning -------------------------------------------------------------------------------
-    async def learn(self, z_mean: np.ndarray, space: SearchSpace, generation: int, *, new_steps: int,
-                    elite: Optional[np.ndarray] = None) -> dict[str, Any]:
+    async def learn(
+        self,
+        z_mean: np.ndarray,
+        space: SearchSpace,
+        generation: int,
+        *,
+        new_steps: int,
+        elite: Optional[np.ndarray] = None,
+    ) -> dict[str, Any]:
         """The world model and the critic learn from every real transition so
         far; returns their reports (``world_model``, ``rollouts``, ``critic``).
         With ``actor_rounds`` > 0 the critic's updates are split into rounds,
@@ -134,9 +202,13 @@ class Learners:
         cfg, reports = self.config, {}
         transitions = self.buffer.count(self.data_agent)["transitions"]
         if transitions < MIN_TRANSITIONS:
-            reports["skipped"] = (f"only {transitions} real transition(s) so far; the learners train from {MIN_TRANSITIONS} "
-                                  "(one to train on, one to validate)")
-            get_logger("agents.learners", run_id=self.run_id).info("evolve.learners_skipped", generation=generation, reason=reports["skipped"])
+            reports["skipped"] = (
+                f"only {transitions} real transition(s) so far; the learners train from {MIN_TRANSITIONS} "
+                "(one to train on, one to validate)"
+            )
+            get_logger("agents.learners", run_id=self.run_id).info(
+                "evolve.learners_skipped", generation=generation, reason=reports["skipped"]
+            )
             return reports
         if self.world_model is not None:
             with self.time.measure("model_train"):
@@ -153,13 +225,21 @@ class Learners:
 
             # one stream per use: the replay rows, the exploration noise, the model env's member and Gaussian draws
             with self.time.measure("model_rollouts"):
-                rows = torch.randint(len(real), (cfg.model_rollouts,),
-                                     generator=torch_generator(cfg.seed, "learners.rows", generation))
-                explore = self._mean_policy(z_mean, space, EXPLORATION_NOISE,
-                                            torch_generator(cfg.seed, "learners.exploration", generation))
-                model, stats = branched_rollouts(self.world_model, explore, real.obs[rows],
-                                                 cfg.rollout_horizon, terminated=self.task.task.termination, project=self.task.task.project,
-                                                 seed=stream_seed(cfg.seed, "learners.model_env", generation))
+                rows = torch.randint(
+                    len(real), (cfg.model_rollouts,), generator=torch_generator(cfg.seed, "learners.rows", generation)
+                )
+                explore = self._mean_policy(
+                    z_mean, space, EXPLORATION_NOISE, torch_generator(cfg.seed, "learners.exploration", generation)
+                )
+                model, stats = branched_rollouts(
+                    self.world_model,
+                    explore,
+                    real.obs[rows],
+                    cfg.rollout_horizon,
+                    terminated=self.task.task.termination,
+                    project=self.task.task.project,
+                    seed=stream_seed(cfg.seed, "learners.model_env", generation),
+                )
             parts.append(model)
             reports["rollouts"] = stats
         data, steps = Transitions.cat(parts), max(1, math.ceil(cfg.critic_updates * new_steps))
@@ -177,17 +257,34 @@ class Learners:
         reports["critic_rounds"] = rounds  # a rollback in any round shows in the generation's record
         for r in range(cfg.actor_rounds):
             with self.time.measure("critic"):
-                reports["critic"] = await self.critic.train(data, self._mean_policy(actor, space), per_round, save=r == cfg.actor_rounds - 1)
+                reports["critic"] = await self.critic.train(
+                    data, self._mean_policy(actor, space), per_round, save=r == cfg.actor_rounds - 1
+                )
             rounds.append(reports["critic"])
             with self.time.measure("refine"):
-                actor = (await asyncio.to_thread(refine, actor, data.obs, space, value=self.critic.value,
-                                                 snapshots=[max(1, cfg.refine_steps // cfg.actor_rounds)], seed=stream_seed(cfg.seed, "learners.actor_round", generation, r)))[0]
+                actor = (
+                    await asyncio.to_thread(
+                        refine,
+                        actor,
+                        data.obs,
+                        space,
+                        value=self.critic.value,
+                        snapshots=[max(1, cfg.refine_steps // cfg.actor_rounds)],
+                        seed=stream_seed(cfg.seed, "learners.actor_round", generation, r),
+                    )
+                )[0]
         self.actor = space.to_raw(actor)
         self.last = reports
         return reports
 
-    async def refine(self, z_mean: np.ndarray, space: SearchSpace, generation: int,
-                     elite: Optional[np.ndarray] = None, count: Optional[int] = None) -> list[tuple[np.ndarray, str]]:
+    async def refine(
+        self,
+        z_mean: np.ndarray,
+        space: SearchSpace,
+        generation: int,
+        elite: Optional[np.ndarray] = None,
+        count: Optional[int] = None,
+    ) -> list[tuple[np.ndarray, str]]:
         """Refined copies, (z, operator) pairs: ascents of the critic's value
         (through ``refine_horizon`` model steps first) from the CMA-ES mean and,
         given, from ``elite`` (the last generation's best candidate, z), with
@@ -209,7 +306,9 @@ class Learners:
 
         trajectories = await self.buffer.asample(self.data_agent, max_transitions=REFINE_STATES)
         states = Transitions.from_trajectories(trajectories).obs
-        out: list[tuple[np.ndarray, str]] = [(space.to_z(self.actor), "refined:actor")] if self.actor is not None else []
+        out: list[tuple[np.ndarray, str]] = (
+            [(space.to_z(self.actor), "refined:actor")] if self.actor is not None else []
+        )
         left = count - len(out)
         starts = [("mean", z_mean)] + ([("elite", elite)] if elite is not None and left > 1 else [])
         starts = starts[:left]
@@ -218,8 +317,15 @@ class Learners:
             snapshots = sorted({max(1, cfg.refine_steps // 4**j) for j in range(copies)})
             with self.time.measure("refine"):
                 zs = await asyncio.to_thread(
-                    refine, z0, states, space, value=value, model=model_step(self.world_model) if horizon else None, horizon=horizon,
-                    snapshots=snapshots, seed=stream_seed(cfg.seed, "learners.refine", generation, k),
+                    refine,
+                    z0,
+                    states,
+                    space,
+                    value=value,
+                    model=model_step(self.world_model) if horizon else None,
+                    horizon=horizon,
+                    snapshots=snapshots,
+                    seed=stream_seed(cfg.seed, "learners.refine", generation, k),
                 )
             out += [(z, f"refined:{name}:{n}") for z, n in zip(zs, snapshots)]
         return out
@@ -236,7 +342,7 @@ class Learners:
             if trained:
                 precision, decision = trained[-1][f"{prefix}_precision"], trained[-1][f"{prefix}_decision"]
             else:
-                precision, decision = learner.precision, learner.decision.as_dict() if learner.decision is not None else None
+                precision, decision = learner.precision, learner.decision.as_dict()
             out[name] = {"agent": learner.agent, "precision": precision, "decision": decision}
         return out
 
@@ -261,13 +367,20 @@ def refined_count(generations: Sequence[dict[str, Any]], most: int) -> int:
         return 0
 
     def extras(records: Sequence[dict[str, Any]]) -> list[tuple[dict[str, Any], Optional[float]]]:
-        return [(c, record.get("cma_best")) for record in records for c in record.get("candidates") or []
-                if c.get("operator", "").startswith("refined")]
+        return [
+            (c, record.get("cma_best"))
+            for record in records
+            for c in record.get("candidates") or []
+            if c.get("operator", "").startswith("refined")
+        ]
 
     if not extras(generations):
         return min(most, FIRST_EXTRAS)
     window = extras(generations[-WINDOW:])
-    won = sum(bar is not None and c.get("real_return") is not None and float(c["real_return"]) > float(bar) for c, bar in window)
+    won = sum(
+        bar is not None and c.get("real_return") is not None and float(c["real_return"]) > float(bar)
+        for c, bar in window
+    )
     if won:
         return min(most, 2 * won)
     return 0 if window else 1

@@ -12,7 +12,8 @@ _STATE_TEXT = "a string or null"
 LAST_TIME = 253402300799
 """The last second of the year 9999 (a later start time cannot be shown as a date)."""
 STOP_REASONS = ("target", "budget", "failed")
-"""The values of `agents.run_state.StopReason` (not imported: the run state imports the search, and this stays a leaf)."""
+"""The values of `agents.run_state.StopReason` (not imported: the run state imports the search, and this stays a leaf).
+"""
 
 
 def check_manifest(data: dict[str, Any]) -> None:
@@ -34,45 +35,69 @@ def check_manifest(data: dict[str, Any]) -> None:
         return v is None or (isinstance(v, str) and v not in (".", "..") and "/" not in v and "\\" not in v)
 
     check_whole_numbers(data)
-    check_fields(data, {
-        "run_id": (lambda v: isinstance(v, str), "a string"),
-        "status": (lambda v: isinstance(v, str), "a string"),
-        "started": (lambda v: v is None or is_number(v) and 0 <= v <= LAST_TIME,
-                    "a time in seconds since 1970, before the year 10000"),
-        "wall_s": (lambda v: v is None or is_number(v) and v >= 0, "seconds >= 0"),
-        "generation": (lambda v: is_int(v, -1), "a whole number >= -1 (the last committed generation; -1: none)"),
-        "real_episodes": (lambda v: is_int(v, 0), "a whole number >= 0 (the real episodes the run spent)"),
-        "env_steps": (lambda v: v is None or is_int(v, 0), "a whole number >= 0 (the real env steps the run spent)"),
-        "sessions": (objects, "a list of objects"),
-        "failures": (objects, "a list of objects"),
-        "confirmations": (objects, "a list of objects"),
-        "generations": (objects, "a list of objects, one per committed generation"),
-        "pool": (objects, "a list of objects, one per candidate"),
-        "state": (lambda v: isinstance(v, dict), "an object (the loop's state)"),
-        "obs_stats": (lambda v: isinstance(v, dict), "an object with count, mean and m2"),
-        "search": (lambda v: isinstance(v, dict), "an object (the CMA-ES record)"),
-        "actor": (lambda v: v is None or is_numbers(v), "null or a list of finite numbers"),
-        "time": (lambda v: isinstance(v, dict) and all(is_number(x) and x >= 0 for x in v.values()), "an object of seconds >= 0"),
-        "config": (lambda v: isinstance(v, dict), "an object (the run's options)"),
-        "world_model_checkpoint": (snapshot_name, "null or a file name in the run's world-model folder"),
-        "critic_checkpoint": (snapshot_name, "null or a file name in the run's world-model folder"),
-    })
+    check_fields(
+        data,
+        {
+            "run_id": (lambda v: isinstance(v, str), "a string"),
+            "status": (lambda v: isinstance(v, str), "a string"),
+            "started": (
+                lambda v: v is None or is_number(v) and 0 <= v <= LAST_TIME,
+                "a time in seconds since 1970, before the year 10000",
+            ),
+            "wall_s": (lambda v: v is None or is_number(v) and v >= 0, "seconds >= 0"),
+            "generation": (lambda v: is_int(v, -1), "a whole number >= -1 (the last committed generation; -1: none)"),
+            "real_episodes": (lambda v: is_int(v, 0), "a whole number >= 0 (the real episodes the run spent)"),
+            "env_steps": (
+                lambda v: v is None or is_int(v, 0),
+                "a whole number >= 0 (the real env steps the run spent)",
+            ),
+            "sessions": (objects, "a list of objects"),
+            "failures": (objects, "a list of objects"),
+            "confirmations": (objects, "a list of objects"),
+            "generations": (objects, "a list of objects, one per committed generation"),
+            "pool": (objects, "a list of objects, one per candidate"),
+            "state": (lambda v: isinstance(v, dict), "an object (the loop's state)"),
+            "obs_stats": (lambda v: isinstance(v, dict), "an object with count, mean and m2"),
+            "search": (lambda v: isinstance(v, dict), "an object (the CMA-ES record)"),
+            "actor": (lambda v: v is None or is_numbers(v), "null or a list of finite numbers"),
+            "time": (
+                lambda v: isinstance(v, dict) and all(is_number(x) and x >= 0 for x in v.values()),
+                "an object of seconds >= 0",
+            ),
+            "config": (lambda v: isinstance(v, dict), "an object (the run's options)"),
+            "world_model_checkpoint": (snapshot_name, "null or a file name in the run's world-model folder"),
+            "critic_checkpoint": (snapshot_name, "null or a file name in the run's world-model folder"),
+        },
+    )
     for i, gen in enumerate(data.get("generations") or []):
         try:
-            check_fields(gen, {"generation": (lambda v: is_int(v, 0), "a whole number >= 0"),
-                               "real_episodes": (lambda v: is_int(v, 0), "a whole number >= 0"),
-                               "env_steps": (lambda v: is_int(v, 0), "a whole number >= 0")})
+            check_fields(
+                gen,
+                {
+                    "generation": (lambda v: is_int(v, 0), "a whole number >= 0"),
+                    "real_episodes": (lambda v: is_int(v, 0), "a whole number >= 0"),
+                    "env_steps": (lambda v: is_int(v, 0), "a whole number >= 0"),
+                },
+            )
         except ManifestFieldError as exc:
             raise exc.within(f"generations[{i}].") from None
     try:
-        check_fields(data.get("state", {}), {
-            "generation": (lambda v: is_int(v, -1), "a whole number >= -1"),
-            "candidates_run": (lambda v: is_int(v, 0), "a whole number >= 0"),
-            "reached_at": (lambda v: v is None or is_int(v, 0), "null or a whole number >= 0"),
-            "answer": (optional_text, _STATE_TEXT), "budget_exhausted": (optional_text, _STATE_TEXT),
-            "unconfirmed": (optional_text, _STATE_TEXT),
-            "stop": (lambda v: v is None or v in STOP_REASONS, f"null or one of {', '.join(STOP_REASONS)} (why the run stopped)"),
-        }, known_only=True)
+        check_fields(
+            data.get("state", {}),
+            {
+                "generation": (lambda v: is_int(v, -1), "a whole number >= -1"),
+                "candidates_run": (lambda v: is_int(v, 0), "a whole number >= 0"),
+                "reached_at": (lambda v: v is None or is_int(v, 0), "null or a whole number >= 0"),
+                "answer": (optional_text, _STATE_TEXT),
+                "budget_exhausted": (optional_text, _STATE_TEXT),
+                "unconfirmed": (optional_text, _STATE_TEXT),
+                "stop": (
+                    lambda v: v is None or v in STOP_REASONS,
+                    f"null or one of {', '.join(STOP_REASONS)} (why the run stopped)",
+                ),
+            },
+            known_only=True,
+        )
     except ManifestFieldError as exc:
         raise exc.within("state.") from None
     n_params = _check_search(data.get("search"))
@@ -91,9 +116,18 @@ def check_manifest(data: dict[str, Any]) -> None:
             except ManifestFieldError as exc:
                 raise exc.within(f"{name}.") from None
     stats, policy = data.get("obs_stats") or {}, (data.get("config") or {}).get("policy")
-    if stats.get("count") and n_params is not None and isinstance(policy, str) and not _fits(n_params, policy, len(stats["mean"])):
-        raise ManifestFieldError("obs_stats.mean", stats["mean"],
-                                 f"one value per observation dimension: {len(stats['mean'])} do not fit the {policy} policy's {n_params} parameters")
+    if (
+        stats.get("count")
+        and n_params is not None
+        and isinstance(policy, str)
+        and not _fits(n_params, policy, len(stats["mean"]))
+    ):
+        raise ManifestFieldError(
+            "obs_stats.mean",
+            stats["mean"],
+            f"one value per observation dimension: {len(stats['mean'])} do not fit the {policy} policy's {n_params} "
+            "parameters",
+        )
 
 
 def _fits(n_params: int, policy: str, obs_dim: int) -> bool:
@@ -118,20 +152,36 @@ def _check_search(search: Any) -> Optional[int]:
         return isinstance(v, list) and all(is_numbers(r) for r in v)
 
     try:
-        check_fields(search, {
-            "x0": (lambda v: is_numbers(v) and len(v) > 0, "a non-empty list of finite numbers (the search's start)"),
-            "sigma0": (lambda v: is_number(v) and v > 0, "a finite number > 0"),
-            "seed": (lambda v: is_int(v, 0), "a whole number >= 0"),
-            "popsize": (lambda v: v is None or is_int(v, 2), "null or a whole number >= 2"),
-            "told": (lambda v: isinstance(v, list) and all(isinstance(t, dict) for t in v), "a list of objects, one per generation"),
-        }, required=("x0", "sigma0", "seed"))
+        check_fields(
+            search,
+            {
+                "x0": (
+                    lambda v: is_numbers(v) and len(v) > 0,
+                    "a non-empty list of finite numbers (the search's start)",
+                ),
+                "sigma0": (lambda v: is_number(v) and v > 0, "a finite number > 0"),
+                "seed": (lambda v: is_int(v, 0), "a whole number >= 0"),
+                "popsize": (lambda v: v is None or is_int(v, 2), "null or a whole number >= 2"),
+                "told": (
+                    lambda v: isinstance(v, list) and all(isinstance(t, dict) for t in v),
+                    "a list of objects, one per generation",
+                ),
+            },
+            required=("x0", "sigma0", "seed"),
+        )
         for g, told in enumerate(search.get("told") or []):
             try:
-                check_fields(told, {"x": (rows, "a list of rows of finite numbers (the asked points)"),
-                                    "f": (lambda v: is_numbers(v, finite=False), "a list of numbers (what CMA-ES was told)"),
-                                    "injected": (lambda v: is_int(v, 0), "a whole number >= 0"),
-                                    "extras": (lambda v: is_int(v, 0), "a whole number >= 0"),
-                                    "told_x": (rows, "a list of rows of finite numbers (the told points)")}, required=("x", "f"))
+                check_fields(
+                    told,
+                    {
+                        "x": (rows, "a list of rows of finite numbers (the asked points)"),
+                        "f": (lambda v: is_numbers(v, finite=False), "a list of numbers (what CMA-ES was told)"),
+                        "injected": (lambda v: is_int(v, 0), "a whole number >= 0"),
+                        "extras": (lambda v: is_int(v, 0), "a whole number >= 0"),
+                        "told_x": (rows, "a list of rows of finite numbers (the told points)"),
+                    },
+                    required=("x", "f"),
+                )
             except ManifestFieldError as exc:
                 raise exc.within(f"told[{g}].") from None
     except ManifestFieldError as exc:

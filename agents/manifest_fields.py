@@ -10,13 +10,19 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 MANIFEST_VERSION = 4
-"""4: every seed from `genesis_fp16.seeds.stream_seed` (a run's start states, start order and CMA-ES draws differ from
+"""4: every seed from `genesis_fp16.base.seeds.stream_seed` (a run's start states, start order and CMA-ES draws differ
+from
 version 3's, so a version-3 run cannot go on consistently); 3: one CMA-ES carries the population, a critic refines it;
 2: raced evaluations, probe search."""
-MANIFEST_CHANGES = {3: "the loop in which CMA-ES carries the population and a critic refines it",
-                    4: "seeds derived by stream name (genesis_fp16.seeds), which gives a run other start states and CMA-ES draws"}
+MANIFEST_CHANGES = {
+    3: "the loop in which CMA-ES carries the population and a critic refines it",
+    4: "seeds derived by stream name (genesis_fp16.base.seeds), which gives a run other start states and CMA-ES draws",
+}
 """What each version changed, for the error that refuses an older manifest."""
-UNRESUMABLE = "the run cannot be resumed as it is: restore the field, or start a new run (`genesis-fp16 state prune` deletes this one)"
+UNRESUMABLE = (
+    "the run cannot be resumed as it is: restore the field, or start a new run (`genesis-fp16 state prune` deletes "
+    "this one)"
+)
 RESUME_FIELDS = ("config", "real_episodes", "state", "search", "pool", "generations", "obs_stats", "time")
 """The fields a resume reads without a default (a manifest this code writes has them all from its first write)."""
 
@@ -39,12 +45,12 @@ class ManifestFieldError(RunError):
         return ManifestFieldError(prefix + self.field if self.field else prefix.rstrip("."), self.value, self.expected)
 
 
-_MISSING = object()
+MISSING = object()
 
 
 def shown(value: Any, limit: int = 60) -> str:
     """A field's value as an error shows it: JSON-like, cut to ``limit`` characters."""
-    if value is _MISSING:
+    if value is MISSING:
         return "missing"
     try:
         text = json.dumps(value, default=repr)
@@ -55,8 +61,12 @@ def shown(value: Any, limit: int = 60) -> str:
 
 def is_int(value: Any, least: Optional[int] = None, most: Optional[int] = None) -> bool:
     """A whole number (a JSON integer, not a bool) in [least, most]."""
-    return (isinstance(value, int) and not isinstance(value, bool) and (least is None or value >= least)
-            and (most is None or value <= most))
+    return (
+        isinstance(value, int)
+        and not isinstance(value, bool)
+        and (least is None or value >= least)
+        and (most is None or value <= most)
+    )
 
 
 def is_number(value: Any, *, finite: bool = True) -> bool:
@@ -85,12 +95,21 @@ def check_whole_numbers(data: Any) -> None:
         elif isinstance(value, list):
             stack.extend((f"{field}[{i}]", v) for i, v in reversed(list(enumerate(value))))
         elif isinstance(value, int) and not isinstance(value, bool) and abs(value) > WHOLE_MAX:
-            raise ManifestFieldError(field, value, f"a whole number from -{WHOLE_MAX} to {WHOLE_MAX} (2**53 - 1): "
-                                     "no count or seed of a run comes near it")
+            raise ManifestFieldError(
+                field,
+                value,
+                f"a whole number from -{WHOLE_MAX} to {WHOLE_MAX} (2**53 - 1): no count or seed of a run comes near it",
+            )
 
 
-def check_fields(data: Any, checks: dict[str, tuple[Any, str]], *, required: Sequence[str] = (), known_only: bool = False,
-                 what: str = "an object") -> None:
+def check_fields(
+    data: Any,
+    checks: dict[str, tuple[Any, str]],
+    *,
+    required: Sequence[str] = (),
+    known_only: bool = False,
+    what: str = "an object",
+) -> None:
     """Raise `ManifestFieldError` for the first field of the mapping ``data`` that fails its check
     (``checks``: name -> (predicate, what was expected)), is in ``required`` and missing, or (``known_only``)
     is not among ``checks``. An empty field name stands for ``data`` itself."""
@@ -98,7 +117,7 @@ def check_fields(data: Any, checks: dict[str, tuple[Any, str]], *, required: Seq
         raise ManifestFieldError("", data, what)
     for name in required:
         if name not in data:
-            raise ManifestFieldError(name, _MISSING, checks[name][1])
+            raise ManifestFieldError(name, MISSING, checks[name][1])
     if known_only:
         for name in data:
             if name not in checks:

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Optional
 
 if TYPE_CHECKING:
-    from genesis_fp16.settings import Settings
+    from genesis_fp16.base.settings import Settings
 
 LOG_NAME = "MUJOCO_LOG.TXT"
 

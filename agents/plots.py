@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Optional, Sequence
 
-from genesis_fp16.checkpoint import atomic_write_bytes
-from genesis_fp16.extras import require
+from genesis_fp16.base.storage import atomic_write_bytes
+from genesis_fp16.base.extras import require
 
 # what the loop's generation records carry (agents/evolve_report.py): every
 # candidate runs one real episode on a training start state; a candidate whose
@@ -80,7 +80,9 @@ def _number(value: Any) -> Optional[float]:
     return float(value) if math.isfinite(value) else None
 
 
-def _points(records: Iterable[Mapping[str, Any]], x_key: str, y_key: str) -> tuple[tuple[float, ...], tuple[float, ...]]:
+def _points(
+    records: Iterable[Mapping[str, Any]], x_key: str, y_key: str
+) -> tuple[tuple[float, ...], tuple[float, ...]]:
     pairs = [(_number(r.get(x_key)), _number(r.get(y_key))) for r in records]
     kept = [(x, y) for x, y in pairs if x is not None and y is not None]
     return tuple(x for x, _ in kept), tuple(y for _, y in kept)
@@ -132,24 +134,58 @@ def evolve_figure(report: Mapping[str, Any]) -> Figure:
         if x_key == "env_steps" and not _has_env_steps([report]):
             continue
         # one value per generation, not a best-so-far: a line between points, not a step
-        lines = [Line(*_points(generations, x_key, "best_return"), BEST_EPISODE, color="C0", width=2.2, steps=False, marker="o")]
-        kinds = [(key, label, color, marker) for key, label, color, marker in
-                 (("refined_best", REFINED_EPISODE, "C1", "^"), ("cma_best", CMA_EPISODE, "C4", "v"))
-                 if _points(generations, x_key, key)[0]]
+        lines = [
+            Line(
+                *_points(generations, x_key, "best_return"),
+                BEST_EPISODE,
+                color="C0",
+                width=2.2,
+                steps=False,
+                marker="o",
+            )
+        ]
+        kinds = [
+            (key, label, color, marker)
+            for key, label, color, marker in (
+                ("refined_best", REFINED_EPISODE, "C1", "^"),
+                ("cma_best", CMA_EPISODE, "C4", "v"),
+            )
+            if _points(generations, x_key, key)[0]
+        ]
         if len(kinds) == 2:  # with one kind only, its line is the best episode's
-            lines += [Line(*_points(generations, x_key, key), label, color=color, width=1.0, alpha=0.8, steps=False, marker=marker)
-                      for key, label, color, marker in kinds]
+            lines += [
+                Line(
+                    *_points(generations, x_key, key),
+                    label,
+                    color=color,
+                    width=1.0,
+                    alpha=0.8,
+                    steps=False,
+                    marker=marker,
+                )
+                for key, label, color, marker in kinds
+            ]
         vx, vy = _verified(report, x_key)
         if vx:
             lines.append(Line(vx, vy, VERIFIED, color="C3", width=0.0, steps=False, marker="s"))
         end = _number(last.get(x_key))
         if heldout is not None and end is not None:
-            lines.append(Line((end,), (heldout,), f"held-out return of the best ({report.get('heldout_episodes')} unseen start states)",
-                              color="C2", steps=False, marker="D"))
+            lines.append(
+                Line(
+                    (end,),
+                    (heldout,),
+                    f"held-out return of the best ({report.get('heldout_episodes')} unseen start states)",
+                    color="C2",
+                    steps=False,
+                    marker="D",
+                )
+            )
         panels.append(Panel(f"return against {xlabel}", xlabel, "episode return", lines, target))
     learners = report.get("learners") or {}
-    for prefix, name, color, ylabel in (("wm", "world_model", "C1", "validation loss (normalised MSE)"),
-                                        ("critic", "critic", "C3", "validation loss (TD error)")):
+    for prefix, name, color, ylabel in (
+        ("wm", "world_model", "C1", "validation loss (normalised MSE)"),
+        ("critic", "critic", "C3", "validation loss (TD error)"),
+    ):
         x, y = _positive(_points(generations, "generation", f"{prefix}_val_loss"))
         if x:
             precision = (learners.get(name) or {}).get("precision")
@@ -167,8 +203,16 @@ def ppo_figure(result: Mapping[str, Any], target: Optional[float] = None, target
     evaluation, steps = _number(result.get("eval_return")), _number(result.get("env_steps"))
     if evaluation is not None and steps is not None:
         episodes = len(result.get("eval_returns") or [])
-        lines.append(Line((steps,), (evaluation,), f"evaluation: mean of {episodes} deterministic episodes", color="C2",
-                          steps=False, marker="D"))
+        lines.append(
+            Line(
+                (steps,),
+                (evaluation,),
+                f"evaluation: mean of {episodes} deterministic episodes",
+                color="C2",
+                steps=False,
+                marker="D",
+            )
+        )
     panel = Panel("return against env steps", "env steps", "episode return", lines, target, target_label)
     return Figure(f"ppo on {result.get('env_id')}, seed {result.get('seed')}", [panel])
 
@@ -197,13 +241,27 @@ def table_figure(results: Mapping[str, Any]) -> Figure:
                 x, y = _points(generations, x_key, "best_return")
                 label = f"{name} ({len(mode_reports)} seeds)" if k == 0 else None
                 lines.append(Line(x, y, label, color=f"C{i}", width=1.0, alpha=0.7, steps=False, marker="o"))
-                end, heldout = _number((generations[-1] if generations else {}).get(x_key)), _number(report.get("heldout_return"))
+                end, heldout = (
+                    _number((generations[-1] if generations else {}).get(x_key)),
+                    _number(report.get("heldout_return")),
+                )
                 if end is not None and heldout is not None:
                     lines.append(Line((end,), (heldout,), None, color=f"C{i}", steps=False, marker="D"))
-        panels.append(Panel(f"return against {xlabel} (diamonds: held-out return)", xlabel, "episode return", lines, target,
-                            log_x=_wide_range(lines)))
+        panels.append(
+            Panel(
+                f"return against {xlabel} (diamonds: held-out return)",
+                xlabel,
+                "episode return",
+                lines,
+                target,
+                log_x=_wide_range(lines),
+            )
+        )
     loop = runs.get("full") or runs.get("loop") or []
-    for prefix, name, ylabel in (("wm", "world model", "validation loss (normalised MSE)"), ("critic", "critic", "validation loss (TD error)")):
+    for prefix, name, ylabel in (
+        ("wm", "world model", "validation loss (normalised MSE)"),
+        ("critic", "critic", "validation loss (TD error)"),
+    ):
         learned = []
         for report in loop:
             x, y = _positive(_points(report.get("generations", []), "generation", f"{prefix}_val_loss"))
@@ -224,7 +282,9 @@ def write_png(figure: Figure, path: Path, purpose: str) -> Path:
     import matplotlib.pyplot as plt
 
     # constrained layout makes room for the legends beside the axes
-    fig, axes = plt.subplots(len(figure.panels), 1, figsize=(11, 3.6 * len(figure.panels)), squeeze=False, layout="constrained")
+    fig, axes = plt.subplots(
+        len(figure.panels), 1, figsize=(11, 3.6 * len(figure.panels)), squeeze=False, layout="constrained"
+    )
     try:
         for ax, panel in zip(axes[:, 0], figure.panels):
             _draw(ax, panel)
@@ -238,10 +298,21 @@ def write_png(figure: Figure, path: Path, purpose: str) -> Path:
 
 def _draw(ax: Any, panel: Panel) -> None:
     for line in panel.lines:
-        ax.plot(line.x, line.y, label=line.label, color=line.color, linewidth=line.width, alpha=line.alpha,
-                drawstyle="steps-post" if line.steps else "default", marker=line.marker, markersize=4 if len(line.x) > 1 else 7)
+        ax.plot(
+            line.x,
+            line.y,
+            label=line.label,
+            color=line.color,
+            linewidth=line.width,
+            alpha=line.alpha,
+            drawstyle="steps-post" if line.steps else "default",
+            marker=line.marker,
+            markersize=4 if len(line.x) > 1 else 7,
+        )
     if panel.target is not None:
-        ax.axhline(panel.target, color="black", linestyle="--", linewidth=1.0, label=f"{panel.target_label} {panel.target:g}")
+        ax.axhline(
+            panel.target, color="black", linestyle="--", linewidth=1.0, label=f"{panel.target_label} {panel.target:g}"
+        )
     if panel.log_x:
         ax.set_xscale("log")
     if panel.log_y:

@@ -27,8 +27,8 @@ import threading
 from contextlib import contextmanager
 from typing import Any, Iterator, Optional, Sequence, Union
 
-from genesis_fp16.extras import require
-from genesis_fp16.telemetry import get_logger
+from genesis_fp16.base.extras import require
+from genesis_fp16.base.telemetry import get_logger
 
 from .evaluation_contract import (
     Chunk,
@@ -66,7 +66,10 @@ def _probe(address: str) -> None:
     retry a dead address for minutes."""
     host, sep, port = address.rpartition(":")
     if not sep or not port.isdigit():
-        raise RayConnectError(f"--ray-address {address!r}: expected 'auto' or HOST:PORT (the head node's GCS address, port 6379 by default)")
+        raise RayConnectError(
+            f"--ray-address {address!r}: expected 'auto' or HOST:PORT (the head node's GCS address, port 6379 by "
+            "default)"
+        )
     try:
         socket.create_connection((host or "127.0.0.1", int(port)), timeout=PROBE_TIMEOUT_S).close()
     except OSError as exc:
@@ -86,7 +89,9 @@ def connect_ray(address: Optional[str], num_cpus: Optional[int]) -> Any:
     if address is None:
         reaper = start_reaper()  # first: a driver killed while Ray starts is covered once Ray says where its session is
         try:
-            context = ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING)
+            context = ray.init(
+                num_cpus=num_cpus, include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING
+            )
             reaper.session(context.address_info["session_dir"])
         except BaseException:
             reaper.stop()
@@ -172,7 +177,11 @@ class RayEvaluator(SingleEvaluation):
                     self._cancel()
                     raise error
                 results, env_errors = collect(
-                    submitted, lambda ref: self._get(ref, jobs), jobs, per_job_env_errors=per_job_env_errors, log=self._log
+                    submitted,
+                    lambda ref: self._get(ref, jobs),
+                    jobs,
+                    per_job_env_errors=per_job_env_errors,
+                    log=self._log,
                 )
             except BaseException:
                 self._cancel()
@@ -195,12 +204,18 @@ class RayEvaluator(SingleEvaluation):
             if isinstance(cause, SystemExit):
                 raise self._lost(jobs, f"the task exited ({cause})")
             raise
-        except (ray.exceptions.WorkerCrashedError, ray.exceptions.NodeDiedError, ray.exceptions.LocalRayletDiedError,
-                ray.exceptions.ObjectLostError) as exc:
+        except (
+            ray.exceptions.WorkerCrashedError,
+            ray.exceptions.NodeDiedError,
+            ray.exceptions.LocalRayletDiedError,
+            ray.exceptions.ObjectLostError,
+        ) as exc:
             raise self._lost(jobs, f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
 
     def _lost(self, jobs: Sequence[Job], why: str) -> EvaluationWorkerLost:
-        return worker_lost(self._log, jobs, self.max_retries, why, f"lost its Ray worker on every try ({1 + self.max_retries})")
+        return worker_lost(
+            self._log, jobs, self.max_retries, why, f"lost its Ray worker on every try ({1 + self.max_retries})"
+        )
 
     def _submit(self, jobs: Sequence[Job]) -> list[tuple[Chunk, Any]]:
         """Every job's chunks as Ray tasks, each with its object ref."""
@@ -240,4 +255,3 @@ class RayEvaluator(SingleEvaluation):
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
-

@@ -78,7 +78,10 @@ def start_reaper() -> Reaper:
     run = f"import runpy; runpy.run_path({os.path.abspath(__file__)!r}, run_name='__main__')"
     proc = subprocess.Popen(
         [sys.executable, "-c", run, str(os.getpid())],
-        stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, text=True,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        text=True,
         start_new_session=True,  # a Ctrl-C or kill of the driver's process group leaves it to do its work
     )
     return Reaper(proc)

@@ -16,7 +16,10 @@ from .worker_limits import limit_worker_memory
 
 
 def run_chunk(
-    spec: EpisodeSpec, params: Sequence[float], states: Sequence[Sequence[float]], memory_limit_mb: Optional[int],
+    spec: EpisodeSpec,
+    params: Sequence[float],
+    states: Sequence[Sequence[float]],
+    memory_limit_mb: Optional[int],
 ) -> dict[str, Any]:
     """`run_episodes` with this process's address space capped at what
     it holds now plus ``memory_limit_mb`` while it runs (None: no cap)."""

@@ -28,13 +28,29 @@ class RealEpisodes:
     that finished), what failed (``failures``) and every confirmation tried
     (``confirmations``), charged to ``spent`` (the run state's: `agents.run_state.Spent`)."""
 
-    def __init__(self, evaluator: EvaluationBackend, config: EvolveConfig, starts: StartStates, time: TimeShare,
-                 log: "structlog.stdlib.BoundLogger", spent: Spent) -> None:
-        self.evaluator, self.config, self.starts, self.time, self._log, self.spent = evaluator, config, starts, time, log, spent
+    def __init__(
+        self,
+        evaluator: EvaluationBackend,
+        config: EvolveConfig,
+        starts: StartStates,
+        time: TimeShare,
+        log: "structlog.stdlib.BoundLogger",
+        spent: Spent,
+    ) -> None:
+        self.evaluator, self.config, self.starts, self.time, self._log, self.spent = (
+            evaluator,
+            config,
+            starts,
+            time,
+            log,
+            spent,
+        )
         self.order = start_order(len(starts.train), config.seed)
         self.cut = False  # the last verification stopped because its next stage did not fit the budgets
 
-    failures = property(lambda self: self.spent.failures, doc="Candidates charged and skipped (or not confirmed), and why.")
+    failures = property(
+        lambda self: self.spent.failures, doc="Candidates charged and skipped (or not confirmed), and why."
+    )
     confirmations = property(lambda self: self.spent.confirmations, doc="Every confirmation tried.")
 
     @property
@@ -92,7 +108,9 @@ class RealEpisodes:
             cand.real_return, cand.full = float("-inf"), True
         event = "evolve.candidate_timeout" if isinstance(exc, EvaluationTimeout) else "evolve.candidate_failed"
         self._log.warning(event, candidate=cand.id, error=str(exc))
-        self.failures.append({"candidate": cand.id, "generation": cand.generation, "episodes": episodes, "error": str(exc)})
+        self.failures.append(
+            {"candidate": cand.id, "generation": cand.generation, "episodes": episodes, "error": str(exc)}
+        )
 
     async def episodes(self, cands: Sequence[tuple[Candidate, int]]) -> list[tuple[Candidate, Evaluation]]:
         """One episode per candidate on its training start state (index). An
@@ -100,8 +118,11 @@ class RealEpisodes:
         returned): the others' episodes ran and count."""
         train = self.starts.train
         with self.time.measure("real_episodes"):
-            results = await asyncio.to_thread(functools.partial(
-                self.evaluator.evaluate_many, [(c.params, train[[i]]) for c, i in cands], per_job_env_errors=True))
+            results = await asyncio.to_thread(
+                functools.partial(
+                    self.evaluator.evaluate_many, [(c.params, train[[i]]) for c, i in cands], per_job_env_errors=True
+                )
+            )
         out = []
         for (cand, i), res in zip(cands, results):
             self.real_episodes += 1
@@ -119,8 +140,16 @@ class RealEpisodes:
         episodes (None when an evaluation failed: it is then charged, its one
         episode's return kept). ``scale``: the spread of the task's returns (`agents.verify.return_scale`)."""
         assert len(cand.starts) == 1
-        result = await verify(self.evaluate, cand.params, self.starts.train, self.order,
-                              first=(cand.starts[0], cand.returns[0]), target=self.target, fits=self.fits, scale=scale)
+        result = await verify(
+            self.evaluate,
+            cand.params,
+            self.starts.train,
+            self.order,
+            first=(cand.starts[0], cand.returns[0]),
+            target=self.target,
+            fits=self.fits,
+            scale=scale,
+        )
         self.real_episodes += result.episodes
         self.cut = result.decided == "budget"
         if result.error is not None:
@@ -130,7 +159,9 @@ class RealEpisodes:
         cand.accepted = result.accepted
         return result.evaluation
 
-    def _score(self, cand: Candidate, starts: list[int], res: Evaluation, returns: Optional[Sequence[float]] = None) -> None:
+    def _score(
+        self, cand: Candidate, starts: list[int], res: Evaluation, returns: Optional[Sequence[float]] = None
+    ) -> None:
         """``cand``'s returns on ``starts`` (``returns``, else ``res``'s), the env steps of ``res`` charged."""
         cand.starts, cand.returns = list(starts), [float(r) for r in (res.returns if returns is None else returns)]
         cand.real_return, cand.real_episodes = float(np.mean(cand.returns)), len(cand.returns)
@@ -148,8 +179,16 @@ class RealEpisodes:
         n = len(states)
         # the candidate's training returns (its first, picked for meeting the target, left out) show how its return
         # varies across start states of this kind: their spread is pooled into the bound's
-        result = await verify(self.evaluate, cand.params, states, list(range(n)), target=self.target, fits=self.fits,
-                              scale=scale, alike=cand.returns[1:])
+        result = await verify(
+            self.evaluate,
+            cand.params,
+            states,
+            list(range(n)),
+            target=self.target,
+            fits=self.fits,
+            scale=scale,
+            alike=cand.returns[1:],
+        )
         self.real_episodes += result.episodes
         if result.decided == "budget":  # the next stage did not fit: what ran is charged, nothing is decided
             self.env_steps += result.evaluation.env_steps
@@ -161,9 +200,15 @@ class RealEpisodes:
             self.env_steps += result.evaluation.env_steps
             cand.validation_return = float(np.mean(result.returns))
             cand.confirmed = result.decided == "accept"
-        self.confirmations.append({
-            "candidate": cand.id, "generation": generation, "train_return": cand.real_return,
-            "validation_return": cand.validation_return, "episodes": result.episodes, "confirmed": cand.confirmed,
-        })
+        self.confirmations.append(
+            {
+                "candidate": cand.id,
+                "generation": generation,
+                "train_return": cand.real_return,
+                "validation_return": cand.validation_return,
+                "episodes": result.episodes,
+                "confirmed": cand.confirmed,
+            }
+        )
         self._log.info("evolve.confirmation", **self.confirmations[-1])
         return cand.confirmed

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Callable, Optional, Sequence
 import numpy as np
 import torch
 
-from genesis_fp16.seeds import torch_generator
+from genesis_fp16.base.seeds import torch_generator
 
 from .search_space import SearchSpace
 from .tasks.torch_policy import BatchedPolicy
@@ -54,7 +54,14 @@ class ZPolicy:
 
 
 def objective(
-    z: torch.Tensor, states: torch.Tensor, policy: ZPolicy, *, value: Optional[ValueFn], model: Optional[ModelStep], horizon: int, gamma: float,
+    z: torch.Tensor,
+    states: torch.Tensor,
+    policy: ZPolicy,
+    *,
+    value: Optional[ValueFn],
+    model: Optional[ModelStep],
+    horizon: int,
+    gamma: float,
 ) -> torch.Tensor:
     """J(z) per parameter row: (P,) for ``z`` (P, D) and ``states`` (N, obs_dim)."""
     if value is None and (model is None or horizon < 1):
@@ -76,12 +83,22 @@ def objective(
 
 
 def refine(
-    z0: np.ndarray, states: torch.Tensor, space: SearchSpace, *, value: Optional[ValueFn], model: Optional[ModelStep] = None, horizon: int = 0,
-    gamma: float = 0.99, snapshots: Sequence[int] = (50, 200), lr: float = 0.01, batch: int = 256, seed: int = 0,
+    z0: np.ndarray,
+    states: torch.Tensor,
+    space: SearchSpace,
+    *,
+    value: Optional[ValueFn],
+    model: Optional[ModelStep] = None,
+    horizon: int = 0,
+    gamma: float = 0.99,
+    snapshots: Sequence[int] = (50, 200),
+    lr: float = 0.01,
+    batch: int = 256,
+    seed: int = 0,
 ) -> list[np.ndarray]:
     """Snapshots (z-coordinates) of one Adam ascent of J from ``z0``, at each
     step count in ``snapshots`` (ascending); minibatches of ``batch`` rows of
-    ``states`` drawn from the stream ``refine.rows`` of ``seed`` (`genesis_fp16.seeds`)."""
+    ``states`` drawn from the stream ``refine.rows`` of ``seed`` (`genesis_fp16.base.seeds`)."""
     steps = sorted({int(s) for s in snapshots})
     if not steps or steps[0] < 1:
         raise ValueError(f"snapshots={list(snapshots)}: expected step counts >= 1")

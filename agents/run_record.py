@@ -16,8 +16,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
-from genesis_fp16.settings import Settings
-from genesis_fp16.telemetry import get_logger
+from genesis_fp16.base.settings import Settings
+from genesis_fp16.base.telemetry import get_logger
 
 from . import runs
 from .evolve_config import EvolveConfig
@@ -26,7 +26,7 @@ from .run_state import SNAPSHOT_KEYS, RunState
 
 if TYPE_CHECKING:
     from infrastructure.replay_buffer import ReplayBuffer
-    from infrastructure.world_model_types import GuardedLearner
+    from infrastructure.learner import GuardedLearner
 
     from .learners import Learners
 
@@ -39,12 +39,19 @@ def open_run(settings: Settings, run_id: str) -> tuple[runs.Manifest, runs.RunLo
     manifest = runs.read_manifest(state_dir, run_id)  # unknown id: an error, and no lock file made
     lock = runs.RunLock(state_dir, run_id)
     if not lock.acquire():
-        raise runs.RunError(f"run {run_id!r} is running (pid {manifest.get('pid')}); wait for it to end or stop it, then resume it")
+        raise runs.RunError(
+            f"run {run_id!r} is running (pid {manifest.get('pid')}); wait for it to end or stop it, then resume it"
+        )
     try:
         manifest = runs.read_manifest(state_dir, run_id)  # as it is now that no one else writes it
         if manifest.get("status") == "finished":
-            done = ", ".join(f"{k} {v:.1f}" if isinstance(v, float) else f"{k} {v}" for k, v in (manifest.get("report") or {}).items())
-            raise runs.RunError(f"run {run_id!r} already finished ({done}); nothing to resume. Start a new run without --resume")
+            done = ", ".join(
+                f"{k} {v:.1f}" if isinstance(v, float) else f"{k} {v}"
+                for k, v in (manifest.get("report") or {}).items()
+            )
+            raise runs.RunError(
+                f"run {run_id!r} already finished ({done}); nothing to resume. Start a new run without --resume"
+            )
     except BaseException:
         lock.release()
         raise
@@ -63,8 +70,15 @@ class RunRecorder:
     a resumed run (`open_run`), whose start time, sessions and wall time go
     on, with its ``lock`` held."""
 
-    def __init__(self, settings: Settings, config: EvolveConfig, run_id: str, *, prior: Optional[dict[str, Any]] = None,
-                 lock: Optional[runs.RunLock] = None) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        config: EvolveConfig,
+        run_id: str,
+        *,
+        prior: Optional[dict[str, Any]] = None,
+        lock: Optional[runs.RunLock] = None,
+    ) -> None:
         self.settings, self.config, self.run_id = settings, config, run_id
         self.state_dir = Path(settings.state_dir)
         self.data_agent = f"{config.agent}:{run_id}"  # one run's data never trains another run's model
@@ -72,9 +86,16 @@ class RunRecorder:
         self.lock = lock or runs.RunLock(self.state_dir, run_id)
         self.resumed = prior is not None
         self._manifest: dict[str, Any] = {
-            "run_id": run_id, "data_agent": self.data_agent, "status": "new", "started": time.time(), "pid": os.getpid(), "sessions": [],
+            "run_id": run_id,
+            "data_agent": self.data_agent,
+            "status": "new",
+            "started": time.time(),
+            "pid": os.getpid(),
+            "sessions": [],
         }
-        self._manifest.update({k: prior[k] for k in ("started", "sessions", "real_episodes") if prior is not None and k in prior})
+        self._manifest.update(
+            {k: prior[k] for k in ("started", "sessions", "real_episodes") if prior is not None and k in prior}
+        )
         self.prior_wall_s = float((prior or {}).get("wall_s") or 0.0)
         """Wall time of the run's earlier sessions."""
 
@@ -105,16 +126,23 @@ class RunRecorder:
 
     @staticmethod
     def _note_decisions(state: RunState, learners: Learners) -> None:
-        """Each learner's precision decision so far into ``state`` (a resume trains on them instead of deciding again)."""
-        decided = [(key, learner.decision_so_far) for key, learner in learned_parts(learners)]
+        """Each learner's precision decision into ``state`` (a resume trains on them instead of deciding again)."""
+        decided = [(key, learner.decision) for key, learner in learned_parts(learners)]
         state.decisions = {key: decision.as_dict() for key, decision in decided if decision is not None}
 
     def begin_session(self, state: RunState, learners: Learners) -> None:
         """Take the run's lock and record a session starting from ``state``."""
         if not self.lock.acquire():
-            raise runs.RunError(f"run {self.run_id!r} is running in another process; wait for it to end, then resume it")
+            raise runs.RunError(
+                f"run {self.run_id!r} is running in another process; wait for it to end, then resume it"
+            )
         self._manifest["sessions"].append(
-            {"started": time.time(), "pid": os.getpid(), "from_generation": state.generation, "real_episodes": state.spent.real_episodes}
+            {
+                "started": time.time(),
+                "pid": os.getpid(),
+                "from_generation": state.generation,
+                "real_episodes": state.spent.real_episodes,
+            }
         )
         try:
             self._note_decisions(state, learners)
@@ -123,7 +151,9 @@ class RunRecorder:
             self.lock.release()
             raise
 
-    def commit(self, state: RunState, learners: Learners, generation: int, started: float, record: dict[str, Any]) -> None:
+    def commit(
+        self, state: RunState, learners: Learners, generation: int, started: float, record: dict[str, Any]
+    ) -> None:
         """Commit ``generation`` (its ``record`` the last of the run's
         generation records): each learner's snapshot named after it (so the
         manifest never points at weights of a later, uncommitted generation),
@@ -138,22 +168,45 @@ class RunRecorder:
                 snapshots[key] = f"{key.removesuffix('_checkpoint')}-g{generation:04d}.pt"
                 learner.save(self.snapshot_dir / snapshots[key])
         self._note_decisions(state, learners)
-        self._write(wall_s=self.wall_s(started), **state.as_manifest(generation=generation, generations=generations, snapshots=snapshots))
-        previous, state.generation, state.generations, state.snapshots = state.snapshots, generation, generations, snapshots
+        self._write(
+            wall_s=self.wall_s(started),
+            **state.as_manifest(generation=generation, generations=generations, snapshots=snapshots),
+        )
+        previous, state.generation, state.generations, state.snapshots = (
+            state.snapshots,
+            generation,
+            generations,
+            snapshots,
+        )
         for key, old in previous.items():
             if old and old != snapshots[key]:
                 (self.snapshot_dir / old).unlink(missing_ok=True)
 
-    def end_session(self, state: RunState, status: str, started: float, *, error: Optional[str] = None,
-                    report: Optional[dict[str, Any]] = None) -> None:
+    def end_session(
+        self,
+        state: RunState,
+        status: str,
+        started: float,
+        *,
+        error: Optional[str] = None,
+        report: Optional[dict[str, Any]] = None,
+    ) -> None:
         """Record how the session ended (the progress as last committed) and
         let go of the run; never raises (it runs on the way out of a failure
         too). A finished run (``report``) is never resumed: its snapshots go."""
-        update: dict[str, Any] = {"status": status, "ended": time.time(), "wall_s": self.wall_s(started), "error": error}
+        update: dict[str, Any] = {
+            "status": status,
+            "ended": time.time(),
+            "wall_s": self.wall_s(started),
+            "error": error,
+        }
         snapshots = [name for name in state.snapshots.values() if name] if report is not None else []
         if report is not None:
             update.update(report={k: report[k] for k in SUMMARY_KEYS}, **dict.fromkeys(SNAPSHOT_KEYS))
-            update["state"] = {**self._manifest.get("state", {}), "stop": None if state.stop is None else state.stop.value}
+            update["state"] = {
+                **self._manifest.get("state", {}),
+                "stop": None if state.stop is None else state.stop.value,
+            }
         try:
             self._write(**update)
             for snapshot in snapshots:
@@ -170,33 +223,36 @@ class RunRecorder:
         rows of a generation cut off after the last committed one deleted (it
         runs again), each learner's precision decision reused and its snapshot
         loaded. Returns where the run resumes from (``resumed_from``)."""
-        from genesis_fp16.checkpoint import CheckpointError
-        from genesis_fp16.decision import PrecisionDecision
-        from genesis_fp16.threads import torch_threads
+        from genesis_fp16.base.threads import torch_threads
+        from genesis_fp16.training.checkpoint import CheckpointError
 
         # a run whose every evaluation so far failed has no replay data, and needs none
         if state.generation >= 0 and state.has_data() and buffer.count(self.data_agent)["trajectories"] == 0:
             raise runs.RunError(
-                f"run {self.run_id!r}: its replay data is gone from {buffer.path} (pruned, or another state dir); it cannot be resumed"
+                f"run {self.run_id!r}: its replay data is gone from {buffer.path} (pruned, or another state dir); it "
+                "cannot be resumed"
             )
         discarded = buffer.delete_generations_after(self.data_agent, state.generation)
         with torch_threads(self.settings.torch_threads):  # as the run trains: a workload's cache key counts its threads
-            for key, learner in learned_parts(learners):
-                if key in state.decisions:
-                    try:
-                        learner.reuse_decision(PrecisionDecision.from_dict(state.decisions[key]))
-                    except ValueError as exc:
-                        raise runs.RunError(f"run {self.run_id!r}: its manifest's decisions.{key}: {exc}; the run cannot be resumed") from None
+            for key, learner in learned_parts(learners):  # built on the run's own decisions (`Learners`)
                 snapshot = state.snapshots.get(key)
                 if not snapshot:
                     continue
                 try:
                     learner.load(self.snapshot_dir / snapshot)
                 except CheckpointError as exc:
-                    raise runs.RunError(f"run {self.run_id!r}: its {key.replace('_checkpoint', '').replace('_', ' ')} snapshot cannot be "
-                                        f"loaded ({exc}); the run cannot be resumed") from None
-                learner.save()  # the learner's own checkpoint (a rollback may restore it) matches the committed generation again
-        resumed_from = {"generation": state.generation, "real_episodes": state.spent.real_episodes, "discarded_trajectories": discarded,
-                        "session": len(self._manifest["sessions"]) + 1}
+                    raise runs.RunError(
+                        f"run {self.run_id!r}: its {key.replace('_checkpoint', '').replace('_', ' ')} snapshot cannot "
+                        "be "
+                        f"loaded ({exc}); the run cannot be resumed"
+                    ) from None
+                # the learner's own checkpoint (a rollback may restore it) matches the committed generation again
+                learner.save()
+        resumed_from = {
+            "generation": state.generation,
+            "real_episodes": state.spent.real_episodes,
+            "discarded_trajectories": discarded,
+            "session": len(self._manifest["sessions"]) + 1,
+        }
         self.log.info("evolve.resumed", **resumed_from)
         return resumed_from

@@ -98,8 +98,13 @@ class RunState:
     @classmethod
     def new(cls, config: EvolveConfig, task: ResolvedTask) -> "RunState":
         """A run that has done nothing yet: CMA-ES at the origin of the search's coordinates, no statistics."""
-        search = CMASearch(np.zeros(task.n_params), config.sigma0, seed=config.seed, popsize=config.population(task.n_params),
-                           purpose=EVOLVE)
+        search = CMASearch(
+            np.zeros(task.n_params),
+            config.sigma0,
+            seed=config.seed,
+            popsize=config.population(task.n_params),
+            purpose=EVOLVE,
+        )
         return cls(search=search, obs_stats=ObsStats(task.policy.obs_dim))
 
     def has_data(self) -> bool:
@@ -107,8 +112,13 @@ class RunState:
         return any(c.real_return is not None and np.isfinite(c.real_return) for c in self.pool)
 
     # -- the manifest -----------------------------------------------------------------------
-    def as_manifest(self, *, generation: Optional[int] = None, generations: Optional[list[dict[str, Any]]] = None,
-                    snapshots: Optional[dict[str, Optional[str]]] = None) -> dict[str, Any]:
+    def as_manifest(
+        self,
+        *,
+        generation: Optional[int] = None,
+        generations: Optional[list[dict[str, Any]]] = None,
+        snapshots: Optional[dict[str, Optional[str]]] = None,
+    ) -> dict[str, Any]:
         """The manifest's progress fields, as of the last committed generation,
         or of ``generation`` with its ``generations`` records and ``snapshots``
         (about to be committed: they join the state once the manifest holding
@@ -117,24 +127,34 @@ class RunState:
         growing ``told``; shared, a generation cut off after CMA-ES was told
         would reach the manifest written when the session ends, and a resume
         would replay a generation it then runs again)."""
-        loop = {"generation": self.generation if generation is None else generation, "candidates_run": self.candidates_run,
-                "reached_at": self.reached_at, "answer": self.answer, "budget_exhausted": self.budget_exhausted,
-                "unconfirmed": self.unconfirmed, "stop": None if self.stop is None else self.stop.value}
+        loop = {
+            "generation": self.generation if generation is None else generation,
+            "candidates_run": self.candidates_run,
+            "reached_at": self.reached_at,
+            "answer": self.answer,
+            "budget_exhausted": self.budget_exhausted,
+            "unconfirmed": self.unconfirmed,
+            "stop": None if self.stop is None else self.stop.value,
+        }
         spent = self.spent
-        return copy.deepcopy({
-            "generation": loop["generation"],
-            "state": loop,
-            "real_episodes": spent.real_episodes, "env_steps": spent.env_steps, "failures": spent.failures,
-            "confirmations": spent.confirmations,
-            "pool": [c.as_dict() for c in self.pool],
-            "generations": list(self.generations if generations is None else generations),
-            "obs_stats": self.obs_stats.as_dict(),
-            "search": self.search.record(),
-            "actor": None if self.actor is None else [float(v) for v in self.actor],
-            "time": self.time.snapshot(),
-            "decisions": self.decisions,
-            **(self.snapshots if snapshots is None else snapshots),
-        })
+        return copy.deepcopy(
+            {
+                "generation": loop["generation"],
+                "state": loop,
+                "real_episodes": spent.real_episodes,
+                "env_steps": spent.env_steps,
+                "failures": spent.failures,
+                "confirmations": spent.confirmations,
+                "pool": [c.as_dict() for c in self.pool],
+                "generations": list(self.generations if generations is None else generations),
+                "obs_stats": self.obs_stats.as_dict(),
+                "search": self.search.record(),
+                "actor": None if self.actor is None else [float(v) for v in self.actor],
+                "time": self.time.snapshot(),
+                "decisions": self.decisions,
+                **(self.snapshots if snapshots is None else snapshots),
+            }
+        )
 
     @classmethod
     def from_manifest(cls, manifest: dict[str, Any], task: ResolvedTask) -> "RunState":
@@ -142,7 +162,9 @@ class RunState:
         say, the sizes, is checked here; `agents.runs.read_manifest` checked
         each field's type). CMA-ES is rebuilt by replaying its record. Raises
         `RunError` naming the manifest when it cannot be continued."""
-        where = (manifest.path if isinstance(manifest, Manifest) else None) or f"run {manifest.get('run_id')!r}'s manifest"
+        where = (
+            manifest.path if isinstance(manifest, Manifest) else None
+        ) or f"run {manifest.get('run_id')!r}'s manifest"
         try:
             loop = dict(manifest["state"])
             unknown = sorted(set(loop) - set(LOOP_FIELDS))
@@ -159,8 +181,12 @@ class RunState:
                 pool=[Candidate.from_dict(c) for c in manifest["pool"]],
                 generations=list(manifest["generations"]),
                 actor=None if actor is None else np.asarray(actor, dtype=np.float64),
-                spent=Spent(int(manifest["real_episodes"]), int(manifest.get("env_steps") or 0), list(manifest.get("failures") or []),
-                            list(manifest.get("confirmations") or [])),
+                spent=Spent(
+                    int(manifest["real_episodes"]),
+                    int(manifest.get("env_steps") or 0),
+                    list(manifest.get("failures") or []),
+                    list(manifest.get("confirmations") or []),
+                ),
                 time=TimeShare(manifest["time"]),
                 snapshots={key: manifest.get(key) for key in SNAPSHOT_KEYS},
                 decisions=dict(decisions),

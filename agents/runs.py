@@ -30,14 +30,24 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from genesis_fp16 import untrusted
-from genesis_fp16.errors import strict_json_value
-from genesis_fp16.rollout import LEDGER_FILE
+from genesis_fp16.base import untrusted
+from genesis_fp16.base.errors import strict_json_value
+from genesis_fp16.rollout.ledger import LEDGER_FILE
 from infrastructure.replay_buffer import DEFAULT_FILENAME as REPLAY_FILE
 from infrastructure.replay_buffer import ReplayBuffer
 
 from .manifest_fields import (  # noqa: F401  (re-exported: agents.runs is where callers find them)
-    _MISSING, MANIFEST_VERSION, RESUME_FIELDS, Manifest, UNRESUMABLE, ManifestFieldError, RunError, check_fields, is_int, is_number, is_numbers,
+    MISSING,
+    MANIFEST_VERSION,
+    RESUME_FIELDS,
+    Manifest,
+    UNRESUMABLE,
+    ManifestFieldError,
+    RunError,
+    check_fields,
+    is_int,
+    is_number,
+    is_numbers,
     shown,
 )
 
@@ -95,11 +105,13 @@ def _decode(value: Any) -> Any:
 
 def write_manifest(state_dir: Path, manifest: dict[str, Any]) -> Path:
     path = manifest_path(state_dir, manifest["run_id"])
-    from genesis_fp16.checkpoint import atomic_write_bytes  # here: `state list` reads runs and must not import torch
+    from genesis_fp16.base.storage import atomic_write_bytes  # here: `state list` reads runs and must not import torch
 
     data = {"format": MANIFEST_FORMAT, "version": MANIFEST_VERSION, **manifest, "updated": time.time()}
     try:
-        return atomic_write_bytes(path, (json.dumps(strict_json_value(data), indent=1, allow_nan=False) + "\n").encode("utf-8"))
+        return atomic_write_bytes(
+            path, (json.dumps(strict_json_value(data), indent=1, allow_nan=False) + "\n").encode("utf-8")
+        )
     except OSError as exc:
         # the cause stays chained: callers tell a full disk from other faults by it
         raise RunStorageError(f"{path}: cannot write the run manifest ({exc})") from exc
@@ -109,21 +121,27 @@ def read_manifest(state_dir: Path, run_id: str) -> dict[str, Any]:
     """The manifest of ``run_id``; `RunError` if it is missing or unreadable."""
     path = manifest_path(state_dir, check_run_id(run_id))
     try:
-        data = untrusted.read_json(path, "run manifest", _UNREADABLE,
-                                 max_bytes=MANIFEST_MAX_BYTES, max_depth=MANIFEST_MAX_DEPTH)
+        data = untrusted.read_json(
+            path, "run manifest", _UNREADABLE, max_bytes=MANIFEST_MAX_BYTES, max_depth=MANIFEST_MAX_DEPTH
+        )
     except FileNotFoundError:
         if world_model_dir(state_dir, run_id).is_dir():
             raise RunError(
                 f"run {run_id!r} has data in {state_dir} but no manifest (it was started by a version that kept none); "
                 "it cannot be resumed. `genesis-fp16 state prune` can delete it"
             ) from None
-        raise RunError(f"no run {run_id!r} in {Path(state_dir) / RUNS_DIR}; `genesis-fp16 state list` lists the runs") from None
+        raise RunError(
+            f"no run {run_id!r} in {Path(state_dir) / RUNS_DIR}; `genesis-fp16 state list` lists the runs"
+        ) from None
     except untrusted.UntrustedFileError as exc:
         raise RunError(f"{path}: the run manifest {exc.problem}; {_UNREADABLE}") from None
     if not isinstance(data, dict) or data.get("format") != MANIFEST_FORMAT:
         raise RunError(f"{path}: not a genesis-fp16 run manifest (expected format {MANIFEST_FORMAT!r})")
     if not isinstance(data.get("version"), int) or data["version"] > MANIFEST_VERSION:
-        raise RunError(f"{path}: run manifest version {data.get('version')!r}; this code reads version {MANIFEST_VERSION} and older")
+        raise RunError(
+            f"{path}: run manifest version {data.get('version')!r}; this code reads version {MANIFEST_VERSION} and "
+            "older"
+        )
     manifest = Manifest(_decode(data))
     manifest.path = path
     from .manifest_check import check_manifest
@@ -155,7 +173,9 @@ class RunLock:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         except OSError as exc:
-            raise RunStorageError(f"{self.path}: cannot create the run's lock file ({exc}); is the state dir writable?") from None
+            raise RunStorageError(
+                f"{self.path}: cannot create the run's lock file ({exc}); is the state dir writable?"
+            ) from None
         if fcntl is not None:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -214,7 +234,7 @@ _UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 
 
 def parse_duration(text: str) -> float:
-    """"12h", "7d", "30m", "90s", "2w" -> seconds."""
+    """ "12h", "7d", "30m", "90s", "2w" -> seconds."""
     match = _DURATION.match(text)
     if match is None:
         raise ValueError(f"duration {text!r}: expected a number and a unit s, m, h, d or w (e.g. 12h, 7d)")
@@ -354,7 +374,9 @@ def storage_totals(state_dir: Path) -> dict[str, int]:
     }
 
 
-def select_for_pruning(found: Sequence[RunInfo], *, keep: Optional[int], older_than_s: Optional[float], now: float) -> list[RunInfo]:
+def select_for_pruning(
+    found: Sequence[RunInfo], *, keep: Optional[int], older_than_s: Optional[float], now: float
+) -> list[RunInfo]:
     """Runs past the ``keep`` newest and (when given) started more than
     ``older_than_s`` ago; running runs never."""
     if keep is None and older_than_s is None:

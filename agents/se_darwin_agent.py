@@ -33,9 +33,9 @@ from typing import TYPE_CHECKING, Any, Callable, Optional, Union
 
 import numpy as np
 
-from genesis_fp16.extras import require
-from genesis_fp16.settings import Settings
-from genesis_fp16.threads import torch_threads
+from genesis_fp16.base.extras import require
+from genesis_fp16.base.settings import Settings
+from genesis_fp16.base.threads import torch_threads
 from infrastructure.replay_buffer import ReplayBuffer, trajectories_from_episodes
 
 from .evaluation import Evaluation, EvaluationBackend, EvaluationError, make_evaluator
@@ -81,30 +81,51 @@ class SEDarwinAgent:
         state: Optional[RunState] = None,
         recorder: Optional[RunRecorder] = None,
     ) -> None:
-        from genesis_fp16.settings import load_settings
+        from genesis_fp16.base.settings import load_settings
 
         require("gymnasium", EVOLVE)  # real episodes
         require("cma", EVOLVE)
-        self.config, self.task = (config or EvolveConfig()).resolve(task)  # the task resolved once: the env is made here
+        self.config, self.task = (config or EvolveConfig()).resolve(
+            task
+        )  # the task resolved once: the env is made here
         self.settings = settings or load_settings()
         if recorder is not None and run_id not in (None, recorder.run_id):
             raise ValueError(f"run_id={run_id!r}: the recorder records run {recorder.run_id!r}")
-        self.run_id = recorder.run_id if recorder is not None else (
-            run_id or f"seed{self.config.seed}-{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:6]}")
+        self.run_id = (
+            recorder.run_id
+            if recorder is not None
+            else (run_id or f"seed{self.config.seed}-{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:6]}")
+        )
         self.state = state if state is not None else RunState.new(self.config, self.task)
         self.recorder = recorder or RunRecorder(self.settings, self.config, self.run_id)
         self.data_agent, self._log = self.recorder.data_agent, self.recorder.log
         self.buffer = buffer or ReplayBuffer(settings=self.settings)
         self.starts = self.task.start_states(self.config.seed)
-        self.learners = Learners(self.config, self.task, self.settings, self.buffer, self.data_agent, self.run_id, self.state,
-                                 world_model=world_model, critic=critic)
+        self.learners = Learners(
+            self.config,
+            self.task,
+            self.settings,
+            self.buffer,
+            self.data_agent,
+            self.run_id,
+            self.state,
+            world_model=world_model,
+            critic=critic,
+        )
         cfg = self.config
-        self.evaluator = evaluator or make_evaluator(self.task, backend=cfg.backend, workers=cfg.workers, timeout_s=cfg.eval_timeout_s,
-                                                     memory_limit_mb=cfg.eval_memory_mb, mujoco_log=mujoco_log_for(self.settings))
+        self.evaluator = evaluator or make_evaluator(
+            self.task,
+            backend=cfg.backend,
+            workers=cfg.workers,
+            timeout_s=cfg.eval_timeout_s,
+            memory_limit_mb=cfg.eval_memory_mb,
+            mujoco_log=mujoco_log_for(self.settings),
+        )
         self.real = RealEpisodes(self.evaluator, self.config, self.starts, self.time, self._log, self.state.spent)
         self.on_generation = on_generation
         self.resumed_from: Optional[dict[str, Any]] = (
-            self.recorder.resume_learners(self.state, self.learners, self.buffer) if self.recorder.resumed else None)
+            self.recorder.resume_learners(self.state, self.learners, self.buffer) if self.recorder.resumed else None
+        )
 
     @classmethod
     def resume(
@@ -134,25 +155,46 @@ class SEDarwinAgent:
         snapshots). Replay rows of a generation that was cut off are deleted:
         that generation runs again. Raises `agents.runs.RunError` when the run
         cannot be resumed."""
-        from genesis_fp16.settings import load_settings
+        from genesis_fp16.base.settings import load_settings
 
         settings = settings or load_settings()
         manifest, lock = open_run(settings, run_id)
         try:
-            config = resumed_config(manifest, budget=budget, budget_steps=budget_steps, workers=workers, options=options or {}, backend=backend)
+            config = resumed_config(
+                manifest,
+                budget=budget,
+                budget_steps=budget_steps,
+                workers=workers,
+                options=options or {},
+                backend=backend,
+            )
             config, resolved = config.resolve(task)
             state = RunState.from_manifest(manifest, resolved)
             recorder = RunRecorder(settings, config, run_id, prior=manifest, lock=lock)
-            return cls(config, task=resolved, settings=settings, buffer=buffer, world_model=world_model, critic=critic, evaluator=evaluator,
-                       on_generation=on_generation, state=state, recorder=recorder)
+            return cls(
+                config,
+                task=resolved,
+                settings=settings,
+                buffer=buffer,
+                world_model=world_model,
+                critic=critic,
+                evaluator=evaluator,
+                on_generation=on_generation,
+                state=state,
+                recorder=recorder,
+            )
         except BaseException:
             lock.release()
             raise
 
-    world_model = property(lambda self: self.learners.world_model, doc="The world model (None in the ablation without one).")
+    world_model = property(
+        lambda self: self.learners.world_model, doc="The world model (None in the ablation without one)."
+    )
     critic = property(lambda self: self.learners.critic, doc="The critic (None in the ablation without one).")
     generation = property(lambda self: self.state.generation, doc="The last committed generation (-1: none yet).")
-    reached_at = property(lambda self: self.state.reached_at, doc="Real episodes spent when the target was met and confirmed.")
+    reached_at = property(
+        lambda self: self.state.reached_at, doc="Real episodes spent when the target was met and confirmed."
+    )
     search = property(lambda self: self.state.search, doc="CMA-ES over the search's coordinates (`RunState.search`).")
     obs_stats = property(lambda self: self.state.obs_stats, doc="The statistics of the search's coordinates.")
     pool = property(lambda self: self.state.pool, doc="Every candidate run, failed ones scored -inf.")
@@ -203,8 +245,12 @@ class SEDarwinAgent:
                 best = await self._answer() if stop is not StopReason.FAILED else None
                 heldout = await self._heldout(best)
         except (asyncio.CancelledError, KeyboardInterrupt):
-            self._log.warning("evolve.interrupted", generation=self.generation + 1, real_episodes=self.real_episodes,
-                              replay_db=str(self.buffer.path))
+            self._log.warning(
+                "evolve.interrupted",
+                generation=self.generation + 1,
+                real_episodes=self.real_episodes,
+                replay_db=str(self.buffer.path),
+            )
             self.evaluator.terminate()
             self.recorder.end_session(self.state, "interrupted", started)
             raise
@@ -219,8 +265,13 @@ class SEDarwinAgent:
         self.state.stop = stop
         report = self._report(best, heldout, stop, self.recorder.wall_s(started))
         self.recorder.end_session(self.state, "finished", started, report=report)
-        self._log.info("evolve.finished", **{k: report[k] for k in ("real_episodes", "env_steps", "train_return", "heldout_return",
-                                                                   "target_reached", "wall_s")})
+        self._log.info(
+            "evolve.finished",
+            **{
+                k: report[k]
+                for k in ("real_episodes", "env_steps", "train_return", "heldout_return", "target_reached", "wall_s")
+            },
+        )
         return report
 
     async def _heldout(self, best: Optional[Candidate]) -> Optional[Evaluation]:
@@ -253,14 +304,23 @@ class SEDarwinAgent:
         space = self.obs_stats.space(self.task.policy)
         last = [c for c in self.pool if c.generation == generation - 1 and c.returns and math.isfinite(c.returns[0])]
         elite = space.to_z(max(last, key=lambda c: c.returns[0]).params) if last else None
-        count = refined_count(self.generations, self.config.refined)  # extras: fewer, down to none, while they do not win
-        refined = await self.learners.refine(self.search.mean, space, generation, elite, count) if count and self._has_data() else []
+        count = refined_count(
+            self.generations, self.config.refined
+        )  # extras: fewer, down to none, while they do not win
+        refined = (
+            await self.learners.refine(self.search.mean, space, generation, elite, count)
+            if count and self._has_data()
+            else []
+        )
         zs = self.search.ask()
-        extras = [Candidate(f"g{generation}-x{k}-{op}", space.to_raw(z), op, generation) for k, (z, op) in enumerate(refined)]
+        extras = [
+            Candidate(f"g{generation}-x{k}-{op}", space.to_raw(z), op, generation) for k, (z, op) in enumerate(refined)
+        ]
         own = [Candidate(f"g{generation}-{k}-cma", space.to_raw(z), "cma", generation) for k, z in enumerate(zs)]
         evaluated: list[tuple[Candidate, Evaluation]] = []
         # the extras first (their own start states), then CMA-ES's samples on the start states the floor gives them: a
-        # refined candidate that meets the target is verified before the population runs, and ends the run once confirmed
+        # refined candidate that meets the target is verified before the population runs, and ends the run once
+        # confirmed
         done = sum(c.operator.startswith("refined") for c in self.pool)
         ran_extras = await self._run(extras, done, evaluated, generation)
         ran_own: list[Candidate] = []
@@ -268,10 +328,13 @@ class SEDarwinAgent:
             ran_own = await self._run(own, self.state.candidates_run, evaluated, generation)
             self.state.candidates_run += len(ran_own)
         if len(ran_own) == len(own):  # a population cut short (budget, or a target met by an extra) is not told
+
             def score(c: Candidate) -> float:
                 return c.real_return if c.real_return is not None else -math.inf
 
-            joined = self.search.tell([score(c) for c in own], [(z, score(c)) for (z, _), c in zip(refined, ran_extras)])
+            joined = self.search.tell(
+                [score(c) for c in own], [(z, score(c)) for (z, _), c in zip(refined, ran_extras)]
+            )
             for i, cand in enumerate(ran_extras):
                 cand.joined = i in joined
         cands = ran_extras + ran_own
@@ -283,21 +346,38 @@ class SEDarwinAgent:
             space = self.obs_stats.space(self.task.policy)
             scored = [c for c in cands if c.returns and math.isfinite(c.returns[0])]
             best = space.to_z(max(scored, key=lambda c: c.returns[0]).params) if scored else None
-            reports = await self.learners.learn(self.search.mean, space, generation, new_steps=sum(res.env_steps for _, res in evaluated),
-                                                elite=best)
+            reports = await self.learners.learn(
+                self.search.mean, space, generation, new_steps=sum(res.env_steps for _, res in evaluated), elite=best
+            )
         record = generation_record(
-            generation, real_episodes=self.real_episodes, env_steps=self.env_steps, candidates=cands, sigma=self.search.sigma,
-            reports=reports, elapsed_s=time.perf_counter() - started, time=self.time.since(clock),
+            generation,
+            real_episodes=self.real_episodes,
+            env_steps=self.env_steps,
+            candidates=cands,
+            sigma=self.search.sigma,
+            reports=reports,
+            elapsed_s=time.perf_counter() - started,
+            time=self.time.since(clock),
             confirmations=[c for c in self.real.confirmations if c["generation"] == generation],
         )
         self._save_progress(generation, started, record)  # committed: a resume continues after this generation
-        self._log.info("evolve.generation", generation=generation, real_episodes=self.real_episodes, env_steps=self.env_steps,
-                       best_return=record["best_return"], refined_best=record["refined_best"], cma_best=record["cma_best"],
-                       wm_val_loss=record["wm_val_loss"], critic_val_loss=record["critic_val_loss"])
+        self._log.info(
+            "evolve.generation",
+            generation=generation,
+            real_episodes=self.real_episodes,
+            env_steps=self.env_steps,
+            best_return=record["best_return"],
+            refined_best=record["refined_best"],
+            cma_best=record["cma_best"],
+            wm_val_loss=record["wm_val_loss"],
+            critic_val_loss=record["critic_val_loss"],
+        )
         if self.on_generation is not None:
             self.on_generation(record)
 
-    async def _run(self, cands: list[Candidate], first: int, evaluated: list[tuple[Candidate, Evaluation]], generation: int) -> list[Candidate]:
+    async def _run(
+        self, cands: list[Candidate], first: int, evaluated: list[tuple[Candidate, Evaluation]], generation: int
+    ) -> list[Candidate]:
         """One episode for each of ``cands`` (candidate k on training start state
         ``order[(first + k) mod n]``), then the verification of the best that met
         the target; returns the candidates that ran (all but what the budget
@@ -308,7 +388,9 @@ class SEDarwinAgent:
         if self.real.over_budget(len(cands)) is None:  # all of them fit even at full-length episodes: one batch
             evaluated += await self.real.episodes([(c, order[(first + k) % n_train]) for k, c in enumerate(cands)])
             ran = list(cands)
-        else:  # the budget may end inside it: one candidate at a time, each charged its real steps (the same cut whatever --workers)
+        # the budget may end inside it: one candidate at a time, each charged its real steps (the same cut whatever
+        # --workers)
+        else:
             ran = []
             while len(ran) < len(cands) and (over := self.real.over_budget(1)) is None:
                 evaluated += await self.real.episodes([(cands[len(ran)], order[(first + len(ran)) % n_train])])
@@ -319,15 +401,21 @@ class SEDarwinAgent:
         await self._verify(ran, evaluated, generation)
         return ran
 
-    async def _verify(self, cands: list[Candidate], evaluated: list[tuple[Candidate, Evaluation]], generation: int) -> None:
+    async def _verify(
+        self, cands: list[Candidate], evaluated: list[tuple[Candidate, Evaluation]], generation: int
+    ) -> None:
         """The best candidate whose one episode met the target runs on
         the other training start states (while it can still make it); one that
         meets it there goes to the validation start states, and the run stops
         once they confirm it."""
         target = self.real.target
         scale = return_scale([c.returns[0] for c in self.pool if c.returns])  # the spread of the run's episodes so far
-        hopeful = sorted((c for c in cands if c.real_return is not None and c.real_return >= target), key=lambda c: -c.real_return)
-        for cand in hopeful[:1]:  # the best one per generation: a lucky episode on an easy start state costs 2-4 episodes to refute
+        hopeful = sorted(
+            (c for c in cands if c.real_return is not None and c.real_return >= target), key=lambda c: -c.real_return
+        )
+        for cand in hopeful[
+            :1
+        ]:  # the best one per generation: a lucky episode on an easy start state costs 2-4 episodes to refute
             # stage by stage while each stage fits the budgets (the sequential test may need few of them)
             res = await self.real.verify(cand, scale)
             if res is not None and res.returns:
@@ -372,8 +460,14 @@ class SEDarwinAgent:
         the budget)."""
         if self.state.answer is not None:
             return next(c for c in self.pool if c.id == self.state.answer)
-        finals = [Candidate(f"g{self.generation}-mean", self.obs_stats.space(self.task.policy).to_raw(self.search.mean), "cma_mean",
-                            self.generation)]
+        finals = [
+            Candidate(
+                f"g{self.generation}-mean",
+                self.obs_stats.space(self.task.policy).to_raw(self.search.mean),
+                "cma_mean",
+                self.generation,
+            )
+        ]
         if self.learners.actor is not None:
             finals.append(Candidate(f"g{self.generation}-actor", self.learners.actor, "refined:actor", self.generation))
         partial = [c for c in self.pool if not c.full and c.real_return is not None and math.isfinite(c.real_return)]
@@ -388,18 +482,37 @@ class SEDarwinAgent:
                 continue
             cand.starts, cand.returns = list(range(len(self.starts.train))), [float(r) for r in res.returns]
             cand.real_return, cand.real_episodes, cand.full = res.mean_return, len(res.returns), True
-        scored = [c for c in [*finals, *self.pool] if c.full and c.real_return is not None and math.isfinite(c.real_return)]
+        scored = [
+            c for c in [*finals, *self.pool] if c.full and c.real_return is not None and math.isfinite(c.real_return)
+        ]
         return max(scored, key=lambda c: c.real_return) if scored else None
 
-    def _report(self, best: Optional[Candidate], heldout: Optional[Evaluation], stop: StopReason, wall_s: float) -> dict[str, Any]:
+    def _report(
+        self, best: Optional[Candidate], heldout: Optional[Evaluation], stop: StopReason, wall_s: float
+    ) -> dict[str, Any]:
         return run_report(
-            self.config, best=best, heldout=heldout, heldout_episodes=len(self.starts.heldout), real_episodes=self.real_episodes,
-            env_steps=self.env_steps, failures=self.failures, confirmations=self.real.confirmations,
-            reached_at=self.state.reached_at, wall_s=wall_s, stop_reason=stop.value,
-            budget_exhausted=self.state.budget_exhausted if stop is StopReason.BUDGET else None, unconfirmed=self.state.unconfirmed,
-            generations=self.generations, run_id=self.run_id, replay_db=str(self.buffer.path),
-            run_manifest=str(self.manifest_path), resumed_from=self.resumed_from, train_start_states=len(self.starts.train),
-            validation_start_states=len(self.starts.validation), time_share=self.time.report(wall_s), learners=self.learners.summary(self.generations),
+            self.config,
+            best=best,
+            heldout=heldout,
+            heldout_episodes=len(self.starts.heldout),
+            real_episodes=self.real_episodes,
+            env_steps=self.env_steps,
+            failures=self.failures,
+            confirmations=self.real.confirmations,
+            reached_at=self.state.reached_at,
+            wall_s=wall_s,
+            stop_reason=stop.value,
+            budget_exhausted=self.state.budget_exhausted if stop is StopReason.BUDGET else None,
+            unconfirmed=self.state.unconfirmed,
+            generations=self.generations,
+            run_id=self.run_id,
+            replay_db=str(self.buffer.path),
+            run_manifest=str(self.manifest_path),
+            resumed_from=self.resumed_from,
+            train_start_states=len(self.starts.train),
+            validation_start_states=len(self.starts.validation),
+            time_share=self.time.report(wall_s),
+            learners=self.learners.summary(self.generations),
         )
 
 

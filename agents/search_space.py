@@ -49,7 +49,10 @@ class SearchSpace:
     def _first_layer(self, params: np.ndarray) -> tuple[np.ndarray, int, int]:
         params = np.array(params, dtype=np.float64)  # a copy: the caller's array is left alone
         if params.shape[-1] != self.spec.n_params:
-            raise ValueError(f"policy parameters have {params.shape[-1]} values; expected {self.spec.n_params} ({self.spec.name} policy)")
+            raise ValueError(
+                f"policy parameters have {params.shape[-1]} values; expected {self.spec.n_params} ({self.spec.name} "
+                "policy)"
+            )
         fan_in, fan_out = self.spec.layers()[0]
         return params, fan_in, fan_out
 
@@ -86,7 +89,9 @@ class ObsStats:
         self.mean = np.asarray(mean, dtype=np.float64) if count else np.zeros(obs_dim)
         self.m2 = np.asarray(m2, dtype=np.float64) if count else np.zeros(obs_dim)
         if self.mean.shape != (obs_dim,) or self.m2.shape != (obs_dim,):
-            raise ValueError(f"observation statistics for {self.mean.shape} / {self.m2.shape} values; expected ({obs_dim},) each")
+            raise ValueError(
+                f"observation statistics for {self.mean.shape} / {self.m2.shape} values; expected ({obs_dim},) each"
+            )
 
     def update(self, x: np.ndarray) -> None:
         """Add observations ``x`` (N, obs_dim), already multiplied by obs_scale."""
@@ -132,11 +137,19 @@ def check_obs_stats(data: Any, *, obs_dim: Optional[int] = None) -> None:
     (``obs_dim``, where given and anything was counted)."""
     from .manifest_fields import ManifestFieldError, check_fields, is_int, is_numbers
 
-    check_fields(data, {
-        "count": (lambda v: is_int(v, 0), "a whole number >= 0 (observations counted)"),
-        "mean": (lambda v: is_numbers(v), "a list of finite numbers, one per observation dimension"),
-        "m2": (lambda v: is_numbers(v) and all(x >= 0 for x in v), "a list of finite numbers >= 0, one per observation dimension"),
-    }, required=("count", "mean", "m2"), what="an object with count, mean and m2")
+    check_fields(
+        data,
+        {
+            "count": (lambda v: is_int(v, 0), "a whole number >= 0 (observations counted)"),
+            "mean": (lambda v: is_numbers(v), "a list of finite numbers, one per observation dimension"),
+            "m2": (
+                lambda v: is_numbers(v) and all(x >= 0 for x in v),
+                "a list of finite numbers >= 0, one per observation dimension",
+            ),
+        },
+        required=("count", "mean", "m2"),
+        what="an object with count, mean and m2",
+    )
     if len(data["m2"]) != len(data["mean"]):
         raise ManifestFieldError("m2", data["m2"], f"as many values as mean ({len(data['mean'])})")
     if obs_dim is not None and data["count"] and len(data["mean"]) != obs_dim:

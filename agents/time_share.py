@@ -47,4 +47,8 @@ class TimeShare:
         """The buckets, ``other`` (wall time outside them) and ``model_share`` (None without wall time)."""
         inside = sum(self.seconds.values())
         model = sum(self.seconds[b] for b in MODEL_BUCKETS)
-        return {**self.seconds, "other": max(0.0, wall_s - inside), "model_share": model / wall_s if wall_s > 0 else None}
+        return {
+            **self.seconds,
+            "other": max(0.0, wall_s - inside),
+            "model_share": model / wall_s if wall_s > 0 else None,
+        }

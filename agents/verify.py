@@ -46,7 +46,7 @@ from typing import Awaitable, Callable, Optional, Sequence
 
 import numpy as np
 
-from genesis_fp16.seeds import numpy_rng
+from genesis_fp16.base.seeds import numpy_rng
 
 from .evaluation import Evaluation, EvaluationError
 
@@ -56,7 +56,9 @@ STATED_FALSE_ACCEPT = 0.10
 PRIOR_WEIGHT = 1.0
 """Pseudo-observations the task's spread (``scale``) counts for in the pooled spread (`spread`)."""
 
-EvaluateFn = Callable[[np.ndarray, np.ndarray], Awaitable[Evaluation]]  # (params, states) -> real episodes; raises EvaluationError
+EvaluateFn = Callable[
+    [np.ndarray, np.ndarray], Awaitable[Evaluation]
+]  # (params, states) -> real episodes; raises EvaluationError
 
 
 def _betainc(a: float, b: float, x: float) -> float:
@@ -72,8 +74,10 @@ def _betainc(a: float, b: float, x: float) -> float:
     d = 1.0 / (d if abs(d) > tiny else tiny)
     f = d
     for i in range(1, 300):
-        for numerator in ((i * (b - i) * x) / ((a + 2 * i - 1) * (a + 2 * i)),
-                          -((a + i) * (a + b + i) * x) / ((a + 2 * i) * (a + 2 * i + 1))):
+        for numerator in (
+            (i * (b - i) * x) / ((a + 2 * i - 1) * (a + 2 * i)),
+            -((a + i) * (a + b + i) * x) / ((a + 2 * i) * (a + 2 * i + 1)),
+        ):
             d = 1.0 + numerator * d
             d = 1.0 / (d if abs(d) > tiny else tiny)
             c = 1.0 + numerator / c
@@ -130,8 +134,9 @@ def _squares(values: Sequence[float]) -> tuple[float, int]:
     return (float(((v - v.mean()) ** 2).sum()), len(v) - 1) if len(v) > 1 else (0.0, 0)
 
 
-def spread(values: Sequence[float], scale: float, weight: float = PRIOR_WEIGHT,
-           alike: Sequence[float] = ()) -> tuple[float, float]:
+def spread(
+    values: Sequence[float], scale: float, weight: float = PRIOR_WEIGHT, alike: Sequence[float] = ()
+) -> tuple[float, float]:
     """(the pooled standard deviation, its degrees of freedom): the sample variance of ``values`` pooled with
     ``weight`` pseudo-observations of variance ``scale**2`` and with the variance of ``alike`` (returns of the
     same policy on other states of the same kind: their spread counts, their mean does not):
@@ -142,8 +147,9 @@ def spread(values: Sequence[float], scale: float, weight: float = PRIOR_WEIGHT,
     return math.sqrt((weight * scale * scale + ss + more) / dof_all), dof_all
 
 
-def half_width(values: Sequence[float], population: int, scale: float, alpha: float,
-               alike: Sequence[float] = ()) -> float:
+def half_width(
+    values: Sequence[float], population: int, scale: float, alpha: float, alike: Sequence[float] = ()
+) -> float:
     """``t(1 - alpha, dof) * s / sqrt(n) * sqrt((population - n) / (population - 1))``: how far the mean over
     ``population`` states may lie from the mean of ``values`` (a random sample of them), one-sided at ``alpha``,
     with `spread`'s ``s`` and ``dof`` for the prior ``scale`` and the ``alike`` returns. 0 once the sample is the
@@ -158,15 +164,22 @@ def half_width(values: Sequence[float], population: int, scale: float, alpha: fl
     return t_quantile(1.0 - alpha, dof) * sd / math.sqrt(n) * fpc
 
 
-def bounds(returns: Sequence[float], population: int, scale: float, *, first_selected: bool,
-           alpha: Optional[float] = None, alike: Sequence[float] = ()) -> tuple[float, float]:
+def bounds(
+    returns: Sequence[float],
+    population: int,
+    scale: float,
+    *,
+    first_selected: bool,
+    alpha: Optional[float] = None,
+    alike: Sequence[float] = (),
+) -> tuple[float, float]:
     """(lower, upper) bounds of the mean over ``population`` states from ``returns`` on the first of them (at
     ``alpha``, default `per_look`). ``first_selected``: ``returns[0]`` was picked for meeting the target, so it
     is a known value, not evidence: the others bound the mean over the ``population - 1`` other states.
     ``alike``: returns whose spread is pooled in (`spread`)."""
     alpha = per_look(population) if alpha is None else alpha
     known = [float(returns[0])] if first_selected else []
-    sample = [float(r) for r in returns[len(known):]]
+    sample = [float(r) for r in returns[len(known) :]]
     rest = population - len(known)
     if not sample:
         return -math.inf, math.inf
@@ -198,9 +211,16 @@ class Verification:
 
 
 async def verify(
-    evaluate: EvaluateFn, params: np.ndarray, states: np.ndarray, order: Sequence[int], *,
-    first: Optional[tuple[int, float]] = None, target: float, fits: Optional[Callable[[int], bool]] = None,
-    scale: Optional[float] = None, alike: Sequence[float] = (),
+    evaluate: EvaluateFn,
+    params: np.ndarray,
+    states: np.ndarray,
+    order: Sequence[int],
+    *,
+    first: Optional[tuple[int, float]] = None,
+    target: float,
+    fits: Optional[Callable[[int], bool]] = None,
+    scale: Optional[float] = None,
+    alike: Sequence[float] = (),
 ) -> Verification:
     """Run ``params`` on the start states ``states`` in ``order`` (``first``: the start index and return of its
     episode so far, which met the target), stage by stage, until the returns decide (`Verification.decided`), an
@@ -216,7 +236,9 @@ async def verify(
         idx = rest[done : size - offset]
         if not idx:
             continue
-        if fits is not None and not fits(result.episodes + len(idx)):  # this verification's episodes are not charged yet
+        if fits is not None and not fits(
+            result.episodes + len(idx)
+        ):  # this verification's episodes are not charged yet
             result.decided = "budget"
             return result
         result.episodes += len(idx)
@@ -238,16 +260,28 @@ async def verify(
     return result
 
 
-def decide(returns: Sequence[float], population: int, target: float, scale: Optional[float], *,
-           first_selected: bool = False, alike: Sequence[float] = ()) -> Optional[str]:
+def decide(
+    returns: Sequence[float],
+    population: int,
+    target: float,
+    scale: Optional[float],
+    *,
+    first_selected: bool = False,
+    alike: Sequence[float] = (),
+) -> Optional[str]:
     """``accept``, ``reject`` or None (run the next stage) on ``returns`` of ``population`` states: all of them
     ran, the mean decides; else `bounds` with the task's spread ``scale``. Without a scale only the mean over all
     the states accepts (a rejection still uses the bound, with the size of the returns and the target as the
     spread: `fallback_scale`)."""
     if len(returns) >= population:
         return "accept" if float(np.mean(returns)) >= target else "reject"
-    lower, upper = bounds(returns, population, fallback_scale(returns, target) if scale is None else scale,
-                          first_selected=first_selected, alike=alike)
+    lower, upper = bounds(
+        returns,
+        population,
+        fallback_scale(returns, target) if scale is None else scale,
+        first_selected=first_selected,
+        alike=alike,
+    )
     if upper < target:
         return "reject"
     if scale is not None and lower >= target:

@@ -129,7 +129,7 @@ def armed_command_line(cmd: list[str], parent_pid: int) -> list[str]:
         return cmd
     at = cmd.index("-c") + 1
     prelude = _ARM_PRELUDE.format(option=PR_SET_PDEATHSIG, parent=int(parent_pid), code=ORPHAN_EXIT_CODE)
-    return cmd[:at] + [prelude + cmd[at]] + cmd[at + 1:]
+    return cmd[:at] + [prelude + cmd[at]] + cmd[at + 1 :]
 
 
 class _ArmedProcess(context.SpawnProcess):

@@ -31,7 +31,9 @@ class Thermostat(gym.Env):
     observation_space = gym.spaces.Box(-5.0, 5.0, (2,), np.float32)
     action_space = gym.spaces.Box(-1.0, 1.0, (1,), np.float32)
 
-    def reset(self, *, seed: Optional[int] = None, options: Optional[dict[str, Any]] = None) -> tuple[np.ndarray, dict[str, Any]]:
+    def reset(
+        self, *, seed: Optional[int] = None, options: Optional[dict[str, Any]] = None
+    ) -> tuple[np.ndarray, dict[str, Any]]:
         super().reset(seed=seed)
         self.error, self.power = float(self.np_random.uniform(-2.0, 2.0)), 0.0
         return self._obs(), {}
@@ -52,8 +54,14 @@ def make_thermostat() -> gym.Env:
 
 
 THERMOSTAT = Task(
-    env_id="Thermostat-v0", env_factory=make_thermostat, target=49.2, policy="linear", episode_steps=50,
-    n_train=8, n_heldout=16, description="hold a room at its set point",
+    env_id="Thermostat-v0",
+    env_factory=make_thermostat,
+    target=49.2,
+    policy="linear",
+    episode_steps=50,
+    n_train=8,
+    n_heldout=16,
+    description="hold a room at its set point",
 )
 
 
@@ -64,14 +72,17 @@ async def evolve(budget: int, seed: int = 0, state_dir: Optional[str] = None, **
     # factory, and these bring torch, which would slow every worker's start
     from agents.evolve_config import EvolveConfig
     from agents.se_darwin_agent import SEDarwinAgent
-    from genesis_fp16.settings import load_settings
+    from genesis_fp16.base.settings import load_settings
 
     settings = load_settings(state_dir=state_dir) if state_dir else load_settings()
     config = EvolveConfig(env_id=THERMOSTAT.env_id, budget=budget, seed=seed, **options)
 
     def progress(record: dict[str, Any]) -> None:
-        print(f"generation {record['generation']}: {record['real_episodes']} real episodes, best {record['best_return']:.1f}, "
-              f"world-model val loss {record['wm_val_loss']}")
+        print(
+            f"generation {record['generation']}: {record['real_episodes']} real episodes, best "
+            f"{record['best_return']:.1f}, "
+            f"world-model val loss {record['wm_val_loss']}"
+        )
 
     agent = SEDarwinAgent(config, task=THERMOSTAT, settings=settings, on_generation=progress)
     return await agent.evolve()
@@ -84,8 +95,10 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="custom_task_") as state_dir:
         report = asyncio.run(evolve(args.budget, args.seed, state_dir, workers=2))
-    print(f"target {report['target']} reached: {report['target_reached']} after {report['real_episodes']} real episodes "
-          f"({report['env_steps']} env steps); held-out return {report['heldout_return']:.1f}")
+    print(
+        f"target {report['target']} reached: {report['target_reached']} after {report['real_episodes']} real episodes "
+        f"({report['env_steps']} env steps); held-out return {report['heldout_return']:.1f}"
+    )
 
 
 if __name__ == "__main__":

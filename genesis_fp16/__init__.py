@@ -10,14 +10,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .lazy import lazy_exports
-from .packages import PackageShadowedError, PackageShadowedWarning, warn_if_shadowed
+from genesis_fp16.base.lazy import lazy_exports
+from genesis_fp16.base.packages import PackageShadowedError, PackageShadowedWarning, warn_if_shadowed
 
 if TYPE_CHECKING:  # for type checkers and IDEs; at run time `__getattr__` imports these
-    from .config import FP16TrainingConfig
-    from .errors import CheckpointError, DeviceUnavailableError, UnsupportedPrecisionError
-    from .settings import PrecisionConfig, Settings, SettingsError, load_settings
-    from .trainer import FP16Trainer
+    from genesis_fp16.training.config import FP16TrainingConfig
+    from genesis_fp16.base.errors import CheckpointError, DeviceUnavailableError, UnsupportedPrecisionError
+    from genesis_fp16.base.settings import PrecisionConfig, Settings, SettingsError, load_settings
+    from genesis_fp16.training.trainer import FP16Trainer
 
 __version__ = "0.1.0"
 
@@ -27,15 +27,15 @@ warn_if_shadowed()
 
 # public name -> the submodule that defines it
 _LAZY = {
-    "CheckpointError": ".errors",
-    "DeviceUnavailableError": ".errors",
-    "UnsupportedPrecisionError": ".errors",
-    "FP16Trainer": ".trainer",
-    "FP16TrainingConfig": ".config",
-    "PrecisionConfig": ".settings",
-    "Settings": ".settings",
-    "SettingsError": ".settings",
-    "load_settings": ".settings",
+    "CheckpointError": ".base.errors",
+    "DeviceUnavailableError": ".base.errors",
+    "UnsupportedPrecisionError": ".base.errors",
+    "FP16Trainer": ".training.trainer",
+    "FP16TrainingConfig": ".training.config",
+    "PrecisionConfig": ".base.settings",
+    "Settings": ".base.settings",
+    "SettingsError": ".base.settings",
+    "load_settings": ".base.settings",
 }
 
 __all__ = [

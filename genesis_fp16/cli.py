@@ -20,15 +20,18 @@ from rich.text import Text
 
 # torch-free imports only: commands that train nothing must start in well under
 # a second (tests/test_cli_startup.py); a command that needs torch imports it itself
-from .settings import LogLevel, SettingsError, describe_settings, load_settings, unknown_settings
-from .errors import DeviceUnavailableError, DistributedEnvError, UnsupportedPrecisionError
-from .extras import MissingExtraError
-from .names import AgentNameError
-from .profiles import ProfileError
-from .packages import shadowed
-from .errors import strict_json_value  # re-exported: the CLIs import it from here
-from .telemetry import set_console_level, visible_controls
-from .terminal import Table, make_console  # Table: rich's, its columns fold what does not fit instead of cutting it
+from genesis_fp16.base.settings import LogLevel, SettingsError, describe_settings, load_settings, unknown_settings
+from genesis_fp16.base.errors import DeviceUnavailableError, DistributedEnvError, UnsupportedPrecisionError
+from genesis_fp16.base.extras import MissingExtraError
+from genesis_fp16.base.names import AgentNameError
+from genesis_fp16.rollout.profiles import ProfileError
+from genesis_fp16.base.packages import shadowed
+from genesis_fp16.base.errors import strict_json_value  # re-exported: the CLIs import it from here
+from genesis_fp16.base.telemetry import set_console_level, visible_controls
+from genesis_fp16.base.terminal import (
+    Table,
+    make_console,
+)  # Table: rich's, its columns fold what does not fit instead of cutting it
 
 COMMAND_GROUP = "genesis_fp16.commands"
 
@@ -36,7 +39,12 @@ COMMAND_GROUP = "genesis_fp16.commands"
 # the launch, an extra to install), not in the code: `main` shows it as one
 # line and exit 2 from any command, however deep it was raised.
 CONFIGURATION_ERRORS: tuple[type[Exception], ...] = (
-    SettingsError, ProfileError, AgentNameError, UnsupportedPrecisionError, DeviceUnavailableError, DistributedEnvError,
+    SettingsError,
+    ProfileError,
+    AgentNameError,
+    UnsupportedPrecisionError,
+    DeviceUnavailableError,
+    DistributedEnvError,
     MissingExtraError,
 )
 
@@ -88,7 +96,9 @@ def print_json(data: Any) -> None:
 @app.callback()
 def _global_options(
     verbose: bool = typer.Option(
-        False, "-v", "--verbose",
+        False,
+        "-v",
+        "--verbose",
         help="Show INFO events on stderr too (default: warnings and errors; GENESIS_FP16_CONSOLE_LOG_LEVEL). "
         "<state_dir>/events.jsonl gets them either way.",
     ),
@@ -101,20 +111,26 @@ def _global_options(
 def doctor(
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of tables."),
     recalibrate: bool = typer.Option(
-        False, "--recalibrate",
-        help="Forget auto's measured decisions (the host-level precision cache, GENESIS_FP16_PRECISION_CACHE): each workload is measured again on its next run.",
+        False,
+        "--recalibrate",
+        help="Forget auto's measured decisions (the host-level precision cache, GENESIS_FP16_PRECISION_CACHE): each "
+        "workload is measured again on its next run.",
     ),
 ) -> None:
-    """Torch version, devices, what each supports, what `auto` decided per measured workload and why, and the settings in effect.
+    """Torch version, devices, what each supports, what `auto` decided per measured workload and why, and the settings
+    in effect.
 
     One story: a device with measured workloads shows what each measurement decided (and why);
     the flag rule is shown, as "rule (not measured)", only for a device where nothing was measured."""
-    settings = load_settings_or_exit(check_names=False)  # doctor lists the valid names: a misspelled one must not stop it
+    settings = load_settings_or_exit(
+        check_names=False
+    )  # doctor lists the valid names: a misspelled one must not stop it
     unknown = unknown_settings()
     import torch
 
-    from .calibration_cache import CacheRefused, PrecisionCache, fix_hint
-    from .precision import MODES, capability_report, cpu_flags, cpu_has_fast_bf16, cpu_has_native_bf16
+    from genesis_fp16.precision.cache import CacheRefused, PrecisionCache, fix_hint
+    from genesis_fp16.precision.modes import MODES, capability_report
+    from genesis_fp16.precision.capability import cpu_flags, cpu_has_fast_bf16, cpu_has_native_bf16
 
     cache = PrecisionCache.from_settings(settings)
     cleared, moved_aside, aside_problem, refused = None, None, "", None
@@ -132,7 +148,9 @@ def doctor(
     devices = ["cpu"] + [f"cuda:{i}" for i in range(torch.cuda.device_count())]
     reports = [_one_story(capability_report(d), calibrations) for d in devices]
     primary = reports[-1] if len(reports) > 1 else reports[0]
-    interesting = sorted(f for f in cpu_flags() if f in {"avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile", "avx512_fp16", "f16c"})
+    interesting = sorted(
+        f for f in cpu_flags() if f in {"avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile", "avx512_fp16", "f16c"}
+    )
     data = {
         "genesis_fp16_version": metadata.version("genesis-fp16") if _installed() else "source",
         "torch_version": torch.__version__,
@@ -150,8 +168,16 @@ def doctor(
         "precision_cache": str(cache.path),
         "precision_cache_state": found.state,
         "precision_cache_problem": found.problem or None,
-        "decisions": [{"workload": _workload_text(rec), "device": (rec.get("workload") or {}).get("device"), "precision": rec.get("precision"),
-                       "source": "cached", "reason": rec.get("reason")} for rec in calibrations],
+        "decisions": [
+            {
+                "workload": _workload_text(rec),
+                "device": (rec.get("workload") or {}).get("device"),
+                "precision": rec.get("precision"),
+                "source": "cached",
+                "reason": rec.get("reason"),
+            }
+            for rec in calibrations
+        ],
         "calibrations": calibrations,
         "calibrations_cleared": cleared,
         "precision_cache_moved_aside": str(moved_aside) if moved_aside else None,
@@ -164,7 +190,12 @@ def doctor(
         if refused:
             raise typer.Exit(2)
         return
-    out.print(Text.assemble(("genesis-fp16", "bold"), safe_text(f" {data['genesis_fp16_version']}  torch {data['torch_version']}  python {data['python']}")))
+    out.print(
+        Text.assemble(
+            ("genesis-fp16", "bold"),
+            safe_text(f" {data['genesis_fp16_version']}  torch {data['torch_version']}  python {data['python']}"),
+        )
+    )
     table = Table(title="devices and precisions")
     modes = [m.value for m in MODES]
     for col in ("device", "name", *modes, "auto"):
@@ -174,22 +205,42 @@ def doctor(
         table.add_row(*safe_cells(rep["device"], rep["name"], *(sup[m] for m in modes), rep["auto"]))
     out.print(table)
     if moved_aside is not None:
-        out.print(safe_text(f"recalibrate: {cache.path} was not readable ({aside_problem}); moved aside to {moved_aside}, "
-                            "nothing deleted; each workload is measured again on its next run"))
+        out.print(
+            safe_text(
+                f"recalibrate: {cache.path} was not readable ({aside_problem}); moved aside to {moved_aside}, "
+                "nothing deleted; each workload is measured again on its next run"
+            )
+        )
     elif cleared is not None:
-        out.print(safe_text(f"recalibrate: forgot {cleared} measured decision(s); each workload is measured again on its next run"))
+        out.print(
+            safe_text(
+                f"recalibrate: forgot {cleared} measured decision(s); each workload is measured again on its next run"
+            )
+        )
     if calibrations:
         out.print(_calibration_table(calibrations, cache.path))
     elif found.problem:
         measures = settings.auto_precision.value == "measure"
-        out.print(safe_text(f"no measured decision readable: the precision cache {cache.path} {found.problem} ({fix_hint(found)}); "
-                            f"{'until then auto measures each workload on every run and saves nothing; ' if measures else ''}"
-                            f"rule (not measured): {data['auto_precision']} on {data['auto_device']}"))
+        out.print(
+            safe_text(
+                f"no measured decision readable: the precision cache {cache.path} {found.problem} ({fix_hint(found)}); "
+                f"{'until then auto measures each workload on every run and saves nothing; ' if measures else ''}"
+                f"rule (not measured): {data['auto_precision']} on {data['auto_device']}"
+            )
+        )
     else:
-        out.print(safe_text(
-            f"nothing measured on this host yet ({cache.path}); auto {'measures each workload the first time it trains' if settings.auto_precision.value == 'measure' else 'follows the flag rule (GENESIS_FP16_AUTO_PRECISION=rule)'}; "
-            f"until then: {data['auto_precision']} on {data['auto_device']}, rule (not measured): {data['auto_reason']}"
-        ))
+        auto_does = (
+            "measures each workload the first time it trains"
+            if settings.auto_precision.value == "measure"
+            else "follows the flag rule (GENESIS_FP16_AUTO_PRECISION=rule)"
+        )
+        out.print(
+            safe_text(
+                f"nothing measured on this host yet ({cache.path}); auto {auto_does}; "
+                f"until then: {data['auto_precision']} on {data['auto_device']}, rule (not measured): "
+                f"{data['auto_reason']}"
+            )
+        )
     out.print(safe_text(f"CPU flags: {', '.join(interesting) or 'none of interest'}"))
     st = Table(title="settings in effect")
     st.add_column("variable")
@@ -207,7 +258,10 @@ def doctor(
 
 def _workload_text(rec: dict[str, Any]) -> str:
     work = rec.get("workload") or {}
-    return f"{work.get('model')} {work.get('parameters')} params, {work.get('optimizer')}, batch {json.dumps(work.get('batch'))}"
+    return (
+        f"{work.get('model')} {work.get('parameters')} params, {work.get('optimizer')}, batch "
+        f"{json.dumps(work.get('batch'))}"
+    )
 
 
 def _one_story(report: dict[str, Any], calibrations: list[dict[str, Any]]) -> dict[str, Any]:
@@ -223,7 +277,9 @@ def _one_story(report: dict[str, Any], calibrations: list[dict[str, Any]]) -> di
         report["support"] = {m: ("runs" if v != "none" else v) for m, v in report["support"].items()}
         report["auto"] = f"measured: {', '.join(picks)} (per workload, below)"
     else:
-        report["support"] = {m: (f"{v} (rule, not measured)" if v == "slow" else v) for m, v in report["support"].items()}
+        report["support"] = {
+            m: (f"{v} (rule, not measured)" if v == "slow" else v) for m, v in report["support"].items()
+        }
         report["auto"] = f"{report['auto_precision']}: rule (not measured)"
     return report
 
@@ -232,36 +288,56 @@ def _measured_when(rec: dict[str, Any]) -> str:
     """When, by which process and under what load a decision was measured (the record's own words)."""
     by, load = rec.get("measured_by") or {}, rec.get("load") or {}
     average = load.get("average")
-    under = "load " + "/".join(f"{v:.2f}" for v in average) + (f" on {load.get('cpus')} CPUs" if load.get("cpus") else "") if average else "load unknown"
+    under = (
+        "load " + "/".join(f"{v:.2f}" for v in average) + (f" on {load.get('cpus')} CPUs" if load.get("cpus") else "")
+        if average
+        else "load unknown"
+    )
     return f"{rec.get('at')} by pid {by.get('pid')} ({by.get('command')}) on {by.get('host')}, {under}"
 
 
 def _calibration_table(calibrations: list[dict[str, Any]], where: Any) -> Table:
-    table = Table(title=f"auto's measured decisions ({len(calibrations)}, {where}; `doctor --recalibrate` forgets them)")
+    table = Table(
+        title=f"auto's measured decisions ({len(calibrations)}, {where}; `doctor --recalibrate` forgets them)"
+    )
     for col in ("when", "workload", "device", "speed vs fp32 (at worst)", "loss vs fp32", "decision", "why", "cost s"):
         table.add_column(col)
     for rec in calibrations:
         work = rec.get("workload") or {}
         low = rec.get("speed_low") or {}
         speed = ", ".join(
-            f"{m} {v:.2f}x ({float(low.get(m, v)):.2f}x)" if isinstance(v, (int, float)) else f"{m} -" for m, v in (rec.get("speed") or {}).items() if m != "fp32"
+            f"{m} {v:.2f}x ({float(low.get(m, v)):.2f}x)" if isinstance(v, (int, float)) else f"{m} -"
+            for m, v in (rec.get("speed") or {}).items()
+            if m != "fp32"
         )
-        ratio = ", ".join(f"{m} {v:.3f}" if isinstance(v, (int, float)) else f"{m} inf" for m, v in (rec.get("loss_ratio") or {}).items() if m != "fp32")
+        ratio = ", ".join(
+            f"{m} {v:.3f}" if isinstance(v, (int, float)) else f"{m} inf"
+            for m, v in (rec.get("loss_ratio") or {}).items()
+            if m != "fp32"
+        )
         where = f"{work.get('device_name')} ({work.get('threads')} threads)"
         cost = rec.get("cost_s")
         reason = str(rec.get("reason") or "")
         why = reason.rsplit(": ", 1)[-1] if ": " in reason else reason
-        table.add_row(*safe_cells(
-            _measured_when(rec), _workload_text(rec), where, speed or "-", ratio or "-", rec.get("precision"), why,
-            f"{cost:.3f}" if isinstance(cost, (int, float)) else "-",
-        ))
+        table.add_row(
+            *safe_cells(
+                _measured_when(rec),
+                _workload_text(rec),
+                where,
+                speed or "-",
+                ratio or "-",
+                rec.get("precision"),
+                why,
+                f"{cost:.3f}" if isinstance(cost, (int, float)) else "-",
+            )
+        )
     return table
 
 
 @app.command()
 def trainers(as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
     """List registered trainers (built-in and entry-point plugins)."""
-    from .registry import available
+    from genesis_fp16.training.registry import available
 
     specs = available()
     if as_json:
@@ -272,7 +348,9 @@ def trainers(as_json: bool = typer.Option(False, "--json", help="Print JSON.")) 
     table.add_column("source")
     table.add_column("description")
     for spec in specs.values():
-        table.add_row(*safe_cells(spec.name, spec.source, spec.description.strip().splitlines()[0] if spec.description else ""))
+        table.add_row(
+            *safe_cells(spec.name, spec.source, spec.description.strip().splitlines()[0] if spec.description else "")
+        )
     out.print(table)
 
 
@@ -294,7 +372,11 @@ def _register_plugins() -> None:
             shadows = shadowed((ep.value.split(".", 1)[0].split(":", 1)[0],))
             if shadows:
                 why = shadows[0].message()
-            console.print(Text.assemble(("warning:", "yellow"), " ", safe_text(f"command {ep.name!r} unavailable ({ep.value}): {why}")))
+            console.print(
+                Text.assemble(
+                    ("warning:", "yellow"), " ", safe_text(f"command {ep.name!r} unavailable ({ep.value}): {why}")
+                )
+            )
 
 
 _register_plugins()

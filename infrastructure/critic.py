@@ -11,7 +11,7 @@ was read for the update):
   policies are deterministic, so there is no entropy term (SAC's) and no
   actor of the critic's own: ``target_policy`` is the policy valued, fixed for
   a `train()` call, applied once to every next observation of the call.
-* Training goes through `genesis_fp16.guarded.GuardedTraining` (precision
+* Training goes through `genesis_fp16.training.guarded.GuardedTraining` (precision
   from settings, profile and ledger; a rollback guard, canaries, an FP32
   shadow). The FP32 reference trains a copy with the same loss, so the TD
   targets are computed OUTSIDE the loss, in FP32 under ``no_grad`` with the
@@ -27,7 +27,6 @@ was read for the update):
 
 from __future__ import annotations
 
-import asyncio
 import copy
 import numbers
 import time
@@ -41,20 +40,28 @@ import numpy.typing as npt
 import torch
 from torch.func import functional_call
 
-from genesis_fp16 import checkpoint as ckpt
-from genesis_fp16.device import DeviceArg
-from genesis_fp16.window import fused_adam
-from genesis_fp16.guarded import DEFAULT_GUARD, UNGUARDED, Guard, GuardChoice, GuardedTraining, Verdict
-from genesis_fp16.seeds import torch_generator
-from genesis_fp16.settings import Settings
-from genesis_fp16.threads import torch_threads
-from genesis_fp16.trainer import FP16Trainer
+from genesis_fp16.base.device import DeviceArg
+from genesis_fp16.base.seeds import torch_generator
+from genesis_fp16.base.settings import Settings
+from genesis_fp16.precision.decision import PrecisionDecision
+from genesis_fp16.precision.request import PrecisionRequest
+from genesis_fp16.training.guarded import DEFAULT_GUARD, Guard, GuardChoice, Verdict
+from genesis_fp16.training.trainer import FP16Trainer, StepHook, fused_adam
 
-from .critic_net import (CriticSpec, TwinQ, check_critic_payload, check_spec, check_transitions, compute_targets,
-                         normaliser_stats, smoothing_noise, td_loss)
+from .critic_net import (
+    CriticSpec,
+    TwinQ,
+    check_critic_payload,
+    check_spec,
+    check_transitions,
+    compute_targets,
+    normaliser_stats,
+    smoothing_noise,
+    td_loss,
+)
 from .dynamics import NonFiniteDataError
 from .transitions import Transitions
-from .world_model_types import GuardedCallReport, GuardedLearner
+from .learner import GuardedCallReport, GuardedLearner
 
 __all__ = ["Critic", "CriticReport", "NonFiniteDataError", "Transitions", "compute_targets"]
 
@@ -106,6 +113,17 @@ def _val_loss(model: TwinQ, trainer: FP16Trainer, x: torch.Tensor, y: torch.Tens
         return float(td_loss(model, (x, y)))
 
 
+@dataclass
+class _CallData:
+    """One `train()` call's data on the critic's device."""
+
+    train: Transitions
+    val: Transitions
+    next_act: torch.Tensor
+    val_next: torch.Tensor
+    stats: list[torch.Tensor]
+
+
 class Critic(GuardedLearner):
     """Twin-Q critic (TD3 targets) of a deterministic policy; see the module's docstring.
 
@@ -125,59 +143,86 @@ class Critic(GuardedLearner):
         checkpoint_dir: default ``<state_dir>/critic``.
     """
 
+    report = CriticReport
+
     def __init__(
-        self, obs_dim: int, act_dim: int, *, action_low: npt.ArrayLike, action_high: npt.ArrayLike, agent: str = "critic",
-        settings: Optional[Settings] = None, precision: Optional[str] = None, guard: Union[Guard, GuardChoice] = DEFAULT_GUARD,
-        device: DeviceArg = None, hidden: int = DEFAULT_HIDDEN, layers: int = DEFAULT_LAYERS, activation: str = "silu",
-        gamma: float = 0.99, tau: float = 0.005, lr: float = 1e-3, batch_size: int = 256, target_noise: float = 0.2,
-        noise_clip: float = 0.5, seed: int = 0, checkpoint_dir: Union[str, Path, None] = None,
+        self,
+        obs_dim: int,
+        act_dim: int,
+        *,
+        action_low: npt.ArrayLike,
+        action_high: npt.ArrayLike,
+        agent: str = "critic",
+        settings: Optional[Settings] = None,
+        precision: Union[PrecisionRequest, str, None] = None,
+        guard: Union[Guard, GuardChoice] = DEFAULT_GUARD,
+        device: DeviceArg = None,
+        hidden: int = DEFAULT_HIDDEN,
+        layers: int = DEFAULT_LAYERS,
+        activation: str = "silu",
+        gamma: float = 0.99,
+        tau: float = 0.005,
+        lr: float = 1e-3,
+        batch_size: int = 256,
+        target_noise: float = 0.2,
+        noise_clip: float = 0.5,
+        seed: int = 0,
+        checkpoint_dir: Union[str, Path, None] = None,
+        decision: Optional[PrecisionDecision] = None,
     ) -> None:
         low, high = (torch.as_tensor(np.asarray(v, dtype=np.float32)).reshape(-1) for v in (action_low, action_high))
         check_spec(obs_dim, act_dim, hidden, layers, activation, low, high)
-        problems = [f"{name}={value!r}: expected {want}" for name, value, ok, want in (
-            ("gamma", gamma, 0.0 <= gamma < 1.0, "a discount in [0, 1), e.g. 0.99"),
-            ("tau", tau, 0.0 < tau <= 1.0, "a Polyak rate in (0, 1], e.g. 0.005"),
-            ("lr", lr, lr > 0.0, "a positive learning rate, e.g. 1e-3"),
-            ("batch_size", batch_size, not isinstance(batch_size, bool) and isinstance(batch_size, numbers.Integral) and batch_size >= 1,
-             "a positive number of transitions per step, e.g. 256"),
-            ("target_noise", target_noise, target_noise >= 0.0, "a non-negative fraction of the half action range, e.g. 0.2"),
-            ("noise_clip", noise_clip, noise_clip >= 0.0, "a non-negative fraction of the half action range, e.g. 0.5"),
-        ) if not ok]
+        problems = [
+            f"{name}={value!r}: expected {want}"
+            for name, value, ok, want in (
+                ("gamma", gamma, 0.0 <= gamma < 1.0, "a discount in [0, 1), e.g. 0.99"),
+                ("tau", tau, 0.0 < tau <= 1.0, "a Polyak rate in (0, 1], e.g. 0.005"),
+                ("lr", lr, lr > 0.0, "a positive learning rate, e.g. 1e-3"),
+                (
+                    "batch_size",
+                    batch_size,
+                    not isinstance(batch_size, bool) and isinstance(batch_size, numbers.Integral) and batch_size >= 1,
+                    "a positive number of transitions per step, e.g. 256",
+                ),
+                (
+                    "target_noise",
+                    target_noise,
+                    target_noise >= 0.0,
+                    "a non-negative fraction of the half action range, e.g. 0.2",
+                ),
+                (
+                    "noise_clip",
+                    noise_clip,
+                    noise_clip >= 0.0,
+                    "a non-negative fraction of the half action range, e.g. 0.5",
+                ),
+            )
+            if not ok
+        ]
         if problems:
             raise ValueError("Critic: " + "; ".join(problems))
-        self._set_up_agent("critic", agent, settings=settings, device=device, guard=guard, precision=precision)
+        super().__init__(
+            "critic", agent, settings=settings, device=device, guard=guard, precision=precision, decision=decision
+        )
         self.gamma, self.tau, self.lr, self.batch_size = float(gamma), float(tau), float(lr), int(batch_size)
         self.target_noise, self.noise_clip, self.seed = float(target_noise), float(noise_clip), seed
-        self.checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir else Path(self.settings.state_dir) / "critic"
-        self.spec = CriticSpec(int(obs_dim), int(act_dim), int(hidden), int(layers), activation,
-                               tuple(low.tolist()), tuple(high.tolist()))
+        self.spec = CriticSpec(
+            int(obs_dim), int(act_dim), int(hidden), int(layers), activation, tuple(low.tolist()), tuple(high.tolist())
+        )
         self.model = TwinQ(self.spec, torch_generator(seed, "critic.init")).to(self.device)
         self.target = copy.deepcopy(self.model).float().requires_grad_(False)
         self.low, self.high = low.to(self.device), high.to(self.device)
         self.optimizer = fused_adam(self.model.parameters(), lr, self.device)  # a window skips a step on the device
-        self.trained = False
-        self._training: Optional[GuardedTraining] = None
-        self._lock = asyncio.Lock()
         self._generator = torch_generator(seed, "critic.batches")
-        self.history: list[CriticReport] = []
-
-    # -- trainer -------------------------------------------------------------------
-    @property
-    def training(self) -> GuardedTraining:
-        """The `GuardedTraining` the twins train through (built on first use)."""
-        if self._training is None:
-            # a workload sample for a measured auto; the run's streams untouched
-            g = torch_generator(0, "critic.auto_sample")
-            sample = (torch.randn(self.batch_size, self.spec.obs_dim + self.spec.act_dim, generator=g).to(self.device),
-                      torch.randn(self.batch_size, generator=g).to(self.device))
-            self._training = GuardedTraining(
-                self.agent, self.model, self.optimizer, settings=self.settings, precision=self.requested_precision,
-                guard=self.guard if self.guard is not None else UNGUARDED, checkpoint_dir=self.checkpoint_dir,
-                good_name=f"{self.agent}.initial.pt", checkpoint_every=0, save=self.save, sample=(sample, td_loss),
-                decision=self._reused_decision,
-            )
-        return self._training
-
+        self._data: Optional[_CallData] = None
+        g = torch_generator(
+            0, "critic.auto_sample"
+        )  # a workload sample for a measured auto; the run's streams untouched
+        sample = (
+            torch.randn(self.batch_size, self.spec.obs_dim + self.spec.act_dim, generator=g).to(self.device),
+            torch.randn(self.batch_size, generator=g).to(self.device),
+        )
+        self._train_through(self.model, self.optimizer, checkpoint_dir=checkpoint_dir, sample=(sample, td_loss))
 
     # -- values ----------------------------------------------------------------------
     def q_values(self, obs: torch.Tensor, act: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -197,34 +242,24 @@ class Critic(GuardedLearner):
         q1, q2 = self.q_values(obs.to(self.device), act.to(self.device))
         return torch.minimum(q1, q2).to(obs.device)
 
-    # -- checkpoints -------------------------------------------------------------------
-    @property
-    def checkpoint_path(self) -> Path:
-        """`<checkpoint_dir>/<agent>.pt`."""
-        return self.checkpoint_dir / f"{self.agent}.pt"
+    # -- checkpoints: the learner's, with the spec, the target network and the sampler ----------------
+    def checkpoint_extra(self) -> dict[str, Any]:
+        """The twins' spec, the target network and the sampler state beside the trainer's."""
+        return {
+            **super().checkpoint_extra(),
+            "critic": self.spec.as_dict(),
+            "target": {k: v.detach().clone() for k, v in self.target.state_dict().items()},
+            "sampler_state": self._generator.get_state(),
+        }
 
-    def save(self, path: Union[str, Path, None] = None) -> Path:
-        """Write the twins (with their normaliser), optimizer, scaler, the
-        target network and the sampler state atomically; returns the path."""
-        extra = {"trained": self.trained, "agent": self.agent, "critic": self.spec.as_dict(),
-                 "target": {k: v.detach().clone() for k, v in self.target.state_dict().items()},
-                 "sampler_state": self._generator.get_state()}
-        return self.training.trainer.save_checkpoint(path or self.checkpoint_path, extra=extra)
+    def check_checkpoint(self, payload: dict[str, Any], source: str) -> None:
+        """A world model's checkpoint, or a critic of another size or action box, is refused whole."""
+        check_critic_payload(payload, self.spec, {k: v.shape for k, v in self.target.state_dict().items()}, source)
 
-    def load(self, path: Union[str, Path, None] = None) -> Path:
-        """Restore what `save()` wrote (``weights_only`` reads). A missing,
-        corrupt or foreign checkpoint (a world model's, another size or action
-        box) raises `CheckpointError`, and then nothing has changed."""
-        path = Path(path or self.checkpoint_path)
-        trainer = self.training.trainer
-        payload = ckpt.load_payload(path, map_location=trainer.device)
-        check_critic_payload(payload, self.spec, {k: v.shape for k, v in self.target.state_dict().items()}, str(path))
-        trainer.apply_payload(payload, source=str(path), restore_rng=False)
-        extra = payload["extra"]
+    def restored(self, extra: dict[str, Any]) -> None:
         self.target.load_state_dict(extra["target"])
         self._generator.set_state(extra["sampler_state"].cpu())
         self.trained = bool(extra.get("trained", True))
-        return path
 
     # -- training --------------------------------------------------------------------------
     async def train(self, data: Transitions, target_policy: PolicyFn, steps: int, *, save: bool = True) -> CriticReport:
@@ -237,23 +272,34 @@ class Critic(GuardedLearner):
             raise ValueError(f"Critic.train: steps={steps!r}: expected a positive number of optimizer steps (e.g. 500)")
         check_transitions(data, self.spec.obs_dim, self.spec.act_dim)
         async with self._lock:
-            with torch_threads(self.settings.torch_threads):
-                report = await asyncio.to_thread(self._train_sync, data, target_policy, int(steps), save)
-            self.history.append(report)
-            return report
+            return await self._train_in_thread(self._train_sync, data, target_policy, int(steps), save)
 
     def _policy_actions(self, policy: PolicyFn, next_obs: torch.Tensor) -> torch.Tensor:
         with torch.no_grad():
             act = torch.as_tensor(policy(next_obs), dtype=torch.float32, device=self.device)
         if act.shape != (len(next_obs), self.spec.act_dim) or not bool(torch.isfinite(act).all()):
-            raise ValueError(f"Critic.train: target_policy gave actions of shape {tuple(act.shape)} (finite: "
-                             f"{bool(torch.isfinite(act).all())}); expected finite actions of shape ({len(next_obs)}, {self.spec.act_dim})")
+            raise ValueError(
+                f"Critic.train: target_policy gave actions of shape {tuple(act.shape)} (finite: "
+                f"{bool(torch.isfinite(act).all())}); expected finite actions of shape ({len(next_obs)}, "
+                f"{self.spec.act_dim})"
+            )
         return act
 
     def _targets(self, data: Transitions, next_act: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
-        noise = smoothing_noise(len(rows), self.model.act_half, self.target_noise, self.noise_clip, self._generator).to(self.device)
-        y = compute_targets(data.rew[rows], data.terminal[rows], data.next_obs[rows], next_act[rows], noise, self.target.q,
-                            gamma=self.gamma, low=self.low, high=self.high)
+        noise = smoothing_noise(len(rows), self.model.act_half, self.target_noise, self.noise_clip, self._generator).to(
+            self.device
+        )
+        y = compute_targets(
+            data.rew[rows],
+            data.terminal[rows],
+            data.next_obs[rows],
+            next_act[rows],
+            noise,
+            self.target.q,
+            gamma=self.gamma,
+            low=self.low,
+            high=self.high,
+        )
         return (y - self.model.q_offset) / self.model.q_scale
 
     @torch.no_grad()
@@ -276,27 +322,66 @@ class Critic(GuardedLearner):
         policy_act = self._policy_actions(policy, data.next_obs)  # pi(s') once: the policy is fixed for the call
         n_val = max(1, int(round(len(data) * VAL_FRACTION)))
         order = torch.randperm(len(data), generator=self._generator).to(self.device)
-        train, val = data.rows(order[n_val:]), data.rows(order[:n_val])
-        next_act, val_next = policy_act[order[n_val:]], policy_act[order[:n_val]]
-        stats = [s.to(self.device) for s in normaliser_stats(data, self.gamma)]
-
-        def batches() -> Iterator[tuple[torch.Tensor, torch.Tensor]]:  # made once prepare refitted the twins
-            self.target.refit(*stats)  # the target's function kept, its units this call's
-            if not self.trained:
-                self._reset_target()
-            x_train, n = self.model.inputs(train.obs, train.act), min(self.batch_size, len(train))
-            # lazily: each step's targets come from the target network as the step before left it
-            rows = (torch.randint(len(train), (n,), generator=self._generator).to(self.device) for _ in range(steps))
-            return ((x_train[r], self._targets(train, next_act, r)) for r in rows)
-
-        # the target follows each step taken (masked on the device), is made anew after a rollback, gives the held-out targets
-        report = self._guarded_call(
-            started, CriticReport, td_loss, prepare=lambda model: model.refit(*stats), batches=batches, save=save,
-            validation=lambda: partial(_val_loss, y=self._targets(val, val_next, torch.arange(len(val), device=self.device)),
-                                       x=self.model.inputs(val.obs, val.act)),
-            after_step=self._polyak, after_rollback=self._reset_target, steps=steps, transitions=len(data))
+        self._data = _CallData(
+            train=data.rows(order[n_val:]),
+            val=data.rows(order[:n_val]),
+            next_act=policy_act[order[n_val:]],
+            val_next=policy_act[order[:n_val]],
+            stats=[s.to(self.device) for s in normaliser_stats(data, self.gamma)],
+        )
+        try:
+            report = self._guarded_call(started, steps, save, transitions=len(data))
+        finally:
+            self._data = None
         self.model.train()  # _val_loss left it in eval mode
-        self._log.info("critic.trained", steps=steps, train_loss=report.train_loss, val_loss=report.val_loss,
-                       precision=report.precision, skipped_steps=report.skipped_steps, rolled_back=report.rolled_back,
-                       wall_s=round(report.wall_s, 3), transitions=len(data), device=report.device)
+        self._log.info(
+            "critic.trained",
+            steps=steps,
+            train_loss=report.train_loss,
+            val_loss=report.val_loss,
+            precision=report.precision,
+            skipped_steps=report.skipped_steps,
+            rolled_back=report.rolled_back,
+            wall_s=round(report.wall_s, 3),
+            transitions=len(data),
+            device=report.device,
+        )
         return report
+
+    # the TD3 step: the loss on precomputed targets, the normaliser refitted per call, the target network following
+    # each step taken (masked on the device), made anew after a rollback, and giving the held-out targets
+    def loss(self, model: torch.nn.Module, batch: Any) -> torch.Tensor:
+        return td_loss(model, batch)
+
+    def prepare(self, model: torch.nn.Module) -> None:
+        assert self._data is not None
+        model.refit(*self._data.stats)
+
+    def batches(self, steps: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """Made once `prepare` refitted the twins; lazily: each step's targets come from the target network as the
+        step before left it."""
+        data = self._data
+        assert data is not None
+        self.target.refit(*data.stats)  # the target's function kept, its units this call's
+        if not self.trained:
+            self._reset_target()
+        train = data.train
+        x_train, n = self.model.inputs(train.obs, train.act), min(self.batch_size, len(train))
+        rows = (torch.randint(len(train), (n,), generator=self._generator).to(self.device) for _ in range(steps))
+        return ((x_train[r], self._targets(train, data.next_act, r)) for r in rows)
+
+    def validation(self) -> Any:
+        data = self._data
+        assert data is not None
+        val = data.val
+        return partial(
+            _val_loss,
+            y=self._targets(val, data.val_next, torch.arange(len(val), device=self.device)),
+            x=self.model.inputs(val.obs, val.act),
+        )
+
+    def step_hook(self) -> Optional[StepHook]:
+        return self._polyak
+
+    def on_rollback(self) -> None:
+        self._reset_target()

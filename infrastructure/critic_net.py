@@ -33,7 +33,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from genesis_fp16.checkpoint import CheckpointError, generator_state_problem
+from genesis_fp16.training.checkpoint import CheckpointError, generator_state_problem
 
 from .dynamics import NonFiniteDataError
 from .ensemble import EnsembleLinear
@@ -71,23 +71,32 @@ class CriticSpec:
 ACTIVATIONS = {"silu": F.silu, "relu": F.relu}
 
 
-def check_spec(obs_dim: int, act_dim: int, hidden: int, layers: int, activation: str,
-               low: torch.Tensor, high: torch.Tensor) -> None:
+def check_spec(
+    obs_dim: int, act_dim: int, hidden: int, layers: int, activation: str, low: torch.Tensor, high: torch.Tensor
+) -> None:
     """Refuse sizes and action boxes a critic cannot have, all problems in one `ValueError`."""
     problems = []
-    for name, value, example in (("obs_dim", obs_dim, "3 for Pendulum"), ("act_dim", act_dim, "1 for Pendulum"),
-                                 ("hidden", hidden, "units per hidden layer, e.g. 64"), ("layers", layers, "hidden layers, e.g. 2")):
+    for name, value, example in (
+        ("obs_dim", obs_dim, "3 for Pendulum"),
+        ("act_dim", act_dim, "1 for Pendulum"),
+        ("hidden", hidden, "units per hidden layer, e.g. 64"),
+        ("layers", layers, "hidden layers, e.g. 2"),
+    ):
         if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
             problems.append(f"{name}={value!r}: expected a positive integer ({example})")
     if activation not in ACTIVATIONS:
         problems.append(f"activation={activation!r}: expected one of {sorted(ACTIVATIONS)}")
     if not problems:
         if low.shape != (act_dim,) or high.shape != (act_dim,):
-            problems.append(f"action_low/action_high have shapes {tuple(low.shape)}/{tuple(high.shape)}; expected ({act_dim},) "
-                            "each (the env's action box, e.g. env.action_space.low/high)")
+            problems.append(
+                f"action_low/action_high have shapes {tuple(low.shape)}/{tuple(high.shape)}; expected ({act_dim},) "
+                "each (the env's action box, e.g. env.action_space.low/high)"
+            )
         elif not (torch.isfinite(low).all() and torch.isfinite(high).all() and (low < high).all()):
-            problems.append(f"action box low={low.tolist()}, high={high.tolist()}: expected finite bounds with low < high "
-                            "in every dimension")
+            problems.append(
+                f"action box low={low.tolist()}, high={high.tolist()}: expected finite bounds with low < high "
+                "in every dimension"
+            )
     if problems:
         raise ValueError("Critic: " + "; ".join(problems))
 
@@ -103,7 +112,9 @@ class TwinQ(nn.Module):
         self.obs_dim, self.act_dim = spec.obs_dim, spec.act_dim
         self.act_fn = ACTIVATIONS[spec.activation]
         sizes = [spec.obs_dim + spec.act_dim] + [spec.hidden] * spec.layers
-        self.hidden_layers = nn.ModuleList(EnsembleLinear(TWINS, a, b, generator) for a, b in zip(sizes[:-1], sizes[1:]))
+        self.hidden_layers = nn.ModuleList(
+            EnsembleLinear(TWINS, a, b, generator) for a, b in zip(sizes[:-1], sizes[1:])
+        )
         self.head = EnsembleLinear(TWINS, sizes[-1], 1, generator)
         low, high = torch.tensor(spec.action_low), torch.tensor(spec.action_high)
         self.register_buffer("act_mid", (high + low) / 2)
@@ -132,7 +143,9 @@ class TwinQ(nn.Module):
         return self(self.inputs(obs, act)) * self.q_scale + self.q_offset
 
     @torch.no_grad()
-    def refit(self, obs_mean: torch.Tensor, obs_std: torch.Tensor, q_offset: torch.Tensor, q_scale: torch.Tensor) -> None:
+    def refit(
+        self, obs_mean: torch.Tensor, obs_std: torch.Tensor, q_offset: torch.Tensor, q_scale: torch.Tensor
+    ) -> None:
         """Take new normaliser statistics. Once fitted, the first layer and
         the head are rescaled so that ``q`` computes the same function as
         before (exactly, up to FP32 rounding); the first fit just sets them."""
@@ -164,8 +177,9 @@ def normaliser_stats(data: Transitions, gamma: float) -> tuple[torch.Tensor, tor
     return mean, std, data.rew.mean() * horizon, (rew_std * horizon).clamp_min(1e-3)
 
 
-def smoothing_noise(n: int, half_range: torch.Tensor, target_noise: float, noise_clip: float,
-                    generator: torch.Generator) -> torch.Tensor:
+def smoothing_noise(
+    n: int, half_range: torch.Tensor, target_noise: float, noise_clip: float, generator: torch.Generator
+) -> torch.Tensor:
     """TD3's target policy smoothing, ``[n, act_dim]`` on the CPU:
     ``clip(N(0, target_noise), -noise_clip, noise_clip)`` in fractions of the
     half action range, times ``half_range``; drawn from ``generator``."""
@@ -174,9 +188,18 @@ def smoothing_noise(n: int, half_range: torch.Tensor, target_noise: float, noise
 
 
 @torch.no_grad()
-def compute_targets(rew: torch.Tensor, terminal: torch.Tensor, next_obs: torch.Tensor, next_act: torch.Tensor,
-                    noise: torch.Tensor, target_q: TargetQ, *, gamma: float, low: torch.Tensor,
-                    high: torch.Tensor) -> torch.Tensor:
+def compute_targets(
+    rew: torch.Tensor,
+    terminal: torch.Tensor,
+    next_obs: torch.Tensor,
+    next_act: torch.Tensor,
+    noise: torch.Tensor,
+    target_q: TargetQ,
+    *,
+    gamma: float,
+    low: torch.Tensor,
+    high: torch.Tensor,
+) -> torch.Tensor:
     """The TD3 target in FP32, ``[N]``:
     ``y = r + gamma * (1 - terminal) * min_i Q'_i(s', clip(pi(s') + noise, low, high))``,
     ``next_act`` being ``pi(s')`` and ``noise`` the smoothing noise (`smoothing_noise`)."""
@@ -196,28 +219,44 @@ def check_transitions(data: Transitions, obs_dim: int, act_dim: int) -> None:
     `ValueError` naming the field and sizes) or hold NaN or inf (a
     `NonFiniteDataError` naming the field and the first bad row)."""
     if not isinstance(data, Transitions):
-        raise TypeError(f"Critic.train: data is a {type(data).__name__}; expected infrastructure.transitions.Transitions")
+        raise TypeError(
+            f"Critic.train: data is a {type(data).__name__}; expected infrastructure.transitions.Transitions"
+        )
     want = {"obs": (obs_dim,), "act": (act_dim,), "rew": (), "next_obs": (obs_dim,), "terminal": ()}
-    bad = [f"{k} has shape {tuple(getattr(data, k).shape)}, expected (N, {', '.join(map(str, v))})".replace(", )", ")")
-           for k, v in want.items() if tuple(getattr(data, k).shape[1:]) != v]
+    bad = [
+        f"{k} has shape {tuple(getattr(data, k).shape)}, expected (N, {', '.join(map(str, v))})".replace(", )", ")")
+        for k, v in want.items()
+        if tuple(getattr(data, k).shape[1:]) != v
+    ]
     if bad:
-        raise ValueError(f"Critic.train: transitions do not fit a critic built for obs_dim={obs_dim}, act_dim={act_dim}: "
-                         + "; ".join(bad) + "; build the Critic with this env's sizes")
+        raise ValueError(
+            f"Critic.train: transitions do not fit a critic built for obs_dim={obs_dim}, act_dim={act_dim}: "
+            + "; ".join(bad)
+            + "; build the Critic with this env's sizes"
+        )
     if len(data) < 2:
-        raise ValueError(f"Critic.train: {len(data)} transition(s); at least 2 are needed (one to train on, one to validate)")
+        raise ValueError(
+            f"Critic.train: {len(data)} transition(s); at least 2 are needed (one to train on, one to validate)"
+        )
     for name in want:
         tensor = getattr(data, name)
         finite = torch.isfinite(tensor.reshape(len(data), -1)).all(dim=1)
         if not bool(finite.all()):
             row = int((~finite).nonzero()[0])
-            raise NonFiniteDataError(f"Critic.train: transitions.{name} holds NaN or inf at row {row} "
-                                     f"(of {len(data)}); drop those transitions before training; nothing was trained")
+            raise NonFiniteDataError(
+                f"Critic.train: transitions.{name} holds NaN or inf at row {row} "
+                f"(of {len(data)}); drop those transitions before training; nothing was trained"
+            )
     if not bool(((data.terminal == 0) | (data.terminal == 1)).all()):
-        raise ValueError("Critic.train: transitions.terminal holds values other than 0 and 1; expected 1.0 where the task "
-                         "itself ended the episode, 0.0 elsewhere (a time limit is 0)")
+        raise ValueError(
+            "Critic.train: transitions.terminal holds values other than 0 and 1; expected 1.0 where the task "
+            "itself ended the episode, 0.0 elsewhere (a time limit is 0)"
+        )
 
 
-def check_critic_payload(payload: Mapping[str, Any], spec: CriticSpec, target_keys: Mapping[str, torch.Size], source: str) -> None:
+def check_critic_payload(
+    payload: Mapping[str, Any], spec: CriticSpec, target_keys: Mapping[str, torch.Size], source: str
+) -> None:
     """Refuse, before anything changes, a checkpoint that is not of a critic
     of ``spec``'s shape: another model's (a world model's), other sizes or
     action box, or one without a usable target network or sampler state."""
@@ -225,14 +264,21 @@ def check_critic_payload(payload: Mapping[str, Any], spec: CriticSpec, target_ke
     saved = extra.get("critic") if isinstance(extra, Mapping) else None
     if saved is None:
         what = "a world model's" if isinstance(extra, Mapping) and "architecture" in extra else "not a critic's"
-        raise CheckpointError(f"{source}: {what} checkpoint (no extra.critic); load a checkpoint that Critic.save() wrote")
+        raise CheckpointError(
+            f"{source}: {what} checkpoint (no extra.critic); load a checkpoint that Critic.save() wrote"
+        )
     if saved != spec.as_dict():
         described = ", ".join(f"{k}={v}" for k, v in saved.items()) if isinstance(saved, Mapping) else repr(saved)[:80]
-        raise CheckpointError(f"{source}: field extra.critic: saved from a critic with {described}; this one has "
-                              f"{spec.describe()}: build the Critic with the saved sizes to load it")
+        raise CheckpointError(
+            f"{source}: field extra.critic: saved from a critic with {described}; this one has "
+            f"{spec.describe()}: build the Critic with the saved sizes to load it"
+        )
     target = extra.get("target")
-    shapes = {k: v.shape for k, v in target.items()} if isinstance(target, Mapping) and all(
-        isinstance(v, torch.Tensor) for v in target.values()) else None
+    shapes = (
+        {k: v.shape for k, v in target.items()}
+        if isinstance(target, Mapping) and all(isinstance(v, torch.Tensor) for v in target.values())
+        else None
+    )
     if shapes != dict(target_keys):
         raise CheckpointError(f"{source}: field extra.target: not this critic's target network state")
     state = extra.get("sampler_state")

@@ -13,8 +13,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from genesis_fp16.checkpoint import generator_state_problem
-from genesis_fp16.seeds import numpy_rng
+from genesis_fp16.training.checkpoint import generator_state_problem
+from genesis_fp16.base.seeds import numpy_rng
 
 from .trajectory import FLOAT_FIELDS, Trajectory, non_finite_field
 
@@ -45,7 +45,9 @@ def features(obs: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
     return torch.cat([obs, action], dim=-1)
 
 
-def targets(obs: torch.Tensor, next_obs: torch.Tensor, reward: torch.Tensor, done: Optional[torch.Tensor] = None) -> torch.Tensor:
+def targets(
+    obs: torch.Tensor, next_obs: torch.Tensor, reward: torch.Tensor, done: Optional[torch.Tensor] = None
+) -> torch.Tensor:
     """What the model learns to predict: the observation delta and the reward,
     and whether the env terminated (0/1) for a model with a done head."""
     parts = [next_obs - obs, reward.reshape(*obs.shape[:-1], 1)]
@@ -65,7 +67,9 @@ class DynamicsMLP(nn.Module):
         super().__init__()
         self.obs_dim, self.act_dim, self.done_head = obs_dim, act_dim, done_head
         n_in, n_out = obs_dim + act_dim, obs_dim + 1 + int(done_head)
-        self.net = nn.Sequential(nn.Linear(n_in, hidden), nn.SiLU(), nn.Linear(hidden, hidden), nn.SiLU(), nn.Linear(hidden, n_out))
+        self.net = nn.Sequential(
+            nn.Linear(n_in, hidden), nn.SiLU(), nn.Linear(hidden, hidden), nn.SiLU(), nn.Linear(hidden, n_out)
+        )
         self.register_buffer("x_mean", torch.zeros(n_in))
         self.register_buffer("x_std", torch.ones(n_in))
         self.register_buffer("y_mean", torch.zeros(n_out))
@@ -131,7 +135,9 @@ def check_finite(trajectories: Sequence[Trajectory]) -> None:
                 if traj.id is not None  # it came from a replay buffer
                 else "fix its source, or leave it out of trajectories="
             )
-            raise NonFiniteDataError(f"{traj.label}: non-finite {name} at transition {bad}; refusing to train on it: {remedy}")
+            raise NonFiniteDataError(
+                f"{traj.label}: non-finite {name} at transition {bad}; refusing to train on it: {remedy}"
+            )
 
 
 def check_sizes(trajectories: Sequence[Trajectory], obs_dim: int, act_dim: int) -> None:
@@ -153,6 +159,7 @@ def check_sizes(trajectories: Sequence[Trajectory], obs_dim: int, act_dim: int) 
             f"WorldModel.train: only {total} transition in all: expected at least 2 "
             "(one to train on, one to validate); collect more data first"
         )
+
 
 def check_options(batch_size: int, val_fraction: float) -> None:
     """Refuse training options that would fail inside torch or give a NaN loss."""
@@ -212,8 +219,14 @@ def training_data(
     xs, ys, draws = [], [], []
     for _, key, k in keyed:
         traj = trajectories[k]
-        obs, act = torch.from_numpy(np.array(traj.obs, dtype=np.float32)), torch.from_numpy(np.array(traj.action, dtype=np.float32))
-        nxt, rew = torch.from_numpy(np.array(traj.next_obs, dtype=np.float32)), torch.from_numpy(np.array(traj.reward, dtype=np.float32))
+        obs, act = (
+            torch.from_numpy(np.array(traj.obs, dtype=np.float32)),
+            torch.from_numpy(np.array(traj.action, dtype=np.float32)),
+        )
+        nxt, rew = (
+            torch.from_numpy(np.array(traj.next_obs, dtype=np.float32)),
+            torch.from_numpy(np.array(traj.reward, dtype=np.float32)),
+        )
         xs.append(features(obs, act))
         ys.append(targets(obs, nxt, rew, torch.from_numpy(np.array(traj.done, dtype=np.float32)) if done else None))
         draws.append(validation_draws(key, len(traj.obs), seed))

@@ -31,8 +31,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from genesis_fp16.checkpoint import CheckpointError
-from genesis_fp16.seeds import torch_generator
+from genesis_fp16.training.checkpoint import CheckpointError
+from genesis_fp16.base.seeds import torch_generator
 
 from .dynamics import features
 
@@ -100,7 +100,8 @@ def check_architecture(payload: Mapping[str, Any], spec: EnsembleSpec, source: s
     model = payload.get("model")
     if saved is None and isinstance(model, Mapping) and any(str(key).startswith("net.") for key in model):
         raise CheckpointError(
-            f"{source}: a checkpoint of the single-network world model (DynamicsMLP) of earlier versions; its weights do not "
+            f"{source}: a checkpoint of the single-network world model (DynamicsMLP) of earlier versions; its weights "
+            "do not "
             f"fit this ensemble ({spec.describe()}) nor any other: train this model afresh with `await train()`"
         )
     if saved is not None and saved != spec.as_dict():
@@ -145,18 +146,38 @@ class EnsembleDynamics(nn.Module):
     """
 
     def __init__(
-        self, obs_dim: int, act_dim: int, *, ensemble: int = 5, elites: Optional[int] = None, hidden: int = 64,
-        layers: int = 2, probabilistic: bool = True, done_head: bool = False, generator: Optional[torch.Generator] = None,
+        self,
+        obs_dim: int,
+        act_dim: int,
+        *,
+        ensemble: int = 5,
+        elites: Optional[int] = None,
+        hidden: int = 64,
+        layers: int = 2,
+        probabilistic: bool = True,
+        done_head: bool = False,
+        generator: Optional[torch.Generator] = None,
     ) -> None:
         super().__init__()
         n_elites = check_spec(ensemble, elites, hidden, layers)
-        self.spec = EnsembleSpec(int(ensemble), n_elites, int(hidden), int(layers), bool(probabilistic), bool(done_head))
-        self.obs_dim, self.act_dim, self.done_head, self.probabilistic = obs_dim, act_dim, bool(done_head), bool(probabilistic)
+        self.spec = EnsembleSpec(
+            int(ensemble), n_elites, int(hidden), int(layers), bool(probabilistic), bool(done_head)
+        )
+        self.obs_dim, self.act_dim, self.done_head, self.probabilistic = (
+            obs_dim,
+            act_dim,
+            bool(done_head),
+            bool(probabilistic),
+        )
         self.members = int(ensemble)
         n_in, self.n_gauss = obs_dim + act_dim, obs_dim + 1  # delta obs and reward
         sizes = [n_in] + [int(hidden)] * int(layers)
-        self.hidden_layers = nn.ModuleList(EnsembleLinear(self.members, a, b, generator) for a, b in zip(sizes[:-1], sizes[1:]))
-        self.head = EnsembleLinear(self.members, sizes[-1], self.n_gauss * (2 if probabilistic else 1) + int(done_head), generator)
+        self.hidden_layers = nn.ModuleList(
+            EnsembleLinear(self.members, a, b, generator) for a, b in zip(sizes[:-1], sizes[1:])
+        )
+        self.head = EnsembleLinear(
+            self.members, sizes[-1], self.n_gauss * (2 if probabilistic else 1) + int(done_head), generator
+        )
         if probabilistic:  # learned bounds of the log-variance, shared by the members (mbrl-lib's initial values)
             self.max_logvar = nn.Parameter(torch.full((1, 1, self.n_gauss), 0.5))
             self.min_logvar = nn.Parameter(torch.full((1, 1, self.n_gauss), -10.0))
@@ -251,7 +272,11 @@ class EnsembleDynamics(nn.Module):
         x = self.normalise_x(features(obs, action)).reshape(1, -1, self.obs_dim + self.act_dim)
         weights = self.layer_weights(self.elite_index)
         mean, _, _ = self.heads(run_layers(x.expand(len(self.elite_index), -1, -1), weights))
-        out = (mean * self.y_std[: self.n_gauss] + self.y_mean[: self.n_gauss]).mean(0).reshape(*obs.shape[:-1], self.n_gauss)
+        out = (
+            (mean * self.y_std[: self.n_gauss] + self.y_mean[: self.n_gauss])
+            .mean(0)
+            .reshape(*obs.shape[:-1], self.n_gauss)
+        )
         return obs + out[..., : self.obs_dim], out[..., self.obs_dim]
 
 
@@ -262,7 +287,9 @@ def bootstrap(n: int, members: int, generator: torch.Generator) -> Optional[torc
     return torch.randint(n, (members, n), generator=generator) if members > 1 else None
 
 
-def batch_rows(boot: Optional[torch.Tensor], n: int, members: int, batch: int, generator: torch.Generator) -> torch.Tensor:
+def batch_rows(
+    boot: Optional[torch.Tensor], n: int, members: int, batch: int, generator: torch.Generator
+) -> torch.Tensor:
     """The rows of one optimizer step, ``[members, min(batch, n)]``: each
     member's batch, drawn uniformly from its bootstrap (or from all ``n`` rows)."""
     idx = torch.randint(n, (members, min(batch, n)), generator=generator)
@@ -306,7 +333,7 @@ def member_losses(model: EnsembleDynamics, x_norm: torch.Tensor, y_norm: torch.T
 
 def sample_batch(model: EnsembleDynamics, batch: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """A batch of ``model``'s workload for a measured ``auto``
-    (`genesis_fp16.autotune`), before any data: a training step's shapes,
+    (`genesis_fp16.precision.measure`), before any data: a training step's shapes,
     ``(x [E, B, in], y [E, B, out])``, normalised data being near N(0, 1),
     drawn from a generator of its own (the run's streams are not touched);
     a done column of zeros."""

@@ -44,7 +44,7 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
-from genesis_fp16.seeds import torch_generator
+from genesis_fp16.base.seeds import torch_generator
 
 from .dynamics import NotTrainedError, ProjectFn, TerminationFn, features
 from .ensemble import EnsembleDynamics, run_layers
@@ -101,12 +101,15 @@ def _ensemble_of(source: Union[Trained, EnsembleDynamics]) -> EnsembleDynamics:
     if isinstance(source, EnsembleDynamics):
         if not bool(torch.isfinite(source.member_val_loss).any()):
             raise NotTrainedError(
-                "ModelEnv: no member of this ensemble has a finite validation loss: it was never trained (or every member "
+                "ModelEnv: no member of this ensemble has a finite validation loss: it was never trained (or every "
+                "member "
                 "diverged); train it with `await WorldModel.train()` or load a checkpoint first"
             )
         return source
     if not source.trained:
-        raise NotTrainedError("ModelEnv: the WorldModel is not trained: call `await train()` (or load a checkpoint) first")
+        raise NotTrainedError(
+            "ModelEnv: the WorldModel is not trained: call `await train()` (or load a checkpoint) first"
+        )
     return source.model
 
 
@@ -126,7 +129,7 @@ class ModelEnv:
         project: ``obs -> obs``, maps predicted observations back into what
             the env can produce (e.g. clamps into the observation box).
         seed: seeds the CPU generator of the member draws and the Gaussian
-            noise (its stream ``model_env``, `genesis_fp16.seeds`), once:
+            noise (its stream ``model_env``, `genesis_fp16.base.seeds`), once:
             successive rollouts of one `ModelEnv` draw afresh.
         max_disagreement: the disagreement that ends a row (default
             `DEFAULT_MAX_DISAGREEMENT`; ``inf``: never).
@@ -136,8 +139,13 @@ class ModelEnv:
     """
 
     def __init__(
-        self, model: Union[Trained, EnsembleDynamics], *, terminated: Optional[TerminationFn] = None,
-        project: Optional[ProjectFn] = None, seed: int = 0, max_disagreement: Optional[float] = None,
+        self,
+        model: Union[Trained, EnsembleDynamics],
+        *,
+        terminated: Optional[TerminationFn] = None,
+        project: Optional[ProjectFn] = None,
+        seed: int = 0,
+        max_disagreement: Optional[float] = None,
     ) -> None:
         self.model = _ensemble_of(model)
         self.device = self.model.x_mean.device
@@ -165,7 +173,11 @@ class ModelEnv:
         """Start N rows at ``obs (N, obs_dim)`` (real states); returns them as
         a float32 tensor on the model's device. Raises `ValueError` for
         another shape or for rows that are not finite (naming them)."""
-        start = obs.detach().float() if isinstance(obs, torch.Tensor) else torch.as_tensor(np.asarray(obs), dtype=torch.float32)
+        start = (
+            obs.detach().float()
+            if isinstance(obs, torch.Tensor)
+            else torch.as_tensor(np.asarray(obs), dtype=torch.float32)
+        )
         d = self.model.obs_dim
         if start.ndim != 2 or start.shape[1] != d or len(start) == 0:
             raise ValueError(
@@ -174,22 +186,35 @@ class ModelEnv:
             )
         bad = ~torch.isfinite(start).all(1)
         if bad.any():
-            raise ValueError(f"ModelEnv.reset: start states {_rows(bad.nonzero().flatten().tolist())} are not finite (NaN or inf): pass real, finite observations")
+            raise ValueError(
+                f"ModelEnv.reset: start states {_rows(bad.nonzero().flatten().tolist())} are not finite (NaN or inf): "
+                "pass real, finite observations"
+            )
         self._obs = start.to(self.device, copy=True)
         n = len(start)
         self._running = torch.ones(n, dtype=torch.bool, device=self.device)
-        self.cut = torch.zeros(n, dtype=torch.bool, device=self.device)  # ended by disagreement or a non-finite prediction
+        self.cut = torch.zeros(
+            n, dtype=torch.bool, device=self.device
+        )  # ended by disagreement or a non-finite prediction
         self.ended = torch.zeros(n, dtype=torch.bool, device=self.device)  # ended by the termination rule
         self.lengths = torch.zeros(n, dtype=torch.long, device=self.device)  # the transitions each row has returned
         with torch.no_grad():
-            self._weights = [(w.detach().clone(), b.detach().clone()) for w, b in self.model.layer_weights(self.model.elite_index)]
+            self._weights = [
+                (w.detach().clone(), b.detach().clone()) for w, b in self.model.layer_weights(self.model.elite_index)
+            ]
         return self._obs.clone()
 
     def _action(self, action: npt.ArrayLike) -> torch.Tensor:
         n, a = len(self._state()[0]), self.model.act_dim
-        act = action.detach().float() if isinstance(action, torch.Tensor) else torch.as_tensor(np.asarray(action), dtype=torch.float32)
+        act = (
+            action.detach().float()
+            if isinstance(action, torch.Tensor)
+            else torch.as_tensor(np.asarray(action), dtype=torch.float32)
+        )
         if act.shape != (n, a):
-            raise ValueError(f"ModelEnv.step: actions of shape {tuple(act.shape)}: expected ({n}, {a}), one row per start state")
+            raise ValueError(
+                f"ModelEnv.step: actions of shape {tuple(act.shape)}: expected ({n}, {a}), one row per start state"
+            )
         return act.to(self.device)
 
     def step(self, action: npt.ArrayLike) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -208,14 +233,19 @@ class ModelEnv:
         member = torch.randint(n_m, (n,), generator=self.generator)
         noise = torch.randn(n, n_g, generator=self.generator) if model.probabilistic else None
         next_obs, reward = obs.clone(), torch.zeros(n, device=self.device)
-        terminal, alive = torch.zeros(n, dtype=torch.bool, device=self.device), torch.zeros(n, dtype=torch.bool, device=self.device)
+        terminal, alive = (
+            torch.zeros(n, dtype=torch.bool, device=self.device),
+            torch.zeros(n, dtype=torch.bool, device=self.device),
+        )
         live = running.nonzero().flatten()
         if len(live):
             o, a = obs[live], act[live]
             bad = ~torch.isfinite(a).all(1)
             if bad.any():
-                raise ValueError(f"ModelEnv.step: the actions of rows {_rows(live[bad].tolist())} are not finite: "
-                                 "the policy returned NaN or inf")
+                raise ValueError(
+                    f"ModelEnv.step: the actions of rows {_rows(live[bad].tolist())} are not finite: "
+                    "the policy returned NaN or inf"
+                )
             with torch.no_grad():
                 x = model.normalise_x(features(o, a)).unsqueeze(0).expand(n_m, -1, -1)
                 mean, logvar, done = model.heads(run_layers(x, self._weights))
@@ -244,7 +274,10 @@ class ModelEnv:
         if self.terminated is not None:
             ends = torch.as_tensor(self.terminated(next_obs), device=self.device)
             if ends.shape != (len(next_obs),):
-                raise ValueError(f"ModelEnv: terminated(obs) returned shape {tuple(ends.shape)}: expected ({len(next_obs)},), one flag per row")
+                raise ValueError(
+                    f"ModelEnv: terminated(obs) returned shape {tuple(ends.shape)}: expected ({len(next_obs)},), one "
+                    "flag per row"
+                )
             return ends.bool()
         if done_logit is not None:
             return done_logit > 0.0
@@ -288,8 +321,14 @@ class Rollouts(NamedTuple):
 
 
 def branched_rollouts(
-    source: Union[ModelEnv, Trained, EnsembleDynamics], policy: RolloutPolicy, start_obs: npt.ArrayLike, horizon: int, *,
-    terminated: Optional[TerminationFn] = None, project: Optional[ProjectFn] = None, seed: Optional[int] = None,
+    source: Union[ModelEnv, Trained, EnsembleDynamics],
+    policy: RolloutPolicy,
+    start_obs: npt.ArrayLike,
+    horizon: int,
+    *,
+    terminated: Optional[TerminationFn] = None,
+    project: Optional[ProjectFn] = None,
+    seed: Optional[int] = None,
     max_disagreement: Optional[float] = None,
 ) -> Rollouts:
     """MBPO's model rollout: from N real ``start_obs (N, obs_dim)``, up to
@@ -305,13 +344,30 @@ def branched_rollouts(
     if isinstance(horizon, bool) or not isinstance(horizon, numbers.Integral) or horizon < 1:
         raise ValueError(f"branched_rollouts: horizon={horizon!r}: expected at least 1 step")
     if isinstance(source, ModelEnv):
-        given = [k for k, v in {"terminated": terminated, "project": project, "seed": seed, "max_disagreement": max_disagreement}.items()
-                 if v is not None]
+        given = [
+            k
+            for k, v in {
+                "terminated": terminated,
+                "project": project,
+                "seed": seed,
+                "max_disagreement": max_disagreement,
+            }.items()
+            if v is not None
+        ]
         if given:
-            raise ValueError(f"branched_rollouts: {', '.join(given)} given with a ModelEnv, which has its own: set them on the ModelEnv")
+            raise ValueError(
+                f"branched_rollouts: {', '.join(given)} given with a ModelEnv, which has its own: set them on the "
+                "ModelEnv"
+            )
         env = source
     else:
-        env = ModelEnv(source, terminated=terminated, project=project, seed=0 if seed is None else seed, max_disagreement=max_disagreement)
+        env = ModelEnv(
+            source,
+            terminated=terminated,
+            project=project,
+            seed=0 if seed is None else seed,
+            max_disagreement=max_disagreement,
+        )
     obs = env.reset(start_obs)
     n, parts = len(obs), []
     act_dim = env.model.act_dim
@@ -321,15 +377,31 @@ def branched_rollouts(
         with torch.no_grad():
             action = torch.as_tensor(policy(obs), dtype=torch.float32, device=env.device)
         if action.shape != (n, act_dim):
-            raise ValueError(f"branched_rollouts: policy returned shape {tuple(action.shape)} for {n} observations: expected ({n}, {act_dim})")
+            raise ValueError(
+                f"branched_rollouts: policy returned shape {tuple(action.shape)} for {n} observations: expected ({n}, "
+                f"{act_dim})"
+            )
         next_obs, reward, terminal, alive = env.step(action)
         parts.append(Transitions(obs[alive], action[alive], reward[alive], next_obs[alive], terminal[alive].float()))
         obs = next_obs
-    stats = RolloutStats(rows=n, horizon=int(horizon), transitions=int(env.lengths.sum()), cut=int(env.cut.sum()),
-                         terminated=int(env.ended.sum()))
+    stats = RolloutStats(
+        rows=n,
+        horizon=int(horizon),
+        transitions=int(env.lengths.sum()),
+        cut=int(env.cut.sum()),
+        terminated=int(env.ended.sum()),
+    )
     kept = [p for p in parts if len(p)]
     if not kept:
         empty = torch.empty(0, env.model.obs_dim, device=env.device)
-        return Rollouts(Transitions(empty, torch.empty(0, act_dim, device=env.device), torch.empty(0, device=env.device), empty.clone(),
-                                    torch.empty(0, device=env.device)), stats)
+        return Rollouts(
+            Transitions(
+                empty,
+                torch.empty(0, act_dim, device=env.device),
+                torch.empty(0, device=env.device),
+                empty.clone(),
+                torch.empty(0, device=env.device),
+            ),
+            stats,
+        )
     return Rollouts(Transitions.cat(kept), stats)

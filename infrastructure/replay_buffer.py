@@ -7,7 +7,7 @@ foreign database can never run code.
 
 * A generation is appended in one transaction: a process killed between (or
   during) generations loses at most the generation it had not committed.
-* A locked database is retried (`genesis_fp16.storage.retry_locked`, the ledger's policy too), on top of
+* A locked database is retried (`genesis_fp16.base.storage.retry_locked`, the ledger's policy too), on top of
   SQLite's own busy timeout.
 * A file that is not an SQLite database, or whose schema is broken, raises
   `ReplayBufferError` naming the file; a read-only file, a full disk
@@ -26,15 +26,20 @@ import time
 from pathlib import Path
 from typing import Any, Optional, Sequence, Union
 
-from genesis_fp16 import storage
-from genesis_fp16.settings import Settings, env_name
-from genesis_fp16.telemetry import get_logger
+from genesis_fp16.base import storage
+from genesis_fp16.base.settings import Settings, env_name
+from genesis_fp16.base.telemetry import get_logger
 
 from .replay_rows import SCHEMA, COLUMNS, SCHEMA_VERSION, refuse_non_finite, row_to_trajectory, trajectory_row
 from .trajectory import Trajectory, trajectories_from_episodes
 
 __all__ = [
-    "DEFAULT_FILENAME", "SCHEMA_VERSION", "ReplayBuffer", "ReplayBufferError", "Trajectory", "trajectories_from_episodes",
+    "DEFAULT_FILENAME",
+    "SCHEMA_VERSION",
+    "ReplayBuffer",
+    "ReplayBufferError",
+    "Trajectory",
+    "trajectories_from_episodes",
 ]
 
 DEFAULT_FILENAME = "replay.sqlite"
@@ -43,7 +48,7 @@ DEFAULT_FILENAME = "replay.sqlite"
 class ReplayBufferError(storage.StorageError):
     """The replay database cannot be used; the message names the file,
     `kind` says why: `corrupt`, `read_only`, `full`, `permission`, `locked`
-    or `io` (`genesis_fp16.storage.KINDS`)."""
+    or `io` (`genesis_fp16.base.storage.KINDS`)."""
 
 
 class ReplayBuffer:
@@ -54,7 +59,11 @@ class ReplayBuffer:
     `ReplayBufferError` when the file cannot be used."""
 
     def __init__(
-        self, path: Union[str, Path, None] = None, *, settings: Optional[Settings] = None, busy_timeout_s: float = 5.0,
+        self,
+        path: Union[str, Path, None] = None,
+        *,
+        settings: Optional[Settings] = None,
+        busy_timeout_s: float = 5.0,
         read_only: bool = False,
     ) -> None:
         """``read_only``: open an existing database for reading only, creating
@@ -62,7 +71,7 @@ class ReplayBuffer:
         raises `ReplayBufferError` of kind ``read_only``."""
         dir_name = None  # how messages name the directory: the variable when it came from settings
         if path is None:
-            from genesis_fp16.settings import load_settings
+            from genesis_fp16.base.settings import load_settings
 
             settings = settings or load_settings()
             path = Path(settings.state_dir) / DEFAULT_FILENAME
@@ -92,9 +101,16 @@ class ReplayBuffer:
 
     def _fault(self, exc: Exception) -> ReplayBufferError:
         kind = storage.fault_kind(exc, self.path)
-        if kind in ("read_only", "full", "permission", "locked", "io"):  # the file may be fine: do not advise moving it aside
+        if kind in (
+            "read_only",
+            "full",
+            "permission",
+            "locked",
+            "io",
+        ):  # the file may be fine: do not advise moving it aside
             return ReplayBufferError(
-                storage.describe(kind, "replay database", self.path, exc, lost="nothing of this call was committed"), kind
+                storage.describe(kind, "replay database", self.path, exc, lost="nothing of this call was committed"),
+                kind,
             )
         return ReplayBufferError(
             f"{self.path}: the replay database is corrupt or not an SQLite file ({exc}); "
@@ -122,7 +138,8 @@ class ReplayBuffer:
         row = conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
         if row is None or int(row[0]) > SCHEMA_VERSION:
             raise ReplayBufferError(
-                f"{self.path}: replay schema version {row and row[0]!r} is newer than this code reads ({SCHEMA_VERSION})",
+                f"{self.path}: replay schema version {row and row[0]!r} is newer than this code reads "
+                f"({SCHEMA_VERSION})",
                 "corrupt",
             )
 
@@ -235,7 +252,9 @@ class ReplayBuffer:
 
     def agents(self) -> list[str]:
         """The agent names that have trajectories, sorted."""
-        return self._run(lambda conn: [r[0] for r in conn.execute("SELECT DISTINCT agent FROM trajectories ORDER BY agent")])
+        return self._run(
+            lambda conn: [r[0] for r in conn.execute("SELECT DISTINCT agent FROM trajectories ORDER BY agent")]
+        )
 
     def export(self, path: Union[str, Path], agent: Optional[str] = None) -> Path:
         """Write trajectories as JSON lines (atomically): one object per
@@ -261,7 +280,7 @@ class ReplayBuffer:
                         }
                     )
                 )
-        from genesis_fp16.checkpoint import atomic_write  # here: `state list` opens buffers and must not import torch
+        from genesis_fp16.base.storage import atomic_write  # here: `state list` opens buffers and must not import torch
 
         text = "\n".join(lines) + ("\n" if lines else "")
         return atomic_write(path, lambda fh: fh.write(text.encode("utf-8")))
@@ -290,12 +309,18 @@ class ReplayBuffer:
         def read(conn: sqlite3.Connection) -> dict[str, dict[str, Any]]:
             rows = conn.execute(
                 "SELECT agent, COUNT(*), COUNT(DISTINCT generation),"
-                " SUM(length(obs) + length(action) + length(reward) + length(next_obs) + length(done) + length(candidate)),"
+                " SUM(length(obs) + length(action) + length(reward) + length(next_obs) + length(done) + "
+                "length(candidate)),"
                 " MIN(created), MAX(created) FROM trajectories GROUP BY agent"
             )
             return {
-                agent: {"trajectories": int(n), "generations": int(g), "bytes": int(b or 0) + n * self.ROW_OVERHEAD_BYTES,
-                        "first_created": first, "last_created": last}
+                agent: {
+                    "trajectories": int(n),
+                    "generations": int(g),
+                    "bytes": int(b or 0) + n * self.ROW_OVERHEAD_BYTES,
+                    "first_created": first,
+                    "last_created": last,
+                }
                 for agent, n, g, b, first, last in rows
             }
 
@@ -350,7 +375,9 @@ class ReplayBuffer:
         (one transaction); returns the number of rows deleted."""
 
         def write(conn: sqlite3.Connection) -> int:
-            return conn.execute("DELETE FROM trajectories WHERE agent = ? AND generation > ?", (agent, int(generation))).rowcount
+            return conn.execute(
+                "DELETE FROM trajectories WHERE agent = ? AND generation > ?", (agent, int(generation))
+            ).rowcount
 
         return self._run(write, write=True)
 

@@ -35,22 +35,51 @@ CREATE INDEX IF NOT EXISTS trajectories_agent_id ON trajectories (agent, id);
 CREATE INDEX IF NOT EXISTS trajectories_agent_generation ON trajectories (agent, generation);
 """
 
-COLUMNS = "id, agent, generation, candidate, return, outcome, length, obs_dim, act_dim, obs, action, reward, next_obs, done, created"
+COLUMNS = (
+    "id, agent, generation, candidate, return, outcome, length, obs_dim, act_dim, obs, action, reward, next_obs, "
+    "done, created"
+)
 
 
 def trajectory_row(agent: str, generation: int, traj: Trajectory, created: float) -> tuple:
     """The INSERT values of ``traj`` (every column of `COLUMNS` but ``id``)."""
     return (
-        agent, int(generation), traj.candidate, None if traj.return_ is None else float(traj.return_), traj.outcome,
-        int(traj.obs.shape[0]), int(traj.obs.shape[1]), int(traj.action.shape[1]),
-        traj.obs.astype("<f4").tobytes(), traj.action.astype("<f4").tobytes(), traj.reward.astype("<f4").tobytes(),
-        traj.next_obs.astype("<f4").tobytes(), traj.done.astype("u1").tobytes(), created,
+        agent,
+        int(generation),
+        traj.candidate,
+        None if traj.return_ is None else float(traj.return_),
+        traj.outcome,
+        int(traj.obs.shape[0]),
+        int(traj.obs.shape[1]),
+        int(traj.action.shape[1]),
+        traj.obs.astype("<f4").tobytes(),
+        traj.action.astype("<f4").tobytes(),
+        traj.reward.astype("<f4").tobytes(),
+        traj.next_obs.astype("<f4").tobytes(),
+        traj.done.astype("u1").tobytes(),
+        created,
     )
 
 
 def row_to_trajectory(row: tuple) -> Trajectory:
     """A row selected as `COLUMNS` -> its trajectory."""
-    (tid, agent, generation, candidate, ret, outcome, length, obs_dim, act_dim, obs, action, reward, next_obs, done, created) = row
+    (
+        tid,
+        agent,
+        generation,
+        candidate,
+        ret,
+        outcome,
+        length,
+        obs_dim,
+        act_dim,
+        obs,
+        action,
+        reward,
+        next_obs,
+        done,
+        created,
+    ) = row
     return Trajectory(
         obs=np.frombuffer(obs, dtype="<f4").reshape(length, obs_dim),
         action=np.frombuffer(action, dtype="<f4").reshape(length, act_dim),
@@ -64,7 +93,8 @@ def row_to_trajectory(row: tuple) -> Trajectory:
         generation=generation,
         id=tid,
         created=created,
-        refuse_non_finite=False,  # a row from before the check is readable, so training can name it and it can be deleted
+        # a row from before the check is readable, so training can name it and it can be deleted
+        refuse_non_finite=False,
     )
 
 
@@ -77,7 +107,8 @@ def refuse_non_finite(agent: str, generation: int, trajectories: Sequence[Trajec
         if bad is not None:
             name, t = bad
             raise ValueError(
-                f"trajectory {k} of the generation (candidate {traj.candidate!r}): non-finite {name} at transition {t} (NaN or inf as float32); "
+                f"trajectory {k} of the generation (candidate {traj.candidate!r}): non-finite {name} at transition "
+                f"{t} (NaN or inf as float32); "
                 f"refusing to store generation {generation} of agent {agent!r}, nothing of it was written: "
                 "leave this trajectory out (its env returned bad data) and append the others"
             )

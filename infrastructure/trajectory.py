@@ -87,7 +87,11 @@ class Trajectory:
         self.done = np.asarray(self.done, dtype=bool).reshape(-1)
         n = self.obs.shape[0]
         shapes = {k: getattr(self, k).shape for k in ARRAY_FIELDS}
-        if self.obs.ndim != 2 or self.next_obs.shape != self.obs.shape or any(getattr(self, k).shape[0] != n for k in ARRAY_FIELDS):
+        if (
+            self.obs.ndim != 2
+            or self.next_obs.shape != self.obs.shape
+            or any(getattr(self, k).shape[0] != n for k in ARRAY_FIELDS)
+        ):
             raise ValueError(
                 f"trajectory {self.candidate or self.id!r}: inconsistent transition shapes {shapes}; "
                 "expected obs and next_obs (T, obs_dim), action (T, act_dim), reward and done (T,)"
@@ -109,23 +113,37 @@ class Trajectory:
         if bad is not None:
             name, t = bad
             raise ValueError(
-                f"trajectory {self.candidate or self.id!r}: non-finite {name} at transition {t} (NaN or inf as float32, or beyond "
-                f"+-{MAX_MAGNITUDE:g}); expected finite values: leave this episode out (its env returned bad data) instead of storing it"
+                f"trajectory {self.candidate or self.id!r}: non-finite {name} at transition {t} (NaN or inf as "
+                "float32, or beyond "
+                f"+-{MAX_MAGNITUDE:g}); expected finite values: leave this episode out (its env returned bad data) "
+                "instead of storing it"
             )
 
     @property
     def label(self) -> str:
         """How errors name this trajectory."""
-        parts = [f"id={self.id}" if self.id is not None else None, f"candidate={self.candidate!r}" if self.candidate else None]
-        return "trajectory " + " ".join(p for p in parts if p) + f" (agent {self.agent!r}, generation {self.generation})"
+        parts = [
+            f"id={self.id}" if self.id is not None else None,
+            f"candidate={self.candidate!r}" if self.candidate else None,
+        ]
+        return (
+            "trajectory " + " ".join(p for p in parts if p) + f" (agent {self.agent!r}, generation {self.generation})"
+        )
 
 
-def trajectories_from_episodes(episodes: Iterable[dict[str, np.ndarray]], candidate: str, outcome: str = "") -> list[Trajectory]:
+def trajectories_from_episodes(
+    episodes: Iterable[dict[str, np.ndarray]], candidate: str, outcome: str = ""
+) -> list[Trajectory]:
     """Episodes as returned by ``agents.tasks.episodes.run_episodes`` -> trajectories."""
     return [
         Trajectory(
-            obs=ep["obs"], action=ep["action"], reward=ep["reward"], next_obs=ep["next_obs"], done=ep["done"],
-            candidate=candidate, outcome=outcome,
+            obs=ep["obs"],
+            action=ep["action"],
+            reward=ep["reward"],
+            next_obs=ep["next_obs"],
+            done=ep["done"],
+            candidate=candidate,
+            outcome=outcome,
         )
         for ep in episodes
     ]

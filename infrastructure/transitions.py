@@ -28,7 +28,12 @@ class Transitions:
 
     def __post_init__(self) -> None:
         n = len(self.obs)
-        shapes = {"act": len(self.act), "rew": len(self.rew), "next_obs": len(self.next_obs), "terminal": len(self.terminal)}
+        shapes = {
+            "act": len(self.act),
+            "rew": len(self.rew),
+            "next_obs": len(self.next_obs),
+            "terminal": len(self.terminal),
+        }
         bad = [f"{k} has {v}" for k, v in shapes.items() if v != n]
         if bad:
             raise ValueError(f"Transitions: obs has {n} rows but " + ", ".join(bad))
@@ -49,7 +54,12 @@ class Transitions:
         if not parts:
             raise ValueError("Transitions.cat: nothing to join")
         device = parts[0].obs.device
-        return Transitions(*(torch.cat([getattr(p, k).to(device) for p in parts]) for k in ("obs", "act", "rew", "next_obs", "terminal")))
+        return Transitions(
+            *(
+                torch.cat([getattr(p, k).to(device) for p in parts])
+                for k in ("obs", "act", "rew", "next_obs", "terminal")
+            )
+        )
 
     @classmethod
     def from_trajectories(cls, trajectories: Sequence[Trajectory]) -> "Transitions":
@@ -59,6 +69,8 @@ class Transitions:
             raise ValueError("Transitions.from_trajectories: no trajectories")
 
         def stack(name: str) -> torch.Tensor:
-            return torch.as_tensor(np.concatenate([np.asarray(getattr(t, name), dtype=np.float32) for t in trajectories]))
+            return torch.as_tensor(
+                np.concatenate([np.asarray(getattr(t, name), dtype=np.float32) for t in trajectories])
+            )
 
         return cls(stack("obs"), stack("action"), stack("reward"), stack("next_obs"), stack("done"))

@@ -19,7 +19,6 @@ import platform
 import time
 
 
-
 def _noop() -> None:
     return None
 
@@ -45,14 +44,21 @@ def main() -> None:
     from agents.evaluation import Evaluator
     from agents.ray_evaluation import RayEvaluator
     from agents.tasks.builtin import pendulum
-    from genesis_fp16.seeds import numpy_rng
+    from genesis_fp16.base.seeds import numpy_rng
 
     task = pendulum().resolve()
     params = task.policy.random_params(numpy_rng(0, "bench_backends.params"), 1, 1.0)[0]
     states = task.start_states(0).train
     states = [states[i % len(states)] for i in range(args.states)]
-    out: dict = {"host": platform.node(), "cpus": os.cpu_count(), "torch": torch.__version__, "ray": ray.__version__,
-                 "date": time.strftime("%Y-%m-%d", time.gmtime()), "states_per_call": args.states, "calls": args.calls}
+    out: dict = {
+        "host": platform.node(),
+        "cpus": os.cpu_count(),
+        "torch": torch.__version__,
+        "ray": ray.__version__,
+        "date": time.strftime("%Y-%m-%d", time.gmtime()),
+        "states_per_call": args.states,
+        "calls": args.calls,
+    }
     for w in args.workers:
         with Evaluator(task, workers=w, timeout_s=300) as ev:
             out[f"process_w{w}_eps"] = round(episodes_per_s(ev, params, states, args.calls), 1)

@@ -51,8 +51,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from genesis_fp16.guarded import UNGUARDED  # noqa: E402
-from genesis_fp16.seeds import torch_generator  # noqa: E402
+from genesis_fp16.training.guarded import UNGUARDED  # noqa: E402
+from genesis_fp16.base.seeds import torch_generator  # noqa: E402
 from infrastructure.critic import Critic  # noqa: E402
 from infrastructure.transitions import Transitions  # noqa: E402
 
@@ -75,8 +75,16 @@ def _task(obs_dim: int, act_dim: int, bound: float, n: int, seed: int) -> Transi
 
 
 def _critic(obs_dim: int, act_dim: int, bound: float, hidden: int, precision: str, batch: int) -> Critic:
-    return Critic(obs_dim, act_dim, action_low=[-bound] * act_dim, action_high=[bound] * act_dim, precision=precision,
-                  guard=UNGUARDED, hidden=hidden, batch_size=batch)
+    return Critic(
+        obs_dim,
+        act_dim,
+        action_low=[-bound] * act_dim,
+        action_high=[bound] * act_dim,
+        precision=precision,
+        guard=UNGUARDED,
+        hidden=hidden,
+        batch_size=batch,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -100,6 +108,7 @@ def main(argv: list[str] | None = None) -> int:
         data[env] = _task(obs_dim, act_dim, bound, 4096, 0)
     for env, hidden, prec in configs:
         critics[(env, hidden, prec)] = _critic(*ENVS[env], hidden, prec, args.batch)
+
     def policy_for(act_dim: int):
         return lambda obs: torch.zeros(len(obs), act_dim)
 
@@ -117,19 +126,41 @@ def main(argv: list[str] | None = None) -> int:
         for env, hidden, prec in configs:
             obs_dim, act_dim, bound = ENVS[env]
             critic = _critic(obs_dim, act_dim, bound, hidden, prec, args.batch)
-            quality[(env, hidden, prec)] = critic._train_sync(data[env], policy_for(act_dim), args.quality_steps, False).val_loss
+            quality[(env, hidden, prec)] = critic._train_sync(
+                data[env], policy_for(act_dim), args.quality_steps, False
+            ).val_loss
     rows = []
     for env in envs:
         for hidden in hiddens:
             fp32, bf16 = (statistics.median(times[(env, hidden, p)]) for p in precisions)
-            rows.append({"env": env, "hidden": hidden, "fp32_ms": round(fp32, 3), "bf16_ms": round(bf16, 3),
-                         "bf16_speedup": round(fp32 / bf16, 2), "val_fp32": quality.get((env, hidden, "fp32")),
-                         "val_bf16": quality.get((env, hidden, "bf16"))})
-    result: dict[str, Any] = {"torch": torch.__version__, "cpu_flags": _flags(), "cpu": platform.processor() or platform.machine(),
-                              "batch": args.batch, "steps": args.steps, "rounds": args.rounds, "quality_steps": args.quality_steps,
-                              "loadavg_before": load_before, "loadavg_after": os.getloadavg(), "rows": rows}
-    print(f"torch {result['torch']}, CPU flags {' '.join(result['cpu_flags'])}, one thread, batch {args.batch}, "
-          f"median of {args.rounds} rounds x {args.steps} steps (ms CPU per step); loadavg {load_before[0]:.2f} -> {os.getloadavg()[0]:.2f}")
+            rows.append(
+                {
+                    "env": env,
+                    "hidden": hidden,
+                    "fp32_ms": round(fp32, 3),
+                    "bf16_ms": round(bf16, 3),
+                    "bf16_speedup": round(fp32 / bf16, 2),
+                    "val_fp32": quality.get((env, hidden, "fp32")),
+                    "val_bf16": quality.get((env, hidden, "bf16")),
+                }
+            )
+    result: dict[str, Any] = {
+        "torch": torch.__version__,
+        "cpu_flags": _flags(),
+        "cpu": platform.processor() or platform.machine(),
+        "batch": args.batch,
+        "steps": args.steps,
+        "rounds": args.rounds,
+        "quality_steps": args.quality_steps,
+        "loadavg_before": load_before,
+        "loadavg_after": os.getloadavg(),
+        "rows": rows,
+    }
+    print(
+        f"torch {result['torch']}, CPU flags {' '.join(result['cpu_flags'])}, one thread, batch {args.batch}, "
+        f"median of {args.rounds} rounds x {args.steps} steps (ms CPU per step); loadavg {load_before[0]:.2f} -> "
+        f"{os.getloadavg()[0]:.2f}"
+    )
     print(f"{'env':<12}{'hidden':>7}{'fp32 ms':>9}{'bf16 ms':>9}{'bf16 x':>8}{'val fp32':>10}{'val bf16':>10}")
     for r in rows:
         val = "".join(f"{v:>10.4f}" if v is not None else f"{'-':>10}" for v in (r["val_fp32"], r["val_bf16"]))

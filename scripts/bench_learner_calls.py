@@ -33,7 +33,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 
 
 def _cpu_flags() -> str:
-    from genesis_fp16.precision import cpu_flags
+    from genesis_fp16.precision.capability import cpu_flags
 
     flags = cpu_flags()
     return " ".join(f for f in ("amx_bf16", "avx512_bf16", "avx512f", "avx2") if f in flags) or "unknown"
@@ -42,24 +42,42 @@ def _cpu_flags() -> str:
 def calls(precision: str, steps: int, state: Path) -> dict[str, Callable[[], Any]]:
     from count_host_reads import _trajectories
 
-    from genesis_fp16.guarded import UNGUARDED
-    from genesis_fp16.settings import load_settings
+    from genesis_fp16.training.guarded import UNGUARDED
+    from genesis_fp16.base.settings import load_settings
     from infrastructure.critic import Critic
     from infrastructure.transitions import Transitions
     from infrastructure.world_model import WorldModel
 
     trajs = _trajectories()
-    wm = WorldModel(3, 1, precision=precision, guard=UNGUARDED, checkpoint_dir=state / f"wm-{precision}", seed=0,
-                    settings=load_settings(state_dir=state))
-    critic = Critic(3, 1, action_low=[-2.0], action_high=[2.0], precision=precision, guard=UNGUARDED,
-                    checkpoint_dir=state / f"critic-{precision}", seed=0, settings=load_settings(state_dir=state))
+    wm = WorldModel(
+        3,
+        1,
+        precision=precision,
+        guard=UNGUARDED,
+        checkpoint_dir=state / f"wm-{precision}",
+        seed=0,
+        settings=load_settings(state_dir=state),
+    )
+    critic = Critic(
+        3,
+        1,
+        action_low=[-2.0],
+        action_high=[2.0],
+        precision=precision,
+        guard=UNGUARDED,
+        checkpoint_dir=state / f"critic-{precision}",
+        seed=0,
+        settings=load_settings(state_dir=state),
+    )
     data = Transitions.from_trajectories(trajs)
 
     def policy(obs: torch.Tensor) -> torch.Tensor:
         return torch.zeros(len(obs), 1)
 
-    return {"world_model": lambda: wm._train_sync(trajs, steps, False),
-            "critic": lambda: critic._train_sync(data, policy, steps, False)}
+    return {
+        "world_model": lambda: wm._train_sync(trajs, steps, False),
+        "critic": lambda: critic._train_sync(data, policy, steps, False),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -83,14 +101,29 @@ def main(argv: list[str] | None = None) -> int:
                     start = time.thread_time()
                     fn()
                     times.setdefault((name, p), []).append(time.thread_time() - start)
-    rows = [{"learner": name, "precision": p, "steps": args.steps, "median_cpu_s": statistics.median(t), "rounds": t}
-            for (name, p), t in times.items()]
+    rows = [
+        {"learner": name, "precision": p, "steps": args.steps, "median_cpu_s": statistics.median(t), "rounds": t}
+        for (name, p), t in times.items()
+    ]
     for row in rows:
-        print(f"{row['learner']:12s} {row['precision']:5s} {args.steps} steps: {row['median_cpu_s'] * 1000:.1f} CPU-ms a call "
-              f"({row['median_cpu_s'] / args.steps * 1e6:.0f} us a step)")
-    meta = {"torch": torch.__version__, "cpu_flags": _cpu_flags(), "machine": platform.machine(), "threads": 1,
-            "load_before": load_before, "load_after": os.getloadavg(), "date": time.strftime("%Y-%m-%d")}
-    print(f"torch {meta['torch']}, CPU flags {meta['cpu_flags']}, load {load_before[0]:.2f} -> {meta['load_after'][0]:.2f}")
+        print(
+            f"{row['learner']:12s} {row['precision']:5s} {args.steps} steps: {row['median_cpu_s'] * 1000:.1f} CPU-ms "
+            "a call "
+            f"({row['median_cpu_s'] / args.steps * 1e6:.0f} us a step)"
+        )
+    meta = {
+        "torch": torch.__version__,
+        "cpu_flags": _cpu_flags(),
+        "machine": platform.machine(),
+        "threads": 1,
+        "load_before": load_before,
+        "load_after": os.getloadavg(),
+        "date": time.strftime("%Y-%m-%d"),
+    }
+    print(
+        f"torch {meta['torch']}, CPU flags {meta['cpu_flags']}, load {load_before[0]:.2f} -> "
+        f"{meta['load_after'][0]:.2f}"
+    )
     if args.json:
         args.json.write_text(json.dumps({**meta, "rows": rows}, indent=1))
     return 0

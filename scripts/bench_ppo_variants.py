@@ -44,8 +44,10 @@ def _variant(name: str) -> tuple[dict, tuple[str, ...]]:
     left_out = set(name[3:].split("+")) if name.startswith("no_") else set()
     if left_out and left_out <= set(PIECES):
         return {}, tuple(p for p in PIECES if p not in left_out)
-    raise SystemExit(f"variant {name!r}: expected one of {', '.join(PRECISIONS)}, plain, or no_<piece>[+<piece>...] for pieces of "
-                     f"{', '.join(PIECES)}")
+    raise SystemExit(
+        f"variant {name!r}: expected one of {', '.join(PRECISIONS)}, plain, or no_<piece>[+<piece>...] for pieces of "
+        f"{', '.join(PIECES)}"
+    )
 
 
 def worker(env_id: str, steps: int, seed: int, name: str) -> dict:
@@ -54,15 +56,33 @@ def worker(env_id: str, steps: int, seed: int, name: str) -> dict:
     from bench_ppo_vs_sb3 import train_timed  # scripts/ is this script's own folder on the path
 
     fields, pieces = _variant(name)
-    cfg = load_config(ROOT / "configs" / "base.yaml", env_id=env_id, total_steps=steps, seed=seed, vec_env="sync", device="cpu",
-                      **SHARED, **fields)
+    cfg = load_config(
+        ROOT / "configs" / "base.yaml",
+        env_id=env_id,
+        total_steps=steps,
+        seed=seed,
+        vec_env="sync",
+        device="cpu",
+        **SHARED,
+        **fields,
+    )
     ppo = PPO(cfg, fast_pieces=pieces)
     result, cpu, eval_return = train_timed(ppo)
-    return {"variant": name, "seed": seed, "env_steps": result.env_steps, "cpu_s": cpu, "wall_s": result.wall_s,
-            "env_steps_per_cpu_s": result.env_steps / cpu, "eval_return": eval_return, "time_split_s": result.time_split_s,
-            "precision": ppo.trainer.precision.name, "decision": ppo.guard.training.decision.line(),
-            "canaries": len(ppo.guard.canaries), "rollbacks": ppo.guard.rollbacks,
-            "fast_path": result.optimizations["fast_path_pieces"]}
+    return {
+        "variant": name,
+        "seed": seed,
+        "env_steps": result.env_steps,
+        "cpu_s": cpu,
+        "wall_s": result.wall_s,
+        "env_steps_per_cpu_s": result.env_steps / cpu,
+        "eval_return": eval_return,
+        "time_split_s": result.time_split_s,
+        "precision": ppo.trainer.precision.name,
+        "decision": ppo.guard.training.decision.line(),
+        "canaries": len(ppo.guard.canaries),
+        "rollbacks": ppo.guard.rollbacks,
+        "fast_path": result.optimizations["fast_path_pieces"],
+    }
 
 
 def main() -> None:
@@ -84,34 +104,70 @@ def main() -> None:
     env = dict(os.environ, OMP_NUM_THREADS="1")
     runs: dict[str, list[dict]] = {n: [] for n in names}
     for rep in range(args.repeats):
-        order = names[rep % len(names):] + names[:rep % len(names)]
+        order = names[rep % len(names) :] + names[: rep % len(names)]
         for name in order:
             load = os.getloadavg()[0]
-            cmd = [sys.executable, __file__, "--env", args.env, "--steps", str(args.steps), "--seed", str(args.seed + rep), "--worker", name]
-            res = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True, env=env).stdout.strip().splitlines()[-1])
+            cmd = [
+                sys.executable,
+                __file__,
+                "--env",
+                args.env,
+                "--steps",
+                str(args.steps),
+                "--seed",
+                str(args.seed + rep),
+                "--worker",
+                name,
+            ]
+            res = json.loads(
+                subprocess.run(cmd, check=True, capture_output=True, text=True, env=env).stdout.strip().splitlines()[-1]
+            )
             res["load_before"] = load
             runs[name].append(res)
-            print(f"repeat {rep + 1}/{args.repeats} {name:>16}: {res['env_steps_per_cpu_s']:>9,.0f} env steps per CPU-s, eval {res['eval_return']:.1f}, "
-                  f"{res['precision']}, {res['canaries']} canaries, rollbacks {res['rollbacks'] or 'none'} (load {load:.1f})", flush=True)
+            print(
+                f"repeat {rep + 1}/{args.repeats} {name:>16}: {res['env_steps_per_cpu_s']:>9,.0f} env steps per "
+                f"CPU-s, eval {res['eval_return']:.1f}, "
+                f"{res['precision']}, {res['canaries']} canaries, rollbacks {res['rollbacks'] or 'none'} (load "
+                f"{load:.1f})",
+                flush=True,
+            )
     first = names[0]
     summary = {}
     for name in names:
         rates = [r["env_steps_per_cpu_s"] for r in runs[name]]
         pairs = [r["env_steps_per_cpu_s"] / f["env_steps_per_cpu_s"] for r, f in zip(runs[name], runs[first])]
-        summary[name] = {"median_env_steps_per_cpu_s": statistics.median(rates), "ratio_to_first_per_pair": pairs,
-                         "median_ratio_to_first": statistics.median(pairs), "eval_returns": [r["eval_return"] for r in runs[name]],
-                         "precision": sorted({r["precision"] for r in runs[name]}), "canaries": [r["canaries"] for r in runs[name]],
-                         "rollbacks": [r["rollbacks"] for r in runs[name]]}
+        summary[name] = {
+            "median_env_steps_per_cpu_s": statistics.median(rates),
+            "ratio_to_first_per_pair": pairs,
+            "median_ratio_to_first": statistics.median(pairs),
+            "eval_returns": [r["eval_return"] for r in runs[name]],
+            "precision": sorted({r["precision"] for r in runs[name]}),
+            "canaries": [r["canaries"] for r in runs[name]],
+            "rollbacks": [r["rollbacks"] for r in runs[name]],
+        }
         s = summary[name]
-        print(f"{name:>16}: median {s['median_env_steps_per_cpu_s']:,.0f} env steps per CPU-s, x{s['median_ratio_to_first']:.3f} of {first} "
-              f"(pairs {', '.join(f'{p:.3f}' for p in pairs)}), eval median {statistics.median(s['eval_returns']):.1f}")
+        print(
+            f"{name:>16}: median {s['median_env_steps_per_cpu_s']:,.0f} env steps per CPU-s, "
+            f"x{s['median_ratio_to_first']:.3f} of {first} "
+            f"(pairs {', '.join(f'{p:.3f}' for p in pairs)}), eval median {statistics.median(s['eval_returns']):.1f}"
+        )
     if args.json:
         from benchmarks.baselines.common import host
 
         where = host()  # CPU model, the flags a figure is read against, cores, torch, date
-        out = {"env": args.env, "steps": args.steps, "repeats": args.repeats, "variants": names, "settings": SHARED,
-               "summary": summary, "runs": runs, "torch": where["torch"], "cpu": where["cpu"], "cpu_flags": where["flags"],
-               "date": where["date"]}
+        out = {
+            "env": args.env,
+            "steps": args.steps,
+            "repeats": args.repeats,
+            "variants": names,
+            "settings": SHARED,
+            "summary": summary,
+            "runs": runs,
+            "torch": where["torch"],
+            "cpu": where["cpu"],
+            "cpu_flags": where["flags"],
+            "date": where["date"],
+        }
         tmp = args.json.with_suffix(args.json.suffix + ".tmp")
         tmp.write_text(json.dumps(out, indent=2))
         os.replace(tmp, args.json)

@@ -44,8 +44,16 @@ OVERRIDES: list[str] = []  # --set key=value: configs/base.yaml overrides, read 
 def _ours_config(env_id: str, steps: int, seed: int, vec_env: str = "sync"):
     from agents.ppo.config import load_config
 
-    return load_config(ROOT / "configs" / "base.yaml", OVERRIDES, env_id=env_id, total_steps=steps, seed=seed,
-                       vec_env=vec_env, device="cpu", **SHARED)
+    return load_config(
+        ROOT / "configs" / "base.yaml",
+        OVERRIDES,
+        env_id=env_id,
+        total_steps=steps,
+        seed=seed,
+        vec_env=vec_env,
+        device="cpu",
+        **SHARED,
+    )
 
 
 def train_timed(ppo) -> tuple[Any, float, float]:
@@ -66,9 +74,17 @@ def worker_ours(env_id: str, steps: int, seed: int, vec_env: str) -> dict:
 
     ppo = PPO(_ours_config(env_id, steps, seed, vec_env))
     result, cpu, eval_return = train_timed(ppo)
-    return {"impl": "ours", "env_steps": result.env_steps, "wall_s": result.wall_s, "cpu_s": cpu,
-            "env_steps_per_s": result.env_steps_per_s, "env_steps_per_cpu_s": result.env_steps / cpu,
-            "eval_return": eval_return, "time_split_s": result.time_split_s, "vec_env": ppo.vec_choice.mode if ppo.vec_choice is not None else None}
+    return {
+        "impl": "ours",
+        "env_steps": result.env_steps,
+        "wall_s": result.wall_s,
+        "cpu_s": cpu,
+        "env_steps_per_s": result.env_steps_per_s,
+        "env_steps_per_cpu_s": result.env_steps / cpu,
+        "eval_return": eval_return,
+        "time_split_s": result.time_split_s,
+        "vec_env": ppo.vec_choice.mode if ppo.vec_choice is not None else None,
+    }
 
 
 def worker_raw(env_id: str, steps: int, seed: int, vec_env: str) -> dict:
@@ -89,8 +105,14 @@ def worker_raw(env_id: str, steps: int, seed: int, vec_env: str) -> dict:
     finally:
         envs.close()
     total = vector_steps * n
-    return {"impl": "raw", "env_steps": total, "wall_s": wall, "cpu_s": cpu, "env_steps_per_s": total / wall,
-            "env_steps_per_cpu_s": total / cpu}
+    return {
+        "impl": "raw",
+        "env_steps": total,
+        "wall_s": wall,
+        "cpu_s": cpu,
+        "env_steps_per_s": total / wall,
+        "env_steps_per_cpu_s": total / cpu,
+    }
 
 
 def worker_sb3(env_id: str, steps: int, seed: int, vec_env: str) -> dict:  # SB3 always steps its DummyVecEnv
@@ -107,12 +129,25 @@ def worker_sb3(env_id: str, steps: int, seed: int, vec_env: str) -> dict:  # SB3
     if normalized:  # ours normalises inside the learner; SB3's way is the VecNormalize wrapper
         env = VecNormalize(env, norm_obs=cfg.normalize_obs, norm_reward=cfg.normalize_reward, gamma=cfg.gamma)
     model = PPO(
-        "MlpPolicy", env, n_steps=cfg.num_steps, batch_size=cfg.minibatch_size, n_epochs=cfg.update_epochs,
-        learning_rate=(lambda progress: progress * lr) if cfg.anneal_lr else lr, gamma=cfg.gamma,
-        gae_lambda=cfg.gae_lambda, clip_range=cfg.clip_coef, ent_coef=cfg.ent_coef, vf_coef=cfg.vf_coef,
-        max_grad_norm=cfg.max_grad_norm, normalize_advantage=cfg.norm_adv,
-        policy_kwargs=dict(net_arch=dict(pi=[cfg.hidden_size] * 2, vf=[cfg.hidden_size] * 2), activation_fn=torch.nn.Tanh),
-        seed=seed, device="cpu", verbose=0,
+        "MlpPolicy",
+        env,
+        n_steps=cfg.num_steps,
+        batch_size=cfg.minibatch_size,
+        n_epochs=cfg.update_epochs,
+        learning_rate=(lambda progress: progress * lr) if cfg.anneal_lr else lr,
+        gamma=cfg.gamma,
+        gae_lambda=cfg.gae_lambda,
+        clip_range=cfg.clip_coef,
+        ent_coef=cfg.ent_coef,
+        vf_coef=cfg.vf_coef,
+        max_grad_norm=cfg.max_grad_norm,
+        normalize_advantage=cfg.norm_adv,
+        policy_kwargs=dict(
+            net_arch=dict(pi=[cfg.hidden_size] * 2, vf=[cfg.hidden_size] * 2), activation_fn=torch.nn.Tanh
+        ),
+        seed=seed,
+        device="cpu",
+        verbose=0,
     )
     total = cfg.num_iterations * cfg.batch_size  # the same number of env steps as ours
     t0, cpu0 = time.perf_counter(), time.process_time()
@@ -124,13 +159,33 @@ def worker_sb3(env_id: str, steps: int, seed: int, vec_env: str) -> dict:  # SB3
         if cfg.normalize_obs:
             eval_env.obs_rms = env.obs_rms
     mean, _ = evaluate_policy(model, eval_env, n_eval_episodes=cfg.eval_episodes, deterministic=True)
-    return {"impl": "sb3", "env_steps": model.num_timesteps, "wall_s": wall, "cpu_s": cpu,
-            "env_steps_per_s": model.num_timesteps / wall, "env_steps_per_cpu_s": model.num_timesteps / cpu, "eval_return": float(mean)}
+    return {
+        "impl": "sb3",
+        "env_steps": model.num_timesteps,
+        "wall_s": wall,
+        "cpu_s": cpu,
+        "env_steps_per_s": model.num_timesteps / wall,
+        "env_steps_per_cpu_s": model.num_timesteps / cpu,
+        "eval_return": float(mean),
+    }
 
 
 def _spawn(impl: str, env_id: str, steps: int, seed: int, vec_env: str) -> dict:
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", impl, "--env", env_id, "--steps", str(steps), "--seed", str(seed),
-           "--vec-env", vec_env, *(f"--set={o}" for o in OVERRIDES)]
+    cmd = [
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "--worker",
+        impl,
+        "--env",
+        env_id,
+        "--steps",
+        str(steps),
+        "--seed",
+        str(seed),
+        "--vec-env",
+        vec_env,
+        *(f"--set={o}" for o in OVERRIDES),
+    ]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}  # a subprocess needs its env
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT)
     if proc.returncode != 0:
@@ -145,12 +200,23 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--json", type=Path, default=None)
-    ap.add_argument("--raw-steps", type=int, default=None, help="env steps of the raw SyncVectorEnv measurement (default: --steps)")
-    ap.add_argument("--vec-env", choices=["auto", "sync"], default="auto",
-                    help="our PPO's vec_env (SB3 steps its DummyVecEnv either way; auto: what `genesis-fp16 ppo` picks); "
-                         "the raw rate is measured on gymnasium's SyncVectorEnv")
-    ap.add_argument("--set", dest="overrides", action="append", default=[],
-                    help="a key=value override of configs/base.yaml, for ours and SB3 alike (e.g. normalize_reward=false)")
+    ap.add_argument(
+        "--raw-steps", type=int, default=None, help="env steps of the raw SyncVectorEnv measurement (default: --steps)"
+    )
+    ap.add_argument(
+        "--vec-env",
+        choices=["auto", "sync"],
+        default="auto",
+        help="our PPO's vec_env (SB3 steps its DummyVecEnv either way; auto: what `genesis-fp16 ppo` picks); "
+        "the raw rate is measured on gymnasium's SyncVectorEnv",
+    )
+    ap.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        help="a key=value override of configs/base.yaml, for ours and SB3 alike (e.g. normalize_reward=false)",
+    )
     ap.add_argument("--worker", choices=["ours", "sb3", "raw"], help=argparse.SUPPRESS)
     args = ap.parse_args()
     OVERRIDES[:] = args.overrides
@@ -169,12 +235,21 @@ def main() -> None:
         order = ["sb3", "ours", "raw"] if rep % 2 == 0 else ["raw", "ours", "sb3"]
         for impl in order:
             load = os.getloadavg()[0]
-            res = _spawn(impl, args.env, args.raw_steps or args.steps if impl == "raw" else args.steps, args.seed + rep, args.vec_env)
+            res = _spawn(
+                impl,
+                args.env,
+                args.raw_steps or args.steps if impl == "raw" else args.steps,
+                args.seed + rep,
+                args.vec_env,
+            )
             res["load_avg_before"] = load
             runs[impl].append(res)
             ret = f", eval return {res['eval_return']:.1f}" if "eval_return" in res else ""
-            print(f"repeat {rep + 1}/{args.repeats} {impl:4s}: {res['env_steps_per_cpu_s']:8,.0f} env steps per CPU-s, "
-                  f"{res['env_steps_per_s']:8,.0f} per wall-s{ret} (load {load:.1f})", flush=True)
+            print(
+                f"repeat {rep + 1}/{args.repeats} {impl:4s}: {res['env_steps_per_cpu_s']:8,.0f} env steps per CPU-s, "
+                f"{res['env_steps_per_s']:8,.0f} per wall-s{ret} (load {load:.1f})",
+                flush=True,
+            )
     med = {k: statistics.median(r["env_steps_per_s"] for r in v) for k, v in runs.items()}
     med_cpu = {k: statistics.median(r["env_steps_per_cpu_s"] for r in v) for k, v in runs.items()}
     ratio, ratio_cpu = med["ours"] / med["sb3"], med_cpu["ours"] / med_cpu["sb3"]
@@ -183,25 +258,44 @@ def main() -> None:
     pair_ratios_cpu = [o["env_steps_per_cpu_s"] / s["env_steps_per_cpu_s"] for o, s in pairs]
     where = host()  # CPU model, the flags a figure is read against, cores, torch, date
     summary = {
-        "env": args.env, "steps": args.steps, "repeats": args.repeats, "settings": SHARED, "overrides": OVERRIDES, "vec_env": args.vec_env,
+        "env": args.env,
+        "steps": args.steps,
+        "repeats": args.repeats,
+        "settings": SHARED,
+        "overrides": OVERRIDES,
+        "vec_env": args.vec_env,
         "vec_env_resolved": sorted({str(r["vec_env"]) for r in runs["ours"]}),
-        "median_env_steps_per_s": med, "median_env_steps_per_cpu_s": med_cpu, "ratio_of_medians": ratio,
-        "ratio_of_medians_cpu": ratio_cpu, "pair_ratios": pair_ratios, "pair_ratios_cpu": pair_ratios_cpu,
+        "median_env_steps_per_s": med,
+        "median_env_steps_per_cpu_s": med_cpu,
+        "ratio_of_medians": ratio,
+        "ratio_of_medians_cpu": ratio_cpu,
+        "pair_ratios": pair_ratios,
+        "pair_ratios_cpu": pair_ratios_cpu,
         "share_of_raw_cpu": {k: med_cpu[k] / med_cpu["raw"] for k in ("ours", "sb3")},
         "eval_returns": {k: [r["eval_return"] for r in runs[k]] for k in ("ours", "sb3")},
-        "runs": runs, "torch": where["torch"], "cpu": where["cpu"], "cpu_flags": where["flags"], "cores": len(os.sched_getaffinity(0)),
+        "runs": runs,
+        "torch": where["torch"],
+        "cpu": where["cpu"],
+        "cpu_flags": where["flags"],
+        "cores": len(os.sched_getaffinity(0)),
         "date": where["date"],
         "load_avg": list(os.getloadavg()),
     }
     print(f"our engine: {', '.join(summary['vec_env_resolved'])}")
-    print(f"per CPU-second: ours {med_cpu['ours']:,.0f}, SB3 {med_cpu['sb3']:,.0f}, raw SyncVectorEnv {med_cpu['raw']:,.0f}; "
-          f"ours/SB3 {ratio_cpu:.2f}x (per pair: {', '.join(f'{r:.2f}' for r in pair_ratios_cpu)}); "
-          f"ours {100 * summary['share_of_raw_cpu']['ours']:.0f}% of raw, SB3 {100 * summary['share_of_raw_cpu']['sb3']:.0f}%")
-    print(f"per wall-second: ours {med['ours']:,.0f}, SB3 {med['sb3']:,.0f}; ratio {ratio:.2f}x "
-          f"(per pair: {', '.join(f'{r:.2f}' for r in pair_ratios)}); load average now {os.getloadavg()[0]:.1f}")
+    print(
+        f"per CPU-second: ours {med_cpu['ours']:,.0f}, SB3 {med_cpu['sb3']:,.0f}, raw SyncVectorEnv "
+        f"{med_cpu['raw']:,.0f}; "
+        f"ours/SB3 {ratio_cpu:.2f}x (per pair: {', '.join(f'{r:.2f}' for r in pair_ratios_cpu)}); "
+        f"ours {100 * summary['share_of_raw_cpu']['ours']:.0f}% of raw, SB3 "
+        f"{100 * summary['share_of_raw_cpu']['sb3']:.0f}%"
+    )
+    print(
+        f"per wall-second: ours {med['ours']:,.0f}, SB3 {med['sb3']:,.0f}; ratio {ratio:.2f}x "
+        f"(per pair: {', '.join(f'{r:.2f}' for r in pair_ratios)}); load average now {os.getloadavg()[0]:.1f}"
+    )
     print(f"final eval returns: ours {summary['eval_returns']['ours']}, SB3 {summary['eval_returns']['sb3']}")
     if args.json:
-        from genesis_fp16.checkpoint import atomic_write_text
+        from genesis_fp16.base.storage import atomic_write_text
 
         atomic_write_text(args.json, json.dumps(summary, indent=2))
         print(f"wrote {args.json}")

@@ -34,14 +34,22 @@ def main() -> None:
     for _ in range(opts.runs):
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
         started = time.perf_counter()
-        subprocess.run([sys.executable, "-m", "genesis_fp16.cli", *opts.args], cwd=opts.tree, env=env,
-                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True)
+        subprocess.run(
+            [sys.executable, "-m", "genesis_fp16.cli", *opts.args],
+            cwd=opts.tree,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            check=True,
+        )
         walls.append(time.perf_counter() - started)
         after = resource.getrusage(resource.RUSAGE_CHILDREN)
         cpus.append(after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime)
-    print(f"genesis-fp16 {' '.join(opts.args)} ({opts.tree}): wall median {statistics.median(walls):.2f} s "
-          f"(min {min(walls):.2f}, max {max(walls):.2f}), CPU median {statistics.median(cpus):.2f} s, {opts.runs} runs; "
-          f"load average {load_before[0]:.2f} before, {os.getloadavg()[0]:.2f} after")
+    print(
+        f"genesis-fp16 {' '.join(opts.args)} ({opts.tree}): wall median {statistics.median(walls):.2f} s "
+        f"(min {min(walls):.2f}, max {max(walls):.2f}), CPU median {statistics.median(cpus):.2f} s, {opts.runs} runs; "
+        f"load average {load_before[0]:.2f} before, {os.getloadavg()[0]:.2f} after"
+    )
 
 
 if __name__ == "__main__":

@@ -24,11 +24,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from genesis_fp16.bench.stamp import INTERESTING_FLAGS
-from genesis_fp16.guarded import UNGUARDED
-from genesis_fp16.precision import cpu_flags
-from genesis_fp16.seeds import numpy_rng
-from genesis_fp16.settings import Settings
+from genesis_fp16_tools.bench.stamp import INTERESTING_FLAGS
+from genesis_fp16.training.guarded import UNGUARDED
+from genesis_fp16.precision.capability import cpu_flags
+from genesis_fp16.base.seeds import numpy_rng
+from genesis_fp16.base.settings import Settings
 from infrastructure.trajectory import Trajectory
 from infrastructure.world_model import WorldModel
 
@@ -38,14 +38,28 @@ def _trajectories(n: int, length: int, obs_dim: int, act_dim: int) -> list[Traje
     out = []
     for _ in range(n):
         obs = rng.normal(size=(length + 1, obs_dim)).astype(np.float32)
-        out.append(Trajectory(obs=obs[:-1], action=rng.normal(size=(length, act_dim)), reward=rng.normal(size=length),
-                              next_obs=obs[1:], done=np.zeros(length, dtype=bool)))
+        out.append(
+            Trajectory(
+                obs=obs[:-1],
+                action=rng.normal(size=(length, act_dim)),
+                reward=rng.normal(size=length),
+                next_obs=obs[1:],
+                done=np.zeros(length, dtype=bool),
+            )
+        )
     return out
 
 
 def _time_train(threads: int, steps: int, trajs: list[Trajectory], state_dir: Path) -> dict[str, float]:
     settings = Settings(state_dir=state_dir, torch_threads=threads, precision="fp32")
-    wm = WorldModel(trajs[0].obs.shape[1], trajs[0].action.shape[1], agent="threads_bench", guard=UNGUARDED, settings=settings, seed=0)
+    wm = WorldModel(
+        trajs[0].obs.shape[1],
+        trajs[0].action.shape[1],
+        agent="threads_bench",
+        guard=UNGUARDED,
+        settings=settings,
+        seed=0,
+    )
     wall, cpu = time.perf_counter(), time.process_time()
     asyncio.run(wm.train(steps, trajectories=trajs, save=False))
     return {"wall_s": time.perf_counter() - wall, "process_cpu_s": time.process_time() - cpu}
@@ -77,8 +91,15 @@ def main(argv: list[str] | None = None) -> int:
     for count in counts:
         walls = sorted(r["wall_s"] for r in runs[count])
         cpus = sorted(r["process_cpu_s"] for r in runs[count])
-        rows.append({"threads": count, "median_wall_s": walls[len(walls) // 2], "median_process_cpu_s": cpus[len(cpus) // 2],
-                     "wall_s": walls, "process_cpu_s": cpus})
+        rows.append(
+            {
+                "threads": count,
+                "median_wall_s": walls[len(walls) // 2],
+                "median_process_cpu_s": cpus[len(cpus) // 2],
+                "wall_s": walls,
+                "process_cpu_s": cpus,
+            }
+        )
     report = {
         "command": " ".join([Path(sys.argv[0]).name] + (argv if argv is not None else sys.argv[1:])),
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
@@ -87,13 +108,19 @@ def main(argv: list[str] | None = None) -> int:
         "cpu_flags": sorted(f for f in cpu_flags() if f in INTERESTING_FLAGS),
         "torch_default_threads": default,
         "load_average_before_after": [round(load_before[0], 2), round(load_after[0], 2)],
-        "workload": f"WorldModel.train({args.steps}) on {args.obs_dim}+{args.act_dim} inputs, hidden 64, batch 256, fp32",
+        "workload": f"WorldModel.train({args.steps}) on {args.obs_dim}+{args.act_dim} inputs, hidden 64, batch 256, "
+        "fp32",
         "rows": rows,
     }
-    print(f"{report['workload']}; torch {report['torch']}; CPU flags {' '.join(report['cpu_flags'])}; "
-          f"load {report['load_average_before_after'][0]} -> {report['load_average_before_after'][1]}")
+    print(
+        f"{report['workload']}; torch {report['torch']}; CPU flags {' '.join(report['cpu_flags'])}; "
+        f"load {report['load_average_before_after'][0]} -> {report['load_average_before_after'][1]}"
+    )
     for row in rows:
-        print(f"threads {row['threads']:>3}: median wall {row['median_wall_s']:.3f} s, process CPU {row['median_process_cpu_s']:.3f} s")
+        print(
+            f"threads {row['threads']:>3}: median wall {row['median_wall_s']:.3f} s, process CPU "
+            f"{row['median_process_cpu_s']:.3f} s"
+        )
     if args.json is not None:
         args.json.write_text(json.dumps(report, indent=2) + "\n")
     return 0

@@ -42,12 +42,13 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from genesis_fp16 import registry
-from genesis_fp16.bench.stamp import INTERESTING_FLAGS
-from genesis_fp16.config import FP16TrainingConfig
-from genesis_fp16.seeds import numpy_rng, torch_generator
-from genesis_fp16.precision import capability, cpu_flags
-from genesis_fp16.settings import PrecisionMode
+from genesis_fp16.training import registry
+from genesis_fp16_tools.bench.stamp import INTERESTING_FLAGS
+from genesis_fp16.training.config import FP16TrainingConfig
+from genesis_fp16.base.seeds import numpy_rng, torch_generator
+from genesis_fp16.precision import capability
+from genesis_fp16.precision.capability import cpu_flags
+from genesis_fp16.base.settings import PrecisionMode
 from infrastructure.ensemble import EnsembleDynamics, ensemble_loss
 from infrastructure.model_env import ModelEnv
 
@@ -58,16 +59,22 @@ def _ints(text: str) -> list[int]:
 
 def _clock(device: torch.device) -> Callable[[], float]:
     if device.type == "cuda":
+
         def wall() -> float:
             torch.cuda.synchronize(device)
             return time.perf_counter()
+
         return wall
     return time.thread_time
 
 
-def _model(obs_dim: int, act_dim: int, ensemble: int, hidden: int, layers: int, device: torch.device) -> EnsembleDynamics:
+def _model(
+    obs_dim: int, act_dim: int, ensemble: int, hidden: int, layers: int, device: torch.device
+) -> EnsembleDynamics:
     gen = torch_generator(0, "bench_world_model.model")  # a private generator: torch's global one is left as it was
-    model = EnsembleDynamics(obs_dim, act_dim, ensemble=ensemble, hidden=hidden, layers=layers, generator=gen).to(device)
+    model = EnsembleDynamics(obs_dim, act_dim, ensemble=ensemble, hidden=hidden, layers=layers, generator=gen).to(
+        device
+    )
     x = torch.randn(4096, obs_dim + act_dim, generator=gen).to(device)
     y = torch.randn(4096, obs_dim + 1, generator=gen).to(device)
     model.fit_normaliser(x, y)
@@ -81,8 +88,13 @@ def time_train_step(model: EnsembleDynamics, precision: str, batch: int, steps: 
     device = next(model.parameters()).device
     n_in = model.obs_dim + model.act_dim
     gen = torch_generator(0, "bench_world_model.train_batches")
-    batches = [(torch.randn(model.members, batch, n_in, generator=gen).to(device), torch.randn(model.members, batch, model.n_gauss, generator=gen).to(device))
-               for _ in range(8)]
+    batches = [
+        (
+            torch.randn(model.members, batch, n_in, generator=gen).to(device),
+            torch.randn(model.members, batch, model.n_gauss, generator=gen).to(device),
+        )
+        for _ in range(8)
+    ]
     clock = _clock(device)
     for k in range(warmup):
         trainer.backward_and_step(trainer.training_step(batches[k % 8], ensemble_loss))
@@ -117,7 +129,11 @@ def precisions_for(device: torch.device, asked: list[str]) -> list[str]:
     for name in asked:
         mode = PrecisionMode(name)
         support = capability.device_support(device, mode)
-        if mode == PrecisionMode.FP32 or support == capability.Support.NATIVE or (mode == PrecisionMode.BF16 and support != capability.Support.NONE):
+        if (
+            mode == PrecisionMode.FP32
+            or support == capability.Support.NATIVE
+            or (mode == PrecisionMode.BF16 and support != capability.Support.NONE)
+        ):
             out.append(name)
     return out
 
@@ -130,8 +146,8 @@ def disagreement(task_names: list[str], thresholds: list[float], horizon: int, s
     from agents.tasks.episodes import run_episodes
     from agents.tasks.registry import get_task
     from agents.tasks.torch_policy import BatchedPolicy, clamp_projection
-    from genesis_fp16.guarded import UNGUARDED
-    from genesis_fp16.settings import Settings
+    from genesis_fp16.training.guarded import UNGUARDED
+    from genesis_fp16.base.settings import Settings
     from infrastructure.model_env import branched_rollouts
     from infrastructure.trajectory import trajectories_from_episodes
     from infrastructure.world_model import WorldModel
@@ -144,31 +160,60 @@ def disagreement(task_names: list[str], thresholds: list[float], horizon: int, s
         starts = task.start_states(0).train
         trajs = []
         for k, p in enumerate(params):
-            trajs += trajectories_from_episodes(run_episodes(task.episode_spec, p, [starts[k % len(starts)]])["episodes"], f"c{k}")
+            trajs += trajectories_from_episodes(
+                run_episodes(task.episode_spec, p, [starts[k % len(starts)]])["episodes"], f"c{k}"
+            )
         with tempfile.TemporaryDirectory() as state:
-            wm = WorldModel(task.policy.obs_dim, task.policy.act_dim, guard=UNGUARDED, done_head=task.learns_termination,
-                            settings=Settings(state_dir=Path(state), precision="fp32"), seed=0)
+            wm = WorldModel(
+                task.policy.obs_dim,
+                task.policy.act_dim,
+                guard=UNGUARDED,
+                done_head=task.learns_termination,
+                settings=Settings(state_dir=Path(state), precision="fp32"),
+                seed=0,
+            )
             asyncio.run(wm.train(steps, trajectories=trajs, save=False))
         batched = BatchedPolicy(task.policy)
         project = task.task.project or clamp_projection(task.obs_low, task.obs_high, data=wm.observed_region())
         # 8 real states of each policy's own episode, spread over it; row r runs candidate r // 8
         real = np.concatenate([t.obs[np.linspace(0, len(t.obs) - 1, 8).astype(int)] for t in trajs]).astype(np.float32)
-        mean, std = wm.model.x_mean[: task.policy.obs_dim].cpu().numpy(), wm.model.x_std[: task.policy.obs_dim].cpu().numpy()
+        mean, std = (
+            wm.model.x_mean[: task.policy.obs_dim].cpu().numpy(),
+            wm.model.x_std[: task.policy.obs_dim].cpu().numpy(),
+        )
         far = (real + 8.0 * std * np.where(np.arange(len(mean)) % 2 == 0, 1.0, -1.0)).astype(np.float32)
-        sets = {"data policies": (params, real), "unseen policies": (task.policy.random_params(rng, 16, 1.0), real),
-                "states 8 std out": (params, far)}
+        sets = {
+            "data policies": (params, real),
+            "unseen policies": (task.policy.random_params(rng, 16, 1.0), real),
+            "states 8 std out": (params, far),
+        }
         for label, (cand, start) in sets.items():
-            row: dict[str, Any] = {"task": name, "rollouts": label, "horizon": horizon, "transitions": sum(len(t.obs) for t in trajs)}
+            row: dict[str, Any] = {
+                "task": name,
+                "rollouts": label,
+                "horizon": horizon,
+                "transitions": sum(len(t.obs) for t in trajs),
+            }
             owner = torch.as_tensor(np.repeat(cand, len(start) // len(cand), axis=0), dtype=torch.float32)
 
             def policy(obs: torch.Tensor, owner: torch.Tensor = owner) -> torch.Tensor:  # row r runs its own candidate
                 return batched(owner.to(obs.device), obs[:, None, :]).squeeze(1)
 
             for limit in thresholds:
-                rolled = branched_rollouts(wm, policy, start, horizon, terminated=task.task.termination, project=project,
-                                           max_disagreement=limit)
+                rolled = branched_rollouts(
+                    wm,
+                    policy,
+                    start,
+                    horizon,
+                    terminated=task.task.termination,
+                    project=project,
+                    max_disagreement=limit,
+                )
                 row[f"cut@{limit:g}"] = rolled.stats.cut_share
-            print("| " + " | ".join(str(v if not isinstance(v, float) else f"{v:.2f}") for v in row.values()) + " |", flush=True)
+            print(
+                "| " + " | ".join(str(v if not isinstance(v, float) else f"{v:.2f}") for v in row.values()) + " |",
+                flush=True,
+            )
             out.append(row)
     return out
 
@@ -177,9 +222,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default cpu)")
     parser.add_argument("--ensembles", type=_ints, default=[1, 5, 7], help="members, comma-separated (default 1,5,7)")
-    parser.add_argument("--hiddens", type=_ints, default=[64, 128, 200, 256], help="hidden units (default 64,128,200,256)")
+    parser.add_argument(
+        "--hiddens", type=_ints, default=[64, 128, 200, 256], help="hidden units (default 64,128,200,256)"
+    )
     parser.add_argument("--layers", type=_ints, default=[2, 3, 4], help="hidden layers (default 2,3,4)")
-    parser.add_argument("--precisions", default="fp32,bf16,fp16", help="asked precisions; fp16 runs only where native (CUDA)")
+    parser.add_argument(
+        "--precisions", default="fp32,bf16,fp16", help="asked precisions; fp16 runs only where native (CUDA)"
+    )
     parser.add_argument("--batch", type=int, default=256, help="transitions per member per step (default 256)")
     parser.add_argument("--steps", type=int, default=30, help="timed training steps (default 30)")
     parser.add_argument("--warmup", type=int, default=5, help="untimed training steps first (default 5)")
@@ -187,9 +236,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--act-dim", type=int, default=2, help="action size (default 2: Swimmer's)")
     parser.add_argument("--rows", type=int, default=2560, help="rollouts: rows stepped at once (default 2560)")
     parser.add_argument("--horizon", type=int, default=20, help="rollouts: timed steps (default 20)")
-    parser.add_argument("--disagreement", default=None, help="measure truncation for these tasks instead (comma-separated)")
-    parser.add_argument("--thresholds", default="0.25,0.5,1,2,4", help="--disagreement: max_disagreement values (default 0.25,0.5,1,2,4)")
-    parser.add_argument("--rollout-horizon", type=int, default=10, help="--disagreement: steps per rollout (default 10)")
+    parser.add_argument(
+        "--disagreement", default=None, help="measure truncation for these tasks instead (comma-separated)"
+    )
+    parser.add_argument(
+        "--thresholds",
+        default="0.25,0.5,1,2,4",
+        help="--disagreement: max_disagreement values (default 0.25,0.5,1,2,4)",
+    )
+    parser.add_argument(
+        "--rollout-horizon", type=int, default=10, help="--disagreement: steps per rollout (default 10)"
+    )
     parser.add_argument("--json", type=Path, default=None, help="write the figures to this file")
     args = parser.parse_args(argv)
 
@@ -200,7 +257,11 @@ def main(argv: list[str] | None = None) -> int:
         print("|" + "---|" * (4 + len(thresholds)))
         table = disagreement(args.disagreement.split(","), thresholds, horizon=args.rollout_horizon, steps=800)
         if args.json is not None:
-            args.json.write_text(json.dumps({"tool": "scripts/bench_world_model.py", "command": " ".join(sys.argv), "rows": table}, indent=2))
+            args.json.write_text(
+                json.dumps(
+                    {"tool": "scripts/bench_world_model.py", "command": " ".join(sys.argv), "rows": table}, indent=2
+                )
+            )
         return 0
     device = torch.device(args.device)
     precisions = precisions_for(device, args.precisions.split(","))
@@ -209,8 +270,14 @@ def main(argv: list[str] | None = None) -> int:
     print(f"# device {device}, torch {torch.__version__}, 1 torch thread, CPU flags {' '.join(flags) or '-'}")
     print(f"# load average before: {' '.join(f'{v:.2f}' for v in load_before)}")
     rows_per_step = args.rows
-    header = ["E", "hidden", "layers", *[f"{p} ms/step" for p in precisions], *[f"{p}/fp32" for p in precisions if p != "fp32"],
-              f"rollout ms/step ({rows_per_step} rows)"]
+    header = [
+        "E",
+        "hidden",
+        "layers",
+        *[f"{p} ms/step" for p in precisions],
+        *[f"{p}/fp32" for p in precisions if p != "fp32"],
+        f"rollout ms/step ({rows_per_step} rows)",
+    ]
     print("| " + " | ".join(header) + " |")
     print("|" + "---|" * len(header))
     rows: list[dict[str, Any]] = []
@@ -224,19 +291,37 @@ def main(argv: list[str] | None = None) -> int:
         ratios = [row["fp32_s"] / row[f"{p}_s"] for p in precisions if p != "fp32"]
         for p, ratio in zip([p for p in precisions if p != "fp32"], ratios):
             row[f"{p}_speedup"] = ratio
-        cells = [ensemble, hidden, layers, *[f"{row[f'{p}_s'] * 1e3:.2f}" for p in precisions], *[f"{r:.2f}x" for r in ratios],
-                 f"{row['rollout_step_s'] * 1e3:.2f}"]
+        cells = [
+            ensemble,
+            hidden,
+            layers,
+            *[f"{row[f'{p}_s'] * 1e3:.2f}" for p in precisions],
+            *[f"{r:.2f}x" for r in ratios],
+            f"{row['rollout_step_s'] * 1e3:.2f}",
+        ]
         print("| " + " | ".join(str(c) for c in cells) + " |", flush=True)
         rows.append(row)
     load_after = os.getloadavg()
     print(f"# load average after: {' '.join(f'{v:.2f}' for v in load_after)}")
     if args.json is not None:
-        args.json.write_text(json.dumps({
-            "tool": "scripts/bench_world_model.py", "command": " ".join(sys.argv), "device": str(device),
-            "torch": torch.__version__, "cpu_flags": flags, "date": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-            "load_before": load_before, "load_after": load_after, "batch_per_member": args.batch,
-            "rollout_rows": rows_per_step, "rows": rows,
-        }, indent=2))
+        args.json.write_text(
+            json.dumps(
+                {
+                    "tool": "scripts/bench_world_model.py",
+                    "command": " ".join(sys.argv),
+                    "device": str(device),
+                    "torch": torch.__version__,
+                    "cpu_flags": flags,
+                    "date": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+                    "load_before": load_before,
+                    "load_after": load_after,
+                    "batch_per_member": args.batch,
+                    "rollout_rows": rows_per_step,
+                    "rows": rows,
+                },
+                indent=2,
+            )
+        )
     return 0
 
 

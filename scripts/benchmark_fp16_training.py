@@ -20,13 +20,26 @@ STEM = "fp16_vs_fp32_results"
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter, add_help=True)
-    parser.add_argument("--out-dir", type=Path, default=Path("benchmark_results"), help="where the CSV, JSON and plot go")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter, add_help=True
+    )
+    parser.add_argument(
+        "--out-dir", type=Path, default=Path("benchmark_results"), help="where the CSV, JSON and plot go"
+    )
     args, rest = parser.parse_known_args(argv)
     from genesis_fp16.cli import app
 
     out = args.out_dir
-    command = ["bench", *rest, "--csv", str(out / f"{STEM}.csv"), "--json", str(out / f"{STEM}.json"), "--plot", str(out / f"{STEM}.png")]
+    command = [
+        "bench",
+        *rest,
+        "--csv",
+        str(out / f"{STEM}.csv"),
+        "--json",
+        str(out / f"{STEM}.json"),
+        "--plot",
+        str(out / f"{STEM}.png"),
+    ]
     try:
         app(args=command, prog_name="genesis-fp16")
     except SystemExit as exc:  # the app always exits; its code is ours

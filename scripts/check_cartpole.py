@@ -74,8 +74,11 @@ def main() -> None:
     from benchmarks.baselines.common import host
 
     where = host()
-    print(f"{where['cpu']}, flags {' '.join(where['flags']) or 'none of avx2/avx512/amx'}, torch {where['torch']}, "
-          f"{len(args.seeds)} seeds, {args.jobs} job(s), load average {os.getloadavg()[0]:.1f}", flush=True)
+    print(
+        f"{where['cpu']}, flags {' '.join(where['flags']) or 'none of avx2/avx512/amx'}, torch {where['torch']}, "
+        f"{len(args.seeds)} seeds, {args.jobs} job(s), load average {os.getloadavg()[0]:.1f}",
+        flush=True,
+    )
     jobs = [(impl, seed) for seed in args.seeds for impl in args.impls]
     rows: dict[str, list[dict]] = {impl: [] for impl in args.impls}
     with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
@@ -83,20 +86,36 @@ def main() -> None:
         for impl, seed, fut in futures:
             row = fut.result()
             rows[impl].append(row)
-            print(f"seed {seed:3d} {impl:4s}: eval return {row['eval_return']:6.1f} after {row['env_steps']} steps", flush=True)
+            print(
+                f"seed {seed:3d} {impl:4s}: eval return {row['eval_return']:6.1f} after {row['env_steps']} steps",
+                flush=True,
+            )
     solved = {impl: sum(r["eval_return"] >= args.threshold for r in rs) for impl, rs in rows.items()}
     need = len(args.seeds) - 1 if args.need is None else args.need
     ok = solved.get("ours", 0) >= need and solved.get("ours", 0) >= solved.get("sb3", 0)
-    print("solved (eval return >= %g): %s" % (args.threshold, ", ".join(f"{impl} {n}/{len(args.seeds)}" for impl, n in solved.items())))
+    print(
+        "solved (eval return >= %g): %s"
+        % (args.threshold, ", ".join(f"{impl} {n}/{len(args.seeds)}" for impl, n in solved.items()))
+    )
     for impl, rs in rows.items():
         failed = [f"{r['seed']} ({r['eval_return']:.1f})" for r in rs if r["eval_return"] < args.threshold]
         print(f"  {impl} below: {', '.join(failed) or 'none'}")
     print(f"{'PASS' if ok else 'FAIL'}: ours must solve >= {need}" + (" and >= SB3's count" if "sb3" in rows else ""))
     if args.json:
-        from genesis_fp16.checkpoint import atomic_write_text
+        from genesis_fp16.base.storage import atomic_write_text
 
-        summary = {"rows": rows, "solved": solved, "need": need, "ok": ok, "threshold": args.threshold, "steps": args.steps,
-                   "seeds": args.seeds, "overrides": args.overrides, "host": where, "load_avg_end": list(os.getloadavg())}
+        summary = {
+            "rows": rows,
+            "solved": solved,
+            "need": need,
+            "ok": ok,
+            "threshold": args.threshold,
+            "steps": args.steps,
+            "seeds": args.seeds,
+            "overrides": args.overrides,
+            "host": where,
+            "load_avg_end": list(os.getloadavg()),
+        }
         atomic_write_text(args.json, json.dumps(summary, indent=2))
     raise SystemExit(0 if ok else 1)
 

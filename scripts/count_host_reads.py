@@ -65,7 +65,7 @@ def host_reads(run: Callable[[], Any]) -> int:
 
 
 def _trajectories(n: int = 6, length: int = 100, seed: int = 0) -> list[Any]:
-    from genesis_fp16.seeds import numpy_rng
+    from genesis_fp16.base.seeds import numpy_rng
     from infrastructure.trajectory import Trajectory
 
     rng = numpy_rng(seed, "count_host_reads.trajectories")
@@ -74,30 +74,48 @@ def _trajectories(n: int = 6, length: int = 100, seed: int = 0) -> list[Any]:
         obs = rng.normal(size=(length, 3))
         act = rng.uniform(-2, 2, size=(length, 1))
         nxt = obs + 0.1 * rng.normal(size=(length, 3))
-        out.append(Trajectory(obs=obs, action=act, reward=-(obs**2).sum(axis=1), next_obs=nxt, done=np.zeros(length, bool)))
+        out.append(
+            Trajectory(obs=obs, action=act, reward=-(obs**2).sum(axis=1), next_obs=nxt, done=np.zeros(length, bool))
+        )
     return out
 
 
 def world_model_reads(precision: str, steps: int, state: Path) -> int:
-    from genesis_fp16.guarded import UNGUARDED
-    from genesis_fp16.settings import load_settings
+    from genesis_fp16.training.guarded import UNGUARDED
+    from genesis_fp16.base.settings import load_settings
     from infrastructure.world_model import WorldModel
 
-    wm = WorldModel(3, 1, precision=precision, guard=UNGUARDED, checkpoint_dir=state / f"wm-{precision}", seed=0,
-                    settings=load_settings(state_dir=state))
+    wm = WorldModel(
+        3,
+        1,
+        precision=precision,
+        guard=UNGUARDED,
+        checkpoint_dir=state / f"wm-{precision}",
+        seed=0,
+        settings=load_settings(state_dir=state),
+    )
     trajs = _trajectories()
     wm._train_sync(trajs, 8, False)  # the trainer built and the first call's set-up out of the count
     return host_reads(lambda: wm._train_sync(trajs, steps, False))
 
 
 def critic_reads(precision: str, steps: int, state: Path) -> int:
-    from genesis_fp16.guarded import UNGUARDED
-    from genesis_fp16.settings import load_settings
+    from genesis_fp16.training.guarded import UNGUARDED
+    from genesis_fp16.base.settings import load_settings
     from infrastructure.critic import Critic
     from infrastructure.transitions import Transitions
 
-    critic = Critic(3, 1, action_low=[-2.0], action_high=[2.0], precision=precision, guard=UNGUARDED,
-                    checkpoint_dir=state / f"critic-{precision}", seed=0, settings=load_settings(state_dir=state))
+    critic = Critic(
+        3,
+        1,
+        action_low=[-2.0],
+        action_high=[2.0],
+        precision=precision,
+        guard=UNGUARDED,
+        checkpoint_dir=state / f"critic-{precision}",
+        seed=0,
+        settings=load_settings(state_dir=state),
+    )
     data = Transitions.from_trajectories(_trajectories())
 
     def policy(obs: torch.Tensor) -> torch.Tensor:
@@ -109,11 +127,15 @@ def critic_reads(precision: str, steps: int, state: Path) -> int:
 
 def mlp_reads(precision: str, steps: int, state: Path) -> int:
     from genesis_fp16 import FP16Trainer, FP16TrainingConfig
-    from genesis_fp16.seeds import init_parameters, torch_generator
+    from genesis_fp16.base.seeds import init_parameters, torch_generator
 
-    model = init_parameters(torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1)),
-                            torch_generator(0, "count_host_reads.mlp_init"))
-    trainer = FP16Trainer(model, torch.optim.Adam(model.parameters(), lr=1e-3, fused=True), FP16TrainingConfig(precision=precision))
+    model = init_parameters(
+        torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1)),
+        torch_generator(0, "count_host_reads.mlp_init"),
+    )
+    trainer = FP16Trainer(
+        model, torch.optim.Adam(model.parameters(), lr=1e-3, fused=True), FP16TrainingConfig(precision=precision)
+    )
     g = torch_generator(0, "count_host_reads.mlp_batches")
     batches = [(torch.randn(64, 64, generator=g), torch.randn(64, 1, generator=g)) for _ in range(16)]
 
@@ -139,10 +161,20 @@ def main(argv: list[str] | None = None) -> int:
         for name, fn in (("world_model", world_model_reads), ("critic", critic_reads), ("bench_mlp", mlp_reads)):
             for precision in args.precisions:
                 reads = fn(precision, args.steps, Path(tmp))
-                rows.append({"learner": name, "precision": precision, "steps": args.steps, "host_reads": reads,
-                             "per_step": reads / args.steps})
-                print(f"{name:12s} {precision:5s} {args.steps} steps: {reads} host reads outside the optimizer "
-                      f"({reads / args.steps:.3f} a step)", flush=True)
+                rows.append(
+                    {
+                        "learner": name,
+                        "precision": precision,
+                        "steps": args.steps,
+                        "host_reads": reads,
+                        "per_step": reads / args.steps,
+                    }
+                )
+                print(
+                    f"{name:12s} {precision:5s} {args.steps} steps: {reads} host reads outside the optimizer "
+                    f"({reads / args.steps:.3f} a step)",
+                    flush=True,
+                )
     if args.json:
         args.json.write_text(json.dumps({"torch": torch.__version__, "rows": rows}, indent=1))
     return 0

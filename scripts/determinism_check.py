@@ -26,8 +26,22 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-VOLATILE = {"wall_s", "run_id", "replay_db", "run_manifest", "time_share", "elapsed_s", "wm_wall_s", "critic_wall_s", "time", "cost_s", "at",
-            "seconds", "speed", "speed_low"}
+VOLATILE = {
+    "wall_s",
+    "run_id",
+    "replay_db",
+    "run_manifest",
+    "time_share",
+    "elapsed_s",
+    "wm_wall_s",
+    "critic_wall_s",
+    "time",
+    "cost_s",
+    "at",
+    "seconds",
+    "speed",
+    "speed_low",
+}
 
 
 def burn() -> None:
@@ -61,17 +75,25 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=10)
     parser.add_argument("--budget", type=int, default=None, help="evolve --budget (default: evolve's own)")
     parser.add_argument("--cache", type=Path, default=None, help="GENESIS_FP16_PRECISION_CACHE for every run")
-    parser.add_argument("--out", type=Path, default=None, help="where the state dirs and reports go (default: a temp dir)")
+    parser.add_argument(
+        "--out", type=Path, default=None, help="where the state dirs and reports go (default: a temp dir)"
+    )
     args = parser.parse_args()
     out = args.out or Path(tempfile.mkdtemp(prefix="determinism-"))
     cache = args.cache or out / "precision.json"
     reports = []
     for k in range(args.runs):
-        burners = [multiprocessing.Process(target=burn, daemon=True) for _ in range(os.cpu_count() or 1)] if k % 2 else []
+        burners = (
+            [multiprocessing.Process(target=burn, daemon=True) for _ in range(os.cpu_count() or 1)] if k % 2 else []
+        )
         for b in burners:
             b.start()
         try:
-            env = {**os.environ, "GENESIS_FP16_STATE_DIR": str(out / f"state{k}"), "GENESIS_FP16_PRECISION_CACHE": str(cache)}
+            env = {
+                **os.environ,
+                "GENESIS_FP16_STATE_DIR": str(out / f"state{k}"),
+                "GENESIS_FP16_PRECISION_CACHE": str(cache),
+            }
             report_path = out / f"report{k}.json"
             cmd = [sys.executable, "-m", "genesis_fp16.cli", "evolve", "--json", str(report_path)]
             if args.budget is not None:
@@ -84,7 +106,10 @@ def main() -> int:
         report = json.loads(report_path.read_text())
         reports.append(strip(report))
         decision = report.get("precision_decision") or {}
-        print(f"run {k} ({'burner' if burners else 'quiet'}): precision {report.get('precision')} ({decision.get('source')})")
+        print(
+            f"run {k} ({'burner' if burners else 'quiet'}): precision {report.get('precision')} "
+            f"({decision.get('source')})"
+        )
     differing = 0
     for k, report in enumerate(reports[1:], start=1):
         diffs = diff(reports[0], report)

@@ -1,7 +1,8 @@
 #!/usr/bin/env python
 """Measure each PPO stage on its own: environment stepping, batched inference, the update.
 
-    .venv/bin/python scripts/diagnose_performance.py --test all|env|inference|update [--env CartPole-v1] [--clock cpu|wall] [--json PATH]
+    .venv/bin/python scripts/diagnose_performance.py --test all|env|inference|update [--env CartPole-v1] [--clock
+    cpu|wall] [--json PATH]
     .venv/bin/python scripts/diagnose_performance.py --compare BEFORE.json AFTER.json
 
 env:       sync (our in-process vector env) vs sync_gymnasium (gymnasium SyncVectorEnv) vs async
@@ -69,7 +70,9 @@ def bench_env(env_id: str, repeats: int, steps: int) -> dict:
     finally:
         for env in envs.values():
             env.close()
-    return {f"env.{m}": {"value": statistics.median(v), "unit": "env steps/s", "samples": v} for m, v in samples.items()}
+    return {
+        f"env.{m}": {"value": statistics.median(v), "unit": "env steps/s", "samples": v} for m, v in samples.items()
+    }
 
 
 def bench_inference(env_id: str, repeats: int, steps: int) -> dict:
@@ -96,14 +99,16 @@ def bench_inference(env_id: str, repeats: int, steps: int) -> dict:
             samples[name].append(steps / (now() - t0))
     for ppo in learners.values():
         ppo.close()
-    return {k: {"value": statistics.median(v), "unit": "vector steps/s (8 envs)", "samples": v} for k, v in samples.items()}
+    return {
+        k: {"value": statistics.median(v), "unit": "vector steps/s (8 envs)", "samples": v} for k, v in samples.items()
+    }
 
 
 def _forward_backward(ppo, adv, ret) -> None:
     """`PPO._update`'s minibatches through the loss and its backward alone: no clipping, optimizer step or trainer."""
     import torch
 
-    from genesis_fp16.seeds import torch_generator
+    from genesis_fp16.base.seeds import torch_generator
 
     cfg, data = ppo.cfg, ppo.buffer.flat(adv, ret)
     gen = torch_generator(0, "diagnose_performance.minibatches")
@@ -111,7 +116,7 @@ def _forward_backward(ppo, adv, ret) -> None:
         perm = torch.randperm(cfg.batch_size, generator=gen)
         shuffled = {k: v[perm] for k, v in data.items()}
         for start in range(0, cfg.batch_size, cfg.minibatch_size):
-            ppo._loss(ppo.net, {k: v[start:start + cfg.minibatch_size] for k, v in shuffled.items()})[0].backward()
+            ppo._loss(ppo.net, {k: v[start : start + cfg.minibatch_size] for k, v in shuffled.items()})[0].backward()
             ppo.net.zero_grad(set_to_none=True)
 
 
@@ -128,7 +133,9 @@ def bench_update(env_id: str, repeats: int, updates: int, device: str) -> dict:
         "update.amp_fp16": dict(precision="fp16"),
         "update.compiled_fp32": dict(precision="fp32", use_torch_compile=True),
         "update.fp32_2threads": dict(precision="fp32", num_workers=2),
-        "update.fp32_forward_backward": dict(precision="fp32"),  # the floor: the same minibatches' loss and backward only
+        "update.fp32_forward_backward": dict(
+            precision="fp32"
+        ),  # the floor: the same minibatches' loss and backward only
     }
     learners = {}
     for name, v in variants.items():
@@ -140,8 +147,16 @@ def bench_update(env_id: str, repeats: int, updates: int, device: str) -> dict:
     for _ in range(repeats):
         for name, ppo in learners.items():
             rows = ppo.buffer.rows
-            adv = torch.from_numpy(gae(rows["rew"], rows["val"], rows["done"], np.zeros(ppo.cfg.num_envs, np.float32), ppo.cfg.gamma,
-                                       ppo.cfg.gae_lambda))
+            adv = torch.from_numpy(
+                gae(
+                    rows["rew"],
+                    rows["val"],
+                    rows["done"],
+                    np.zeros(ppo.cfg.num_envs, np.float32),
+                    ppo.cfg.gamma,
+                    ppo.cfg.gae_lambda,
+                )
+            )
             ret = adv + ppo.buffer.val
             torch.set_num_threads(ppo.cfg.optimizations.num_workers or 1)  # each variant its own thread count
             step = _forward_backward if name == "update.fp32_forward_backward" else PPO._update
@@ -150,29 +165,44 @@ def bench_update(env_id: str, repeats: int, updates: int, device: str) -> dict:
                 step(ppo, adv, ret)
             samples[name].append(updates / (now() - t0))
     for name, ppo in learners.items():
-        info[name] = {"precision": ppo.trainer.precision.name, "scaler": ppo.trainer.scaler.is_enabled(),
-                      "compile_active": bool(getattr(ppo.forward, "active", False))}
+        info[name] = {
+            "precision": ppo.trainer.precision.name,
+            "scaler": ppo.trainer.scaler.is_enabled(),
+            "compile_active": bool(getattr(ppo.forward, "active", False)),
+        }
         ppo.close()
-    return {k: {"value": statistics.median(v), "unit": "updates/s (8x128 rollout, 4 epochs, mb 256)",
-                "samples": v, **info[k]} for k, v in samples.items()}
+    return {
+        k: {
+            "value": statistics.median(v),
+            "unit": "updates/s (8x128 rollout, 4 epochs, mb 256)",
+            "samples": v,
+            **info[k],
+        }
+        for k, v in samples.items()
+    }
 
 
 def meta() -> dict:
     import torch
 
-    from genesis_fp16.precision import cpu_name
+    from genesis_fp16.precision.capability import cpu_name
 
     cpu = cpu_name()
-    return {"torch": torch.__version__, "cpu": cpu, "cores": len(os.sched_getaffinity(0)),
-            "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
-            "torch_threads": torch.get_num_threads(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-            "load_avg": list(os.getloadavg())}
+    return {
+        "torch": torch.__version__,
+        "cpu": cpu,
+        "cores": len(os.sched_getaffinity(0)),
+        "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+        "torch_threads": torch.get_num_threads(),
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "load_avg": list(os.getloadavg()),
+    }
 
 
 def compare(before: Path, after: Path) -> None:
     from rich.console import Console
 
-    from genesis_fp16.terminal import Table  # columns fold what does not fit instead of cutting it
+    from genesis_fp16.base.terminal import Table  # columns fold what does not fit instead of cutting it
 
     a, b = json.loads(before.read_text()), json.loads(after.read_text())
     table = Table(title=f"{before} -> {after}")
@@ -181,7 +211,9 @@ def compare(before: Path, after: Path) -> None:
     for key in sorted(set(a["results"]) | set(b["results"])):
         x, y = a["results"].get(key), b["results"].get(key)
         ratio = f"{y['value'] / x['value']:.2f}x" if x and y and x["value"] else "-"
-        table.add_row(key, (x or y)["unit"], f"{x['value']:,.1f}" if x else "-", f"{y['value']:,.1f}" if y else "-", ratio)
+        table.add_row(
+            key, (x or y)["unit"], f"{x['value']:,.1f}" if x else "-", f"{y['value']:,.1f}" if y else "-", ratio
+        )
     Console(width=140).print(table)
 
 
@@ -193,7 +225,12 @@ def main() -> None:
     ap.add_argument("--device", default="auto", help="auto | cpu | cuda (for the update test)")
     ap.add_argument("--json", type=Path)
     ap.add_argument("--compare", nargs=2, type=Path, metavar=("BEFORE", "AFTER"))
-    ap.add_argument("--clock", choices=sorted(CLOCK), default="cpu", help="cpu: this process's CPU time (default); wall: elapsed time")
+    ap.add_argument(
+        "--clock",
+        choices=sorted(CLOCK),
+        default="cpu",
+        help="cpu: this process's CPU time (default); wall: elapsed time",
+    )
     args = ap.parse_args()
     global now
     now = CLOCK[args.clock]
@@ -215,7 +252,7 @@ def main() -> None:
         extra = f" ({r['precision']}, scaler={r['scaler']}, compiled={r['compile_active']})" if "precision" in r else ""
         print(f"{key:24s} {r['value']:12,.1f} {r['unit']}{extra}")
     if args.json:
-        from genesis_fp16.checkpoint import atomic_write_text
+        from genesis_fp16.base.storage import atomic_write_text
 
         atomic_write_text(args.json, json.dumps(data, indent=2))
         print(f"wrote {args.json}")

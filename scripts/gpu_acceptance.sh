@@ -99,7 +99,7 @@ check_wm_events() {  # check_wm_events STATE_DIR PRECISION: world_model.trained 
     "$PY" - "$1" "$2" <<'PYEOF'
 import sys
 from pathlib import Path
-from genesis_fp16.telemetry import read_events
+from genesis_fp16.base.telemetry import read_events
 state, precision = Path(sys.argv[1]), sys.argv[2]
 events = read_events(state / "events.jsonl", include_rotated=True)
 for name in ("world_model.trained", "critic.trained"):

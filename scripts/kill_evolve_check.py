@@ -32,7 +32,7 @@ from typing import Optional
 
 import psutil
 
-from genesis_fp16.seeds import stream_seed
+from genesis_fp16.base.seeds import stream_seed
 
 ROOT = Path(__file__).resolve().parents[1]
 STATE_ENV = "GENESIS_FP16_STATE_DIR"
@@ -90,7 +90,13 @@ def one_run(index: int, loaded: bool, delay_s: float, grace_s: float, backend: s
     evolve: Optional[subprocess.Popen] = None
     try:
         started = time.monotonic()
-        evolve = subprocess.Popen([sys.executable, *EVOLVE, "--backend", backend], cwd=work, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        evolve = subprocess.Popen(
+            [sys.executable, *EVOLVE, "--backend", backend],
+            cwd=work,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         while not workers_of(evolve.pid, backend):
             if evolve.poll() is not None:
                 return False, f"evolve ended (exit {evolve.returncode}) before its workers started"
@@ -107,15 +113,20 @@ def one_run(index: int, loaded: bool, delay_s: float, grace_s: float, backend: s
         killed = time.monotonic()
         time.sleep(grace_s)
         left = left_of(state_dir, family)
-        detail = (f"workers after {first_worker_s:.1f} s, killed {delay_s:.2f} s later with {len(family)} descendants; "
-                  f"{len(left)} alive {grace_s:g} s later")
+        detail = (
+            f"workers after {first_worker_s:.1f} s, killed {delay_s:.2f} s later with {len(family)} descendants; "
+            f"{len(left)} alive {grace_s:g} s later"
+        )
         if left:
             detail += ": " + ", ".join(f"{p.pid} {' '.join(p.cmdline())[-60:]!r}" for p in left)
             while left_of(state_dir, family) and time.monotonic() - killed < LINGER_S:
                 time.sleep(0.05)
             lingering = left_of(state_dir, family)
-            detail += (f"; still {len(lingering)} after {LINGER_S:g} s" if lingering
-                       else f"; all gone {time.monotonic() - killed:.1f} s after the kill")
+            detail += (
+                f"; still {len(lingering)} after {LINGER_S:g} s"
+                if lingering
+                else f"; all gone {time.monotonic() - killed:.1f} s after the kill"
+            )
         return not left, detail
     finally:
         if evolve is not None and evolve.poll() is None:
@@ -138,7 +149,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--grace", type=float, default=1.0, help="seconds after the kill before looking")
     parser.add_argument("--backend", choices=("process", "ray"), default="process")
-    parser.add_argument("--max-delay", type=float, default=2.0, help="the kill comes 0 to this many seconds after the first worker")
+    parser.add_argument(
+        "--max-delay", type=float, default=2.0, help="the kill comes 0 to this many seconds after the first worker"
+    )
     args = parser.parse_args(argv)
     rng = random.Random(stream_seed(args.seed, "kill_evolve_check.delays"))
     clean = {True: 0, False: 0}
@@ -151,7 +164,10 @@ def main(argv: Optional[list[str]] = None) -> int:
         clean[loaded] += ok
         print(f"run {i + 1:2d} {'loaded' if loaded else 'quiet '} {'clean' if ok else 'LEFT '}: {detail}", flush=True)
     total = clean[True] + clean[False]
-    print(f"{total} of {args.runs} clean within {args.grace:g} s (loaded: {clean[True]}/{runs[True]}, quiet: {clean[False]}/{runs[False]})")
+    print(
+        f"{total} of {args.runs} clean within {args.grace:g} s (loaded: {clean[True]}/{runs[True]}, quiet: "
+        f"{clean[False]}/{runs[False]})"
+    )
     return 0 if total == args.runs else 1
 
 

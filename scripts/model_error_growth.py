@@ -46,11 +46,11 @@ import torch
 from agents.tasks.episodes import run_episodes
 from agents.tasks.registry import get_task
 from agents.tasks.torch_policy import clamp_projection
-from genesis_fp16.bench.stamp import INTERESTING_FLAGS
-from genesis_fp16.guarded import UNGUARDED
-from genesis_fp16.precision import cpu_flags
-from genesis_fp16.seeds import numpy_rng
-from genesis_fp16.settings import Settings
+from genesis_fp16_tools.bench.stamp import INTERESTING_FLAGS
+from genesis_fp16.training.guarded import UNGUARDED
+from genesis_fp16.precision.capability import cpu_flags
+from genesis_fp16.base.seeds import numpy_rng
+from genesis_fp16.base.settings import Settings
 from infrastructure.model_env import DEFAULT_MAX_DISAGREEMENT, ModelEnv
 from infrastructure.trajectory import Trajectory, trajectories_from_episodes
 from infrastructure.world_model import WorldModel
@@ -82,7 +82,9 @@ def open_loop(env: ModelEnv, episodes: list[Trajectory], hmax: int) -> tuple[np.
     for k in range(1, hmax + 1):
         ok = at + k <= lengths
         index = np.minimum(at + k - 1, lengths - 1)
-        action = np.stack([episodes[o].action[i] if v else np.zeros(act_dim, np.float32) for o, i, v in zip(owner, index, ok)])
+        action = np.stack(
+            [episodes[o].action[i] if v else np.zeros(act_dim, np.float32) for o, i, v in zip(owner, index, ok)]
+        )
         obs, _, _, _ = env.step(torch.as_tensor(action))
         predicted.append(obs.cpu().numpy())
         real.append(np.stack([episodes[o].next_obs[i] for o, i in zip(owner, index)]))
@@ -118,15 +120,23 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     heldout = collect(task, task.policy.random_params(rng, args.heldout, 1.0), split.heldout, 1)
     collected = time.perf_counter() - started
     with tempfile.TemporaryDirectory() as state:
-        wm = WorldModel(task.policy.obs_dim, task.policy.act_dim, guard=UNGUARDED, done_head=task.learns_termination,
-                        settings=Settings(state_dir=Path(state), precision="fp32", torch_threads=1), seed=args.seed)
+        wm = WorldModel(
+            task.policy.obs_dim,
+            task.policy.act_dim,
+            guard=UNGUARDED,
+            done_head=task.learns_termination,
+            settings=Settings(state_dir=Path(state), precision="fp32", torch_threads=1),
+            seed=args.seed,
+        )
         report = asyncio.run(wm.train(args.steps, trajectories=train, save=False))
     project = task.task.project or clamp_projection(task.obs_low, task.obs_high, data=wm.observed_region())
     scale = np.concatenate([t.obs for t in train]).std(0).clip(min=1e-6)
     env = ModelEnv(wm, project=project, seed=args.seed, max_disagreement=math.inf)
     predicted, real, valid = open_loop(env, heldout, args.hmax)
     starts = np.concatenate([t.obs for t in heldout])
-    cut = cut_by_step(ModelEnv(wm, project=project, seed=args.seed, max_disagreement=DEFAULT_MAX_DISAGREEMENT), heldout, args.hmax)
+    cut = cut_by_step(
+        ModelEnv(wm, project=project, seed=args.seed, max_disagreement=DEFAULT_MAX_DISAGREEMENT), heldout, args.hmax
+    )
     rows, horizon = [], 0
     for k in range(1, args.hmax + 1):
         ok = valid[k - 1]
@@ -139,9 +149,19 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     # what ended the horizon: a step over the threshold, too few windows to measure the next step, or --hmax
     limited_by = "hmax" if horizon == args.hmax else ("windows" if rows[horizon]["error"] is None else "error")
     return {
-        "env": args.env, "episodes": len(train), "transitions": sum(len(t.obs) for t in train), "heldout_episodes": len(heldout),
-        "heldout_transitions": int(len(starts)), "train_steps": args.steps, "val_loss": report.val_loss, "threshold": args.threshold,
-        "horizon": horizon, "limited_by": limited_by, "rows": rows, "collect_s": collected, "train_s": report.wall_s,
+        "env": args.env,
+        "episodes": len(train),
+        "transitions": sum(len(t.obs) for t in train),
+        "heldout_episodes": len(heldout),
+        "heldout_transitions": int(len(starts)),
+        "train_steps": args.steps,
+        "val_loss": report.val_loss,
+        "threshold": args.threshold,
+        "horizon": horizon,
+        "limited_by": limited_by,
+        "rows": rows,
+        "collect_s": collected,
+        "train_s": report.wall_s,
     }
 
 
@@ -151,15 +171,29 @@ def fmt(value: Optional[float]) -> str:
 
 def main(argv: Optional[list[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--env", default="Pendulum-v1", help="the task (a registered task or a gymnasium id; default Pendulum-v1)")
+    parser.add_argument(
+        "--env", default="Pendulum-v1", help="the task (a registered task or a gymnasium id; default Pendulum-v1)"
+    )
     parser.add_argument("--episodes", type=int, default=16, help="real training episodes (default 16)")
-    parser.add_argument("--policies", type=int, default=4, help="random policies the training episodes come from (default 4)")
-    parser.add_argument("--heldout", type=int, default=4, help="held-out episodes, each of its own random policy (default 4)")
-    parser.add_argument("--steps", type=int, default=800, help="the world model's optimizer steps (default 800, WorldModel.train's)")
+    parser.add_argument(
+        "--policies", type=int, default=4, help="random policies the training episodes come from (default 4)"
+    )
+    parser.add_argument(
+        "--heldout", type=int, default=4, help="held-out episodes, each of its own random policy (default 4)"
+    )
+    parser.add_argument(
+        "--steps", type=int, default=800, help="the world model's optimizer steps (default 800, WorldModel.train's)"
+    )
     parser.add_argument("--hmax", type=int, default=30, help="the longest rollout measured (default 30)")
-    parser.add_argument("--threshold", type=float, default=0.25,
-                        help="the error, in observation standard deviations, a useful rollout stays under (default 0.25)")
-    parser.add_argument("--seed", type=int, default=0, help="policies, start states, the model and its draws (default 0)")
+    parser.add_argument(
+        "--threshold",
+        type=float,
+        default=0.25,
+        help="the error, in observation standard deviations, a useful rollout stays under (default 0.25)",
+    )
+    parser.add_argument(
+        "--seed", type=int, default=0, help="policies, start states, the model and its draws (default 0)"
+    )
     parser.add_argument("--json", type=Path, default=None, help="also write the figures to this file")
     args = parser.parse_args(argv)
     for name in ("episodes", "policies", "heldout", "steps", "hmax"):
@@ -170,19 +204,42 @@ def main(argv: Optional[list[str]] = None) -> int:
     torch.set_num_threads(1)
     result = measure(args)
     flags = sorted(f for f in cpu_flags() if f in INTERESTING_FLAGS)
-    print(f"# {args.env}: {result['episodes']} episodes ({result['transitions']} transitions) of {args.policies} random policies, "
-          f"{args.steps} steps (val loss {result['val_loss']:.4f}); {result['heldout_episodes']} held-out episodes; "
-          f"torch {torch.__version__}, CPU flags {' '.join(flags) or '-'}")
+    print(
+        f"# {args.env}: {result['episodes']} episodes ({result['transitions']} transitions) of {args.policies} random "
+        "policies, "
+        f"{args.steps} steps (val loss {result['val_loss']:.4f}); {result['heldout_episodes']} held-out episodes; "
+        f"torch {torch.__version__}, CPU flags {' '.join(flags) or '-'}"
+    )
     print("| k | windows | model error (obs std) | nothing moves | cut at the default threshold |")
     print("|---|---|---|---|---|")
     for row in result["rows"]:
-        print(f"| {row['k']} | {row['windows']} | {fmt(row['error'])} | {fmt(row['persistence'])} | {row['cut_share']:.2f} |")
-    why = {"error": f"step {result['horizon'] + 1} is over it", "hmax": "--hmax ends the measurement",
-           "windows": f"step {result['horizon'] + 1} has fewer than {MIN_WINDOWS} held-out windows: collect more (--heldout)"}
-    print(f"largest k with the error under {args.threshold:g} at every step up to it: {result['horizon']} ({why[result['limited_by']]})")
+        print(
+            f"| {row['k']} | {row['windows']} | {fmt(row['error'])} | {fmt(row['persistence'])} | "
+            f"{row['cut_share']:.2f} |"
+        )
+    why = {
+        "error": f"step {result['horizon'] + 1} is over it",
+        "hmax": "--hmax ends the measurement",
+        "windows": f"step {result['horizon'] + 1} has fewer than {MIN_WINDOWS} held-out windows: collect more "
+        "(--heldout)",
+    }
+    print(
+        f"largest k with the error under {args.threshold:g} at every step up to it: {result['horizon']} "
+        f"({why[result['limited_by']]})"
+    )
     if args.json is not None:
-        args.json.write_text(json.dumps({"tool": "scripts/model_error_growth.py", "command": " ".join(sys.argv), "torch": torch.__version__,
-                                         "cpu_flags": flags, **result}, indent=2))
+        args.json.write_text(
+            json.dumps(
+                {
+                    "tool": "scripts/model_error_growth.py",
+                    "command": " ".join(sys.argv),
+                    "torch": torch.__version__,
+                    "cpu_flags": flags,
+                    **result,
+                },
+                indent=2,
+            )
+        )
     return 0
 
 

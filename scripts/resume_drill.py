@@ -35,6 +35,7 @@ from typing import Any, Optional
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
 from determinism_check import VOLATILE, burn, diff, strip  # noqa: E402  (one report comparison for both drills)
+
 SIGNALS = {"kill": signal.SIGKILL, "int": signal.SIGINT, "term": signal.SIGTERM}
 RESUME_ONLY = {"resumed", "resumed_from"}
 """What a resumed report says of itself beside what any two runs differ in (`determinism_check.VOLATILE`)."""
@@ -49,12 +50,20 @@ def comparable(report: dict[str, Any]) -> dict[str, Any]:
 def evolve(state: Path, cache: Path, *args: str) -> subprocess.Popen:
     env = {**os.environ, "GENESIS_FP16_STATE_DIR": str(state), "GENESIS_FP16_PRECISION_CACHE": str(cache)}
     state.mkdir(parents=True, exist_ok=True)
-    log = open(state / f"evolve-{len(list(state.glob('evolve-*.log')))}.log", "w")  # a pipe would fill and stall the run
+    log = open(
+        state / f"evolve-{len(list(state.glob('evolve-*.log')))}.log", "w"
+    )  # a pipe would fill and stall the run
     # SIGINT back to its default: a shell's background job starts with it ignored, and Python then never raises
     # KeyboardInterrupt (the Ctrl-C case would run on to the end)
-    return subprocess.Popen([sys.executable, "-m", "genesis_fp16.cli", "evolve", *args], cwd=ROOT, env=env,
-                            stdout=subprocess.DEVNULL, stderr=log, text=True,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    return subprocess.Popen(
+        [sys.executable, "-m", "genesis_fp16.cli", "evolve", *args],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=log,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
 
 
 def committed(state: Path) -> int:
@@ -73,8 +82,16 @@ def finish(proc: subprocess.Popen, state: Path, what: str, timeout: float) -> No
         raise SystemExit(f"{what} failed (exit {proc.returncode}): {logs[-1].read_text()[-2000:] if logs else ''}")
 
 
-def run_case(work: Path, flags: list[str], generation: int, sig: str, delay: float, cache: Path, fresh_cache: bool,
-             timeout: float) -> tuple[Optional[dict[str, Any]], str]:
+def run_case(
+    work: Path,
+    flags: list[str],
+    generation: int,
+    sig: str,
+    delay: float,
+    cache: Path,
+    fresh_cache: bool,
+    timeout: float,
+) -> tuple[Optional[dict[str, Any]], str]:
     """(the resumed report, what happened) for one kill."""
     state = work / f"g{generation}-{sig}-{delay:g}"
     proc = evolve(state, cache, *flags)
@@ -88,20 +105,31 @@ def run_case(work: Path, flags: list[str], generation: int, sig: str, delay: flo
     proc.send_signal(SIGNALS[sig])
     proc.wait(timeout=120)
     run_id = next((state / "runs").glob("*/run.json")).parent.name
-    resumed = evolve(state, cache if not fresh_cache else state / "cache-resumed.json", "--resume", run_id, "--json", str(state / "report.json"))
+    resumed = evolve(
+        state,
+        cache if not fresh_cache else state / "cache-resumed.json",
+        "--resume",
+        run_id,
+        "--json",
+        str(state / "report.json"),
+    )
     finish(resumed, state, f"--resume after {sig} in generation {generation}", timeout)
     return json.loads((state / "report.json").read_text()), f"signal after generation {at} was committed"
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--budget", type=int, default=48)
     parser.add_argument("--generations", type=int, nargs="+", default=[1, 2, 3], help="kill during these generations")
     parser.add_argument("--signals", nargs="+", choices=sorted(SIGNALS), default=["kill", "int"])
     parser.add_argument("--delays", type=float, nargs="+", default=[1.0], help="seconds into the generation")
     parser.add_argument("--load", type=int, default=0, help="busy processes running throughout")
-    parser.add_argument("--fresh-cache", action="store_true", help="each resumed session an empty precision cache of its own")
+    parser.add_argument(
+        "--fresh-cache", action="store_true", help="each resumed session an empty precision cache of its own"
+    )
     parser.add_argument("--timeout", type=float, default=900.0)
     parser.add_argument("--out", type=Path, help="write the cases as JSON here")
     parser.add_argument("--keep", type=Path, help="run in this directory and keep it (state dirs, logs, reports)")
@@ -117,23 +145,38 @@ def main(argv: Optional[list[str]] = None) -> int:
             work = Path(tmp) if args.keep is None else args.keep
             work.mkdir(parents=True, exist_ok=True)
             cache = work / "precision.json"
-            whole = evolve(work / "whole", cache, *flags,
-                           "--json", str(work / "whole.json"))
+            whole = evolve(work / "whole", cache, *flags, "--json", str(work / "whole.json"))
             finish(whole, work / "whole", "the uninterrupted run", args.timeout)
             expected = json.loads((work / "whole.json").read_text())
-            print(f"uninterrupted: held-out {expected['heldout_return']}, {expected['real_episodes']} episodes, "
-                  f"{expected['env_steps']} env steps", flush=True)
+            print(
+                f"uninterrupted: held-out {expected['heldout_return']}, {expected['real_episodes']} episodes, "
+                f"{expected['env_steps']} env steps",
+                flush=True,
+            )
             for generation in args.generations:
                 for sig in args.signals:
                     for delay in args.delays:
-                        report, what = run_case(work, flags, generation, sig, delay, cache, args.fresh_cache, args.timeout)
+                        report, what = run_case(
+                            work, flags, generation, sig, delay, cache, args.fresh_cache, args.timeout
+                        )
                         found = ["no report"] if report is None else diff(comparable(expected), comparable(report))
                         failed += bool(found)
-                        cases.append({"generation": generation, "signal": sig, "delay": delay, "what": what, "same": not found,
-                                      "differences": found[:20],
-                                      "heldout": None if report is None else report["heldout_return"]})
-                        print(f"generation {generation}, {sig}, +{delay:g}s ({what}): "
-                              f"{'same report' if not found else 'DIFFERS: ' + '; '.join(found[:3])}", flush=True)
+                        cases.append(
+                            {
+                                "generation": generation,
+                                "signal": sig,
+                                "delay": delay,
+                                "what": what,
+                                "same": not found,
+                                "differences": found[:20],
+                                "heldout": None if report is None else report["heldout_return"],
+                            }
+                        )
+                        print(
+                            f"generation {generation}, {sig}, +{delay:g}s ({what}): "
+                            f"{'same report' if not found else 'DIFFERS: ' + '; '.join(found[:3])}",
+                            flush=True,
+                        )
     finally:
         for p in busy:
             p.terminate()
@@ -142,13 +185,24 @@ def main(argv: Optional[list[str]] = None) -> int:
 
         import torch
 
-        from genesis_fp16.precision import cpu_flags
+        from genesis_fp16.precision.capability import cpu_flags
 
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip() or None
-        meta = {"torch": torch.__version__, "cpu_flags": sorted(f for f in cpu_flags() if f in ("amx_bf16", "avx512_bf16", "avx512f", "avx2")),
-                "commit": commit, "date": time.strftime("%Y-%m-%d"), "fresh_cache": args.fresh_cache}
+        commit = (
+            subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+            or None
+        )
+        meta = {
+            "torch": torch.__version__,
+            "cpu_flags": sorted(f for f in cpu_flags() if f in ("amx_bf16", "avx512_bf16", "avx512f", "avx2")),
+            "commit": commit,
+            "date": time.strftime("%Y-%m-%d"),
+            "fresh_cache": args.fresh_cache,
+        }
         args.out.write_text(json.dumps({"flags": flags, "load": args.load, **meta, "cases": cases}, indent=1))
-    print(f"{len(cases) - failed} of {len(cases)} resumed runs gave the uninterrupted report (load: {args.load} busy processes)")
+    print(
+        f"{len(cases) - failed} of {len(cases)} resumed runs gave the uninterrupted report (load: {args.load} busy "
+        "processes)"
+    )
     return 1 if failed else 0
 
 

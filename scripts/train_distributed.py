@@ -32,7 +32,8 @@ import torch
 from torch import nn
 
 from genesis_fp16 import FP16TrainingConfig
-from genesis_fp16.checkpoint import CheckpointError, atomic_write_text
+from genesis_fp16.training.checkpoint import CheckpointError
+from genesis_fp16.base.storage import atomic_write_text
 from genesis_fp16.distributed import (
     DDPTrainer,
     DistributedEnvError,
@@ -43,8 +44,8 @@ from genesis_fp16.distributed import (
     init_distributed,
     inject_inf_grad,
 )
-from genesis_fp16.seeds import init_parameters, torch_generator
-from genesis_fp16.telemetry import get_logger
+from genesis_fp16.base.seeds import init_parameters, torch_generator
+from genesis_fp16.base.telemetry import get_logger
 
 
 @dataclass
@@ -59,7 +60,7 @@ class Args:
     accum: int = 1  # micro-steps per optimizer step
     hidden: int = 256
     lr: float = 1e-3
-    loss_scale: float = 65536.0
+    init_scale: float = 65536.0  # the scaler's initial loss scale
     seed: int = 0
     save: Optional[Path] = None  # checkpoint written after the last step
     resume: Optional[Path] = None  # checkpoint to start from (steps counts the steps to add)
@@ -118,7 +119,9 @@ def local_tensors(trainer: Any) -> dict[str, torch.Tensor]:
 
 
 def parse_args(argv: Optional[list[str]] = None) -> Args:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--precision", required=True, choices=["fp32", "fp16", "bf16"])
     p.add_argument("--steps", required=True, type=int)
     p.add_argument("--wrap", default="ddp", choices=["ddp", "fsdp"])
@@ -129,7 +132,7 @@ def parse_args(argv: Optional[list[str]] = None) -> Args:
     p.add_argument("--accum", type=int, default=1)
     p.add_argument("--hidden", type=int, default=256)
     p.add_argument("--lr", type=float, default=1e-3)
-    p.add_argument("--loss-scale", type=float, default=65536.0)
+    p.add_argument("--init-scale", type=float, default=65536.0)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--save", type=Path, default=None)
     p.add_argument("--resume", type=Path, default=None)
@@ -175,14 +178,19 @@ def run(args: Args, ctx: Any) -> int:
     log = get_logger("genesis_fp16.distributed", rank=ctx.rank)
     if args.inject_overflow_rank is not None and not 0 <= args.inject_overflow_rank < ctx.world_size:
         if ctx.is_main:
-            print(f"error: --inject-overflow-rank {args.inject_overflow_rank}: expected 0..{ctx.world_size - 1}", file=sys.stderr)
+            print(
+                f"error: --inject-overflow-rank {args.inject_overflow_rank}: expected 0..{ctx.world_size - 1}",
+                file=sys.stderr,
+            )
         return 2
-    model = init_parameters(WorldModel(args.hidden), torch_generator(args.seed, "train_distributed.init"))  # same init on every rank (DDP also broadcasts rank 0's)
+    model = init_parameters(
+        WorldModel(args.hidden), torch_generator(args.seed, "train_distributed.init")
+    )  # same init on every rank (DDP also broadcasts rank 0's)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
     config = FP16TrainingConfig(
         precision=args.precision,
         enabled=args.precision != "fp32",
-        loss_scale=args.loss_scale,
+        init_scale=args.init_scale,
         grad_accumulation_steps=args.accum,
         max_grad_norm=1.0,
     )
@@ -191,7 +199,13 @@ def run(args: Args, ctx: Any) -> int:
     if args.resume is not None:
         trainer.load_checkpoint(args.resume)
     first = trainer.training_steps
-    log.info("distributed.train_started", wrap=args.wrap, precision=trainer.precision.name, steps=args.steps, first_step=first)
+    log.info(
+        "distributed.train_started",
+        wrap=args.wrap,
+        precision=trainer.precision.name,
+        steps=args.steps,
+        first_step=first,
+    )
 
     from rich.progress import Progress
 
@@ -200,7 +214,9 @@ def run(args: Args, ctx: Any) -> int:
     with Progress(transient=True, disable=not ctx.is_main) as progress:
         task = progress.add_task(f"{args.wrap} {trainer.precision.name}", total=args.steps)
         for step in range(first, first + args.steps):
-            inject = args.inject_step is not None and step + 1 == args.inject_step and ctx.rank == args.inject_overflow_rank
+            inject = (
+                args.inject_step is not None and step + 1 == args.inject_step and ctx.rank == args.inject_overflow_rank
+            )
             for micro in range(args.accum):
                 trainer.module.inject = inject and micro == args.accum - 1
                 # the data is drawn on the CPU (the same batches on every device), then moved to the model's
@@ -253,7 +269,10 @@ def run(args: Args, ctx: Any) -> int:
         if args.json is not None:
             atomic_write_text(args.json, text + "\n")
         summary = ", ".join(f"rank {r['rank']}: skipped {r['skipped_steps']} loss {r['final_loss']:.4g}" for r in ranks)
-        print(f"{args.wrap}/{trainer.precision.name} x{ctx.world_size}: checksums equal={report['checksums_equal']}; {summary}")
+        print(
+            f"{args.wrap}/{trainer.precision.name} x{ctx.world_size}: checksums equal={report['checksums_equal']}; "
+            f"{summary}"
+        )
     return 0
 
 

@@ -49,7 +49,7 @@ sys.path.insert(0, str(ROOT))
 
 from agents import verify as V  # noqa: E402
 from agents.evaluation import Evaluation  # noqa: E402
-from genesis_fp16.seeds import numpy_rng  # noqa: E402
+from genesis_fp16.base.seeds import numpy_rng  # noqa: E402
 
 FAMILIES = ("normal", "bimodal", "capped", "minority_equal", "heavy_tail")
 RULES = ("prior", "prior+alike", "bare", "student-t")
@@ -72,8 +72,9 @@ def policy(family: str, rng: np.random.Generator):
     raise ValueError(family)
 
 
-async def run(returns: np.ndarray, order: list[int], first: bool, target: float, rule: str,
-              alike: np.ndarray) -> tuple[bool, int]:
+async def run(
+    returns: np.ndarray, order: list[int], first: bool, target: float, rule: str, alike: np.ndarray
+) -> tuple[bool, int]:
     async def evaluate(params: np.ndarray, states: np.ndarray) -> Evaluation:
         return Evaluation(returns=[float(returns[int(i)]) for i in states[:, 0]], episodes=[])
 
@@ -83,8 +84,16 @@ async def run(returns: np.ndarray, order: list[int], first: bool, target: float,
         res = await _student_t(evaluate, states, order, start, target)
     else:
         scale = float(np.std(returns)) if rule.startswith("prior") else None
-        res = await V.verify(evaluate, np.zeros(1), states, order, first=start, target=target, scale=scale,
-                             alike=list(alike) if rule == "prior+alike" else ())
+        res = await V.verify(
+            evaluate,
+            np.zeros(1),
+            states,
+            order,
+            first=start,
+            target=target,
+            scale=scale,
+            alike=list(alike) if rule == "prior+alike" else (),
+        )
     return res.accepted, res.episodes + (1 if first else 0)
 
 
@@ -96,8 +105,11 @@ async def _student_t(evaluate, states, order, first, target):  # the rule before
             return "accept" if float(np.mean(returns)) >= target else "reject"
         n, mean = len(returns), float(np.mean(returns))
         sd = float(np.std(returns, ddof=1)) if n > 1 else math.inf
-        half = V.t_quantile(0.9, n - 1) * sd / math.sqrt(n) * math.sqrt((population - n) / (population - 1)) \
-            if n > 1 else math.inf
+        half = (
+            V.t_quantile(0.9, n - 1) * sd / math.sqrt(n) * math.sqrt((population - n) / (population - 1))
+            if n > 1
+            else math.inf
+        )
         if mean + half < target:
             return "reject"
         if mean - half >= target:
@@ -116,7 +128,9 @@ async def simulate(trials: int, seed: int) -> dict:
     out: dict = {}
     for n, first in ((16, True), (8, False)):
         for family in FAMILIES:
-            counts = {r: {"false_accept": 0, "below": 0, "accepted_above": 0, "above": 0, "episodes_above": 0} for r in RULES}
+            counts = {
+                r: {"false_accept": 0, "below": 0, "accepted_above": 0, "above": 0, "episodes_above": 0} for r in RULES
+            }
             for _ in range(trials):
                 draw = policy(family, rng)
                 returns, alike = draw(n), draw(7)  # alike: 7 returns of the same policy on other states of the kind
@@ -144,9 +158,11 @@ async def simulate(trials: int, seed: int) -> dict:
                         c["episodes_above"] += episodes
             for rule, c in counts.items():
                 out[f"N={n} {family} {rule}"] = {
-                    "false_accept_rate": c["false_accept"] / max(1, c["below"]), "below": c["below"],
+                    "false_accept_rate": c["false_accept"] / max(1, c["below"]),
+                    "below": c["below"],
                     "accept_rate_above": c["accepted_above"] / max(1, c["above"]),
-                    "mean_episodes_above": c["episodes_above"] / max(1, c["above"]), "above": c["above"],
+                    "mean_episodes_above": c["episodes_above"] / max(1, c["above"]),
+                    "above": c["above"],
                 }
     return out
 
@@ -160,9 +176,14 @@ def main(argv: list[str] | None = None) -> int:
     rates = asyncio.run(simulate(args.trials, args.seed))
     print(f"{'case':40s} {'false accept':>12s} {'accept (above)':>15s} {'episodes (above)':>17s}")
     for case, r in rates.items():
-        print(f"{case:40s} {r['false_accept_rate']:12.3f} {r['accept_rate_above']:15.3f} {r['mean_episodes_above']:17.2f}")
+        print(
+            f"{case:40s} {r['false_accept_rate']:12.3f} {r['accept_rate_above']:15.3f} {r['mean_episodes_above']:17.2f}"
+        )
     worst = max(r["false_accept_rate"] for case, r in rates.items() if not case.endswith("student-t"))
-    print(f"worst false-accept rate of the prior and bare rules: {worst:.3f} (stated: at most {V.STATED_FALSE_ACCEPT:.2f})")
+    print(
+        f"worst false-accept rate of the prior and bare rules: {worst:.3f} (stated: at most "
+        f"{V.STATED_FALSE_ACCEPT:.2f})"
+    )
     if args.json is not None:
         args.json.write_text(json.dumps({"trials": args.trials, "seed": args.seed, "rates": rates}, indent=1) + "\n")
     return 0 if worst <= V.STATED_FALSE_ACCEPT and not math.isnan(worst) else 1

@@ -7,7 +7,7 @@ import os
 import pytest
 import torch
 
-from genesis_fp16 import telemetry
+from genesis_fp16.base import telemetry
 from genesis_fp16.precision import capability
 
 CPU_KINDS = {
@@ -19,7 +19,9 @@ CPU_KINDS = {
 
 def pytest_addoption(parser):
     parser.addoption(
-        "--cpu-kind", choices=sorted(CPU_KINDS), default=None,
+        "--cpu-kind",
+        choices=sorted(CPU_KINDS),
+        default=None,
         help="run the suite as if this process ran on that CPU kind (its flags patched into the capability "
         "check; tests that patch the flags themselves still win; subprocesses see the real CPU)",
     )

@@ -14,7 +14,7 @@ from typing import Callable, Optional
 import numpy as np
 from agents.evaluation import Evaluation, EvaluationEnvError
 from agents.tasks import ResolvedTask
-from infrastructure.world_model_types import TrainReport
+from infrastructure.world_model import TrainReport
 
 STEPS = 5  # transitions per fake episode (what the replay buffer stores)
 
@@ -31,8 +31,12 @@ class FakeEvaluator:
     records the number of start states of each call; ``fail_on(params, states)``
     may return an error to raise."""
 
-    def __init__(self, task: ResolvedTask, score: Callable[[np.ndarray, np.ndarray], float] = distance_return,
-                 fail_on: Optional[Callable[[np.ndarray, np.ndarray], Optional[Exception]]] = None) -> None:
+    def __init__(
+        self,
+        task: ResolvedTask,
+        score: Callable[[np.ndarray, np.ndarray], float] = distance_return,
+        fail_on: Optional[Callable[[np.ndarray, np.ndarray], Optional[Exception]]] = None,
+    ) -> None:
         self.task, self.workers, self.timeout_s = task, 1, 60.0
         self.score, self.fail_on = score, fail_on
         self.calls: list[int] = []
@@ -42,8 +46,11 @@ class FakeEvaluator:
         obs_dim, act_dim = self.task.policy.obs_dim, self.task.policy.act_dim
         base = np.cos(np.arange(STEPS * obs_dim, dtype=np.float32).reshape(STEPS, obs_dim) + float(state[0]))
         return ret, {
-            "obs": base, "next_obs": base + 0.1, "action": np.full((STEPS, act_dim), 0.5, np.float32),
-            "reward": np.full(STEPS, ret / STEPS, np.float32), "done": np.zeros(STEPS, np.float32),
+            "obs": base,
+            "next_obs": base + 0.1,
+            "action": np.full((STEPS, act_dim), 0.5, np.float32),
+            "reward": np.full(STEPS, ret / STEPS, np.float32),
+            "done": np.zeros(STEPS, np.float32),
         }
 
     def evaluate(self, params, states, **kw) -> Evaluation:
@@ -90,8 +97,16 @@ class FakeWorldModel:
         self.trained = True
         self.train_calls += 1
         self.steps.append(steps)
-        return TrainReport(train_loss=0.1, val_loss=0.2, precision="fp32", steps=steps, skipped_steps=0, wall_s=0.0, transitions=0,
-                           trajectories=0)
+        return TrainReport(
+            train_loss=0.1,
+            val_loss=0.2,
+            precision="fp32",
+            steps=steps,
+            skipped_steps=0,
+            wall_s=0.0,
+            transitions=0,
+            trajectories=0,
+        )
 
     def save(self, path: Optional[Path] = None) -> Path:
         path = Path(path) if path is not None else Path("/dev/null")

@@ -1,7 +1,8 @@
 """A loss fault injected into a world model's training by the tests:
 `WorldModel.train` has no test hook, so a NaN storm for the guard to roll
 back goes in here: each `GuardedTraining.step` (and each step of
-`GuardedTraining.train_windows`) gets the world model's loss function wrapped, so the trained model's loss is rewritten before the
+`GuardedTraining.train_windows`) gets the world model's loss function wrapped, so the trained model's loss is rewritten
+before the
 backward while the FP32 reference (another model) is spared. World-model
 training runs in a thread of this process, so patching the instance reaches it."""
 

@@ -92,7 +92,9 @@ def mujoco_warning() -> int:
     unstable simulation) and logs it. Returns how often it warned."""
     import mujoco
 
-    model = mujoco.MjModel.from_xml_string('<mujoco><worldbody><body><joint type="hinge"/><geom size="0.1"/></body></worldbody></mujoco>')
+    model = mujoco.MjModel.from_xml_string(
+        '<mujoco><worldbody><body><joint type="hinge"/><geom size="0.1"/></body></worldbody></mujoco>'
+    )
     data = mujoco.MjData(model)
     data.qvel[:] = np.nan
     mujoco.mj_step(model, data)

@@ -18,9 +18,9 @@ import pytest
 import torch
 
 from genesis_fp16 import FP16Trainer, FP16TrainingConfig
-from genesis_fp16 import calibration as cal
-from genesis_fp16.decision import Source
-from genesis_fp16.guarded import UNGUARDED, GuardedTraining
+from genesis_fp16.precision import calibration as cal
+from genesis_fp16.precision.decision import Source
+from genesis_fp16.training.guarded import UNGUARDED, GuardedTraining
 from genesis_fp16.precision import capability
 
 from conftest import CPU_KINDS
@@ -54,7 +54,9 @@ def _flags(monkeypatch, kind: str) -> None:
 
 def _mlp(seed: int = 0, dropout: float = 0.0) -> torch.nn.Module:
     torch.manual_seed(seed)
-    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Dropout(dropout), torch.nn.Linear(16, 2))
+    return torch.nn.Sequential(
+        torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Dropout(dropout), torch.nn.Linear(16, 2)
+    )
 
 
 def _batch(seed: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
@@ -68,7 +70,9 @@ def _mse(model: torch.nn.Module, batch) -> torch.Tensor:
 
 
 def _seed_api(model: torch.nn.Module, precision: str = "auto", fused: bool = False) -> FP16Trainer:
-    return FP16Trainer(model, torch.optim.Adam(model.parameters(), 1e-3, fused=fused or None), FP16TrainingConfig(precision=precision))
+    return FP16Trainer(
+        model, torch.optim.Adam(model.parameters(), 1e-3, fused=fused or None), FP16TrainingConfig(precision=precision)
+    )
 
 
 def _train(trainer: FP16Trainer, steps: int = 3) -> None:
@@ -81,7 +85,11 @@ def test_bf16_measured_faster_trains_in_bf16_decided_at_the_first_batch(monkeypa
     trainer = _seed_api(_mlp())
     stats = trainer.get_stats()
     assert trainer.auto_pending and stats["auto_pending"] is True
-    assert stats["precision"] == "fp32" and stats["decision"]["source"] == "rule" and "pending" in stats["decision"]["reason"]
+    assert (
+        stats["precision"] == "fp32"
+        and stats["decision"]["source"] == "rule"
+        and "pending" in stats["decision"]["reason"]
+    )
     assert timings["calls"] == []  # nothing is measured before the first batch
     _train(trainer)
     assert trainer.precision.name == "bf16" and trainer.decision.source == Source.MEASURED and not trainer.auto_pending
@@ -108,7 +116,9 @@ def test_the_rule_setting_keeps_the_flag_rule(monkeypatch, timings):
     monkeypatch.setenv("GENESIS_FP16_AUTO_PRECISION", "rule")
     _flags(monkeypatch, "amx")
     trainer = _seed_api(_mlp())
-    assert not trainer.auto_pending and trainer.decision.source == Source.RULE and "pending" not in trainer.decision.reason
+    assert (
+        not trainer.auto_pending and trainer.decision.source == Source.RULE and "pending" not in trainer.decision.reason
+    )
     _train(trainer)
     assert trainer.precision.name == "bf16" and trainer.decision.source == Source.RULE and timings["calls"] == []
 
@@ -126,10 +136,16 @@ def test_the_measurement_leaves_the_callers_model_and_rng_as_they_were(monkeypat
         before, rng = [p.detach().clone() for p in model.parameters()], torch.get_rng_state()
         if trainer.auto_pending:  # the measurement alone, before any step
             trainer._decide_at_first_batch(_batch(), _mse)
-        assert all(torch.equal(a, p) for a, p in zip(before, model.parameters())) and torch.equal(rng, torch.get_rng_state())
+        assert all(torch.equal(a, p) for a, p in zip(before, model.parameters())) and torch.equal(
+            rng, torch.get_rng_state()
+        )
         assert all(p.grad is None for p in model.parameters()) and not trainer.optimizer.state
         _train(trainer)
-        runs[precision] = ([p.detach().clone() for p in model.parameters()], torch.get_rng_state(), trainer.precision.name)
+        runs[precision] = (
+            [p.detach().clone() for p in model.parameters()],
+            torch.get_rng_state(),
+            trainer.precision.name,
+        )
     assert runs["auto"][2] == runs["bf16"][2] == "bf16" and timings["calls"]
     assert all(torch.equal(a, b) for a, b in zip(runs["auto"][0], runs["bf16"][0]))
     assert torch.equal(runs["auto"][1], runs["bf16"][1])
@@ -154,7 +170,9 @@ def test_the_seed_api_reads_what_guarded_training_measured(monkeypatch, timings)
     """The same cache and the same workload key as GuardedTraining's ``sample``."""
     _flags(monkeypatch, "avx2")
     model = _mlp()
-    guarded = GuardedTraining("wm", model, torch.optim.Adam(model.parameters(), 1e-3), guard=UNGUARDED, sample=(_batch(), _mse))
+    guarded = GuardedTraining(
+        "wm", model, torch.optim.Adam(model.parameters(), 1e-3), guard=UNGUARDED, sample=(_batch(), _mse)
+    )
     assert guarded.decision.source == Source.MEASURED and guarded.trainer.precision.name == "bf16"
     timings["calls"].clear()
     trainer = _seed_api(_mlp(seed=2))
@@ -166,7 +184,11 @@ def test_a_first_train_window_decides_before_the_window_runs(monkeypatch, timing
     _flags(monkeypatch, "avx2")
     trainer = _seed_api(_mlp(), fused=True)
     result = trainer.train_window((_batch(seed=k) for k in range(4)), _mse)
-    assert trainer.precision.name == "bf16" and trainer.decision.source == Source.MEASURED and "first batch" in trainer.decision.reason
+    assert (
+        trainer.precision.name == "bf16"
+        and trainer.decision.source == Source.MEASURED
+        and "first batch" in trainer.decision.reason
+    )
     assert result.steps == 4 and result.eager is None and trainer.training_steps == 4
     assert trainer.train_window(iter(()), _mse).steps == 0
 
@@ -196,7 +218,9 @@ def test_a_decision_passed_in_or_a_named_precision_never_waits(monkeypatch, timi
         trainer = _seed_api(_mlp(), precision)
         assert not trainer.auto_pending
     model = _mlp()
-    disabled = FP16Trainer(model, torch.optim.SGD(model.parameters(), 0.1), FP16TrainingConfig(precision="auto", enabled=False))
+    disabled = FP16Trainer(
+        model, torch.optim.SGD(model.parameters(), 0.1), FP16TrainingConfig(precision="auto", enabled=False)
+    )
     assert not disabled.auto_pending and disabled.precision.name == "fp32"
     _train(disabled, 1)
     assert timings["calls"] == []

@@ -19,7 +19,9 @@ pytest.importorskip("gymnasium")
 
 
 def spec(hidden: int) -> PolicySpec:
-    return PolicySpec(obs_dim=3, act_dim=2, hidden=hidden, obs_scale=(1.0, 0.5, 0.125), action_low=(-2.0, 0.0), action_high=(2.0, 1.0))
+    return PolicySpec(
+        obs_dim=3, act_dim=2, hidden=hidden, obs_scale=(1.0, 0.5, 0.125), action_low=(-2.0, 0.0), action_high=(2.0, 1.0)
+    )
 
 
 @pytest.mark.parametrize("hidden", [0, 4])
@@ -73,7 +75,10 @@ class FakeEvaluator:
         self.jobs, self.checks, self.closed = [], [], False
 
     def _episode(self):
-        return {"obs": np.ones((self.steps, self.task.policy.obs_dim), dtype=np.float32), "reward": np.zeros(self.steps, dtype=np.float32)}
+        return {
+            "obs": np.ones((self.steps, self.task.policy.obs_dim), dtype=np.float32),
+            "reward": np.zeros(self.steps, dtype=np.float32),
+        }
 
     def evaluate_many(self, jobs, *, per_job_env_errors=False):
         out = []
@@ -82,7 +87,12 @@ class FakeEvaluator:
             if self.fail_every and len(self.jobs) % self.fail_every == 0:
                 out.append(EvaluationEnvError("env raised in step"))
             else:
-                out.append(Evaluation(returns=[-float(np.sum(np.square(params)))] * len(states), episodes=[self._episode() for _ in states]))
+                out.append(
+                    Evaluation(
+                        returns=[-float(np.sum(np.square(params)))] * len(states),
+                        episodes=[self._episode() for _ in states],
+                    )
+                )
         return out
 
     def evaluate(self, params, states):
@@ -109,19 +119,31 @@ def test_cma_tuned_charges_one_episode_per_candidate_and_respects_the_budget():
     train_jobs = fake.jobs
     assert len(train_jobs) == 11 and all(states.shape == (1, 1) for _, states in train_jobs)
     starts = task.start_states(3)
-    assert [states[0, 0] for _, states in train_jobs] == [starts.train[c % 16, 0] for c in range(11)]  # start states in turn
+    assert [states[0, 0] for _, states in train_jobs] == [
+        starts.train[c % 16, 0] for c in range(11)
+    ]  # start states in turn
     assert report["real_episodes"] == 11 and report["env_steps"] == 110
-    assert report["settings"]["generations"] == 2 and report["settings"]["popsize"] == 4  # the third generation was cut by the budget
-    assert len(fake.checks) == 2 + 2 and not fake.closed  # a check per told generation, then train and held-out; ours to close
+    assert (
+        report["settings"]["generations"] == 2 and report["settings"]["popsize"] == 4
+    )  # the third generation was cut by the budget
+    assert (
+        len(fake.checks) == 2 + 2 and not fake.closed
+    )  # a check per told generation, then train and held-out; ours to close
     assert len(fake.checks[-1]) == len(starts.heldout) and report["heldout_episodes"] == 20
-    assert report["method"] == "cma_tuned" and report["sigma0"] == report["settings"]["sigma0"] == 0.5 and report["cpu_s"] >= 0
+    assert (
+        report["method"] == "cma_tuned"
+        and report["sigma0"] == report["settings"]["sigma0"] == 0.5
+        and report["cpu_s"] >= 0
+    )
     assert report["check_episodes"] == 2 * len(starts.validation) == 2 * 8  # checks run on the validation states
 
 
 def test_cma_tuned_env_step_budget_and_failures_are_charged():
     task = _task()
     fake = FakeEvaluator(task, steps=100, fail_every=3)
-    report = run_cma_tuned(BaselineConfig(env_id=task.env_id, budget=100, budget_steps=450, workers=2), popsize=4, evaluator=fake)
+    report = run_cma_tuned(
+        BaselineConfig(env_id=task.env_id, budget=100, budget_steps=450, workers=2), popsize=4, evaluator=fake
+    )
     # batches of `workers` (2) episodes: after 400 steps one more batch starts, then none (600 >= 450)
     assert report["real_episodes"] == len(fake.jobs) == 8 and report["env_steps"] == 600
     assert len(report["failed_candidates"]) == 2 and report["stop_reason"] == "budget"
@@ -135,8 +157,14 @@ def test_cma_tuned_steps_to_target_and_stop_at_target():
     assert (report["episodes_to_target"], report["env_steps_to_target"]) == (8, 80)
     assert report["target_reached"] and report["stop_reason"] == "target" and report["real_episodes"] == 8
     assert report["method"] == "cma_tuned_norm" and "target 90 first met after 8 real episodes" in report["stop_detail"]
-    report = run_cma_tuned(replace(cfg, stop_at_target=False, check_every=8), popsize=4, evaluator=FakeEvaluator(task, check_returns=[0.0, 95.0]))
-    assert report["episodes_to_target"] == 16 and report["real_episodes"] == 40  # checks at 8 and 16 episodes; the budget spent
+    report = run_cma_tuned(
+        replace(cfg, stop_at_target=False, check_every=8),
+        popsize=4,
+        evaluator=FakeEvaluator(task, check_returns=[0.0, 95.0]),
+    )
+    assert (
+        report["episodes_to_target"] == 16 and report["real_episodes"] == 40
+    )  # checks at 8 and 16 episodes; the budget spent
 
 
 def test_cma_tuned_refuses_bad_options():

@@ -59,7 +59,10 @@ def test_ars_on_pendulum_charges_two_episodes_per_direction_and_is_reproducible(
     assert report["heldout_episodes"] == 20 and report["method"] == "ars" and report["wall_s"] > 0
     assert any(t != 0.0 for t in report["settings"]["theta"])  # it moved
     again = run_ars(cfg, hyper=hyper)
-    assert again["settings"]["theta"] == report["settings"]["theta"] and again["heldout_return"] == report["heldout_return"]
+    assert (
+        again["settings"]["theta"] == report["settings"]["theta"]
+        and again["heldout_return"] == report["heldout_return"]
+    )
 
 
 def test_ars_env_step_budget_cuts_an_iteration_without_an_update():

@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from benchmarks.baselines import BaselineConfig, run_sac, sac_steps
-from genesis_fp16.extras import MissingExtraError
+from genesis_fp16.base.extras import MissingExtraError
 
 
 def test_sac_steps_asked_and_capped():
@@ -30,7 +30,9 @@ def test_sac_tiny_run_on_pendulum(one_thread):
     pytest.importorskip("stable_baselines3")
     cfg = BaselineConfig(env_id="Pendulum-v1", budget=3, episode_steps=60, check_every=2, seed=1)
     report = run_sac(cfg, total_steps=180, max_steps=150)
-    assert report["env_steps"] == 150 and report["real_episodes"] == 2  # 150 steps: two 60-step episodes and part of a third
+    assert (
+        report["env_steps"] == 150 and report["real_episodes"] == 2
+    )  # 150 steps: two 60-step episodes and part of a third
     assert report["settings"]["capped"] and report["settings"]["steps_asked"] == 180
     assert "capped at 150 of the 180 env steps asked" in report["stop_detail"]
     assert [c["real_episodes"] for c in report["generations"]] == [2] and report["generations"][0]["env_steps"] == 120

@@ -1,4 +1,4 @@
-"""Tests for genesis_fp16.bench: the CLI's output shape, the raw loop's
+"""Tests for genesis_fp16_tools.bench: the CLI's output shape, the raw loop's
 equivalence with our trainer, fallbacks (compile, oneDNN, CUDA graphs) and
 memory measurement. Timings themselves are not asserted (a shared 2-core
 machine); shapes, finiteness and semantics are."""
@@ -19,20 +19,39 @@ from tf32_probe import RecordMatmulPrecision
 from typer.testing import CliRunner
 
 from genesis_fp16 import FP16Trainer
-from genesis_fp16 import precision as P
-from genesis_fp16.bench import PRECISIONS, harness, limits, measure, models, options, report, runner
-from genesis_fp16.bench.harness import CellFlags
-from genesis_fp16.bench.loops import RawLoop, trainer_config
-from genesis_fp16.bench.measure import PeakMemory
-from genesis_fp16.bench.models import SIZES, make_task
-from genesis_fp16.bench.options import BenchOptions
-from genesis_fp16.extras import MissingExtraError
+from genesis_fp16.precision.modes import MODES
+from genesis_fp16.precision.plugins import TF32
+from genesis_fp16.precision.decision import decide
+from genesis_fp16.precision.request import PrecisionRequest
+from genesis_fp16_tools.bench import PRECISIONS, harness, limits, measure, models, options, report, runner
+from genesis_fp16_tools.bench.harness import CellFlags
+from genesis_fp16_tools.bench.loops import RawLoop, trainer_config
+from genesis_fp16_tools.bench.measure import PeakMemory
+from genesis_fp16_tools.bench.models import SIZES, make_task
+from genesis_fp16_tools.bench.options import BenchOptions
+from genesis_fp16.base.extras import MissingExtraError
 from genesis_fp16.precision import capability
-from genesis_fp16.settings import PrecisionMode
-from genesis_fp16.telemetry import get_logger, read_events
+from genesis_fp16.base.settings import PrecisionMode
+from genesis_fp16.base.telemetry import get_logger, read_events
+
+
+def plugin_for(requested, device, on_unsupported="fallback", config=None, *, plugins=MODES):
+    """The plugin a trainer asked for ``requested`` on ``device`` runs: the request decided by the one decision
+    (``auto``: the flag rule), its mode's class from ``plugins``."""
+    request = PrecisionRequest.parse(requested, on_unsupported=on_unsupported)
+    return plugins[decide(request, device).mode](device, config)
+
 
 REPO = Path(__file__).resolve().parents[1]
-REQUIRED = ("size", "precision", "samples_per_s", "peak_mem_mb", "val_loss", "val_loss_delta_vs_fp32", "overhead_vs_raw")
+REQUIRED = (
+    "size",
+    "precision",
+    "samples_per_s",
+    "peak_mem_mb",
+    "val_loss",
+    "val_loss_delta_vs_fp32",
+    "overhead_vs_raw",
+)
 CPU = torch.device("cpu")
 
 
@@ -46,7 +65,16 @@ def _app():
 def quick_run(tmp_path_factory):
     """One `bench --quick` through the CLI, shared by the shape tests."""
     out = tmp_path_factory.mktemp("bench")
-    args = ["bench", "--quick", "--json", str(out / "r.json"), "--csv", str(out / "r.csv"), "--plot", str(out / "r.png")]
+    args = [
+        "bench",
+        "--quick",
+        "--json",
+        str(out / "r.json"),
+        "--csv",
+        str(out / "r.csv"),
+        "--plot",
+        str(out / "r.png"),
+    ]
     result = CliRunner().invoke(_app(), args)
     assert result.exit_code == 0, result.output
     return out, result
@@ -76,7 +104,9 @@ def test_quick_json_shape_and_finite_positive_numbers(quick_run):
         for key in ("achieved_tflops", "peak_tflops", "limit_ms_per_step", "x_off_limit"):
             assert math.isfinite(row[key]) and row[key] > 0, (key, row)
         assert row["x_off_limit"] == pytest.approx(row["ms_per_step"] / row["limit_ms_per_step"])
-        assert row["peak_source"].startswith("measured: " if header["device"] == "cpu" else ("measured: ", "datasheet: "))
+        assert row["peak_source"].startswith(
+            "measured: " if header["device"] == "cpu" else ("measured: ", "datasheet: ")
+        )
     assert set(header["limits"]) == {"fp32", "bf16", "fp16"} and "3 x forward" in header["flops_formula"]
     assert set(data["summary"]["overhead_vs_raw_by_precision"]) == {"fp32", "bf16", "fp16"}
     fp32 = next(r for r in rows if r["precision"] == "fp32")
@@ -105,7 +135,10 @@ def test_quick_csv_is_device_stamped_and_plot_is_png(quick_run):
     assert any("not_applicable" in r["notes"] for r in lines) == (not torch.cuda.is_available())
     assert (out / "r.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "| S | MLP h64 b64 | fp32 | eager |" in result.stdout
-    assert "| x off limit |" in result.stdout and "| precision | overhead vs raw, worst size | each size |" in result.stdout
+    assert (
+        "| x off limit |" in result.stdout
+        and "| precision | overhead vs raw, worst size | each size |" in result.stdout
+    )
 
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16", "fp16"])
@@ -132,7 +165,7 @@ def test_raw_loop_skips_a_nonfinite_loss_like_the_trainer():
     task = make_task(SIZES["S"], 0, CPU, n_train_batches=1)
     model = task.make_model(0, CPU)
     before = [p.detach().clone() for p in model.parameters()]
-    raw = RawLoop(model, torch.optim.Adam(model.parameters()), trainer_config("fp32", CPU), P.resolve_precision("fp32", CPU))
+    raw = RawLoop(model, torch.optim.Adam(model.parameters()), trainer_config("fp32", CPU), plugin_for("fp32", CPU))
     nan_loss = lambda m, b: m(b[0]).float().sum() * float("nan")  # noqa: E731
     assert raw.step(task.train[0], nan_loss) is False
     assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
@@ -141,9 +174,30 @@ def test_raw_loop_skips_a_nonfinite_loss_like_the_trainer():
 
 def test_relative_figures_and_checks():
     rows = [
-        {"size": "L", "precision": "fp32", "samples_per_s": 100.0, "val_loss": 0.5, "peak_mem_mb": 40.0, "overhead_vs_raw": 1.01},
-        {"size": "L", "precision": "bf16", "samples_per_s": 180.0, "val_loss": 0.505, "peak_mem_mb": 30.0, "overhead_vs_raw": 1.02},
-        {"size": "L", "precision": "fp16", "samples_per_s": 50.0, "val_loss": 0.52, "peak_mem_mb": 30.0, "overhead_vs_raw": 1.07},
+        {
+            "size": "L",
+            "precision": "fp32",
+            "samples_per_s": 100.0,
+            "val_loss": 0.5,
+            "peak_mem_mb": 40.0,
+            "overhead_vs_raw": 1.01,
+        },
+        {
+            "size": "L",
+            "precision": "bf16",
+            "samples_per_s": 180.0,
+            "val_loss": 0.505,
+            "peak_mem_mb": 30.0,
+            "overhead_vs_raw": 1.02,
+        },
+        {
+            "size": "L",
+            "precision": "fp16",
+            "samples_per_s": 50.0,
+            "val_loss": 0.52,
+            "peak_mem_mb": 30.0,
+            "overhead_vs_raw": 1.07,
+        },
     ]
     runner._relative_to_fp32(rows)
     assert [r["speedup_vs_fp32"] for r in rows] == pytest.approx([1.0, 1.8, 0.5])
@@ -169,7 +223,10 @@ def test_relative_figures_and_checks():
         (["--threads", "0"], "threads=0"),
         (["--clock", "cpu"], "add --threads 1"),
         (["--clock", "sundial", "--threads", "1"], "clock='sundial'"),
-        (["--device", "cuda:0"] if not torch.cuda.is_available() else ["--device", "nonsense"], "--device" if not torch.cuda.is_available() else "device"),
+        (
+            ["--device", "cuda:0"] if not torch.cuda.is_available() else ["--device", "nonsense"],
+            "--device" if not torch.cuda.is_available() else "device",
+        ),
     ],
 )
 def test_bad_input_gives_one_clear_error(args, message):
@@ -240,7 +297,9 @@ def test_other_errors_are_reported_as_failed_cells(monkeypatch):
         return real(self, seed, device)
 
     monkeypatch.setattr(models.Task, "make_model", make_model)
-    result = runner.run_benchmark(BenchOptions(sizes=[SIZES["S"]], precisions=["fp32"], quick=True, repeats=1, chunk_s=0.01))
+    result = runner.run_benchmark(
+        BenchOptions(sizes=[SIZES["S"]], precisions=["fp32"], quick=True, repeats=1, chunk_s=0.01)
+    )
     assert result["rows"] == [] and "out of memory (simulated)" in result["failed"][0]["reason"]
 
 
@@ -255,7 +314,7 @@ def test_cuda_graph_capture_runs_under_autocast_without_weight_cache(monkeypatch
 
     monkeypatch.setattr(torch.cuda, "make_graphed_callables", fake_graphed)
     model = torch.nn.Linear(4, 4)
-    precision = P.resolve_precision("bf16", CPU)
+    precision = plugin_for("bf16", CPU)
     assert measure.graph_model(model, torch.randn(2, 4), precision) is model
     assert seen == {"autocast": True, "cache": False, "dtype": torch.bfloat16}
     # only on CUDA, only small sizes, only when asked
@@ -298,7 +357,21 @@ def test_peak_memory_sees_a_large_allocation_on_cpu():
 def test_script_wrapper_writes_the_seed_csv_and_a_plot(tmp_path):
     out = tmp_path / "results"
     proc = subprocess.run(
-        [sys.executable, str(REPO / "scripts" / "benchmark_fp16_training.py"), "--quick", "--precisions", "fp32,bf16", "--repeats", "1", "--chunk-s", "0.01", "--threads", "1", "--out-dir", str(out)],
+        [
+            sys.executable,
+            str(REPO / "scripts" / "benchmark_fp16_training.py"),
+            "--quick",
+            "--precisions",
+            "fp32,bf16",
+            "--repeats",
+            "1",
+            "--chunk-s",
+            "0.01",
+            "--threads",
+            "1",
+            "--out-dir",
+            str(out),
+        ],
         capture_output=True,
         text=True,
         timeout=120,
@@ -334,7 +407,7 @@ def test_trainer_switches_back_to_train_mode_only_when_needed():
 
 
 def test_precisions_come_from_the_vocabulary():
-    assert PRECISIONS == tuple(m.value for m in P.MODES if P.MODES[m].keeps_fp32_weights)
+    assert PRECISIONS == tuple(m.value for m in MODES if MODES[m].keeps_fp32_weights)
     assert PRECISIONS == ("fp32", "tf32", "bf16", "fp16") and set(PRECISIONS) <= {m.value for m in PrecisionMode}
     config = trainer_config("tf32", CPU)
     assert config.precision == "tf32" and config.on_unsupported == "error"
@@ -344,7 +417,7 @@ def test_raw_loop_runs_tf32_forward_and_backward_through_the_plugin():
     """The tf32 row's raw loop gets TF32 switches from the plugin for both passes,
     as the trainer does (the switches are CUDA's; recorded here on any machine)."""
     model = torch.nn.Linear(3, 1)
-    raw = RawLoop(model, torch.optim.SGD(model.parameters(), lr=0.1), trainer_config("fp32", CPU), P.TF32(CPU))
+    raw = RawLoop(model, torch.optim.SGD(model.parameters(), lr=0.1), trainer_config("fp32", CPU), TF32(CPU))
     RecordMatmulPrecision.seen = []
     loss_fn = lambda m, b: RecordMatmulPrecision.apply(m(b)).float().sum()  # noqa: E731
     assert raw.step(torch.ones(2, 3), loss_fn) is True
@@ -362,14 +435,14 @@ def test_cuda_graph_capture_for_tf32_has_the_switches_and_no_autocast(monkeypatc
 
     monkeypatch.setattr(torch.cuda, "make_graphed_callables", fake_graphed)
     model = torch.nn.Linear(4, 4)
-    assert measure.graph_model(model, torch.randn(2, 4), P.TF32(CPU)) is model
+    assert measure.graph_model(model, torch.randn(2, 4), TF32(CPU)) is model
     assert seen == {"autocast": False, "matmul": "tf32"}
 
 
 def test_cpu_clock_counts_this_threads_time_only():
     """Sleeping costs wall time but no CPU time: the cpu clock is blind to waiting
     (and so to other processes' load), the wall clock is not."""
-    from genesis_fp16.bench.measure import time_chunk
+    from genesis_fp16_tools.bench.measure import time_chunk
 
     def nap(i):
         time.sleep(0.02)
@@ -381,7 +454,9 @@ def test_cpu_clock_counts_this_threads_time_only():
 
 
 def test_cpu_clock_run_is_stamped(tmp_path):
-    result = CliRunner().invoke(_app(), ["bench", "--quick", "--threads", "1", "--clock", "cpu", "--json", str(tmp_path / "r.json")])
+    result = CliRunner().invoke(
+        _app(), ["bench", "--quick", "--threads", "1", "--clock", "cpu", "--json", str(tmp_path / "r.json")]
+    )
     assert result.exit_code == 0, result.output
     data = json.loads((tmp_path / "r.json").read_text())
     assert data["header"]["clock"] == "cpu" and "--clock cpu" in data["header"]["command"]
@@ -397,7 +472,7 @@ def _checked(quick: bool) -> dict:
 
 
 def test_quick_checks_are_a_smoke_run_without_verdict():
-    from genesis_fp16.bench.cli import SMOKE_NOTE, check_lines
+    from genesis_fp16_tools.bench.cli import SMOKE_NOTE, check_lines
 
     quick = check_lines(_checked(quick=True))
     assert [mark for mark, _ in quick] == ["smoke", "smoke", "smoke"]
@@ -416,7 +491,12 @@ def _fake_run(options, update):
         "overhead_vs_raw": 1.336, "overhead_min": 1.3, "overhead_max": 1.4, "peak_mem_mb": 1.0, "val_loss": 0.5,
         "val_loss_delta_vs_fp32": None, "overflow_rate": 0.0, "notes": "",
     }  # fmt: skip
-    header = {"quick": options.quick, "load_avg_start": [0.0, 0.0, 0.0], "load_avg_end": [0.0, 0.0, 0.0], "cpu_count": 2}
+    header = {
+        "quick": options.quick,
+        "load_avg_start": [0.0, 0.0, 0.0],
+        "load_avg_end": [0.0, 0.0, 0.0],
+        "cpu_count": 2,
+    }
     return {"header": header, "rows": [row], "failed": [], "summary": _checked(options.quick)["summary"]}
 
 
@@ -463,7 +543,9 @@ def test_flops_per_step_of_a_tiny_mlp_is_the_hand_count():
     from torch.utils.flop_counter import FlopCounterMode
 
     model = models.WorldModelMLP(spec.hidden)
-    assert [(m, k, n) for m, k, n, _ in limits.matmuls(spec)] == [(2, lin.in_features, lin.out_features) for lin in model.modules() if isinstance(lin, torch.nn.Linear)]
+    assert [(m, k, n) for m, k, n, _ in limits.matmuls(spec)] == [
+        (2, lin.in_features, lin.out_features) for lin in model.modules() if isinstance(lin, torch.nn.Linear)
+    ]
     with FlopCounterMode(display=False) as counter:
         model(torch.randn(2, 32)).sum().backward()
     assert counter.get_total_flops() == 2608
@@ -608,42 +690,71 @@ def test_limit_columns_are_step_time_over_flops_at_peak():
 def _limit_result():
     """A result as run_benchmark returns it: two MLP sizes and the LSTM, fp32 and bf16."""
     rows = []
-    for size, ms in (("S", {"fp32": 1.0, "bf16": 1.4}), ("L", {"fp32": 60.0, "bf16": 26.0}), ("LSTM", {"fp32": 3.0, "bf16": 2.5})):
+    for size, ms in (
+        ("S", {"fp32": 1.0, "bf16": 1.4}),
+        ("L", {"fp32": 60.0, "bf16": 26.0}),
+        ("LSTM", {"fp32": 3.0, "bf16": 2.5}),
+    ):
         spec = SIZES[size]
         for precision, step_ms in ms.items():
             rows.append({
                 "size": size, "model": spec.label, "precision": precision, "mode": "eager", "precision_run": precision,
-                "samples_per_s": spec.batch / step_ms * 1000, "raw_samples_per_s": spec.batch / step_ms * 1000, "ms_per_step": step_ms,
-                **limits.limit_columns(spec, step_ms, limits.Peak(1e11 if precision == "fp32" else 4e11, f"measured: {precision}")),
-                "speedup_vs_fp32": ms["fp32"] / step_ms, "overhead_vs_raw": 1.01 if size == "S" else 0.99, "overhead_min": 0.95,
-                "overhead_max": 1.05, "peak_mem_mb": 1.0, "peak_mem_vs_fp32": 1.0, "val_loss": 0.1, "val_loss_delta_vs_fp32": 0.0,
+                "samples_per_s": spec.batch / step_ms * 1000, "raw_samples_per_s": spec.batch / step_ms * 1000,
+                "ms_per_step": step_ms,
+                **limits.limit_columns(
+                    spec, step_ms, limits.Peak(1e11 if precision == "fp32" else 4e11, f"measured: {precision}")),
+                "speedup_vs_fp32": ms["fp32"] / step_ms, "overhead_vs_raw": 1.01 if size == "S" else 0.99,
+                "overhead_min": 0.95, "overhead_max": 1.05, "peak_mem_mb": 1.0, "peak_mem_vs_fp32": 1.0,
+                "val_loss": 0.1, "val_loss_delta_vs_fp32": 0.0,
                 "overflow_rate": 0.0, "skipped_steps": 0, "quality_steps": 10, "steps_per_chunk": 3, "repeats": 3,
                 "compiled": False, "cuda_graphs": False, "notes": "",
             })  # fmt: skip
-    header = {"device": "cpu", "device_name": "test cpu", "cpu_flags": ["avx2"], "torch_version": torch.__version__, "date": "2026-01-01T00:00:00Z",
-              "command": "genesis-fp16 bench", "load_avg_start": [0.1, 0, 0], "load_avg_end": [0.2, 0, 0], "limits": {}}  # fmt: skip
-    result = {"header": header, "rows": rows, "auto": [], "not_applicable": [{"size": "S", "precision": "tf32", "reason": "CUDA only"}], "failed": []}
+    header = {
+        "device": "cpu", "device_name": "test cpu", "cpu_flags": ["avx2"], "torch_version": torch.__version__,
+        "date": "2026-01-01T00:00:00Z", "command": "genesis-fp16 bench", "load_avg_start": [0.1, 0, 0],
+        "load_avg_end": [0.2, 0, 0], "limits": {},
+    }  # fmt: skip
+    result = {
+        "header": header,
+        "rows": rows,
+        "auto": [],
+        "not_applicable": [{"size": "S", "precision": "tf32", "reason": "CUDA only"}],
+        "failed": [],
+    }
     result["summary"] = runner.summarize(result)
     return result
 
 
 def test_the_new_columns_are_in_the_csv_json_and_table(tmp_path):
     result = _limit_result()
-    new = ("mode", "flops_per_step", "achieved_tflops", "peak_tflops", "limit_ms_per_step", "x_off_limit", "peak_source")
+    new = (
+        "mode",
+        "flops_per_step",
+        "achieved_tflops",
+        "peak_tflops",
+        "limit_ms_per_step",
+        "x_off_limit",
+        "peak_source",
+    )
     assert set(new) <= set(report.CSV_COLUMNS)
     with open(report.write_csv(tmp_path / "r.csv", result), newline="") as fh:
         lines = list(csv.DictReader(fh))
     assert set(new) <= set(lines[0])
     s_bf16 = next(r for r in lines if r["size"] == "S" and r["precision"] == "bf16")
     assert s_bf16["mode"] == "eager" and int(s_bf16["flops_per_step"]) == limits.flops_per_step(SIZES["S"])
-    assert float(s_bf16["x_off_limit"]) == pytest.approx(1.4 / (1000 * limits.flops_per_step(SIZES["S"]) / 4e11), rel=1e-5)
+    assert float(s_bf16["x_off_limit"]) == pytest.approx(
+        1.4 / (1000 * limits.flops_per_step(SIZES["S"]) / 4e11), rel=1e-5
+    )
     data = json.loads(report.write_json(tmp_path / "r.json", result).read_text())
     assert all(set(new) <= set(row) for row in data["rows"])
     by = data["summary"]["overhead_vs_raw_by_precision"]
     assert by["fp32"] == {"max": 1.01, "worst_size": "S", "by_size": {"S": 1.01, "L": 0.99, "LSTM": 0.99}}
     table = report.markdown_table(result)
     assert "| mode | samples/s |" in table and "| ms/step | limit ms | x off limit |" in table
-    assert "| S | MLP h64 b64 | bf16 | eager | " in table and "| fp32 | 1.010 (S) | S 1.010, L 0.990, LSTM 0.990 |" in table
+    assert (
+        "| S | MLP h64 b64 | bf16 | eager | " in table
+        and "| fp32 | 1.010 (S) | S 1.010, L 0.990, LSTM 0.990 |" in table
+    )
     assert "| S | | tf32 | | not applicable |" in table
 
 
@@ -651,13 +762,28 @@ def test_speedups_compare_rows_of_one_mode():
     """A captured row (the trainer's CUDA-graph capture, to come) is compared
     with captured fp32, never with eager fp32."""
     rows = [
-        {"size": "L", "precision": p, "mode": m, "samples_per_s": v, "val_loss": 0.5, "peak_mem_mb": 1.0, "overhead_vs_raw": 1.0}
-        for p, m, v in (("fp32", "eager", 100.0), ("bf16", "eager", 150.0), ("fp32", "captured", 200.0), ("bf16", "captured", 500.0))
+        {
+            "size": "L",
+            "precision": p,
+            "mode": m,
+            "samples_per_s": v,
+            "val_loss": 0.5,
+            "peak_mem_mb": 1.0,
+            "overhead_vs_raw": 1.0,
+        }
+        for p, m, v in (
+            ("fp32", "eager", 100.0),
+            ("bf16", "eager", 150.0),
+            ("fp32", "captured", 200.0),
+            ("bf16", "captured", 500.0),
+        )
     ]
     runner._relative_to_fp32(rows)
     assert [r["speedup_vs_fp32"] for r in rows] == pytest.approx([1.0, 1.5, 1.0, 2.5])
     summary = runner.summarize({"header": {"device": "cpu"}, "rows": rows})
-    assert summary["speedup_vs_fp32"] == pytest.approx({"L/fp32": 1.0, "L/bf16": 1.5, "L/fp32/captured": 1.0, "L/bf16/captured": 2.5})
+    assert summary["speedup_vs_fp32"] == pytest.approx(
+        {"L/fp32": 1.0, "L/bf16": 1.5, "L/fp32/captured": 1.0, "L/bf16/captured": 2.5}
+    )
     assert set(summary["overhead_vs_raw_by_precision"]) == {"fp32", "bf16", "fp32/captured", "bf16/captured"}
 
 

@@ -16,8 +16,25 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 def test_the_size_bench_times_training_and_rollouts(tmp_path, monkeypatch, capsys):
     out = tmp_path / "bench.json"
-    argv = [str(SCRIPT), "--ensembles", "1,2", "--hiddens", "8", "--layers", "1", "--steps", "2", "--warmup", "1",
-            "--rows", "12", "--horizon", "2", "--json", str(out)]
+    argv = [
+        str(SCRIPT),
+        "--ensembles",
+        "1,2",
+        "--hiddens",
+        "8",
+        "--layers",
+        "1",
+        "--steps",
+        "2",
+        "--warmup",
+        "1",
+        "--rows",
+        "12",
+        "--horizon",
+        "2",
+        "--json",
+        str(out),
+    ]
     monkeypatch.setattr(sys, "argv", argv)
     with pytest.raises(SystemExit) as done:
         runpy.run_path(str(SCRIPT), run_name="__main__")

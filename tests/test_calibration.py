@@ -1,5 +1,5 @@
-"""``precision=auto`` by measurement (genesis_fp16/calibration.py,
-genesis_fp16/autotune.py): the decision follows the timings of the workload
+"""``precision=auto`` by measurement (genesis_fp16/precision/calibration.py,
+genesis_fp16/precision/measure.py): the decision follows the timings of the workload
 itself, made before the trainer exists; the run's trajectory is the chosen
 precision's; a reduced precision needs the lower bound of its speed-up (the
 worst of the interleaved rounds) over the margin; decisions are kept in the
@@ -23,15 +23,16 @@ from structlog.testing import capture_logs
 from typer.testing import CliRunner
 
 from genesis_fp16 import FP16Trainer, FP16TrainingConfig
-from genesis_fp16 import calibration as cal
-from genesis_fp16 import calibration_record
-from genesis_fp16.autotune import PrecisionCache, measure_auto, measured_auto
+from genesis_fp16.training.trainer import calibration_copies
+from genesis_fp16.precision import calibration as cal
+from genesis_fp16.precision import record as calibration_record
+from genesis_fp16.precision.measure import PrecisionCache, measure_auto, measured_auto
 from genesis_fp16.cli import app
-from genesis_fp16.decision import Source
-from genesis_fp16.guarded import UNGUARDED, GuardedTraining
+from genesis_fp16.precision.decision import Source
+from genesis_fp16.training.guarded import UNGUARDED, GuardedTraining
 from genesis_fp16.precision import capability
-from genesis_fp16.rollout import LEDGER_FILE, RolloutLedger
-from genesis_fp16.settings import PrecisionMode, load_settings
+from genesis_fp16.rollout.ledger import LEDGER_FILE, RolloutLedger
+from genesis_fp16.base.settings import PrecisionMode, load_settings
 from infrastructure.replay_buffer import Trajectory
 from infrastructure.world_model import WorldModel
 
@@ -82,7 +83,11 @@ def _flags(monkeypatch, kind: str) -> None:
 def _mlp(hidden: int, seed: int = 0, dropout: float = 0.0) -> torch.nn.Module:
     torch.manual_seed(seed)
     return torch.nn.Sequential(
-        torch.nn.Linear(8, hidden), torch.nn.ReLU(), torch.nn.Dropout(dropout), torch.nn.Linear(hidden, hidden), torch.nn.ReLU(),
+        torch.nn.Linear(8, hidden),
+        torch.nn.ReLU(),
+        torch.nn.Dropout(dropout),
+        torch.nn.Linear(hidden, hidden),
+        torch.nn.ReLU(),
         torch.nn.Linear(hidden, 2),
     )
 
@@ -98,8 +103,13 @@ def _mse(model: torch.nn.Module, batch) -> torch.Tensor:
 
 
 def _measure(model: torch.nn.Module, batch=None) -> cal.Calibration:
-    return measure_auto(model, torch.optim.Adam(model.parameters(), 1e-3), batch if batch is not None else _batch(), _mse,
-                        trainer_cls=FP16Trainer)
+    return measure_auto(
+        model,
+        torch.optim.Adam(model.parameters(), 1e-3),
+        batch if batch is not None else _batch(),
+        _mse,
+        copy_trainer=calibration_copies(FP16TrainingConfig(), "cpu", "auto"),
+    )
 
 
 def _guarded(model: torch.nn.Module, agent: str = "wm", **kwargs) -> GuardedTraining:
@@ -111,14 +121,18 @@ def _train(trainer: FP16Trainer, steps: int = 4) -> None:
         trainer.backward_and_step(trainer.training_step(_batch(seed=k), _mse))
 
 
-
 # -- the decision follows the workload's timings ------------------------------------------------
 async def test_on_an_amx_cpu_a_large_mlp_trains_in_bf16_and_the_world_model_size_in_fp32(monkeypatch, measure):
     _flags(monkeypatch, "amx")
     measure.set(AMX_LARGE)
     large = _guarded(_mlp(1536), guard=UNGUARDED)
-    assert large.trainer.precision.name == "bf16" and large.decision.source == Source.MEASURED  # decided before any step
-    assert large.decision.calibration.speed["bf16"] == pytest.approx(2.96) and "fastest that passes" in large.decision.reason
+    assert (
+        large.trainer.precision.name == "bf16" and large.decision.source == Source.MEASURED
+    )  # decided before any step
+    assert (
+        large.decision.calibration.speed["bf16"] == pytest.approx(2.96)
+        and "fastest that passes" in large.decision.reason
+    )
     measure.set(AMX_SMALL)
     world_model = WorldModel(3, 1, seed=0)  # the size `genesis-fp16 evolve` trains by default
     report = await world_model.train(5, trajectories=_walk(), save=False)
@@ -142,7 +156,9 @@ def test_within_the_margin_fp32_stays(monkeypatch, measure):
 
 def test_a_median_over_the_margin_with_one_round_under_it_stays_fp32(measure):
     # issue 37: BF16 measured 1.04x, 1.06x, 1.15x ... on one host; the median alone straddles the margin
-    rounds = [1.0e-3 / r for r in (1.3, 1.10, 1.12, 1.02, 1.11, 1.09)]  # the probe, then 5 rounds: median 1.10x, worst 1.02x
+    rounds = [
+        1.0e-3 / r for r in (1.3, 1.10, 1.12, 1.02, 1.11, 1.09)
+    ]  # the probe, then 5 rounds: median 1.10x, worst 1.02x
     measure.set({"fp32": 1.0e-3, "bf16": rounds, "fp16": 5e-3})
     result = _measure(_mlp(32))
     assert result.speed["bf16"] == pytest.approx(1.10) and result.speed_low["bf16"] == pytest.approx(1.02)
@@ -201,10 +217,20 @@ def test_the_measurement_leaves_the_trajectory_and_the_rng_as_they_were(measure)
     for precision in ("auto", "bf16"):
         model = _mlp(32, dropout=0.2)  # dropout: the forward draws from torch's RNG
         torch.manual_seed(123)
-        training = GuardedTraining("wm", model, torch.optim.Adam(model.parameters(), 1e-3), precision=precision, guard=UNGUARDED,
-                                   sample=(_batch(), _mse))
+        training = GuardedTraining(
+            "wm",
+            model,
+            torch.optim.Adam(model.parameters(), 1e-3),
+            precision=precision,
+            guard=UNGUARDED,
+            sample=(_batch(), _mse),
+        )
         _train(training.trainer, 5)
-        runs[precision] = ([p.detach().clone() for p in model.parameters()], torch.get_rng_state(), training.trainer.precision.name)
+        runs[precision] = (
+            [p.detach().clone() for p in model.parameters()],
+            torch.get_rng_state(),
+            training.trainer.precision.name,
+        )
     assert runs["auto"][2] == runs["bf16"][2] == "bf16"
     assert all(torch.equal(a, b) for a, b in zip(runs["auto"][0], runs["bf16"][0]))
     assert torch.equal(runs["auto"][1], runs["bf16"][1])
@@ -234,8 +260,13 @@ def test_a_loss_that_trains_another_model_is_decided_by_the_rule_and_its_gradien
     _flags(monkeypatch, "avx2")
     model = _mlp(16)
     with capture_logs() as logs:
-        training = GuardedTraining("wm", model, torch.optim.Adam(model.parameters(), 1e-3), guard=UNGUARDED,
-                                   sample=(_batch(), lambda _copy, batch: _mse(model, batch)))  # PPO-like: its own network
+        training = GuardedTraining(
+            "wm",
+            model,
+            torch.optim.Adam(model.parameters(), 1e-3),
+            guard=UNGUARDED,
+            sample=(_batch(), lambda _copy, batch: _mse(model, batch)),
+        )  # PPO-like: its own network
     assert training.trainer.precision.name == "fp32" and all(p.grad is None for p in model.parameters())
     assert training.decision.source == Source.RULE and "trains another model" in training.decision.reason
     chosen = [e for e in logs if e["event"] == "precision.auto_selected"]
@@ -266,23 +297,38 @@ def test_a_decision_is_reused_until_the_workload_changes(measure):
     with capture_logs() as logs:
         again = _guarded(_mlp(32, seed=7), guard=UNGUARDED)  # other weights, same shapes: the same workload
     assert first.decision.source == Source.MEASURED
-    assert len(measure.calls) == timed and again.trainer.precision.name == "bf16" and again.decision.source == Source.CACHED
+    assert (
+        len(measure.calls) == timed
+        and again.trainer.precision.name == "bf16"
+        and again.decision.source == Source.CACHED
+    )
     assert [e["source"] for e in logs if e["event"] == "precision.auto_selected"] == ["cached"]
     model = _mlp(32)
-    measured_auto(model, torch.optim.Adam(model.parameters()), _batch(n=64), _mse, trainer_cls=FP16Trainer)  # another batch shape: measured again
+    measured_auto(
+        model,
+        torch.optim.Adam(model.parameters()),
+        _batch(n=64),
+        _mse,
+        copy_trainer=calibration_copies(FP16TrainingConfig(), "cpu", "auto"),
+    )  # another batch shape: measured again
     assert len(measure.calls) > timed
     assert len(PrecisionCache.from_settings().all()) == 2
 
 
 def test_a_fresh_state_dir_reuses_the_hosts_decision(monkeypatch, measure, tmp_path):
-    # issue 37: the cache was the ledger, per state dir: every fresh state dir measured again (and could decide otherwise)
+    # issue 37: the cache was the ledger, per state dir: every fresh state dir measured again (and could decide
+    # otherwise)
     measure.set({"fp32": 1.0e-3, "bf16": 0.5e-3, "fp16": 5e-3})
     assert _guarded(_mlp(32), guard=UNGUARDED).decision.source == Source.MEASURED
     timed = len(measure.calls)
     monkeypatch.setenv("GENESIS_FP16_STATE_DIR", str(tmp_path / "fresh"))
     measure.set({"fp32": 1.0e-3, "bf16": 1.0e-3, "fp16": 5e-3})  # a loaded machine now: would measure fp32
     again = _guarded(_mlp(32), guard=UNGUARDED)
-    assert again.decision.source == Source.CACHED and again.trainer.precision.name == "bf16" and len(measure.calls) == timed
+    assert (
+        again.decision.source == Source.CACHED
+        and again.trainer.precision.name == "bf16"
+        and len(measure.calls) == timed
+    )
 
 
 def test_a_corrupt_or_foreign_cache_entry_is_measured_again(measure):
@@ -295,7 +341,11 @@ def test_a_corrupt_or_foreign_cache_entry_is_measured_again(measure):
     path.write_text(json.dumps(data))
     timed = len(measure.calls)
     second = _guarded(_mlp(32), guard=UNGUARDED)
-    assert len(measure.calls) > timed and second.trainer.precision.name == "bf16" and second.decision.source == Source.MEASURED
+    assert (
+        len(measure.calls) > timed
+        and second.trainer.precision.name == "bf16"
+        and second.decision.source == Source.MEASURED
+    )
     assert json.loads(path.read_text())["calibrations"][key]["version"] == cal.RECORD_VERSION
     path.write_text("{not json")
     assert PrecisionCache(path).get(key) is None and PrecisionCache(path).all() == []
@@ -331,7 +381,9 @@ def test_doctor_lists_the_decisions_and_recalibrate_forgets_them(measure):
     runner = CliRunner()
     data = json.loads(runner.invoke(app, ["doctor", "--json"]).stdout)
     assert data["auto_decides_by"] == "measure" and len(data["calibrations"]) == 1
-    assert data["calibrations"][0]["precision"] == "bf16" and data["calibrations"][0]["speed"]["bf16"] == pytest.approx(2.0)
+    assert data["calibrations"][0]["precision"] == "bf16" and data["calibrations"][0]["speed"]["bf16"] == pytest.approx(
+        2.0
+    )
     assert data["decisions"][0]["precision"] == "bf16" and "fastest that passes" in data["decisions"][0]["reason"]
     human = runner.invoke(app, ["doctor"], terminal_width=400).stdout
     assert "auto's measured decisions (1" in human and "bf16 2.00x" in human
@@ -381,7 +433,9 @@ def test_guarded_training_sets_up_the_shadow_with_the_measured_precision(measure
     model = _mlp(32)
     training = _guarded(model)
     assert training.trainer.precision.name == "bf16" and training.policy.running == "bf16"
-    report = training.run([_batch(seed=k) for k in range(3)], _mse, val_fn=lambda m, t: float(_mse(m, _batch(seed=99)).detach()))
+    report = training.run(
+        [_batch(seed=k) for k in range(3)], _mse, val_fn=lambda m, t: float(_mse(m, _batch(seed=99)).detach())
+    )
     assert report.precision == "bf16" and report.reference == "shadow" and report.fp32_val_loss is not None
     assert report.precision_decision.source == Source.MEASURED and training.good_path.is_file()
 
@@ -400,7 +454,17 @@ def _walk(n: int = 8, length: int = 60) -> list[Trajectory]:
         obs = rng.normal(size=(length, 3)).astype(np.float32)
         act = rng.uniform(-1, 1, size=(length, 1)).astype(np.float32)
         nxt = obs + 0.1 * act
-        out.append(Trajectory(obs=obs, action=act, reward=-(obs**2).sum(1), next_obs=nxt, done=np.zeros(length, bool), candidate=f"c{k}", id=k + 1))
+        out.append(
+            Trajectory(
+                obs=obs,
+                action=act,
+                reward=-(obs**2).sum(1),
+                next_obs=nxt,
+                done=np.zeros(length, bool),
+                candidate=f"c{k}",
+                id=k + 1,
+            )
+        )
     return out
 
 
@@ -422,8 +486,19 @@ def test_ppo_auto_measures_its_update_on_copies_of_its_own_network(measure):
     from agents.ppo.ppo import PPO
 
     measure.set({"fp32": 1.0e-3, "bf16": 0.5e-3, "fp16": 5e-3})
-    cfg = load_config(None, env_id="CartPole-v1", num_envs=2, num_steps=16, minibatch_size=16, update_epochs=1,
-                      total_steps=32, eval_episodes=1, vec_env="sync", device="cpu", precision="auto")
+    cfg = load_config(
+        None,
+        env_id="CartPole-v1",
+        num_envs=2,
+        num_steps=16,
+        minibatch_size=16,
+        update_epochs=1,
+        total_steps=32,
+        eval_episodes=1,
+        vec_env="sync",
+        device="cpu",
+        precision="auto",
+    )
     with capture_logs() as logs:
         ppo = PPO(cfg)
     try:

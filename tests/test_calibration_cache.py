@@ -1,5 +1,5 @@
 """The host cache of ``auto``'s measured decisions read as untrusted input
-(genesis_fp16/calibration_cache.py, genesis_fp16/calibration.py's
+(genesis_fp16/precision/cache.py, genesis_fp16/precision/calibration.py's
 `parse_record`; issue 44, item 3): an entry is used only when its key and
 workload are this workload's and its verdict follows from its own figures;
 a file that is not a regular file of our format reads as absent with one
@@ -27,13 +27,15 @@ import torch
 from structlog.testing import capture_logs
 from typer.testing import CliRunner
 
-from genesis_fp16 import FP16Trainer, FP16TrainingConfig, autotune
-from genesis_fp16 import calibration as cal
-from genesis_fp16 import calibration_record
-from genesis_fp16 import calibration_cache as cc
-from genesis_fp16.calibration_cache import CacheRefused, PrecisionCache
+from genesis_fp16 import FP16TrainingConfig
+from genesis_fp16.training.trainer import calibration_copies
+from genesis_fp16.precision import measure as autotune
+from genesis_fp16.precision import calibration as cal
+from genesis_fp16.precision import record as calibration_record
+from genesis_fp16.precision import cache as cc
+from genesis_fp16.precision.cache import CacheRefused, PrecisionCache
 from genesis_fp16.cli import app
-from genesis_fp16.decision import Source, decide
+from genesis_fp16.precision.decision import Source, decide
 
 FAST_BF16 = {"fp32": 1.0e-3, "bf16": 0.5e-3, "fp16": 5e-3}  # bf16 2x, fp16 out at the probe: the verdict is bf16
 
@@ -48,8 +50,15 @@ def _workload(hidden: int = 4):
 
 def _calibration(described, seconds=FAST_BF16) -> cal.Calibration:
     timed = [m for m in seconds if seconds[m] <= 2 * seconds["fp32"]]
-    return cal.measured(cal.workload_key(described), described, dict(seconds), {m: 1.0 for m in timed}, 0.01, 17,
-                        rounds={m: [seconds[m]] * cal.ROUNDS for m in timed})
+    return cal.measured(
+        cal.workload_key(described),
+        described,
+        dict(seconds),
+        {m: 1.0 for m in timed},
+        0.01,
+        17,
+        rounds={m: [seconds[m]] * cal.ROUNDS for m in timed},
+    )
 
 
 def _loss(model, batch):
@@ -67,7 +76,7 @@ def measuring(monkeypatch):
     """`measure_auto` replaced: each call returns the injected figures' calibration of the workload, counted."""
     calls: list[str] = []
 
-    def fake(model, optimizer, batch, loss_fn, *, trainer_cls=None, device=None, config=None, name="auto"):
+    def fake(model, optimizer, batch, loss_fn, *, copy_trainer=None, device=None):
         described = cal.workload(model, optimizer, batch, device or "cpu")
         calls.append(cal.workload_key(described))
         return _calibration(described)
@@ -118,7 +127,14 @@ def test_a_hand_edited_verdict_is_not_used_and_the_workload_is_measured_again(ca
     _edit(cache_path, key, precision="fp16", reason="measured here: fp16 is the fastest")  # fp16 measured at 0.20x fp32
     with capture_logs() as logs:
         assert autotune.cached_calibration(model, optimizer, batch, "cpu") is None
-        found = autotune.measured_auto(model, optimizer, batch, _loss, trainer_cls=FP16Trainer, device="cpu")
+        found = autotune.measured_auto(
+            model,
+            optimizer,
+            batch,
+            _loss,
+            copy_trainer=calibration_copies(FP16TrainingConfig(), "cpu", "auto"),
+            device="cpu",
+        )
     assert not found.cached and found.calibration.precision == "bf16" and measuring == [key]
     ignored = _warnings(logs, "precision.cache_entry_ignored")
     assert len(ignored) == 1 and str(cache_path) in ignored[0]["reason"]
@@ -126,11 +142,14 @@ def test_a_hand_edited_verdict_is_not_used_and_the_workload_is_measured_again(ca
     assert json.loads(cache_path.read_text())["calibrations"][key]["precision"] == "bf16"  # replaced by the measurement
 
 
-@pytest.mark.parametrize("edit", [
-    {"passed": {"fp32": True, "bf16": True, "fp16": True}},  # fp16 was never checked
-    {"speed": {"fp32": 1.0, "bf16": 2.0, "fp16": 3.0}},  # its seconds give 0.2
-    {"speed_low": {"fp32": 1.0, "bf16": 9.0, "fp16": 0.2}},  # a lower bound above the median
-])
+@pytest.mark.parametrize(
+    "edit",
+    [
+        {"passed": {"fp32": True, "bf16": True, "fp16": True}},  # fp16 was never checked
+        {"speed": {"fp32": 1.0, "bf16": 2.0, "fp16": 3.0}},  # its seconds give 0.2
+        {"speed_low": {"fp32": 1.0, "bf16": 9.0, "fp16": 0.2}},  # a lower bound above the median
+    ],
+)
 def test_figures_that_contradict_each_other_are_not_used(cache_path, edit):
     model, optimizer, batch, described = _workload()
     PrecisionCache(cache_path).put(_calibration(described))
@@ -143,10 +162,18 @@ def test_a_record_copied_from_another_host_under_this_hosts_key_is_not_used(cach
     key = cal.workload_key(described)
     elsewhere = {**described, "device_name": "Another CPU", "cpu_flags": ["amx_bf16", "amx_tile"]}
     foreign = _calibration(elsewhere).as_record()  # a consistent record of that host's workload
-    cache_path.write_text(json.dumps({"format": cc.CACHE_FORMAT, "version": cc.CACHE_VERSION, "calibrations": {
-        key: foreign,  # filed under this host's key as it was
-        "k-with-its-key-edited": {**foreign, "key": "k-with-its-key-edited"},
-    }}))
+    cache_path.write_text(
+        json.dumps(
+            {
+                "format": cc.CACHE_FORMAT,
+                "version": cc.CACHE_VERSION,
+                "calibrations": {
+                    key: foreign,  # filed under this host's key as it was
+                    "k-with-its-key-edited": {**foreign, "key": "k-with-its-key-edited"},
+                },
+            }
+        )
+    )
     with capture_logs() as logs:
         assert autotune.cached_calibration(model, optimizer, batch, "cpu") is None
         assert PrecisionCache(cache_path).all() == []
@@ -156,9 +183,18 @@ def test_a_record_copied_from_another_host_under_this_hosts_key_is_not_used(cach
     forged = {**foreign, "key": key}
     with pytest.raises(calibration_record.RecordError, match="its key is not the hash"):
         calibration_record.parse_record(forged, key=key, described=described)
-    with pytest.raises(calibration_record.RecordError, match="its workload is not this one \\(cpu_flags, device_name differ"):
+    with pytest.raises(
+        calibration_record.RecordError, match="its workload is not this one \\(cpu_flags, device_name differ"
+    ):
         calibration_record.parse_record(foreign, described=described)
-    found = autotune.measured_auto(model, optimizer, batch, _loss, trainer_cls=FP16Trainer, device="cpu")
+    found = autotune.measured_auto(
+        model,
+        optimizer,
+        batch,
+        _loss,
+        copy_trainer=calibration_copies(FP16TrainingConfig(), "cpu", "auto"),
+        device="cpu",
+    )
     assert not found.cached and measuring == [key]
 
 
@@ -171,17 +207,20 @@ def test_a_record_of_an_older_version_is_absent_without_a_warning(cache_path):
     assert not [e for e in logs if e["log_level"] == "warning"]
 
 
-@pytest.mark.parametrize("changes, problem", [
-    ({"at": 1764300000}, "at is 1764300000 (int), expected text"),
-    ({"at": "yesterday"}, "expected an ISO 8601 time"),
-    ({"steps": 1e308}, "steps is 1e+308, expected an integer"),
-    ({"steps": True}, "steps is True, expected an integer"),
-    ({"seconds": {"fp32": "fast", "bf16": 0.5e-3, "fp16": 5e-3}}, "seconds[fp32] is 'fast'"),
-    ({"loss_ratio": {"fp32": 1.0, "bf16": "1.0", "fp16": None}}, "loss_ratio[bf16] is '1.0'"),
-    ({"measured_by": "me"}, "measured_by is str, expected an object"),
-    ({"workload": [1, 2]}, "workload is list, expected an object"),
-    ({"seconds": {"fp32": 1.0e-3, "tf32": 0.5e-3}}, "seconds names 'tf32'"),
-])
+@pytest.mark.parametrize(
+    "changes, problem",
+    [
+        ({"at": 1764300000}, "at is 1764300000 (int), expected text"),
+        ({"at": "yesterday"}, "expected an ISO 8601 time"),
+        ({"steps": 1e308}, "steps is 1e+308, expected an integer"),
+        ({"steps": True}, "steps is True, expected an integer"),
+        ({"seconds": {"fp32": "fast", "bf16": 0.5e-3, "fp16": 5e-3}}, "seconds[fp32] is 'fast'"),
+        ({"loss_ratio": {"fp32": 1.0, "bf16": "1.0", "fp16": None}}, "loss_ratio[bf16] is '1.0'"),
+        ({"measured_by": "me"}, "measured_by is str, expected an object"),
+        ({"workload": [1, 2]}, "workload is list, expected an object"),
+        ({"seconds": {"fp32": 1.0e-3, "tf32": 0.5e-3}}, "seconds names 'tf32'"),
+    ],
+)
 def test_an_entry_of_the_wrong_types_is_absent_with_one_warning(cache_path, changes, problem):
     model, optimizer, batch, described = _workload()
     PrecisionCache(cache_path).put(_calibration(described))
@@ -197,14 +236,17 @@ def test_an_entry_of_the_wrong_types_is_absent_with_one_warning(cache_path, chan
 
 # -- the file: a regular file of our format, read without blocking, bounded ---------------------------------
 def _unreadable(cache_path: Path, what: str) -> None:
-    """Read, written and doctored, ``cache_path`` is absent with one warning naming it and ``what``, and left as it was."""
+    """Read, written and doctored, ``cache_path`` is absent with one warning naming it and ``what``, and left as it
+    was."""
     model, optimizer, batch, _ = _workload()
     before = os.lstat(cache_path)
     with capture_logs() as logs:
         assert _within(5, lambda: autotune.cached_calibration(model, optimizer, batch, "cpu")) is None
         assert _within(5, lambda: PrecisionCache(cache_path).all()) == []
     unreadable = _warnings(logs, "precision.cache_unreadable")
-    assert len(unreadable) == 1 and unreadable[0]["path"] == str(cache_path) and what in unreadable[0]["problem"], unreadable
+    assert len(unreadable) == 1 and unreadable[0]["path"] == str(cache_path) and what in unreadable[0]["problem"], (
+        unreadable
+    )
     with pytest.raises(CacheRefused, match="saving the measured decision refused, the file left alone"):
         _within(5, lambda: PrecisionCache(cache_path).put(_calibration(_workload()[3])))
     result = _within(30, lambda: _doctor())
@@ -220,7 +262,17 @@ def test_a_fifo_is_refused_without_opening_it(cache_path, measuring):
     _unreadable(cache_path, "is a FIFO, expected a regular file")
     model, optimizer, batch, _ = _workload()
     with capture_logs() as logs:
-        found = _within(10, lambda: autotune.measured_auto(model, optimizer, batch, _loss, trainer_cls=FP16Trainer, device="cpu"))
+        found = _within(
+            10,
+            lambda: autotune.measured_auto(
+                model,
+                optimizer,
+                batch,
+                _loss,
+                copy_trainer=calibration_copies(FP16TrainingConfig(), "cpu", "auto"),
+                device="cpu",
+            ),
+        )
     assert found.calibration.precision == "bf16" and not found.cached  # the decision stands, measured
     assert len(_warnings(logs, "precision.calibration_not_saved")) == 1
     result = _within(30, lambda: _doctor("--recalibrate"))
@@ -254,14 +306,18 @@ def test_a_symlink_to_a_cache_of_ours_is_read_and_written_through(cache_path, tm
     assert cache_path.is_symlink() and len(PrecisionCache(real).all()) == 2
 
 
-def test_recalibrate_through_a_symlink_moves_the_malformed_target_aside_and_the_link_keeps_working(cache_path, tmp_path):
+def test_recalibrate_through_a_symlink_moves_the_malformed_target_aside_and_the_link_keeps_working(
+    cache_path, tmp_path
+):
     real = tmp_path / "shared" / "precision.json"
     real.parent.mkdir()
     real.write_text('{"format": "%s", "version": "two"}' % cc.CACHE_FORMAT)
     cache_path.symlink_to(real)
     _unreadable(cache_path, "has version 'two', expected an integer")
     result = _doctor("--recalibrate")
-    assert result.exit_code == 0 and Path(json.loads(result.stdout)["precision_cache_moved_aside"]).parent == real.parent
+    assert (
+        result.exit_code == 0 and Path(json.loads(result.stdout)["precision_cache_moved_aside"]).parent == real.parent
+    )
     _, _, _, described = _workload()
     PrecisionCache(cache_path).put(_calibration(described))
     assert cache_path.is_symlink() and [c.key for c in PrecisionCache(real).all()] == [cal.workload_key(described)]
@@ -283,7 +339,9 @@ def test_a_non_finite_number_reads_as_absent(cache_path, number):
     assert number in text
     cache_path.write_text(text)
     _unreadable(cache_path, "is not valid JSON")
-    assert cache_path.read_text() == text  # ours by its marker, malformed: refused on write, moved aside only by --recalibrate
+    assert (
+        cache_path.read_text() == text
+    )  # ours by its marker, malformed: refused on write, moved aside only by --recalibrate
     result = _doctor("--recalibrate")
     data = json.loads(result.stdout)
     aside = Path(data["precision_cache_moved_aside"])
@@ -295,7 +353,12 @@ def test_a_non_finite_number_reads_as_absent(cache_path, number):
 
 def test_deep_nesting_reads_as_absent_and_recalibrate_moves_it_aside(cache_path):
     depth = 200_000
-    text = '{"format": "%s", "version": %d, "calibrations": {"k": %s%s}}' % (cc.CACHE_FORMAT, cc.CACHE_VERSION, "[" * depth, "]" * depth)
+    text = '{"format": "%s", "version": %d, "calibrations": {"k": %s%s}}' % (
+        cc.CACHE_FORMAT,
+        cc.CACHE_VERSION,
+        "[" * depth,
+        "]" * depth,
+    )
     cache_path.write_text(text)
     _unreadable(cache_path, "nested too deep")
     runner = CliRunner()
@@ -305,25 +368,41 @@ def test_deep_nesting_reads_as_absent_and_recalibrate_moves_it_aside(cache_path)
     (aside,) = cache_path.parent.glob(cache_path.name + ".corrupt-*")
     assert aside.read_text() == text
     data = json.loads(_doctor().stdout)
-    assert data["precision_cache_state"] == "ours" and data["precision_cache_problem"] is None and data["calibrations"] == []
+    assert (
+        data["precision_cache_state"] == "ours"
+        and data["precision_cache_problem"] is None
+        and data["calibrations"] == []
+    )
 
 
 def test_a_file_nested_just_past_the_limit_is_refused_too(cache_path):
     inner = "[" * cc.MAX_DEPTH + "]" * cc.MAX_DEPTH  # parses (no RecursionError), then the depth check
-    cache_path.write_text('{"format": "%s", "version": %d, "calibrations": {"k": %s}}' % (cc.CACHE_FORMAT, cc.CACHE_VERSION, inner))
+    cache_path.write_text(
+        '{"format": "%s", "version": %d, "calibrations": {"k": %s}}' % (cc.CACHE_FORMAT, cc.CACHE_VERSION, inner)
+    )
     _unreadable(cache_path, f"nested more than {cc.MAX_DEPTH} levels deep")
 
 
-@pytest.mark.parametrize("content", [
-    "my notes: not a cache\n",
-    '{"calibrations": {}, "note": "another tool"}',
-    "[" * 200_000,  # foreign and deep
-])
+@pytest.mark.parametrize(
+    "content",
+    [
+        "my notes: not a cache\n",
+        '{"calibrations": {}, "note": "another tool"}',
+        "[" * 200_000,  # foreign and deep
+    ],
+)
 def test_a_file_that_is_not_a_cache_of_ours_is_never_overwritten_nor_deleted(cache_path, measuring, content):
     cache_path.write_text(content)
     model, optimizer, batch, _ = _workload()
     with capture_logs() as logs:
-        found = autotune.measured_auto(model, optimizer, batch, _loss, trainer_cls=FP16Trainer, device="cpu")
+        found = autotune.measured_auto(
+            model,
+            optimizer,
+            batch,
+            _loss,
+            copy_trainer=calibration_copies(FP16TrainingConfig(), "cpu", "auto"),
+            device="cpu",
+        )
     assert found.calibration.precision == "bf16" and not found.cached
     not_saved = _warnings(logs, "precision.calibration_not_saved")
     assert len(not_saved) == 1 and str(cache_path) in not_saved[0]["reason"] and "left alone" in not_saved[0]["reason"]
@@ -390,13 +469,19 @@ def test_a_cached_decision_says_when_by_whom_and_under_what_load_it_was_measured
     PrecisionCache(cache_path).put(measured)
     monkeypatch.setattr(os, "getloadavg", lambda: (9.0, 9.0, 9.0))  # the load now is not the one it was measured under
     found = autotune.cached_calibration(model, optimizer, batch, "cpu")
-    decision = decide(FP16TrainingConfig(precision="auto"), "cpu", measured=found, cached=True)
+    decision = decide(FP16TrainingConfig(precision="auto").request, "cpu", measured=found, cached=True)
     assert decision.source == Source.CACHED and decision.mode.value == "bf16"
     host, pid, command = measured.measured_by["host"], measured.measured_by["pid"], measured.measured_by["command"]
-    assert decision.reason.startswith(f"measured {measured.at} by pid {pid} ({command}) on host {host}, load average 1.50/1.00/0.25")
+    assert decision.reason.startswith(
+        f"measured {measured.at} by pid {pid} ({command}) on host {host}, load average 1.50/1.00/0.25"
+    )
     assert decision.reason.endswith("bf16 is the fastest that passes (cached for this host and workload)")
     data = json.loads(_doctor().stdout)
-    assert data["decisions"][0]["reason"] == found.reason and data["calibrations"][0]["load"]["average"] == [1.5, 1.0, 0.25]
+    assert data["decisions"][0]["reason"] == found.reason and data["calibrations"][0]["load"]["average"] == [
+        1.5,
+        1.0,
+        0.25,
+    ]
     human = CliRunner().invoke(app, ["doctor"], terminal_width=400).stdout
     assert f"by pid {pid}" in human and "load 1.50/1.00/0.25" in human
 
@@ -406,4 +491,8 @@ def test_a_stored_reason_is_not_trusted(cache_path):
     PrecisionCache(cache_path).put(_calibration(described))
     _edit(cache_path, cal.workload_key(described), reason="measured on a quiet machine yesterday: trust me")
     found = autotune.cached_calibration(model, optimizer, batch, "cpu")
-    assert found is not None and "trust me" not in found.reason and found.reason.endswith("bf16 is the fastest that passes")
+    assert (
+        found is not None
+        and "trust me" not in found.reason
+        and found.reason.endswith("bf16 is the fastest that passes")
+    )

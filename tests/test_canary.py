@@ -8,12 +8,12 @@ import numpy as np
 import pytest
 import torch
 
-from genesis_fp16.canary import canary_due, fp32_reference, policy_gap
-from genesis_fp16.guard import RollbackGuard
-from genesis_fp16.profiles import THRESHOLD_DEFAULTS, GuardThresholds, ProfileError, parse_profiles
-from genesis_fp16.registry import create_trainer, trainer_for
-from genesis_fp16.rollout import RolloutLedger
-from genesis_fp16.settings import load_settings
+from genesis_fp16.rollout.canary import canary_due, fp32_reference, policy_gap
+from genesis_fp16.rollout.guard import RollbackGuard
+from genesis_fp16.rollout.profiles import THRESHOLD_DEFAULTS, GuardThresholds, ProfileError, parse_profiles
+from genesis_fp16.training.registry import create_trainer, trainer_for
+from genesis_fp16.rollout.ledger import RolloutLedger
+from genesis_fp16.base.settings import load_settings
 from infrastructure.replay_buffer import Trajectory
 from infrastructure.world_model import WorldModel
 
@@ -28,7 +28,11 @@ def _trajs(n: int = 3, length: int = 50, seed: int = 0) -> list[Trajectory]:
         act = rng.uniform(-1, 1, size=(length, 1))
         nxt = obs + 0.1 * np.tanh(obs) + 0.2 * act
         rew = -(obs**2).sum(axis=1)
-        out.append(Trajectory(obs=obs, action=act, reward=rew, next_obs=nxt, done=np.zeros(length, bool), candidate=f"c{k}", id=k + 1))
+        out.append(
+            Trajectory(
+                obs=obs, action=act, reward=rew, next_obs=nxt, done=np.zeros(length, bool), candidate=f"c{k}", id=k + 1
+            )
+        )
     return out
 
 
@@ -119,7 +123,9 @@ def test_policy_gap_and_policy_canary():
     same = policy_gap(logp, logp, torch.ones(3), torch.ones(3))
     assert same == {"kl": 0.0, "max_logp_delta": 0.0, "max_value_delta": 0.0}
     gap = policy_gap(logp + torch.tensor([0.0, 1.5, 0.0]), logp, torch.tensor([1.0, 1.0, 3.0]), torch.ones(3))
-    assert gap["max_logp_delta"] == pytest.approx(1.5) and gap["kl"] > 0 and gap["max_value_delta"] == pytest.approx(2.0)
+    assert (
+        gap["max_logp_delta"] == pytest.approx(1.5) and gap["kl"] > 0 and gap["max_value_delta"] == pytest.approx(2.0)
+    )
     guard = _guard("ppo_x")
     trainer = _bf16_trainer()
     guard.attach(trainer)
@@ -173,7 +179,9 @@ async def test_every_call_reports_the_inference_side_gap(tmp_path):
     wm = WorldModel(3, 1, guard=guard, settings=guard.settings, precision="bf16", checkpoint_dir=tmp_path, hidden=16)
     healthy = await wm.train(100, trajectories=_trajs(), save=False)
     assert healthy.inference_val_loss_fp32 is not None and abs(healthy.inference_gap) < 0.05
-    assert healthy.inference_gap == pytest.approx((healthy.val_loss - healthy.inference_val_loss_fp32) / healthy.inference_val_loss_fp32)
+    assert healthy.inference_gap == pytest.approx(
+        (healthy.val_loss - healthy.inference_val_loss_fp32) / healthy.inference_val_loss_fp32
+    )
     wm.model.register_forward_hook(_quantise_under_autocast)
     degraded = await wm.train(100, trajectories=_trajs(), save=False)
     assert degraded.inference_gap > 0.1  # the fault is in the forward only: the weights are as good as before

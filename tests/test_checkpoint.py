@@ -14,7 +14,8 @@ import torch
 from structlog.testing import capture_logs
 
 from genesis_fp16 import FP16Trainer, FP16TrainingConfig
-from genesis_fp16.checkpoint import CheckpointError, atomic_write_bytes, build_payload, load_payload, save_payload
+from genesis_fp16.training.checkpoint import CheckpointError, build_payload, load_payload, save_payload
+from genesis_fp16.base.storage import atomic_write_bytes
 
 
 def small_trainer(precision="fp32"):
@@ -147,7 +148,7 @@ def test_atomic_write_leaves_no_temp_file_on_error(tmp_path):
         fh.write(b"partial")
         raise RuntimeError("disk on fire")
 
-    from genesis_fp16.checkpoint import atomic_write
+    from genesis_fp16.base.storage import atomic_write
 
     with pytest.raises(RuntimeError):
         atomic_write(target, boom)
@@ -161,7 +162,7 @@ def test_process_killed_while_saving_leaves_previous_checkpoint(tmp_path):
     script = textwrap.dedent(
         f"""
         import torch, pathlib
-        from genesis_fp16.checkpoint import build_payload, save_payload
+        from genesis_fp16.training.checkpoint import build_payload, save_payload
         path = pathlib.Path({str(path)!r})
         save_payload(path, build_payload(model={{"w": torch.zeros(10)}}, extra={{"gen": 0}}))
         pathlib.Path({str(ready)!r}).touch()

@@ -17,7 +17,7 @@ import torch
 from structlog.testing import capture_logs
 
 from genesis_fp16 import FP16Trainer, FP16TrainingConfig
-from genesis_fp16.checkpoint import NO_DIGEST_EVENT, CheckpointError, load_payload, save_payload
+from genesis_fp16.training.checkpoint import NO_DIGEST_EVENT, CheckpointError, load_payload, save_payload
 
 # DCP in one process (no process group) says so on every save and load
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning")
@@ -60,7 +60,7 @@ def state_of(trainer: FP16Trainer) -> dict[str, Any]:
             "scaler": trainer.precision.state_dict(),
             "scale": trainer.current_scale,
             "scheduler": trainer.scheduler.state_dict() if trainer.scheduler is not None else None,
-            "counters": trainer._counters(),
+            "counters": trainer.counters(),
             "rng": torch.get_rng_state(),
         }
     )
@@ -146,7 +146,10 @@ def test_wrong_optimizer_type_changes_nothing(saved: Path, tmp_path: Path) -> No
         ("scaler.backoff_factor", lambda p: p["scaler"].update(backoff_factor="half")),
         ("scheduler.last_epoch", lambda p: p["scheduler"].update(last_epoch="x")),
         ("scheduler.lr_lambdas", lambda p: p["scheduler"].update(lr_lambdas=[None])),
-        ("optimizer.param_groups", lambda p: p["optimizer"]["param_groups"].append(dict(p["optimizer"]["param_groups"][0]))),
+        (
+            "optimizer.param_groups",
+            lambda p: p["optimizer"]["param_groups"].append(dict(p["optimizer"]["param_groups"][0])),
+        ),
         ("optimizer.state[0].exp_avg", lambda p: p["optimizer"]["state"][0].update(exp_avg=torch.zeros(99, 99))),
         ("model.0.bias", lambda p: p["model"].update({"0.bias": [0.0] * 6})),
         ("model.0.bias", lambda p: p["model"].update({"0.bias": torch.zeros(6, dtype=torch.int64)})),
@@ -166,20 +169,53 @@ def _adam_state(p: dict[str, Any], key: str, value: Any) -> None:
 @pytest.mark.parametrize(
     "field, expected, change",
     [
-        ("optimizer.state[0].exp_avg", "expected a tensor of shape (6, 4), found str", lambda p: _adam_state(p, "exp_avg", "boom")),
-        ("optimizer.state[0].exp_avg", "expected a tensor of shape (6, 4), found a torch.float32 tensor of shape (4, 6)",
-         lambda p: _adam_state(p, "exp_avg", torch.zeros(4, 6))),
-        ("optimizer.state[0].exp_avg_sq", "expected a float tensor", lambda p: _adam_state(p, "exp_avg_sq", torch.zeros(6, 4, dtype=torch.int64))),
+        (
+            "optimizer.state[0].exp_avg",
+            "expected a tensor of shape (6, 4), found str",
+            lambda p: _adam_state(p, "exp_avg", "boom"),
+        ),
+        (
+            "optimizer.state[0].exp_avg",
+            "expected a tensor of shape (6, 4), found a torch.float32 tensor of shape (4, 6)",
+            lambda p: _adam_state(p, "exp_avg", torch.zeros(4, 6)),
+        ),
+        (
+            "optimizer.state[0].exp_avg_sq",
+            "expected a float tensor",
+            lambda p: _adam_state(p, "exp_avg_sq", torch.zeros(6, 4, dtype=torch.int64)),
+        ),
         ("optimizer.state[0].step", "expected a tensor of shape (), found str", lambda p: _adam_state(p, "step", "3")),
         ("optimizer.state[0].step", "missing", lambda p: p["optimizer"]["state"][0].pop("step")),
-        ("optimizer.state[0].momentum_buffer", "not in this optimizer's state", lambda p: _adam_state(p, "momentum_buffer", torch.zeros(6, 4))),
-        ("optimizer.param_groups[0].betas", "expected a tuple of 2, found str", lambda p: p["optimizer"]["param_groups"][0].update(betas="0.9")),
-        ("optimizer.param_groups[0].betas", "expected a tuple of 2, found tuple of 3",
-         lambda p: p["optimizer"]["param_groups"][0].update(betas=(0.9, 0.99, 0.5))),
-        ("optimizer.param_groups[0].betas[1]", "expected a number, found str",
-         lambda p: p["optimizer"]["param_groups"][0].update(betas=(0.9, "0.999"))),
-        ("optimizer.param_groups[0].amsgrad", "expected true or false, found int", lambda p: p["optimizer"]["param_groups"][0].update(amsgrad=1)),
-        ("optimizer.param_groups[0].params", "integer parameter ids", lambda p: p["optimizer"]["param_groups"][0]["params"].__setitem__(0, "0")),
+        (
+            "optimizer.state[0].momentum_buffer",
+            "not in this optimizer's state",
+            lambda p: _adam_state(p, "momentum_buffer", torch.zeros(6, 4)),
+        ),
+        (
+            "optimizer.param_groups[0].betas",
+            "expected a tuple of 2, found str",
+            lambda p: p["optimizer"]["param_groups"][0].update(betas="0.9"),
+        ),
+        (
+            "optimizer.param_groups[0].betas",
+            "expected a tuple of 2, found tuple of 3",
+            lambda p: p["optimizer"]["param_groups"][0].update(betas=(0.9, 0.99, 0.5)),
+        ),
+        (
+            "optimizer.param_groups[0].betas[1]",
+            "expected a number, found str",
+            lambda p: p["optimizer"]["param_groups"][0].update(betas=(0.9, "0.999")),
+        ),
+        (
+            "optimizer.param_groups[0].amsgrad",
+            "expected true or false, found int",
+            lambda p: p["optimizer"]["param_groups"][0].update(amsgrad=1),
+        ),
+        (
+            "optimizer.param_groups[0].params",
+            "integer parameter ids",
+            lambda p: p["optimizer"]["param_groups"][0]["params"].__setitem__(0, "0"),
+        ),
     ],
     ids=lambda v: v if isinstance(v, str) and v.startswith("optimizer") else "",
 )
@@ -331,12 +367,14 @@ def test_fuzzed_checkpoint_loads_whole_or_not_at_all(tmp_path: Path) -> None:
 
 
 def _world_model(tmp_path: Path, obs_dim: int = 3, seed: int = 0) -> Any:
-    from genesis_fp16.guarded import UNGUARDED
-    from genesis_fp16.settings import Settings
+    from genesis_fp16.training.guarded import UNGUARDED
+    from genesis_fp16.base.settings import Settings
     from infrastructure.world_model import WorldModel
 
     settings = Settings(state_dir=tmp_path / "state")
-    return WorldModel(obs_dim, 1, guard=UNGUARDED, settings=settings, hidden=8, seed=seed, checkpoint_dir=tmp_path / "wm")
+    return WorldModel(
+        obs_dim, 1, guard=UNGUARDED, settings=settings, hidden=8, seed=seed, checkpoint_dir=tmp_path / "wm"
+    )
 
 
 def _world_model_state(wm: Any) -> dict[str, Any]:
@@ -401,8 +439,11 @@ def _fresh() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
 
 
 def _dcp_state(model: torch.nn.Module, opt: torch.optim.Optimizer) -> dict[str, Any]:
-    return {"model": {k: v.clone() for k, v in model.state_dict().items()},
-            "optim": {k: {n: t.clone() for n, t in s.items()} for k, s in opt.state_dict()["state"].items()}}  # fmt: skip
+    state = opt.state_dict()["state"]
+    return {
+        "model": {k: v.clone() for k, v in model.state_dict().items()},
+        "optim": {k: {n: t.clone() for n, t in s.items()} for k, s in state.items()},
+    }
 
 
 @pytest.mark.parametrize("target", [".distcp", ".metadata"])

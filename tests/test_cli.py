@@ -37,15 +37,15 @@ def _table_columns(output: str, title: str) -> list[str]:
     start = next(i for i, line in enumerate(lines) if line.strip() == title)
     body = next(i for i in range(start, len(lines)) if lines[i].startswith("┡"))
     end = next(i for i in range(body, len(lines)) if lines[i].startswith("└"))
-    cells = [line.split("│")[1:-1] for line in lines[body + 1:end]]
+    cells = [line.split("│")[1:-1] for line in lines[body + 1 : end]]
     return ["".join("".join(row[j].split()) for row in cells) for j in range(len(cells[0]))]
 
 
 def test_doctor_tables_wrap_values_at_80_columns_instead_of_cutting_them(tmp_path, monkeypatch):
     """Issue 44: at 80 columns doctor's tables cut long values ("…"). Every value is there, folded onto more lines."""
     from genesis_fp16 import cli
-    from genesis_fp16.precision import MODES
-    from genesis_fp16.settings import describe_settings, load_settings
+    from genesis_fp16.precision.modes import MODES
+    from genesis_fp16.base.settings import describe_settings, load_settings
 
     deep = tmp_path / "a-folder-name-far-too-long-for-one-column-of-a-table-eighty-columns-wide"
     monkeypatch.setenv("GENESIS_FP16_PRECISION_CACHE", str(deep / "precision-cache-with-a-long-name.json"))
@@ -55,12 +55,16 @@ def test_doctor_tables_wrap_values_at_80_columns_instead_of_cutting_them(tmp_pat
     result = runner.invoke(app, ["doctor"])
     assert result.exit_code == 0, result.output
     assert "…" not in result.stdout
-    assert max(len(line) for line in result.stdout.splitlines() if line[:1] in "┏┃┡│└") <= 80  # the tables fit (text lines are the terminal's to wrap)
+    assert (
+        max(len(line) for line in result.stdout.splitlines() if line[:1] in "┏┃┡│└") <= 80
+    )  # the tables fit (text lines are the terminal's to wrap)
     settings = load_settings()
     names, values = _table_columns(result.stdout, "settings in effect")
     rows = describe_settings()
     assert names == "".join(row["env"] for row in rows)
-    assert values == "".join("".join(str(getattr(v, "value", v)).split()) for v in (getattr(settings, row["field"]) for row in rows))
+    assert values == "".join(
+        "".join(str(getattr(v, "value", v)).split()) for v in (getattr(settings, row["field"]) for row in rows)
+    )
     assert str(deep / "precision-cache-with-a-long-name.json") in values
     columns = _table_columns(result.stdout, "devices and precisions")
     modes = [m.value for m in MODES]  # the table's column order
@@ -142,12 +146,24 @@ def _main(argv, monkeypatch, capsys, **env):
 @pytest.mark.parametrize(
     "argv, env, expected",
     [
-        (["evolve", "--precision", "tf32", "--budget", "16"], {"GENESIS_FP16_ON_UNSUPPORTED": "error"}, "precision 'tf32' is not supported on cpu"),
+        (
+            ["evolve", "--precision", "tf32", "--budget", "16"],
+            {"GENESIS_FP16_ON_UNSUPPORTED": "error"},
+            "precision 'tf32' is not supported on cpu",
+        ),
         (["evolve", "--budget", "16"], {"GENESIS_FP16_DISTRIBUTED": "fsdp"}, "not started by torchrun"),
         (["ppo", "--total-steps", "256"], {"GENESIS_FP16_DISTRIBUTED": "fsdp"}, "not started by torchrun"),
         (["profiles", "show", "x"], {"ENABLE_FP16_TRAINIG": "false"}, "did you mean ENABLE_FP16_TRAINING?"),
-        (["evolve", "--budget", "16", "--precision", "fp16"], {"GENESIS_FP16_INIT_SCALE": "1e300"}, "GENESIS_FP16_INIT_SCALE='1e300'"),
-        (["rollout", "status"], {"GENESIS_FP16_GROWTH_INTERVAL": "99999999999999999999999"}, "GENESIS_FP16_GROWTH_INTERVAL="),
+        (
+            ["evolve", "--budget", "16", "--precision", "fp16"],
+            {"GENESIS_FP16_INIT_SCALE": "1e300"},
+            "GENESIS_FP16_INIT_SCALE='1e300'",
+        ),
+        (
+            ["rollout", "status"],
+            {"GENESIS_FP16_GROWTH_INTERVAL": "99999999999999999999999"},
+            "GENESIS_FP16_GROWTH_INTERVAL=",
+        ),
         (["drill"], {"GENESIS_FP16_EVENTS_KEEP": "100000"}, "GENESIS_FP16_EVENTS_KEEP='100000'"),
     ],
 )
@@ -188,7 +204,7 @@ def _is_worker(proc) -> bool:
 
 def test_configuration_error_found_behind_a_wrapping_error():
     from genesis_fp16.cli import configuration_error
-    from genesis_fp16.profiles import ProfileError
+    from genesis_fp16.rollout.profiles import ProfileError
 
     cause = ProfileError("profiles.toml: bad")
     try:

@@ -82,10 +82,10 @@ def test_command_that_trains_nothing_imports_no_torch(args: list[str], env: dict
 
 def test_package_imports_torch_only_for_the_trainer(env: dict[str, str]) -> None:
     probe = (
-        "import sys, genesis_fp16, agents, agents.tasks, agents.ppo, genesis_fp16.bench\n"
+        "import sys, genesis_fp16, agents, agents.tasks, agents.ppo, genesis_fp16_tools.bench\n"
         "before = 'torch' in sys.modules\n"
         "from genesis_fp16 import FP16Trainer, FP16TrainingConfig, CheckpointError\n"
-        "from genesis_fp16.checkpoint import CheckpointError as Old\n"
+        "from genesis_fp16.training.checkpoint import CheckpointError as Old\n"
         "assert CheckpointError is Old and FP16Trainer.__name__ == 'FP16Trainer'\n"
         "assert set(genesis_fp16.__all__) <= set(dir(genesis_fp16))\n"
         "print(before, 'torch' in sys.modules)\n"

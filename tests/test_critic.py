@@ -10,9 +10,9 @@ import math
 import pytest
 import torch
 
-from genesis_fp16 import rollout
-from genesis_fp16.checkpoint import CheckpointError
-from genesis_fp16.guarded import UNGUARDED
+from genesis_fp16.rollout import ledger as rollout
+from genesis_fp16.training.checkpoint import CheckpointError
+from genesis_fp16.training.guarded import UNGUARDED
 from genesis_fp16.precision import capability
 from infrastructure.critic import Critic, NonFiniteDataError, Transitions, compute_targets
 from infrastructure.critic_net import normaliser_stats, smoothing_noise
@@ -55,7 +55,9 @@ def test_compute_targets_by_hand():
     # row 1: a' = -0.3, q1 = 1 - 0.6 = 0.4, q2 = 0.4 - 3 = -2.6, min -2.6 -> 2 + 0.9 * -2.6 = -0.34
     torch.testing.assert_close(y, torch.tensor([3.7, -0.34]))
     # a terminal row is its reward, whatever the next state is worth
-    y_term = compute_targets(rew, torch.tensor([1.0, 0.0]), next_obs, next_act, noise, target_q, gamma=0.9, low=low, high=high)
+    y_term = compute_targets(
+        rew, torch.tensor([1.0, 0.0]), next_obs, next_act, noise, target_q, gamma=0.9, low=low, high=high
+    )
     torch.testing.assert_close(y_term, torch.tensor([1.0, -0.34]))
 
 
@@ -63,7 +65,9 @@ def test_smoothing_noise_is_clipped_in_fractions_of_the_half_range():
     half = torch.tensor([2.0, 0.5])
     noise = smoothing_noise(10_000, half, 0.2, 0.5, torch.Generator().manual_seed(0))
     assert noise.shape == (10_000, 2)
-    assert float(noise[:, 0].abs().max()) == pytest.approx(1.0) and float(noise[:, 1].abs().max()) == pytest.approx(0.25)
+    assert float(noise[:, 0].abs().max()) == pytest.approx(1.0) and float(noise[:, 1].abs().max()) == pytest.approx(
+        0.25
+    )
     assert float(noise[:, 0].std()) == pytest.approx(0.2 * 2.0, rel=0.1)
 
 
@@ -82,7 +86,9 @@ async def test_learns_a_one_step_task_and_is_deterministic():
     await again.train(data, _zero_policy, 200, save=False)
     for (name, a), b in zip(critic.model.state_dict().items(), again.model.state_dict().values()):
         assert torch.equal(a, b), name
-    assert all(torch.equal(a, b) for a, b in zip(critic.target.state_dict().values(), again.target.state_dict().values()))
+    assert all(
+        torch.equal(a, b) for a, b in zip(critic.target.state_dict().values(), again.target.state_dict().values())
+    )
 
 
 async def test_a_discounted_task_converges_to_its_fixed_point():
@@ -102,7 +108,9 @@ def test_a_refit_keeps_the_function():
     data = _one_step(64)
     critic.model.refit(*normaliser_stats(data, 0.99))  # the first fit sets the statistics
     before = critic.model.q(obs, act)
-    critic.model.refit(torch.tensor([0.3, -1.0, 2.0]), torch.tensor([2.0, 0.5, 1.0]), torch.tensor(-40.0), torch.tensor(7.0))
+    critic.model.refit(
+        torch.tensor([0.3, -1.0, 2.0]), torch.tensor([2.0, 0.5, 1.0]), torch.tensor(-40.0), torch.tensor(7.0)
+    )
     torch.testing.assert_close(critic.model.q(obs, act), before, rtol=1e-4, atol=1e-4)
 
 
@@ -115,7 +123,9 @@ async def test_bad_input_is_refused_before_anything_trains():
     with pytest.raises(NonFiniteDataError, match=r"transitions.rew .* row 7"):
         await critic.train(Transitions(data.obs, data.act, rew, data.next_obs, data.terminal), _zero_policy, 10)
     with pytest.raises(ValueError, match=r"act has shape \(32, 2\), expected \(N, 1\)"):
-        await critic.train(Transitions(data.obs, torch.zeros(32, 2), data.rew, data.next_obs, data.terminal), _zero_policy, 10)
+        await critic.train(
+            Transitions(data.obs, torch.zeros(32, 2), data.rew, data.next_obs, data.terminal), _zero_policy, 10
+        )
     with pytest.raises(ValueError, match="steps=0"):
         await critic.train(data, _zero_policy, 0)
     with pytest.raises(ValueError, match="target_policy gave actions of shape"):
@@ -180,10 +190,12 @@ async def test_a_nan_storm_rolls_the_critic_back(monkeypatch, tmp_path):
     tests/loss_faults.py: its own RollbackGuard rolls it back to the last good
     checkpoint in FP32, the target network is reset from the restored
     weights, and training goes on."""
-    from genesis_fp16.guard import RollbackGuard
-    from genesis_fp16.settings import load_settings
+    from genesis_fp16.rollout.guard import RollbackGuard
+    from genesis_fp16.base.settings import load_settings
 
-    monkeypatch.setattr(capability, "cpu_flags", lambda: frozenset({"avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile"}))
+    monkeypatch.setattr(
+        capability, "cpu_flags", lambda: frozenset({"avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile"})
+    )
     monkeypatch.setenv("GENESIS_FP16_PRECISION", "bf16")
     agent = "critic.Pendulum-v1"
     ledger = rollout.RolloutLedger.from_settings(load_settings())
@@ -219,8 +231,25 @@ def test_bench_script_runs_on_a_tiny_grid(tmp_path, capsys):
 
     bench = load_script("bench_critic")
     out = tmp_path / "bench.json"
-    assert bench.main(["--hiddens", "8", "--envs", "Pendulum", "--rounds", "1", "--steps", "2", "--quality-steps", "3",
-                       "--json", str(out)]) == 0
+    assert (
+        bench.main(
+            [
+                "--hiddens",
+                "8",
+                "--envs",
+                "Pendulum",
+                "--rounds",
+                "1",
+                "--steps",
+                "2",
+                "--quality-steps",
+                "3",
+                "--json",
+                str(out),
+            ]
+        )
+        == 0
+    )
     result = json.loads(out.read_text())
     assert result["torch"] == torch.__version__ and isinstance(result["cpu_flags"], list)
     (row,) = result["rows"]

@@ -22,9 +22,9 @@ import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 
-from genesis_fp16 import checkpoint as ckpt
+from genesis_fp16.training import checkpoint as ckpt
 from genesis_fp16 import distributed as gd
-from genesis_fp16.checkpoint import CheckpointError
+from genesis_fp16.training.checkpoint import CheckpointError
 
 # DCP in one process (no process group) says so on every save and load
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning")
@@ -111,7 +111,10 @@ def test_reader_names_the_file_and_the_refused_global(tmp_path: Path, case: str)
 
 def _state() -> dict[str, dict[str, torch.Tensor]]:
     return {
-        "model": {"w16": torch.arange(6, dtype=torch.float16).reshape(2, 3), "wbf": torch.ones(4, dtype=torch.bfloat16)},
+        "model": {
+            "w16": torch.arange(6, dtype=torch.float16).reshape(2, 3),
+            "wbf": torch.ones(4, dtype=torch.bfloat16),
+        },
         "optim": {"w16": {"exp_avg": torch.full((2, 3), 0.5), "step": torch.tensor(3.0)}},
     }
 

@@ -1,26 +1,31 @@
-"""The precision decision (genesis_fp16/decision.py): one function turns the
-request (argument, settings, profile), the ledger stage, the kill switch, the
-device and a measurement into one typed decision (mode, source, reason),
-before any trainer exists. The capability checks are patched, so every path
-runs on any machine."""
+"""The precision decision (genesis_fp16/precision/decision.py): one function turns the
+request (one typed value: argument, settings or profile, switched off by the
+ledger stage or the kill switch), the device and a measurement into one typed
+decision (mode, source, reason), before any trainer exists; a bare trainer
+(the seed API) decides through it too, under the kill switch. The capability
+checks are patched, so every path runs on any machine."""
 
 from __future__ import annotations
 
+import copy
 import dataclasses
+import json
+import pickle
 
 import pytest
 import torch
 
 from genesis_fp16 import FP16Trainer, FP16TrainingConfig
-from genesis_fp16 import modes
-from genesis_fp16.decision import PrecisionDecision, Source, decide, decide_precision
-from genesis_fp16.policy import resolve_policy
-from genesis_fp16.precision import UnsupportedPrecisionError
+from genesis_fp16.precision import request as modes
+from genesis_fp16.precision.decision import PrecisionDecision, Source, decide
+from genesis_fp16.precision.request import PrecisionRequest
+from genesis_fp16.rollout.policy import resolve_policy
+from genesis_fp16.base.errors import UnsupportedPrecisionError
 from genesis_fp16.precision import capability as C
 from genesis_fp16.precision.capability import Support
-from genesis_fp16.registry import resolve_trainer
-from genesis_fp16.rollout import RolloutLedger
-from genesis_fp16.settings import PrecisionMode, load_settings
+from genesis_fp16.training.registry import resolve_trainer
+from genesis_fp16.rollout.ledger import RolloutLedger
+from genesis_fp16.base.settings import PrecisionMode, load_settings
 
 from conftest import CPU_KINDS
 
@@ -30,7 +35,7 @@ def _profile(state_dir, text):
 
 
 def _decide(**kw) -> PrecisionDecision:
-    return decide_precision("wm", "cpu", settings=load_settings(), **kw)
+    return decide(resolve_policy("wm", load_settings(), **kw).precision, "cpu")
 
 
 def test_each_source_is_named(state_dir, monkeypatch):
@@ -50,7 +55,11 @@ def test_each_source_is_named(state_dir, monkeypatch):
     assert off.source == Source.LEDGER and off.mode == PrecisionMode.FP32 and "stage is off" in off.reason
     monkeypatch.setenv("ENABLE_FP16_TRAINING", "false")
     killed = _decide(precision="bf16")
-    assert killed.source == Source.KILL_SWITCH and killed.mode == PrecisionMode.FP32 and "ENABLE_FP16_TRAINING" in killed.reason
+    assert (
+        killed.source == Source.KILL_SWITCH
+        and killed.mode == PrecisionMode.FP32
+        and "ENABLE_FP16_TRAINING" in killed.reason
+    )
 
 
 def test_the_decision_reads_the_policys_typed_origin_not_its_words(state_dir, monkeypatch):
@@ -58,10 +67,10 @@ def test_the_decision_reads_the_policys_typed_origin_not_its_words(state_dir, mo
     words `profiles show` prints, parsed back."""
     assert modes.Source is Source  # torch-free, so that the policy can hold it
     policy = resolve_policy("wm", load_settings(), precision="fp16")
-    assert policy.origin("precision") == Source.EXPLICIT and policy.origin("loss_scale") == Source.SETTINGS
+    assert policy.origin("precision") == Source.EXPLICIT and policy.origin("init_scale") == Source.SETTINGS
     assert policy.as_dict()["origins"] == {"precision": "explicit", "enabled": "explicit"}
     policy.sources["precision"] = "kill switch (words for people only)"
-    assert decide_precision("wm", "cpu", policy=policy).source == Source.EXPLICIT
+    assert decide(policy.precision, "cpu").source == Source.EXPLICIT
     monkeypatch.setenv("ENABLE_FP16_TRAINING", "false")
     killed = resolve_policy("wm", load_settings(), precision="bf16")
     assert killed.origin("enabled") == killed.origin("precision") == Source.KILL_SWITCH
@@ -72,17 +81,23 @@ def test_the_decision_reads_the_policys_typed_origin_not_its_words(state_dir, mo
 
 def test_a_precision_the_device_cannot_run_falls_back_upwards_or_raises(monkeypatch):
     monkeypatch.setattr(C, "device_support", lambda d, m: Support.NONE if m == PrecisionMode.BF16 else Support.NATIVE)
-    fell = decide(FP16TrainingConfig(precision="bf16"), "cpu")
+    fell = decide(FP16TrainingConfig(precision="bf16").request, "cpu")
     assert fell.source == Source.FALLBACK and fell.mode == PrecisionMode.FP32 and fell.requested == PrecisionMode.BF16
     with pytest.raises(UnsupportedPrecisionError, match="bf16"):
-        decide(FP16TrainingConfig(precision="bf16", on_unsupported="error"), "cpu")
+        decide(FP16TrainingConfig(precision="bf16", on_unsupported="error").request, "cpu")
 
 
 def test_the_decision_is_frozen_plain_data_and_one_line():
-    decision = decide(FP16TrainingConfig(precision="fp32"), "cpu")
+    decision = decide(PrecisionRequest.parse("fp32"), "cpu")
     with pytest.raises(dataclasses.FrozenInstanceError):
         decision.mode = PrecisionMode.BF16  # type: ignore[misc]
-    assert decision.as_dict() == {"precision": "fp32", "source": "explicit", "reason": decision.reason, "requested": "fp32", "device": "cpu"}
+    assert decision.as_dict() == {
+        "precision": "fp32",
+        "source": "explicit",
+        "reason": decision.reason,
+        "requested": "fp32",
+        "device": "cpu",
+    }
     assert decision.line().startswith("fp32 (explicit): ")
 
 
@@ -102,3 +117,34 @@ def test_the_seed_api_decides_auto_by_the_device_rule_under_the_rule_setting(mon
     model = torch.nn.Linear(4, 2)
     trainer = FP16Trainer(model, torch.optim.SGD(model.parameters(), 0.1), FP16TrainingConfig(precision="auto"))
     assert trainer.precision.name == "fp32" and trainer.decision.source == Source.RULE and trainer.auto_reason
+
+
+def test_the_request_is_one_typed_value_that_reads_as_its_text():
+    request = PrecisionRequest.parse("BF16", Source.PROFILE)
+    assert request == "bf16" and str(request) == "bf16" and json.dumps(request) == '"bf16"'
+    assert request.mode == PrecisionMode.BF16 and request.source == Source.PROFILE and request.measure
+    assert PrecisionRequest.parse(request) is request  # handed on unchanged
+    off = request.switched_off(Source.KILL_SWITCH, "kill switch ENABLE_FP16_TRAINING=false")
+    assert off == "fp32" and off.mode == PrecisionMode.BF16 and off.requested == PrecisionMode.FP32
+    for again in (copy.deepcopy(off), pickle.loads(pickle.dumps(off))):
+        assert again == off and again.off_source == Source.KILL_SWITCH and again.mode == PrecisionMode.BF16
+    with pytest.raises(ValueError, match="allowed values are auto, fp16"):
+        PrecisionRequest.parse("half")
+
+
+@pytest.mark.parametrize("asked", ["bf16", "fp16", "auto"])
+def test_the_kill_switch_beats_a_bare_trainers_request(monkeypatch, asked):
+    """issue 53: ``ENABLE_FP16_TRAINING=false`` makes a bare FP16Trainer asked for bf16, fp16 or auto train in FP32,
+    the kill switch the decision's source (it used to honour GENESIS_FP16_AUTO_PRECISION but not the switch)."""
+    monkeypatch.setattr(C, "cpu_flags", lambda: CPU_KINDS["amx"])
+    monkeypatch.setenv("GENESIS_FP16_AUTO_PRECISION", "measure")
+    monkeypatch.setenv("ENABLE_FP16_TRAINING", "false")
+    model = torch.nn.Linear(4, 2)
+    trainer = FP16Trainer(model, torch.optim.SGD(model.parameters(), 0.1), FP16TrainingConfig(precision=asked))
+    assert trainer.precision.name == "fp32" and not trainer.auto_pending
+    assert trainer.decision.source == Source.KILL_SWITCH and "ENABLE_FP16_TRAINING=false" in trainer.decision.reason
+    trainer.backward_and_step(trainer.training_step(torch.randn(8, 4), lambda m, x: m(x).pow(2).mean()))
+    assert trainer.precision.name == "fp32" and trainer.get_stats()["decision"]["source"] == "kill_switch"
+    monkeypatch.setenv("ENABLE_FP16_TRAINING", "true")
+    named = FP16Trainer(model, torch.optim.SGD(model.parameters(), 0.1), FP16TrainingConfig(precision="bf16"))
+    assert named.precision.name == "bf16" and named.decision.source == Source.EXPLICIT

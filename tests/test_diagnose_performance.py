@@ -22,4 +22,6 @@ def test_inference_stage_times_the_rollouts_act(env_id, state_dir):
 
 def test_env_stage_times_every_vector_env(state_dir):
     results = _script().bench_env("CartPole-v1", repeats=1, steps=20)
-    assert set(results) == {"env.sync", "env.sync_gymnasium", "env.async"} and all(r["value"] > 0 for r in results.values())
+    assert set(results) == {"env.sync", "env.sync_gymnasium", "env.async"} and all(
+        r["value"] > 0 for r in results.values()
+    )

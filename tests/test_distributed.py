@@ -26,8 +26,8 @@ from torch import nn
 
 from genesis_fp16 import FP16Trainer, FP16TrainingConfig
 from genesis_fp16 import distributed as gd
-from genesis_fp16 import registry
-from genesis_fp16.checkpoint import CheckpointError
+from genesis_fp16.training import registry
+from genesis_fp16.training.checkpoint import CheckpointError
 from scripts_loader import load_script
 
 pytestmark = pytest.mark.distributed
@@ -84,7 +84,7 @@ def mse(model: nn.Module, b: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
 
 
 def config(precision: str, **kw: Any) -> FP16TrainingConfig:
-    return FP16TrainingConfig(precision=precision, enabled=precision != "fp32", loss_scale=1024.0, **kw)
+    return FP16TrainingConfig(precision=precision, enabled=precision != "fp32", init_scale=1024.0, **kw)
 
 
 def flat(tensors: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -179,7 +179,9 @@ def ddp_scenarios(ctx: gd.DistContext, out: Path, res: dict[str, Any]) -> None:
         if step == 2 and rank == 1:
             loss = loss * float("inf")
         trainer.backward_and_step(loss)
-    res["nonfinite_stats"] = {k: trainer.get_stats()[k] for k in ("nonfinite_losses", "skipped_steps", "training_steps")}
+    res["nonfinite_stats"] = {
+        k: trainer.get_stats()[k] for k in ("nonfinite_losses", "skipped_steps", "training_steps")
+    }
     res["nonfinite_params"] = flat(dict(model.named_parameters()))
 
     # 4. accumulation of 4: the gradient all-reduce runs on the last micro-step only
@@ -236,8 +238,8 @@ def ddp_scenarios(ctx: gd.DistContext, out: Path, res: dict[str, Any]) -> None:
     res["from_single"] = flat(dict(model.named_parameters()))
 
     # 6. the registry, as the world model reaches it: settings choose ddp
-    from genesis_fp16.policy import resolve_policy
-    from genesis_fp16.settings import load_settings
+    from genesis_fp16.rollout.policy import resolve_policy
+    from genesis_fp16.base.settings import load_settings
 
     settings = load_settings(distributed="ddp", precision="bf16")
     if rank == 0:
@@ -249,9 +251,11 @@ def ddp_scenarios(ctx: gd.DistContext, out: Path, res: dict[str, Any]) -> None:
 
     # 7. a seed-API auto (issue 45, item 4): rank 0 measures at the first batch, every rank trains in its decision.
     # Rank 0's injected timings say bf16 (1.5x fp32), rank 1's would say fp32 (0.5x): rank 1 must not measure.
-    from genesis_fp16 import calibration as cal
+    from genesis_fp16.precision import calibration as cal
 
-    os.environ.update(GENESIS_FP16_AUTO_PRECISION="measure", GENESIS_FP16_PRECISION_CACHE=str(out / f"precision{rank}.json"))
+    os.environ.update(
+        GENESIS_FP16_AUTO_PRECISION="measure", GENESIS_FP16_PRECISION_CACHE=str(out / f"precision{rank}.json")
+    )
     table = {"fp32": 1e-3, "bf16": 1e-3 / (1.5 if rank == 0 else 0.5), "fp16": 1e-2}
     timed: list[str] = []
 
@@ -262,7 +266,7 @@ def ddp_scenarios(ctx: gd.DistContext, out: Path, res: dict[str, Any]) -> None:
 
     cal.time_step = fake_time_step  # this worker process only
     model, opt = make_model(dropout=0.2)
-    trainer = gd.DDPTrainer(model, opt, FP16TrainingConfig(precision="auto", loss_scale=1024.0), context=ctx)
+    trainer = gd.DDPTrainer(model, opt, FP16TrainingConfig(precision="auto", init_scale=1024.0), context=ctx)
     pending = trainer.auto_pending
     torch.manual_seed(5 + rank)
     train(trainer, range(1), rank)
@@ -270,11 +274,19 @@ def ddp_scenarios(ctx: gd.DistContext, out: Path, res: dict[str, Any]) -> None:
     reference = gd.DDPTrainer(*make_model(dropout=0.2), config(trainer.precision.name), context=ctx)
     torch.manual_seed(5 + rank)  # the same first step, asked for by name: the measurement changed no weight and no RNG
     train(reference, range(1), rank)
-    res["auto_as_named"] = torch.equal(flat(dict(model.named_parameters())), flat(dict(reference.module.named_parameters())))
+    res["auto_as_named"] = torch.equal(
+        flat(dict(model.named_parameters())), flat(dict(reference.module.named_parameters()))
+    )
     res["auto_rng_as_named"] = torch.equal(after_auto, torch.get_rng_state())
     train(trainer, range(1, 4), rank)
-    res["auto"] = {"pending": pending, "precision": trainer.precision.name, "source": trainer.decision.source.value,
-                   "reason": trainer.decision.reason, "timed": len(timed), "steps": trainer.training_steps}
+    res["auto"] = {
+        "pending": pending,
+        "precision": trainer.precision.name,
+        "source": trainer.decision.source.value,
+        "reason": trainer.decision.reason,
+        "timed": len(timed),
+        "steps": trainer.training_steps,
+    }
     res["auto_params"] = flat(dict(model.named_parameters()))
 
 
@@ -389,7 +401,9 @@ def fsdp_scenarios(ctx: gd.DistContext, out: Path, res: dict[str, Any]) -> None:
         trainer.scaler.unscale_ = watching_unscale  # type: ignore[method-assign]
         train(trainer, range(8), rank, inject_at=3)
         res[f"{scaler}_local_finite"] = seen
-        res[f"{scaler}_stats"] = {k: trainer.get_stats()[k] for k in ("skipped_steps", "overflow_steps", "current_scale")}
+        res[f"{scaler}_stats"] = {
+            k: trainer.get_stats()[k] for k in ("skipped_steps", "overflow_steps", "current_scale")
+        }
 
     # 4. DCP save / resume == uninterrupted (FP16 scaler, scheduler, AdamW state)
     def fresh(seed: int) -> gd.FSDPTrainer:
@@ -557,8 +571,8 @@ def test_registry_lists_ddp_and_fsdp() -> None:
 def test_sharded_fp16_plugin_makes_a_sharded_scaler_from_its_options() -> None:
     from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 
-    from genesis_fp16.precision import FP16Mixed
-    from genesis_fp16.settings import PrecisionConfig
+    from genesis_fp16.precision.plugins import FP16Mixed
+    from genesis_fp16.base.settings import PrecisionConfig
 
     options = PrecisionConfig(init_scale=8.0, growth_factor=4.0, backoff_factor=0.25, growth_interval=3)
     plugin = gd.ShardedFP16Mixed("cpu", options)

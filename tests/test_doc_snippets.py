@@ -87,11 +87,7 @@ def parse_blocks(page: Path) -> list[Block]:
         body = []
         i += 1
         while i < len(lines) and not lines[i].strip().startswith(fence):
-            body.append(
-                lines[i][indent:]
-                if not lines[i][:indent].strip()
-                else lines[i].lstrip()
-            )
+            body.append(lines[i][indent:] if not lines[i][:indent].strip() else lines[i].lstrip())
             i += 1
         prev = lines[start - 1] if start else ""
         skip = SKIP.search(prev)
@@ -116,9 +112,7 @@ def test_blocks_found_and_every_fence_names_its_language():
     assert len([b for b in BLOCKS if b.lang in PYTHON]) >= 8
     assert len([b for b in BLOCKS if b.lang in SHELL]) >= 25
     bare = [b.id for b in BLOCKS if not b.lang]
-    assert not bare, (
-        f"fences without a language (use text for diagrams, bash for commands): {bare}"
-    )
+    assert not bare, f"fences without a language (use text for diagrams, bash for commands): {bare}"
     markers = sum(len(SKIP.findall(page.read_text(encoding="utf-8"))) for page in PAGES)
     assert markers == len([b for b in BLOCKS if b.skip]), (
         "a snippet: skip marker must sit on the line right before a fence"
@@ -152,7 +146,8 @@ def run_sections(page: Path, blocks: list[Block]) -> dict[str, dict]:
                 exec(compile(block.code, block.id, "exec"), namespace)  # noqa: S102 -- our own docs, run as written
             except NameError as exc:
                 raise AssertionError(
-                    f"{block.id} (section {section or 'before the first heading'}): {exc}; each section runs alone, in a "
+                    f"{block.id} (section {section or 'before the first heading'}): {exc}; each section runs alone, "
+                    "in a "
                     "fresh namespace: import or define the name in this section"
                 ) from exc
     return namespaces
@@ -175,8 +170,12 @@ def undefined_names(sections_code: dict[str, str]) -> dict[str, list[str]]:
             path = Path(tmp) / f"section_{i}.py"
             path.write_text(code, encoding="utf-8")
             files[str(path)] = name
-        proc = subprocess.run([ruff, "check", "--isolated", "--no-cache", "--select", "F821", "--output-format", "json", *files],
-                              capture_output=True, text=True, timeout=60)
+        proc = subprocess.run(
+            [ruff, "check", "--isolated", "--no-cache", "--select", "F821", "--output-format", "json", *files],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
     found: dict[str, list[str]] = {name: [] for name in sections_code}
     for problem in json.loads(proc.stdout or "[]"):
         found[files[problem["filename"]]].append(problem["message"])
@@ -192,16 +191,22 @@ def test_python_blocks_run(page, state_dir, tmp_path, monkeypatch, capsys):
 
 def test_python_sections_define_the_names_they_use():
     runnable = [b for b in BLOCKS if b.lang in PYTHON and not b.skip]
-    code = {f"{page.relative_to(ROOT).as_posix()} {section}": "\n".join(b.code for b in blocks)
-            for page in PY_PAGES for section, blocks in sections([b for b in runnable if b.page == page]).items()}
+    code = {
+        f"{page.relative_to(ROOT).as_posix()} {section}": "\n".join(b.code for b in blocks)
+        for page in PY_PAGES
+        for section, blocks in sections([b for b in runnable if b.page == page]).items()
+    }
     problems = {name: found for name, found in undefined_names(code).items() if found}
     assert not problems, f"names a section uses but does not define (each section runs alone): {problems}"
 
 
 def test_sections_are_run_alone(tmp_path):
     page = tmp_path / "page.md"
-    page.write_text("# Page\n\n## 1. One\n\n```python\nimport math\nx = math.pi\n```\n\n"
-                    "```python\ny = x\n```\n\n## 2. Two\n\n```python\nz = math.tau\n```\n", encoding="utf-8")
+    page.write_text(
+        "# Page\n\n## 1. One\n\n```python\nimport math\nx = math.pi\n```\n\n"
+        "```python\ny = x\n```\n\n## 2. Two\n\n```python\nz = math.tau\n```\n",
+        encoding="utf-8",
+    )
     blocks = parse_blocks(page)
     assert [b.section for b in blocks] == ["L3 ## 1. One", "L3 ## 1. One", "L14 ## 2. Two"]
     with pytest.raises(AssertionError, match=r"page.md:L16 \(section L14 ## 2. Two\): name 'math' is not defined"):
@@ -247,9 +252,7 @@ def commands(code: str) -> list[list[str]]:
     for line in text.splitlines():
         line = line.strip()
         line = line.removeprefix("$ ")
-        line = re.sub(
-            r"(?<=\w)\|(?=\w)", "\x1f", line
-        )  # a|b in a synopsis: alternatives, not a pipe
+        line = re.sub(r"(?<=\w)\|(?=\w)", "\x1f", line)  # a|b in a synopsis: alternatives, not a pipe
         try:
             lexer = shlex.shlex(line, posix=True, punctuation_chars=";&|")
             lexer.whitespace_split = True
@@ -260,10 +263,7 @@ def commands(code: str) -> list[list[str]]:
         cmd: list[str] = []
         for tok in tokens + [";"]:
             if tok and set(tok) <= set(";&|"):
-                while cmd and (
-                    re.match(r"^[A-Z_][A-Z0-9_]*=", cmd[0])
-                    or cmd[0] in {"do", "done", "then", "export"}
-                ):
+                while cmd and (re.match(r"^[A-Z_][A-Z0-9_]*=", cmd[0]) or cmd[0] in {"do", "done", "then", "export"}):
                     cmd.pop(0)
                 if cmd:
                     out.append(cmd)
@@ -350,22 +350,16 @@ def check_other(tokens: list[str]) -> list[str]:
     problems = [
         f"{tok}: no such file in the repo"
         for tok in tokens
-        if REPO_PATH.match(tok)
-        and not (ROOT / tok).exists()
-        and not tok.endswith((".json", ".csv", ".png"))
+        if REPO_PATH.match(tok) and not (ROOT / tok).exists() and not tok.endswith((".json", ".csv", ".png"))
     ]
     for tok in tokens:
         m = EXTRA.match(tok)
         if m:
             problems += [
-                f"{tok}: no extra {name!r} in pyproject.toml"
-                for name in m["names"].split(",")
-                if name not in extras()
+                f"{tok}: no extra {name!r} in pyproject.toml" for name in m["names"].split(",") if name not in extras()
             ]
     if tokens[0] in PYTHON_PROGRAMS:
-        script = next(
-            (t for t in tokens[1:] if t.endswith(".py") and (ROOT / t).is_file()), None
-        )
+        script = next((t for t in tokens[1:] if t.endswith(".py") and (ROOT / t).is_file()), None)
         if script:
             help_text = script_help(script)
             for tok in tokens[tokens.index(script) + 1 :]:
@@ -381,9 +375,7 @@ def check_shell(code: str) -> tuple[list[str], int]:
         if tokens[0] in CLI_PROGRAMS:
             problems += check_cli(tokens)
             checked += 1
-        elif tokens[0] in PYTHON_PROGRAMS or any(
-            REPO_PATH.match(t) or EXTRA.match(t) for t in tokens
-        ):
+        elif tokens[0] in PYTHON_PROGRAMS or any(REPO_PATH.match(t) or EXTRA.match(t) for t in tokens):
             problems += check_other(tokens)
             checked += 1
     return problems, checked
@@ -402,24 +394,27 @@ def test_shell_block_names_real_commands_and_flags(block):
 
 def test_checker_catches_a_renamed_flag_or_command():
     assert check_shell("genesis-fp16 evolve --seed 3 --json out.json\n") == ([], 1)
-    assert check_shell("genesis-fp16 evolve --seeds 3\n")[0] == [
-        "genesis-fp16 evolve: no option --seeds"
+    assert check_shell("genesis-fp16 evolve --seeds 3\n")[0] == ["genesis-fp16 evolve: no option --seeds"]
+    assert check_shell("genesis-fp16 rollout status|enabel\n")[0] == ["genesis-fp16 rollout: no command 'enabel'"]
+    assert check_shell("OMP_NUM_THREADS=1 .venv/bin/python scripts/check_cartpole.py --jsn x\n")[0] == [
+        "scripts/check_cartpole.py: no option --jsn in its --help"
     ]
-    assert check_shell("genesis-fp16 rollout status|enabel\n")[0] == [
-        "genesis-fp16 rollout: no command 'enabel'"
-    ]
-    assert check_shell(
-        "OMP_NUM_THREADS=1 .venv/bin/python scripts/check_cartpole.py --jsn x\n"
-    )[0] == ["scripts/check_cartpole.py: no option --jsn in its --help"]
-    assert check_shell("python scripts/nope.py\n")[0] == [
-        "scripts/nope.py: no such file in the repo"
-    ]
+    assert check_shell("python scripts/nope.py\n")[0] == ["scripts/nope.py: no such file in the repo"]
 
 
 # -- shell blocks: run ----------------------------------------------------------
 
 RUN_TIMEOUT_S = 60  # per block: a hang fails the test instead of holding up CI
-COPIED = ("scripts", "benchmarks", "configs", "examples", "docs/evolution")  # what the commands read from the repo (benchmarks: the baselines scripts/evolution_table.py imports; docs/evolution: the reports --summarize reads)
+COPIED = (
+    "scripts",
+    "benchmarks",
+    "configs",
+    "examples",
+    "docs/evolution",
+    # what the commands read from the repo (benchmarks: the baselines scripts/evolution_table.py imports;
+    # docs/evolution:
+    # the reports --summarize reads)
+)
 FAILED = "__snippet_failed__"
 # bash stops at the first failing command (pipes included) and says where
 PRELUDE = f"set -eo pipefail\ntrap 'echo \"{FAILED} $? $LINENO\" >&2' ERR\n"
@@ -558,4 +553,6 @@ def test_skip_reason_naming_a_missing_test_fails():
     block = Block(ROOT / "docs/PPO.md", 1, "bash", "true\n", "slow; tests/test_ppo_ppo.py::test_no_such_test runs it")
     with pytest.raises(AssertionError, match="has no test test_no_such_test"):
         _check_skip_reason(block)
-    _check_skip_reason(Block(ROOT / "docs/PPO.md", 1, "bash", "true\n", "slow; tests/test_ppo_ppo.py::test_cli_ppo_json_and_bad_input"))
+    _check_skip_reason(
+        Block(ROOT / "docs/PPO.md", 1, "bash", "true\n", "slow; tests/test_ppo_ppo.py::test_cli_ppo_json_and_bad_input")
+    )

@@ -18,14 +18,20 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 
-pytest.importorskip("mkdocstrings", reason="the docs extra is not installed: pip install -e '.[docs]' (dev includes it)")
+pytest.importorskip(
+    "mkdocstrings", reason="the docs extra is not installed: pip install -e '.[docs]' (dev includes it)"
+)
 
 
 def _build(config: Path, site: Path) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ, NO_MKDOCS_2_WARNING="1")
     return subprocess.run(
         [sys.executable, "-m", "mkdocs", "build", "--strict", "-f", str(config), "-d", str(site)],
-        cwd=config.parent, capture_output=True, text=True, timeout=180, env=env,
+        cwd=config.parent,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env=env,
     )
 
 
@@ -41,7 +47,9 @@ def test_mkdocs_build_strict(tmp_path):
     agents = (tmp_path / "site" / "reference" / "agents" / "index.html").read_text(encoding="utf-8")
     assert "Real env steps the run may spend" in agents  # EvolveConfig's field docstrings are rendered
     for ref in (tmp_path / "site" / "reference").rglob("*.html"):
-        assert ":class:`" not in ref.read_text(encoding="utf-8"), f"a Sphinx role renders literally in {ref.parent.name}"
+        assert ":class:`" not in ref.read_text(encoding="utf-8"), (
+            f"a Sphinx role renders literally in {ref.parent.name}"
+        )
 
 
 def _tiny_site(tmp_path: Path, link: str) -> Path:
@@ -51,7 +59,9 @@ def _tiny_site(tmp_path: Path, link: str) -> Path:
     docs = tmp_path / "docs"
     docs.mkdir()
     (docs / "a.md").write_text(f"# A\n\nSee [the Ray backend]({link}).\n", encoding="utf-8")
-    (docs / "b.md").write_text('# B\n\n<a id="ray-backend"></a>\n## Real evaluations on a Ray cluster\n\nText.\n', encoding="utf-8")
+    (docs / "b.md").write_text(
+        '# B\n\n<a id="ray-backend"></a>\n## Real evaluations on a Ray cluster\n\nText.\n', encoding="utf-8"
+    )
     config = {
         "site_name": "tiny",
         "docs_dir": "docs",

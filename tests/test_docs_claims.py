@@ -30,7 +30,11 @@ def test_profiles_example_copy_command_works_on_a_fresh_clone(tmp_path):
 
 
 def test_readme_tune_line_is_a_working_invocation(state_dir):
-    line = next(text for text in (REPO / "README.md").read_text(encoding="utf-8").splitlines() if text.startswith("genesis-fp16 tune"))
+    line = next(
+        text
+        for text in (REPO / "README.md").read_text(encoding="utf-8").splitlines()
+        if text.startswith("genesis-fp16 tune")
+    )
     synopsis = line.split("#")[0]
     assert "[--events F]" in synopsis and "default <state_dir>/events.jsonl" in line
     args = shlex.split(re.sub(r"\[[^\]]*\]", "", synopsis))[1:]  # the optional parts left out

@@ -12,22 +12,36 @@ from pathlib import Path
 
 from typer.testing import CliRunner
 
-from genesis_fp16 import drill as drill_mod
+from genesis_fp16.rollout import drill as drill_mod
 from genesis_fp16.cli import app
-from genesis_fp16.drill import ScenarioResult, run_drill
-from genesis_fp16.telemetry import read_events
+from genesis_fp16.rollout.drill import ScenarioResult, run_drill
+from genesis_fp16.base.telemetry import read_events
 
 runner = CliRunner()
-NAMES = {"nan_storm", "overflow_storm", "overflow_warning", "killed_while_saving",
-         "rollback_survives_restart", "kill_switch", "silent_degradation", "healthy_control", "events_recorded"}
+NAMES = {
+    "nan_storm",
+    "overflow_storm",
+    "overflow_warning",
+    "killed_while_saving",
+    "rollback_survives_restart",
+    "kill_switch",
+    "silent_degradation",
+    "healthy_control",
+    "events_recorded",
+}
 
 
 def test_drill_command_passes_quietly_and_writes_json(state_dir, tmp_path):
     # a real process, as a user runs it: every line it prints, stdout and stderr
     env = {**os.environ, "ENABLE_FP16_TRAINING": "false"}  # the drill rehearses rollback even under the kill switch
     out = tmp_path / "out.json"
-    proc = subprocess.run([sys.executable, "-m", "genesis_fp16.cli", "drill", "--keep", "--json", str(out)],
-                          env=env, capture_output=True, text=True, timeout=240)
+    proc = subprocess.run(
+        [sys.executable, "-m", "genesis_fp16.cli", "drill", "--keep", "--json", str(out)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     report = json.loads(out.read_text())
     scratch = Path(report["state_dir"])
@@ -55,8 +69,14 @@ def test_drill_command_passes_quietly_and_writes_json(state_dir, tmp_path):
 
 
 def test_failing_scenario_fails_the_command(state_dir, monkeypatch):
-    monkeypatch.setattr(drill_mod.Drill, "kill_switch", lambda self: ScenarioResult("kill_switch", False, "broken", 0.0))
-    monkeypatch.setattr(drill_mod.Drill, "scenarios", lambda self: [("kill_switch", self.kill_switch), ("overflow_storm", self.overflow_storm)])
+    monkeypatch.setattr(
+        drill_mod.Drill, "kill_switch", lambda self: ScenarioResult("kill_switch", False, "broken", 0.0)
+    )
+    monkeypatch.setattr(
+        drill_mod.Drill,
+        "scenarios",
+        lambda self: [("kill_switch", self.kill_switch), ("overflow_storm", self.overflow_storm)],
+    )
     result = runner.invoke(app, ["drill"])
     assert result.exit_code == 1
     assert "FAIL kill_switch (" in result.stdout and "broken" in result.stdout  # which one, and what it saw
@@ -78,7 +98,7 @@ def test_crashing_scenario_is_reported_not_raised(tmp_path, monkeypatch):
 def test_events_after_a_drill_go_to_the_real_log_when_logging_was_not_configured(state_dir, monkeypatch):
     # a fresh process: nothing configured logging before the drill; afterwards the
     # event sink stayed on the (removed) scratch dir and recreated it
-    from genesis_fp16 import telemetry
+    from genesis_fp16.base import telemetry
 
     monkeypatch.setattr(drill_mod.Drill, "scenarios", lambda self: [("kill_switch", self.kill_switch)])
     telemetry._CONFIGURED.clear()

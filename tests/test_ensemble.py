@@ -9,9 +9,9 @@ import pytest
 import torch
 from torch.nn import functional as F
 
-from genesis_fp16 import registry
-from genesis_fp16.checkpoint import CheckpointError
-from genesis_fp16.guarded import UNGUARDED
+from genesis_fp16.training import registry
+from genesis_fp16.training.checkpoint import CheckpointError
+from genesis_fp16.training.guarded import UNGUARDED
 from infrastructure.dynamics import DynamicsMLP
 from infrastructure.ensemble import EnsembleDynamics, batch_rows, bootstrap, ensemble_loss, member_losses
 from infrastructure.world_model import WorldModel
@@ -25,7 +25,9 @@ def _model(**kwargs) -> EnsembleDynamics:
     return EnsembleDynamics(3, 2, **{"ensemble": 4, "hidden": 16, "layers": 2, **kwargs})
 
 
-@pytest.mark.parametrize("probabilistic, done_head, width", [(True, False, 8), (True, True, 9), (False, False, 4), (False, True, 5)])
+@pytest.mark.parametrize(
+    "probabilistic, done_head, width", [(True, False, 8), (True, True, 9), (False, False, 4), (False, True, 5)]
+)
 def test_shapes(probabilistic, done_head, width):
     model = _model(probabilistic=probabilistic, done_head=done_head)
     raw = model(torch.randn(4, 7, 5))
@@ -65,7 +67,9 @@ def test_bootstraps_differ_per_member_and_are_seeded():
     assert all(250 < len(torch.unique(b)) < 380 for b in boot)
     rows = batch_rows(boot, 500, 3, 64, torch.Generator().manual_seed(1))
     assert rows.shape == (3, 64)
-    assert all(set(rows[m].tolist()) <= set(boot[m].tolist()) for m in range(3))  # each member's batch from its own bootstrap
+    assert all(
+        set(rows[m].tolist()) <= set(boot[m].tolist()) for m in range(3)
+    )  # each member's batch from its own bootstrap
     assert bootstrap(500, 1, torch.Generator()) is None  # one network: the data as it is
     assert batch_rows(None, 10, 1, 64, torch.Generator()).shape == (1, 10)
 
@@ -103,7 +107,9 @@ def test_the_log_variance_stays_within_its_learned_bounds():
     _, logvar, _ = model.heads(raw)
     # soft bounds: past max_logvar by at most log(1 + exp(-(max - min))), 3e-5 here
     assert (logvar <= model.max_logvar + 1e-4).all() and (logvar >= model.min_logvar).all()
-    assert float(logvar[..., 0].detach().min()) > 0.49 and float(logvar[..., 1].detach().max()) < -9.99  # the bounds are reached
+    assert (
+        float(logvar[..., 0].detach().min()) > 0.49 and float(logvar[..., 1].detach().max()) < -9.99
+    )  # the bounds are reached
     assert torch.isfinite(logvar).all()
     loss = ensemble_loss(model, (torch.zeros(4, 3, 5), torch.zeros(4, 3, 4)))
     loss.backward()
@@ -121,7 +127,9 @@ def test_elites_are_the_members_with_the_lowest_validation_loss():
 
 
 async def test_train_chooses_elites_by_validation(tmp_path):
-    wm = WorldModel(3, 1, precision="fp32", guard=UNGUARDED, ensemble=4, elites=2, hidden=16, seed=0, checkpoint_dir=tmp_path)
+    wm = WorldModel(
+        3, 1, precision="fp32", guard=UNGUARDED, ensemble=4, elites=2, hidden=16, seed=0, checkpoint_dir=tmp_path
+    )
     report = await wm.train(150, trajectories=_linear_trajs(4, 60), save=False)
     losses = report.member_val_loss
     assert len(losses) == 4 and len(set(losses)) == 4  # each member its own bootstrap and initialisation: its own loss
@@ -144,9 +152,13 @@ async def test_a_single_deterministic_network_still_trains():
 
 async def test_checkpoint_round_trip_of_the_ensemble(tmp_path):
     trajs = _linear_trajs(3, 50)
-    wm = WorldModel(3, 1, precision="fp32", guard=UNGUARDED, ensemble=3, elites=2, hidden=16, checkpoint_dir=tmp_path, device="cpu")
+    wm = WorldModel(
+        3, 1, precision="fp32", guard=UNGUARDED, ensemble=3, elites=2, hidden=16, checkpoint_dir=tmp_path, device="cpu"
+    )
     await wm.train(60, trajectories=trajs)
-    other = WorldModel(3, 1, precision="fp32", guard=UNGUARDED, ensemble=3, elites=2, hidden=16, checkpoint_dir=tmp_path, seed=9)
+    other = WorldModel(
+        3, 1, precision="fp32", guard=UNGUARDED, ensemble=3, elites=2, hidden=16, checkpoint_dir=tmp_path, seed=9
+    )
     other.load()
     assert other.trained and other.model.elites == wm.model.elites
     for name in ("reward_low", "reward_high", "x_mean", "y_std", "member_val_loss"):
@@ -157,7 +169,11 @@ async def test_checkpoint_round_trip_of_the_ensemble(tmp_path):
 
 def _untouched(wm: WorldModel, before: dict[str, torch.Tensor]) -> bool:
     now = wm.model.state_dict()
-    return not wm.trained and before.keys() == now.keys() and all(torch.equal(before[k].nan_to_num(7.0), now[k].nan_to_num(7.0)) for k in now)
+    return (
+        not wm.trained
+        and before.keys() == now.keys()
+        and all(torch.equal(before[k].nan_to_num(7.0), now[k].nan_to_num(7.0)) for k in now)
+    )
 
 
 async def test_an_ensemble_of_another_size_is_refused(tmp_path):
@@ -165,7 +181,9 @@ async def test_an_ensemble_of_another_size_is_refused(tmp_path):
     await wm.train(20, trajectories=_linear_trajs(3, 30))
     other = WorldModel(3, 1, precision="fp32", guard=UNGUARDED, ensemble=2, hidden=16, checkpoint_dir=tmp_path)
     before = {k: v.clone() for k, v in other.model.state_dict().items()}
-    with pytest.raises(CheckpointError, match=r"extra.architecture: saved from a world model with ensemble=3.*this one has ensemble=2"):
+    with pytest.raises(
+        CheckpointError, match=r"extra.architecture: saved from a world model with ensemble=3.*this one has ensemble=2"
+    ):
         other.load()
     assert _untouched(other, before)
 

@@ -76,14 +76,19 @@ def test_an_env_error_fails_only_its_job_when_asked():
     submitted = [(c, c) for c in split_jobs(JOBS, 2)]
     results, errors = collect(submitted, _failing(0), JOBS, per_job_env_errors=True, log=log)
     out = assemble(JOBS, results, errors)
-    assert isinstance(out[0], EvaluationEnvError) and str(out[0]) == "real evaluation of 5 episodes failed: env 'X' raised in step: boom"
+    assert (
+        isinstance(out[0], EvaluationEnvError)
+        and str(out[0]) == "real evaluation of 5 episodes failed: env 'X' raised in step: boom"
+    )
     assert isinstance(out[1], Evaluation) and out[1].returns == [15.0, 16.0]
     assert [f["episodes"] for _, f in log.events] == [5, 5]  # both of job 0's chunks failed
 
 
 def test_an_env_error_fails_the_whole_call_otherwise():
     log = Log()
-    with pytest.raises(EvaluationEnvError, match="^real evaluation of 7 episodes failed: env 'X' raised in step: boom$"):
+    with pytest.raises(
+        EvaluationEnvError, match="^real evaluation of 7 episodes failed: env 'X' raised in step: boom$"
+    ):
         collect([(c, c) for c in split_jobs(JOBS, 2)], _failing(1), JOBS, per_job_env_errors=False, log=log)
     assert log.events == [("evolve.evaluation_env_error", {"episodes": 7, "error": "env 'X' raised in step: boom"})]
 

@@ -17,11 +17,37 @@ from agents import evaluation, se_darwin_agent
 from agents.evaluation import Evaluator
 from genesis_fp16.cli import app
 
-REPORT_KEYS = ("mode", "real_episodes", "env_steps", "heldout_return", "train_return", "target_reached", "learners", "wall_s",
-               "generations", "time_share", "stop_reason", "stop_detail")
+REPORT_KEYS = (
+    "mode",
+    "real_episodes",
+    "env_steps",
+    "heldout_return",
+    "train_return",
+    "target_reached",
+    "learners",
+    "wall_s",
+    "generations",
+    "time_share",
+    "stop_reason",
+    "stop_detail",
+)
 # tiny search budgets (the flags a user would pass): 6 candidates per generation, a few learner steps, no model rollouts
-TINY = ["--popsize", "6", "--wm-steps", "40", "--ensemble", "2", "--refine-steps", "4", "--critic-updates", "0.02",
-        "--model-rollouts", "0", "--eval-timeout-s", "60"]
+TINY = [
+    "--popsize",
+    "6",
+    "--wm-steps",
+    "40",
+    "--ensemble",
+    "2",
+    "--refine-steps",
+    "4",
+    "--critic-updates",
+    "0.02",
+    "--model-rollouts",
+    "0",
+    "--eval-timeout-s",
+    "60",
+]
 runner = CliRunner()
 
 
@@ -36,11 +62,28 @@ def test_entry_point_registers_evolve():
     exe = Path(sys.executable).with_name("genesis-fp16")
     import os
 
-    out = subprocess.run([str(exe), "evolve", "--help-all"], capture_output=True, text=True, timeout=120,
-                         env={**os.environ, "COLUMNS": "200"})  # flag names whole, not cut to fit 80 columns
+    out = subprocess.run(
+        [str(exe), "evolve", "--help-all"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "COLUMNS": "200"},
+    )  # flag names whole, not cut to fit 80 columns
     assert out.returncode == 0, out.stderr
-    for flag in ("--env", "--budget", "--budget-steps", "--seed", "--precision", "--critic-precision", "--refined", "--baseline",
-                 "--json", "--resume", "--popsize", "--wm-steps"):
+    for flag in (
+        "--env",
+        "--budget",
+        "--budget-steps",
+        "--seed",
+        "--precision",
+        "--critic-precision",
+        "--refined",
+        "--baseline",
+        "--json",
+        "--resume",
+        "--popsize",
+        "--wm-steps",
+    ):
         assert flag in out.stdout
     for removed in ("--kappa", "--particles", "--racing", "--probe-", "--imagine-starts", "--trust-spearman"):
         assert removed not in out.stdout
@@ -59,7 +102,10 @@ def test_entry_point_registers_evolve():
         (["--episode-steps", "0"], "--episode-steps"),
         (["--precision", "fp8"], "fp8"),
         (["--critic-precision", "fp8"], "critic_precision='fp8'"),
-        (["--budget-steps", "100"], "budget_steps=100: expected at least one episode's worth (200 real env steps on Pendulum-v1)"),
+        (
+            ["--budget-steps", "100"],
+            "budget_steps=100: expected at least one episode's worth (200 real env steps on Pendulum-v1)",
+        ),
         (["--refined", "15"], "refined=15: expected fewer than the CMA-ES population (15)"),
         (["--no-critic"], "refinement needs the critic, or the world model with refine_horizon >= 1"),
         (["--sigma0", "0"], "sigma0=0.0: expected a finite number > 0"),
@@ -117,23 +163,34 @@ def no_agent(monkeypatch):
     def reached(*args, **kwargs):
         raise AssertionError("a refused option must stop the command before the run is built")
 
-    for owner, name in ((se_darwin_agent.SEDarwinAgent, "__init__"), (cma_search.CMASearch, "__init__"),
-                        (learners.Learners, "__init__"), (replay_buffer.ReplayBuffer, "__init__")):
+    for owner, name in (
+        (se_darwin_agent.SEDarwinAgent, "__init__"),
+        (cma_search.CMASearch, "__init__"),
+        (learners.Learners, "__init__"),
+        (replay_buffer.ReplayBuffer, "__init__"),
+    ):
         monkeypatch.setattr(owner, name, reached)
 
 
 @pytest.mark.parametrize(
     "args, expected",
     [
-        (["--ensemble", "100000"],
-         "ensemble=100000 (--ensemble): expected 1..64 (each member is a network trained, with its optimizer state, every generation); "
-         "pass --ensemble 64 or less"),
+        (
+            ["--ensemble", "100000"],
+            "ensemble=100000 (--ensemble): expected 1..64 (each member is a network trained, with its optimizer "
+            "state, every generation); "
+            "pass --ensemble 64 or less",
+        ),
         (["--seed", "-1"], "seed=-1 (--seed): expected 0..4294967295; pass --seed 0 or more"),
         (["--seed", "99999999999999999999"], "seed=99999999999999999999 (--seed): expected 0..4294967295"),
-        (["--policy", "mlp:100000"],
-         "policy mlp:100000 (--policy) on Pendulum-v1: 500,001 parameters (3 observations -> 1 actions); CMA-ES's covariance matrix "
-         "would take 1.82 TiB (n_params^2 x 8 bytes), over the limit of 1 GiB (11,585 parameters); expected a smaller policy: "
-         "--policy mlp:2316 at most"),
+        (
+            ["--policy", "mlp:100000"],
+            "policy mlp:100000 (--policy) on Pendulum-v1: 500,001 parameters (3 observations -> 1 actions); CMA-ES's "
+            "covariance matrix "
+            "would take 1.82 TiB (n_params^2 x 8 bytes), over the limit of 1 GiB (11,585 parameters); expected a "
+            "smaller policy: "
+            "--policy mlp:2316 at most",
+        ),
         (["--popsize", "100000"], "popsize=100000 (--popsize): expected 2..1024"),
         (["--refined", "5000"], "refined=5000 (--refined): expected 0..1023"),
         (["--workers", "100000"], "workers=100000 (--workers): expected 1..1024"),
@@ -142,11 +199,16 @@ def no_agent(monkeypatch):
         (["--refine-horizon", "100000"], "refine_horizon=100000 (--refine-horizon): expected 0..100"),
         (["--episode-steps", "10000000000"], "episode_steps=10000000000 (--episode-steps): expected 1..1000000"),
         (["--budget", "10000000"], "budget=10000000 (--budget): expected 1..100000"),
-        (["--eval-memory-mb", "99999999999999999999"], "eval_memory_mb=99999999999999999999 (--eval-memory-mb): expected 1..1048576"),
+        (
+            ["--eval-memory-mb", "99999999999999999999"],
+            "eval_memory_mb=99999999999999999999 (--eval-memory-mb): expected 1..1048576",
+        ),
         (["--torch-threads", "100000"], "--torch-threads 100000: expected 0..4096"),
     ],
 )
-def test_options_that_size_memory_are_bounded_one_line_before_anything_is_built(args, expected, monkeypatch, capsys, no_agent, state_dir):
+def test_options_that_size_memory_are_bounded_one_line_before_anything_is_built(
+    args, expected, monkeypatch, capsys, no_agent, state_dir
+):
     import time
 
     started = time.perf_counter()
@@ -154,7 +216,9 @@ def test_options_that_size_memory_are_bounded_one_line_before_anything_is_built(
     assert code == 2, err
     assert err.startswith("error: ") and err.count("\n") == 1, err  # one line
     assert expected in err, err
-    assert time.perf_counter() - started < 30  # nothing was allocated or run (a covariance of 1.82 TiB, 100,000 members)
+    assert (
+        time.perf_counter() - started < 30
+    )  # nothing was allocated or run (a covariance of 1.82 TiB, 100,000 members)
     assert not (state_dir / "replay.sqlite").exists() and not (state_dir / "runs").exists()
 
 
@@ -164,8 +228,12 @@ def test_bounds_apply_to_the_python_api_too():
     EvolveConfig(seed=SEED_MAX, ensemble=64, popsize=1024, refined=1023).validate()
     with pytest.raises(ValueError) as err:
         EvolveConfig(seed=SEED_MAX + 1, ensemble=65, popsize=1025, refined=True).validate()
-    for part in (f"seed={SEED_MAX + 1} (--seed)", "ensemble=65 (--ensemble)", "popsize=1025 (--popsize)",
-                 "refined=True (--refined): expected a whole number"):  # every problem at once
+    for part in (
+        f"seed={SEED_MAX + 1} (--seed)",
+        "ensemble=65 (--ensemble)",
+        "popsize=1025 (--popsize)",
+        "refined=True (--refined): expected a whole number",
+    ):  # every problem at once
         assert part in str(err.value)
     with pytest.raises(ValueError, match=r"11,585 parameters\); expected a smaller policy: --policy mlp:2316 at most"):
         EvolveConfig(policy="mlp:2317").resolve()
@@ -178,7 +246,15 @@ def test_help_groups_the_rarely_used_flags():
     main, rare = result.output.split("Advanced", 1)
     for flag in ("--env", "--budget", "--seed", "--refined", "--json", "--help-all"):
         assert flag in main
-    for flag in ("--popsize", "--sigma0", "--wm-steps", "--model-rollouts", "--eval-memory-mb", "--no-world-model", "--no-critic"):
+    for flag in (
+        "--popsize",
+        "--sigma0",
+        "--wm-steps",
+        "--model-rollouts",
+        "--eval-memory-mb",
+        "--no-world-model",
+        "--no-critic",
+    ):
         assert flag in rare and flag not in main
     short = runner.invoke(app, ["evolve", "--help"], env={"COLUMNS": "200"}).output
     assert "--help-all" in short and "--popsize" not in short and "Advanced" not in short
@@ -199,8 +275,18 @@ def test_help_fits_one_screen_at_80_columns():
     lines = result.output.rstrip("\n").splitlines()
     assert len(lines) <= 50, result.output
     assert max(len(line) for line in lines) <= 80 and "…" not in result.output  # no flag name cut to fit
-    for flag in ("--env", "--budget", "--seed", "--policy", "--precision", "--critic-precision", "--workers", "--resume",
-                 "--json", "--help-all"):
+    for flag in (
+        "--env",
+        "--budget",
+        "--seed",
+        "--policy",
+        "--precision",
+        "--critic-precision",
+        "--workers",
+        "--resume",
+        "--json",
+        "--help-all",
+    ):
         assert flag in result.output
 
 
@@ -213,14 +299,18 @@ def test_help_all_reaches_every_option():
     shown = set(re.findall(r"--[a-z0-9][a-z0-9-]*", result.output))
     options = _evolve_options()
     assert len(options) > 30 and set(options) <= shown, sorted(set(options) - shown)
-    again = runner.invoke(app, ["evolve", "--help"], env={"COLUMNS": "80"})  # --help-all hid the rare ones again after it
+    again = runner.invoke(
+        app, ["evolve", "--help"], env={"COLUMNS": "80"}
+    )  # --help-all hid the rare ones again after it
     assert len(again.output.splitlines()) <= 50 and "--popsize" not in again.output
 
 
 def test_tiny_run_writes_json_report(tmp_path, state_dir):
     out = tmp_path / "report.json"
-    result = runner.invoke(app, ["evolve", *TINY, "--budget", "24", "--seed", "1", "--precision", "bf16", "--workers", "1",
-                                 "--json", str(out)])
+    result = runner.invoke(
+        app,
+        ["evolve", *TINY, "--budget", "24", "--seed", "1", "--precision", "bf16", "--workers", "1", "--json", str(out)],
+    )
     assert result.exit_code == 0, result.output
     report = json.loads(out.read_text())
     for key in REPORT_KEYS:
@@ -242,10 +332,22 @@ def test_tiny_run_writes_json_report(tmp_path, state_dir):
     assert "held-out" in result.stdout
     lines = [line for line in result.stderr.splitlines() if line.startswith("gen ")]
     assert len(lines) == 4 and lines[1].startswith("gen  1:   14 episodes,    2800 steps; best episode")
-    assert "(refined " in lines[1] and "model loss" in lines[0] and "critic loss" in lines[0] and "rho" not in result.stderr
-    assert report["train_start_states"] == 16 and report["stop_reason"] == "budget" and report["budget_exhausted"] == "episodes"
+    assert (
+        "(refined " in lines[1]
+        and "model loss" in lines[0]
+        and "critic loss" in lines[0]
+        and "rho" not in result.stderr
+    )
+    assert (
+        report["train_start_states"] == 16
+        and report["stop_reason"] == "budget"
+        and report["budget_exhausted"] == "episodes"
+    )
     assert report["stop_detail"].startswith("budget spent: 24 of 24 real episodes used")
-    assert report["stop_detail"] in " ".join(result.stdout.replace("│", " ").split()) or "budget spent: 24 of 24" in result.stdout
+    assert (
+        report["stop_detail"] in " ".join(result.stdout.replace("│", " ").split())
+        or "budget spent: 24 of 24" in result.stdout
+    )
     assert "best return, full (16 training start states)" in result.stdout
     assert "best return, held-out (20 held-out start states)" in result.stdout
     assert "world model precision" in result.stdout and "critic precision" in result.stdout
@@ -254,22 +356,76 @@ def test_tiny_run_writes_json_report(tmp_path, state_dir):
 
 def test_search_and_budget_flags_reach_the_config(tmp_path, state_dir):
     out = tmp_path / "report.json"
-    result = runner.invoke(app, ["evolve", *TINY, "--budget", "16", "--budget-steps", "2000", "--refined", "2", "--sigma0", "0.3",
-                                 "--refine-horizon", "2", "--rollout-horizon", "3", "--workers", "1", "--no-world-model",
-                                 "--json", str(out)])
+    result = runner.invoke(
+        app,
+        [
+            "evolve",
+            *TINY,
+            "--budget",
+            "16",
+            "--budget-steps",
+            "2000",
+            "--refined",
+            "2",
+            "--sigma0",
+            "0.3",
+            "--refine-horizon",
+            "2",
+            "--rollout-horizon",
+            "3",
+            "--workers",
+            "1",
+            "--no-world-model",
+            "--json",
+            str(out),
+        ],
+    )
     assert result.exit_code == 0, result.output
     report = json.loads(out.read_text())
-    assert {k: report["config"][k] for k in ("budget_steps", "refined", "sigma0", "refine_horizon", "rollout_horizon", "popsize",
-                                             "wm_steps", "ensemble", "refine_steps", "critic_updates", "model_rollouts",
-                                             "use_world_model")} == {
-        "budget_steps": 2000, "refined": 2, "sigma0": 0.3, "refine_horizon": 2, "rollout_horizon": 3, "popsize": 6, "wm_steps": 40,
-        "ensemble": 2, "refine_steps": 4, "critic_updates": 0.02, "model_rollouts": 0, "use_world_model": False}
+    assert {
+        k: report["config"][k]
+        for k in (
+            "budget_steps",
+            "refined",
+            "sigma0",
+            "refine_horizon",
+            "rollout_horizon",
+            "popsize",
+            "wm_steps",
+            "ensemble",
+            "refine_steps",
+            "critic_updates",
+            "model_rollouts",
+            "use_world_model",
+        )
+    } == {
+        "budget_steps": 2000,
+        "refined": 2,
+        "sigma0": 0.3,
+        "refine_horizon": 2,
+        "rollout_horizon": 3,
+        "popsize": 6,
+        "wm_steps": 40,
+        "ensemble": 2,
+        "refine_steps": 4,
+        "critic_updates": 0.02,
+        "model_rollouts": 0,
+        "use_world_model": False,
+    }
     # 6 episodes of 200 steps, then the 4 that fit in 2000 steps
     assert report["budget_steps"] == 2000 and report["env_steps"] == 2000 and report["real_episodes"] == 10
     assert report["stop_reason"] == "budget" and report["budget_exhausted"] == "env_steps"
     assert report["stop_detail"].startswith("budget spent: 2000 of 2000 real env steps used (10 real episodes)")
     assert [len(g["candidates"]) for g in report["generations"]] == [6, 4]
-    assert set(report["time_share"]) >= {"model_train", "model_rollouts", "critic", "refine", "real_episodes", "other", "model_share"}
+    assert set(report["time_share"]) >= {
+        "model_train",
+        "model_rollouts",
+        "critic",
+        "refine",
+        "real_episodes",
+        "other",
+        "model_share",
+    }
     assert "real env steps" in result.stdout and "2000 of 2000" in result.stdout and "wall time" in result.stdout
 
 
@@ -279,8 +435,25 @@ def test_tiny_run_plot_and_tensorboard(tmp_path, state_dir):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     plot, tb = tmp_path / "curves.png", tmp_path / "tb"
-    result = runner.invoke(app, ["evolve", *TINY, "--budget", "24", "--seed", "1", "--workers", "1", "--plot", str(plot),
-                                 "--tensorboard", str(tb), "--json", str(tmp_path / "report.json")])
+    result = runner.invoke(
+        app,
+        [
+            "evolve",
+            *TINY,
+            "--budget",
+            "24",
+            "--seed",
+            "1",
+            "--workers",
+            "1",
+            "--plot",
+            str(plot),
+            "--tensorboard",
+            str(tb),
+            "--json",
+            str(tmp_path / "report.json"),
+        ],
+    )
     assert result.exit_code == 0, result.output
     report = json.loads((tmp_path / "report.json").read_text())
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and plot.stat().st_size > 10_000
@@ -289,7 +462,9 @@ def test_tiny_run_plot_and_tensorboard(tmp_path, state_dir):
     tags = set(accumulator.Tags()["scalars"])
     assert "world_model/world_model.Pendulum-v1/val_loss" in tags, tags
     assert {"verdict/world_model.Pendulum-v1/guard_action", "verdict/critic.Pendulum-v1/guard_action"} <= tags, tags
-    assert [e.step for e in accumulator.Scalars("evolve/best_return")] == [g["real_episodes"] for g in report["generations"]]  # x: real episodes
+    assert [e.step for e in accumulator.Scalars("evolve/best_return")] == [
+        g["real_episodes"] for g in report["generations"]
+    ]  # x: real episodes
     # the model's loss per generation it learned (the sink's evolve/wm_val_loss, from the evolve.generation event)
     trained = [(g["real_episodes"], g["wm_val_loss"]) for g in report["generations"] if g["wm_val_loss"] is not None]
     assert len(trained) >= 1 and "evolve/wm_val_loss" in tags, tags
@@ -309,12 +484,30 @@ def test_plot_and_tensorboard_paths_checked_before_the_run(tmp_path, state_dir):
 
 def test_any_gymnasium_id_with_policy_and_episode_steps(tmp_path, state_dir):
     out = tmp_path / "reacher.json"
-    args = ["evolve", *TINY, "--env", "Reacher-v5", "--policy", "mlp:16", "--episode-steps", "10", "--budget", "12", "--workers", "1",
-            "--json", str(out)]
+    args = [
+        "evolve",
+        *TINY,
+        "--env",
+        "Reacher-v5",
+        "--policy",
+        "mlp:16",
+        "--episode-steps",
+        "10",
+        "--budget",
+        "12",
+        "--workers",
+        "1",
+        "--json",
+        str(out),
+    ]
     result = runner.invoke(app, args)
     assert result.exit_code == 0, result.output
     report = json.loads(out.read_text())
-    assert report["env"] == "Reacher-v5" and report["config"]["policy"] == "mlp:16" and report["config"]["episode_steps"] == 10
+    assert (
+        report["env"] == "Reacher-v5"
+        and report["config"]["policy"] == "mlp:16"
+        and report["config"]["episode_steps"] == 10
+    )
     assert report["real_episodes"] == 12 and report["env_steps"] == 12 * 10  # Reacher only ends at the step limit
     assert report["target"] == -3.75  # the env spec's reward_threshold
     assert report["learners"]["world_model"]["agent"] == "world_model.Reacher-v5"
@@ -322,7 +515,9 @@ def test_any_gymnasium_id_with_policy_and_episode_steps(tmp_path, state_dir):
 
 def test_no_world_model_ablation_from_the_cli(tmp_path, state_dir):
     out = tmp_path / "ablation.json"
-    result = runner.invoke(app, ["evolve", *TINY, "--no-world-model", "--budget", "12", "--workers", "1", "--json", str(out)])
+    result = runner.invoke(
+        app, ["evolve", *TINY, "--no-world-model", "--budget", "12", "--workers", "1", "--json", str(out)]
+    )
     assert result.exit_code == 0, result.output
     report = json.loads(out.read_text())
     assert report["mode"] == "no_model" and set(report["learners"]) == {"critic"} and report["real_episodes"] == 12
@@ -335,18 +530,36 @@ def test_no_world_model_ablation_from_the_cli(tmp_path, state_dir):
 
 def test_no_critic_ablation_refines_through_the_model(tmp_path, state_dir):
     out = tmp_path / "ablation.json"
-    result = runner.invoke(app, ["evolve", *TINY, "--no-critic", "--refine-horizon", "2", "--budget", "12", "--workers", "1",
-                                 "--json", str(out)])
+    result = runner.invoke(
+        app,
+        [
+            "evolve",
+            *TINY,
+            "--no-critic",
+            "--refine-horizon",
+            "2",
+            "--budget",
+            "12",
+            "--workers",
+            "1",
+            "--json",
+            str(out),
+        ],
+    )
     assert result.exit_code == 0, result.output
     report = json.loads(out.read_text())
-    assert report["mode"] == "no_critic" and set(report["learners"]) == {"world_model"} and report["real_episodes"] == 12
+    assert (
+        report["mode"] == "no_critic" and set(report["learners"]) == {"world_model"} and report["real_episodes"] == 12
+    )
     assert all(g["critic_val_loss"] is None for g in report["generations"])
     assert report["generations"][1]["candidates"][0]["operator"].startswith("refined:")
 
 
 def test_cma_baseline_reports_same_keys(tmp_path, state_dir):
     out = tmp_path / "cma.json"
-    result = runner.invoke(app, ["evolve", *TINY, "--baseline", "cma", "--budget", "20", "--workers", "1", "--json", str(out)])
+    result = runner.invoke(
+        app, ["evolve", *TINY, "--baseline", "cma", "--budget", "20", "--workers", "1", "--json", str(out)]
+    )
     assert result.exit_code == 0, result.output
     report = json.loads(out.read_text())
     for key in REPORT_KEYS:
@@ -357,7 +570,6 @@ def test_cma_baseline_reports_same_keys(tmp_path, state_dir):
     assert {c["operator"] for g in report["generations"] for c in g["candidates"]} == {"cma"}
     assert report["stop_detail"].startswith("budget spent: 20 of 20") and "evolve: cma on Pendulum-v1" in result.stdout
     assert report["best_candidate"]["operator"] == "cma_mean" or report["train_return"] is not None
-
 
 
 def test_the_task_is_resolved_once_and_the_evaluator_made_by_the_one_factory(monkeypatch, state_dir):
@@ -395,6 +607,7 @@ def test_a_resolved_task_is_taken_as_it_is():
     with pytest.raises(TaskError, match=r"target=-1.0 \(the resolved task's is -300.0\); policy='mlp:4'"):
         replace(config, target=-1.0, policy="mlp:4").resolve(task)
 
+
 class InterruptOnSecondPopulation(Evaluator):
     def evaluate_many(self, jobs, **kw):
         self.populations = getattr(self, "populations", 0) + 1
@@ -426,7 +639,9 @@ def test_resume_via_the_cli_continues_the_run(monkeypatch, tmp_path, state_dir):
     assert refused.exit_code == 2, refused.output
     assert "refined=2 (the run has 4)" in " ".join(refused.output.split()) and "Traceback" not in refused.output
     too_small = runner.invoke(app, ["evolve", "--resume", run_id, "--budget", "5"], env={"COLUMNS": "300"})
-    assert too_small.exit_code == 2 and "already spent 6 real episodes" in " ".join(too_small.output.split()), too_small.output
+    assert too_small.exit_code == 2 and "already spent 6 real episodes" in " ".join(too_small.output.split()), (
+        too_small.output
+    )
     out = tmp_path / "resumed.json"
     result = runner.invoke(app, ["evolve", "--resume", run_id, "--budget", "18", "--json", str(out)])
     assert result.exit_code == 0, result.output
@@ -464,7 +679,11 @@ def test_seed_generation_timeout_is_one_clear_error(monkeypatch, state_dir):
     monkeypatch.setattr(evaluation, "Evaluator", FailingSeedEvaluator)
     result = runner.invoke(app, ["evolve", *TINY, "--budget", "40", "--workers", "1"])
     assert result.exit_code == 1, result.output
-    assert "did not finish within 60 s" in result.output and "generation(s)" in result.output and "safe in" in result.output
+    assert (
+        "did not finish within 60 s" in result.output
+        and "generation(s)" in result.output
+        and "safe in" in result.output
+    )
     assert "Traceback" not in result.output
 
 
@@ -479,7 +698,8 @@ from agents.evaluation import Evaluator
 class SlowEvaluator(Evaluator):
     def evaluate_many(self, jobs, **kw):
         print("evaluating", flush=True)
-        self.spec = dataclasses.replace(self.spec, env_factory=functools.partial(time.sleep, 3600))  # an hour to make the env
+        # an hour to make the env
+        self.spec = dataclasses.replace(self.spec, env_factory=functools.partial(time.sleep, 3600))
         return super().evaluate_many(jobs, **kw)
 
 
@@ -498,14 +718,20 @@ def test_sigterm_is_handled_like_ctrl_c(tmp_path, state_dir):
     import psutil
     from process_helpers import kill_all, read_line, still_alive, wait_until
 
-    from genesis_fp16 import telemetry
-    from genesis_fp16.settings import load_settings
+    from genesis_fp16.base import telemetry
+    from genesis_fp16.base.settings import load_settings
 
     root = Path(__file__).resolve().parents[1]
     stderr_path = tmp_path / "stderr.txt"
     with stderr_path.open("w") as stderr:
-        proc = subprocess.Popen([sys.executable, "-c", SLOW_EVOLVE], cwd=root, env=os.environ.copy(),
-                                stdout=subprocess.PIPE, stderr=stderr, text=True)
+        proc = subprocess.Popen(
+            [sys.executable, "-c", SLOW_EVOLVE],
+            cwd=root,
+            env=os.environ.copy(),
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+            text=True,
+        )
     family: list[psutil.Process] = []
     try:
         read_line(proc.stdout, 120, lambda line: line.startswith("evaluating"))
@@ -540,7 +766,8 @@ def test_list_tasks():
 
 @pytest.fixture
 def nan_task(monkeypatch):
-    """``--env NaNDrift``: a task plugin (named as its env: a resolved config names the task by its env id) whose env gives NaN rewards only."""
+    """``--env NaNDrift``: a task plugin (named as its env: a resolved config names the task by its env id) whose env
+    gives NaN rewards only."""
     import task_envs
 
     from agents.tasks import GROUP, Task, registry
@@ -557,7 +784,9 @@ def nan_task(monkeypatch):
 @pytest.mark.parametrize("mode", [["--no-world-model"], ["--baseline", "cma"], []])
 def test_a_run_whose_every_candidate_failed_says_so_and_exits_1(mode, nan_task, tmp_path, state_dir):
     out = tmp_path / "report.json"
-    result = runner.invoke(app, ["evolve", *TINY, "--env", "NaNDrift", *mode, "--budget", "16", "--workers", "1", "--json", str(out)])
+    result = runner.invoke(
+        app, ["evolve", *TINY, "--env", "NaNDrift", *mode, "--budget", "16", "--workers", "1", "--json", str(out)]
+    )
     assert result.exit_code == 1, result.output
     assert "Traceback" not in result.output
     report = json.loads(out.read_text())  # the report is written before the exit
@@ -569,7 +798,8 @@ def test_a_run_whose_every_candidate_failed_says_so_and_exits_1(mode, nan_task, 
 
 
 def _register_drift_task(monkeypatch, name: str, env_factory) -> None:
-    """``--env NAME``: a task plugin (the only one registered) of 2 training and 2 held-out start states on ``env_factory``."""
+    """``--env NAME``: a task plugin (the only one registered) of 2 training and 2 held-out start states on
+    ``env_factory``."""
     from agents.tasks import GROUP, Task, registry
 
     class EP:
@@ -580,7 +810,9 @@ def _register_drift_task(monkeypatch, name: str, env_factory) -> None:
     monkeypatch.setattr(registry, "entry_points", lambda group: [EP()] if group == GROUP else [])
 
 
-def test_a_reward_finite_in_float32_near_its_limit_costs_its_candidates_and_the_run_finishes(monkeypatch, tmp_path, state_dir):
+def test_a_reward_finite_in_float32_near_its_limit_costs_its_candidates_and_the_run_finishes(
+    monkeypatch, tmp_path, state_dir
+):
     """A reward of 1e38 (finite as float32) once overflowed the critic's float32
     statistics, and the run stopped (exit 2) after both learners rolled back.
     Now such a reward costs its candidate like NaN does, and the learners train
@@ -589,8 +821,23 @@ def test_a_reward_finite_in_float32_near_its_limit_costs_its_candidates_and_the_
 
     _register_drift_task(monkeypatch, "LargeRewardDrift", task_envs.large_reward_above_zero)
     out = tmp_path / "report.json"
-    result = runner.invoke(app, ["evolve", "--env", "LargeRewardDrift", *TINY, "--budget", "18", "--seed", "0", "--workers", "1",
-                                 "--json", str(out)])
+    result = runner.invoke(
+        app,
+        [
+            "evolve",
+            "--env",
+            "LargeRewardDrift",
+            *TINY,
+            "--budget",
+            "18",
+            "--seed",
+            "0",
+            "--workers",
+            "1",
+            "--json",
+            str(out),
+        ],
+    )
     assert result.exit_code == 0, result.output
     report = json.loads(out.read_text())
     failed = report["failed_candidates"]
@@ -609,14 +856,16 @@ def nan_obs_task(monkeypatch):
     _register_drift_task(monkeypatch, "NaNObsDrift", task_envs.nan_last_obs_above_zero)
 
 
-def test_a_candidate_whose_env_returns_a_nan_observation_costs_that_candidate_only(nan_obs_task, monkeypatch, tmp_path, state_dir):
+def test_a_candidate_whose_env_returns_a_nan_observation_costs_that_candidate_only(
+    nan_obs_task, monkeypatch, tmp_path, state_dir
+):
     """Before, its trajectory reached replay.sqlite and training stopped the run
     (exit 2), and --resume failed the same way. Now the candidate is charged,
     listed and logged, the run goes on, and a resumed run too."""
     import numpy as np
 
     from agents.runs import read_manifest
-    from genesis_fp16.telemetry import read_events
+    from genesis_fp16.base.telemetry import read_events
     from infrastructure.replay_buffer import ReplayBuffer
 
     original = se_darwin_agent.SEDarwinAgent
@@ -650,15 +899,23 @@ def test_a_candidate_whose_env_returns_a_nan_observation_costs_that_candidate_on
     report = json.loads(out.read_text())
     failed = report["failed_candidates"]
     assert report["resumed"] is True and report["real_episodes"] == 16 and report["stop_reason"] == "budget"
-    assert failed and all("returned a non-finite next_obs (next_obs[1] = nan) at step 4 of episode" in f["error"] for f in failed)
-    scored = [c for g in report["generations"] for c in g["candidates"] if isinstance(c["real_return"], float)]  # a failed one: "-inf"
+    assert failed and all(
+        "returned a non-finite next_obs (next_obs[1] = nan) at step 4 of episode" in f["error"] for f in failed
+    )
+    scored = [
+        c for g in report["generations"] for c in g["candidates"] if isinstance(c["real_return"], float)
+    ]  # a failed one: "-inf"
     assert scored  # the others were scored
-    assert any(isinstance(g["wm_val_loss"], float) for g in report["generations"])  # and the world model trained on their episodes
+    assert any(
+        isinstance(g["wm_val_loss"], float) for g in report["generations"]
+    )  # and the world model trained on their episodes
     logged = [e for e in read_events(state_dir / "events.jsonl") if e["event"] == "evolve.candidate_failed"]
     assert sorted(e["candidate"] for e in logged) == sorted(f["candidate"] for f in failed)
     assert all("next_obs" in e["error"] for e in logged)
     stored = ReplayBuffer(state_dir / "replay.sqlite").sample(f"se_darwin:{run_id}")
-    assert stored and all(np.isfinite(getattr(t, k)).all() for t in stored for k in ("obs", "action", "reward", "next_obs"))
+    assert stored and all(
+        np.isfinite(getattr(t, k)).all() for t in stored for k in ("obs", "action", "reward", "next_obs")
+    )
 
 
 @pytest.mark.parametrize("value", ["nan", "inf", "-inf"])
@@ -674,7 +931,9 @@ def test_after_a_run_rollout_status_lists_the_world_model_and_the_critic(tmp_pat
     monkeypatch.setenv("ENABLE_FP16_TRAINING", "true")
     for agent in ("world_model.Pendulum-v1", "critic.Pendulum-v1"):
         assert runner.invoke(app, ["rollout", "enable", agent, "--shadow"]).exit_code == 0
-    result = runner.invoke(app, ["evolve", *TINY, "--budget", "12", "--workers", "1", "--precision", "bf16", "--critic-precision", "bf16"])
+    result = runner.invoke(
+        app, ["evolve", *TINY, "--budget", "12", "--workers", "1", "--precision", "bf16", "--critic-precision", "bf16"]
+    )
     assert result.exit_code == 0, result.output
     status = runner.invoke(app, ["rollout", "status", "--json"])
     assert status.exit_code == 0, status.output

@@ -24,13 +24,24 @@ def custom_task(monkeypatch):
 
 
 async def test_custom_task_example_runs(custom_task, tmp_path):
-    tiny = dict(popsize=6, wm_steps=20, ensemble=2, refine_steps=4, critic_updates=0.2, model_rollouts=16, rollout_horizon=2, workers=1,
-                eval_timeout_s=60)
+    tiny = dict(
+        popsize=6,
+        wm_steps=20,
+        ensemble=2,
+        refine_steps=4,
+        critic_updates=0.2,
+        model_rollouts=16,
+        rollout_horizon=2,
+        workers=1,
+        eval_timeout_s=60,
+    )
     report = await custom_task.evolve(12, seed=0, state_dir=str(tmp_path), **tiny)
     assert report["env"] == "Thermostat-v0" and report["config"]["policy"] == "linear" and report["mode"] == "loop"
     assert 8 <= report["real_episodes"] <= 12 and report["env_steps"] > 0
     assert report["heldout_return"] is not None and report["heldout_episodes"] == 16
     first = report["generations"][0]
-    assert first["wm_val_loss"] is not None and first["critic_val_loss"] is not None  # the world model and the critic trained in the loop
+    assert (
+        first["wm_val_loss"] is not None and first["critic_val_loss"] is not None
+    )  # the world model and the critic trained in the loop
     assert first["rollouts"] is not None  # the critic learned from the model's short rollouts too
     assert custom_task.THERMOSTAT.resolve().learns_termination  # no termination function given: the done head learns it

@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from genesis_fp16.extras import MissingExtraError, require
+from genesis_fp16.base.extras import MissingExtraError, require
 
 
 def test_require_names_the_extra(monkeypatch):
@@ -79,7 +79,9 @@ print(len(names))
 
 def test_every_core_module_imports_without_the_extras(tmp_path):
     """The plugin package needs torch, pydantic, structlog and typer only."""
-    proc = subprocess.run([sys.executable, "-c", CORE_WITHOUT_EXTRAS], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-c", CORE_WITHOUT_EXTRAS], cwd=tmp_path, capture_output=True, text=True, timeout=120
+    )
     assert proc.returncode == 0, proc.stderr
     assert int(proc.stdout.split()[-1]) > 30  # every module, subpackages included
 

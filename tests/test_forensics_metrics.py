@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from genesis_fp16.forensics import metrics as M
+from genesis_fp16_tools.forensics import metrics as M
 
 
 def test_k3_on_two_point_distribution_matches_true_kl():
@@ -163,7 +163,7 @@ def test_failure_taxonomy():
 
 
 def test_nan_after_value_step_is_a_diverged_failure():
-    from genesis_fp16.forensics.metrics import classify_failure, stagnation_rate
+    from genesis_fp16_tools.forensics.metrics import classify_failure, stagnation_rate
 
     before = torch.tensor([1.0, 2.0, 3.0])
     after = torch.tensor([1.0, float("nan"), float("inf")])

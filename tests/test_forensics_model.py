@@ -7,10 +7,17 @@ import os
 import pytest
 import torch
 
-from genesis_fp16.checkpoint import CheckpointError
-from genesis_fp16.forensics import data
-from genesis_fp16.forensics.model import ScalarModel, TinyConfig, TinyLM, cast_copy
-from genesis_fp16.forensics.pretrain import PretrainSpec, assets_path, build_assets, ensure_assets, load_assets, reward_target
+from genesis_fp16.training.checkpoint import CheckpointError
+from genesis_fp16_tools.forensics import data
+from genesis_fp16_tools.forensics.model import ScalarModel, TinyConfig, TinyLM, cast_copy
+from genesis_fp16_tools.forensics.pretrain import (
+    PretrainSpec,
+    assets_path,
+    build_assets,
+    ensure_assets,
+    load_assets,
+    reward_target,
+)
 
 TINY = PretrainSpec(steps=20, finetune_steps=4, reward_samples=64)
 
@@ -82,10 +89,12 @@ def test_assets_learn_differ_and_round_trip(tmp_path):
     assert assets.meta["heldout_loss"] < 4.0  # uniform over 128 bytes would be ln 128 = 4.85
     assert assets.meta["reward_r2"] > 0.5
     with torch.no_grad():
-        diff = sum(float((p - q).abs().sum()) for p, q in zip(assets.policy.parameters(), assets.reference.parameters()))
+        diff = sum(
+            float((p - q).abs().sum()) for p, q in zip(assets.policy.parameters(), assets.reference.parameters())
+        )
     assert diff > 0, "policy must differ from the reference"
     path = assets_path(tmp_path, TINY)
-    from genesis_fp16.forensics.pretrain import save_assets
+    from genesis_fp16_tools.forensics.pretrain import save_assets
 
     save_assets(assets, path)
     loaded = load_assets(path)
@@ -125,7 +134,7 @@ def test_positions_up_to_512_are_fixed_sinusoids_not_weights():
 
 
 def test_cached_asset_with_another_model_config_is_rebuilt(state_dir):
-    from genesis_fp16.forensics import pretrain
+    from genesis_fp16_tools.forensics import pretrain
 
     small = TinyConfig(max_len=64)
     stale = build_assets(PretrainSpec(steps=2, finetune_steps=1, reward_samples=32), cfg=small)

@@ -7,11 +7,11 @@ import copy
 import pytest
 import torch
 
-from genesis_fp16.checkpoint import load_payload, save_payload
-from genesis_fp16.forensics.configs import CONFIGS, parse_configs
-from genesis_fp16.forensics.pretrain import PretrainSpec, build_assets
-from genesis_fp16.forensics.probe import Truth, generated_mask, ground_truth, probe
-from genesis_fp16.forensics.replay import freeze, load_trajectories, replay
+from genesis_fp16.training.checkpoint import load_payload, save_payload
+from genesis_fp16_tools.forensics.configs import CONFIGS, parse_configs
+from genesis_fp16_tools.forensics.pretrain import PretrainSpec, build_assets
+from genesis_fp16_tools.forensics.probe import Truth, generated_mask, ground_truth, probe
+from genesis_fp16_tools.forensics.replay import freeze, load_trajectories, replay
 
 TINY = PretrainSpec(steps=20, finetune_steps=4, reward_samples=64)
 
@@ -58,7 +58,9 @@ def test_ground_truth_refuses_policy_equal_reference(assets):
 
 
 def test_value_overflow_danger_in_fp16_at_large_returns(assets):
-    rows = probe(assets, [CONFIGS["fp16_pure"], CONFIGS["fp16_mixed"]], num_prompts=4, seq_lengths=(16,), return_scale=3e4)
+    rows = probe(
+        assets, [CONFIGS["fp16_pure"], CONFIGS["fp16_mixed"]], num_prompts=4, seq_lengths=(16,), return_scale=3e4
+    )
     assert rows[0]["failure"] == "value_overflow_danger"
     assert rows[1]["failure"] is None  # the FP32 value model has the headroom
 
@@ -86,7 +88,7 @@ def test_replay_refuses_reference_equal_policy(assets, tmp_path):
 
 @pytest.mark.parametrize("return_scale", [1000.0, 30000.0])
 def test_fp16_pure_value_step_moves_weights_by_the_learning_rate(assets, return_scale):
-    from genesis_fp16.forensics.probe import VALUE_LR, value_update
+    from genesis_fp16_tools.forensics.probe import VALUE_LR, value_update
 
     g = torch.Generator().manual_seed(3)
     seq_len = min(128, assets.reference.cfg.max_len)
@@ -146,7 +148,11 @@ def test_drift_is_reported_beside_its_rounding_floor(assets):
             assert r[f"{prefix}_rounding_floor"] >= 0
     assert by["fp32_baseline"]["accum_err_rounding_floor"] < 1e-5
     bf16, fp16 = by["bf16_pure"], by["fp16_pure"]
-    assert bf16["accum_err_rounding_floor"] > fp16["accum_err_rounding_floor"] > by["fp32_baseline"]["accum_err_rounding_floor"]
+    assert (
+        bf16["accum_err_rounding_floor"]
+        > fp16["accum_err_rounding_floor"]
+        > by["fp32_baseline"]["accum_err_rounding_floor"]
+    )
     # rounding exact logits is a floor: a whole BF16/FP16 model drifts at least about as much
     for r in (bf16, fp16):
         assert 0 < r["accum_err_rounding_floor"] < 1.5 * r["accum_err_final"]

@@ -7,10 +7,10 @@ import os
 
 import pytest
 
-from genesis_fp16.forensics.analyze import analyze
-from genesis_fp16.forensics.configs import CONFIGS, parse_configs
-from genesis_fp16.forensics.pretrain import PretrainSpec, build_assets
-from genesis_fp16.forensics.sweep import SweepArgs, run_one, sweep
+from genesis_fp16_tools.forensics.analyze import analyze
+from genesis_fp16_tools.forensics.configs import CONFIGS, parse_configs
+from genesis_fp16_tools.forensics.pretrain import PretrainSpec, build_assets
+from genesis_fp16_tools.forensics.sweep import SweepArgs, run_one, sweep
 
 TINY = PretrainSpec(steps=20, finetune_steps=4, reward_samples=64)
 ARGS = SweepArgs(max_steps=2, batch=4, gen_len=8)
@@ -97,7 +97,7 @@ def test_analyze_errors(tmp_path):
 
 
 def test_analyze_includes_probe_json(assets, tmp_path):
-    from genesis_fp16.forensics.probe import probe
+    from genesis_fp16_tools.forensics.probe import probe
 
     rows = probe(assets, parse_configs("fp32_baseline,bf16_pure"), num_prompts=3, seq_lengths=(16, 24))
     (tmp_path / "probe.json").write_text(json.dumps({"meta": {"command": "test"}, "rows": rows}))
@@ -109,19 +109,26 @@ def test_analyze_includes_probe_json(assets, tmp_path):
 
 
 def test_length_slopes_recover_a_known_power():
-    from genesis_fp16.forensics.analyze import length_slopes
+    from genesis_fp16_tools.forensics.analyze import length_slopes
 
-    rows = [{"config": "c", "seq_len": L, "accum_err_final": 0.01 * (L - 8) ** 0.5, "policy_accum_err_final": 0.02 * (L - 8)}
-            for L in (16, 32, 64)]
+    rows = [
+        {
+            "config": "c",
+            "seq_len": L,
+            "accum_err_final": 0.01 * (L - 8) ** 0.5,
+            "policy_accum_err_final": 0.02 * (L - 8),
+        }
+        for L in (16, 32, 64)
+    ]
     (row,) = length_slopes(rows)
     assert row["accum_err_slope_across_lengths"] == pytest.approx(0.5)
     assert row["policy_accum_err_slope_across_lengths"] == pytest.approx(1.0)
 
 
 def test_component_dtypes_speak_the_precision_vocabulary():
-    from genesis_fp16.forensics.configs import CONFIGS, DTYPES, ComponentPrecisions
-    from genesis_fp16.precision import MODES
-    from genesis_fp16.settings import PrecisionMode
+    from genesis_fp16_tools.forensics.configs import CONFIGS, DTYPES, ComponentPrecisions
+    from genesis_fp16.precision.modes import MODES
+    from genesis_fp16.base.settings import PrecisionMode
 
     for name in ("fp32", "bf16", "fp16"):
         assert DTYPES[name] == MODES[PrecisionMode(name)].compute_dtype
@@ -136,8 +143,11 @@ def test_value_lr_sweep_runs_each_lr_and_plots_stagnation_against_it(assets, tmp
     cfgs = parse_configs("fp32_baseline,bf16_pure")
     results = sweep(assets, cfgs, [0], tmp_path, ARGS, value_lrs=[1e-6, 1e-2])
     assert sorted(p.name for p in (tmp_path / "runs").glob("*.json")) == [
-        "bf16_pure__vlr0.01__seed0.json", "bf16_pure__vlr1e-06__seed0.json",
-        "fp32_baseline__vlr0.01__seed0.json", "fp32_baseline__vlr1e-06__seed0.json"]
+        "bf16_pure__vlr0.01__seed0.json",
+        "bf16_pure__vlr1e-06__seed0.json",
+        "fp32_baseline__vlr0.01__seed0.json",
+        "fp32_baseline__vlr1e-06__seed0.json",
+    ]
     stag = {(r["config"], r["args"]["value_lr"]): r["summary"]["value_stagnation_rate_mean"] for r in results}
     assert len(stag) == 4
     # an update below half a BF16 spacing of the values leaves them unchanged: more so at a small lr
@@ -156,24 +166,40 @@ def test_value_lr_sweep_runs_each_lr_and_plots_stagnation_against_it(assets, tmp
 
 
 def test_stagnation_leaves_out_value_steps_the_scaler_skipped():
-    from genesis_fp16.forensics.analyze import sweep_table
+    from genesis_fp16_tools.forensics.analyze import sweep_table
 
     # a skipped (overflowed) FP16 step leaves every value unchanged: that is
     # the scaler's skip, not rounding, and is counted apart
-    steps = [{"step": 0, "value_stagnation_rate": 0.1, "value_step_ok": True},
-             {"step": 1, "value_stagnation_rate": 1.0, "value_step_ok": False},
-             {"step": 2, "value_stagnation_rate": 0.3, "value_step_ok": True}]
-    summary = {"true_reward_first": 0.5, "true_reward_last": 0.6, "kl_fp64_last": 0.1, "kl_abs_err_mean": 0.0,
-               "value_quant_step_median": 0.5, "value_stagnation_rate_mean": 0.4667,
-               "policy_overflow_steps": 0, "value_overflow_steps": 1}
-    run = {"config": "fp16_pure", "args": {"value_lr": 1e-4}, "status": "completed", "failure": None, "summary": summary, "steps": steps}
+    steps = [
+        {"step": 0, "value_stagnation_rate": 0.1, "value_step_ok": True},
+        {"step": 1, "value_stagnation_rate": 1.0, "value_step_ok": False},
+        {"step": 2, "value_stagnation_rate": 0.3, "value_step_ok": True},
+    ]
+    summary = {
+        "true_reward_first": 0.5,
+        "true_reward_last": 0.6,
+        "kl_fp64_last": 0.1,
+        "kl_abs_err_mean": 0.0,
+        "value_quant_step_median": 0.5,
+        "value_stagnation_rate_mean": 0.4667,
+        "policy_overflow_steps": 0,
+        "value_overflow_steps": 1,
+    }
+    run = {
+        "config": "fp16_pure",
+        "args": {"value_lr": 1e-4},
+        "status": "completed",
+        "failure": None,
+        "summary": summary,
+        "steps": steps,
+    }
     row = sweep_table([run])[0]
     assert row["value_stagnation_rate_mean"] == pytest.approx(0.2)
     assert row["value_steps_skipped"] == 1
 
 
 def test_run_summary_stagnation_is_over_applied_value_steps(assets, monkeypatch):
-    from genesis_fp16.trainer import FP16Trainer
+    from genesis_fp16.training.trainer import FP16Trainer
 
     real = FP16Trainer.backward_and_step
 
@@ -185,4 +211,6 @@ def test_run_summary_stagnation_is_over_applied_value_steps(assets, monkeypatch)
     result = run_one(assets, CONFIGS["fp32_baseline"], seed=0, args=ARGS)
     assert all(s["value_step_ok"] is False for s in result["steps"])
     assert result["summary"]["value_steps_skipped"] == 2
-    assert result["summary"]["value_stagnation_rate_mean"] != result["summary"]["value_stagnation_rate_mean"]  # NaN: no applied step
+    assert (
+        result["summary"]["value_stagnation_rate_mean"] != result["summary"]["value_stagnation_rate_mean"]
+    )  # NaN: no applied step

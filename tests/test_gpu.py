@@ -76,9 +76,9 @@ def test_cuda_checkpoint_round_trip(tmp_path):
 
 
 def test_forensics_probe_runs_on_cuda():
-    from genesis_fp16.forensics.configs import parse_configs
-    from genesis_fp16.forensics.pretrain import PretrainSpec, build_assets
-    from genesis_fp16.forensics.probe import probe
+    from genesis_fp16_tools.forensics.configs import parse_configs
+    from genesis_fp16_tools.forensics.pretrain import PretrainSpec, build_assets
+    from genesis_fp16_tools.forensics.probe import probe
 
     assets = build_assets(PretrainSpec(steps=2, finetune_steps=1, reward_samples=32)).to("cuda")
     assert next(assets.policy.parameters()).device.type == "cuda"
@@ -89,9 +89,9 @@ def test_forensics_probe_runs_on_cuda():
 
 
 def test_forensics_sweep_step_runs_on_cuda():
-    from genesis_fp16.forensics.configs import parse_configs
-    from genesis_fp16.forensics.pretrain import PretrainSpec, build_assets
-    from genesis_fp16.forensics.sweep import SweepArgs, run_one
+    from genesis_fp16_tools.forensics.configs import parse_configs
+    from genesis_fp16_tools.forensics.pretrain import PretrainSpec, build_assets
+    from genesis_fp16_tools.forensics.sweep import SweepArgs, run_one
 
     assets = build_assets(PretrainSpec(steps=2, finetune_steps=1, reward_samples=32)).to("cuda")
     for cfg in parse_configs("fp16_pure,bf16_pure,fp32_baseline"):
@@ -100,13 +100,15 @@ def test_forensics_sweep_step_runs_on_cuda():
 
 
 def test_cuda_auto_measures_fp16_against_bf16_and_keeps_the_decision(monkeypatch, state_dir):
-    from genesis_fp16.autotune import PrecisionCache
-    from genesis_fp16.decision import Source
-    from genesis_fp16.guarded import UNGUARDED, GuardedTraining
+    from genesis_fp16.precision.measure import PrecisionCache
+    from genesis_fp16.precision.decision import Source
+    from genesis_fp16.training.guarded import UNGUARDED, GuardedTraining
 
     monkeypatch.setenv("GENESIS_FP16_AUTO_PRECISION", "measure")
     model = make("fp32").model
-    training = GuardedTraining("gpu", model, torch.optim.Adam(model.parameters(), 1e-3), guard=UNGUARDED, sample=(batch(), loss_fn))
+    training = GuardedTraining(
+        "gpu", model, torch.optim.Adam(model.parameters(), 1e-3), guard=UNGUARDED, sample=(batch(), loss_fn)
+    )
     decision = training.decision
     assert decision.source == Source.MEASURED and training.trainer.precision.name == decision.mode.value
     timed = set(decision.calibration.seconds)
@@ -143,13 +145,19 @@ def _synchronizing_calls(fn):
 @pytest.mark.parametrize("precision", ["fp32", "bf16", "fp16"])
 def test_a_cuda_window_trains_as_the_per_step_path_and_waits_on_the_gpu_far_less(precision):
     g = torch.Generator(device="cuda").manual_seed(0)
-    batches = [(torch.randn(32, 64, device="cuda", generator=g), torch.randn(32, 8, device="cuda", generator=g)) for _ in range(32)]
+    batches = [
+        (torch.randn(32, 64, device="cuda", generator=g), torch.randn(32, 8, device="cuda", generator=g))
+        for _ in range(32)
+    ]
     bad = {5, 6, 7, 20}
     a, b = _fused_pair(precision)
     per_step_fn, window_fn = _storm(bad), _storm(bad)  # NaN losses at those steps
-    taken, per_step_syncs = _synchronizing_calls(lambda: [a.backward_and_step(a.training_step(x, per_step_fn)) for x in batches])
+    taken, per_step_syncs = _synchronizing_calls(
+        lambda: [a.backward_and_step(a.training_step(x, per_step_fn)) for x in batches]
+    )
     windowed, window_syncs = _synchronizing_calls(
-        lambda: b.train_window(batches[:16], window_fn).stepped + b.train_window(batches[16:], window_fn).stepped)
+        lambda: b.train_window(batches[:16], window_fn).stepped + b.train_window(batches[16:], window_fn).stepped
+    )
     assert windowed == taken and taken.count(False) == len(bad)
     for name in ("training_steps", "skipped_steps", "nonfinite_losses", "overflow_steps"):
         assert getattr(a, name) == getattr(b, name), name

@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 import torch
 
-from genesis_fp16 import telemetry
-from genesis_fp16.guard import GuardDecision, RollbackGuard
-from genesis_fp16.registry import trainer_for
-from genesis_fp16.rollout import RolloutLedger
-from genesis_fp16.settings import load_settings
+from genesis_fp16.base import telemetry
+from genesis_fp16.rollout.guard import GuardDecision, RollbackGuard
+from genesis_fp16.training.registry import trainer_for
+from genesis_fp16.rollout.ledger import RolloutLedger
+from genesis_fp16.base.settings import load_settings
 from loss_faults import loss_fault
 
 
@@ -215,7 +215,9 @@ def _trajs(n=4, length=60, seed=0):
         act = rng.uniform(-1, 1, size=(length, 1)).astype(np.float32)
         nxt = obs * 0.9 + 0.1 * act
         rew = -(obs**2).sum(axis=1)
-        out.append(Trajectory(obs=obs, action=act, reward=rew, next_obs=nxt, done=np.zeros(length, bool), candidate=f"c{k}"))
+        out.append(
+            Trajectory(obs=obs, action=act, reward=rew, next_obs=nxt, done=np.zeros(length, bool), candidate=f"c{k}")
+        )
     return out
 
 
@@ -238,8 +240,9 @@ async def test_nan_storm_rolls_back_one_agent_only(state_dir, one_thread):
     for agent in ("wm_a", "wm_b"):
         ledger.enable(agent, actor="test")
         guard = RollbackGuard(agent, settings=settings, ledger=ledger)
-        models[agent] = infra.WorldModel(3, 1, buffer=buffer, agent=agent, guard=guard, settings=settings,
-                                         precision="bf16", batch_size=64)
+        models[agent] = infra.WorldModel(
+            3, 1, buffer=buffer, agent=agent, guard=guard, settings=settings, precision="bf16", batch_size=64
+        )
     a, b = models["wm_a"], models["wm_b"]
 
     first = await a.train(30)
@@ -256,8 +259,11 @@ async def test_nan_storm_rolls_back_one_agent_only(state_dir, one_thread):
     assert hit.rolled_back and hit.rollback_reason.startswith("P0")
     assert ledger.stage("wm_a") == "rolled_back"
     assert "non-finite loss streak" in ledger.history("wm_a")[-1]["reason"]
-    loaded = [e for e in telemetry.read_events(state_dir / "events.jsonl")
-              if e["event"] == "checkpoint.loaded" and e.get("trainer") == "wm_a"]
+    loaded = [
+        e
+        for e in telemetry.read_events(state_dir / "events.jsonl")
+        if e["event"] == "checkpoint.loaded" and e.get("trainer") == "wm_a"
+    ]
     assert loaded and loaded[-1]["path"] == str(good)  # the last good checkpoint was restored
 
     after = await a.train(30)  # the next train() runs in FP32 and finishes
@@ -297,11 +303,14 @@ def test_recover_builds_restores_once_and_watches_the_new_trainer(state_dir):
     settings = load_settings()
     rebuilt, restored = guard.recover(lambda: trainer_for("wm", trainer.model, trainer.optimizer, settings=settings))
     assert restored == state_dir / "good.pt" and guard.tripped is None and guard.trainer is rebuilt
-    assert rebuilt.precision.name == "fp32" and rebuilt.training_steps == 3  # the ledger's FP32, the checkpoint's counters
+    assert (
+        rebuilt.precision.name == "fp32" and rebuilt.training_steps == 3
+    )  # the ledger's FP32, the checkpoint's counters
     torch.testing.assert_close(rebuilt.model[0].weight, weights)
 
 
 # -- one noise-aware rule for the shadow; the windows and the canary's schedule in the ledger ----------
+
 
 def test_shadow_within_fp32_spread_is_not_rolled_back_a_confirmed_gap_is(state_dir):
     settings = load_settings()
@@ -312,7 +321,10 @@ def test_shadow_within_fp32_spread_is_not_rolled_back_a_confirmed_gap_is(state_d
     assert guard.check(trainer, val_loss=1.25, fp32_val_loss=1.0, reference="shadow").action == "none"  # one alarm
     assert ledger.stage("wm") == "shadow"
     decision = guard.check(trainer, val_loss=1.25, fp32_val_loss=1.0, reference="shadow")  # the second of the last 3
-    assert (decision.severity, decision.action) == ("P1", "rollback") and "confirmed by 2 of the last 3" in decision.reason
+    assert (decision.severity, decision.action) == (
+        "P1",
+        "rollback",
+    ) and "confirmed by 2 of the last 3" in decision.reason
     assert ledger.stage("wm") == "rolled_back" and ledger.guard_window("wm", "shadow") == []  # a rollback clears it
 
 
@@ -321,7 +333,9 @@ def _bf16_guard(agent="wm", **thresholds):
     settings = load_settings()
     ledger = RolloutLedger.from_settings(settings)
     model = torch.nn.Linear(2, 1)
-    trainer = trainer_for(agent, model, torch.optim.SGD(model.parameters(), lr=0.1), settings=settings, precision="bf16")
+    trainer = trainer_for(
+        agent, model, torch.optim.SGD(model.parameters(), lr=0.1), settings=settings, precision="bf16"
+    )
     guard = RollbackGuard(agent, settings=settings, ledger=ledger, thresholds=thresholds or None)
     guard.attach(trainer)
     return guard, trainer
@@ -366,7 +380,7 @@ def test_a_confirmation_begun_by_another_process_is_completed_here(state_dir):
 
     RolloutLedger.from_settings(load_settings()).enable("wm")
     code = (
-        "from genesis_fp16.guard import RollbackGuard\n"
+        "from genesis_fp16.rollout.guard import RollbackGuard\n"
         "g = RollbackGuard('wm')\n"
         "assert g.canary_due() is False\n"
         "print(g.check(val_loss=2.0, fp32_val_loss=1.0, reference='canary').action)\n"
@@ -393,8 +407,10 @@ def test_the_failure_window_restarts_at_a_rollback(state_dir, tmp_path):
     trainer.save_checkpoint(stormy)  # 3 of 4 steps failed: the counters a restored trainer starts from
     guard.record_good_checkpoint(stormy)
     settings = load_settings()
-    fresh, restored = guard.recover(lambda: trainer_for("wm", trainer.model, trainer.optimizer, settings=settings),
-                                    lambda t, path: t.load_checkpoint(path))
+    fresh, restored = guard.recover(
+        lambda: trainer_for("wm", trainer.model, trainer.optimizer, settings=settings),
+        lambda t, path: t.load_checkpoint(path),
+    )
     assert restored == stormy
     assert fresh.precision.name == "fp32" and fresh.skipped_steps == 3  # the counters came back with the checkpoint
     with capture_logs() as logs:

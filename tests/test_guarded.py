@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from genesis_fp16 import registry
-from genesis_fp16.guard import RollbackGuard
-from genesis_fp16.guarded import UNGUARDED, GuardedTraining
-from genesis_fp16.rollout import RolloutLedger
-from genesis_fp16.settings import load_settings
+from genesis_fp16.training import registry
+from genesis_fp16.rollout.guard import RollbackGuard
+from genesis_fp16.training.guarded import UNGUARDED, GuardedTraining
+from genesis_fp16.rollout.ledger import RolloutLedger
+from genesis_fp16.base.settings import load_settings
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -76,7 +76,14 @@ def test_rollback_plan_recipe_runs_as_written(state_dir, builds, monkeypatch):
     monkeypatch.setenv("GENESIS_FP16_PRECISION", "bf16")
     _rolled_out("my_agent")
     model, optimizer = _model_and_opt()
-    namespace = {"model": model, "optimizer": optimizer, "batches": _batches(), "loss_fn": _loss_fn, "v": 1.0, "v32": 1.0}
+    namespace = {
+        "model": model,
+        "optimizer": optimizer,
+        "batches": _batches(),
+        "loss_fn": _loss_fn,
+        "v": 1.0,
+        "v32": 1.0,
+    }
     exec(compile(_doc_recipe(), str(DOC), "exec"), namespace)
     run = namespace["run"]
     assert [t.precision.name for t in builds] == ["bf16", "fp32"]  # rebuilt exactly once
@@ -188,7 +195,7 @@ def test_the_ledger_is_read_again_only_when_it_changed(state_dir, monkeypatch):
     on disk its stage is not read again; a stage set from elsewhere (another
     process writing the ledger) still takes effect at the next call, and so
     does a new profile file."""
-    from genesis_fp16 import rollout
+    from genesis_fp16.rollout import ledger as rollout
 
     reads = []
     real = rollout.RolloutLedger.stage
@@ -205,7 +212,9 @@ def test_the_ledger_is_read_again_only_when_it_changed(state_dir, monkeypatch):
     first = run.trainer
     ledger.enable("wm", actor="test")  # as `genesis-fp16 rollout enable wm` from another process would
     run.begin_call()
-    assert len(reads) == before + 1 and run.policy.stage == "on" and run.trainer is not first  # rebuilt for the new stage
+    assert (
+        len(reads) == before + 1 and run.policy.stage == "on" and run.trainer is not first
+    )  # rebuilt for the new stage
     run.begin_call()
     assert len(reads) == before + 1
     (state_dir / "profiles.toml").write_text('[agents.wm]\nprecision = "fp16"\n')

@@ -19,12 +19,13 @@ import ast
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-PACKAGES = ("genesis_fp16", "agents", "infrastructure", "benchmarks")
+PACKAGES = ("genesis_fp16", "genesis_fp16_tools", "agents", "infrastructure", "benchmarks")
 
 # What each package must never import, at any level (DESIGN.md: arrows point down only).
 # Nothing installed imports `benchmarks`: an installed copy has no such package.
 FORBIDDEN = {
-    "genesis_fp16": ("agents", "infrastructure", "benchmarks"),
+    "genesis_fp16": ("agents", "infrastructure", "benchmarks", "genesis_fp16_tools"),
+    "genesis_fp16_tools": ("benchmarks",),
     "infrastructure": ("agents", "benchmarks"),
     "agents": ("benchmarks",),
 }
@@ -153,10 +154,15 @@ def test_every_import_is_an_edge_wherever_it_is_written(tmp_path: Path) -> None:
         "try:\n    from .sub import something\nexcept ImportError:\n    pass\n"
     )
     assert _parse(source, tmp_path, "pkg.x") == {"pkg.a", "pkg.sub.d", "pkg.c", "pkg.sub"}
-    assert _parse("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from . import b\n", tmp_path, "pkg.x") == {"pkg.b"}
+    assert _parse("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from . import b\n", tmp_path, "pkg.x") == {
+        "pkg.b"
+    }
     assert _parse("def f():\n    from . import b\n", tmp_path, "pkg.x") == {"pkg.b"}
     assert _parse("class K:\n    def m(self):\n        import pkg.c\n", tmp_path, "pkg.x") == {"pkg.c"}
-    assert _parse("async def f():\n    if True:\n        from .sub.d import g\n", tmp_path, "pkg.x") == {"pkg.sub.d", "pkg.sub"}
+    assert _parse("async def f():\n    if True:\n        from .sub.d import g\n", tmp_path, "pkg.x") == {
+        "pkg.sub.d",
+        "pkg.sub",
+    }
     assert _parse("from .. import a\n", tmp_path, "pkg.sub.d") == {"pkg.a"}
     assert _parse("def f():\n    from ..c import y\n", tmp_path, "pkg.sub.d") == {"pkg.c"}
     assert _parse("from pkg.sub.d import f\n", tmp_path, "pkg.a") == {"pkg.sub.d", "pkg.sub"}
@@ -170,38 +176,49 @@ def _tree(root: Path, files: dict[str, str]) -> dict[str, Path]:
 
 
 def test_a_circle_through_a_function_level_import_is_found(tmp_path: Path) -> None:
-    modules = _tree(tmp_path, {
-        "agents/__init__.py": "",
-        "agents/a.py": "from .b import B\n",
-        "agents/b.py": "B = 1\ndef make():\n    from .a import A\n",
-        "agents/c.py": "from . import a, b\n",
-    })
+    modules = _tree(
+        tmp_path,
+        {
+            "agents/__init__.py": "",
+            "agents/a.py": "from .b import B\n",
+            "agents/b.py": "B = 1\ndef make():\n    from .a import A\n",
+            "agents/c.py": "from . import a, b\n",
+        },
+    )
     assert cycles(import_graph(modules)) == [["agents.a", "agents.b"]]
 
 
 def test_the_layer_rule_sees_imports_at_any_level(tmp_path: Path) -> None:
-    modules = _tree(tmp_path, {
-        "genesis_fp16/__init__.py": "",
-        "genesis_fp16/ok.py": "import json\nfrom . import util\nfrom genesis_fp16 import settings\n",
-        "genesis_fp16/late.py": "def f():\n    from agents.tasks import Task\n",
-        "genesis_fp16/sub/deep.py": "class K:\n    def m(self):\n        from ...infrastructure import dynamics\n",
-        "infrastructure/store.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import agents\nimport genesis_fp16\n",
-        "agents/loop.py": "import infrastructure.store\nimport genesis_fp16.ok\n",
-        "agents/yardstick.py": "def f():\n    from benchmarks.baselines import run_ars\n",
-        "benchmarks/baselines/ars.py": "from agents.tasks import Task\nimport infrastructure.store\nimport genesis_fp16.ok\n",
-    })
+    modules = _tree(
+        tmp_path,
+        {
+            "genesis_fp16/__init__.py": "",
+            "genesis_fp16/ok.py": "import json\nfrom . import util\nfrom genesis_fp16 import settings\n",
+            "genesis_fp16/late.py": "def f():\n    from agents.tasks import Task\n",
+            "genesis_fp16/sub/deep.py": "class K:\n    def m(self):\n        from ...infrastructure import dynamics\n",
+            "infrastructure/store.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import "
+            "agents\nimport genesis_fp16\n",
+            "agents/loop.py": "import infrastructure.store\nimport genesis_fp16.ok\n",
+            "agents/yardstick.py": "def f():\n    from benchmarks.baselines import run_ars\n",
+            "benchmarks/baselines/ars.py": "from agents.tasks import Task\nimport infrastructure.store\nimport "
+            "genesis_fp16.ok\n",
+        },
+    )
     assert layer_violations(modules) == [
-        "agents.yardstick -> benchmarks", "agents.yardstick -> benchmarks.baselines",
-        "genesis_fp16.late -> agents", "genesis_fp16.late -> agents.tasks", "genesis_fp16.sub.deep -> infrastructure",
+        "agents.yardstick -> benchmarks",
+        "agents.yardstick -> benchmarks.baselines",
+        "genesis_fp16.late -> agents",
+        "genesis_fp16.late -> agents.tasks",
+        "genesis_fp16.sub.deep -> infrastructure",
         "infrastructure.store -> agents",
     ]
 
 
 def test_the_graph_covers_every_package() -> None:
     graph = import_graph(_modules())
-    assert {"genesis_fp16.trainer", "agents.se_darwin_agent", "infrastructure.world_model"} <= set(graph)
+    assert {"genesis_fp16.training.trainer", "agents.se_darwin_agent", "infrastructure.world_model"} <= set(graph)
     assert "benchmarks.baselines.cma_tuned" in graph and "agents.evaluation" in graph["benchmarks.baselines.cma_tuned"]
-    assert "genesis_fp16.settings" in graph["genesis_fp16.trainer"]
+    assert "genesis_fp16.precision.bare" in graph["genesis_fp16.training.trainer"]
     # a function-level import is an edge: the loop builds its world model on demand
     assert "infrastructure.world_model" in graph["agents.se_darwin_agent"]
 
@@ -226,7 +243,7 @@ def test_registry_and_distributed_never_import_each_other() -> None:
     """The registry names the distributed factories as "module:attr" strings,
     and the distributed package needs no registry."""
     graph = import_graph(_modules())
-    assert not {m for m in graph["genesis_fp16.registry"] if m.startswith("genesis_fp16.distributed")}
+    assert not {m for m in graph["genesis_fp16.training.registry"] if m.startswith("genesis_fp16.distributed")}
     for name, imported in graph.items():
         if name.startswith("genesis_fp16.distributed"):
-            assert "genesis_fp16.registry" not in imported, name
+            assert "genesis_fp16.training.registry" not in imported, name

@@ -7,7 +7,8 @@ from __future__ import annotations
 import importlib
 
 import genesis_fp16
-from genesis_fp16 import distributed, registry
+from genesis_fp16 import distributed
+from genesis_fp16.training import registry
 
 
 def test_fp16_trainer_path_gives_the_plugins_classes() -> None:
@@ -23,7 +24,13 @@ def test_fp16_trainer_path_gives_the_plugins_classes() -> None:
 
 
 def test_fp16_trainer_extended_path_gives_the_distributed_trainers_and_the_registry() -> None:
-    from infrastructure.training.fp16_trainer_extended import DDPTrainer, FSDPTrainer, available, create_trainer, trainer_for
+    from infrastructure.training.fp16_trainer_extended import (
+        DDPTrainer,
+        FSDPTrainer,
+        available,
+        create_trainer,
+        trainer_for,
+    )
 
     assert DDPTrainer is distributed.DDPTrainer and FSDPTrainer is distributed.FSDPTrainer
     assert create_trainer is registry.create_trainer and trainer_for is registry.trainer_for

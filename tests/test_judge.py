@@ -9,12 +9,18 @@ import math
 
 import pytest
 
-from genesis_fp16.judge import Action, Reference, action_for, confirm, judge, judge_gap, judge_policy_canary
-from genesis_fp16.profiles import GuardThresholds
-from genesis_fp16.rollout import Severity
+from genesis_fp16.rollout.judge import Action, Reference, action_for, confirm, judge, judge_gap, judge_policy_canary
+from genesis_fp16.rollout.profiles import GuardThresholds
+from genesis_fp16.rollout.ledger import Severity
 
 TH = GuardThresholds()
-HEALTHY = {"training_steps": 50, "overflow_rate": 0.0, "failed_step_rate": 0.0, "current_scale": 1.0, "precision": "bf16"}
+HEALTHY = {
+    "training_steps": 50,
+    "overflow_rate": 0.0,
+    "failed_step_rate": 0.0,
+    "current_scale": 1.0,
+    "precision": "bf16",
+}
 
 
 def test_tiny_losses_within_fp32_spread_do_not_roll_a_shadow_back():
@@ -76,12 +82,17 @@ def test_rates_from_statistics_alone():
     assert judge(storm, TH).severity == Severity.P1
     warn = dict(HEALTHY, overflow_rate=0.2, current_scale=1024.0, init_scale=65536.0, growth_interval=2000)
     verdict = judge(warn, TH)
-    assert verdict.severity == Severity.P2 and verdict.recommendation["changes"] == {"init_scale": 1024.0, "growth_interval": 4000}
+    assert verdict.severity == Severity.P2 and verdict.recommendation["changes"] == {
+        "init_scale": 1024.0,
+        "growth_interval": 4000,
+    }
     assert judge(dict(warn, training_steps=5), TH).findings == ()  # under min_steps
     failing = judge(dict(HEALTHY, failed_step_rate=0.6, overflow_rate=0.6), TH)
     assert failing.severity == Severity.P0 and failing.restore_checkpoint and "steps failed" in failing.reason
     assert judge(HEALTHY, TH, throughput_ratio=0.5).recommendation == {
-        "changes": {"precision": "fp32"}, "reason": "reduced precision is slower than FP32 here"}
+        "changes": {"precision": "fp32"},
+        "reason": "reduced precision is slower than FP32 here",
+    }
 
 
 def test_actions_and_policy_canary():
@@ -91,4 +102,6 @@ def test_actions_and_policy_canary():
     gap = {"kl": 0.5, "max_logp_delta": 0.1, "max_value_delta": math.nan}
     assert judge_policy_canary(gap, TH).findings == ()
     verdict = judge_policy_canary(gap, TH, window=(True,))
-    assert verdict.severity == Severity.P1 and "kl 0.5 (> 0.1)" in verdict.reason and "max_value_delta" in verdict.reason
+    assert (
+        verdict.severity == Severity.P1 and "kl 0.5 (> 0.1)" in verdict.reason and "max_value_delta" in verdict.reason
+    )

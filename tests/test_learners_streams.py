@@ -17,7 +17,7 @@ from agents.evolve_config import EvolveConfig
 from agents.learners import EXPLORATION_NOISE, Learners
 from agents.search_space import ObsStats
 from agents.tasks import get_task
-from genesis_fp16.seeds import stream_seed, torch_generator
+from genesis_fp16.base.seeds import stream_seed, torch_generator
 from infrastructure.trajectory import Trajectory
 from infrastructure.transitions import Transitions
 
@@ -52,11 +52,17 @@ def _learners() -> Learners:
     rng = np.random.default_rng(0)  # the test's data, not a stream of the project
     obs = rng.normal(size=(40, TASK.policy.obs_dim)).astype(np.float32)
     action = rng.uniform(-2, 2, size=(40, TASK.policy.act_dim))
-    trajectory = Trajectory(obs=obs, action=action, reward=rng.normal(size=40), next_obs=obs + 0.1,
-                            done=np.zeros(40, dtype=bool))
+    trajectory = Trajectory(
+        obs=obs, action=action, reward=rng.normal(size=40), next_obs=obs + 0.1, done=np.zeros(40, dtype=bool)
+    )
     cfg = EvolveConfig(seed=SEED, model_rollouts=ROLLOUTS, rollout_horizon=2, actor_rounds=0, workers=1)
-    fakes: dict[str, Any] = {"settings": None, "buffer": _Buffer(trajectory), "state": SimpleNamespace(time=_Time()),
-                             "world_model": _Learner(), "critic": _Learner()}
+    fakes: dict[str, Any] = {
+        "settings": None,
+        "buffer": _Buffer(trajectory),
+        "state": SimpleNamespace(time=_Time()),
+        "world_model": _Learner(),
+        "critic": _Learner(),
+    }
     return Learners(cfg, TASK, data_agent="data", run_id="run", **fakes)
 
 
@@ -69,8 +75,9 @@ async def test_rows_exploration_and_model_env_draw_from_three_streams(monkeypatc
         streams.append((stream, index))
         return torch_generator(seed, stream, *index)
 
-    def fake_rollouts(_model: Any, policy: Any, start: torch.Tensor, _horizon: int,
-                      **kw: Any) -> tuple[Transitions, dict]:
+    def fake_rollouts(
+        _model: Any, policy: Any, start: torch.Tensor, _horizon: int, **kw: Any
+    ) -> tuple[Transitions, dict]:
         first, again = policy(start), policy(start)  # two steps' noise: the exploration stream goes on
         rollouts.append({"start": start.clone(), "seed": kw["seed"], "actions": (first, again)})
         n = len(start)
@@ -83,11 +90,18 @@ async def test_rows_exploration_and_model_env_draw_from_three_streams(monkeypatc
     z = np.zeros(TASK.n_params)
     for generation in (4, 5):
         await learners.learn(z, space, generation, new_steps=10)
-    assert streams == [("learners.rows", (4,)), ("learners.exploration", (4,)),
-                       ("learners.rows", (5,)), ("learners.exploration", (5,))]
+    assert streams == [
+        ("learners.rows", (4,)),
+        ("learners.exploration", (4,)),
+        ("learners.rows", (5,)),
+        ("learners.exploration", (5,)),
+    ]
     assert [r["seed"] for r in rollouts] == [stream_seed(SEED, "learners.model_env", g) for g in (4, 5)]
-    seeds = {stream_seed(SEED, name, g) for name in ("learners.rows", "learners.exploration", "learners.model_env")
-             for g in (4, 5)}
+    seeds = {
+        stream_seed(SEED, name, g)
+        for name in ("learners.rows", "learners.exploration", "learners.model_env")
+        for g in (4, 5)
+    }
     assert len(seeds) == 6  # three uses, two generations: six unrelated streams
 
     # what was drawn: the replay rows from the rows stream, the noise from the exploration stream

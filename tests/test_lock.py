@@ -82,7 +82,9 @@ def test_every_dev_requirement_is_pinned_within_its_range():
 def test_the_lock_asks_for_nothing_pyproject_dropped():
     wanted = {canonicalize_name(r.name) for r in _dev_requirements()}
     stale = sorted(_direct_in_lock() - wanted)
-    assert stale == [], f"the lock lists {stale} as asked for by pyproject.toml, which no longer does; run scripts/lock_dev.sh"
+    assert stale == [], (
+        f"the lock lists {stale} as asked for by pyproject.toml, which no longer does; run scripts/lock_dev.sh"
+    )
 
 
 def test_the_project_itself_and_local_builds_are_not_pinned():
@@ -92,7 +94,10 @@ def test_the_project_itself_and_local_builds_are_not_pinned():
 
 
 def test_readme_and_ci_install_from_the_lock():
-    command = 'python3 -m venv .venv && .venv/bin/pip install -c requirements/dev.txt -e ".[dev]" && .venv/bin/python -m pytest'
+    command = (
+        'python3 -m venv .venv && .venv/bin/pip install -c requirements/dev.txt -e ".[dev]" && .venv/bin/python -m '
+        "pytest"
+    )
     assert command in (REPO / "README.md").read_text()
     assert command in (REPO / ".ci" / "run").read_text()
 
@@ -107,4 +112,6 @@ def test_this_environment_is_what_the_lock_pins():
             continue
         if Version(installed.base_version) != Version(pinned.base_version) or installed.pre != pinned.pre:
             drift.append(f"{name} {installed} (lock {pinned})")
-    assert drift == [], f"installed packages differ from requirements/dev.txt: {drift}; reinstall with the README's test command"
+    assert drift == [], (
+        f"installed packages differ from requirements/dev.txt: {drift}; reinstall with the README's test command"
+    )

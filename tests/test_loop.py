@@ -21,7 +21,7 @@ from agents.se_darwin_agent import SEDarwinAgent
 from agents.tasks import get_task
 from agents.evaluation import Evaluation
 from agents.verify import start_order
-from genesis_fp16.settings import load_settings
+from genesis_fp16.base.settings import load_settings
 from loop_fakes import FakeEvaluator
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -73,8 +73,10 @@ def test_replay_with_extras_over_ten_generations_is_the_live_search():
         search = CMASearch(rng.normal(size=12), 0.5, seed=trial)
         for g in range(10):
             xs = search.ask()
-            extras = [(search.mean + rng.normal(size=12) * rng.choice([0.01, 1.0, 10.0]), float(rng.normal(-10.0, 10.0)))
-                      for _ in range(int(rng.integers(0, 3)))]
+            extras = [
+                (search.mean + rng.normal(size=12) * rng.choice([0.01, 1.0, 10.0]), float(rng.normal(-10.0, 10.0)))
+                for _ in range(int(rng.integers(0, 3)))
+            ]
             search.tell(list(-np.sum(xs**2, axis=1)), extras)
         again = CMASearch.replay(json.loads(json.dumps(search.record())))
         np.testing.assert_array_equal(again.mean, search.mean, err_msg=f"trial {trial}")
@@ -118,8 +120,20 @@ def test_refinement_climbs_a_known_quadratic():
     assert len(zs) == len(snapshots)
     policy = ZPolicy(space)
     with torch.no_grad():
-        js = [float(objective(torch.tensor(z[None], dtype=torch.float32), states, policy, value=value, model=None, horizon=0, gamma=0.99)[0])
-              for z in [z0, *zs]]
+        js = [
+            float(
+                objective(
+                    torch.tensor(z[None], dtype=torch.float32),
+                    states,
+                    policy,
+                    value=value,
+                    model=None,
+                    horizon=0,
+                    gamma=0.99,
+                )[0]
+            )
+            for z in [z0, *zs]
+        ]
     assert all(b > a for a, b in zip(js, js[1:])), js  # monotone along the ascent
     assert js[-1] > 0.2 * js[0]  # most of the gap closed
     again = refine(z0, states, space, value=value, snapshots=snapshots, lr=0.01, seed=2)
@@ -144,8 +158,17 @@ class RecordingEvaluator(FakeEvaluator):
 
 async def test_the_floor_is_plain_cma_es(state_dir):
     seed, popsize, sigma0, gens = 4, 6, 0.5, 5
-    cfg = EvolveConfig(budget=popsize * gens, target=-1.0, seed=seed, popsize=popsize, sigma0=sigma0, refined=0, use_critic=False,
-                       use_world_model=False, workers=1)
+    cfg = EvolveConfig(
+        budget=popsize * gens,
+        target=-1.0,
+        seed=seed,
+        popsize=popsize,
+        sigma0=sigma0,
+        refined=0,
+        use_critic=False,
+        use_world_model=False,
+        workers=1,
+    )
     evaluator = RecordingEvaluator(TASK)
     agent = SEDarwinAgent(cfg, settings=load_settings(), evaluator=evaluator)
     report = await agent.evolve()
@@ -154,7 +177,10 @@ async def test_the_floor_is_plain_cma_es(state_dir):
     # by hand: CMA-ES from zeros in normalised coordinates, one episode per candidate on order[c mod n]
     starts = agent.starts.train
     order = start_order(len(starts), seed)
-    search, stats = CMASearch(np.zeros(TASK.n_params), sigma0, seed=seed, popsize=popsize), ObsStats(TASK.policy.obs_dim)
+    search, stats = (
+        CMASearch(np.zeros(TASK.n_params), sigma0, seed=seed, popsize=popsize),
+        ObsStats(TASK.policy.obs_dim),
+    )
     scale = np.asarray(TASK.policy.obs_scale, dtype=np.float64)
     expected, c = [], 0
     for _ in range(gens):
@@ -174,8 +200,13 @@ async def test_the_floor_is_plain_cma_es(state_dir):
     assert len(agent.pool) == len(expected) == popsize * gens
     for cand, (params, state) in zip(agent.pool, expected):
         np.testing.assert_allclose(cand.params, params, rtol=0, atol=1e-12)
-        assert cand.operator == "cma" and cand.real_episodes == 1 and cand.starts == [order[agent.pool.index(cand) % len(starts)]]
-    # the episodes the loop ran: the same candidates on the same start states (then the CMA-ES mean, the held-out states)
+        assert (
+            cand.operator == "cma"
+            and cand.real_episodes == 1
+            and cand.starts == [order[agent.pool.index(cand) % len(starts)]]
+        )
+    # the episodes the loop ran: the same candidates on the same start states (then the CMA-ES mean, the held-out
+    # states)
     for (params, state), (run_params, run_state) in zip(expected, evaluator.runs):
         np.testing.assert_allclose(run_params, params, rtol=0, atol=1e-12)
         np.testing.assert_array_equal(run_state, state)
@@ -188,19 +219,41 @@ def tiny_critic():
     from infrastructure.critic import Critic
 
     spec = TASK.policy
-    return Critic(spec.obs_dim, spec.act_dim, action_low=spec.action_low, action_high=spec.action_high, agent="critic.Pendulum-v1",
-                  settings=load_settings(), precision="fp32", hidden=16, layers=1, batch_size=32, seed=0)
+    return Critic(
+        spec.obs_dim,
+        spec.act_dim,
+        action_low=spec.action_low,
+        action_high=spec.action_high,
+        agent="critic.Pendulum-v1",
+        settings=load_settings(),
+        precision="fp32",
+        hidden=16,
+        layers=1,
+        batch_size=32,
+        seed=0,
+    )
 
 
 def critic_config(**kw) -> EvolveConfig:
-    base = dict(budget=24, target=-1.0, popsize=6, refined=2, use_world_model=False, refine_steps=8, critic_updates=0.05, workers=1)
+    base = dict(
+        budget=24,
+        target=-1.0,
+        popsize=6,
+        refined=2,
+        use_world_model=False,
+        refine_steps=8,
+        critic_updates=0.05,
+        workers=1,
+    )
     return EvolveConfig(**{**base, **kw})
 
 
 async def test_refined_copies_run_beside_the_population_and_join_it_only_when_they_win(state_dir):
     from agents.learners import refined_count
 
-    agent = SEDarwinAgent(critic_config(budget=40), settings=load_settings(), evaluator=FakeEvaluator(TASK), critic=tiny_critic())
+    agent = SEDarwinAgent(
+        critic_config(budget=40), settings=load_settings(), evaluator=FakeEvaluator(TASK), critic=tiny_critic()
+    )
     refined_out: list[list[np.ndarray]] = []
     inner = agent.learners.refine
 
@@ -215,7 +268,9 @@ async def test_refined_copies_run_beside_the_population_and_join_it_only_when_th
     told_gens = agent.search.generations  # the last population, cut by the budget, is not told
     assert len(gens) >= 4 and told_gens in (len(gens), len(gens) - 1) and agent.search.popsize == 6
     assert [c["operator"] for c in gens[0]["candidates"]] == ["cma"] * 6  # no data, no critic yet: nothing refined
-    assert [c["operator"] for c in gens[1]["candidates"]] == ["refined:actor", "refined:mean:8"] + ["cma"] * 6  # extras first
+    assert [c["operator"] for c in gens[1]["candidates"]] == ["refined:actor", "refined:mean:8"] + [
+        "cma"
+    ] * 6  # extras first
     for g in range(1, told_gens):
         cands, told = gens[g]["candidates"], agent.search.told[g]
         extras = [c for c in cands if c["operator"] != "cma"]
@@ -225,7 +280,8 @@ async def test_refined_copies_run_beside_the_population_and_join_it_only_when_th
         parents_bar = sorted(own, reverse=True)[2]
         for c in extras:  # an extra joins when it ranks among CMA-ES's parents (and, here, each such one does)
             assert c["joined"] == (c["real_return"] >= parents_bar)
-        # what pycma was told: the own samples' returns, the joined extras' in the worst ones' places (minimised: negated)
+        # what pycma was told: the own samples' returns, the joined extras' in the worst ones' places (minimised:
+        # negated)
         expected = sorted([-r for r in own])
         joined = sorted(-c["real_return"] for c in extras if c["joined"])
         assert sorted(told["f"]) == sorted(expected[: 6 - len(joined)] + joined)
@@ -235,7 +291,17 @@ async def test_refined_copies_run_beside_the_population_and_join_it_only_when_th
 
 
 # -- (f) same seed, same report with the critic on ------------------------------------------------
-RUN_SPECIFIC = ("run_id", "run_manifest", "replay_db", "wall_s", "elapsed_s", "wm_wall_s", "critic_wall_s", "time_share", "time")
+RUN_SPECIFIC = (
+    "run_id",
+    "run_manifest",
+    "replay_db",
+    "wall_s",
+    "elapsed_s",
+    "wm_wall_s",
+    "critic_wall_s",
+    "time_share",
+    "time",
+)
 
 
 def _comparable(report: dict) -> dict:
@@ -247,7 +313,9 @@ def _comparable(report: dict) -> dict:
 async def test_same_seed_same_report_with_the_critic(state_dir):
     reports = []
     for _ in range(2):
-        agent = SEDarwinAgent(critic_config(seed=7), settings=load_settings(), evaluator=FakeEvaluator(TASK))  # the loop's own critic
+        agent = SEDarwinAgent(
+            critic_config(seed=7), settings=load_settings(), evaluator=FakeEvaluator(TASK)
+        )  # the loop's own critic
         reports.append(await agent.evolve())
     first, second = reports
     assert first["run_id"] != second["run_id"]
@@ -257,7 +325,8 @@ async def test_same_seed_same_report_with_the_critic(state_dir):
 
 
 def test_docs_options_table_is_made_from_the_config():
-    """docs/EVOLUTION.md's options table is `options_table()`: one row per EvolveConfig field, its default and docstring."""
+    """docs/EVOLUTION.md's options table is `options_table()`: one row per EvolveConfig field, its default and
+    docstring."""
     from pathlib import Path
 
     from agents.evolve_config import options_table
@@ -265,22 +334,34 @@ def test_docs_options_table_is_made_from_the_config():
     table = options_table()
     doc = (Path(__file__).resolve().parent.parent / "docs" / "EVOLUTION.md").read_text(encoding="utf-8")
     assert table in doc, "docs/EVOLUTION.md's options table is stale: paste agents.evolve_config.options_table() there"
-    assert "| `actor_rounds` | `--actor-rounds` | `8` |" in table and "| `use_critic` | `--critic` / `--no-critic` | `True` |" in table
+    assert (
+        "| `actor_rounds` | `--actor-rounds` | `8` |" in table
+        and "| `use_critic` | `--critic` / `--no-critic` | `True` |" in table
+    )
 
 
 def test_the_refined_extras_follow_how_often_they_beat_the_population_and_fall_to_none():
     from agents.learners import FIRST_EXTRAS, refined_count
 
     def record(extras, cma_best=-2.0):  # the extras' returns; the population's best one-episode return
-        return {"cma_best": cma_best, "candidates": [{"operator": "refined:mean:8", "real_return": r, "joined": True} for r in extras]
-                + [{"operator": "cma", "real_return": cma_best, "joined": None}]}
+        return {
+            "cma_best": cma_best,
+            "candidates": [{"operator": "refined:mean:8", "real_return": r, "joined": True} for r in extras]
+            + [{"operator": "cma", "real_return": cma_best, "joined": None}],
+        }
 
     plain, losing, winning = record([]), record([-5.0, -3.0]), record([-1.0, -9.0])
     assert refined_count([], 4) == FIRST_EXTRAS == 2 and refined_count([plain] * 5, 4) == 2  # none judged yet
     assert refined_count([], 1) == 1 and refined_count([winning], 0) == 0
-    assert refined_count([losing], 4) == 0 and refined_count([losing, plain, plain], 4) == 0  # lost within the window: none
+    assert (
+        refined_count([losing], 4) == 0 and refined_count([losing, plain, plain], 4) == 0
+    )  # lost within the window: none
     assert refined_count([losing, plain, plain, plain], 4) == 1  # none ran for a whole window: a probe of one
-    assert refined_count([winning], 4) == 2 and refined_count([winning, winning], 4) == 4 and refined_count([winning] * 3, 3) == 3
+    assert (
+        refined_count([winning], 4) == 2
+        and refined_count([winning, winning], 4) == 4
+        and refined_count([winning] * 3, 3) == 3
+    )
     assert refined_count([winning, plain, plain, plain], 4) == 1  # the win left the window
     # joining CMA-ES's update (ranking among its parents) is not winning: only beating the population's best is
     assert refined_count([record([-2.5, -2.0])], 4) == 0 and refined_count([record([-1.0], cma_best=None)], 4) == 0
@@ -311,9 +392,8 @@ def test_an_extra_that_wins_joins_as_a_direction_no_longer_than_the_longest_samp
     worst = np.argsort(scores)[:2]  # the two worst samples' places
     assert search.told[-1]["extras"] == 2 and not np.array_equal(told[worst], x[worst])
     norms = np.linalg.norm(x, axis=1)
-    # identity covariance at the start: about the Euclidean length (pycma's metric rounds differently), far below the 224 asked
+    # identity covariance at the start: about the Euclidean length (pycma's metric rounds differently), far below the
+    # 224 asked
     assert np.linalg.norm(told[worst[0]]) == pytest.approx(norms.max(), rel=1e-4)
     replayed = CMASearch.replay(search.record())
     assert np.array_equal(replayed.mean, search.mean) and replayed.sigma == search.sigma
-
-

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 import torch
 
-from genesis_fp16.guarded import UNGUARDED
-from genesis_fp16.settings import Settings
+from genesis_fp16.training.guarded import UNGUARDED
+from genesis_fp16.base.settings import Settings
 from infrastructure.dynamics import NotTrainedError
 from infrastructure.ensemble import EnsembleDynamics
 from infrastructure.model_env import ModelEnv, RolloutStats, branched_rollouts
@@ -68,7 +68,9 @@ def test_the_transitions_chain_and_hold_what_they_say(wm):
     rolled = branched_rollouts(wm, policy, INSIDE, 5, max_disagreement=math.inf)
     t, n = rolled.transitions, len(INSIDE)
     assert len(t) == 5 * n and rolled.stats == RolloutStats(rows=n, horizon=5, transitions=5 * n, cut=0, terminated=0)
-    assert all(v.dtype == torch.float32 and v.device.type == "cpu" for v in (t.obs, t.act, t.rew, t.next_obs, t.terminal))
+    assert all(
+        v.dtype == torch.float32 and v.device.type == "cpu" for v in (t.obs, t.act, t.rew, t.next_obs, t.terminal)
+    )
     torch.testing.assert_close(t.obs[:n], torch.as_tensor(INSIDE))  # step 0 starts at the real states
     torch.testing.assert_close(t.obs[n:], t.next_obs[:-n])  # each step starts where the last ended
     torch.testing.assert_close(t.act, policy(t.obs))
@@ -116,7 +118,9 @@ def test_terminated_rows_return_their_last_transition_and_stop(wm):
     _, _, terminal, alive = env.step(policy(env.obs))
     assert alive.tolist() == [False, True, False, True] and not terminal.any()
     assert calls == [4, 2]  # the rule sees the running rows only
-    rolled = branched_rollouts(wm, policy, INSIDE[:4], 6, terminated=lambda obs: obs[:, 0] > -1e9, max_disagreement=math.inf)
+    rolled = branched_rollouts(
+        wm, policy, INSIDE[:4], 6, terminated=lambda obs: obs[:, 0] > -1e9, max_disagreement=math.inf
+    )
     assert len(rolled.transitions) == 4 and (rolled.transitions.terminal == 1.0).all() and rolled.stats.terminated == 4
 
 
@@ -155,7 +159,11 @@ async def test_a_one_step_rollout_of_one_deterministic_network_is_predict():
     await wm.train(100, trajectories=TRAJS, save=False)
     rolled = await wm.rollouts(policy, INSIDE, 1)
     t = rolled.transitions
-    assert t.obs.shape == t.next_obs.shape == (len(INSIDE), 3) and t.act.shape == (len(INSIDE), 1) and t.rew.shape == (len(INSIDE),)
+    assert (
+        t.obs.shape == t.next_obs.shape == (len(INSIDE), 3)
+        and t.act.shape == (len(INSIDE), 1)
+        and t.rew.shape == (len(INSIDE),)
+    )
     next_obs, reward = wm.predict_sync(INSIDE, policy(torch.as_tensor(INSIDE)))
     torch.testing.assert_close(t.next_obs, next_obs)
     torch.testing.assert_close(t.rew, reward.clamp(float(wm.model.reward_low), float(wm.model.reward_high)))
@@ -172,8 +180,12 @@ def test_a_one_step_rollout_samples_around_the_prediction(wm):
 
 async def test_nothing_rolls_out_before_training():
     wm = WorldModel(3, 1, precision="fp32", guard=UNGUARDED, ensemble=2, hidden=8)
-    for attempt in (lambda: ModelEnv(wm), wm.model_env, lambda: branched_rollouts(wm, policy, INSIDE, 3),
-                    lambda: ModelEnv(EnsembleDynamics(3, 1, ensemble=2, hidden=8))):
+    for attempt in (
+        lambda: ModelEnv(wm),
+        wm.model_env,
+        lambda: branched_rollouts(wm, policy, INSIDE, 3),
+        lambda: ModelEnv(EnsembleDynamics(3, 1, ensemble=2, hidden=8)),
+    ):
         with pytest.raises(NotTrainedError, match="train"):
             attempt()
     with pytest.raises(NotTrainedError):
@@ -184,10 +196,19 @@ async def test_nothing_rolls_out_before_training():
     "call, message",
     [
         (lambda wm: branched_rollouts(wm, policy, INSIDE, 0), r"horizon=0: expected at least 1 step"),
-        (lambda wm: branched_rollouts(wm, policy, INSIDE[:, :2], 3), r"start states of shape \(32, 2\): expected \(N, 3\)"),
+        (
+            lambda wm: branched_rollouts(wm, policy, INSIDE[:, :2], 3),
+            r"start states of shape \(32, 2\): expected \(N, 3\)",
+        ),
         (lambda wm: branched_rollouts(wm, policy, INSIDE[0], 3), r"start states of shape \(3,\): expected \(N, 3\)"),
-        (lambda wm: branched_rollouts(wm, lambda obs: obs, INSIDE, 3), r"policy returned shape \(32, 3\) for 32 observations"),
-        (lambda wm: branched_rollouts(wm, lambda obs: obs[:, :1] * np.nan, INSIDE, 3), r"actions of rows 0, 1, .* not finite"),
+        (
+            lambda wm: branched_rollouts(wm, lambda obs: obs, INSIDE, 3),
+            r"policy returned shape \(32, 3\) for 32 observations",
+        ),
+        (
+            lambda wm: branched_rollouts(wm, lambda obs: obs[:, :1] * np.nan, INSIDE, 3),
+            r"actions of rows 0, 1, .* not finite",
+        ),
         (lambda wm: branched_rollouts(wm.model_env(), policy, INSIDE, 3, seed=1), r"seed given with a ModelEnv"),
         (lambda wm: ModelEnv(wm, max_disagreement=0.0), r"max_disagreement=0.0: expected a number > 0"),
         (lambda wm: ModelEnv(wm).step(torch.zeros(2, 1)), r"call reset\(start_obs\) before stepping"),
@@ -212,7 +233,9 @@ def test_non_finite_start_states_are_named(wm):
 def _parts():
     from infrastructure.transitions import Transitions
 
-    return Transitions, [Transitions(*(torch.full((n, *shape), float(n)) for shape in ((3,), (1,), (), (3,), ()))) for n in (2, 4)]
+    return Transitions, [
+        Transitions(*(torch.full((n, *shape), float(n)) for shape in ((3,), (1,), (), (3,), ()))) for n in (2, 4)
+    ]
 
 
 def test_transitions_cat_joins_in_order():

@@ -4,12 +4,41 @@ from __future__ import annotations
 
 import pytest
 
-from genesis_fp16.names import AGENT_NAME_MAX, AgentNameError, check_agent_name
+from genesis_fp16.base.names import AGENT_NAME_MAX, AgentNameError, check_agent_name
 
-VALID = ["world_model", "world_model.Pendulum-v1", "world_model.fp32_shadow", "ppo", "se_darwin", "drill_nan_storm",
-         "wm", "a", "my_agent", "[red]x", "0", "x" * AGENT_NAME_MAX]
-INVALID = ["", "/elsewhere/x", "../x", "..", ".", ".hidden", "a/b", "a\\b", "C:x", "a b", "a\x00b", "a\nb", "wm*", "wé",
-           "x" * (AGENT_NAME_MAX + 1), None, 3]
+VALID = [
+    "world_model",
+    "world_model.Pendulum-v1",
+    "world_model.fp32_shadow",
+    "ppo",
+    "se_darwin",
+    "drill_nan_storm",
+    "wm",
+    "a",
+    "my_agent",
+    "[red]x",
+    "0",
+    "x" * AGENT_NAME_MAX,
+]
+INVALID = [
+    "",
+    "/elsewhere/x",
+    "../x",
+    "..",
+    ".",
+    ".hidden",
+    "a/b",
+    "a\\b",
+    "C:x",
+    "a b",
+    "a\x00b",
+    "a\nb",
+    "wm*",
+    "wé",
+    "x" * (AGENT_NAME_MAX + 1),
+    None,
+    3,
+]
 
 
 @pytest.mark.parametrize("name", VALID)

@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from genesis_fp16.packages import shadowed
+from genesis_fp16.base.packages import shadowed
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -33,16 +33,19 @@ def test_our_packages_are_not_shadowed_here():
 
 def test_a_host_agents_package_is_named_with_both_paths_and_the_plugin_still_works(tmp_path):
     host = _host(tmp_path, "agents")
-    done = _python(host, (
-        "import warnings\n"
-        "with warnings.catch_warnings(record=True) as caught:\n"
-        "    warnings.simplefilter('always')\n"
-        "    import genesis_fp16\n"
-        "    from infrastructure.training import FP16Trainer, FP16TrainingConfig\n"
-        "shadow = [w for w in caught if issubclass(w.category, genesis_fp16.PackageShadowedWarning)]\n"
-        "print(len(shadow)); print(shadow[0].message)\n"
-        "import agents; print(agents.__doc__)\n"
-    ))
+    done = _python(
+        host,
+        (
+            "import warnings\n"
+            "with warnings.catch_warnings(record=True) as caught:\n"
+            "    warnings.simplefilter('always')\n"
+            "    import genesis_fp16\n"
+            "    from infrastructure.training import FP16Trainer, FP16TrainingConfig\n"
+            "shadow = [w for w in caught if issubclass(w.category, genesis_fp16.PackageShadowedWarning)]\n"
+            "print(len(shadow)); print(shadow[0].message)\n"
+            "import agents; print(agents.__doc__)\n"
+        ),
+    )
     assert done.returncode == 0, done.stderr
     count, message, doc = done.stdout.splitlines()[:3]
     assert count == "1"
@@ -74,6 +77,12 @@ def test_our_agents_with_a_host_infrastructure_is_one_clear_error(tmp_path):
 def test_cli_names_the_shadow(tmp_path):
     host = _host(tmp_path, "agents")
     env = dict(os.environ, PYTHONPATH=str(host))
-    done = subprocess.run([sys.executable, "-m", "genesis_fp16.cli", "--help"], cwd=host, env=env,
-                          capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-m", "genesis_fp16.cli", "--help"],
+        cwd=host,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert str(host / "agents") in done.stderr and str(REPO / "agents") in done.stderr

@@ -6,11 +6,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from genesis_fp16.modes import Source
-from genesis_fp16.policy import resolve_policy
-from genesis_fp16.registry import trainer_for
-from genesis_fp16.rollout import RolloutLedger
-from genesis_fp16.settings import load_settings
+from genesis_fp16.precision.request import Source
+from genesis_fp16.rollout.policy import resolve_policy
+from genesis_fp16.training.registry import trainer_for
+from genesis_fp16.rollout.ledger import RolloutLedger
+from genesis_fp16.base.settings import load_settings
 
 
 def _profile(state_dir, text):
@@ -31,8 +31,10 @@ def test_profile_over_settings(state_dir, monkeypatch):
     _profile(state_dir, '[agents.wm]\nprecision = "bf16"\n')
     pol = resolve_policy("wm")
     assert pol.config.precision == "bf16" and pol.sources["precision"].startswith("profile:")
-    assert pol.config.loss_scale == 4096.0 and pol.sources["loss_scale"] == "settings"
-    assert pol.origin("precision") == Source.PROFILE and pol.origin("loss_scale") == Source.SETTINGS  # typed, as decided
+    assert pol.config.init_scale == 4096.0 and pol.sources["init_scale"] == "settings"
+    assert (
+        pol.origin("precision") == Source.PROFILE and pol.origin("init_scale") == Source.SETTINGS
+    )  # typed, as decided
     assert resolve_policy("other").config.precision == "fp16"  # other agents keep the global value
 
 
@@ -97,22 +99,26 @@ def test_trainer_for_follows_the_policy(state_dir):
 
 
 def test_bad_explicit_arguments_name_the_agent(state_dir):
-    with pytest.raises(ValueError, match=r"agent 'wm': invalid FP16TrainingConfig: growth_interval=0.*growth_interval from argument"):
+    with pytest.raises(
+        ValueError, match=r"agent 'wm': invalid FP16TrainingConfig: growth_interval=0.*growth_interval from argument"
+    ):
         resolve_policy("wm", overrides={"growth_interval": 0})
-    with pytest.raises(ValueError, match=r"agent 'wm': unknown trainer option\(s\) scale in overrides; allowed are enabled, loss_scale"):
+    with pytest.raises(
+        ValueError, match=r"agent 'wm': unknown trainer option\(s\) scale in overrides; allowed are enabled, init_scale"
+    ):
         resolve_policy("wm", overrides={"scale": 2.0})
     with pytest.raises(ValueError, match="agent 'wm'.*precision"):
         resolve_policy("wm", precision="fp8")
 
 
 def test_layers_merge_into_one_precision_config(state_dir, monkeypatch):
-    from genesis_fp16.settings import PrecisionConfig
+    from genesis_fp16.base.settings import PrecisionConfig
 
     monkeypatch.setenv("GENESIS_FP16_GROWTH_FACTOR", "4")
     _profile(state_dir, '[defaults]\ngrowth_interval = 50\n[agents.wm]\nprecision = "BF16"\ninit_scale = 256\n')
-    pol = resolve_policy("wm", overrides={"loss_scale": 128, "device": "cpu"})
+    pol = resolve_policy("wm", overrides={"init_scale": 128, "device": "cpu"})
     expected = PrecisionConfig(growth_factor=4.0, growth_interval=50, precision="bf16", init_scale=128.0)
     assert pol.config.precision_config == expected
     assert pol.config.precision == "bf16" and pol.config.device == "cpu" and pol.config.enabled
-    assert [pol.sources[k] for k in ("growth_factor", "loss_scale", "device")] == ["settings", "argument", "argument"]
+    assert [pol.sources[k] for k in ("growth_factor", "init_scale", "device")] == ["settings", "argument", "argument"]
     assert pol.sources["growth_interval"].endswith("[defaults]") and pol.sources["precision"].endswith("[agents.wm]")

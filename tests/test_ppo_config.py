@@ -13,8 +13,18 @@ from agents.ppo.config import ConfigError, Optimizations, PPOConfig, load_config
 BASE = Path(__file__).resolve().parents[1] / "configs" / "base.yaml"
 
 OPTIMIZATION_KEYS = {
-    "use_subproc_vec_env", "force_dummy_vec_env", "precision", "use_torch_compile", "compile_mode",
-    "use_pinned_memory", "num_workers", "batch_inference", "inference_batch_size", "action_repeat", "vec_env", "cpu_fast_path",
+    "use_subproc_vec_env",
+    "force_dummy_vec_env",
+    "precision",
+    "use_torch_compile",
+    "compile_mode",
+    "use_pinned_memory",
+    "num_workers",
+    "batch_inference",
+    "inference_batch_size",
+    "action_repeat",
+    "vec_env",
+    "cpu_fast_path",
 }
 
 
@@ -68,8 +78,10 @@ def test_precision_takes_the_modes_the_update_runs_in():
         load_config(None, ["precision=tf32"])
 
 
-@pytest.mark.parametrize("override", ["use_amp=true", "optimizations.use_amp=false", "amp_dtype=bfloat16",
-                                      "training.optimizations.amp_dtype=float16"])
+@pytest.mark.parametrize(
+    "override",
+    ["use_amp=true", "optimizations.use_amp=false", "amp_dtype=bfloat16", "training.optimizations.amp_dtype=float16"],
+)
 def test_the_removed_amp_keys_are_an_error_naming_precision(tmp_path, override):
     import yaml
 
@@ -122,7 +134,9 @@ def test_malformed_cuda_device_is_a_config_error(device):
     assert load_config(None, ["device=cuda:1"]).device == "cuda:1"
 
 
-@pytest.mark.parametrize("override", ["ent_coef=nan", "vf_coef=nan", "ent_coef=.inf", "vf_coef=.inf", "learning_rate=.inf"])
+@pytest.mark.parametrize(
+    "override", ["ent_coef=nan", "vf_coef=nan", "ent_coef=.inf", "vf_coef=.inf", "learning_rate=.inf"]
+)
 def test_non_finite_coefficients_are_rejected(override):
     with pytest.raises(ConfigError, match=override.split("=")[0]):
         load_config(None, [override])
@@ -139,7 +153,7 @@ def test_agents_ppo_imports_without_the_agents_extra_and_training_names_it():
         "sys.modules['gymnasium'] = None\n"
         "sys.modules['yaml'] = None\n"
         "import agents.ppo\n"
-        "from genesis_fp16.extras import MissingExtraError\n"
+        "from genesis_fp16.base.extras import MissingExtraError\n"
         "try:\n"
         "    import agents.ppo.ppo\n"
         "except MissingExtraError as exc:\n"

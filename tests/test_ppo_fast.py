@@ -28,17 +28,29 @@ def _minibatch(net: ActorCritic, n: int, seed: int, ratio_spread: float) -> dict
         logp, _ = net.log_prob_entropy(out, act, with_entropy=False)
     # ratio_spread 0: the rollout's own log-probabilities (ratio exactly 1: every surrogate term a tie)
     logp_old = logp + ratio_spread * torch.randn(n, generator=g)
-    return {"obs": obs, "act": act, "logp": logp_old, "adv": torch.randn(n, generator=g) * 3 + 0.5,
-            "ret": value + torch.randn(n, generator=g), "val": value}
+    return {
+        "obs": obs,
+        "act": act,
+        "logp": logp_old,
+        "adv": torch.randn(n, generator=g) * 3 + 0.5,
+        "ret": value + torch.randn(n, generator=g),
+        "val": value,
+    }
 
 
-def _loss_and_grads(net: ActorCritic, mb: dict[str, torch.Tensor], s: LossSettings, fused: bool, autocast: bool = False):
+def _loss_and_grads(
+    net: ActorCritic, mb: dict[str, torch.Tensor], s: LossSettings, fused: bool, autocast: bool = False
+):
     net.zero_grad(set_to_none=True)
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
         out, value = net(mb["obs"])
         loss, diag = FastPath(net).loss(out, value, mb, s) if fused else ppo_loss(net, out, value, mb, s)
     loss.backward()
-    return loss.detach(), {k: v.detach() for k, v in diag.items()}, {n: p.grad.clone() for n, p in net.named_parameters() if p.requires_grad}
+    return (
+        loss.detach(),
+        {k: v.detach() for k, v in diag.items()},
+        {n: p.grad.clone() for n, p in net.named_parameters() if p.requires_grad},
+    )
 
 
 def _net(discrete: bool) -> ActorCritic:
@@ -101,7 +113,11 @@ def test_the_towers_node_gives_the_forwards_outputs_and_gradients(discrete):
         net.zero_grad(set_to_none=True)
         out, value = forward(obs)
         ((out * g_out).sum() + (value * g_value).sum()).backward()
-        return out.detach(), value.detach(), {n: p.grad.clone() for n, p in net.named_parameters() if p.grad is not None}
+        return (
+            out.detach(),
+            value.detach(),
+            {n: p.grad.clone() for n, p in net.named_parameters() if p.grad is not None},
+        )
 
     fast, plain = outputs_and_grads(FastPath(net).forward), outputs_and_grads(net.forward)
     assert fast[2].keys() == plain[2].keys()
@@ -120,7 +136,17 @@ def test_the_towers_node_gives_the_forwards_outputs_and_gradients(discrete):
 
 @pytest.mark.parametrize("env_id", ["CartPole-v1", "Pendulum-v1"])
 def test_the_rollout_actor_picks_acts_actions_and_follows_the_weights(env_id):
-    cfg = load_config(None, env_id=env_id, num_envs=8, num_steps=16, minibatch_size=16, total_steps=128, seed=5, vec_env="sync", device="cpu")
+    cfg = load_config(
+        None,
+        env_id=env_id,
+        num_envs=8,
+        num_steps=16,
+        minibatch_size=16,
+        total_steps=128,
+        seed=5,
+        vec_env="sync",
+        device="cpu",
+    )
     ppo = PPO(cfg)
     obs = torch.randn(8, ppo.obs_dim, generator=torch.Generator().manual_seed(1))
     with torch.inference_mode():
@@ -149,8 +175,19 @@ def test_the_rollout_actor_picks_acts_actions_and_follows_the_weights(env_id):
 def test_a_run_with_the_switch_off_trains_to_the_same_weights_to_rounding():
     nets = []
     for fast in (True, False):
-        cfg = load_config(None, env_id="Pendulum-v1", num_envs=2, num_steps=32, minibatch_size=32, update_epochs=1, total_steps=64,
-                          seed=3, vec_env="sync", device="cpu", cpu_fast_path=fast)
+        cfg = load_config(
+            None,
+            env_id="Pendulum-v1",
+            num_envs=2,
+            num_steps=32,
+            minibatch_size=32,
+            update_epochs=1,
+            total_steps=64,
+            seed=3,
+            vec_env="sync",
+            device="cpu",
+            cpu_fast_path=fast,
+        )
         ppo = PPO(cfg)
         assert (ppo.fast is not None) == fast
         ppo.train()

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from agents.ppo.ppo import PPO
-from genesis_fp16.rollout import RolloutLedger
-from genesis_fp16.telemetry import read_events
+from genesis_fp16.rollout.ledger import RolloutLedger
+from genesis_fp16.base.telemetry import read_events
 from tests.test_ppo_ppo import tiny
 
 
@@ -72,7 +72,8 @@ def test_policy_canary_on_a_held_batch(monkeypatch, state_dir, env_id):
 @pytest.mark.parametrize("precision", ["fp16", "bf16"])
 def test_policy_canary_on_cuda_holds_its_batch_on_the_gpu(monkeypatch, state_dir, precision):
     """Continuous actions on CUDA with the canary every iteration: the held batch on the GPU, the canary runs. (FP16 may
-    also roll back to FP32 for overflow in its first steps at the initial scale, as it did on an H200: the guard's job.)"""
+    also roll back to FP32 for overflow in its first steps at the initial scale, as it did on an H200: the guard's
+    job.)"""
     profiles = state_dir / "profiles.toml"
     profiles.write_text("[agents.ppo.thresholds]\ncanary_every = 1\n", encoding="utf-8")
     monkeypatch.setenv("GENESIS_FP16_PROFILES_FILE", str(profiles))
@@ -80,7 +81,9 @@ def test_policy_canary_on_cuda_holds_its_batch_on_the_gpu(monkeypatch, state_dir
     ppo.train()
     ppo.close()
     assert ppo.guard.held["obs"].device.type == "cuda" and ppo.global_step == 96
-    assert len(ppo.guard.canaries) == 3 or (precision == "fp16" and ppo.guard.rollbacks and len(ppo.guard.canaries) >= 1)
+    assert len(ppo.guard.canaries) == 3 or (
+        precision == "fp16" and ppo.guard.rollbacks and len(ppo.guard.canaries) >= 1
+    )
     for gap in ppo.guard.canaries:
         assert 0 <= gap["kl"] < 0.01 and gap["max_logp_delta"] < 0.2 and gap["max_value_delta"] < 0.05
 

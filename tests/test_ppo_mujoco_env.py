@@ -48,8 +48,18 @@ def test_the_lean_step_is_gymnasiums_to_the_bit_across_time_limits(env_id, dtype
 
 
 def test_the_envs_own_settings_are_honoured():
-    fns = [make_env_fn("HalfCheetah-v5", i, max_episode_steps=20, exclude_current_positions_from_observation=False,
-                       ctrl_cost_weight=0.5, forward_reward_weight=2.0, frame_skip=3) for i in range(2)]
+    fns = [
+        make_env_fn(
+            "HalfCheetah-v5",
+            i,
+            max_episode_steps=20,
+            exclude_current_positions_from_observation=False,
+            ctrl_cost_weight=0.5,
+            forward_reward_weight=2.0,
+            frame_skip=3,
+        )
+        for i in range(2)
+    ]
     assert MujocoVectorEnv(fns).single_observation_space.shape == (18,)
     assert _assert_same_steps(fns, 45) >= 2
 
@@ -61,7 +71,9 @@ def test_what_it_cannot_step_exactly_is_a_clear_error():
         MujocoVectorEnv([lambda: ActionRepeat(gym.make("Swimmer-v5", disable_env_checker=True), 2)])
     with pytest.raises(ValueError, match="without a TimeLimit"):
         MujocoVectorEnv([lambda: gym.make("Swimmer-v5", disable_env_checker=True, max_episode_steps=None).unwrapped])
-    with pytest.raises(ConfigError, match="vec_env='mujoco' was removed: the lean MuJoCo step now comes with cpu_fast_path"):
+    with pytest.raises(
+        ConfigError, match="vec_env='mujoco' was removed: the lean MuJoCo step now comes with cpu_fast_path"
+    ):
         load_config(None, vec_env="mujoco")
     envs = MujocoVectorEnv([make_env_fn("Swimmer-v5", i) for i in range(2)])
     with pytest.raises(gym.error.ResetNeeded):
@@ -98,8 +110,19 @@ def test_ppo_on_the_lean_step_trains_exactly_as_in_process(state_dir):
     from agents.ppo.ppo import PPO
 
     def trained(pieces):
-        cfg = load_config(None, env_id="Swimmer-v5", num_envs=2, num_steps=64, minibatch_size=64, update_epochs=2,
-                          total_steps=512, eval_episodes=0, vec_env="sync", device="cpu", seed=4)
+        cfg = load_config(
+            None,
+            env_id="Swimmer-v5",
+            num_envs=2,
+            num_steps=64,
+            minibatch_size=64,
+            update_epochs=2,
+            total_steps=512,
+            eval_episodes=0,
+            vec_env="sync",
+            device="cpu",
+            seed=4,
+        )
         ppo = PPO(cfg, fast_pieces=pieces)
         try:
             ppo.train()

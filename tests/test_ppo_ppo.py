@@ -12,12 +12,21 @@ import torch
 from agents.ppo.config import load_config
 from agents.ppo.ppo import PPO, run
 from agents.ppo.results import CompiledFallback
-from genesis_fp16.telemetry import read_events
+from genesis_fp16.base.telemetry import read_events
 
 
 def tiny(env_id="CartPole-v1", **kw):
-    base = dict(env_id=env_id, num_envs=2, num_steps=16, minibatch_size=16, update_epochs=2, total_steps=64,
-                eval_episodes=1, vec_env="sync", device="cpu")
+    base = dict(
+        env_id=env_id,
+        num_envs=2,
+        num_steps=16,
+        minibatch_size=16,
+        update_epochs=2,
+        total_steps=64,
+        eval_episodes=1,
+        vec_env="sync",
+        device="cpu",
+    )
     base.update(kw)
     return load_config(None, **base)
 
@@ -33,8 +42,11 @@ def _restore_threads():
 def test_batched_inference_picks_the_same_actions_as_per_env(env_id):
     obs = torch.randn(8, 4 if env_id == "CartPole-v1" else 3, generator=torch.Generator().manual_seed(0))
     results = {}
-    for name, kw in {"batched": dict(batch_inference=True), "chunk3": dict(batch_inference=True, inference_batch_size=3),
-                     "per_env": dict(batch_inference=False)}.items():
+    for name, kw in {
+        "batched": dict(batch_inference=True),
+        "chunk3": dict(batch_inference=True, inference_batch_size=3),
+        "per_env": dict(batch_inference=False),
+    }.items():
         torch.manual_seed(0)
         ppo = PPO(tiny(env_id, num_envs=8, num_steps=16, minibatch_size=16, seed=3, **kw))
         calls = []
@@ -89,7 +101,16 @@ def test_loss_returns_its_diagnostics():
     from agents.ppo.ppo import gae
 
     rows = ppo.buffer.rows
-    adv = torch.from_numpy(gae(rows["rew"], rows["val"], rows["done"], np.zeros(ppo.cfg.num_envs, np.float32), ppo.cfg.gamma, ppo.cfg.gae_lambda))
+    adv = torch.from_numpy(
+        gae(
+            rows["rew"],
+            rows["val"],
+            rows["done"],
+            np.zeros(ppo.cfg.num_envs, np.float32),
+            ppo.cfg.gamma,
+            ppo.cfg.gae_lambda,
+        )
+    )
     mb = ppo.buffer.flat(adv, adv + ppo.buffer.val)
     loss, diagnostics = ppo._loss(ppo.net, mb)
     assert set(mb) == {"obs", "act", "logp", "adv", "ret", "val"}
@@ -146,6 +167,7 @@ def test_compile_failure_falls_back_to_eager_with_a_logged_reason(monkeypatch, s
     def broken_compile(fn, **kw):
         def compiled(*a):
             raise RuntimeError("inductor: no C++ compiler found")
+
         return compiled
 
     monkeypatch.setattr(torch, "compile", broken_compile)
@@ -251,15 +273,23 @@ def test_the_running_statistics_are_numpys_mean_and_var_to_the_bit():
         total = count + n
         delta = x.mean(0) - np.zeros(shape[1:])
         assert np.array_equal(rms.mean, delta * n / total)
-        assert np.array_equal(rms.var, (np.ones(shape[1:]) * count + x.var(0) * n + delta**2 * count * n / total) / total)
+        assert np.array_equal(
+            rms.var, (np.ones(shape[1:]) * count + x.var(0) * n + delta**2 * count * n / total) / total
+        )
 
 
 def test_reward_normalisation_is_on_by_default_and_scales_the_value_targets():
     """The default keeps the critic's targets near 1 (a CartPole return of 500 is about 100 unscaled): docs/PPO.md."""
     stored = {}
     for normalize in (None, False):  # None: the default
-        cfg = load_config(None, total_steps=1024, eval_episodes=0, vec_env="sync", seed=1,
-                          **({} if normalize is None else {"normalize_reward": normalize}))
+        cfg = load_config(
+            None,
+            total_steps=1024,
+            eval_episodes=0,
+            vec_env="sync",
+            seed=1,
+            **({} if normalize is None else {"normalize_reward": normalize}),
+        )
         ppo = PPO(cfg)
         try:
             ppo.train()
@@ -285,9 +315,29 @@ def test_cli_ppo_json_and_bad_input(tmp_path):
 
     out = tmp_path / "ppo.json"
     runner = CliRunner()
-    args = ["ppo", "--env", "CartPole-v1", "--total-steps", "128", "--seed", "2", "--json", str(out),
-            "--set", "num_envs=2", "--set", "num_steps=32", "--set", "minibatch_size=32", "--set", "eval_episodes=2",
-            "--set", "optimizations.vec_env=sync", "--set", "precision=fp32"]
+    args = [
+        "ppo",
+        "--env",
+        "CartPole-v1",
+        "--total-steps",
+        "128",
+        "--seed",
+        "2",
+        "--json",
+        str(out),
+        "--set",
+        "num_envs=2",
+        "--set",
+        "num_steps=32",
+        "--set",
+        "minibatch_size=32",
+        "--set",
+        "eval_episodes=2",
+        "--set",
+        "optimizations.vec_env=sync",
+        "--set",
+        "precision=fp32",
+    ]
     res = runner.invoke(app, args)
     assert res.exit_code == 0, res.output
     for line in ("vectorized envs", "AMP", "torch.compile", "pinned memory", "batched inference", "action repeat"):
@@ -295,7 +345,15 @@ def test_cli_ppo_json_and_bad_input(tmp_path):
     assert "evaluation return (2 deterministic episodes)" in res.stdout  # the result on stdout, the progress on stderr
     assert "note:" not in res.stderr  # 128 steps are two whole rollouts of 2 x 32: nothing rounded
     data = json.loads(out.read_text())
-    for key in ("env_steps_per_s", "eval_return", "wall_s", "optimizations", "env_stepping_s", "inference_s", "update_s"):
+    for key in (
+        "env_steps_per_s",
+        "eval_return",
+        "wall_s",
+        "optimizations",
+        "env_stepping_s",
+        "inference_s",
+        "update_s",
+    ):
         assert key in data
     assert data["optimizations"]["vec_env_resolved"] == "sync" and len(data["eval_returns"]) == 2
     assert data["optimizations"]["precision"] == data["optimizations"]["precision_requested"] == "fp32"
@@ -312,8 +370,25 @@ def test_cli_ppo_says_up_front_what_it_trains_and_puts_the_result_on_stdout():
 
     from genesis_fp16.cli import app
 
-    args = ["ppo", "--env", "CartPole-v1", "--total-steps", "100", "--seed", "2", "--set", "num_envs=2", "--set", "num_steps=32",
-            "--set", "minibatch_size=32", "--set", "eval_episodes=1", "--set", "optimizations.vec_env=sync"]
+    args = [
+        "ppo",
+        "--env",
+        "CartPole-v1",
+        "--total-steps",
+        "100",
+        "--seed",
+        "2",
+        "--set",
+        "num_envs=2",
+        "--set",
+        "num_steps=32",
+        "--set",
+        "minibatch_size=32",
+        "--set",
+        "eval_episodes=1",
+        "--set",
+        "optimizations.vec_env=sync",
+    ]
     res = CliRunner().invoke(app, args)
     assert res.exit_code == 0, res.output
     notes = [line for line in res.stderr.splitlines() if line.startswith("note:")]
@@ -330,7 +405,9 @@ def test_steps_note_rounds_to_whole_rollouts_with_action_repeat():
     assert "asked for 20,000 env steps, runs 19,456 = 19 rollout(s) of 8 envs x 128 steps" in cfg.steps_note()
     assert load_config(None, total_steps=20_480, env_id="CartPole-v1").steps_note() is None
     small = load_config(None, ["optimizations.action_repeat=2"], total_steps=100, env_id="CartPole-v1")
-    assert small.steps_to_run == 2048 and "x action_repeat 2" in small.steps_note() and "rounded up" in small.steps_note()
+    assert (
+        small.steps_to_run == 2048 and "x action_repeat 2" in small.steps_note() and "rounded up" in small.steps_note()
+    )
 
 
 def test_cli_ppo_plot_and_tensorboard(tmp_path):
@@ -342,9 +419,29 @@ def test_cli_ppo_plot_and_tensorboard(tmp_path):
     from genesis_fp16.cli import app
 
     plot, tb = tmp_path / "ppo.png", tmp_path / "tb"
-    args = ["ppo", "--env", "CartPole-v1", "--total-steps", "256", "--seed", "2", "--plot", str(plot), "--tensorboard", str(tb),
-            "--set", "num_envs=2", "--set", "num_steps=32", "--set", "minibatch_size=32", "--set", "eval_episodes=2",
-            "--set", "optimizations.vec_env=sync"]
+    args = [
+        "ppo",
+        "--env",
+        "CartPole-v1",
+        "--total-steps",
+        "256",
+        "--seed",
+        "2",
+        "--plot",
+        str(plot),
+        "--tensorboard",
+        str(tb),
+        "--set",
+        "num_envs=2",
+        "--set",
+        "num_steps=32",
+        "--set",
+        "minibatch_size=32",
+        "--set",
+        "eval_episodes=2",
+        "--set",
+        "optimizations.vec_env=sync",
+    ]
     res = CliRunner().invoke(app, args)
     assert res.exit_code == 0, res.output
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and plot.stat().st_size > 10_000
@@ -362,8 +459,23 @@ def test_cli_ppo_tensorboard_dir_from_the_setting(tmp_path, monkeypatch):
     from genesis_fp16.cli import app
 
     monkeypatch.setenv("GENESIS_FP16_TENSORBOARD_DIR", str(tmp_path / "tb"))
-    args = ["ppo", "--env", "CartPole-v1", "--total-steps", "64", "--set", "num_envs=2", "--set", "num_steps=32",
-            "--set", "minibatch_size=32", "--set", "eval_episodes=0", "--set", "optimizations.vec_env=sync"]
+    args = [
+        "ppo",
+        "--env",
+        "CartPole-v1",
+        "--total-steps",
+        "64",
+        "--set",
+        "num_envs=2",
+        "--set",
+        "num_steps=32",
+        "--set",
+        "minibatch_size=32",
+        "--set",
+        "eval_episodes=0",
+        "--set",
+        "optimizations.vec_env=sync",
+    ]
     res = CliRunner().invoke(app, args)
     assert res.exit_code == 0, res.output
     assert [p.name.startswith("events.out.tfevents") for p in (tmp_path / "tb").iterdir()] == [True]
@@ -454,7 +566,11 @@ def test_chunked_inference_keeps_each_chunks_values_when_compiled_outputs_are_re
 
     obs = torch.randn(8, 3, generator=torch.Generator().manual_seed(0))
     actions = {}
-    for name, kw in {"batched": {}, "chunk3": dict(inference_batch_size=3), "per_env": dict(batch_inference=False)}.items():
+    for name, kw in {
+        "batched": {},
+        "chunk3": dict(inference_batch_size=3),
+        "per_env": dict(batch_inference=False),
+    }.items():
         monkeypatch.setattr(torch, "compile", static_output_compile)
         ppo = PPO(tiny("Pendulum-v1", num_envs=8, seed=3, use_torch_compile=True, compile_mode="reduce-overhead", **kw))
         with torch.inference_mode():
@@ -473,7 +589,9 @@ def test_a_given_vector_env_must_use_same_step_autoreset():
     envs = gym.vector.SyncVectorEnv([lambda: gym.make("CartPole-v1")] * 2)
     with pytest.raises(ValueError, match="SAME_STEP"):
         PPO(tiny(), envs=envs)
-    same = gym.vector.SyncVectorEnv([lambda: gym.make("CartPole-v1")] * 2, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+    same = gym.vector.SyncVectorEnv(
+        [lambda: gym.make("CartPole-v1")] * 2, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP
+    )
     PPO(tiny(), envs=same).close()
 
 
@@ -488,7 +606,7 @@ def test_cuda_device_index_beyond_the_visible_gpus_is_a_value_error(monkeypatch)
 
 
 def test_checkpoint_with_bad_normalisation_statistics_changes_nothing(tmp_path):
-    from genesis_fp16.checkpoint import CheckpointError, load_payload, save_payload
+    from genesis_fp16.training.checkpoint import CheckpointError, load_payload, save_payload
 
     ppo = PPO(tiny("Pendulum-v1", normalize_obs=True, normalize_reward=True, seed=5))
     ppo.train()

@@ -3,70 +3,96 @@ import torch
 from tf32_probe import RecordMatmulPrecision
 from structlog.testing import capture_logs
 
-from genesis_fp16 import precision as P
+from genesis_fp16.base.errors import UnsupportedPrecisionError
+from genesis_fp16.precision.capability import (
+    Support,
+    auto_precision,
+    cpu_has_fast_bf16,
+    cpu_has_native_bf16,
+    device_support,
+    unsupported_reason,
+)
+from genesis_fp16.precision.modes import (
+    AT_LEAST_AS_PRECISE,
+    FP32_WEIGHT_MODES,
+    MODES,
+    capability_report,
+    fallback_for,
+    supported_modes,
+)
+from genesis_fp16.precision.plugins import BF16Mixed, FP16Mixed, HalfTrue, TF32
+from genesis_fp16.precision.decision import decide
+from genesis_fp16.precision.request import PrecisionRequest
 from genesis_fp16.precision import capability as C
-from genesis_fp16.settings import PrecisionConfig, PrecisionMode
-from genesis_fp16.trainer import FP16TrainingConfig
+from genesis_fp16.base.settings import PrecisionConfig, PrecisionMode
+from genesis_fp16.training.trainer import FP16TrainingConfig
+
+
+def plugin_for(requested, device, on_unsupported="fallback", config=None, *, plugins=MODES):
+    """The plugin a trainer asked for ``requested`` on ``device`` runs: the request decided by the one decision
+    (``auto``: the flag rule), its mode's class from ``plugins``."""
+    request = PrecisionRequest.parse(requested, on_unsupported=on_unsupported)
+    return plugins[decide(request, device).mode](device, config)
 
 
 def test_auto_on_cuda_is_fp16_with_scaler_reason():
-    mode, reason = P.auto_precision(torch.device("cuda"))
+    mode, reason = auto_precision(torch.device("cuda"))
     assert mode == PrecisionMode.FP16 and "scaler" in reason
 
 
 def test_auto_on_cpu_with_native_bf16(monkeypatch):
     monkeypatch.setattr(C, "cpu_flags", lambda: frozenset({"avx512_bf16", "amx_bf16"}))
-    assert P.auto_precision("cpu")[0] == PrecisionMode.BF16
+    assert auto_precision("cpu")[0] == PrecisionMode.BF16
 
 
 def test_auto_on_cpu_without_native_bf16_is_fp32(monkeypatch):
     monkeypatch.setattr(C, "cpu_flags", lambda: frozenset({"avx2"}))
-    mode, reason = P.auto_precision("cpu")
+    mode, reason = auto_precision("cpu")
     assert mode == PrecisionMode.FP32 and reason
 
 
 def test_auto_logs_its_decision_once(monkeypatch):
-    from genesis_fp16.decision import Source, decide
+    from genesis_fp16.precision.decision import Source, decide
 
     monkeypatch.setattr(C, "cpu_flags", lambda: frozenset({"avx512_bf16", "amx_bf16"}))
     with capture_logs() as logs:
         for _ in range(3):
-            chosen = decide(FP16TrainingConfig(precision="auto"), "cpu")
+            chosen = decide(FP16TrainingConfig(precision="auto").request, "cpu")
     events = [log for log in logs if log["event"] == "precision.auto_selected"]
     assert len(events) == 1 and events[0]["precision"] == "bf16" and events[0]["source"] == "rule"
     assert chosen.mode == PrecisionMode.BF16 and chosen.source == Source.RULE and "rule (not measured)" in chosen.reason
-    assert isinstance(P.resolve_precision("auto", "cpu"), P.BF16Mixed)
+    assert isinstance(plugin_for("auto", "cpu"), BF16Mixed)
 
 
 def test_cpu_support_table(monkeypatch):
     monkeypatch.setattr(C, "cpu_flags", lambda: frozenset({"avx2"}))
-    assert P.device_support("cpu", PrecisionMode.BF16) == P.Support.SLOW
-    assert P.device_support("cpu", PrecisionMode.FP16) == P.Support.SLOW
-    assert P.device_support("cpu", PrecisionMode.FP32) == P.Support.NATIVE
+    assert device_support("cpu", PrecisionMode.BF16) == Support.SLOW
+    assert device_support("cpu", PrecisionMode.FP16) == Support.SLOW
+    assert device_support("cpu", PrecisionMode.FP32) == Support.NATIVE
 
 
 def test_avx512_bf16_without_amx_is_slow_and_auto_stays_fp32(monkeypatch):
     # measured on such a CPU: BF16 autocast 0.66-0.74x FP32 at every bench size
     monkeypatch.setattr(C, "cpu_flags", lambda: frozenset({"avx512f", "avx512_bf16", "avx512_fp16"}))
-    assert P.cpu_has_native_bf16() and not P.cpu_has_fast_bf16()
-    assert P.device_support("cpu", PrecisionMode.BF16) == P.Support.SLOW
-    mode, reason = P.auto_precision("cpu")
+    assert cpu_has_native_bf16() and not cpu_has_fast_bf16()
+    assert device_support("cpu", PrecisionMode.BF16) == Support.SLOW
+    mode, reason = auto_precision("cpu")
     assert mode == PrecisionMode.FP32 and "AMX" in reason
     with capture_logs() as logs:
-        chosen = P.resolve_precision("bf16", "cpu")  # asked for explicitly: runs
-    assert isinstance(chosen, P.BF16Mixed)
+        chosen = plugin_for("bf16", "cpu")  # asked for explicitly: runs
+    assert isinstance(chosen, BF16Mixed)
     # issue 37: unmeasured, no slow_on_device warning (a measurement decides that, tests/test_decision.py)
     assert not [log for log in logs if log["event"] == "precision.slow_on_device"]
 
 
 def test_cuda_without_bf16_is_unsupported(monkeypatch):
     monkeypatch.setattr(C, "cuda_supports_bf16", lambda d: False)
-    assert P.device_support("cuda", PrecisionMode.BF16) == P.Support.NONE
-    assert P.device_support("cuda", PrecisionMode.FP16) == P.Support.NATIVE
+    assert device_support("cuda", PrecisionMode.BF16) == Support.NONE
+    assert device_support("cuda", PrecisionMode.FP16) == Support.NATIVE
 
 
 def test_modes_give_contexts_and_scalers():
-    fp32, fp16, bf16 = (P.MODES[m]("cpu") for m in (PrecisionMode.FP32, PrecisionMode.FP16, PrecisionMode.BF16))
+    fp32, fp16, bf16 = (MODES[m]("cpu") for m in (PrecisionMode.FP32, PrecisionMode.FP16, PrecisionMode.BF16))
     assert not fp32.make_scaler().is_enabled() and not bf16.make_scaler().is_enabled()
     assert fp16.make_scaler().is_enabled()
     x = torch.randn(4, 4)
@@ -80,7 +106,7 @@ def test_modes_give_contexts_and_scalers():
 
 def test_scaler_options_named_as_torch_names_them():
     config = PrecisionConfig(init_scale=128.0, growth_factor=4.0, backoff_factor=0.25, growth_interval=400)
-    plugin = P.FP16Mixed("cpu", config)
+    plugin = FP16Mixed("cpu", config)
     assert plugin.scaler_kwargs == config.scaler_kwargs()
     scaler = plugin.make_scaler()
     assert scaler.get_scale() == 128.0
@@ -90,13 +116,13 @@ def test_scaler_options_named_as_torch_names_them():
 
 def test_bad_mode_string_lists_choices():
     with pytest.raises(ValueError, match="auto, fp16, bf16, fp32"):
-        P.resolve_precision("half", "cpu")
+        plugin_for("half", "cpu")
 
 
 def test_capability_report_shape():
-    rep = P.capability_report("cpu")
+    rep = capability_report("cpu")
     assert set(rep["support"]) == {"fp32", "tf32", "fp16", "bf16", "fp16-true"}
-    assert rep["support"]["tf32"] == "none" and "tf32" not in P.supported_modes("cpu")
+    assert rep["support"]["tf32"] == "none" and "tf32" not in supported_modes("cpu")
     assert rep["auto_precision"] in {"fp32", "bf16"} and rep["auto_reason"]
 
 
@@ -104,23 +130,23 @@ def test_capability_report_shape():
 
 
 def test_modes_cover_the_vocabulary_and_auto_never_picks_tf32_or_fp16_true(monkeypatch):
-    assert set(P.MODES) == set(PrecisionMode) - {PrecisionMode.AUTO}
-    assert {cls.name for cls in P.MODES.values()} == {m.value for m in P.MODES}
-    assert [m.value for m in P.FP32_WEIGHT_MODES] == ["fp32", "tf32", "bf16", "fp16"]
+    assert set(MODES) == set(PrecisionMode) - {PrecisionMode.AUTO}
+    assert {cls.name for cls in MODES.values()} == {m.value for m in MODES}
+    assert [m.value for m in FP32_WEIGHT_MODES] == ["fp32", "tf32", "bf16", "fp16"]
     monkeypatch.setattr(C, "cuda_supports_tf32", lambda d: True)
     for flags in (frozenset(), frozenset({"avx512_bf16"}), frozenset({"amx_bf16"})):
         monkeypatch.setattr(C, "cpu_flags", lambda flags=flags: flags)
         for device in ("cpu", "cuda", "meta"):
-            assert P.auto_precision(device)[0] not in (PrecisionMode.TF32, PrecisionMode.FP16_TRUE)
+            assert auto_precision(device)[0] not in (PrecisionMode.TF32, PrecisionMode.FP16_TRUE)
 
 
 def test_resolve_precision_builds_from_the_given_plugins():
-    class Custom(P.FP16Mixed):
+    class Custom(FP16Mixed):
         pass
 
-    plugins = dict(P.MODES, **{PrecisionMode.FP16: Custom})
-    assert type(P.resolve_precision("fp16", "cpu", plugins=plugins)) is Custom
-    assert type(P.resolve_precision("bf16", "cpu", plugins=plugins)) is P.BF16Mixed
+    plugins = dict(MODES, **{PrecisionMode.FP16: Custom})
+    assert type(plugin_for("fp16", "cpu", plugins=plugins)) is Custom
+    assert type(plugin_for("bf16", "cpu", plugins=plugins)) is BF16Mixed
 
 
 # -- plugin hooks -------------------------------------------------------------------
@@ -142,7 +168,7 @@ def _linear_step(precision, grad_scale=1.0):
 
 @pytest.mark.parametrize("mode", [PrecisionMode.FP32, PrecisionMode.BF16])
 def test_modes_without_a_scaler_are_plain_torch(mode):
-    precision = P.MODES[mode]("cpu")
+    precision = MODES[mode]("cpu")
     model, stepped, changed = _linear_step(precision)
     assert stepped and changed
     assert precision.scale == 1.0 and precision.state_dict() == {}
@@ -151,7 +177,7 @@ def test_modes_without_a_scaler_are_plain_torch(mode):
 
 
 def test_fp16_owns_its_scaler_and_detects_overflow():
-    precision = P.FP16Mixed("cpu", PrecisionConfig(init_scale=1024.0))
+    precision = FP16Mixed("cpu", PrecisionConfig(init_scale=1024.0))
     model, stepped, changed = _linear_step(precision)
     assert stepped and changed and precision.scale == 1024.0
     # the unscaled gradient is the true gradient: d(sum(Wx+b))/db = batch size
@@ -159,10 +185,10 @@ def test_fp16_owns_its_scaler_and_detects_overflow():
     _, stepped, changed = _linear_step(precision, grad_scale=float("inf"))
     assert stepped is False and not changed and precision.scale == 512.0
     state = precision.state_dict()
-    restored = P.FP16Mixed("cpu")
+    restored = FP16Mixed("cpu")
     restored.load_state_dict(state)
     assert restored.scale == 512.0 and restored.scaler.get_scale() == 512.0
-    fresh = P.FP16Mixed("cpu", PrecisionConfig(init_scale=64.0))
+    fresh = FP16Mixed("cpu", PrecisionConfig(init_scale=64.0))
     fresh.load_state_dict({})  # a checkpoint saved without a scaler keeps the fresh one
     assert fresh.scale == 64.0
 
@@ -171,7 +197,7 @@ def test_make_scaler_is_the_override_point():
     class Quiet(torch.amp.GradScaler):
         pass
 
-    class Variant(P.FP16Mixed):
+    class Variant(FP16Mixed):
         def make_scaler(self):
             return Quiet(self.device.type, init_scale=self.scaler_kwargs["init_scale"])
 
@@ -181,12 +207,12 @@ def test_make_scaler_is_the_override_point():
 
 def test_autocast_is_an_alias_of_forward_context():
     x = torch.randn(2, 2)
-    with P.FP16Mixed("cpu").forward_context():
+    with FP16Mixed("cpu").forward_context():
         assert (x @ x).dtype == torch.float16
 
 
 def test_tf32_switches_are_on_for_forward_and_backward_only():
-    precision = P.TF32("cuda")
+    precision = TF32("cuda")
     before = (torch.backends.cuda.matmul.fp32_precision, torch.backends.cudnn.fp32_precision)
     RecordMatmulPrecision.seen = []
     x = torch.ones(2, requires_grad=True)
@@ -199,29 +225,32 @@ def test_tf32_switches_are_on_for_forward_and_backward_only():
     assert precision.compute_dtype == torch.float32 and not precision.uses_scaler
 
 
-@pytest.mark.parametrize("flags", [frozenset({"avx2"}), frozenset({"avx512_bf16"}), frozenset({"avx512_bf16", "amx_bf16"})],
-                         ids=["avx2", "avx512-bf16", "amx"])
+@pytest.mark.parametrize(
+    "flags",
+    [frozenset({"avx2"}), frozenset({"avx512_bf16"}), frozenset({"avx512_bf16", "amx_bf16"})],
+    ids=["avx2", "avx512-bf16", "amx"],
+)
 def test_tf32_is_unsupported_on_cpu_and_follows_on_unsupported(monkeypatch, flags):
     # on every CPU kind: with AMX, auto is bf16, and a fallback to "the best
     # supported" would have given BF16 autocast for a request of near-FP32 matmuls
     monkeypatch.setattr(C, "cpu_flags", lambda: flags)
-    assert P.device_support("cpu", PrecisionMode.TF32) == P.Support.NONE
+    assert device_support("cpu", PrecisionMode.TF32) == Support.NONE
     with capture_logs() as logs:
-        chosen = P.resolve_precision("tf32", "cpu")
+        chosen = plugin_for("tf32", "cpu")
     assert chosen.name == "fp32"
     fallback = [log for log in logs if log["event"] == "precision.fallback"]
     assert fallback and fallback[0]["requested"] == "tf32" and "CUDA" in fallback[0]["reason"]
-    with pytest.raises(P.UnsupportedPrecisionError, match="tf32.*not supported on cpu.*CUDA"):
-        P.resolve_precision("tf32", "cpu", on_unsupported="error")
+    with pytest.raises(UnsupportedPrecisionError, match="tf32.*not supported on cpu.*CUDA"):
+        plugin_for("tf32", "cpu", on_unsupported="error")
     monkeypatch.setattr(C, "cuda_supports_tf32", lambda d: True)
-    assert P.device_support("cuda", PrecisionMode.TF32) == P.Support.NATIVE
+    assert device_support("cuda", PrecisionMode.TF32) == Support.NATIVE
     monkeypatch.setattr(C, "cuda_supports_tf32", lambda d: False)
-    assert "compute capability" in P.unsupported_reason("cuda", PrecisionMode.TF32)
+    assert "compute capability" in unsupported_reason("cuda", PrecisionMode.TF32)
 
 
 def test_fp16_true_converts_the_weights_and_trains_without_a_scaler():
-    precision = P.resolve_precision("fp16-true", "cpu")
-    assert isinstance(precision, P.HalfTrue) and not precision.scaler.is_enabled()
+    precision = plugin_for("fp16-true", "cpu")
+    assert isinstance(precision, HalfTrue) and not precision.scaler.is_enabled()
     model = precision.convert_module(torch.nn.Linear(3, 1))
     assert all(p.dtype == torch.float16 for p in model.parameters())
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -236,7 +265,7 @@ def test_fp32_weight_modes_cast_fp16_true_weights_back(mode, tmp_path):
     """A rollback from fp16-true rebuilds the trainer in an FP32-weight mode
     over the same model and optimizer: the weights (and, once a checkpoint is
     restored, the optimizer's moments) are FP32 again and training goes on."""
-    from genesis_fp16.registry import create_trainer
+    from genesis_fp16.training.registry import create_trainer
 
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Tanh(), torch.nn.Linear(4, 1))
@@ -266,21 +295,20 @@ def test_fallback_is_never_less_precise_than_asked(monkeypatch, flags):
     monkeypatch.setattr(C, "cuda_supports_bf16", lambda d: False)
     monkeypatch.setattr(C, "cuda_supports_tf32", lambda d: False)
     # a CUDA device without BF16 or TF32: bf16 becomes fp32 (not fp16, another format), tf32 fp32
-    assert P.fallback_for("cuda", PrecisionMode.BF16) == PrecisionMode.FP32
-    assert P.fallback_for("cuda", PrecisionMode.TF32) == PrecisionMode.FP32
-    assert P.resolve_precision("tf32", "cpu").name == "fp32"
+    assert fallback_for("cuda", PrecisionMode.BF16) == PrecisionMode.FP32
+    assert fallback_for("cuda", PrecisionMode.TF32) == PrecisionMode.FP32
+    assert plugin_for("tf32", "cpu").name == "fp32"
     # every fallback is the mode itself or a mode at least as precise
     order = [PrecisionMode.FP32, PrecisionMode.TF32, PrecisionMode.BF16, PrecisionMode.FP16, PrecisionMode.FP16_TRUE]
-    for mode in P.MODES:
-        assert set(P.AT_LEAST_AS_PRECISE[mode]) <= set(order[: order.index(mode)] + [PrecisionMode.FP32])
-        assert P.fallback_for("cpu", mode) in P.AT_LEAST_AS_PRECISE[mode] + (PrecisionMode.FP32,)
+    for mode in MODES:
+        assert set(AT_LEAST_AS_PRECISE[mode]) <= set(order[: order.index(mode)] + [PrecisionMode.FP32])
+        assert fallback_for("cpu", mode) in AT_LEAST_AS_PRECISE[mode] + (PrecisionMode.FP32,)
 
 
 def test_fp16_true_falls_back_to_fp16_mixed_where_fp16_runs(monkeypatch):
     real = C.device_support
-    monkeypatch.setattr(C, "device_support",
-                        lambda d, m: P.Support.NONE if m == PrecisionMode.FP16_TRUE else real(d, m))
+    monkeypatch.setattr(C, "device_support", lambda d, m: Support.NONE if m == PrecisionMode.FP16_TRUE else real(d, m))
     with capture_logs() as logs:
-        chosen = P.resolve_precision("fp16-true", "cpu")
+        chosen = plugin_for("fp16-true", "cpu")
     assert chosen.name == "fp16"  # FP32 master weights: more precise than FP16 weights
     assert any(log["event"] == "precision.fallback" and log["precision"] == "fp16" for log in logs)

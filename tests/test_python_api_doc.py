@@ -28,7 +28,9 @@ def test_python_api_page_runs_as_written(state_dir, capsys):
     assert one["resolved"].policy.precision == "bf16"
     assert two["decision"].action == "none"  # the shadow gap is small
     run, ledger = two["run"], two["ledger"]
-    assert run.trainer.precision.name == "fp32" and ledger.stage("my_agent") == "rolled_back" and len(run.rollbacks) == 1
+    assert (
+        run.trainer.precision.name == "fp32" and ledger.stage("my_agent") == "rolled_back" and len(run.rollbacks) == 1
+    )
     assert three["ledger"].stage("my_agent") == "rolled_back"  # read back in a section of its own
     assert "non-finite" in three["rollbacks"][-1]["reason"]
     assert four["report"].steps == 60

@@ -15,8 +15,8 @@ import pytest
 
 ray = pytest.importorskip("ray", reason="the ray extra is not installed: pip install -e '.[ray]' (dev includes it)")
 
-from agents.evaluation import EvaluationEnvError, EvaluationError, EvaluationTimeout, Evaluator, make_evaluator  # noqa: E402 (after the importorskip)
-from agents.ray_evaluation import EvaluationWorkerLost, RayConnectError, RayEvaluator, connect_ray  # noqa: E402 (after the importorskip)
+from agents.evaluation import EvaluationEnvError, EvaluationError, EvaluationTimeout, Evaluator, make_evaluator  # noqa: E402
+from agents.ray_evaluation import EvaluationWorkerLost, RayConnectError, RayEvaluator, connect_ray  # noqa: E402
 from agents.tasks.builtin import pendulum  # noqa: E402 (after the importorskip)
 
 STATES = [[0.5, 0.0], [-1.0, 0.5], [2.0, -1.0]]
@@ -41,7 +41,11 @@ def params(task):
 
 def _ray(task, **kw) -> RayEvaluator:
     kw.setdefault("timeout_s", 60.0)
-    ev = make_evaluator(task, backend="ray", workers=2, **kw) if not kw.get("max_retries") else RayEvaluator(task, workers=2, **kw)
+    ev = (
+        make_evaluator(task, backend="ray", workers=2, **kw)
+        if not kw.get("max_retries")
+        else RayEvaluator(task, workers=2, **kw)
+    )
     assert isinstance(ev, RayEvaluator)
     return ev
 
@@ -117,7 +121,9 @@ def test_an_env_error_is_an_evaluation_env_error_per_job(local_ray, task, params
 
 def test_an_address_with_no_cluster_fails_fast_and_clearly():
     started = time.monotonic()
-    with pytest.raises(RayConnectError, match=r"--ray-address 127.0.0.1:1: no Ray cluster answers there .*ray start --head"):
+    with pytest.raises(
+        RayConnectError, match=r"--ray-address 127.0.0.1:1: no Ray cluster answers there .*ray start --head"
+    ):
         connect_ray("127.0.0.1:1", None)
     assert time.monotonic() - started < 10
     with pytest.raises(RayConnectError, match="expected 'auto' or HOST:PORT"):
@@ -137,7 +143,9 @@ def test_evolve_with_an_address_that_answers_nothing_is_one_clear_line(monkeypat
     monkeypatch.setenv("GENESIS_FP16_RAY_ADDRESS", "127.0.0.1:1")  # the setting is the default address
     result = runner.invoke(app, ["evolve", "--backend", "ray", "--budget", "40"])
     assert result.exit_code == 2 and "no Ray cluster answers there" in result.output, result.output
-    result = runner.invoke(app, ["evolve", "--ray-address", "127.0.0.1:1", "--budget", "40"])  # explicit, without --backend ray
+    result = runner.invoke(
+        app, ["evolve", "--ray-address", "127.0.0.1:1", "--budget", "40"]
+    )  # explicit, without --backend ray
     assert result.exit_code == 2 and "applies to --backend ray only" in result.output, result.output
 
 
@@ -153,7 +161,9 @@ def test_the_memory_limit_holds_inside_a_ray_task(local_ray, task, params):
 
     with RayEvaluator(task, workers=1, timeout_s=60, memory_limit_mb=64) as ev:
         good = ev.spec
-        ev.spec = dataclasses.replace(good, env_factory=functools.partial(bytearray, 1024 * 1024 * 1024))  # 1 GiB to make the env
+        ev.spec = dataclasses.replace(
+            good, env_factory=functools.partial(bytearray, 1024 * 1024 * 1024)
+        )  # 1 GiB to make the env
         with pytest.raises(EvaluationMemoryError, match="over the worker memory limit \\(64 MiB\\)"):
             ev.evaluate(params[0], STATES[:1])
         ev.spec = good
@@ -167,8 +177,15 @@ def test_a_resumed_run_may_change_its_backend():
     from agents.runs import MANIFEST_VERSION
 
     saved = asdict(EvolveConfig())
-    manifest = {"run_id": "r", "version": MANIFEST_VERSION, "config": saved, "real_episodes": 0,
-                **{name: {} for name in ("state", "search", "obs_stats", "time")}, "pool": [], "generations": []}
+    manifest = {
+        "run_id": "r",
+        "version": MANIFEST_VERSION,
+        "config": saved,
+        "real_episodes": 0,
+        **{name: {} for name in ("state", "search", "obs_stats", "time")},
+        "pool": [],
+        "generations": [],
+    }
     assert resumed_config(manifest, budget=None, workers=None, options={}, backend="ray").backend == "ray"
     del saved["backend"]  # a run started before backends existed: the process pool
     assert resumed_config(manifest, budget=None, workers=None, options={}).backend == "process"
@@ -185,7 +202,8 @@ params = task.policy.random_params(np.random.default_rng(3), 2, 1.0)
 ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
 n = 0
 with RayEvaluator(task, workers=1, timeout_s=60, memory_limit_mb=64) as ev:
-    ev.spec = dataclasses.replace(ev.spec, env_factory=functools.partial(bytearray, 1024 * 1024 * 1024))  # 1 GiB to make the env
+    # 1 GiB to make the env
+    ev.spec = dataclasses.replace(ev.spec, env_factory=functools.partial(bytearray, 1024 * 1024 * 1024))
     for _ in range(300):
         try:
             ev.evaluate(params[0], [[0.5, 0.0]])
@@ -204,8 +222,14 @@ def test_failed_tasks_are_not_force_cancelled_so_the_driver_survives(tmp_path):
     import sys
 
     env = {**os.environ, "RAY_ADDRESS": "", "GENESIS_FP16_STATE_DIR": str(tmp_path)}
-    out = subprocess.run([sys.executable, "-c", STRESS], capture_output=True, text=True, timeout=240, env=env, cwd=tmp_path)
-    assert out.returncode == 0 and "memory errors 300" in out.stdout, (out.returncode, out.stdout[-500:], out.stderr[-2000:])
+    out = subprocess.run(
+        [sys.executable, "-c", STRESS], capture_output=True, text=True, timeout=240, env=env, cwd=tmp_path
+    )
+    assert out.returncode == 0 and "memory errors 300" in out.stdout, (
+        out.returncode,
+        out.stdout[-500:],
+        out.stderr[-2000:],
+    )
 
 
 def test_the_ray_address_setting_applies_to_the_ray_backend_only(monkeypatch, tmp_path):
@@ -235,7 +259,8 @@ from agents import ray_evaluation
 class HangingRayEvaluator(ray_evaluation.RayEvaluator):
     def evaluate_many(self, jobs, **kw):
         print("evaluating", flush=True)
-        self.spec = dataclasses.replace(self.spec, env_factory=functools.partial(time.sleep, 3600))  # an hour to make the env
+        # an hour to make the env
+        self.spec = dataclasses.replace(self.spec, env_factory=functools.partial(time.sleep, 3600))
         return super().evaluate_many(jobs, **kw)
 
 
@@ -243,7 +268,8 @@ if __name__ == "__main__":
     ray_evaluation.RayEvaluator = HangingRayEvaluator
     from genesis_fp16.cli import app
 
-    app(["evolve", "--backend", "ray", "--no-world-model", "--budget", "16", "--workers", "1"], prog_name="genesis-fp16")
+    app(["evolve", "--backend", "ray", "--no-world-model", "--budget", "16", "--workers", "1"],
+        prog_name="genesis-fp16")
 """
 
 
@@ -264,8 +290,14 @@ def test_a_local_rays_processes_die_with_a_killed_evolve(tmp_path):
     startup_s, gone_s = 240, 20  # Ray's own agents lingered 30-60 s: 20 s still tells them apart from a reaped session
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     env["GENESIS_FP16_STATE_DIR"] = str(tmp_path / "state")
-    driver = subprocess.Popen([sys.executable, "-c", HANGING_RAY_EVOLVE], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
-                              stderr=subprocess.DEVNULL, text=True)
+    driver = subprocess.Popen(
+        [sys.executable, "-c", HANGING_RAY_EVOLVE],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
     family: list[psutil.Process] = []
     session_dir = None
     try:
@@ -275,7 +307,9 @@ def test_a_local_rays_processes_die_with_a_killed_evolve(tmp_path):
             return psutil.Process(driver.pid).children(recursive=True)
 
         # the task's worker is running (a raylet child besides the two agents)
-        assert wait_until(lambda: sum(p.name().startswith("ray::") for p in session()) >= 3, startup_s), [p.name() for p in session()]
+        assert wait_until(lambda: sum(p.name().startswith("ray::") for p in session()) >= 3, startup_s), [
+            p.name() for p in session()
+        ]
         family = session()
         gcs = next(p for p in family if p.name() == "gcs_server")
         session_dir = re.search(r"--log_dir=(.*)/logs", " ".join(gcs.cmdline())).group(1)
@@ -301,7 +335,16 @@ def test_a_resumed_ray_run_uses_the_ray_address_setting(state_dir):
 
     path = runs.manifest_path(state_dir, "r1")
     path.parent.mkdir(parents=True)
-    path.write_text(json.dumps({"format": runs.MANIFEST_FORMAT, "version": runs.MANIFEST_VERSION, "run_id": "r1", "config": {"backend": "ray"}}))
+    path.write_text(
+        json.dumps(
+            {
+                "format": runs.MANIFEST_FORMAT,
+                "version": runs.MANIFEST_VERSION,
+                "run_id": "r1",
+                "config": {"backend": "ray"},
+            }
+        )
+    )
     ctx = SimpleNamespace(get_parameter_source=lambda name: SimpleNamespace(name="DEFAULT"))  # --backend not given
     assert cli._backend_of_run(ctx, cli.Backend.process, "r1", state_dir) == cli.Backend.ray
     assert cli._backend_of_run(ctx, cli.Backend.process, None, state_dir) == cli.Backend.process

@@ -39,7 +39,8 @@ from agents.ray_reaper import start_reaper
 reaper = start_reaper()
 session_dir = os.path.join(sys.argv[1], f"session_2026-01-01_00-00-00_000000_{os.getpid()}")
 os.makedirs(os.path.join(session_dir, "logs"))
-member = subprocess.Popen([sys.executable, "-c", sys.argv[2], session_dir + "/logs/raylet.out"], stdout=subprocess.PIPE, text=True)
+member = subprocess.Popen([sys.executable, "-c", sys.argv[2], session_dir + "/logs/raylet.out"],
+                          stdout=subprocess.PIPE, text=True)
 member.stdout.readline()
 if sys.argv[3] != "unnamed":
     reaper.session(session_dir)
@@ -53,12 +54,21 @@ threading.Event().wait()
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="POSIX process sessions")
 @pytest.mark.parametrize("how", ["named", "unnamed", "stop"])
 def test_the_session_dies_with_the_driver_unless_the_reaper_was_stopped(how, tmp_path):
-    outsider = subprocess.Popen([sys.executable, "-c", SESSION_PROCESS, str(tmp_path / "other.log")], stdout=subprocess.PIPE, text=True)
-    driver = subprocess.Popen([sys.executable, "-c", DRIVER, str(tmp_path), SESSION_PROCESS, how], cwd=ROOT,
-                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    outsider = subprocess.Popen(
+        [sys.executable, "-c", SESSION_PROCESS, str(tmp_path / "other.log")], stdout=subprocess.PIPE, text=True
+    )
+    driver = subprocess.Popen(
+        [sys.executable, "-c", DRIVER, str(tmp_path), SESSION_PROCESS, how],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
     procs = [psutil.Process(outsider.pid)]
     try:
-        _, member_pid, reaper_pid, reaper_rc = read_line(driver.stdout, STARTUP_S, lambda text: text.startswith("pids ")).split()
+        _, member_pid, reaper_pid, reaper_rc = read_line(
+            driver.stdout, STARTUP_S, lambda text: text.startswith("pids ")
+        ).split()
         member = psutil.Process(int(member_pid))
         procs.append(member)
         if how == "stop":
@@ -90,6 +100,8 @@ def test_a_process_is_in_a_session_by_its_open_files(tmp_path):
     os.makedirs(session_dir)
     with open(os.path.join(session_dir, "worker.out"), "w"):
         assert ray_reaper.in_session(me, pattern) and ray_reaper.in_session(me, ray_reaper.started_by(4242))
-        assert not ray_reaper.in_session(me, ray_reaper.session_pattern(session_dir[:-1]))  # a session whose name starts alike
+        assert not ray_reaper.in_session(
+            me, ray_reaper.session_pattern(session_dir[:-1])
+        )  # a session whose name starts alike
         assert not ray_reaper.in_session(me, ray_reaper.started_by(242))  # a pid that ends alike
     assert not ray_reaper.in_session(me, pattern)

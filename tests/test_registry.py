@@ -3,8 +3,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from genesis_fp16 import FP16Trainer, FP16TrainingConfig, registry
-from genesis_fp16.settings import load_settings
+from genesis_fp16 import FP16Trainer, FP16TrainingConfig
+from genesis_fp16.training import registry
+from genesis_fp16.base.settings import load_settings
 
 
 def model_opt():
@@ -37,7 +38,9 @@ def test_entry_point_plugin_is_registered(monkeypatch):
         return FP16Trainer(model, optimizer, FP16TrainingConfig(precision="fp32"), scheduler, **kw)
 
     fake_ep = SimpleNamespace(name="thirdparty", value="pkg.mod:factory", load=lambda: plugin_factory)
-    monkeypatch.setattr(registry.metadata, "entry_points", lambda group: [fake_ep] if group == registry.ENTRY_POINT_GROUP else [])
+    monkeypatch.setattr(
+        registry.metadata, "entry_points", lambda group: [fake_ep] if group == registry.ENTRY_POINT_GROUP else []
+    )
     monkeypatch.setattr(registry, "_ENTRY_POINTS_LOADED", False)
     monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))
     specs = registry.available()
@@ -53,10 +56,14 @@ def test_concurrent_first_lookups_both_see_the_plugin(monkeypatch):
 
     def slow_load():
         time.sleep(0.3)
-        return lambda model, optimizer, config=None, scheduler=None, **kw: FP16Trainer(model, optimizer, config, scheduler, **kw)
+        return lambda model, optimizer, config=None, scheduler=None, **kw: FP16Trainer(
+            model, optimizer, config, scheduler, **kw
+        )
 
     fake_ep = SimpleNamespace(name="slowplugin", value="pkg:slow", load=slow_load)
-    monkeypatch.setattr(registry.metadata, "entry_points", lambda group: [fake_ep] if group == registry.ENTRY_POINT_GROUP else [])
+    monkeypatch.setattr(
+        registry.metadata, "entry_points", lambda group: [fake_ep] if group == registry.ENTRY_POINT_GROUP else []
+    )
     monkeypatch.setattr(registry, "_ENTRY_POINTS_LOADED", False)
     monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))
     errors = []
@@ -95,7 +102,9 @@ def test_trainer_for_follows_settings(monkeypatch):
     assert trainer.precision.name == "fp16"
     assert trainer.name == "agent-a"
     assert resolved.policy.sources["precision"] == "settings"
-    assert registry.trainer_for("agent-a", *model_opt()).precision.name == "fp16"  # the same trainer, without its policy
+    assert (
+        registry.trainer_for("agent-a", *model_opt()).precision.name == "fp16"
+    )  # the same trainer, without its policy
 
 
 def test_trainer_for_explicit_argument_beats_settings(monkeypatch):
@@ -124,7 +133,7 @@ def test_ddp_and_fsdp_are_listed_without_importing_torch_distributed_trainers():
     import sys
 
     code = (
-        "import sys; from genesis_fp16 import registry; names = registry.available(); "
+        "import sys; from genesis_fp16.training import registry; names = registry.available(); "
         "print('ddp' in names and 'fsdp' in names, any(m.startswith('genesis_fp16.distributed') for m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
@@ -148,11 +157,14 @@ def test_policy_shows_the_precision_that_runs_and_keeps_the_request(monkeypatch)
     monkeypatch.setenv("GENESIS_FP16_PRECISION", "auto")
     resolved = registry.resolve_trainer("agent-a", *model_opt())
     trainer, policy = resolved.trainer, resolved.policy
-    assert policy.requested == "auto"
+    assert policy.precision == "auto" and policy.precision.mode.value == "auto"  # the request, kept as asked
     assert policy.running == trainer.precision.name == trainer.get_stats()["precision"] != "auto"
-    assert policy.precision == trainer.precision.name
     shown = policy.as_dict()
-    assert shown["precision"] == trainer.precision.name and shown["requested"] == "auto" and shown["running"] == trainer.precision.name
+    assert (
+        shown["precision"] == trainer.precision.name
+        and shown["requested"] == "auto"
+        and shown["running"] == trainer.precision.name
+    )
 
 
 def test_the_policy_is_declared_beside_the_trainer_not_patched_onto_it():

@@ -59,7 +59,9 @@ def test_round_trip_sample_count_export(tmp_path):
 
 def test_delete_trajectories_removes_exactly_those_ids(tmp_path):
     buf = ReplayBuffer(tmp_path / "r.sqlite")
-    a0, a1, a2 = buf.append_generation("a", 0, [_traj(0, candidate="x"), _traj(1, candidate="y"), _traj(2, candidate="z")])
+    a0, a1, a2 = buf.append_generation(
+        "a", 0, [_traj(0, candidate="x"), _traj(1, candidate="y"), _traj(2, candidate="z")]
+    )
     (b0,) = buf.append_generation("b", 0, [_traj(3, candidate="w")])
     assert buf.delete_trajectories([a1, b0, a1]) == 2  # across agents; a repeated id counts once
     assert [t.candidate for t in buf.sample("a")] == ["z", "x"] and buf.sample("b") == []
@@ -77,17 +79,28 @@ def test_delete_trajectories_with_an_unknown_id_deletes_nothing(tmp_path):
 
 def test_shape_mismatch_is_refused():
     with pytest.raises(ValueError, match="inconsistent transition shapes"):
-        Trajectory(obs=np.zeros((4, 3)), action=np.zeros((4, 1)), reward=np.zeros(3), next_obs=np.zeros((4, 3)), done=np.zeros(4))
+        Trajectory(
+            obs=np.zeros((4, 3)),
+            action=np.zeros((4, 1)),
+            reward=np.zeros(3),
+            next_obs=np.zeros((4, 3)),
+            done=np.zeros(4),
+        )
 
 
-@pytest.mark.parametrize("name, value", [("next_obs", np.nan), ("reward", 1e39), ("obs", -np.inf), ("action", np.nan), ("reward", -1e38),
-                                         ("obs", 2e15)])
+@pytest.mark.parametrize(
+    "name, value",
+    [("next_obs", np.nan), ("reward", 1e39), ("obs", -np.inf), ("action", np.nan), ("reward", -1e38), ("obs", 2e15)],
+)
 def test_a_non_finite_trajectory_is_refused_when_made(name, value):
     """1e39 is finite in float64 but inf as float32, the dtype it is stored in; 1e38 is finite in float32 but beyond
     what the learners' float32 statistics can hold (MAX_MAGNITUDE)."""
     arrays = {"obs": np.zeros((5, 3)), "action": np.zeros((5, 1)), "reward": np.zeros(5), "next_obs": np.zeros((5, 3))}
     arrays[name][3] = value
-    with pytest.raises(ValueError, match=rf"trajectory 'c': non-finite {name} at transition 3 \(NaN or inf as float32, or beyond \+-1e\+15\)"):
+    with pytest.raises(
+        ValueError,
+        match=rf"trajectory 'c': non-finite {name} at transition 3 \(NaN or inf as float32, or beyond \+-1e\+15\)",
+    ):
         Trajectory(**arrays, done=np.zeros(5, bool), candidate="c")
 
 
@@ -96,14 +109,21 @@ def test_append_refuses_a_generation_holding_non_finite_data_and_writes_none_of_
     kept = buf.append_generation("a", 0, [_traj(0, candidate="x")])
     good, bad = _traj(1, candidate="y"), _traj(2, candidate="z")
     bad.next_obs[4, 1] = np.nan  # changed after it was made, as a caller may
-    with pytest.raises(ValueError, match=r"trajectory 1 of the generation \(candidate 'z'\): non-finite next_obs at transition 4.*"
-                                         r"refusing to store generation 1 of agent 'a', nothing of it was written"):
+    with pytest.raises(
+        ValueError,
+        match=r"trajectory 1 of the generation \(candidate 'z'\): non-finite next_obs at transition 4.*"
+        r"refusing to store generation 1 of agent 'a', nothing of it was written",
+    ):
         buf.append_generation("a", 1, [good, bad])
     bad.next_obs[4, 1] = 0.0
     bad.reward[2] = np.float32(np.inf)
     with pytest.raises(ValueError, match="non-finite reward at transition 2"):
         buf.append("a", 1, bad)
-    assert [t.id for t in buf.sample("a")] == kept and buf.count("a") == {"trajectories": 1, "transitions": 5, "generations": 1}
+    assert [t.id for t in buf.sample("a")] == kept and buf.count("a") == {
+        "trajectories": 1,
+        "transitions": 5,
+        "generations": 1,
+    }
 
 
 def test_a_database_written_before_the_check_stays_readable(tmp_path):
@@ -152,7 +172,22 @@ def _killed_writer(path: str) -> None:
             conn.execute(
                 "INSERT INTO trajectories (agent, generation, candidate, return, outcome, length, obs_dim, act_dim,"
                 " obs, action, reward, next_obs, done, created) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
-                ("a", 1, "doomed", 0.0, "", 5, 3, 1, t.obs.tobytes(), t.action.tobytes(), t.reward.tobytes(), t.next_obs.tobytes(), t.done.tobytes(), 0.0),
+                (
+                    "a",
+                    1,
+                    "doomed",
+                    0.0,
+                    "",
+                    5,
+                    3,
+                    1,
+                    t.obs.tobytes(),
+                    t.action.tobytes(),
+                    t.reward.tobytes(),
+                    t.next_obs.tobytes(),
+                    t.done.tobytes(),
+                    0.0,
+                ),
             )
         os.kill(os.getpid(), signal.SIGKILL)  # killed before COMMIT
 

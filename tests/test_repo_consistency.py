@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 
 from agents.se_darwin_agent import EvolveConfig
-from genesis_fp16 import registry
-from genesis_fp16.profiles import load_profiles
+from genesis_fp16.training import registry
+from genesis_fp16.rollout.profiles import load_profiles
 from agents.ppo.config import load_config
 from agents.ppo.ppo import PPO
 from infrastructure.world_model import WorldModel
@@ -24,7 +24,9 @@ EXAMPLE_PROFILES = REPO / "configs" / "profiles.example.toml"
 
 
 def _tiny_ppo(**fields: Any) -> PPO:
-    cfg = load_config(None, num_envs=1, num_steps=8, minibatch_size=8, total_steps=8, vec_env="sync", device="cpu", **fields)
+    cfg = load_config(
+        None, num_envs=1, num_steps=8, minibatch_size=8, total_steps=8, vec_env="sync", device="cpu", **fields
+    )
     ppo = PPO(cfg)
     ppo.envs.close()
     return ppo
@@ -53,14 +55,16 @@ def test_example_profile_names_only_agents_the_code_trains(monkeypatch: pytest.M
     }
     named = set(load_profiles(EXAMPLE_PROFILES).agents)
     assert named, "the example should show at least one agent"
-    assert named <= used, f"{EXAMPLE_PROFILES.name} has [agents.X] tables no code trains: {sorted(named - used)}; used: {sorted(used)}"
+    assert named <= used, (
+        f"{EXAMPLE_PROFILES.name} has [agents.X] tables no code trains: {sorted(named - used)}; used: {sorted(used)}"
+    )
 
 
 def test_example_ppo_profile_reaches_the_ppo_trainer(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("GENESIS_FP16_PROFILES_FILE", str(EXAMPLE_PROFILES))
     (ppo_table,) = [v for name, v in load_profiles(EXAMPLE_PROFILES).agents.items() if name != "world_model"]
     config = _tiny_ppo(precision="fp16").trainer.config
-    assert config.loss_scale == ppo_table.values["init_scale"]
+    assert config.init_scale == ppo_table.values["init_scale"]
     assert config.growth_interval == ppo_table.values["growth_interval"]
     assert config.nonfinite_streak_threshold == ppo_table.values["nonfinite_streak_threshold"]
 
@@ -109,7 +113,7 @@ def _markdown_files() -> list[Path]:
 
 def test_link_extraction() -> None:
     text = (
-        "see [a](docs/A.md#part) and ![img](plots/x.png \"title\"), [web](https://x.org/y.md), [top](#here)\n"
+        'see [a](docs/A.md#part) and ![img](plots/x.png "title"), [web](https://x.org/y.md), [top](#here)\n'
         "`[not](code.md)`, `genesis_fp16/x.py` but `../up/C.md`\n```\n[nor](fenced.md) `../nor.md`\n```\n"
         "[ref]: ../other/B.md\n"
     )
@@ -133,6 +137,6 @@ def test_links_between_pages_name_explicit_anchors(doc: Path) -> None:
         if not target.is_file() or anchor not in explicit_anchors(target.read_text(encoding="utf-8")):
             wrong.append(f"{path}#{anchor}")
     assert not wrong, (
-        f"{doc.relative_to(REPO)} links to anchors its target does not define as `<a id=\"...\"></a>`: {wrong}; "
+        f'{doc.relative_to(REPO)} links to anchors its target does not define as `<a id="..."></a>`: {wrong}; '
         "put such a line before the heading and link to its id"
     )

@@ -19,7 +19,8 @@ from agents.evolve_config import resumed_config
 from agents.runs import MANIFEST_VERSION, RunError, RunLock, manifest_path, read_manifest
 from agents.se_darwin_agent import EvolveConfig, SEDarwinAgent
 from genesis_fp16.cli import app
-from genesis_fp16.settings import load_settings
+from genesis_fp16.base.errors import CheckpointError
+from genesis_fp16.base.settings import load_settings
 from infrastructure.replay_buffer import ReplayBuffer
 from infrastructure.world_model import WorldModel
 
@@ -63,8 +64,17 @@ class InterruptOnEvaluation(InProcessEvaluator):
 
 # generations of 6 candidates, one real episode each; the world model and the critic train
 # (no model rollouts: they are tested with the model env); a target no policy meets
-LOOP = dict(popsize=6, wm_steps=30, ensemble=2, refine_steps=4, critic_updates=0.02, model_rollouts=0, target=-1.0, workers=1,
-            eval_timeout_s=60)
+LOOP = dict(
+    popsize=6,
+    wm_steps=30,
+    ensemble=2,
+    refine_steps=4,
+    critic_updates=0.02,
+    model_rollouts=0,
+    target=-1.0,
+    workers=1,
+    eval_timeout_s=60,
+)
 
 
 def config(**kw) -> EvolveConfig:
@@ -97,7 +107,9 @@ async def test_resume_after_a_generation_gives_the_uninterrupted_result(tmp_path
     expected = await SEDarwinAgent(config(), settings=whole, evaluator=InProcessEvaluator(workers=1)).evolve()
 
     settings = load_settings(state_dir=tmp_path / "cut")
-    first = SEDarwinAgent(config(), settings=settings, evaluator=InProcessEvaluator(workers=1), on_generation=interrupt_after(1))
+    first = SEDarwinAgent(
+        config(), settings=settings, evaluator=InProcessEvaluator(workers=1), on_generation=interrupt_after(1)
+    )
     with pytest.raises(KeyboardInterrupt):
         await first.evolve()
     manifest = read_manifest(settings.state_dir, first.run_id)
@@ -105,7 +117,10 @@ async def test_resume_after_a_generation_gives_the_uninterrupted_result(tmp_path
     assert manifest["status"] == "interrupted" and manifest["generation"] == 1 and manifest["real_episodes"] == 14
     assert manifest["version"] == MANIFEST_VERSION and manifest["state"]["candidates_run"] == 12
     assert len(manifest["search"]["told"]) == 2 and manifest["obs_stats"]["count"] == 12 * pendulum_task.EPISODE_STEPS
-    assert manifest["world_model_checkpoint"] == "world_model-g0001.pt" and manifest["critic_checkpoint"] == "critic-g0001.pt"
+    assert (
+        manifest["world_model_checkpoint"] == "world_model-g0001.pt"
+        and manifest["critic_checkpoint"] == "critic-g0001.pt"
+    )
 
     agent = SEDarwinAgent.resume(first.run_id, settings=settings, evaluator=InProcessEvaluator(workers=1))
     report = await agent.evolve()
@@ -138,7 +153,12 @@ class CommitThenInterrupt(ReplayBuffer):
 
 async def test_a_cut_off_generation_runs_again(state_dir):
     settings = load_settings()
-    first = SEDarwinAgent(config(), settings=settings, buffer=CommitThenInterrupt(settings=settings), evaluator=InProcessEvaluator(workers=1))
+    first = SEDarwinAgent(
+        config(),
+        settings=settings,
+        buffer=CommitThenInterrupt(settings=settings),
+        evaluator=InProcessEvaluator(workers=1),
+    )
     with pytest.raises(KeyboardInterrupt):
         await first.evolve()
     cut = rows_per_generation(settings, first.data_agent)
@@ -150,7 +170,9 @@ async def test_a_cut_off_generation_runs_again(state_dir):
     report = await agent.evolve()
     assert report["real_episodes"] == 24  # the cut-off generation's episodes are not charged twice
     rows = rows_per_generation(settings, first.data_agent)
-    assert sum(rows.values()) == 24 and rows[0] == 6 and rows[1] == 8 and rows[2] == cut[2]  # generation 2 ran again, alike
+    assert (
+        sum(rows.values()) == 24 and rows[0] == 6 and rows[1] == 8 and rows[2] == cut[2]
+    )  # generation 2 ran again, alike
 
 
 async def test_resume_may_raise_the_budget(state_dir):
@@ -160,9 +182,13 @@ async def test_resume_may_raise_the_budget(state_dir):
         await first.evolve()
     with pytest.raises(RunError, match="budget=6: .* already spent 12 real episodes"):
         SEDarwinAgent.resume(first.run_id, settings=settings, budget=6)
-    report = await SEDarwinAgent.resume(first.run_id, settings=settings, budget=24, evaluator=InProcessEvaluator(workers=1)).evolve()
+    report = await SEDarwinAgent.resume(
+        first.run_id, settings=settings, budget=24, evaluator=InProcessEvaluator(workers=1)
+    ).evolve()
     assert report["budget"] == 24 and report["real_episodes"] == 24 and report["resumed"]
-    assert [g["generation"] for g in report["generations"]] == list(range(len(report["generations"]))) and len(report["generations"]) >= 3
+    assert [g["generation"] for g in report["generations"]] == list(range(len(report["generations"]))) and len(
+        report["generations"]
+    ) >= 3
 
 
 async def test_a_run_that_failed_is_recorded_and_resumable(state_dir):
@@ -175,8 +201,14 @@ async def test_a_run_that_failed_is_recorded_and_resumable(state_dir):
     with pytest.raises(RuntimeError):
         await first.evolve()
     manifest = read_manifest(state_dir, first.run_id)
-    assert manifest["status"] == "interrupted" and "worker pool broke" in manifest["error"] and manifest["generation"] == -1
-    report = await SEDarwinAgent.resume(first.run_id, settings=settings, evaluator=InProcessEvaluator(workers=1)).evolve()
+    assert (
+        manifest["status"] == "interrupted"
+        and "worker pool broke" in manifest["error"]
+        and manifest["generation"] == -1
+    )
+    report = await SEDarwinAgent.resume(
+        first.run_id, settings=settings, evaluator=InProcessEvaluator(workers=1)
+    ).evolve()
     assert report["real_episodes"] == 12 and report["resumed_from"]["generation"] == -1
 
 
@@ -200,11 +232,15 @@ async def test_finished_run_is_not_run_again(state_dir):
 
 async def test_other_options_and_a_running_run_are_refused(state_dir):
     settings = load_settings()
-    first = SEDarwinAgent(config(), settings=settings, evaluator=InProcessEvaluator(workers=1), on_generation=interrupt_after(0))
+    first = SEDarwinAgent(
+        config(), settings=settings, evaluator=InProcessEvaluator(workers=1), on_generation=interrupt_after(0)
+    )
     with pytest.raises(KeyboardInterrupt):
         await first.evolve()
     with pytest.raises(RunError, match=r"seed=3 \(the run has 0\).*precision='bf16' \(the run has None\)"):
-        SEDarwinAgent.resume(first.run_id, settings=settings, options={"seed": 3, "precision": "bf16", "env_id": "Pendulum-v1"})
+        SEDarwinAgent.resume(
+            first.run_id, settings=settings, options={"seed": 3, "precision": "bf16", "env_id": "Pendulum-v1"}
+        )
     holder = RunLock(state_dir, first.run_id)  # another process running it
     assert holder.acquire()
     try:
@@ -218,7 +254,8 @@ async def test_other_options_and_a_running_run_are_refused(state_dir):
 async def test_world_model_snapshot_keeps_the_batch_sampler(tmp_path):
     rng = np.random.default_rng(0)
     trajs = [
-        pendulum_task.run_episodes(pendulum_task.random_params(rng, 1)[0], [[0.5, 0.0]], steps=40)["episodes"][0] for _ in range(2)
+        pendulum_task.run_episodes(pendulum_task.random_params(rng, 1)[0], [[0.5, 0.0]], steps=40)["episodes"][0]
+        for _ in range(2)
     ]
     from infrastructure.replay_buffer import trajectories_from_episodes
 
@@ -237,8 +274,26 @@ def test_cli_resume_end_to_end(monkeypatch, tmp_path, state_dir):
     runner = CliRunner()
     # batches: generation 0's population, generation 1's refined pair and population, generation 2's population
     monkeypatch.setattr(evaluation, "Evaluator", lambda *a, **kw: InterruptOnEvaluation(population=4))
-    flags = ["--budget", "24", "--workers", "1", "--popsize", "6", "--wm-steps", "30", "--ensemble", "2", "--refine-steps", "4",
-             "--critic-updates", "0.02", "--model-rollouts", "0", "--target", "-1"]
+    flags = [
+        "--budget",
+        "24",
+        "--workers",
+        "1",
+        "--popsize",
+        "6",
+        "--wm-steps",
+        "30",
+        "--ensemble",
+        "2",
+        "--refine-steps",
+        "4",
+        "--critic-updates",
+        "0.02",
+        "--model-rollouts",
+        "0",
+        "--target",
+        "-1",
+    ]
     cut = runner.invoke(app, ["evolve", *flags])  # interrupted in generation 2
     assert cut.exit_code == 130, cut.output
     (run_id,) = [p.name for p in (state_dir / "runs").iterdir()]
@@ -261,7 +316,9 @@ def test_cli_resume_end_to_end(monkeypatch, tmp_path, state_dir):
 
 async def test_a_run_whose_data_is_gone_or_unreadable_is_one_clear_error(state_dir):
     settings = load_settings()
-    first = SEDarwinAgent(config(), settings=settings, evaluator=InProcessEvaluator(workers=1), on_generation=interrupt_after(0))
+    first = SEDarwinAgent(
+        config(), settings=settings, evaluator=InProcessEvaluator(workers=1), on_generation=interrupt_after(0)
+    )
     with pytest.raises(KeyboardInterrupt):
         await first.evolve()
     ReplayBuffer(settings=settings).delete_agents([first.data_agent])
@@ -283,19 +340,36 @@ async def test_a_run_whose_every_candidate_failed_so_far_resumes(state_dir):
 
     task = Task(env_id="NaNDrift", env_factory=task_envs.nan_reward, target=0.0, n_train=2, n_heldout=2)
     settings = load_settings()
-    first = SEDarwinAgent(config(budget=8, popsize=4, refined=2, target=0.0), task=task, settings=settings, on_generation=interrupt_after(0))
+    first = SEDarwinAgent(
+        config(budget=8, popsize=4, refined=2, target=0.0),
+        task=task,
+        settings=settings,
+        on_generation=interrupt_after(0),
+    )
     with pytest.raises(KeyboardInterrupt):
         await first.evolve()
     assert read_manifest(state_dir, first.run_id)["generation"] == 0
     report = await SEDarwinAgent.resume(first.run_id, task=task, settings=settings).evolve()
-    assert report["resumed_from"]["generation"] == 0 and report["stop_reason"] == "failed" and report["real_episodes"] == 8
+    assert (
+        report["resumed_from"]["generation"] == 0 and report["stop_reason"] == "failed" and report["real_episodes"] == 8
+    )
     assert sum(f["episodes"] for f in report["failed_candidates"]) == 8
 
 
 def test_a_run_from_before_the_cma_loop_is_refused():
     saved = dataclasses.asdict(config())
-    manifest = {"run_id": "r", "version": MANIFEST_VERSION - 1, "real_episodes": 8, "config": saved,
-                "state": {}, "search": {}, "pool": [], "generations": [], "obs_stats": {}, "time": {}}
+    manifest = {
+        "run_id": "r",
+        "version": MANIFEST_VERSION - 1,
+        "real_episodes": 8,
+        "config": saved,
+        "state": {},
+        "search": {},
+        "pool": [],
+        "generations": [],
+        "obs_stats": {},
+        "time": {},
+    }
     with pytest.raises(RunError, match=f"version {MANIFEST_VERSION - 1}.*cannot continue it"):
         resumed_config(manifest, budget=None, workers=None, options={})
     manifest["version"] = MANIFEST_VERSION
@@ -322,27 +396,55 @@ def _cli_main(argv, monkeypatch, capsys):
         (lambda m: m["obs_stats"].update(count=-1), "obs_stats.count: -1", "expected a whole number >= 0"),
         (lambda m: m.update(pool=[{"x": 1}]), "pool[0].id: missing", "expected a string"),
         (lambda m: m.update(real_episodes=-5), "real_episodes: -5", "expected a whole number >= 0"),
-        (lambda m: m["pool"][0].update(x=1), "pool[0].x: 1", "expected no such field (the fields are id, params, operator"),
-        (lambda m: m["pool"][1].update(params=m["pool"][1]["params"][:3]), "pool[1].params", "expected 41 numbers, one per policy parameter"),
+        (
+            lambda m: m["pool"][0].update(x=1),
+            "pool[0].x: 1",
+            "expected no such field (the fields are id, params, operator",
+        ),
+        (
+            lambda m: m["pool"][1].update(params=m["pool"][1]["params"][:3]),
+            "pool[1].params",
+            "expected 41 numbers, one per policy parameter",
+        ),
         (lambda m: m["pool"][0].update(generation="0"), 'pool[0].generation: "0"', "expected a whole number >= 0"),
-        (lambda m: m.update(obs_stats={"count": 5, "mean": [0.0, 1.0], "m2": [1.0, 1.0]}), "obs_stats.mean: [0.0, 1.0]",
-         "2 do not fit the mlp:8 policy's 41 parameters"),
-        (lambda m: m["obs_stats"].update(m2=[-1.0, 0.0, 0.0]), "obs_stats.m2", "expected a list of finite numbers >= 0"),
+        (
+            lambda m: m.update(obs_stats={"count": 5, "mean": [0.0, 1.0], "m2": [1.0, 1.0]}),
+            "obs_stats.mean: [0.0, 1.0]",
+            "2 do not fit the mlp:8 policy's 41 parameters",
+        ),
+        (
+            lambda m: m["obs_stats"].update(m2=[-1.0, 0.0, 0.0]),
+            "obs_stats.m2",
+            "expected a list of finite numbers >= 0",
+        ),
         (lambda m: m["config"].update(ensemble=100000), "config.ensemble: 100000", "expected a whole number in 1..64"),
-        (lambda m: m["config"].update(use_critic=False), "config: invalid evolve options: refined=4: refinement needs the critic", ""),
+        (
+            lambda m: m["config"].update(use_critic=False),
+            "config: invalid evolve options: refined=4: refinement needs the critic",
+            "",
+        ),
         (lambda m: m["state"].update(generation=None), "state.generation: null", "expected a whole number >= -1"),
         (lambda m: m["search"].update(sigma0="big"), 'search.sigma0: "big"', "expected a finite number > 0"),
-        (lambda m: m.update(world_model_checkpoint="../../elsewhere.pt"), "world_model_checkpoint", "a file name in the run's world-model folder"),
+        (
+            lambda m: m.update(world_model_checkpoint="../../elsewhere.pt"),
+            "world_model_checkpoint",
+            "a file name in the run's world-model folder",
+        ),
         (lambda m: m.pop("generations"), "generations: missing", "expected what this version writes in every manifest"),
         (lambda m: m.update(env_steps=2.5), "env_steps: 2.5", "expected a whole number >= 0"),
         # issue 52 (D7): a count past 64 bits was an OverflowError from the replay buffer
-        (lambda m: m.update(generation=10**20), "generation: 100000000000000000000",
-         "from -9007199254740991 to 9007199254740991"),
+        (
+            lambda m: m.update(generation=10**20),
+            "generation: 100000000000000000000",
+            "from -9007199254740991 to 9007199254740991",
+        ),
         (lambda m: m["state"].update(candidates_run=-(2**63)), "state.candidates_run", "(2**53 - 1)"),
         (lambda m: m.update(started=1e300), "started: 1e+300", "a time in seconds since 1970, before the year 10000"),
     ],
 )
-def test_a_hand_edited_manifest_is_one_line_naming_the_file_and_the_field(edit, field, expected, edited_run, monkeypatch, capsys):
+def test_a_hand_edited_manifest_is_one_line_naming_the_file_and_the_field(
+    edit, field, expected, edited_run, monkeypatch, capsys
+):
     state_dir, run_id, original = edited_run
     path = manifest_path(state_dir, run_id)
     manifest = json.loads(original)
@@ -350,7 +452,9 @@ def test_a_hand_edited_manifest_is_one_line_naming_the_file_and_the_field(edit, 
     path.write_text(json.dumps(manifest))
     code, err = _cli_main(["evolve", "--resume", run_id], monkeypatch, capsys)
     assert code == 2, err
-    assert err.startswith(f"error: {path}: field {field}") and err.count("\n") == 1, err  # one line, the file and the field first
+    assert err.startswith(f"error: {path}: field {field}") and err.count("\n") == 1, (
+        err
+    )  # one line, the file and the field first
     assert expected in err and "Traceback" not in err
     with pytest.raises(RunError, match="field"):
         SEDarwinAgent.resume(run_id, settings=load_settings())  # the Python API says the same
@@ -367,7 +471,12 @@ def _one_interrupted_run(tmp_path_factory):
         env.setenv("GENESIS_FP16_PRECISION_CACHE", str(state / "precision-cache.json"))
         env.setenv("GENESIS_FP16_DEVICE", "cpu")
         env.setenv("GENESIS_FP16_AUTO_PRECISION", "rule")
-        agent = SEDarwinAgent(config(), settings=load_settings(), evaluator=InProcessEvaluator(workers=1), on_generation=interrupt_after(1))
+        agent = SEDarwinAgent(
+            config(),
+            settings=load_settings(),
+            evaluator=InProcessEvaluator(workers=1),
+            on_generation=interrupt_after(1),
+        )
         with pytest.raises(KeyboardInterrupt):
             asyncio.run(agent.evolve())
     return agent.run_id, manifest_path(state, agent.run_id).read_text()
@@ -375,19 +484,23 @@ def _one_interrupted_run(tmp_path_factory):
 
 @pytest.fixture
 def edited_run(_one_interrupted_run, state_dir):
-    """That run's manifest in this test's state dir (a resume of an edited manifest stops before it reads anything else)."""
+    """That run's manifest in this test's state dir (a resume of an edited manifest stops before it reads anything
+    else)."""
     run_id, original = _one_interrupted_run
     manifest_path(state_dir, run_id).parent.mkdir(parents=True)
     return state_dir, run_id, original
 
 
 @pytest.mark.timeout(30)
-@pytest.mark.parametrize("how, said", [
-    ("fifo", "is a FIFO, expected a regular file"),
-    ("dev_zero", "is a character device (a symlink to /dev/zero), expected a regular file"),
-    ("deep", "is nested too deep to read (more than 32 levels)"),
-    ("huge", "is larger than 128 MiB"),
-])
+@pytest.mark.parametrize(
+    "how, said",
+    [
+        ("fifo", "is a FIFO, expected a regular file"),
+        ("dev_zero", "is a character device (a symlink to /dev/zero), expected a regular file"),
+        ("deep", "is nested too deep to read (more than 32 levels)"),
+        ("huge", "is larger than 128 MiB"),
+    ],
+)
 def test_a_manifest_that_is_no_file_of_ours_is_one_line_on_resume(how, said, edited_run, monkeypatch, capsys):
     """Issue 52 (D2): a FIFO as run.json hung ``evolve --resume``, a link to /dev/zero read 23.5 GB, a deep array
     raised RecursionError. Each is one line naming the file, what it is and the fix, before anything is read."""
@@ -418,23 +531,32 @@ def test_candidate_and_obs_stats_records_name_the_bad_field():
 
     good = Candidate("c", np.zeros(3), "cma", 0).as_dict()
     assert Candidate.from_dict(good).id == "c"
-    for bad, message in (({"x": 1}, "field id: missing"), ({**good, "x": 1}, "field x: 1; expected no such field"),
-                         ({**good, "params": [1.0, "a"]}, "field params"), ({**good, "starts": [0], "returns": []}, "field returns"),
-                         ({**good, "full": 1}, "field full: 1; expected true or false")):
+    for bad, message in (
+        ({"x": 1}, "field id: missing"),
+        ({**good, "x": 1}, "field x: 1; expected no such field"),
+        ({**good, "params": [1.0, "a"]}, "field params"),
+        ({**good, "starts": [0], "returns": []}, "field returns"),
+        ({**good, "full": 1}, "field full: 1; expected true or false"),
+    ):
         with pytest.raises(RunError, match=message):
             Candidate.from_dict(bad)
     assert ObsStats.from_dict(2, {"count": 3, "mean": [0.0, 1.0], "m2": [1.0, 2.0]}).count == 3
-    for bad, message in (({"count": -1, "mean": [], "m2": []}, "field count: -1; expected a whole number >= 0"),
-                         ({"count": 1.5, "mean": [0.0, 0.0], "m2": [0.0, 0.0]}, "field count: 1.5"),
-                         ({"count": 3, "mean": [0.0], "m2": [0.0]}, "field mean: \\[0.0\\]; expected 2 values"),
-                         ({"count": 3, "mean": [0.0, 0.0]}, "field m2: missing"), ([], "expected an object with count, mean and m2")):
+    for bad, message in (
+        ({"count": -1, "mean": [], "m2": []}, "field count: -1; expected a whole number >= 0"),
+        ({"count": 1.5, "mean": [0.0, 0.0], "m2": [0.0, 0.0]}, "field count: 1.5"),
+        ({"count": 3, "mean": [0.0], "m2": [0.0]}, "field mean: \\[0.0\\]; expected 2 values"),
+        ({"count": 3, "mean": [0.0, 0.0]}, "field m2: missing"),
+        ([], "expected an object with count, mean and m2"),
+    ):
         with pytest.raises(RunError, match=message):
             ObsStats.from_dict(2, bad)
 
 
 async def test_an_edited_search_record_is_one_clear_error(state_dir):
     settings = load_settings()
-    first = SEDarwinAgent(config(), settings=settings, evaluator=InProcessEvaluator(workers=1), on_generation=interrupt_after(1))
+    first = SEDarwinAgent(
+        config(), settings=settings, evaluator=InProcessEvaluator(workers=1), on_generation=interrupt_after(1)
+    )
     with pytest.raises(KeyboardInterrupt):
         await first.evolve()
     path = manifest_path(state_dir, first.run_id)
@@ -450,7 +572,7 @@ async def test_a_full_disk_at_the_resume_snapshot_commits_nothing_of_that_genera
     the manifest keeps generation 0 with its one record (the generation and
     its record are committed as one unit), and the resume gives the
     uninterrupted report, each generation once."""
-    from genesis_fp16 import checkpoint
+    from genesis_fp16.base import storage as checkpoint  # where the atomic writes live
 
     whole = load_settings(state_dir=tmp_path / "whole")
     expected = await SEDarwinAgent(config(), settings=whole, evaluator=InProcessEvaluator(workers=1)).evolve()
@@ -465,23 +587,29 @@ async def test_a_full_disk_at_the_resume_snapshot_commits_nothing_of_that_genera
     monkeypatch.setattr(checkpoint, "atomic_write", no_space_for_g1)
     settings = load_settings(state_dir=tmp_path / "full")
     first = SEDarwinAgent(config(), settings=settings, evaluator=InProcessEvaluator(workers=1))
-    with pytest.raises(checkpoint.CheckpointError):
+    with pytest.raises(CheckpointError):
         await first.evolve()
     manifest = read_manifest(settings.state_dir, first.run_id)
     assert manifest["generation"] == 0 and [g["generation"] for g in manifest["generations"]] == [0]
     assert first.committed() == (1, 6)
 
     monkeypatch.setattr(checkpoint, "atomic_write", original)  # space freed
-    report = await SEDarwinAgent.resume(first.run_id, settings=settings, evaluator=InProcessEvaluator(workers=1)).evolve()
-    assert [g["generation"] for g in report["generations"]] == list(range(len(report["generations"]))) and len(report["generations"]) >= 3
+    report = await SEDarwinAgent.resume(
+        first.run_id, settings=settings, evaluator=InProcessEvaluator(workers=1)
+    ).evolve()
+    assert [g["generation"] for g in report["generations"]] == list(range(len(report["generations"]))) and len(
+        report["generations"]
+    ) >= 3
     assert comparable(report) == comparable(expected)
 
 
-async def test_a_resumed_stretch_that_trains_no_model_reports_the_precision_the_model_trained_in(monkeypatch, state_dir):
+async def test_a_resumed_stretch_that_trains_no_model_reports_the_precision_the_model_trained_in(
+    monkeypatch, state_dir
+):
     # issue 37: the last resumed stretch trained no model and reported its placeholder trainer's fp32
     # where the model had trained in bf16 (auto measured; the timings are injected)
-    from genesis_fp16 import calibration as cal
-    from genesis_fp16.autotune import PrecisionCache
+    from genesis_fp16.precision import calibration as cal
+    from genesis_fp16.precision.measure import PrecisionCache
 
     monkeypatch.setenv("GENESIS_FP16_AUTO_PRECISION", "measure")
     timings = {"fp32": 1.0e-3, "bf16": 0.5e-3, "fp16": 5e-3}
@@ -502,11 +630,16 @@ async def test_a_resumed_stretch_that_trains_no_model_reports_the_precision_the_
     # another process, another day: the host's cache is gone and fp32 would measure faster now
     PrecisionCache.from_settings(settings).clear()
     timings.update(bf16=2e-3)
-    report = await SEDarwinAgent.resume(first.run_id, settings=settings, evaluator=InProcessEvaluator(workers=1)).evolve()
+    report = await SEDarwinAgent.resume(
+        first.run_id, settings=settings, evaluator=InProcessEvaluator(workers=1)
+    ).evolve()
     assert report["resumed"] and [g["generation"] for g in report["generations"]] == [g["generation"] for g in trained]
     for learner in ("world_model", "critic"):  # what the learner in use trained in, not what a trainer would run now
         assert report["learners"][learner]["precision"] == "bf16", (learner, report["learners"])
-        assert report["learners"][learner]["decision"]["precision"] == "bf16" and report["learners"][learner]["decision"]["source"] == "measured"
+        assert (
+            report["learners"][learner]["decision"]["precision"] == "bf16"
+            and report["learners"][learner]["decision"]["source"] == "measured"
+        )
 
 
 def test_resume_after_kill_9_gives_the_uninterrupted_report(tmp_path):
@@ -521,19 +654,47 @@ def test_resume_after_kill_9_gives_the_uninterrupted_report(tmp_path):
     from process_helpers import wait_until
 
     root = Path(__file__).resolve().parents[1]
-    flags = ["--budget", "36", "--popsize", "6", "--wm-steps", "30", "--ensemble", "2", "--refine-steps", "4",
-             "--critic-updates", "0.02", "--model-rollouts", "16", "--rollout-horizon", "2", "--target", "-1", "--workers", "1"]
+    flags = [
+        "--budget",
+        "36",
+        "--popsize",
+        "6",
+        "--wm-steps",
+        "30",
+        "--ensemble",
+        "2",
+        "--refine-steps",
+        "4",
+        "--critic-updates",
+        "0.02",
+        "--model-rollouts",
+        "16",
+        "--rollout-horizon",
+        "2",
+        "--target",
+        "-1",
+        "--workers",
+        "1",
+    ]
 
     def evolve(state: Path, *args: str, **popen: object) -> subprocess.Popen:
         env = {**os.environ, "GENESIS_FP16_STATE_DIR": str(state)}
-        return subprocess.Popen([sys.executable, "-m", "genesis_fp16.cli", "evolve", *args], cwd=root, env=env,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, **popen)
+        return subprocess.Popen(
+            [sys.executable, "-m", "genesis_fp16.cli", "evolve", *args],
+            cwd=root,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+            **popen,
+        )
 
     whole = evolve(tmp_path / "whole", *flags, "--json", str(tmp_path / "whole.json"))
     assert whole.wait(timeout=600) == 0, whole.stderr.read()
     cut = tmp_path / "cut"
     proc = evolve(cut, *flags)
     try:
+
         def committed() -> bool:
             manifests = list((cut / "runs").glob("*/run.json"))
             return bool(manifests) and json.loads(manifests[0].read_text()).get("generation", -1) >= 2
@@ -557,8 +718,8 @@ async def test_a_resumed_run_trains_on_its_own_precision_decisions_and_never_mea
     BF16, another run). The decisions are part of the run's state now: with
     the host cache gone and FP32 measuring faster, the resumed generations
     still train in the run's BF16, and nothing is measured."""
-    from genesis_fp16 import calibration as cal
-    from genesis_fp16.autotune import PrecisionCache
+    from genesis_fp16.precision import calibration as cal
+    from genesis_fp16.precision.measure import PrecisionCache
 
     monkeypatch.setenv("GENESIS_FP16_AUTO_PRECISION", "measure")
     timings = {"fp32": 1.0e-3, "bf16": 0.5e-3, "fp16": 5e-3}
@@ -572,17 +733,26 @@ async def test_a_resumed_run_trains_on_its_own_precision_decisions_and_never_mea
     monkeypatch.setattr(cal, "time_step", fake_time_step)
     from agents import se_darwin_agent
 
-    monkeypatch.setattr(se_darwin_agent, "refined_count", lambda generations, most: most)  # refined every generation: the learners train
+    monkeypatch.setattr(
+        se_darwin_agent, "refined_count", lambda generations, most: most
+    )  # refined every generation: the learners train
     settings = load_settings()
-    first = SEDarwinAgent(config(), settings=settings, evaluator=InProcessEvaluator(workers=1), on_generation=interrupt_after(0))
+    first = SEDarwinAgent(
+        config(), settings=settings, evaluator=InProcessEvaluator(workers=1), on_generation=interrupt_after(0)
+    )
     with pytest.raises(KeyboardInterrupt):
         await first.evolve()
     manifest = read_manifest(settings.state_dir, first.run_id)
-    assert {k: v["precision"] for k, v in manifest["decisions"].items()} == {"world_model_checkpoint": "bf16", "critic_checkpoint": "bf16"}
+    assert {k: v["precision"] for k, v in manifest["decisions"].items()} == {
+        "world_model_checkpoint": "bf16",
+        "critic_checkpoint": "bf16",
+    }
     PrecisionCache.from_settings(settings).clear()
     timings.update(bf16=2e-3)
     measured.clear()
-    report = await SEDarwinAgent.resume(first.run_id, settings=settings, evaluator=InProcessEvaluator(workers=1)).evolve()
+    report = await SEDarwinAgent.resume(
+        first.run_id, settings=settings, evaluator=InProcessEvaluator(workers=1)
+    ).evolve()
     resumed = [g for g in report["generations"] if g["generation"] > 0]
     assert resumed and all(g["wm_precision"] == "bf16" == g["critic_precision"] for g in resumed), resumed
     assert all(g["wm_decision"] == report["generations"][0]["wm_decision"] for g in resumed)

@@ -13,8 +13,8 @@ import pytest
 from typer.testing import CliRunner
 
 from genesis_fp16.cli import app
-from genesis_fp16.rollout import LEDGER_FILE, SCHEMA_VERSION, LedgerError, RolloutLedger, current_stage
-from genesis_fp16.settings import load_settings
+from genesis_fp16.rollout.ledger import LEDGER_FILE, SCHEMA_VERSION, LedgerError, RolloutLedger, current_stage
+from genesis_fp16.base.settings import load_settings
 
 runner = CliRunner()
 
@@ -39,7 +39,10 @@ def test_stages_and_history(ledger, state_dir):
     assert (state_dir / LEDGER_FILE).is_file()
     hist = ledger.history("wm")
     assert [(h["from_stage"], h["to_stage"]) for h in hist] == [
-        (None, "shadow"), ("shadow", "on"), ("on", "rolled_back"), ("rolled_back", "off")
+        (None, "shadow"),
+        ("shadow", "on"),
+        ("on", "rolled_back"),
+        ("rolled_back", "off"),
     ]
     assert hist[2]["actor"] == "guard" and hist[2]["severity"] == "P1" and "40%" in hist[2]["reason"]
     assert all(h["when"] for h in hist)
@@ -108,10 +111,24 @@ def _error_line(result) -> str:
 
 
 @pytest.mark.timeout(20)
-@pytest.mark.parametrize("kind, named", [("directory", "is a directory"), ("fifo", "is a FIFO"),
-                                         ("dev_zero", "is a character device (a symlink to /dev/zero)")])
-@pytest.mark.parametrize("command", [["rollout", "status"], ["rollout", "history"], ["rollout", "enable", "wm"],
-                                     ["profiles", "show"], ["profiles", "show", "wm"]])
+@pytest.mark.parametrize(
+    "kind, named",
+    [
+        ("directory", "is a directory"),
+        ("fifo", "is a FIFO"),
+        ("dev_zero", "is a character device (a symlink to /dev/zero)"),
+    ],
+)
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["rollout", "status"],
+        ["rollout", "history"],
+        ["rollout", "enable", "wm"],
+        ["profiles", "show"],
+        ["profiles", "show", "wm"],
+    ],
+)
 def test_a_ledger_path_that_is_not_a_file_is_named_as_such(state_dir, kind, named, command):
     """Issue 52 (D9): a directory, a FIFO or /dev/zero at the ledger's path was "I/O error ... check the disk", and
     ``profiles show`` read it as an empty ledger (exit 0); it is one line naming what is there, and nothing is read."""
@@ -144,7 +161,7 @@ def test_rollback_persists_across_a_new_process(ledger, state_dir):
     ledger.enable("wm")
     ledger.rollback("wm", "NaN storm", severity="P0")
     code = (
-        "import json; from genesis_fp16.policy import resolve_policy\n"
+        "import json; from genesis_fp16.rollout.policy import resolve_policy\n"
         "p = resolve_policy('wm', precision='bf16')\n"
         "print(json.dumps([p.stage, p.precision, p.sources['enabled']]))"
     )
@@ -157,16 +174,19 @@ def test_rollback_persists_across_a_new_process(ledger, state_dir):
 def test_concurrent_processes_do_not_corrupt(state_dir):
     writes = 15
     code = (
-        "import sys; from genesis_fp16.rollout import RolloutLedger\n"
+        "import sys; from genesis_fp16.rollout.ledger import RolloutLedger\n"
         "led = RolloutLedger(sys.argv[1]); me = sys.argv[2]\n"
         f"for i in range({writes}):\n"
         "    (led.enable if i % 2 else led.disable)('shared', actor=me, reason=f'{me} {i}')\n"
         "    led.enable(me, actor=me, reason=str(i))\n"
     )
     path = state_dir / LEDGER_FILE
-    RolloutLedger(path)._init()
+    RolloutLedger(path).initialise()
     env = dict(os.environ, GENESIS_FP16_LOG_LEVEL="ERROR")
-    procs = [subprocess.Popen([sys.executable, "-c", code, str(path), f"p{k}"], env=env, stderr=subprocess.PIPE) for k in range(3)]
+    procs = [
+        subprocess.Popen([sys.executable, "-c", code, str(path), f"p{k}"], env=env, stderr=subprocess.PIPE)
+        for k in range(3)
+    ]
     for proc in procs:
         assert proc.wait(timeout=120) == 0, proc.stderr.read().decode()[-2000:]
     led = RolloutLedger(path)
@@ -222,8 +242,12 @@ def test_cli_enable_under_kill_switch_warns(state_dir, monkeypatch):
 def test_concurrent_cli_commands(state_dir):
     env = dict(os.environ, GENESIS_FP16_LOG_LEVEL="ERROR")
     commands = [["rollout", "enable", "wm", "--shadow"], ["rollout", "rollback", "wm", "--reason", "cli race"]]
-    procs = [subprocess.Popen([sys.executable, "-m", "genesis_fp16.cli", *c], env=env, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE) for c in commands]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "genesis_fp16.cli", *c], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        )
+        for c in commands
+    ]
     for proc in procs:
         assert proc.wait(timeout=120) == 0, proc.stderr.read().decode()[-2000:]
     led = RolloutLedger.from_settings(load_settings())
@@ -268,7 +292,7 @@ def test_cli_never_prints_raw_control_characters_from_the_ledger(state_dir):
 
 
 def test_stage_changed_event_carries_the_history_row(state_dir):
-    from genesis_fp16 import telemetry
+    from genesis_fp16.base import telemetry
 
     ledger = RolloutLedger.from_settings(load_settings())
     entry = ledger.rollback("wm", "too many overflows", actor="guard", severity="P1")
@@ -284,8 +308,13 @@ def test_cli_status_piped_shows_whole_timestamps_and_reasons(state_dir):
     ledger.enable("agent_with_a_rather_long_name", shadow=True, reason=reason)
     since = ledger.status()[0]["since"]
     env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
-    proc = subprocess.run([sys.executable, "-m", "genesis_fp16.cli", "rollout", "status"], env=env, capture_output=True,
-                          text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "genesis_fp16.cli", "rollout", "status"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr
     (row,) = [line for line in proc.stdout.splitlines() if "agent_with_a_rather_long_name" in line]
     assert since in row and reason in row and len(since) >= len("2026-01-01T00:00:00")
@@ -294,18 +323,20 @@ def test_cli_status_piped_shows_whole_timestamps_and_reasons(state_dir):
 # -- schema versions, reset, the latest quality checks -----------------------------------------
 
 _V1_SCHEMA = """
-CREATE TABLE stages (agent TEXT PRIMARY KEY, stage TEXT NOT NULL, updated_at TEXT NOT NULL, actor TEXT NOT NULL, reason TEXT NOT NULL);
+CREATE TABLE stages (agent TEXT PRIMARY KEY, stage TEXT NOT NULL, updated_at TEXT NOT NULL, actor TEXT NOT NULL,
+    reason TEXT NOT NULL);
 CREATE TABLE history (id INTEGER PRIMARY KEY AUTOINCREMENT, agent TEXT NOT NULL, at TEXT NOT NULL, actor TEXT NOT NULL,
     from_stage TEXT, to_stage TEXT NOT NULL, reason TEXT NOT NULL, severity TEXT);
-CREATE TABLE shadow_gaps (id INTEGER PRIMARY KEY AUTOINCREMENT, agent TEXT NOT NULL, at TEXT NOT NULL, val_loss REAL NOT NULL,
-    fp32_val_loss REAL NOT NULL, gap REAL, precision TEXT NOT NULL);
-CREATE TABLE recommendations (id INTEGER PRIMARY KEY AUTOINCREMENT, agent TEXT NOT NULL, at TEXT NOT NULL, severity TEXT,
-    changes TEXT NOT NULL, reason TEXT NOT NULL);
-CREATE TABLE quality_checks (id INTEGER PRIMARY KEY AUTOINCREMENT, agent TEXT NOT NULL, at TEXT NOT NULL, kind TEXT NOT NULL,
-    precision TEXT, alarm INTEGER, metrics TEXT NOT NULL);
+CREATE TABLE shadow_gaps (id INTEGER PRIMARY KEY AUTOINCREMENT, agent TEXT NOT NULL, at TEXT NOT NULL,
+    val_loss REAL NOT NULL, fp32_val_loss REAL NOT NULL, gap REAL, precision TEXT NOT NULL);
+CREATE TABLE recommendations (id INTEGER PRIMARY KEY AUTOINCREMENT, agent TEXT NOT NULL, at TEXT NOT NULL,
+    severity TEXT, changes TEXT NOT NULL, reason TEXT NOT NULL);
+CREATE TABLE quality_checks (id INTEGER PRIMARY KEY AUTOINCREMENT, agent TEXT NOT NULL, at TEXT NOT NULL,
+    kind TEXT NOT NULL, precision TEXT, alarm INTEGER, metrics TEXT NOT NULL);
 CREATE TABLE good_checkpoints (agent TEXT PRIMARY KEY, path TEXT NOT NULL, at TEXT NOT NULL);
 INSERT INTO stages VALUES ('wm', 'on', '2026-01-01T00:00:00+00:00', 'cli', 'enabled (on)');
-INSERT INTO history (agent, at, actor, from_stage, to_stage, reason) VALUES ('wm', '2026-01-01T00:00:00+00:00', 'cli', NULL, 'on', 'enabled (on)');
+INSERT INTO history (agent, at, actor, from_stage, to_stage, reason)
+    VALUES ('wm', '2026-01-01T00:00:00+00:00', 'cli', NULL, 'on', 'enabled (on)');
 """
 
 
@@ -337,7 +368,7 @@ def test_a_ledger_from_a_newer_version_is_refused(state_dir):
 
 
 def test_stages_and_severities_are_str_enums(ledger):
-    from genesis_fp16.rollout import Severity, Stage
+    from genesis_fp16.rollout.ledger import Severity, Stage
 
     entry = ledger.rollback("wm", "bad", severity="P1")
     assert entry["to_stage"] is Stage.ROLLED_BACK and entry["severity"] is Severity.P1
@@ -374,8 +405,12 @@ def test_cli_reset(state_dir):
 def test_status_shows_the_latest_quality_check_of_each_kind(ledger):
     ledger.enable("wm")
     ledger.record_shadow_gap("wm", val_loss=0.30, fp32_val_loss=0.25, precision="bf16")
-    ledger.record_quality_check("wm", "canary", {"val_loss_ratio": 1.6, "alarms": 1, "confirmed": False}, "bf16", alarm=True)
-    ledger.record_quality_check("wm", "canary", {"val_loss_ratio": 1.01, "alarms": 1, "confirmed": False}, "bf16", alarm=False)
+    ledger.record_quality_check(
+        "wm", "canary", {"val_loss_ratio": 1.6, "alarms": 1, "confirmed": False}, "bf16", alarm=True
+    )
+    ledger.record_quality_check(
+        "wm", "canary", {"val_loss_ratio": 1.01, "alarms": 1, "confirmed": False}, "bf16", alarm=False
+    )
     ledger.record_quality_check("wm", "inference_gap", {"val_loss": 0.3, "fp32_val_loss": 0.297, "gap": 0.01}, "bf16")
     checks = ledger.status()[0]["last_checks"]
     assert checks["canary"]["metrics"]["val_loss_ratio"] == 1.01 and checks["canary"]["at"]
@@ -383,8 +418,12 @@ def test_status_shows_the_latest_quality_check_of_each_kind(ledger):
     r = runner.invoke(app, ["rollout", "status"], env={"COLUMNS": "200"})
     assert r.exit_code == 0, r.output
     assert "latest quality checks" in r.stdout
-    lines = {line.split("│")[2].strip(): line for line in r.stdout.splitlines() if line.count("│") >= 4 and "wm" in line}
-    assert "+20.0%" in lines["shadow gap"] and "ok: 1.010x FP32" in lines["canary"] and "+1.0%" in lines["inference gap"]
+    lines = {
+        line.split("│")[2].strip(): line for line in r.stdout.splitlines() if line.count("│") >= 4 and "wm" in line
+    }
+    assert (
+        "+20.0%" in lines["shadow gap"] and "ok: 1.010x FP32" in lines["canary"] and "+1.0%" in lines["inference gap"]
+    )
     assert checks["canary"]["at"] in lines["canary"]
     data = json.loads(runner.invoke(app, ["rollout", "status", "--json"]).stdout)
     assert data["agents"][0]["last_checks"]["inference_gap"]["metrics"]["gap"] == 0.01
@@ -392,14 +431,26 @@ def test_status_shows_the_latest_quality_check_of_each_kind(ledger):
 
 @pytest.mark.parametrize("name", ["/elsewhere/x", "../x", "..", ".hidden", "a b", "x" * 129])
 def test_ledger_refuses_a_bad_agent_name_naming_the_rule(ledger, name):
-    for write in (lambda: ledger.enable(name), lambda: ledger.set_last_good_checkpoint(name, "x.pt"), lambda: ledger.stage(name)):
+    for write in (
+        lambda: ledger.enable(name),
+        lambda: ledger.set_last_good_checkpoint(name, "x.pt"),
+        lambda: ledger.stage(name),
+    ):
         with pytest.raises(ValueError, match="an agent name is 1 to 128 characters of letters, digits"):
             write()
     assert ledger.status() == []
 
 
-@pytest.mark.parametrize("command", [["rollout", "enable", "../x"], ["rollout", "rollback", "/elsewhere/x", "--reason", "r"],
-                                     ["rollout", "reset", ".."], ["rollout", "history", "a/b"], ["profiles", "show", "../x"]])
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["rollout", "enable", "../x"],
+        ["rollout", "rollback", "/elsewhere/x", "--reason", "r"],
+        ["rollout", "reset", ".."],
+        ["rollout", "history", "a/b"],
+        ["profiles", "show", "../x"],
+    ],
+)
 def test_cli_refuses_a_bad_agent_name_in_one_line_before_touching_the_ledger(state_dir, command):
     r = runner.invoke(app, command)
     assert r.exit_code == 2, r.output
@@ -413,12 +464,18 @@ def test_status_lists_every_agent_that_trained_enrolled_or_not(state_dir):
     decisions of their own. Every guarded training call is recorded now."""
     import torch
 
-    from genesis_fp16.guarded import UNGUARDED, GuardedTraining
+    from genesis_fp16.training.guarded import UNGUARDED, GuardedTraining
 
     torch.manual_seed(0)
     model = torch.nn.Linear(3, 1)
-    training = GuardedTraining("learner.Task-v0", model, torch.optim.SGD(model.parameters(), lr=0.1), precision="fp32",
-                               guard=UNGUARDED, checkpoint_every=0)
+    training = GuardedTraining(
+        "learner.Task-v0",
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        precision="fp32",
+        guard=UNGUARDED,
+        checkpoint_every=0,
+    )
     batch = (torch.randn(8, 3), torch.randn(8, 1))
     training.run([batch] * 3, lambda m, b: ((m(b[0]) - b[1]) ** 2).mean(), val_fn=lambda m, t: 0.5)
     ledger = RolloutLedger.from_settings(load_settings())
@@ -428,7 +485,14 @@ def test_status_lists_every_agent_that_trained_enrolled_or_not(state_dir):
     row = rows["learner.Task-v0"]
     assert row["stage"] is None and row["reason"] == "not enrolled: the settings decide"
     assert row["last_training"]["precision"] == "fp32" and row["last_training"]["alarm"] is False
-    assert row["last_training"]["metrics"]["source"] == "explicit" and row["last_training"]["metrics"]["outcome"] == "healthy"
+    assert (
+        row["last_training"]["metrics"]["source"] == "explicit"
+        and row["last_training"]["metrics"]["outcome"] == "healthy"
+    )
     assert rows["enrolled"]["last_training"] is None
     result = runner.invoke(app, ["rollout", "status"])
-    assert result.exit_code == 0 and "not enrolled" in result.output and "learner.Task-v0" in result.output.replace("\n", "")
+    assert (
+        result.exit_code == 0
+        and "not enrolled" in result.output
+        and "learner.Task-v0" in result.output.replace("\n", "")
+    )

@@ -19,8 +19,8 @@ from agents.evaluation import Evaluation, EvaluationMemoryError, EvaluationTimeo
 from agents.learners import refined_count
 from agents.se_darwin_agent import EvolveConfig, SEDarwinAgent, run_cma_baseline
 from agents.tasks import get_task
-from genesis_fp16 import telemetry
-from genesis_fp16.settings import load_settings
+from genesis_fp16.base import telemetry
+from genesis_fp16.base.settings import load_settings
 from infrastructure.replay_buffer import ReplayBuffer
 from loop_fakes import FakeEvaluator
 from loss_faults import loss_fault, nan_storm
@@ -93,8 +93,17 @@ class InProcessEvaluator(Evaluator):
 def tiny_config(**kw) -> EvolveConfig:
     """4 generations of 6 candidates; the critic trains a few steps, the world
     model (where on) 40; no model rollouts (they are tested with the model env)."""
-    base = dict(budget=24, popsize=6, wm_steps=40, refine_steps=4, critic_updates=0.02, model_rollouts=0, ensemble=2, workers=1,
-                eval_timeout_s=60)
+    base = dict(
+        budget=24,
+        popsize=6,
+        wm_steps=40,
+        refine_steps=4,
+        critic_updates=0.02,
+        model_rollouts=0,
+        ensemble=2,
+        workers=1,
+        eval_timeout_s=60,
+    )
     base.update(kw)
     return EvolveConfig(**base)
 
@@ -102,9 +111,20 @@ def tiny_config(**kw) -> EvolveConfig:
 async def test_tiny_loop_end_to_end(state_dir):
     settings = load_settings()
     seen = []
-    agent = SEDarwinAgent(tiny_config(), settings=settings, on_generation=seen.append, evaluator=InProcessEvaluator(workers=1))
+    agent = SEDarwinAgent(
+        tiny_config(), settings=settings, on_generation=seen.append, evaluator=InProcessEvaluator(workers=1)
+    )
     report = await agent.evolve()
-    for key in ("real_episodes", "heldout_return", "train_return", "target_reached", "learners", "wall_s", "generations", "time_share"):
+    for key in (
+        "real_episodes",
+        "heldout_return",
+        "train_return",
+        "target_reached",
+        "learners",
+        "wall_s",
+        "generations",
+        "time_share",
+    ):
         assert key in report
     assert report["mode"] == "loop" and "precision" not in report and "imagination" not in report
     assert report["real_episodes"] == 24 <= report["budget"]  # one episode per candidate
@@ -118,7 +138,9 @@ async def test_tiny_loop_end_to_end(state_dir):
     assert [c["operator"] for c in gens[1]["candidates"]] == ["refined:actor", "refined:mean:4"] + ["cma"] * 6
     for i, g in enumerate(gens):
         extras = [c for c in g["candidates"] if c["operator"] != "cma"]
-        assert [c["operator"] for c in g["candidates"]][: len(extras)] == [c["operator"] for c in extras]  # extras first
+        assert [c["operator"] for c in g["candidates"]][: len(extras)] == [
+            c["operator"] for c in extras
+        ]  # extras first
         assert len(extras) == (refined_count(gens[:i], 4) if i else 0)
         assert g["refined_best"] == (max(c["real_return"] for c in extras) if extras else None)
         # the learners learn for a generation that runs refined candidates, and only then (their cost follows their use)
@@ -134,7 +156,9 @@ async def test_tiny_loop_end_to_end(state_dir):
 
 
 async def test_loop_without_world_model(state_dir):
-    agent = SEDarwinAgent(tiny_config(use_world_model=False), settings=load_settings(), evaluator=InProcessEvaluator(workers=1))
+    agent = SEDarwinAgent(
+        tiny_config(use_world_model=False), settings=load_settings(), evaluator=InProcessEvaluator(workers=1)
+    )
     assert agent.world_model is None and agent.critic is not None
     report = await agent.evolve()
     assert report["mode"] == "no_model" and set(report["learners"]) == {"critic"}
@@ -144,17 +168,31 @@ async def test_loop_without_world_model(state_dir):
 
 async def test_cma_baseline_same_keys_and_budget(state_dir):
     task = get_task("Pendulum-v1").resolve()
-    report = await run_cma_baseline(tiny_config(budget=40, target=-1.0), settings=load_settings(), evaluator=FakeEvaluator(task))
+    report = await run_cma_baseline(
+        tiny_config(budget=40, target=-1.0), settings=load_settings(), evaluator=FakeEvaluator(task)
+    )
     assert report["mode"] == "cma" and report["real_episodes"] == 40 and not report["target_reached"]
     assert report["learners"] == {} and report["config"]["refined"] == 0
     assert {c["operator"] for g in report["generations"] for c in g["candidates"]} == {"cma"}
-    for key in ("real_episodes", "heldout_return", "train_return", "target_reached", "learners", "wall_s", "generations"):
+    for key in (
+        "real_episodes",
+        "heldout_return",
+        "train_return",
+        "target_reached",
+        "learners",
+        "wall_s",
+        "generations",
+    ):
         assert key in report
     # the answer, by training return (run on the training start states outside the budget): the CMA-ES mean, or the
-    # candidate with the run's best single episode that the budget never verified (nothing verifies an unreachable target)
+    # candidate with the run's best single episode that the budget never verified (nothing verifies an unreachable
+    # target)
     cands = [c for g in report["generations"] for c in g["candidates"]]
     best_episode = max(cands, key=lambda c: float(c["real_return"]))["id"]
-    assert report["best_candidate"]["id"] in (best_episode, f"g{len(report['generations'])}-mean") and report["train_return"] is not None
+    assert (
+        report["best_candidate"]["id"] in (best_episode, f"g{len(report['generations'])}-mean")
+        and report["train_return"] is not None
+    )
 
 
 class InterruptingEvaluator(FakeEvaluator):
@@ -170,7 +208,9 @@ class InterruptingEvaluator(FakeEvaluator):
 async def test_interrupt_keeps_committed_generations(state_dir):
     settings = load_settings()
     task = get_task("Pendulum-v1").resolve()
-    agent = SEDarwinAgent(tiny_config(use_world_model=False, target=-1.0), settings=settings, evaluator=InterruptingEvaluator(task))
+    agent = SEDarwinAgent(
+        tiny_config(use_world_model=False, target=-1.0), settings=settings, evaluator=InterruptingEvaluator(task)
+    )
     with pytest.raises(KeyboardInterrupt):
         await agent.evolve()
     counts = ReplayBuffer(settings=settings).count(agent.data_agent)
@@ -196,7 +236,7 @@ def test_bad_options_are_refused():
 
 
 def test_precision_option_uses_the_precision_vocabulary():
-    from genesis_fp16.settings import PrecisionMode
+    from genesis_fp16.base.settings import PrecisionMode
 
     for mode in PrecisionMode:  # every mode the trainer knows, and nothing hard-coded here
         EvolveConfig(precision=mode.value, critic_precision=mode.value).validate()
@@ -208,7 +248,16 @@ def test_precision_option_uses_the_precision_vocabulary():
         assert ", ".join(m.value for m in PrecisionMode) in str(err.value)  # the allowed values, listed from the enum
 
 
-RUN_SPECIFIC = ("run_id", "run_manifest", "wall_s", "elapsed_s", "wm_wall_s", "critic_wall_s", "time_share", "time")  # names, paths, times
+RUN_SPECIFIC = (
+    "run_id",
+    "run_manifest",
+    "wall_s",
+    "elapsed_s",
+    "wm_wall_s",
+    "critic_wall_s",
+    "time_share",
+    "time",
+)  # names, paths, times
 
 
 def _comparable(report: dict) -> dict:
@@ -254,8 +303,11 @@ def first_population_best(task, seed: int = 0, popsize: int = 6) -> float:
 async def test_a_candidate_meeting_the_target_is_verified_and_confirmed(state_dir):
     task = get_task("Pendulum-v1").resolve()
     target = first_population_best(task)  # exactly one generation-0 candidate meets it on its one episode
-    agent = SEDarwinAgent(tiny_config(budget=60, target=target, use_world_model=False, use_critic=False, refined=0),
-                          settings=load_settings(), evaluator=FakeEvaluator(task, score=norm_score))
+    agent = SEDarwinAgent(
+        tiny_config(budget=60, target=target, use_world_model=False, use_critic=False, refined=0),
+        settings=load_settings(),
+        evaluator=FakeEvaluator(task, score=norm_score),
+    )
     report = await agent.evolve()
     assert len(report["generations"]) == 1
     best = max(report["generations"][0]["candidates"], key=lambda c: c["real_return"])
@@ -265,8 +317,16 @@ async def test_a_candidate_meeting_the_target_is_verified_and_confirmed(state_di
     assert report["target_reached"] and report["episodes_to_target"] == 6 + 15 + 8 == report["real_episodes"]
     assert best["accepted"] and best["full"] and best["episodes"] == 16
     assert report["train_return"] == best["real_return"] >= target and report["train_states_run"] == 16
-    assert report["confirmations"] == [{"candidate": best["id"], "generation": 0, "train_return": report["train_return"],
-                                        "validation_return": report["validation_return"], "episodes": 8, "confirmed": True}]
+    assert report["confirmations"] == [
+        {
+            "candidate": best["id"],
+            "generation": 0,
+            "train_return": report["train_return"],
+            "validation_return": report["validation_return"],
+            "episodes": 8,
+            "confirmed": True,
+        }
+    ]
     assert report["best_candidate"]["id"] == best["id"] and report["stop_reason"] == "target"
 
 
@@ -280,8 +340,11 @@ async def test_a_candidate_that_fails_verification_stops_early(state_dir):
         first.setdefault(key, float(state[0]))
         return norm_score(params, state) - (0.0 if first[key] == float(state[0]) else 1000.0)
 
-    agent = SEDarwinAgent(tiny_config(budget=30, target=target, use_world_model=False, use_critic=False, refined=0),
-                          settings=load_settings(), evaluator=FakeEvaluator(task, score=lucky_once))
+    agent = SEDarwinAgent(
+        tiny_config(budget=30, target=target, use_world_model=False, use_critic=False, refined=0),
+        settings=load_settings(),
+        evaluator=FakeEvaluator(task, score=lucky_once),
+    )
     report = await agent.evolve()
     gen0 = report["generations"][0]
     verified = [c for c in gen0["candidates"] if c["episodes"] > 1]
@@ -296,12 +359,15 @@ async def test_a_candidate_that_fails_verification_stops_early(state_dir):
 async def test_each_task_has_its_own_world_model_agent(state_dir):
     """`world_model.<task id>` by default: a rollback of one task's world model
     leaves another task's world model in its stage (and precision)."""
-    from genesis_fp16.guard import RollbackGuard
-    from genesis_fp16.rollout import RolloutLedger
+    from genesis_fp16.rollout.guard import RollbackGuard
+    from genesis_fp16.rollout.ledger import RolloutLedger
     from infrastructure.world_model import WorldModel
     from tests.test_world_model import _linear_trajs
 
-    names = [EvolveConfig(env_id=env, budget=100).resolve()[0].wm_agent for env in ("Pendulum-v1", "MountainCarContinuous-v0")]
+    names = [
+        EvolveConfig(env_id=env, budget=100).resolve()[0].wm_agent
+        for env in ("Pendulum-v1", "MountainCarContinuous-v0")
+    ]
     assert names == ["world_model.Pendulum-v1", "world_model.MountainCarContinuous-v0"]
     assert EvolveConfig(wm_agent="mine").resolve()[0].wm_agent == "mine"
     settings = load_settings()
@@ -309,7 +375,9 @@ async def test_each_task_has_its_own_world_model_agent(state_dir):
     models = {}
     for name in names:
         ledger.enable(name, actor="test")
-        models[name] = WorldModel(3, 1, agent=name, settings=settings, precision="bf16", checkpoint_dir=state_dir / "wm" / name)
+        models[name] = WorldModel(
+            3, 1, agent=name, settings=settings, precision="bf16", checkpoint_dir=state_dir / "wm" / name
+        )
     trajs = _linear_trajs(3, 50)
     for model in models.values():
         await model.train(20, trajectories=trajs)
@@ -346,7 +414,9 @@ async def test_a_return_of_zero_meets_a_target_of_zero(state_dir):
 
     task = Task(env_id="Still", env_factory=task_envs.still, target=0.0, n_train=1, n_heldout=1, n_validation=8)
     config = EvolveConfig(budget=12, popsize=4, use_world_model=False, use_critic=False, refined=0, workers=1)
-    agent = SEDarwinAgent(config, task=task, settings=load_settings(), evaluator=InProcessTaskEvaluator(task.resolve(), workers=1))
+    agent = SEDarwinAgent(
+        config, task=task, settings=load_settings(), evaluator=InProcessTaskEvaluator(task.resolve(), workers=1)
+    )
     report = await agent.evolve()
     assert report["target_reached"] and report["stop_reason"] == "target"
     # met in generation 0 and confirmed on the 8 validation start states: every return is 0.0, so the run has seen no
@@ -376,10 +446,18 @@ async def test_a_failing_held_out_evaluation_keeps_the_run_and_reports_none(stat
 
     task = get_task("Pendulum-v1").resolve()
     heldout = len(task.start_states(0).heldout)
-    fake = FakeEvaluator(task, fail_on=lambda params, states: EvaluationEnvError("nan on a held-out state") if len(states) == heldout else None)
+    fake = FakeEvaluator(
+        task,
+        fail_on=lambda params, states: (
+            EvaluationEnvError("nan on a held-out state") if len(states) == heldout else None
+        ),
+    )
     settings = load_settings()
-    report = await SEDarwinAgent(tiny_config(budget=12, target=-1.0, use_world_model=False, use_critic=False, refined=0),
-                                 settings=settings, evaluator=fake).evolve()
+    report = await SEDarwinAgent(
+        tiny_config(budget=12, target=-1.0, use_world_model=False, use_critic=False, refined=0),
+        settings=settings,
+        evaluator=fake,
+    ).evolve()
     assert report["real_episodes"] == 12 and report["heldout_return"] is None and report["best_candidate"] is not None
     failed = [e for e in telemetry.read_events(settings.events_path) if e.get("event") == "evolve.candidate_failed"]
     assert failed and "held-out evaluation: nan on a held-out state" in failed[-1]["error"]

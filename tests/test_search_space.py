@@ -12,7 +12,14 @@ from agents.tasks import PolicySpec
 
 
 def spec(hidden: int) -> PolicySpec:
-    return PolicySpec(obs_dim=3, act_dim=2, hidden=hidden, obs_scale=(1.0, 0.5, 0.125), action_low=(-2.0, -1.0), action_high=(2.0, 1.0))
+    return PolicySpec(
+        obs_dim=3,
+        act_dim=2,
+        hidden=hidden,
+        obs_scale=(1.0, 0.5, 0.125),
+        action_low=(-2.0, -1.0),
+        action_high=(2.0, 1.0),
+    )
 
 
 def act_in_z(s: PolicySpec, space: SearchSpace, z: np.ndarray, obs: np.ndarray) -> np.ndarray:
@@ -40,8 +47,12 @@ def test_raw_and_z_maps_are_exact(hidden):
     first = fan_in * fan_out + fan_out
     np.testing.assert_array_equal(raw[:, first:], z[:, first:])  # only the first layer changes
     w_z = z[0, : fan_in * fan_out].reshape(fan_in, fan_out)
-    np.testing.assert_allclose(raw[0, : fan_in * fan_out].reshape(fan_in, fan_out), w_z / space.sigma[:, None])  # W_raw = W_z / sigma
-    np.testing.assert_allclose(raw[0, fan_in * fan_out : first], z[0, fan_in * fan_out : first] - (space.mu / space.sigma) @ w_z)
+    np.testing.assert_allclose(
+        raw[0, : fan_in * fan_out].reshape(fan_in, fan_out), w_z / space.sigma[:, None]
+    )  # W_raw = W_z / sigma
+    np.testing.assert_allclose(
+        raw[0, fan_in * fan_out : first], z[0, fan_in * fan_out : first] - (space.mu / space.sigma) @ w_z
+    )
     one = space.to_raw(z[0])  # one vector as well as a batch, and the input left alone
     np.testing.assert_allclose(one, raw[0])
     assert not np.shares_memory(one, z)
@@ -51,7 +62,9 @@ def test_blends_are_the_same_in_both_coordinates():
     s = spec(4)
     space = SearchSpace(s, mu=np.array([1.0, 0.0, -3.0]), sigma=np.array([2.0, 0.1, 1.0]))
     a, b = np.random.default_rng(1).normal(size=(2, s.n_params))
-    np.testing.assert_allclose(space.to_raw(a + 0.3 * (b - a)), space.to_raw(a) + 0.3 * (space.to_raw(b) - space.to_raw(a)), atol=1e-12)
+    np.testing.assert_allclose(
+        space.to_raw(a + 0.3 * (b - a)), space.to_raw(a) + 0.3 * (space.to_raw(b) - space.to_raw(a)), atol=1e-12
+    )
 
 
 def test_identity_before_any_data_and_a_wrong_size_is_refused():

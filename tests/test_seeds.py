@@ -1,5 +1,5 @@
 """One seed-stream function (issue 46): every seed the project derives is
-`genesis_fp16.seeds.stream_seed` of (the run's seed, a stream's name, its
+`genesis_fp16.base.seeds.stream_seed` of (the run's seed, a stream's name, its
 indices), and nothing outside the tests seeds torch's global generator; a
 module is initialised from a generator of its own instead. Issue 53: an
 allow-list (every generator seeded by `stream_seed`) replaces a list of old salts."""
@@ -14,7 +14,7 @@ import pytest
 import torch
 from torch import nn
 
-from genesis_fp16.seeds import SEED_BITS, init_parameters, numpy_rng, stream_seed, torch_generator
+from genesis_fp16.base.seeds import SEED_BITS, init_parameters, numpy_rng, stream_seed, torch_generator
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -31,8 +31,13 @@ def test_stream_seed_is_deterministic_and_in_range() -> None:
 
 def test_distinct_streams_indices_and_seeds_differ() -> None:
     base = stream_seed(0, "learners.learn", 1)
-    others = [stream_seed(1, "learners.learn", 1), stream_seed(0, "learners.refine", 1), stream_seed(0, "learners.learn", 2),
-              stream_seed(0, "learners.learn", 1, 0), stream_seed(0, "learners.learn")]
+    others = [
+        stream_seed(1, "learners.learn", 1),
+        stream_seed(0, "learners.refine", 1),
+        stream_seed(0, "learners.learn", 2),
+        stream_seed(0, "learners.learn", 1, 0),
+        stream_seed(0, "learners.learn"),
+    ]
     assert base not in others and len(set(others)) == len(others)
     # the old hand-made salts collided (seed 1 generation 0 is seed 0 generation 100_003); names and indices do not
     assert stream_seed(1, "s", 0) != stream_seed(0, "s", 100_003)
@@ -74,7 +79,8 @@ def test_init_parameters_is_reproducible_and_leaves_the_global_generator() -> No
         assert torch.equal(pa, pb), name
         if not name.startswith("norm"):
             assert not torch.equal(pa, pc), name
-    # PyTorch's default bounds: Kaiming-uniform(a=sqrt 5) is within 1/sqrt(fan_in), so is the bias; the LSTM's 1/sqrt(hidden)
+    # PyTorch's default bounds: Kaiming-uniform(a=sqrt 5) is within 1/sqrt(fan_in), so is the bias; the LSTM's
+    # 1/sqrt(hidden)
     assert a.lin.weight.abs().max() <= 1 / 16**0.5 and a.lin.bias.abs().max() <= 1 / 16**0.5
     assert a.conv.weight.abs().max() <= 1 / 6**0.5
     assert all(p.abs().max() <= 1 / 6**0.5 for p in a.lstm.parameters())
@@ -98,7 +104,9 @@ def test_learned_parts_initialise_from_the_seed_without_the_global_generator(tmp
 
     def weights(seed: int) -> list[torch.Tensor]:
         wm = WorldModel(3, 1, seed=seed, device="cpu", checkpoint_dir=tmp_path / "wm")
-        critic = Critic(3, 1, action_low=[-2.0], action_high=[2.0], seed=seed, device="cpu", checkpoint_dir=tmp_path / "c")
+        critic = Critic(
+            3, 1, action_low=[-2.0], action_high=[2.0], seed=seed, device="cpu", checkpoint_dir=tmp_path / "c"
+        )
         return [p.detach().clone() for p in (*wm.model.parameters(), *critic.model.parameters())]
 
     state = torch.random.get_rng_state()
@@ -113,15 +121,39 @@ def test_learned_parts_initialise_from_the_seed_without_the_global_generator(tmp
 
 SEEDED_TREES = ("genesis_fp16", "agents", "infrastructure", "benchmarks", "scripts")
 STREAM_CALLS = frozenset({"stream_seed", "numpy_rng", "torch_generator"})
-"""`genesis_fp16.seeds`'s stream functions: a generator's seed is one of them, and their own seed (the first
+"""`genesis_fp16.base.seeds`'s stream functions: a generator's seed is one of them, and their own seed (the first
 argument) is the run's seed or a stream's, no arithmetic on it (what tells streams apart: the name and indices)."""
-SEEDING_CALLS = frozenset({"manual_seed", "default_rng", "Random", "RandomState", "SeedSequence", "PCG64", "PCG64DXSM",
-                           "MT19937", "Philox", "SFC64"})
+SEEDING_CALLS = frozenset(
+    {
+        "manual_seed",
+        "default_rng",
+        "Random",
+        "RandomState",
+        "SeedSequence",
+        "PCG64",
+        "PCG64DXSM",
+        "MT19937",
+        "Philox",
+        "SFC64",
+    }
+)
 """Calls that seed a generator (torch's ``manual_seed``, NumPy's generators and bit generators, Python's ``Random``):
 the seed, their first argument, must be a call to `stream_seed`."""
-GLOBAL_SEEDING = frozenset({"torch.manual_seed", "torch.random.manual_seed", "torch.cuda.manual_seed",
-                            "torch.cuda.manual_seed_all", "torch.seed", "torch.random.seed", "torch.cuda.seed",
-                            "torch.cuda.seed_all", "np.random.seed", "numpy.random.seed", "random.seed"})
+GLOBAL_SEEDING = frozenset(
+    {
+        "torch.manual_seed",
+        "torch.random.manual_seed",
+        "torch.cuda.manual_seed",
+        "torch.cuda.manual_seed_all",
+        "torch.seed",
+        "torch.random.seed",
+        "torch.cuda.seed",
+        "torch.cuda.seed_all",
+        "np.random.seed",
+        "numpy.random.seed",
+        "random.seed",
+    }
+)
 """Seeding a global generator changes the draws of whatever else runs in the process: never, whatever the seed."""
 
 
@@ -206,12 +238,20 @@ def _sources(*folders: str) -> list[Path]:
 def test_every_generator_is_seeded_from_a_named_stream() -> None:
     """An allow-list: outside the tests, every generator is seeded by `stream_seed` (directly, or by `numpy_rng` and
     `torch_generator`), none by a hand-made salt; none seeds torch's, NumPy's or Python's global generator (a module is
-    initialised from a generator of its own: `init_parameters`, or the layer's ``generator=``). `genesis_fp16/seeds.py`
+    initialised from a generator of its own: `init_parameters`, or the layer's ``generator=``).
+    `genesis_fp16/base/seeds.py`
     is the one place that seeds a generator itself."""
-    folders = [p.name for p in ROOT.iterdir() if p.is_dir() and p.name not in ("tests", ".venv", "build", "site")
-               and not p.name.startswith(".")]
+    folders = [
+        p.name
+        for p in ROOT.iterdir()
+        if p.is_dir() and p.name not in ("tests", ".venv", "build", "site") and not p.name.startswith(".")
+    ]
     assert set(SEEDED_TREES) <= set(folders)
     allowed = ROOT / "genesis_fp16" / "seeds.py"
-    found = [f"{path.relative_to(ROOT)}:{fault}" for path in _sources(*folders) if path != allowed
-             for fault in seeding_faults(path.read_text(), str(path))]
-    assert found == [], f"seed a generator from a named stream (genesis_fp16.seeds) instead: {found}"
+    found = [
+        f"{path.relative_to(ROOT)}:{fault}"
+        for path in _sources(*folders)
+        if path != allowed
+        for fault in seeding_faults(path.read_text(), str(path))
+    ]
+    assert found == [], f"seed a generator from a named stream (genesis_fp16.base.seeds) instead: {found}"

@@ -2,7 +2,7 @@ from pathlib import Path
 
 import pytest
 
-from genesis_fp16.settings import OnUnsupported, PrecisionMode, SettingsError, describe_settings, load_settings
+from genesis_fp16.base.settings import OnUnsupported, PrecisionMode, SettingsError, describe_settings, load_settings
 
 
 def test_defaults(state_dir):
@@ -10,7 +10,12 @@ def test_defaults(state_dir):
     assert s.enable_fp16_training is True
     assert s.precision == PrecisionMode.AUTO
     assert s.on_unsupported == OnUnsupported.FALLBACK
-    assert s.scaler_kwargs() == {"init_scale": 65536.0, "growth_factor": 2.0, "backoff_factor": 0.5, "growth_interval": 2000}
+    assert s.scaler_kwargs() == {
+        "init_scale": 65536.0,
+        "growth_factor": 2.0,
+        "backoff_factor": 0.5,
+        "growth_interval": 2000,
+    }
     assert s.max_grad_norm == 1.0
     assert s.state_dir == Path(state_dir)
 
@@ -152,8 +157,12 @@ def test_env_example_lists_exactly_the_precision_modes():
 def test_no_getenv_outside_settings():
     root = Path(__file__).resolve().parents[1]
     offenders = []
-    for path in list((root / "genesis_fp16").rglob("*.py")) + list((root / "agents").rglob("*.py")) + list((root / "infrastructure").rglob("*.py")):
-        if path.name == "settings.py" and path.parent.name == "genesis_fp16":
+    for path in (
+        list((root / "genesis_fp16").rglob("*.py"))
+        + list((root / "agents").rglob("*.py"))
+        + list((root / "infrastructure").rglob("*.py"))
+    ):
+        if path.name == "settings.py" and path.parent.name == "base" and path.parent.parent.name == "genesis_fp16":
             continue
         text = path.read_text()
         if "os.getenv(" in text or "os.environ.get(" in text or "os.environ[" in text:
@@ -209,7 +218,7 @@ def test_misspelled_variable_in_dotenv_names_file_and_line(cwd):
 
 
 def test_every_valid_name_and_spelling_is_accepted(monkeypatch):
-    from genesis_fp16.settings import CONFIG_FILE_ENV
+    from genesis_fp16.base.settings import CONFIG_FILE_ENV
 
     for row in describe_settings():
         if row["field"] not in ("state_dir", "enable_fp16_training"):  # an empty kill switch is an error
@@ -316,7 +325,7 @@ def test_cli_misspelled_variable_is_one_line_and_doctor_still_lists_names(monkey
 
 
 def test_log_levels_in_any_case(monkeypatch):
-    from genesis_fp16.settings import LogLevel
+    from genesis_fp16.base.settings import LogLevel
 
     monkeypatch.setenv("GENESIS_FP16_LOG_LEVEL", "debug")
     monkeypatch.setenv("GENESIS_FP16_CONSOLE_LOG_LEVEL", "Error")
@@ -325,7 +334,16 @@ def test_log_levels_in_any_case(monkeypatch):
     assert LogLevel("warning") is LogLevel.WARNING
 
 
-@pytest.mark.parametrize("name", ["ENABLE_FP16_TRAINIG", "ENABLE_FP16_TRAINNING", "ENABEL_FP16_TRAINING", "enable_fp16_trainig", "ENABLE_BF16_TRAINING"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "ENABLE_FP16_TRAINIG",
+        "ENABLE_FP16_TRAINNING",
+        "ENABEL_FP16_TRAINING",
+        "enable_fp16_trainig",
+        "ENABLE_BF16_TRAINING",
+    ],
+)
 def test_kill_switch_near_miss_in_environment_is_refused_with_a_suggestion(monkeypatch, name):
     monkeypatch.setenv(name, "false")
     with pytest.raises(SettingsError) as err:
@@ -335,7 +353,10 @@ def test_kill_switch_near_miss_in_environment_is_refused_with_a_suggestion(monke
 
 def test_kill_switch_near_miss_in_dotenv_names_file_and_line(cwd):
     (cwd / ".env").write_text("GENESIS_FP16_PRECISION=fp16\nENABLE_FP16_TRAINIG=false\n")
-    with pytest.raises(SettingsError, match=r"\.env:2: unknown setting ENABLE_FP16_TRAINIG in the \.env file; did you mean ENABLE_FP16_TRAINING\?"):
+    with pytest.raises(
+        SettingsError,
+        match=r"\.env:2: unknown setting ENABLE_FP16_TRAINIG in the \.env file; did you mean ENABLE_FP16_TRAINING\?",
+    ):
         load_settings()
 
 
@@ -347,14 +368,40 @@ def test_mangled_prefix_is_refused_with_a_suggestion(monkeypatch):
 
 @pytest.mark.parametrize(
     "name",
-    ["PATH", "HOME", "ENABLE_SOMETHING_ELSE", "ENABLE_TRAINING", "BF16_ONLY", "FP16", "NO_PROXY", "USE_LIBUV", "TORCH_USE_CUDA_DSA",
-     "ACCELERATE_MIXED_PRECISION", "FP16_TRAINING_LOG", "PYTORCH_ENABLE_MPS_FALLBACK", "NVIDIA_TF32_OVERRIDE", "CUDA_VISIBLE_DEVICES",
-     "CUDA_LAUNCH_BLOCKING", "TORCH_CUDNN_V8_API_ENABLED", "TF_ENABLE_AUTO_MIXED_PRECISION", "GENESIS_HOME",
-     "enable_fp16_training",
-     # the rule's short words are whole words (BEHALF, CHAMP, AMPLIFIER, TRAINING_LOG are not); others' by prefix
-     "BEHALF_MODE", "CHAMP_MODE", "USE_AMPLIFIER", "HALF_LIFE", "TRAIN_MODE", "AMP", "HALF", "CUDA_MODULE_LOADING",
-     "TF_ENABLE_AUTO_MIXED_PRECISION_LOSS_SCALING", "XLA_USE_BF16", "ORT_TENSORRT_FP16_ENABLE",
-     "PYTORCH_NO_CUDA_MEMORY_CACHING"],
+    [
+        "PATH",
+        "HOME",
+        "ENABLE_SOMETHING_ELSE",
+        "ENABLE_TRAINING",
+        "BF16_ONLY",
+        "FP16",
+        "NO_PROXY",
+        "USE_LIBUV",
+        "TORCH_USE_CUDA_DSA",
+        "ACCELERATE_MIXED_PRECISION",
+        "FP16_TRAINING_LOG",
+        "PYTORCH_ENABLE_MPS_FALLBACK",
+        "NVIDIA_TF32_OVERRIDE",
+        "CUDA_VISIBLE_DEVICES",
+        "CUDA_LAUNCH_BLOCKING",
+        "TORCH_CUDNN_V8_API_ENABLED",
+        "TF_ENABLE_AUTO_MIXED_PRECISION",
+        "GENESIS_HOME",
+        "enable_fp16_training",
+        # the rule's short words are whole words (BEHALF, CHAMP, AMPLIFIER, TRAINING_LOG are not); others' by prefix
+        "BEHALF_MODE",
+        "CHAMP_MODE",
+        "USE_AMPLIFIER",
+        "HALF_LIFE",
+        "TRAIN_MODE",
+        "AMP",
+        "HALF",
+        "CUDA_MODULE_LOADING",
+        "TF_ENABLE_AUTO_MIXED_PRECISION_LOSS_SCALING",
+        "XLA_USE_BF16",
+        "ORT_TENSORRT_FP16_ENABLE",
+        "PYTORCH_NO_CUDA_MEMORY_CACHING",
+    ],
 )
 def test_other_variables_are_not_taken_for_settings(monkeypatch, cwd, name):
     monkeypatch.setenv(name, "1")
@@ -367,15 +414,35 @@ def test_other_variables_are_not_taken_for_settings(monkeypatch, cwd, name):
 
 @pytest.mark.parametrize(
     "name, value",
-    [("ENABLE_FP16", "false"), ("ENABLE_FP16_TRAIN", "false"), ("DISABLE_FP16_TRAINING", "true"),
-     ("DISABLE_BF16", "1"), ("enable_mixed_precision", "0"), ("GENESIS_FP16_DISABLE_FP16", "true"),
-     # the switch without its verb, or with USE / NO for it (issue 44: these two were skipped silently)
-     ("FP16_TRAINING", "false"), ("USE_FP16", "false"), ("use_bf16", "0"), ("NO_FP16", "1"), ("BF16_TRAINING", "false"),
-     ("MIXED_PRECISION_TRAINING", "false"), ("USE_MIXED_PRECISION", "false"), ("GENESIS_FP16_USE_FP16", "false"),
-     # issue 52 (D13): these passed (exit 0, reduced precision on); by the rule, not by a list, they are refused
-     ("TRAIN_FP16", "false"), ("FP16_MODE", "false"), ("HALF_PRECISION", "false"), ("ENABLE_AMP", "false"),
-     ("USE_AMP", "false"), ("NO_AMP", "1"), ("AMP_MODE", "off"), ("use_half", "0"), ("TRAIN_BF16", "0"),
-     ("MIXED_PRECISION", "no"), ("GENESIS_FP16_DISABLE", "true")],
+    [
+        ("ENABLE_FP16", "false"),
+        ("ENABLE_FP16_TRAIN", "false"),
+        ("DISABLE_FP16_TRAINING", "true"),
+        ("DISABLE_BF16", "1"),
+        ("enable_mixed_precision", "0"),
+        ("GENESIS_FP16_DISABLE_FP16", "true"),
+        # the switch without its verb, or with USE / NO for it (issue 44: these two were skipped silently)
+        ("FP16_TRAINING", "false"),
+        ("USE_FP16", "false"),
+        ("use_bf16", "0"),
+        ("NO_FP16", "1"),
+        ("BF16_TRAINING", "false"),
+        ("MIXED_PRECISION_TRAINING", "false"),
+        ("USE_MIXED_PRECISION", "false"),
+        ("GENESIS_FP16_USE_FP16", "false"),
+        # issue 52 (D13): these passed (exit 0, reduced precision on); by the rule, not by a list, they are refused
+        ("TRAIN_FP16", "false"),
+        ("FP16_MODE", "false"),
+        ("HALF_PRECISION", "false"),
+        ("ENABLE_AMP", "false"),
+        ("USE_AMP", "false"),
+        ("NO_AMP", "1"),
+        ("AMP_MODE", "off"),
+        ("use_half", "0"),
+        ("TRAIN_BF16", "0"),
+        ("MIXED_PRECISION", "no"),
+        ("GENESIS_FP16_DISABLE", "true"),
+    ],
 )
 def test_a_name_that_reads_as_the_kill_switch_is_refused(monkeypatch, cwd, name, value):
     monkeypatch.setenv(name, value)
@@ -391,18 +458,23 @@ def test_a_name_that_reads_as_the_kill_switch_is_refused(monkeypatch, cwd, name,
 
 def test_the_verbless_kill_switch_in_dotenv_names_file_and_line(cwd):
     (cwd / ".env").write_text("GENESIS_FP16_PRECISION=fp16\nUSE_FP16=false\n")
-    with pytest.raises(SettingsError, match=r"^\.env:2: unknown setting USE_FP16 in the \.env file; did you mean ENABLE_FP16_TRAINING\?"):
+    with pytest.raises(
+        SettingsError,
+        match=r"^\.env:2: unknown setting USE_FP16 in the \.env file; did you mean ENABLE_FP16_TRAINING\?",
+    ):
         load_settings()
 
 
 def test_an_unknown_name_under_the_prefix_is_not_taken_for_the_kill_switch(monkeypatch):
     """The prefix's own FP16 does not make a name a switch: GENESIS_FP16_NO_COLOR is a misspelt setting, let pass where
     unknown names are (doctor), not a kill switch refused everywhere."""
-    from genesis_fp16.setting_names import looks_like_switch
+    from genesis_fp16.base.setting_names import looks_like_switch
 
     assert not looks_like_switch("GENESIS_FP16_NO_COLOR", "GENESIS_FP16_")
     monkeypatch.setenv("GENESIS_FP16_NO_COLOR", "1")
-    with pytest.raises(SettingsError, match="unknown setting GENESIS_FP16_NO_COLOR in the environment; did you mean GENESIS_FP16_"):
+    with pytest.raises(
+        SettingsError, match="unknown setting GENESIS_FP16_NO_COLOR in the environment; did you mean GENESIS_FP16_"
+    ):
         load_settings()
     load_settings(check_names=False)
 
@@ -417,7 +489,10 @@ def test_settings_with_precision_in_their_name_are_read(monkeypatch, cwd):
 
 def test_a_name_that_reads_as_the_kill_switch_in_dotenv_names_file_and_line(cwd):
     (cwd / ".env").write_text("GENESIS_FP16_PRECISION=fp16\n\nDISABLE_FP16_TRAINING=true\n")
-    with pytest.raises(SettingsError, match=r"^\.env:3: unknown setting DISABLE_FP16_TRAINING in the \.env file; did you mean ENABLE_FP16_TRAINING\?"):
+    with pytest.raises(
+        SettingsError,
+        match=r"^\.env:3: unknown setting DISABLE_FP16_TRAINING in the \.env file; did you mean ENABLE_FP16_TRAINING\?",
+    ):
         load_settings()
 
 
@@ -481,8 +556,10 @@ def test_every_number_has_an_upper_bound_named_in_the_error(monkeypatch, var, hi
 
 
 def test_every_number_setting_has_an_upper_bound():
-    from genesis_fp16.settings import Settings
+    from genesis_fp16.base.settings import Settings
 
     for name, info in Settings.model_fields.items():
         if info.annotation in (int, float) or str(info.annotation) == "typing.Optional[float]":
-            assert any(getattr(meta, "le", None) is not None or getattr(meta, "lt", None) is not None for meta in info.metadata), name
+            assert any(
+                getattr(meta, "le", None) is not None or getattr(meta, "lt", None) is not None for meta in info.metadata
+            ), name

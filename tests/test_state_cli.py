@@ -20,8 +20,8 @@ from typer.testing import CliRunner
 from agents.runs import RunLock, parse_duration, write_manifest
 from agents.se_darwin_agent import SEDarwinAgent
 from genesis_fp16.cli import app
-from genesis_fp16.rollout import RolloutLedger
-from genesis_fp16.settings import load_settings
+from genesis_fp16.rollout.ledger import RolloutLedger
+from genesis_fp16.base.settings import load_settings
 from infrastructure.replay_buffer import ReplayBuffer, ReplayBufferError, Trajectory
 from tests.test_resume import InProcessEvaluator, config
 
@@ -33,17 +33,37 @@ def make_run(state_dir, run_id: str, age_s: float, *, manifest: bool = True, tra
     """A run's three pieces, small: replay rows, a folder with world-model and critic snapshots, a manifest."""
     agent = f"se_darwin:{run_id}"
     t = 50
-    rows = [Trajectory(obs=np.zeros((t, 3)), action=np.zeros((t, 1)), reward=np.zeros(t), next_obs=np.ones((t, 3)), done=np.zeros(t),
-                       candidate=f"g0-{k}-seed") for k in range(trajectories)]
+    rows = [
+        Trajectory(
+            obs=np.zeros((t, 3)),
+            action=np.zeros((t, 1)),
+            reward=np.zeros(t),
+            next_obs=np.ones((t, 3)),
+            done=np.zeros(t),
+            candidate=f"g0-{k}-seed",
+        )
+        for k in range(trajectories)
+    ]
     ReplayBuffer(state_dir / "replay.sqlite").append_generation(agent, 0, rows)
     folder = state_dir / "world_model" / run_id
     folder.mkdir(parents=True)
     (folder / "world_model-g0000.pt").write_bytes(b"\0" * 4096)
     (folder / "critic-g0000.pt").write_bytes(b"\0" * 1024)
     if manifest:
-        write_manifest(state_dir, {"run_id": run_id, "data_agent": agent, "status": "interrupted", "started": time.time() - age_s,
-                                   "generation": 0, "real_episodes": trajectories, "config": {},
-                                   "world_model_checkpoint": "world_model-g0000.pt", "critic_checkpoint": "critic-g0000.pt"})
+        write_manifest(
+            state_dir,
+            {
+                "run_id": run_id,
+                "data_agent": agent,
+                "status": "interrupted",
+                "started": time.time() - age_s,
+                "generation": 0,
+                "real_episodes": trajectories,
+                "config": {},
+                "world_model_checkpoint": "world_model-g0000.pt",
+                "critic_checkpoint": "critic-g0000.pt",
+            },
+        )
 
 
 def listed(args=()) -> dict:
@@ -74,19 +94,34 @@ async def test_list_shows_runs_with_sizes(state_dir):
     runs = {r["run_id"]: r for r in data["runs"]}
     assert list(runs) == [agent.run_id, legacy]  # newest first
     real = runs[agent.run_id]
-    assert real["status"] == "finished" and real["real_episodes"] == 24 and real["generation"] == len(agent.generations) - 1 >= 2
+    assert (
+        real["status"] == "finished"
+        and real["real_episodes"] == 24
+        and real["generation"] == len(agent.generations) - 1 >= 2
+    )
     assert real["replay_trajectories"] == 24 and real["replay_bytes"] > 24 * 200 * 4 * 8  # 24 episodes of 200 steps
-    folder = state_dir / "world_model" / agent.run_id  # both learners' own checkpoints (a finished run's snapshots are gone)
+    folder = (
+        state_dir / "world_model" / agent.run_id
+    )  # both learners' own checkpoints (a finished run's snapshots are gone)
     learned = {p.name: p.stat().st_size for p in folder.iterdir()}
     assert {"world_model.Pendulum-v1.pt", "critic.Pendulum-v1.pt"} <= set(learned), learned
     assert real["world_model_bytes"] == sum(learned.values()) > 0 and real["manifest_bytes"] > 0
     assert real["bytes"] == real["replay_bytes"] + real["world_model_bytes"] + real["manifest_bytes"]
-    assert runs[legacy]["status"] == "unknown" and runs[legacy]["replay_trajectories"] == 3 and runs[legacy]["world_model_bytes"] == 4096 + 1024
+    assert (
+        runs[legacy]["status"] == "unknown"
+        and runs[legacy]["replay_trajectories"] == 3
+        and runs[legacy]["world_model_bytes"] == 4096 + 1024
+    )
     assert runs[legacy]["started"] == time.mktime((2020, 1, 1, 0, 0, 0, 0, 0, -1))
     assert set(data["totals"]) == {"events", "replay_db", "ledger", "world_models", "manifests"}
     assert data["totals"]["replay_db"] >= (state_dir / "replay.sqlite").stat().st_size > 0
     table = runner.invoke(app, ["state", "list"])
-    assert table.exit_code == 0 and agent.run_id in table.output and "finished" in table.output and "rollout ledger" in table.output
+    assert (
+        table.exit_code == 0
+        and agent.run_id in table.output
+        and "finished" in table.output
+        and "rollout ledger" in table.output
+    )
 
 
 def test_list_of_an_empty_state_dir_creates_nothing(state_dir):
@@ -100,14 +135,23 @@ def test_prune_keep_one_leaves_the_newest_run_and_the_ledger(three_runs):
     events_before = (state_dir / "events.jsonl").read_bytes()
     result = runner.invoke(app, ["state", "prune", "--keep", "1"])
     assert result.exit_code == 0, result.output
-    assert "deleted seed0-old" in result.output and "deleted seed0-mid" in result.output and "pruned 2 run(s), 6 trajectories" in result.output
+    assert (
+        "deleted seed0-old" in result.output
+        and "deleted seed0-mid" in result.output
+        and "pruned 2 run(s), 6 trajectories" in result.output
+    )
     assert [r["run_id"] for r in listed()["runs"]] == ["seed0-new"]
     assert ReplayBuffer(state_dir / "replay.sqlite").agents() == ["se_darwin:seed0-new"]
-    assert {p.name for p in (state_dir / "world_model" / "seed0-new").iterdir()} == {"world_model-g0000.pt", "critic-g0000.pt"}
+    assert {p.name for p in (state_dir / "world_model" / "seed0-new").iterdir()} == {
+        "world_model-g0000.pt",
+        "critic-g0000.pt",
+    }
     assert (state_dir / "runs" / "seed0-new" / "run.json").is_file()
     assert not (state_dir / "world_model" / "seed0-old").exists() and not (state_dir / "runs" / "seed0-old").exists()
     assert ledger_rows(state_dir) == ledger_before and ledger_before  # the ledger is never pruned
-    assert (state_dir / "events.jsonl").read_bytes().startswith(events_before)  # appended to (the prune event), never cut
+    assert (
+        (state_dir / "events.jsonl").read_bytes().startswith(events_before)
+    )  # appended to (the prune event), never cut
 
 
 def test_prune_older_than(three_runs):
@@ -128,7 +172,11 @@ def test_dry_run_deletes_nothing(three_runs):
     before = listed()
     result = runner.invoke(app, ["state", "prune", "--keep", "0", "--dry-run"])
     assert result.exit_code == 0, result.output
-    assert "would delete seed0-old" in result.output and "dry run: 3 run(s)" in result.output and "nothing deleted" in result.output
+    assert (
+        "would delete seed0-old" in result.output
+        and "dry run: 3 run(s)" in result.output
+        and "nothing deleted" in result.output
+    )
     assert listed() == before
 
 
@@ -158,7 +206,10 @@ def test_vacuum_shrinks_the_replay_database(state_dir):
 @pytest.mark.parametrize(
     "args, expected",
     [
-        (["--older-than", "7x"], "--older-than: duration '7x': expected a number and a unit s, m, h, d or w (e.g. 12h, 7d)"),
+        (
+            ["--older-than", "7x"],
+            "--older-than: duration '7x': expected a number and a unit s, m, h, d or w (e.g. 12h, 7d)",
+        ),
         (["--older-than", "-1d"], "expected a number and a unit"),
         ([], "give --keep N and/or --older-than DURATION"),
         (["--keep", "-1"], "greater than or equal to 0"),
@@ -172,7 +223,14 @@ def test_bad_input_one_clear_error(three_runs, args, expected):
 
 
 def test_parse_duration():
-    assert [parse_duration(t) for t in ("90s", "30m", "12h", "7d", "2w", "1.5h")] == [90, 1800, 43200, 604800, 1209600, 5400]
+    assert [parse_duration(t) for t in ("90s", "30m", "12h", "7d", "2w", "1.5h")] == [
+        90,
+        1800,
+        43200,
+        604800,
+        1209600,
+        5400,
+    ]
 
 
 # -- a read-only state dir ---------------------------------------------------------------
@@ -181,9 +239,20 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _read_only_mount_works(path: Path) -> bool:
-    probe = subprocess.run(["unshare", "--user", "--map-root-user", "--mount", "sh", "-c",
-                            'mount --bind -o ro "$0" "$0" && ! touch "$0/probe" 2>/dev/null', str(path)],
-                           capture_output=True, timeout=60)
+    probe = subprocess.run(
+        [
+            "unshare",
+            "--user",
+            "--map-root-user",
+            "--mount",
+            "sh",
+            "-c",
+            'mount --bind -o ro "$0" "$0" && ! touch "$0/probe" 2>/dev/null',
+            str(path),
+        ],
+        capture_output=True,
+        timeout=60,
+    )
     return probe.returncode == 0 and not (path / "probe").exists()
 
 
@@ -191,11 +260,31 @@ def cli_on_read_only(state_dir: Path, *args: str) -> subprocess.CompletedProcess
     """The CLI in a mount namespace where ``state_dir`` is a read-only bind
     mount: writes fail with EROFS even for root (which ignores chmod)."""
     if shutil.which("unshare") is None or not _read_only_mount_works(state_dir):
-        pytest.skip("needs `unshare --user --mount` and a bind mount (Linux, user namespaces allowed) for a truly read-only dir")
+        pytest.skip(
+            "needs `unshare --user --mount` and a bind mount (Linux, user namespaces allowed) for a truly read-only dir"
+        )
     script = 'mount --bind -o ro "$0" "$0" && exec "$@"'
-    return subprocess.run(["unshare", "--user", "--map-root-user", "--mount", "sh", "-c", script, str(state_dir),
-                           sys.executable, "-m", "genesis_fp16.cli", *args],
-                          cwd=ROOT, env=dict(os.environ), capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [
+            "unshare",
+            "--user",
+            "--map-root-user",
+            "--mount",
+            "sh",
+            "-c",
+            script,
+            str(state_dir),
+            sys.executable,
+            "-m",
+            "genesis_fp16.cli",
+            *args,
+        ],
+        cwd=ROOT,
+        env=dict(os.environ),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def tree(path: Path) -> dict:
@@ -233,7 +322,11 @@ def test_prune_on_a_read_only_state_dir_is_one_clear_error(three_runs):
     before = tree(three_runs)
     result = cli_on_read_only(three_runs, "state", "prune", "--keep", "1")
     assert result.returncode == 2, result.stderr
-    assert "Traceback" not in result.stderr and "read-only file system" in result.stderr.lower() and "nothing was deleted" in result.stderr
+    assert (
+        "Traceback" not in result.stderr
+        and "read-only file system" in result.stderr.lower()
+        and "nothing was deleted" in result.stderr
+    )
     assert tree(three_runs) == before
 
 
@@ -250,7 +343,9 @@ def test_a_read_only_replay_buffer_creates_nothing_and_refuses_writes(state_dir)
     with pytest.raises(ReplayBufferError):  # nothing there to read: created by no one
         ReplayBuffer(state_dir / "missing.sqlite", read_only=True)
     assert not (state_dir / "missing.sqlite").exists()
-    assert files == sorted(p.name for p in state_dir.iterdir() if p.name not in ("replay.sqlite-wal", "replay.sqlite-shm"))
+    assert files == sorted(
+        p.name for p in state_dir.iterdir() if p.name not in ("replay.sqlite-wal", "replay.sqlite-shm")
+    )
 
 
 def _spoil(path: Path, how: str) -> str:
@@ -280,8 +375,17 @@ def test_one_unreadable_manifest_does_not_hide_the_other_runs(state_dir):
 
     bad = ["fifo", "dev_zero", "deep", "huge"]
     for i, run_id in enumerate(["good", *bad]):
-        write_manifest(state_dir, {"run_id": run_id, "status": "interrupted", "started": time.time() - i,
-                                   "generation": 0, "real_episodes": 1, "config": {}})
+        write_manifest(
+            state_dir,
+            {
+                "run_id": run_id,
+                "status": "interrupted",
+                "started": time.time() - i,
+                "generation": 0,
+                "real_episodes": 1,
+                "config": {},
+            },
+        )
     said = {run_id: _spoil(manifest_path(state_dir, run_id), run_id) for run_id in bad}
     for args in (["--json"], []):
         result = runner.invoke(app, ["state", "list", *args], env={"COLUMNS": "300"})

@@ -22,8 +22,8 @@ import pytest
 from typer.testing import CliRunner
 
 from genesis_fp16.cli import app
-from genesis_fp16.rollout import LEDGER_FILE, LedgerError, RolloutLedger
-from genesis_fp16.settings import load_settings
+from genesis_fp16.rollout.ledger import LEDGER_FILE, LedgerError, RolloutLedger
+from genesis_fp16.base.settings import load_settings
 
 runner = CliRunner()
 
@@ -82,7 +82,7 @@ def test_bad_state_dir_stops_evolve_before_any_episode(bad_state_dir, monkeypatc
 
 @pytest.mark.parametrize("bad_state_dir", ["file"], indirect=True)
 def test_bad_state_dir_stops_forensics_before_pretraining(bad_state_dir, monkeypatch):
-    from genesis_fp16.forensics import pretrain
+    from genesis_fp16_tools.forensics import pretrain
 
     def no_build(*args, **kwargs):
         raise AssertionError("pretraining started: the state dir was checked too late")
@@ -103,18 +103,20 @@ def test_bad_state_dir_in_the_replay_buffer_names_the_variable(bad_state_dir):
 
 
 def test_prepare_dir_creates_and_checks(tmp_path):
-    from genesis_fp16.storage import StorageError, prepare_dir
+    from genesis_fp16.base.storage import StorageError, prepare_dir
 
     made = prepare_dir(tmp_path / "a" / "b", name="GENESIS_FP16_STATE_DIR")
     assert made.is_dir()
     (tmp_path / "f").write_text("x")
-    with pytest.raises(StorageError, match="is a file, expected a directory; point it at a directory or remove the file") as err:
+    with pytest.raises(
+        StorageError, match="is a file, expected a directory; point it at a directory or remove the file"
+    ) as err:
         prepare_dir(tmp_path / "f", name="GENESIS_FP16_STATE_DIR")
     assert err.value.kind == "path" and "GENESIS_FP16_STATE_DIR=" in str(err.value)
 
 
 def test_unwritable_state_dir_says_not_writable(tmp_path, monkeypatch):
-    from genesis_fp16 import storage
+    from genesis_fp16.base import storage
 
     monkeypatch.setattr(storage, "can_write", lambda path: False)
     with pytest.raises(storage.StorageError, match="not writable") as err:
@@ -136,7 +138,7 @@ def ledger_with_history(state_dir):
 def _read_only(monkeypatch, *paths: Path) -> None:
     """``paths`` (and everything under them) report as not writable, as a
     0444 file or a read-only mount would for a user who is not root."""
-    from genesis_fp16 import storage
+    from genesis_fp16.base import storage
 
     roots = [p.resolve() for p in paths]
 
@@ -167,7 +169,7 @@ def test_read_only_ledger_reads_work_and_writes_fail_clearly(ledger_with_history
 
 def test_sqlite_refusing_a_write_is_read_only_not_corrupt(ledger_with_history, monkeypatch):
     """Whatever the permission check said, SQLite's own SQLITE_READONLY is reported as read-only."""
-    from genesis_fp16 import storage
+    from genesis_fp16.base import storage
 
     ledger = RolloutLedger(ledger_with_history)
 
@@ -193,8 +195,17 @@ def _read_only_mount_available(directory: Path) -> bool:
     if shutil.which("unshare") is None:
         return False
     probe = subprocess.run(
-        ["unshare", "-rm", "sh", "-c", 'mount --bind "$1" "$1" && mount -o remount,bind,ro "$1" && ! touch "$1/x"', "sh", str(directory)],
-        capture_output=True, timeout=30,
+        [
+            "unshare",
+            "-rm",
+            "sh",
+            "-c",
+            'mount --bind "$1" "$1" && mount -o remount,bind,ro "$1" && ! touch "$1/x"',
+            "sh",
+            str(directory),
+        ],
+        capture_output=True,
+        timeout=30,
     )
     return probe.returncode == 0
 
@@ -222,11 +233,16 @@ def test_real_read_only_mount(ledger_with_history, tmp_path):
         pytest.skip("no user/mount namespaces here (unshare -rm) to make a read-only mount")
     env = dict(os.environ, GENESIS_FP16_STATE_DIR=str(state), GENESIS_FP16_LOG_LEVEL="ERROR")
     script = 'mount --bind "$1" "$1" && mount -o remount,bind,ro "$1" && exec "$2" -c "$3"'
-    proc = subprocess.run(["unshare", "-rm", "sh", "-c", script, "sh", str(state), sys.executable, _MOUNTED_CLI],
-                          capture_output=True, text=True, timeout=120, env=env)
+    proc = subprocess.run(
+        ["unshare", "-rm", "sh", "-c", script, "sh", str(state), sys.executable, _MOUNTED_CLI],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
     lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
     assert proc.returncode == 0 and lines, proc.stdout + proc.stderr
-    out = json.loads(lines[0][len("RESULT "):])
+    out = json.loads(lines[0][len("RESULT ") :])
     status_code, status_out = out["status"]
     assert status_code == 0, status_out
     assert json.loads(status_out)["agents"][0]["stage"] == "rolled_back"
@@ -307,8 +323,13 @@ def test_a_real_full_disk_keeps_ledger_reads_working(tmp_path):
     if not _tmpfs_available(tmp_path / "mnt"):
         pytest.skip("no user/mount namespaces here (unshare -rm) to mount a small tmpfs")
     env = dict(os.environ, GENESIS_FP16_LOG_LEVEL="ERROR")
-    proc = subprocess.run(["unshare", "-rm", "bash", "-c", _FULL_LEDGER, "bash", str(tmp_path), sys.executable],
-                          capture_output=True, text=True, timeout=120, env=env)
+    proc = subprocess.run(
+        ["unshare", "-rm", "bash", "-c", _FULL_LEDGER, "bash", str(tmp_path), sys.executable],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr + (tmp_path / "first.out").read_text()
     read = lambda name: (tmp_path / name).read_text()  # noqa: E731
     assert read("status.rc").strip() == "0", read("status.err")
@@ -321,7 +342,7 @@ def test_a_real_full_disk_keeps_ledger_reads_working(tmp_path):
 
 
 def test_classification_of_real_sqlite_errors(tmp_path):
-    from genesis_fp16.storage import connect_read_only, fault_kind
+    from genesis_fp16.base.storage import connect_read_only, fault_kind
 
     path = tmp_path / "db.sqlite"
     conn = sqlite3.connect(path, isolation_level=None)
@@ -358,10 +379,12 @@ def test_classification_of_real_sqlite_errors(tmp_path):
     assert fault_kind(err.value) == "corrupt"
 
 
-@pytest.mark.parametrize("code, kind", [(errno.ENOSPC, "full"), (errno.EROFS, "read_only"), (errno.EACCES, "permission"), (errno.EIO, "io")])
+@pytest.mark.parametrize(
+    "code, kind", [(errno.ENOSPC, "full"), (errno.EROFS, "read_only"), (errno.EACCES, "permission"), (errno.EIO, "io")]
+)
 def test_classification_of_os_errors_through_wrappers(code, kind):
-    from genesis_fp16.checkpoint import CheckpointError
-    from genesis_fp16.storage import fault_kind
+    from genesis_fp16.training.checkpoint import CheckpointError
+    from genesis_fp16.base.storage import fault_kind
 
     assert fault_kind(OSError(code, "x")) == kind
     # torch.save on a full disk raises RuntimeError('unexpected pos ...') with the OSError as its context
@@ -377,7 +400,7 @@ def test_classification_of_os_errors_through_wrappers(code, kind):
 
 
 def test_replay_buffer_read_only_is_not_called_corrupt(tmp_path, monkeypatch):
-    from genesis_fp16 import storage
+    from genesis_fp16.base import storage
     from infrastructure.replay_buffer import ReplayBuffer, ReplayBufferError
 
     path = tmp_path / "replay.sqlite"
@@ -392,9 +415,26 @@ def test_replay_buffer_read_only_is_not_called_corrupt(tmp_path, monkeypatch):
 # -- a full disk during evolve ---------------------------------------------------------------
 
 
-# the CLI's evolve with tiny learners (generations of 8 candidates, one real episode each: the population while refining)
-TINY = ["--workers", "1", "--wm-steps", "20", "--ensemble", "2", "--refine-steps", "4", "--critic-updates", "0.02",
-        "--model-rollouts", "16", "--rollout-horizon", "2", "--eval-timeout-s", "60"]
+# the CLI's evolve with tiny learners (generations of 8 candidates, one real episode each: the population while
+# refining)
+TINY = [
+    "--workers",
+    "1",
+    "--wm-steps",
+    "20",
+    "--ensemble",
+    "2",
+    "--refine-steps",
+    "4",
+    "--critic-updates",
+    "0.02",
+    "--model-rollouts",
+    "16",
+    "--rollout-horizon",
+    "2",
+    "--eval-timeout-s",
+    "60",
+]
 
 
 @pytest.fixture(autouse=True)
@@ -437,7 +477,7 @@ def test_full_disk_in_the_replay_buffer_is_one_clear_error(monkeypatch, state_di
 def _evolve_with_no_space_for(monkeypatch, full) -> str:
     """``evolve`` where every atomic write of a path ``full(path)`` accepts
     fails with ENOSPC; the one error line it prints."""
-    from genesis_fp16 import checkpoint
+    from genesis_fp16.base import storage as checkpoint  # where the atomic writes live
 
     original = checkpoint.atomic_write
 
@@ -479,9 +519,11 @@ def _free_space(monkeypatch, free_bytes: int) -> None:
     """The file system reports ``free_bytes`` free (in 4 KiB blocks)."""
     from types import SimpleNamespace
 
-    from genesis_fp16 import storage
+    from genesis_fp16.base import storage
 
-    fake = SimpleNamespace(f_bavail=free_bytes // 4096, f_frsize=4096, f_bsize=4096, f_blocks=1 << 20, f_bfree=free_bytes // 4096)
+    fake = SimpleNamespace(
+        f_bavail=free_bytes // 4096, f_frsize=4096, f_bsize=4096, f_blocks=1 << 20, f_bfree=free_bytes // 4096
+    )
     monkeypatch.setattr(storage.os, "statvfs", lambda path: fake)
 
 
@@ -523,8 +565,11 @@ def test_an_sqlite_io_error_on_a_full_disk_during_evolve_names_the_full_disk(mon
 def _tmpfs_available(directory: Path) -> bool:
     if shutil.which("unshare") is None:
         return False
-    probe = subprocess.run(["unshare", "-rm", "sh", "-c", 'mount -t tmpfs -o size=1m tmpfs "$1"', "sh", str(directory)],
-                           capture_output=True, timeout=30)
+    probe = subprocess.run(
+        ["unshare", "-rm", "sh", "-c", 'mount -t tmpfs -o size=1m tmpfs "$1"', "sh", str(directory)],
+        capture_output=True,
+        timeout=30,
+    )
     return probe.returncode == 0
 
 
@@ -532,7 +577,8 @@ _FULL_THEN_RESUME = """
 set -u
 mount -t tmpfs -o size=4m tmpfs "$1/mnt"
 export GENESIS_FP16_STATE_DIR="$1/mnt/state"
-"$2" -m genesis_fp16.cli evolve --budget 40 --seed 0 --workers 1 --precision fp32 --json "$1/first.json" > "$1/first.log" 2>&1
+"$2" -m genesis_fp16.cli evolve --budget 40 --seed 0 --workers 1 --precision fp32 \\
+    --json "$1/first.json" > "$1/first.log" 2>&1
 echo $? > "$1/first.rc"
 mount -o remount,size=256m "$1/mnt"
 "$2" -m genesis_fp16.cli evolve --resume "$(ls "$1/mnt/state/runs")" --json "$1/resumed.json" > "$1/resumed.log" 2>&1
@@ -551,25 +597,51 @@ def test_a_real_full_disk_then_resume_gives_the_uninterrupted_report(tmp_path):
     if not _tmpfs_available(tmp_path / "mnt"):
         pytest.skip("no user/mount namespaces here (unshare -rm) to mount a small tmpfs")
     env = dict(os.environ, OMP_NUM_THREADS="1", GENESIS_FP16_LOG_LEVEL="ERROR")
-    subprocess.run(["unshare", "-rm", "bash", "-c", _FULL_THEN_RESUME, "bash", str(tmp_path), sys.executable],
-                   check=True, timeout=300, env=env)
+    subprocess.run(
+        ["unshare", "-rm", "bash", "-c", _FULL_THEN_RESUME, "bash", str(tmp_path), sys.executable],
+        check=True,
+        timeout=300,
+        env=env,
+    )
     first_log = (tmp_path / "first.log").read_text()
     assert (tmp_path / "first.rc").read_text().strip() == "1" and "the disk is full" in first_log, first_log
     assert (tmp_path / "resumed.rc").read_text().strip() == "0", (tmp_path / "resumed.log").read_text()
 
     whole = dict(env, GENESIS_FP16_STATE_DIR=str(tmp_path / "whole"))
-    subprocess.run([sys.executable, "-m", "genesis_fp16.cli", "evolve", "--budget", "40", "--seed", "0", "--workers", "1",
-                    "--precision", "fp32", "--json", str(tmp_path / "whole.json")], check=True, timeout=300, env=whole,
-                   capture_output=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "genesis_fp16.cli",
+            "evolve",
+            "--budget",
+            "40",
+            "--seed",
+            "0",
+            "--workers",
+            "1",
+            "--precision",
+            "fp32",
+            "--json",
+            str(tmp_path / "whole.json"),
+        ],
+        check=True,
+        timeout=300,
+        env=whole,
+        capture_output=True,
+    )
     resumed, expected = (json.loads((tmp_path / name).read_text()) for name in ("resumed.json", "whole.json"))
-    assert resumed["resumed_from"]["generation"] >= 0, first_log  # it continued after a generation the full disk left committed
+    assert resumed["resumed_from"]["generation"] >= 0, (
+        first_log
+    )  # it continued after a generation the full disk left committed
     assert [g["generation"] for g in resumed["generations"]] == [g["generation"] for g in expected["generations"]]
     volatile = {"wall_s", "run_id", "replay_db", "run_manifest", "resumed", "resumed_from", "generations", "time_share"}
     same = {k: v for k, v in resumed.items() if k not in volatile}
     assert same == {k: v for k, v in expected.items() if k not in volatile}
     strip = {"elapsed_s", "wm_wall_s", "critic_wall_s", "time"}
     assert [{k: v for k, v in g.items() if k not in strip} for g in resumed["generations"]] == [
-        {k: v for k, v in g.items() if k not in strip} for g in expected["generations"]]
+        {k: v for k, v in g.items() if k not in strip} for g in expected["generations"]
+    ]
 
 
 # -- output paths checked before any work ---------------------------------------------------------
@@ -583,9 +655,12 @@ def afile(tmp_path):
 
 
 def test_check_output_path(tmp_path, afile, monkeypatch):
-    from genesis_fp16 import storage
+    from genesis_fp16.base import storage
 
-    assert storage.check_output_path(tmp_path / "new" / "deeper" / "r.json", "--json") == tmp_path / "new" / "deeper" / "r.json"
+    assert (
+        storage.check_output_path(tmp_path / "new" / "deeper" / "r.json", "--json")
+        == tmp_path / "new" / "deeper" / "r.json"
+    )
     with pytest.raises(storage.StorageError, match=f"--json {afile}/r.json: {afile} is a file, not a directory"):
         storage.check_output_path(afile / "r.json", "--json")
     with pytest.raises(storage.StorageError, match="is a directory; expected a file"):
@@ -632,7 +707,7 @@ def test_evolve_bad_json_path_fails_before_any_work(afile, monkeypatch, state_di
 
 @pytest.mark.parametrize("flag", ["--json", "--csv", "--plot", "--markdown"])
 def test_bench_bad_output_path_fails_before_measuring(afile, monkeypatch, flag):
-    from genesis_fp16.bench import runner as bench_runner
+    from genesis_fp16_tools.bench import runner as bench_runner
 
     monkeypatch.setattr(bench_runner, "run_benchmark", lambda *a, **k: pytest.fail("the benchmark ran"))
     result = runner.invoke(app, ["bench", "--quick", flag, str(afile / "out")])
@@ -654,8 +729,8 @@ def test_bench_bad_output_path_fails_before_measuring(afile, monkeypatch, flag):
     ],
 )
 def test_forensics_bad_output_path_fails_before_any_work(afile, tmp_path, monkeypatch, args):
-    from genesis_fp16.checkpoint import atomic_write_bytes
-    from genesis_fp16.forensics import pretrain
+    from genesis_fp16.base.storage import atomic_write_bytes
+    from genesis_fp16_tools.forensics import pretrain
 
     atomic_write_bytes(tmp_path / "t.pt", b"placeholder")  # replay checks its output before reading this
     monkeypatch.setattr(pretrain, "ensure_assets", lambda *a, **k: pytest.fail("assets were loaded or built"))
@@ -667,7 +742,7 @@ def test_forensics_bad_output_path_fails_before_any_work(afile, tmp_path, monkey
 
 
 def test_full_disk_writing_the_json_report_is_one_clear_error(monkeypatch, tmp_path):
-    from genesis_fp16 import checkpoint
+    from genesis_fp16.base import storage as checkpoint  # where the atomic writes live
 
     def no_space(path, text):
         raise OSError(errno.ENOSPC, "No space left on device", str(path))
@@ -702,7 +777,7 @@ def odd_path(tmp_path, request):
 @pytest.mark.timeout(10)
 @pytest.mark.parametrize("odd_path", ["fifo", "dev_zero", "directory"], indirect=True)
 def test_what_is_not_a_regular_file_is_named_before_it_is_opened(odd_path):
-    from genesis_fp16.untrusted import UntrustedFileError, read_json
+    from genesis_fp16.base.untrusted import UntrustedFileError, read_json
 
     path, named = odd_path
     with pytest.raises(UntrustedFileError) as err:
@@ -717,7 +792,7 @@ def test_a_fifo_swapped_in_after_the_check_is_opened_without_blocking(tmp_path, 
     is still refused at once, never waited on."""
     import os
 
-    from genesis_fp16 import untrusted
+    from genesis_fp16.base import untrusted
 
     path = tmp_path / "swapped"
     os.mkfifo(path)
@@ -727,7 +802,7 @@ def test_a_fifo_swapped_in_after_the_check_is_opened_without_blocking(tmp_path, 
 
 
 def test_the_untrusted_reader_bounds_size_and_depth_and_parses_strictly(tmp_path):
-    from genesis_fp16.untrusted import UntrustedFileError, read_json
+    from genesis_fp16.base.untrusted import UntrustedFileError, read_json
 
     path = tmp_path / "x.json"
 

@@ -13,7 +13,7 @@ from agents.evolve_config import EvolveConfig
 from agents.se_darwin_agent import SEDarwinAgent, run_cma_baseline
 from agents.tasks import GROUP, Task, TaskError, get_task, parse_policy, registry, task_names
 from agents.tasks.torch_policy import BatchedPolicy
-from genesis_fp16.settings import load_settings
+from genesis_fp16.base.settings import load_settings
 
 import task_envs
 
@@ -56,7 +56,9 @@ def test_numpy_and_torch_policies_agree(policy):
     task = Task(env_id="Drift", env_factory=task_envs.drift, target=0.0, policy=policy).resolve()
     params = task.policy.random_params(np.random.default_rng(0), 3)
     obs = np.random.default_rng(1).normal(size=(3, 4, 2))
-    batched = BatchedPolicy(task.policy)(torch.tensor(params, dtype=torch.float32), torch.tensor(obs, dtype=torch.float32))
+    batched = BatchedPolicy(task.policy)(
+        torch.tensor(params, dtype=torch.float32), torch.tensor(obs, dtype=torch.float32)
+    )
     single = np.stack([task.policy.act(p, o) for p, o in zip(params, obs)])
     np.testing.assert_allclose(batched.numpy(), single, atol=1e-5)
     assert np.all(np.abs(single) <= 1.0)  # tanh-bounded into the action box
@@ -70,7 +72,15 @@ def test_default_start_states_are_disjoint_reset_seeds():
     assert len(s0.train) == 16 and len(s0.heldout) == 20 and len(s0.validation) == 8
     seeds = [set(s.ravel()) for s in (s0.train, s0.heldout, s0.validation, s1.train, s1.heldout, s1.validation)]
     assert sum(len(s) for s in seeds) == len(set().union(*seeds))
-    assert len(Task(env_id="Drift", env_factory=task_envs.drift, target=0.0, n_validation=3).resolve().start_states(0).validation) == 3
+    assert (
+        len(
+            Task(env_id="Drift", env_factory=task_envs.drift, target=0.0, n_validation=3)
+            .resolve()
+            .start_states(0)
+            .validation
+        )
+        == 3
+    )
 
 
 def test_pendulum_start_states_are_three_disjoint_sets():
@@ -80,8 +90,12 @@ def test_pendulum_start_states_are_three_disjoint_sets():
     assert (len(starts.train), len(starts.validation), len(starts.heldout)) == (16, 8, 20)
     rows = [tuple(r) for s in (starts.train, starts.validation, starts.heldout) for r in s]
     assert len(set(rows)) == len(rows)
-    assert np.all(np.abs(starts.validation[:, 0]) <= np.pi) and np.all(np.abs(starts.validation[:, 1]) <= 1.0)  # Pendulum's reset range
-    np.testing.assert_array_equal(starts.validation, get_task("Pendulum-v1").resolve().start_states(0).validation)  # fixed per seed
+    assert np.all(np.abs(starts.validation[:, 0]) <= np.pi) and np.all(
+        np.abs(starts.validation[:, 1]) <= 1.0
+    )  # Pendulum's reset range
+    np.testing.assert_array_equal(
+        starts.validation, get_task("Pendulum-v1").resolve().start_states(0).validation
+    )  # fixed per seed
 
 
 def test_tasks_that_cannot_run_are_clear_errors():
@@ -134,7 +148,9 @@ def test_pyproject_lists_the_builtins_in_the_entry_point_group():
 
 
 async def test_cma_baseline_takes_the_task(state_dir):
-    task = Task(env_id="Drift", env_factory=task_envs.drift, target=10.0, n_train=2, n_heldout=2)  # -|x| never reaches 10
+    task = Task(
+        env_id="Drift", env_factory=task_envs.drift, target=10.0, n_train=2, n_heldout=2
+    )  # -|x| never reaches 10
     report = await run_cma_baseline(EvolveConfig(budget=6, popsize=3, workers=1, eval_timeout_s=60), task=task)
     assert report["env"] == "Drift" and report["real_episodes"] == 6 and report["env_steps"] == 6 * 5
     assert report["mode"] == "cma" and [len(g["candidates"]) for g in report["generations"]] == [3, 3]
@@ -146,22 +162,35 @@ async def test_env_raising_in_reset_or_make(state_dir):
         Task(env_id="Broken", env_factory=task_envs.broken_make, target=0.0).resolve()
     task = Task(env_id="BrokenReset", env_factory=task_envs.broken_reset, target=0.0, n_train=2, n_heldout=2)
     # the learners need no start states of their own: the env is first reset by a real episode
-    agent = SEDarwinAgent(EvolveConfig(budget=4, popsize=2, refined=0, workers=1, wm_steps=20, ensemble=2), task=task,
-                          settings=load_settings())
+    agent = SEDarwinAgent(
+        EvolveConfig(budget=4, popsize=2, refined=0, workers=1, wm_steps=20, ensemble=2),
+        task=task,
+        settings=load_settings(),
+    )
     report = await agent.evolve()  # every candidate charged and skipped, the report says why
     assert report["real_episodes"] == 4 and report["heldout_return"] is None and report["stop_reason"] == "failed"
     failed = report["failed_candidates"]
-    assert len(failed) == 4 and sum(f["episodes"] for f in failed) == 4 and all("raised in reset" in f["error"] for f in failed)
-    assert all(g["wm_val_loss"] is None and g["critic_val_loss"] is None for g in report["generations"])  # nothing to learn from
+    assert (
+        len(failed) == 4
+        and sum(f["episodes"] for f in failed) == 4
+        and all("raised in reset" in f["error"] for f in failed)
+    )
+    assert all(
+        g["wm_val_loss"] is None and g["critic_val_loss"] is None for g in report["generations"]
+    )  # nothing to learn from
 
 
 def test_an_env_error_loses_only_its_own_job():
     """The others' episodes ran: they are returned, so the loop charges what it ran."""
-    task = Task(env_id="ExplodingDrift", env_factory=task_envs.exploding_drift, target=0.0, n_train=2, n_heldout=2).resolve()
+    task = Task(
+        env_id="ExplodingDrift", env_factory=task_envs.exploding_drift, target=0.0, n_train=2, n_heldout=2
+    ).resolve()
     calm, wild = np.full(task.policy.n_params, -1.0), np.full(task.policy.n_params, 1.0)  # actions stay low / go high
     state = [[0.5, 0.0]]
     with Evaluator(task, workers=1, timeout_s=60) as ev:
-        calm_out, wild_out, calm_again = ev.evaluate_many([(calm, state), (wild, state), (calm, state)], per_job_env_errors=True)
+        calm_out, wild_out, calm_again = ev.evaluate_many(
+            [(calm, state), (wild, state), (calm, state)], per_job_env_errors=True
+        )
         with pytest.raises(EvaluationEnvError, match="actuator limit"):
             ev.evaluate_many([(calm, state), (wild, state)])
     assert isinstance(calm_out, Evaluation) and calm_out.returns == calm_again.returns
@@ -195,7 +224,9 @@ def test_clamp_projection_bounds_unbounded_dimensions_by_the_data_region():
 
 
 def test_a_non_finite_reward_fails_its_own_job_only():
-    task = Task(env_id="NaNAbove", env_factory=task_envs.nan_reward_above_zero, target=0.0, n_train=2, n_heldout=2).resolve()
+    task = Task(
+        env_id="NaNAbove", env_factory=task_envs.nan_reward_above_zero, target=0.0, n_train=2, n_heldout=2
+    ).resolve()
     calm, wild = np.full(task.policy.n_params, -1.0), np.full(task.policy.n_params, 1.0)  # actions stay low / go high
     state = [[0.5, 0.0]]
     with Evaluator(task, workers=1, timeout_s=60) as ev:
@@ -209,11 +240,23 @@ def test_a_non_finite_reward_fails_its_own_job_only():
 @pytest.mark.parametrize(
     "factory, expected",
     [
-        (task_envs.nan_last_obs, r"env 'Bad' returned a non-finite next_obs \(next_obs\[1\] = nan\) at step 4 of episode 0"),
-        (task_envs.huge_reward, r"env 'Bad' returned a non-finite reward \(1e\+39, inf as float32\) at step 4 of episode 0"),
-        (task_envs.large_reward, r"env 'Bad' returned a non-finite reward \(1e\+38, beyond the \+-1e\+15 the learners' float32 statistics "
-                                 r"allow\) at step 4 of episode 0"),
-        (task_envs.nan_reset_obs, r"env 'Bad' returned a non-finite obs \(obs\[1\] = nan\) from reset at step 0 of episode 0"),
+        (
+            task_envs.nan_last_obs,
+            r"env 'Bad' returned a non-finite next_obs \(next_obs\[1\] = nan\) at step 4 of episode 0",
+        ),
+        (
+            task_envs.huge_reward,
+            r"env 'Bad' returned a non-finite reward \(1e\+39, inf as float32\) at step 4 of episode 0",
+        ),
+        (
+            task_envs.large_reward,
+            r"env 'Bad' returned a non-finite reward \(1e\+38, beyond the \+-1e\+15 the learners' float32 statistics "
+            r"allow\) at step 4 of episode 0",
+        ),
+        (
+            task_envs.nan_reset_obs,
+            r"env 'Bad' returned a non-finite obs \(obs\[1\] = nan\) from reset at step 0 of episode 0",
+        ),
     ],
 )
 def test_non_finite_env_data_is_a_failure_naming_the_field_and_step(factory, expected):
@@ -230,7 +273,9 @@ def test_an_env_raising_on_the_nan_it_was_given_names_where_the_nan_began():
     from agents.tasks.episodes import EnvFailure, run_episodes
 
     task = Task(env_id="Fragile", env_factory=task_envs.fragile_nan, target=0.0).resolve()
-    with pytest.raises(EnvFailure, match=r"env 'Fragile' returned a non-finite next_obs \(next_obs\[0\] = nan\) at step 1 of episode 0"):
+    with pytest.raises(
+        EnvFailure, match=r"env 'Fragile' returned a non-finite next_obs \(next_obs\[0\] = nan\) at step 1 of episode 0"
+    ):
         run_episodes(task.episode_spec, np.zeros(task.n_params), [[1.0]])
 
 
@@ -239,14 +284,26 @@ def test_a_non_finite_action_is_named_as_the_cause():
 
     task = Task(env_id="Drift", env_factory=task_envs.drift, target=0.0, policy="linear").resolve()
     params = np.full(task.n_params, np.nan)  # parameters gone bad: a NaN action, then a NaN reward; the action is named
-    with pytest.raises(EnvFailure, match=r"the policy on env 'Drift' returned a non-finite action \(action\[0\] = nan\) at step 0 of episode 0"):
+    with pytest.raises(
+        EnvFailure,
+        match=r"the policy on env 'Drift' returned a non-finite action \(action\[0\] = nan\) at step 0 of episode 0",
+    ):
         run_episodes(task.episode_spec, params, [[1.0]])
 
 
 NAN_TASK = Task(env_id="NaNDrift", env_factory=task_envs.nan_reward, target=0.0, n_train=2, n_heldout=2)
 # generations of 6 candidates, one real episode each, and tiny learners (a few short model rollouts)
-TINY = dict(popsize=6, wm_steps=20, ensemble=2, refine_steps=4, critic_updates=0.2, model_rollouts=16, rollout_horizon=2, workers=1,
-            eval_timeout_s=60)
+TINY = dict(
+    popsize=6,
+    wm_steps=20,
+    ensemble=2,
+    refine_steps=4,
+    critic_updates=0.2,
+    model_rollouts=16,
+    rollout_horizon=2,
+    workers=1,
+    eval_timeout_s=60,
+)
 
 
 @pytest.mark.parametrize("mode", ["full", "no_world_model", "cma"])
@@ -263,9 +320,17 @@ async def test_a_run_whose_every_candidate_gives_nan_says_it_failed(mode, state_
     assert failed and all("non-finite reward (nan)" in f["error"] for f in failed)
     assert sum(f["episodes"] for f in failed) == 8  # every charged episode is a listed failure's
     assert report["train_return"] is None and report["heldout_return"] is None and not report["target_reached"]
-    assert report["stop_detail"].startswith(f"every candidate failed: {len(failed)} real evaluation(s), 8 of 8 real episodes charged")
-    assert all(g["best_return"] is None and g["wm_val_loss"] is None and g["critic_val_loss"] is None for g in report["generations"])
-    assert [len(g["candidates"]) for g in report["generations"]] == [6, 2]  # the budget ends inside the second population
+    assert report["stop_detail"].startswith(
+        f"every candidate failed: {len(failed)} real evaluation(s), 8 of 8 real episodes charged"
+    )
+    assert all(
+        g["best_return"] is None and g["wm_val_loss"] is None and g["critic_val_loss"] is None
+        for g in report["generations"]
+    )
+    assert [len(g["candidates"]) for g in report["generations"]] == [
+        6,
+        2,
+    ]  # the budget ends inside the second population
 
 
 async def test_nan_candidates_are_charged_and_the_others_train_the_model(state_dir):
@@ -275,7 +340,9 @@ async def test_nan_candidates_are_charged_and_the_others_train_the_model(state_d
     failed = report["failed_candidates"]
     assert report["stop_reason"] == "budget" and report["real_episodes"] == 18
     assert failed and all("non-finite reward" in f["error"] for f in failed) and len(failed) < 18
-    assert sum(f["episodes"] for f in failed) == sum(1 for g in report["generations"] for c in g["candidates"] if c["real_return"] == -np.inf)
+    assert sum(f["episodes"] for f in failed) == sum(
+        1 for g in report["generations"] for c in g["candidates"] if c["real_return"] == -np.inf
+    )
     assert np.isfinite(report["train_return"])
     # the world model and the critic train from the first generation with a usable return on (and after it, for the
     # generations that run refined candidates)
@@ -284,7 +351,11 @@ async def test_nan_candidates_are_charged_and_the_others_train_the_model(state_d
         first = not succeeded and any(np.isfinite(c["real_return"]) for c in g["candidates"])
         succeeded = succeeded or first
         trained.append(g["wm_val_loss"] is not None)
-        assert trained[-1] == (g["critic_val_loss"] is not None) and (succeeded or not trained[-1]) and (trained[-1] or not first)
+        assert (
+            trained[-1] == (g["critic_val_loss"] is not None)
+            and (succeeded or not trained[-1])
+            and (trained[-1] or not first)
+        )
     assert trained[0]
     counts = agent.buffer.count(agent.data_agent)  # only the finite episodes reached the replay buffer
     assert counts["trajectories"] == 18 - len(failed) and counts["transitions"] == 5 * (18 - len(failed))

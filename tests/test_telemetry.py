@@ -4,9 +4,9 @@ import threading
 import pytest
 from typer.testing import CliRunner
 
-from genesis_fp16 import telemetry
+from genesis_fp16.base import telemetry
 from genesis_fp16.cli import app
-from genesis_fp16.settings import load_settings
+from genesis_fp16.base.settings import load_settings
 
 
 @pytest.fixture(autouse=True)
@@ -113,7 +113,9 @@ def test_console_shows_control_characters_as_escapes(state_dir, capsys):
     assert "\x1b" not in err and "\x07" not in err
     assert "reason=\\x1b[31mred\\x07" in err
     assert _names(state_dir / "events.jsonl") == ["test.reason"]
-    assert telemetry.read_events(state_dir / "events.jsonl")[0]["reason"] == "\x1b[31mred\x07"  # the file keeps the text
+    assert (
+        telemetry.read_events(state_dir / "events.jsonl")[0]["reason"] == "\x1b[31mred\x07"
+    )  # the file keeps the text
 
 
 def test_cli_is_quiet_by_default_and_verbose_with_v(state_dir):
@@ -138,12 +140,15 @@ def test_verbose_is_a_documented_global_option():
 
 # -- rotation of events.jsonl ----------------------------------------------------------
 
+
 def _sink_event(sink, writer, n):
     sink(None, "info", {"event": "test.rotate", "level": "info", "writer": writer, "n": n, "pad": "x" * 60})
 
 
 def _log_files(path):
-    return sorted(p.name for p in path.parent.iterdir() if p.name.startswith(path.name) and not p.name.endswith(".lock"))
+    return sorted(
+        p.name for p in path.parent.iterdir() if p.name.startswith(path.name) and not p.name.endswith(".lock")
+    )
 
 
 def _assert_gap_free_tails(path, writers, count, max_bytes):
@@ -180,7 +185,7 @@ def test_rotation_keeps_at_most_keep_plus_one_files_and_loses_nothing_recent(tmp
     assert len(_valid_lines(path)) == len(telemetry.read_events(path, include_rotated=True))
     kept = [e["n"] for e in telemetry.read_events(path, include_rotated=True)]
     assert kept == list(range(kept[0], 200)) and len(kept) > 10  # oldest first, no gap up to the last event
-    assert [e["n"] for e in telemetry.read_events(path)] == kept[-len(telemetry.read_events(path)):]
+    assert [e["n"] for e in telemetry.read_events(path)] == kept[-len(telemetry.read_events(path)) :]
 
 
 def test_rotation_disabled_with_zero_max_bytes(tmp_path):
@@ -258,7 +263,13 @@ def test_read_events_of_a_just_rotated_log(tmp_path):
 
 def test_tune_reads_the_rotated_files_too(state_dir):
     path = state_dir / "events.jsonl"
-    rollback = {"event": "rollout.stage_changed", "agent": "wm", "to_stage": "rolled_back", "actor": "guard", "reason": "x"}
+    rollback = {
+        "event": "rollout.stage_changed",
+        "agent": "wm",
+        "to_stage": "rolled_back",
+        "actor": "guard",
+        "reason": "x",
+    }
     (state_dir / "events.jsonl.1").write_text(json.dumps(rollback) + "\n")
     path.write_text(json.dumps(rollback) + "\n")
     runner = CliRunner()

@@ -1,4 +1,4 @@
-"""genesis_fp16/tensorboard_sink.py: events become scalars, with no training code involved."""
+"""genesis_fp16/base/tensorboard_sink.py: events become scalars, with no training code involved."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ import sys
 
 import pytest
 
-from genesis_fp16 import telemetry
-from genesis_fp16.extras import MissingExtraError
-from genesis_fp16.tensorboard_sink import TensorBoardSink, check_available, tensorboard_events
+from genesis_fp16.base import telemetry
+from genesis_fp16.base.extras import MissingExtraError
+from genesis_fp16.base.tensorboard_sink import TensorBoardSink, check_available, tensorboard_events
 
 
 class Writer:
@@ -28,9 +28,27 @@ def test_known_fields_become_tagged_scalars():
     writer = Writer()
     sink = TensorBoardSink(writer)
     _feed(sink, "trainer.scale_changed", old_scale=65536.0, new_scale=32768.0, step=7, trainer="wm")
-    _feed(sink, "trainer.step_skipped", reason="nonfinite_loss", step=8, loss=float("nan"), trainer="wm")  # no overflow_rate
-    _feed(sink, "world_model.trained", train_loss=0.2, val_loss=0.3, fp32_val_loss=None, inference_gap=0.01, agent="pendulum")
-    _feed(sink, "world_model.trained", train_loss=0.1, val_loss=0.2, fp32_val_loss=0.19, inference_gap=0.0, agent="pendulum")
+    _feed(
+        sink, "trainer.step_skipped", reason="nonfinite_loss", step=8, loss=float("nan"), trainer="wm"
+    )  # no overflow_rate
+    _feed(
+        sink,
+        "world_model.trained",
+        train_loss=0.2,
+        val_loss=0.3,
+        fp32_val_loss=None,
+        inference_gap=0.01,
+        agent="pendulum",
+    )
+    _feed(
+        sink,
+        "world_model.trained",
+        train_loss=0.1,
+        val_loss=0.2,
+        fp32_val_loss=0.19,
+        inference_gap=0.0,
+        agent="pendulum",
+    )
     _feed(sink, "guard.decision", action="rollback", severity="P0", agent="pendulum")
     _feed(sink, "guard.canary", alarm=True, val_loss_ratio=1.4, agent="pendulum")
     _feed(sink, "rollout.shadow_gap", gap=0.02, agent="pendulum")
@@ -76,7 +94,11 @@ def test_event_file_holds_the_tags(tmp_path):
         log.info("guard.decision", action="none", severity=None, agent="ppo")
     accumulator = EventAccumulator(str(tmp_path / "tb"))
     accumulator.Reload()
-    assert set(accumulator.Tags()["scalars"]) == {"trainer/ppo/loss_scale", "verdict/ppo/guard_action", "verdict/ppo/guard_severity"}
+    assert set(accumulator.Tags()["scalars"]) == {
+        "trainer/ppo/loss_scale",
+        "verdict/ppo/guard_action",
+        "verdict/ppo/guard_severity",
+    }
     assert [(e.step, e.value) for e in accumulator.Scalars("trainer/ppo/loss_scale")] == [(1, 32768.0), (5, 16384.0)]
 
 

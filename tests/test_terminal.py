@@ -7,7 +7,7 @@ import io
 
 from rich.table import Table
 
-from genesis_fp16.terminal import PIPE_WIDTH, make_console
+from genesis_fp16.base.terminal import PIPE_WIDTH, make_console
 
 
 def _table(cell: str) -> Table:
@@ -35,7 +35,7 @@ def test_terminal_and_explicit_widths_are_kept():
 
 
 def test_the_commands_table_folds_a_long_value_instead_of_cutting_it():
-    from genesis_fp16.terminal import Table as FoldingTable
+    from genesis_fp16.base.terminal import Table as FoldingTable
 
     path = "/state/" + "a-very-long-folder-name-" * 6 + "precision.json"
     table = FoldingTable()

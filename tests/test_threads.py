@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 import torch
 
-from genesis_fp16.guarded import UNGUARDED
-from genesis_fp16.settings import load_settings
-from genesis_fp16.threads import torch_threads
+from genesis_fp16.training.guarded import UNGUARDED
+from genesis_fp16.base.settings import load_settings
+from genesis_fp16.base.threads import torch_threads
 from infrastructure.trajectory import Trajectory
 from infrastructure.world_model import WorldModel
 
@@ -59,8 +59,15 @@ def _trajs() -> list[Trajectory]:
     out = []
     for _ in range(3):
         obs = rng.normal(size=(21, 3)).astype(np.float32)
-        out.append(Trajectory(obs=obs[:-1], action=rng.normal(size=(20, 1)), reward=rng.normal(size=20),
-                              next_obs=obs[1:], done=np.zeros(20, dtype=bool)))
+        out.append(
+            Trajectory(
+                obs=obs[:-1],
+                action=rng.normal(size=(20, 1)),
+                reward=rng.normal(size=20),
+                next_obs=obs[1:],
+                done=np.zeros(20, dtype=bool),
+            )
+        )
     return out
 
 

@@ -11,8 +11,9 @@ from structlog.testing import capture_logs
 
 from genesis_fp16 import FP16Trainer, FP16TrainingConfig
 from genesis_fp16.precision import capability as capability_mod
-from genesis_fp16.precision import Support, UnsupportedPrecisionError
-from genesis_fp16.settings import PrecisionMode
+from genesis_fp16.precision.capability import Support
+from genesis_fp16.base.errors import UnsupportedPrecisionError
+from genesis_fp16.base.settings import PrecisionMode
 
 STEPS = 20
 INJECT_AT = 7  # optimizer step (0-based) whose gradients are made infinite
@@ -206,7 +207,9 @@ def test_scale_change_and_skip_events():
     data = batches(2)
     model, opt = make()
     seen = []
-    trainer = FP16Trainer(model, opt, FP16TrainingConfig(precision="fp16"), listeners=[lambda e, f: seen.append((e, f))])
+    trainer = FP16Trainer(
+        model, opt, FP16TrainingConfig(precision="fp16"), listeners=[lambda e, f: seen.append((e, f))]
+    )
     trainer.model.armed = True
     with capture_logs() as logs:
         trainer.backward_and_step(trainer.training_step(data[0], loss_fn))
@@ -308,7 +311,9 @@ def test_checkpoint_mid_accumulation_is_refused(tmp_path):
 
 
 def test_caller_config_is_never_mutated(monkeypatch):
-    monkeypatch.setattr(capability_mod, "device_support", lambda d, m: Support.NONE if m == PrecisionMode.BF16 else Support.NATIVE)
+    monkeypatch.setattr(
+        capability_mod, "device_support", lambda d, m: Support.NONE if m == PrecisionMode.BF16 else Support.NATIVE
+    )
     cfg = FP16TrainingConfig(precision="bf16")
     snapshot = dataclasses.asdict(cfg)
     model, opt = make()
@@ -319,7 +324,9 @@ def test_caller_config_is_never_mutated(monkeypatch):
 
 
 def test_unsupported_precision_fallback_logs_reason(monkeypatch):
-    monkeypatch.setattr(capability_mod, "device_support", lambda d, m: Support.NONE if m == PrecisionMode.BF16 else Support.NATIVE)
+    monkeypatch.setattr(
+        capability_mod, "device_support", lambda d, m: Support.NONE if m == PrecisionMode.BF16 else Support.NATIVE
+    )
     model, opt = make()
     with capture_logs() as logs:
         trainer = FP16Trainer(model, opt, FP16TrainingConfig(precision="bf16", on_unsupported="fallback"))
@@ -332,7 +339,9 @@ def test_unsupported_precision_fallback_logs_reason(monkeypatch):
 
 
 def test_unsupported_precision_error_policy(monkeypatch):
-    monkeypatch.setattr(capability_mod, "device_support", lambda d, m: Support.NONE if m == PrecisionMode.BF16 else Support.NATIVE)
+    monkeypatch.setattr(
+        capability_mod, "device_support", lambda d, m: Support.NONE if m == PrecisionMode.BF16 else Support.NATIVE
+    )
     model, opt = make()
     with pytest.raises(UnsupportedPrecisionError, match="bf16.*not supported"):
         FP16Trainer(model, opt, FP16TrainingConfig(precision="bf16", on_unsupported="error"))
@@ -357,7 +366,7 @@ def test_fp16_on_cpu_runs_with_cpu_scaler_and_says_the_rule_counts_it_slow_witho
         ({"on_unsupported": "maybe"}, "fallback, error"),
         ({"backoff_factor": 1.0}, "backoff_factor"),
         ({"growth_factor": 1.0}, "growth_factor"),
-        ({"loss_scale": 0.0}, "loss_scale"),
+        ({"init_scale": 0.0}, "init_scale"),
         ({"grad_accumulation_steps": 0}, "grad_accumulation_steps"),
         ({"max_grad_norm": -1.0}, "max_grad_norm"),
     ],
@@ -409,7 +418,8 @@ def test_scaler_is_the_plugins_and_read_only():
 
 
 def test_subclass_chooses_plugin_variants():
-    from genesis_fp16.precision import MODES, FP16Mixed, HalfTrue
+    from genesis_fp16.precision.modes import MODES
+    from genesis_fp16.precision.plugins import FP16Mixed, HalfTrue
 
     made = []
 
@@ -433,7 +443,7 @@ def test_subclass_chooses_plugin_variants():
 
 def test_checkpoint_scaler_key_is_the_plugins_state_and_old_fp32_checkpoints_load_into_fp16(tmp_path):
     model, opt = make()
-    fp16 = FP16Trainer(model, opt, FP16TrainingConfig(precision="fp16", loss_scale=256.0))
+    fp16 = FP16Trainer(model, opt, FP16TrainingConfig(precision="fp16", init_scale=256.0))
     run_trainer(fp16, batches(3), inject_at=1)
     payload = fp16.state_payload()
     assert payload["scaler"] == fp16.precision.state_dict() and payload["scaler"]["scale"] == 128.0
@@ -443,6 +453,8 @@ def test_checkpoint_scaler_key_is_the_plugins_state_and_old_fp32_checkpoints_loa
     path = fp32.save_checkpoint(tmp_path / "fp32.pt")
     model2, opt2 = make()
     seen = []
-    resumed = FP16Trainer(model2, opt2, FP16TrainingConfig(precision="fp16", loss_scale=512.0), listeners=[lambda e, f: seen.append(e)])
+    resumed = FP16Trainer(
+        model2, opt2, FP16TrainingConfig(precision="fp16", init_scale=512.0), listeners=[lambda e, f: seen.append(e)]
+    )
     resumed.load_checkpoint(path)
     assert "checkpoint.fresh_scaler" in seen and resumed.current_scale == 512.0

@@ -9,13 +9,13 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from genesis_fp16 import telemetry
+from genesis_fp16.base import telemetry
 from genesis_fp16.cli import app
-from genesis_fp16.guard import RollbackGuard
-from genesis_fp16.profiles import load_profiles, profile_layer
-from genesis_fp16.registry import trainer_for
-from genesis_fp16.settings import load_settings
-from genesis_fp16.tuning import apply, propose, summarise
+from genesis_fp16.rollout.guard import RollbackGuard
+from genesis_fp16.rollout.profiles import load_profiles, profile_layer
+from genesis_fp16.training.registry import trainer_for
+from genesis_fp16.base.settings import load_settings
+from genesis_fp16.rollout.tuning import apply, propose, summarise
 
 runner = CliRunner()
 
@@ -25,7 +25,9 @@ def _fp16_run_with_overflows(agent: str, every: int, steps: int = 40) -> None:
     settings = load_settings()
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
-    trainer = trainer_for(agent, model, torch.optim.Adam(model.parameters(), lr=1e-2), settings=settings, precision="fp16")
+    trainer = trainer_for(
+        agent, model, torch.optim.Adam(model.parameters(), lr=1e-2), settings=settings, precision="fp16"
+    )
     guard = RollbackGuard(agent, settings=settings)
     guard.attach(trainer)
     count = {"n": 0}
@@ -72,9 +74,13 @@ def test_heavy_overflow_quadruples_interval(state_dir):
     [(["fp16"], 2, "bf16"), (["bf16"], 2, "fp32"), (["fp16"], 3, "fp32"), (["fp16"], 1, None)],
 )
 def test_repeated_rollbacks_move_precision(state_dir, precisions, rollbacks, expected):
-    events = [_ev("trainer.step_skipped", trainer="a", precision=prec, reason="nonfinite_loss", step=1) for prec in precisions]
-    events += [_ev("rollout.stage_changed", agent="a", to_stage="rolled_back", reason=f"P0: storm {k}", actor="guard")
-               for k in range(rollbacks)]
+    events = [
+        _ev("trainer.step_skipped", trainer="a", precision=prec, reason="nonfinite_loss", step=1) for prec in precisions
+    ]
+    events += [
+        _ev("rollout.stage_changed", agent="a", to_stage="rolled_back", reason=f"P0: storm {k}", actor="guard")
+        for k in range(rollbacks)
+    ]
     proposals = propose(events)
     if expected is None:
         assert proposals == []
@@ -88,21 +94,30 @@ def test_rollbacks_in_fp16_do_not_push_a_healthy_bf16_agent_to_fp32(state_dir):
     # rollback. The same (appended) event log must not now propose FP32.
     (state_dir / "profiles.toml").write_text('[agents.a]\nprecision = "bf16"\n')
     events = [_ev("trainer.step_skipped", trainer="a", precision="fp16", reason="nonfinite_loss", step=1)]
-    events += [_ev("rollout.stage_changed", agent="a", to_stage="rolled_back", reason=f"P0: storm {k}") for k in range(2)]
+    events += [
+        _ev("rollout.stage_changed", agent="a", to_stage="rolled_back", reason=f"P0: storm {k}") for k in range(2)
+    ]
     events += [_ev("trainer.scale_changed", trainer="a", precision="bf16", step=5, new_scale=None)]
     assert propose(events) == []
     # one rollback in FP16 and one in BF16: FP32
-    events = [_ev("trainer.step_skipped", trainer="a", precision="fp16", reason="nonfinite_loss", step=1),
-              _ev("rollout.stage_changed", agent="a", to_stage="rolled_back", reason="P0"),
-              _ev("trainer.step_skipped", trainer="a", precision="bf16", reason="nonfinite_loss", step=2),
-              _ev("rollout.stage_changed", agent="a", to_stage="rolled_back", reason="P1")]
+    events = [
+        _ev("trainer.step_skipped", trainer="a", precision="fp16", reason="nonfinite_loss", step=1),
+        _ev("rollout.stage_changed", agent="a", to_stage="rolled_back", reason="P0"),
+        _ev("trainer.step_skipped", trainer="a", precision="bf16", reason="nonfinite_loss", step=2),
+        _ev("rollout.stage_changed", agent="a", to_stage="rolled_back", reason="P1"),
+    ]
     (p,) = propose(events)
     assert p.changes == {"precision": "fp32"}
 
 
 def test_throughput_recommendation_and_shadow_trainer_ignored(state_dir):
     events = [
-        _ev("guard.recommendation", agent="slow", changes={"precision": "fp32"}, reason="reduced precision is slower than FP32 here"),
+        _ev(
+            "guard.recommendation",
+            agent="slow",
+            changes={"precision": "fp32"},
+            reason="reduced precision is slower than FP32 here",
+        ),
         _ev("trainer.step_skipped", trainer="slow.fp32_shadow", precision="fp16", reason="overflow", step=50),
     ]
     (p,) = propose(events)
@@ -133,9 +148,16 @@ def test_a_noisy_or_small_canary_gap_proposes_nothing(state_dir, ratios):
 
 
 def test_a_rollback_caught_by_a_canary_halves_canary_every_and_applies(state_dir):
-    events = [_canary("wm", 1.5), _canary("wm", 1.6),
-              _ev("rollout.stage_changed", agent="wm", to_stage="rolled_back",
-                  reason="P1: validation loss 1.60x the FP32 canary, confirmed (> 1.30x)")]
+    events = [
+        _canary("wm", 1.5),
+        _canary("wm", 1.6),
+        _ev(
+            "rollout.stage_changed",
+            agent="wm",
+            to_stage="rolled_back",
+            reason="P1: validation loss 1.60x the FP32 canary, confirmed (> 1.30x)",
+        ),
+    ]
     (p,) = propose(events)
     assert p.changes == {"thresholds": {"canary_every": 2}}
     path = state_dir / "profiles.toml"
@@ -185,37 +207,54 @@ def test_cli_tune_bad_input(state_dir, tmp_path):
     r = runner.invoke(app, ["tune", "--events", str(tmp_path / "missing.jsonl")])
     assert r.exit_code == 2 and "does not exist" in r.output
     bad = tmp_path / "bad.jsonl"
-    bad.write_text("{not json}\n{\"event\": \"x\"}\n")
+    bad.write_text('{not json}\n{"event": "x"}\n')
     r = runner.invoke(app, ["tune", "--events", str(bad)])
     assert r.exit_code == 2 and "bad.jsonl:1: not a JSON event line" in r.output
 
 
 def test_cli_tune_a_line_that_is_not_utf8_is_one_error_naming_file_and_line(state_dir, tmp_path):
     """Issue 44: a non-UTF-8 line stopped tune with the codec's message, naming neither the file nor the line. It is
-    told as a line that is not JSON is: an error with the file and the line in the middle, skipped as torn at the end."""
+    told as a line that is not JSON is: an error with the file and the line in the middle, skipped as torn at the end.
+    """
     good = json.dumps({"event": "x", "agent": "a"}).encode()
     bad = tmp_path / "latin1.jsonl"
-    bad.write_bytes(good + b"\n" + json.dumps({"event": "y", "reason": "caf\u00e9"}, ensure_ascii=False).encode("latin-1") + b"\n" + good + b"\n")
+    bad.write_bytes(
+        good
+        + b"\n"
+        + json.dumps({"event": "y", "reason": "caf\u00e9"}, ensure_ascii=False).encode("latin-1")
+        + b"\n"
+        + good
+        + b"\n"
+    )
     r = runner.invoke(app, ["tune", "--events", str(bad)], env={"COLUMNS": "300"})
     assert r.exit_code == 2, r.output
     assert f"{bad}:2: not UTF-8 text (byte 0xe9 at column 30)" in r.output and "delete or repair that line" in r.output
     assert r.output.count("\n") == 1 and "Traceback" not in r.output and "codec" not in r.output
     torn = tmp_path / "torn.jsonl"
-    torn.write_bytes(good + b"\n" + "{\"event\": \"\u00e9".encode()[:-1])  # a write cut inside a two-byte character
+    torn.write_bytes(good + b"\n" + '{"event": "\u00e9'.encode()[:-1])  # a write cut inside a two-byte character
     assert [e["event"] for e in telemetry.read_events(torn)] == ["x"]
     assert runner.invoke(app, ["tune", "--events", str(torn)]).exit_code == 0
 
 
 @pytest.mark.timeout(30)
-@pytest.mark.parametrize("kind, said", [
-    ("fifo", "event log {path} is a FIFO, expected a regular file; name the JSON-lines log"),
-    ("dev_zero", "event log {path} is a character device (a symlink to /dev/zero), expected a regular file"),
-    ("directory", "event log {path} is a directory, expected a regular file"),
-    ("deep", "{path}:2: not a JSON event line: it is nested too deep to read (more than 32 levels); delete or repair"),
-    ("deep_last", "{path}:2: not a JSON event line: it is nested more than 32 levels deep; delete or repair"),
-    ("list", "{path}:2: not a JSON event line: it holds a JSON list, expected an object; delete or repair that line"),
-    ("null", "{path}:2: not a JSON event line: it holds null, expected an object; delete or repair that line"),
-])
+@pytest.mark.parametrize(
+    "kind, said",
+    [
+        ("fifo", "event log {path} is a FIFO, expected a regular file; name the JSON-lines log"),
+        ("dev_zero", "event log {path} is a character device (a symlink to /dev/zero), expected a regular file"),
+        ("directory", "event log {path} is a directory, expected a regular file"),
+        (
+            "deep",
+            "{path}:2: not a JSON event line: it is nested too deep to read (more than 32 levels); delete or repair",
+        ),
+        ("deep_last", "{path}:2: not a JSON event line: it is nested more than 32 levels deep; delete or repair"),
+        (
+            "list",
+            "{path}:2: not a JSON event line: it holds a JSON list, expected an object; delete or repair that line",
+        ),
+        ("null", "{path}:2: not a JSON event line: it holds null, expected an object; delete or repair that line"),
+    ],
+)
 def test_cli_tune_an_event_log_that_is_not_json_lines_of_objects_is_one_line(state_dir, kind, said):
     """Issue 52 (D12): a line that is not an object (``[1,2]``, ``null``) or is nested 100,000 deep crashed ``tune``;
     a FIFO as the log would hang it. Each is one line naming the file (and the line) and the fix. The default log,
@@ -231,8 +270,12 @@ def test_cli_tune_an_event_log_that_is_not_json_lines_of_objects_is_one_line(sta
     elif kind == "directory":
         path.mkdir()
     else:
-        bad = {"deep": "[" * 100_000 + "]" * 100_000, "deep_last": '{"a": ' + "[" * 40 + "]" * 40 + "}",
-               "list": "[1, 2]", "null": "null"}[kind]
+        bad = {
+            "deep": "[" * 100_000 + "]" * 100_000,
+            "deep_last": '{"a": ' + "[" * 40 + "]" * 40 + "}",
+            "list": "[1, 2]",
+            "null": "null",
+        }[kind]
         path.write_text(f"{good}\n{bad}\n" + ("" if kind == "deep_last" else f"{good}\n"))
     r = runner.invoke(app, ["tune"], env={"COLUMNS": "400"})
     assert r.exit_code == 2, r.output
@@ -242,15 +285,18 @@ def test_cli_tune_an_event_log_that_is_not_json_lines_of_objects_is_one_line(sta
 
 def test_events_whose_fields_have_other_types_count_for_nothing():
     """Objects, but not as this code writes them (an edited log): no crash, no proposal from them."""
-    events = [{"event": 5, "agent": "a"}, {"event": "trainer.step_skipped", "agent": "a", "precision": ["fp16"]},
-              {"event": "guard.decision", "agent": "a", "precision": "fp16", "training_steps": 10,
-               "overflow_rate": "x"},
-              {"event": "trainer.step_skipped", "agent": "a", "reason": "overflow"}]
+    events = [
+        {"event": 5, "agent": "a"},
+        {"event": "trainer.step_skipped", "agent": "a", "precision": ["fp16"]},
+        {"event": "guard.decision", "agent": "a", "precision": "fp16", "training_steps": 10, "overflow_rate": "x"},
+        {"event": "trainer.step_skipped", "agent": "a", "reason": "overflow"},
+    ]
     summary = summarise(events)["a"]
     assert summary.overflow_skips == 1 and summary.judged_overflow_rate == 0.0 and summary.judged_steps == 10
 
 
 # -- the event catalogue tune relies on ------------------------------------------------
+
 
 def _events_in_source(root):
     """Dotted event names passed to logger calls anywhere in the project's code."""
@@ -265,9 +311,13 @@ def _events_in_source(root):
         if rel.parts[0] not in ("genesis_fp16", "infrastructure", "agents", "scripts"):
             continue
         tree = ast.parse(path.read_text(encoding="utf-8"))
-        consts = {t.id: n.value.value for n in tree.body if isinstance(n, ast.Assign)
-                  and isinstance(n.value, ast.Constant) and isinstance(n.value.value, str)
-                  for t in n.targets if isinstance(t, ast.Name)}
+        consts = {
+            t.id: n.value.value
+            for n in tree.body
+            if isinstance(n, ast.Assign) and isinstance(n.value, ast.Constant) and isinstance(n.value.value, str)
+            for t in n.targets
+            if isinstance(t, ast.Name)
+        }
         for node in ast.walk(tree):
             if not isinstance(node, ast.Call):
                 continue
@@ -275,8 +325,10 @@ def _events_in_source(root):
             first = None
             if isinstance(f, ast.Name) and f.id == "log_once" and len(args) >= 4:
                 first = args[3]
-            elif args and ((isinstance(f, ast.Attribute) and f.attr in methods)
-                           or (isinstance(f, ast.Call) and isinstance(f.func, ast.Name) and f.func.id == "getattr")):
+            elif args and (
+                (isinstance(f, ast.Attribute) and f.attr in methods)
+                or (isinstance(f, ast.Call) and isinstance(f.func, ast.Name) and f.func.id == "getattr")
+            ):
                 first = args[0]
             value = None
             if isinstance(first, ast.Constant) and isinstance(first.value, str):
@@ -302,9 +354,16 @@ def test_events_catalogue_lists_every_event():
 def test_applying_the_same_log_twice_changes_the_profile_once(state_dir):
     path = state_dir / "profiles.toml"
     log = state_dir / "canary_events.jsonl"
-    events = [_canary("wm", 1.5), _canary("wm", 1.6),
-              _ev("rollout.stage_changed", agent="wm", to_stage="rolled_back",
-                  reason="P1: validation loss 1.60x the FP32 canary, confirmed (> 1.30x)")]
+    events = [
+        _canary("wm", 1.5),
+        _canary("wm", 1.6),
+        _ev(
+            "rollout.stage_changed",
+            agent="wm",
+            to_stage="rolled_back",
+            reason="P1: validation loss 1.60x the FP32 canary, confirmed (> 1.30x)",
+        ),
+    ]
     log.write_text("".join(json.dumps(e) + "\n" for e in events))
     for _ in range(2):
         r = runner.invoke(app, ["tune", "--events", str(log), "--apply", "--profiles", str(path)])

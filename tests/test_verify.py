@@ -12,7 +12,16 @@ import pytest
 
 from agents.evaluation import Evaluation, EvaluationEnvError
 from agents.verify import (
-    STATED_FALSE_ACCEPT, bounds, decide, per_look, return_scale, spread, stage_sizes, start_order, t_quantile, verify,
+    STATED_FALSE_ACCEPT,
+    bounds,
+    decide,
+    per_look,
+    return_scale,
+    spread,
+    stage_sizes,
+    start_order,
+    t_quantile,
+    verify,
 )
 from scripts_loader import load_script
 
@@ -22,6 +31,7 @@ def _evaluate(returns, calls=None):
         if calls is not None:
             calls.append([int(s[0]) for s in states])
         return Evaluation(returns=[float(returns[int(s[0])]) for s in states], episodes=[{} for _ in states])
+
     return evaluate
 
 
@@ -31,19 +41,30 @@ def _states(n):
 
 async def _verify(returns, order, target, *, first=True, scale=None, fits=None, calls=None):
     start = (order[0], float(returns[order[0]])) if first else None
-    return await verify(_evaluate(returns, calls), np.zeros(3), _states(len(returns)), order, first=start, target=target,
-                        scale=scale, fits=fits)
+    return await verify(
+        _evaluate(returns, calls),
+        np.zeros(3),
+        _states(len(returns)),
+        order,
+        first=start,
+        target=target,
+        scale=scale,
+        fits=fits,
+    )
 
 
 def test_stage_sizes_start_order_and_the_share_of_each_look():
     assert stage_sizes(16) == [2, 4, 8, 16] and stage_sizes(5) == [2, 4, 5] and stage_sizes(1) == [1]
     order = start_order(16, 3)
     assert sorted(order) == list(range(16)) and order == start_order(16, 3) and order != start_order(16, 4)
-    assert per_look(16) == pytest.approx(STATED_FALSE_ACCEPT / 3) and per_look(8) == pytest.approx(STATED_FALSE_ACCEPT / 2)
+    assert per_look(16) == pytest.approx(STATED_FALSE_ACCEPT / 3) and per_look(8) == pytest.approx(
+        STATED_FALSE_ACCEPT / 2
+    )
 
 
-@pytest.mark.parametrize("p, dof, expected", [(0.9, 1, 3.078), (0.9, 4, 1.533), (0.975, 2, 4.303), (0.975, 30, 2.042),
-                                              (0.95, 10, 1.812)])
+@pytest.mark.parametrize(
+    "p, dof, expected", [(0.9, 1, 3.078), (0.9, 4, 1.533), (0.975, 2, 4.303), (0.975, 30, 2.042), (0.95, 10, 1.812)]
+)
 def test_t_quantiles_match_the_table(p, dof, expected):
     assert t_quantile(p, dof) == pytest.approx(expected, abs=1e-3)
 
@@ -173,16 +194,19 @@ def test_the_candidates_training_returns_narrow_a_confirmation():
 
 
 async def test_a_run_whose_returns_depend_on_the_kind_of_start_state_never_claims_the_target(state_dir):
-    """The issue's end-to-end case: a task whose return is 50 (on 3 of 4 start states) or -1000, whatever the policy; the
+    """The issue's end-to-end case: a task whose return is 50 (on 3 of 4 start states) or -1000, whatever the policy;
+    the
     mean over the training states is below the target 40, so the run must not report it reached."""
     from agents.evolve_config import EvolveConfig
     from agents.se_darwin_agent import SEDarwinAgent
     from agents.tasks import get_task
-    from genesis_fp16.settings import load_settings
+    from genesis_fp16.base.settings import load_settings
     from loop_fakes import FakeEvaluator
 
     task = get_task("Pendulum-v1").resolve()
-    cfg = EvolveConfig(budget=60, target=40.0, seed=0, popsize=6, refined=0, use_critic=False, use_world_model=False, workers=1)
+    cfg = EvolveConfig(
+        budget=60, target=40.0, seed=0, popsize=6, refined=0, use_critic=False, use_world_model=False, workers=1
+    )
     evaluator = FakeEvaluator(task, score=lambda params, state: 50.0 if int(state[0]) % 4 else -1000.0)
     agent = SEDarwinAgent(cfg, settings=load_settings(), evaluator=evaluator)
     report = await agent.evolve()

@@ -1,4 +1,4 @@
-"""Training windows (genesis_fp16/window.py): steps with nothing read back to
+"""Training windows (genesis_fp16/training/trainer.py, `FP16Trainer.train_window`): steps with nothing read back to
 the host inside a window, against the per-step path (`backward_and_step`) on
 clean data, a NaN storm and an injected FP16 overflow: the same skipped steps,
 the same counters and events, the same weights bit for bit (both paths on the
@@ -11,7 +11,7 @@ import torch
 from structlog.testing import capture_logs
 
 from genesis_fp16 import FP16Trainer, FP16TrainingConfig
-from genesis_fp16.window import fused_adam, window_blocker
+from genesis_fp16.training.trainer import fused_adam
 
 
 def _trainer(precision: str, fused: bool = True, **config) -> FP16Trainer:
@@ -49,7 +49,7 @@ def _per_step(trainer, batches, loss_fn):
 def _windowed(trainer, batches, loss_fn, size=8):
     stepped = []
     for start in range(0, len(batches), size):
-        stepped += trainer.train_window(batches[start:start + size], loss_fn).stepped
+        stepped += trainer.train_window(batches[start : start + size], loss_fn).stepped
     return stepped
 
 
@@ -58,7 +58,9 @@ def _same_weights(a, b) -> bool:
 
 
 def _events(logs):
-    return [(e["event"], e.get("reason"), e.get("step"), e.get("streak")) for e in logs if e["event"].startswith("trainer.")]
+    return [
+        (e["event"], e.get("reason"), e.get("step"), e.get("streak")) for e in logs if e["event"].startswith("trainer.")
+    ]
 
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16", "fp16"])
@@ -72,7 +74,14 @@ def test_a_window_trains_as_the_per_step_path(precision, bad):
         windowed = _windowed(b, batches, _storm(bad))
     assert windowed == taken and taken.count(False) == len(bad)
     assert _same_weights(a, b)  # bit for bit
-    for name in ("training_steps", "skipped_steps", "nonfinite_losses", "overflow_steps", "nonfinite_streak", "micro_steps"):
+    for name in (
+        "training_steps",
+        "skipped_steps",
+        "nonfinite_losses",
+        "overflow_steps",
+        "nonfinite_streak",
+        "micro_steps",
+    ):
         assert getattr(a, name) == getattr(b, name), name
     assert _events(window_logs) == _events(per_step_logs)  # the streak event at the same step: the guard trips alike
     if bad:
@@ -82,6 +91,7 @@ def test_a_window_trains_as_the_per_step_path(precision, bad):
 
 def test_an_fp16_overflow_is_skipped_on_the_device_and_the_scale_follows_as_per_step():
     """Every third backward overflows (an inf in a gradient); the scale grows every 2 good steps."""
+
     def overflowing(trainer):
         count = [0]
 
@@ -116,7 +126,7 @@ def test_a_nan_loss_leaves_the_fp16_scale_as_the_per_step_path_does():
 def test_without_a_fused_optimizer_the_window_runs_the_per_step_path_and_says_why():
     batches = _batches(6)
     a, b = _trainer("bf16", fused=False), _trainer("bf16", fused=False)
-    assert "not a fused optimizer" in window_blocker(b)
+    assert "not a fused optimizer" in b.window_blocker()
     _per_step(a, batches, _storm({2}))
     with capture_logs() as logs:
         result = b.train_window(batches, _storm({2}))
@@ -127,11 +137,11 @@ def test_without_a_fused_optimizer_the_window_runs_the_per_step_path_and_says_wh
 
 def test_a_scheduler_or_accumulation_keeps_the_per_step_path():
     t = _trainer("fp32", grad_accumulation_steps=2)
-    assert "accumulation" in window_blocker(t)
+    assert "accumulation" in t.window_blocker()
     t = _trainer("fp32")
     t.scheduler = torch.optim.lr_scheduler.StepLR(t.optimizer, 1)
-    assert "scheduler" in window_blocker(t)
-    assert window_blocker(_trainer("fp32")) is None
+    assert "scheduler" in t.window_blocker()
+    assert _trainer("fp32").window_blocker() is None
 
 
 def test_a_checkpoint_of_a_plain_adam_loads_into_a_fused_one_and_it_stays_fused(tmp_path):
@@ -140,7 +150,7 @@ def test_a_checkpoint_of_a_plain_adam_loads_into_a_fused_one_and_it_stays_fused(
     plain.save_checkpoint(tmp_path / "plain.pt")
     fused = _trainer("fp32")
     fused.load_checkpoint(tmp_path / "plain.pt")
-    assert all(g["fused"] for g in fused.optimizer.param_groups) and window_blocker(fused) is None
+    assert all(g["fused"] for g in fused.optimizer.param_groups) and fused.window_blocker() is None
     assert fused.train_window(_batches(4), _mse).eager is None
 
 
@@ -153,9 +163,9 @@ def test_the_same_rollback_on_the_same_storm(state_dir, tmp_path):
     """Stage on in BF16, a NaN storm at steps 5-11: the per-step path and the
     windows roll back alike (P0, the streak at step 8 as its reason, the good
     checkpoint restored) and train on in FP32."""
-    from genesis_fp16.guarded import GuardedTraining
-    from genesis_fp16.rollout import RolloutLedger
-    from genesis_fp16.settings import load_settings
+    from genesis_fp16.training.guarded import GuardedTraining
+    from genesis_fp16.rollout.ledger import RolloutLedger
+    from genesis_fp16.base.settings import load_settings
 
     settings = load_settings()
     outcomes = []
@@ -164,8 +174,15 @@ def test_the_same_rollback_on_the_same_storm(state_dir, tmp_path):
         RolloutLedger.from_settings(settings).enable(agent, actor="test")
         torch.manual_seed(0)
         model = torch.nn.Sequential(torch.nn.Linear(4, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
-        training = GuardedTraining(agent, model, torch.optim.Adam(model.parameters(), lr=1e-2, fused=True), settings=settings,
-                                   precision="bf16", checkpoint_dir=tmp_path / agent, checkpoint_every=0)
+        training = GuardedTraining(
+            agent,
+            model,
+            torch.optim.Adam(model.parameters(), lr=1e-2, fused=True),
+            settings=settings,
+            precision="bf16",
+            checkpoint_dir=tmp_path / agent,
+            checkpoint_every=0,
+        )
         training.begin_call()
         loss_fn = _storm(set(range(5, 12)))
         if windowed:
@@ -175,7 +192,16 @@ def test_the_same_rollback_on_the_same_storm(state_dir, tmp_path):
             skipped = [training.step(b, loss_fn) for b in _batches(24)].count(False)
         report = training.finish_call()
         rollback = training.rollbacks[0]
-        outcomes.append((rollback.severity, rollback.reason, report.precision, len(training.rollbacks), report.events[0].split()[0], skipped))
+        outcomes.append(
+            (
+                rollback.severity,
+                rollback.reason,
+                report.precision,
+                len(training.rollbacks),
+                report.events[0].split()[0],
+                skipped,
+            )
+        )
     per_step, window = outcomes
     assert per_step[:5] == window[:5] == ("P0", "non-finite loss streak of 3 steps at step 8", "fp32", 1, "restored")
     assert per_step[5] == window[5] == 7  # steps 5-11, in BF16 and then in the restored FP32 trainer
@@ -187,7 +213,7 @@ def test_a_world_model_call_reads_back_once_per_window(state_dir, tmp_path):
     import scripts_loader
 
     reads = scripts_loader.load_script("count_host_reads")
-    from genesis_fp16.guarded import UNGUARDED
+    from genesis_fp16.training.guarded import UNGUARDED
     from infrastructure.world_model import WorldModel
 
     for precision in ("fp32", "fp16"):

@@ -54,7 +54,9 @@ def test_workers_die_when_their_parent_is_killed(state):
         line = read_line(parent.stdout, STARTUP_S, lambda text: text.startswith("workers "))
         pids = json.loads(line.split(" ", 1)[1])
         assert len(pids) == 2
-        family = psutil.Process(parent.pid).children(recursive=True)  # the workers and multiprocessing's resource tracker
+        family = psutil.Process(parent.pid).children(
+            recursive=True
+        )  # the workers and multiprocessing's resource tracker
         assert set(pids) <= {p.pid for p in family}
         parent.kill()
         parent.wait(timeout=STARTUP_S)
@@ -78,8 +80,8 @@ from concurrent.futures import ProcessPoolExecutor
 from agents import worker_limits
 
 if __name__ == "__main__":
-    pool = ProcessPoolExecutor(2, mp_context=worker_limits.death_signal_context(), initializer=worker_limits.init_worker,
-                               initargs=(None, os.getpid()))
+    pool = ProcessPoolExecutor(2, mp_context=worker_limits.death_signal_context(),
+                               initializer=worker_limits.init_worker, initargs=(None, os.getpid()))
     for _ in range(2):
         pool.submit(int)
     print("workers", json.dumps(sorted(p.pid for p in multiprocessing.active_children())), flush=True)
@@ -87,7 +89,10 @@ if __name__ == "__main__":
 """
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's; elsewhere the watch thread starts in the initializer")
+@pytest.mark.skipif(
+    not sys.platform.startswith("linux"),
+    reason="PR_SET_PDEATHSIG is Linux's; elsewhere the watch thread starts in the initializer",
+)
 def test_workers_killed_while_still_importing_die_with_their_parent(tmp_path):
     """A `kill -9` of the parent while its workers are still importing its
     main module (before any pool initializer can run) ends them too: the death
@@ -95,8 +100,9 @@ def test_workers_killed_while_still_importing_die_with_their_parent(tmp_path):
     script = tmp_path / "slow_main.py"
     script.write_text(SLOW_MAIN)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
-    parent = subprocess.Popen([sys.executable, str(script)], cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                              stderr=subprocess.DEVNULL, text=True)
+    parent = subprocess.Popen(
+        [sys.executable, str(script)], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
+    )
     family: list[psutil.Process] = []
     try:
         line = read_line(parent.stdout, STARTUP_S, lambda text: text.startswith("workers "))
@@ -117,16 +123,33 @@ def test_workers_killed_while_still_importing_die_with_their_parent(tmp_path):
 def test_the_armed_command_line_sets_the_signal_before_multiprocessing_starts():
     """The prelude goes in front of multiprocessing's own program, and exits
     at once in a child whose parent is already gone (no signal will come)."""
-    cmd = ["python", "-I", "-c", "from multiprocessing.spawn import spawn_main; spawn_main(pipe_handle=5)", "--multiprocessing-fork"]
+    cmd = [
+        "python",
+        "-I",
+        "-c",
+        "from multiprocessing.spawn import spawn_main; spawn_main(pipe_handle=5)",
+        "--multiprocessing-fork",
+    ]
     armed = worker_limits.armed_command_line(cmd, 4242)
     assert armed[:3] == cmd[:3] and armed[4:] == cmd[4:]
     assert armed[3].endswith(cmd[3]) and "prctl(1, signal.SIGKILL" in armed[3] and "!= 4242" in armed[3]
-    assert worker_limits.armed_command_line(["frozen.exe", "--multiprocessing-fork"], 4242) == ["frozen.exe", "--multiprocessing-fork"]
-    orphan = subprocess.run([sys.executable, "-c", worker_limits.armed_command_line(["-c", "print('ran')"], os.getpid() + 1)[1]],
-                            capture_output=True, text=True, timeout=STARTUP_S)
+    assert worker_limits.armed_command_line(["frozen.exe", "--multiprocessing-fork"], 4242) == [
+        "frozen.exe",
+        "--multiprocessing-fork",
+    ]
+    orphan = subprocess.run(
+        [sys.executable, "-c", worker_limits.armed_command_line(["-c", "print('ran')"], os.getpid() + 1)[1]],
+        capture_output=True,
+        text=True,
+        timeout=STARTUP_S,
+    )
     assert (orphan.returncode, orphan.stdout) == (worker_limits.ORPHAN_EXIT_CODE, "")
-    kept = subprocess.run([sys.executable, "-c", worker_limits.armed_command_line(["-c", "print('ran')"], os.getpid())[1]],
-                          capture_output=True, text=True, timeout=STARTUP_S)
+    kept = subprocess.run(
+        [sys.executable, "-c", worker_limits.armed_command_line(["-c", "print('ran')"], os.getpid())[1]],
+        capture_output=True,
+        text=True,
+        timeout=STARTUP_S,
+    )
     assert (kept.returncode, kept.stdout) == (0, "ran\n")
 
 
@@ -147,7 +170,9 @@ if __name__ == "__main__":
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="the test process is forked (POSIX)")
 def test_parent_watch_alone_ends_an_orphaned_worker():
-    parent = subprocess.Popen([sys.executable, "-c", WATCHED], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    parent = subprocess.Popen(
+        [sys.executable, "-c", WATCHED], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
+    )
     worker = None
     try:
         line = read_line(parent.stdout, STARTUP_S, lambda text: text.startswith("worker "))
@@ -168,7 +193,9 @@ def test_worker_whose_parent_died_before_the_death_signal_was_set_exits(monkeypa
     and the worker setting its death signal, so no signal will ever come. The
     worker sees another parent pid and exits at once."""
     exits, set_signal = [], []
-    monkeypatch.setattr(worker_limits, "set_death_signal", lambda: set_signal.append(True) or True)  # not on the test process
+    monkeypatch.setattr(
+        worker_limits, "set_death_signal", lambda: set_signal.append(True) or True
+    )  # not on the test process
     monkeypatch.setattr(worker_limits.os, "_exit", exits.append)
     worker_limits.die_with_parent(os.getppid() + 1, watch=False)  # "the original parent" is not our parent now
     assert set_signal == [True] and exits == [worker_limits.ORPHAN_EXIT_CODE]
@@ -193,7 +220,9 @@ if __name__ == "__main__":
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
 def test_death_signal_alone_ends_an_orphaned_worker():
-    parent = subprocess.Popen([sys.executable, "-c", SIGNALLED], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    parent = subprocess.Popen(
+        [sys.executable, "-c", SIGNALLED], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
+    )
     worker = None
     try:
         line = read_line(parent.stdout, STARTUP_S, lambda text: text.startswith("worker "))
@@ -246,8 +275,12 @@ def test_a_workers_mujoco_warnings_go_to_the_routed_log_not_the_cwd(tmp_path, mo
     cwd, log = tmp_path / "cwd", tmp_path / "state" / "MUJOCO_LOG.TXT"
     cwd.mkdir()
     monkeypatch.chdir(cwd)  # the spawned worker starts here, as evolve's workers start in the user's directory
-    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"), initializer=worker_limits.init_worker,
-                             initargs=(None, os.getpid(), str(log) if routed else None)) as pool:
+    with ProcessPoolExecutor(
+        1,
+        mp_context=multiprocessing.get_context("spawn"),
+        initializer=worker_limits.init_worker,
+        initargs=(None, os.getpid(), str(log) if routed else None),
+    ) as pool:
         assert pool.submit(task_envs.mujoco_warning).result(timeout=120) == 1
     stray = cwd / "MUJOCO_LOG.TXT"
     if routed:

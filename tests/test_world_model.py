@@ -16,8 +16,8 @@ import pytest
 import torch
 
 from agents import pendulum_task
-from genesis_fp16 import rollout
-from genesis_fp16.guard import GuardDecision
+from genesis_fp16.rollout import ledger as rollout
+from genesis_fp16.rollout.guard import GuardDecision
 from infrastructure import model_env
 from infrastructure.dynamics import training_data
 from infrastructure.ensemble import EnsembleDynamics
@@ -45,7 +45,11 @@ def _linear_trajs(n: int = 6, length: int = 100, seed: int = 0) -> list[Trajecto
             rows.append((obs, act, rew, nxt))
             obs = np.clip(nxt, -3, 3)
         o, a, r, nx = map(np.array, zip(*rows))
-        out.append(Trajectory(obs=o, action=a, reward=r, next_obs=nx, done=np.zeros(length, bool), candidate=f"lin{k}", id=k + 1))
+        out.append(
+            Trajectory(
+                obs=o, action=a, reward=r, next_obs=nx, done=np.zeros(length, bool), candidate=f"lin{k}", id=k + 1
+            )
+        )
     return out
 
 
@@ -130,7 +134,10 @@ async def test_event_loop_never_stalls_during_train(pendulum_trajs):
         assert ticks * 0.005 > 0.3 * elapsed, "the ticker barely ran: the loop was blocked"
         if stall < 0.050:
             break
-    assert min(r[0] for r in results) < 0.050, f"event loop stalled while training: {[(round(s * 1000, 1), t, round(e, 2)) for s, t, e in results]} (ms, ticks, s)"
+    assert min(r[0] for r in results) < 0.050, (
+        f"event loop stalled while training: {[(round(s * 1000, 1), t, round(e, 2)) for s, t, e in results]} (ms, "
+        "ticks, s)"
+    )
 
 
 async def test_concurrent_train_calls_are_serialised(monkeypatch):
@@ -146,7 +153,9 @@ async def test_concurrent_train_calls_are_serialised(monkeypatch):
 
     monkeypatch.setattr(wm, "_train_sync", recorded)
     trajs = _linear_trajs(3, 50)
-    r1, r2 = await asyncio.gather(wm.train(100, trajectories=trajs, save=False), wm.train(100, trajectories=trajs, save=False))
+    r1, r2 = await asyncio.gather(
+        wm.train(100, trajectories=trajs, save=False), wm.train(100, trajectories=trajs, save=False)
+    )
     assert len(spans) == 2
     (s1, e1), (s2, e2) = sorted(spans)
     assert e1 <= s2, "two train() calls overlapped"
@@ -184,7 +193,9 @@ async def test_non_finite_trajectory_is_removed_by_the_method_its_error_names(tm
     buf = ReplayBuffer(tmp_path / "r.sqlite")
     trajs = _linear_trajs(3, 20)
     ids = buf.append_generation("se_darwin", 0, trajs)
-    _written_before_the_check(buf, ids[2], "obs", 4 * 3, np.inf)  # obs[4, 0], as a broken simulator would have recorded it
+    _written_before_the_check(
+        buf, ids[2], "obs", 4 * 3, np.inf
+    )  # obs[4, 0], as a broken simulator would have recorded it
     wm = WorldModel(3, 1, buffer=buf, data_agent="se_darwin", precision="fp32")
     with pytest.raises(NonFiniteDataError) as err:
         await wm.train(5, save=False)
@@ -200,13 +211,17 @@ async def test_non_finite_trajectory_is_removed_by_the_method_its_error_names(tm
 async def test_reduced_precision_val_loss_within_2_percent_of_fp32(pendulum_trajs):
     losses = {}
     for precision in ("fp32", "bf16", "fp16"):
-        wm = WorldModel(3, 1, precision=precision, seed=0, hidden=32)  # a 5-member ensemble, narrower than the default for time
+        wm = WorldModel(
+            3, 1, precision=precision, seed=0, hidden=32
+        )  # a 5-member ensemble, narrower than the default for time
         report = await wm.train(500, trajectories=pendulum_trajs, save=False)
         assert report.precision == precision
         losses[precision] = report.val_loss
     for precision in ("bf16", "fp16"):
         gap = abs(losses[precision] - losses["fp32"]) / losses["fp32"]
-        assert gap < 0.02, f"{precision} validation loss {losses[precision]:.5f} vs fp32 {losses['fp32']:.5f}: {gap:.2%}"
+        assert gap < 0.02, (
+            f"{precision} validation loss {losses[precision]:.5f} vs fp32 {losses['fp32']:.5f}: {gap:.2%}"
+        )
     assert losses["bf16"] != losses["fp32"]  # it really ran in another precision
 
 
@@ -236,9 +251,13 @@ async def test_rollouts_stop_at_termination():
     await wm.train(400, trajectories=_walk_trajs(), save=False)
     start = np.zeros((6, 1), np.float32)
     endless = await wm.rollouts(_steady, start, 30, max_disagreement=math.inf)
-    assert len(endless.transitions) == 6 * 30 and endless.stats.terminated == 0  # no done head, no rule: the horizon decides
+    assert (
+        len(endless.transitions) == 6 * 30 and endless.stats.terminated == 0
+    )  # no done head, no rule: the horizon decides
     stopped = await wm.rollouts(_steady, start, 30, terminated=lambda obs: obs[..., 0] > 1.0, max_disagreement=math.inf)
-    assert stopped.stats.terminated == 6 and 8.5 < stopped.stats.mean_length < 12.5, stopped.stats  # the true length is 11
+    assert stopped.stats.terminated == 6 and 8.5 < stopped.stats.mean_length < 12.5, (
+        stopped.stats
+    )  # the true length is 11
     assert float(stopped.transitions.terminal.sum()) == 6.0
 
 
@@ -247,7 +266,9 @@ async def test_done_head_learns_termination():
     report = await wm.train(600, trajectories=_walk_trajs(), save=False)
     assert np.isfinite(report.val_loss)
     rolled = await wm.rollouts(_steady, np.zeros((6, 1), np.float32), 30, max_disagreement=math.inf)
-    assert rolled.stats.terminated == 6 and 8.0 < rolled.stats.mean_length < 14.0, rolled.stats  # stopped by the predicted done
+    assert rolled.stats.terminated == 6 and 8.0 < rolled.stats.mean_length < 14.0, (
+        rolled.stats
+    )  # stopped by the predicted done
     next_obs, reward = wm.predict_sync(np.zeros((1, 1)), np.full((1, 1), 0.1))
     assert next_obs.shape == (1, 1) and abs(float(next_obs[0, 0]) - 0.1) < 0.05 and abs(float(reward[0]) - 1.0) < 0.1
 
@@ -300,7 +321,9 @@ class FakeGuard:
 
     def _on_event(self, event, fields) -> None:
         if event == "trainer.nonfinite_streak" and self.tripped is None:
-            self.tripped = GuardDecision(severity="P0", action="rollback", reason="nonfinite streak", restore_checkpoint=True)
+            self.tripped = GuardDecision(
+                severity="P0", action="rollback", reason="nonfinite streak", restore_checkpoint=True
+            )
 
     def check(self, trainer, *, val_loss=None, fp32_val_loss=None, reference="shadow"):
         self.checked.append(val_loss)
@@ -401,8 +424,8 @@ async def test_trip_never_restores_another_runs_checkpoint(tmp_path):
     """The guard's last good checkpoint lives in the ledger, per agent name,
     across processes. A fresh model with its own checkpoint directory (one
     evolve run) must not be rolled back onto another run's weights."""
-    from genesis_fp16.guard import RollbackGuard
-    from genesis_fp16.settings import load_settings
+    from genesis_fp16.rollout.guard import RollbackGuard
+    from genesis_fp16.base.settings import load_settings
 
     settings = load_settings()
     ledger = rollout.RolloutLedger.from_settings(settings)
@@ -411,7 +434,9 @@ async def test_trip_never_restores_another_runs_checkpoint(tmp_path):
 
     def model(run: str, seed: int) -> WorldModel:
         guard = RollbackGuard("world_model", settings=settings, ledger=ledger)
-        return WorldModel(3, 1, guard=guard, settings=settings, precision="bf16", seed=seed, checkpoint_dir=tmp_path / run)
+        return WorldModel(
+            3, 1, guard=guard, settings=settings, precision="bf16", seed=seed, checkpoint_dir=tmp_path / run
+        )
 
     first = await model("run_a", 0).train(30, trajectories=trajs)
     assert not first.rolled_back and ledger.last_good_checkpoint("world_model") is not None
@@ -438,7 +463,8 @@ def test_split_of_trajectories_without_ids_is_the_same_in_every_process():
         "import numpy as np\n"
         "from infrastructure.replay_buffer import Trajectory\n"
         "from infrastructure.world_model import WorldModel\n"
-        "t = [Trajectory(obs=np.zeros((200, 3)), action=np.zeros((200, 1)), reward=np.zeros(200), next_obs=np.zeros((200, 3)),"
+        "t = [Trajectory(obs=np.zeros((200, 3)), action=np.zeros((200, 1)), reward=np.zeros(200), "
+        "next_obs=np.zeros((200, 3)),"
         " done=np.zeros(200, bool), candidate=f'c{k}') for k in range(4)]\n"
         "x_tr, _, x_val, _ = WorldModel(3, 1, precision='fp32', seed=0)._dataset(t)\n"
         "print(len(x_tr), len(x_val))\n"
@@ -488,7 +514,12 @@ def test_split_separates_trajectories_of_one_candidate():
     for traj in trajs:
         x_tr, _, x_val, _ = wm._dataset([traj])
         val_rows = set(_rows(x_val))
-        masks.append(tuple(tuple(float(v) for v in row) in val_rows for row in features(torch.tensor(traj.obs), torch.tensor(traj.action))))
+        masks.append(
+            tuple(
+                tuple(float(v) for v in row) in val_rows
+                for row in features(torch.tensor(traj.obs), torch.tensor(traj.action))
+            )
+        )
     assert len(set(masks)) == len(masks), "trajectories of one candidate got the same validation positions"
     assert all(10 < sum(m) < 70 for m in masks)  # about 20% of 200 each
 
@@ -499,31 +530,45 @@ def test_split_separates_trajectories_of_one_candidate():
 def _traj(length: int = 20, obs_dim: int = 3, act_dim: int = 1, candidate: str = "c") -> Trajectory:
     rng = np.random.default_rng(length + obs_dim + act_dim)
     return Trajectory(
-        obs=rng.normal(size=(length, obs_dim)), action=rng.normal(size=(length, act_dim)), reward=rng.normal(size=length),
-        next_obs=rng.normal(size=(length, obs_dim)), done=np.zeros(length, bool), candidate=candidate,
+        obs=rng.normal(size=(length, obs_dim)),
+        action=rng.normal(size=(length, act_dim)),
+        reward=rng.normal(size=length),
+        next_obs=rng.normal(size=(length, obs_dim)),
+        done=np.zeros(length, bool),
+        candidate=candidate,
     )
 
 
 def _untouched(wm: WorldModel) -> bool:
-    return wm.trainer is None and not wm.trained and wm.history == [] and not wm.optimizer.state
+    return wm.trainer.training_steps == 0 and not wm.trained and wm.history == [] and not wm.optimizer.state
 
 
 def test_empty_trajectory_is_refused():
     with pytest.raises(ValueError, match=r"trajectory 'empty': no transitions.*at least one"):
-        Trajectory(obs=np.zeros((0, 3)), action=np.zeros((0, 1)), reward=np.zeros(0), next_obs=np.zeros((0, 3)),
-                   done=np.zeros(0, bool), candidate="empty")
+        Trajectory(
+            obs=np.zeros((0, 3)),
+            action=np.zeros((0, 1)),
+            reward=np.zeros(0),
+            next_obs=np.zeros((0, 3)),
+            done=np.zeros(0, bool),
+            candidate="empty",
+        )
 
 
 async def test_observation_size_that_does_not_match_the_model_is_refused(tmp_path):
     wm = WorldModel(3, 1, precision="fp32", checkpoint_dir=tmp_path)
-    with pytest.raises(ValueError, match=r"candidate='wide'.*observations of size 4.*built for obs_dim=3.*WorldModel\(4, 1\)"):
+    with pytest.raises(
+        ValueError, match=r"candidate='wide'.*observations of size 4.*built for obs_dim=3.*WorldModel\(4, 1\)"
+    ):
         await wm.train(10, trajectories=[_traj(), _traj(obs_dim=4, candidate="wide")])
     assert _untouched(wm) and not any(tmp_path.iterdir())
 
 
 async def test_action_size_that_does_not_match_the_model_is_refused(tmp_path):
     wm = WorldModel(3, 1, precision="fp32", checkpoint_dir=tmp_path)
-    with pytest.raises(ValueError, match=r"candidate='two'.*actions of size 2.*built for obs_dim=3, act_dim=1.*WorldModel\(3, 2\)"):
+    with pytest.raises(
+        ValueError, match=r"candidate='two'.*actions of size 2.*built for obs_dim=3, act_dim=1.*WorldModel\(3, 2\)"
+    ):
         await wm.train(10, trajectories=[_traj(act_dim=2, candidate="two")])
     assert _untouched(wm) and not any(tmp_path.iterdir())
 
@@ -581,9 +626,9 @@ async def test_a_world_model_is_guarded_by_default_and_rolls_back_by_itself(monk
     """From the Python API alone: an agent in stage on in bf16, a NaN storm
     injected through tests/loss_faults.py: the model's own RollbackGuard rolls it
     back, and the next train() runs in FP32 from the last good checkpoint."""
-    from genesis_fp16.checkpoint import load_payload
-    from genesis_fp16.guard import RollbackGuard
-    from genesis_fp16.settings import load_settings
+    from genesis_fp16.training.checkpoint import load_payload
+    from genesis_fp16.rollout.guard import RollbackGuard
+    from genesis_fp16.base.settings import load_settings
 
     monkeypatch.setenv("GENESIS_FP16_PRECISION", "bf16")
     ledger = rollout.RolloutLedger.from_settings(load_settings())
@@ -611,7 +656,7 @@ async def test_a_world_model_is_guarded_by_default_and_rolls_back_by_itself(monk
 
 
 def test_no_guard_is_said_explicitly():
-    from genesis_fp16.guarded import UNGUARDED
+    from genesis_fp16.training.guarded import UNGUARDED
 
     with pytest.raises(TypeError, match="guard=UNGUARDED"):
         WorldModel(3, 1, precision="fp32", guard=None)
@@ -620,7 +665,7 @@ def test_no_guard_is_said_explicitly():
 
 @pytest.mark.parametrize("name", ["/elsewhere/wm", "../wm", ".wm"])
 def test_an_agent_name_outside_the_rule_is_refused(state_dir, name):
-    from genesis_fp16.guarded import UNGUARDED
+    from genesis_fp16.training.guarded import UNGUARDED
     from infrastructure.world_model import WorldModel
 
     with pytest.raises(ValueError, match="invalid agent name"):

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 import torch
 
-from genesis_fp16 import rollout
-from genesis_fp16.guarded import UNGUARDED
+from genesis_fp16.rollout import ledger as rollout
+from genesis_fp16.training.guarded import UNGUARDED
 from infrastructure.world_model import WorldModel
 from tests.test_world_model import FakeGuard, _linear_trajs
 
@@ -59,5 +59,7 @@ async def test_rollouts_run_on_cuda_and_a_gpu_checkpoint_loads_on_the_cpu(tmp_pa
     torch.testing.assert_close(on_cpu.predict_sync(obs, act)[0], wm.predict_sync(obs, act)[0], rtol=1e-4, atol=1e-4)
     assert on_cpu.model.elites == wm.model.elites
     # the draws come from a CPU generator: the same rollout on either device, up to the kernels' rounding
-    cpu = await on_cpu.rollouts(lambda obs: torch.tanh(obs[:, :1] - obs[:, 1:2]), start, 5, seed=2, max_disagreement=math.inf)
+    cpu = await on_cpu.rollouts(
+        lambda obs: torch.tanh(obs[:, :1] - obs[:, 1:2]), start, 5, seed=2, max_disagreement=math.inf
+    )
     torch.testing.assert_close(cpu.transitions.next_obs, a.transitions.next_obs.cpu(), rtol=1e-3, atol=1e-3)

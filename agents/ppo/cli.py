@@ -14,31 +14,46 @@ def register(app: typer.Typer) -> None:
 
 
 def ppo(
-    env: Optional[str] = typer.Option(None, "--env", help="gymnasium env id (CartPole-v1, Pendulum-v1, HalfCheetah-v5, ...)."),
-    config: Optional[Path] = typer.Option(None, "--config", help="YAML config (default: configs/base.yaml when present)."),
-    set_: list[str] = typer.Option([], "--set", help="Override a config key: --set optimizations.precision=bf16 (repeatable)."),
+    env: Optional[str] = typer.Option(
+        None, "--env", help="gymnasium env id (CartPole-v1, Pendulum-v1, HalfCheetah-v5, ...)."
+    ),
+    config: Optional[Path] = typer.Option(
+        None, "--config", help="YAML config (default: configs/base.yaml when present)."
+    ),
+    set_: list[str] = typer.Option(
+        [], "--set", help="Override a config key: --set optimizations.precision=bf16 (repeatable)."
+    ),
     total_steps: Optional[int] = typer.Option(None, "--total-steps", help="Environment steps to train for."),
     seed: Optional[int] = typer.Option(None, "--seed", help="Random seed."),
-    json_path: Optional[Path] = typer.Option(None, "--json", help="Write results (throughput, eval return, time split) here."),
+    json_path: Optional[Path] = typer.Option(
+        None, "--json", help="Write results (throughput, eval return, time split) here."
+    ),
     checkpoint: Optional[Path] = typer.Option(None, "--checkpoint", help="Save the final trainer checkpoint here."),
     plot: Optional[Path] = typer.Option(
-        None, "--plot", help="Draw return against env steps (training, final evaluation, the env's reward_threshold) as PNG here."
+        None,
+        "--plot",
+        help="Draw return against env steps (training, final evaluation, the env's reward_threshold) as PNG here.",
     ),
     tensorboard: Optional[Path] = typer.Option(
-        None, "--tensorboard", metavar="DIR",
-        help="Write TensorBoard scalars (losses, return, loss scale, overflow rate, verdicts) here; default: settings' tensorboard_dir.",
+        None,
+        "--tensorboard",
+        metavar="DIR",
+        help="Write TensorBoard scalars (losses, return, loss scale, overflow rate, verdicts) here; default: "
+        "settings' tensorboard_dir.",
     ),
 ) -> None:
-    """Train PPO: prints the optimization summary, progress (env steps/s, mean return) and a 20-episode deterministic evaluation."""
+    """Train PPO: prints the optimization summary, progress (env steps/s, mean return) and a 20-episode deterministic
+    evaluation."""
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
     from rich.text import Text
 
-    from genesis_fp16.checkpoint import CheckpointError, atomic_write_text
-    from genesis_fp16.terminal import Table  # columns fold what does not fit instead of cutting it
+    from genesis_fp16.training.checkpoint import CheckpointError
+    from genesis_fp16.base.storage import atomic_write_text
+    from genesis_fp16.base.terminal import Table  # columns fold what does not fit instead of cutting it
     from genesis_fp16.cli import console, fail, load_settings_or_exit, out, safe_cells, safe_text
-    from genesis_fp16.extras import require
-    from genesis_fp16.storage import StorageError, check_output_path
-    from genesis_fp16.tensorboard_sink import check_available, tensorboard_events
+    from genesis_fp16.base.extras import require
+    from genesis_fp16.base.storage import StorageError, check_output_path
+    from genesis_fp16.base.tensorboard_sink import check_available, tensorboard_events
     from .config import ConfigError, load_config
     from .ppo import PPO
 
@@ -72,7 +87,13 @@ def ppo(
     except ValueError as exc:
         raise fail(str(exc))
     except Exception as exc:  # gymnasium's unknown-env / missing-dependency errors
-        if type(exc).__name__ in ("NameNotFound", "NamespaceNotFound", "VersionNotFound", "DependencyNotInstalled", "Error"):
+        if type(exc).__name__ in (
+            "NameNotFound",
+            "NamespaceNotFound",
+            "VersionNotFound",
+            "DependencyNotInstalled",
+            "Error",
+        ):
             raise fail(f"--env {cfg.env_id}: {exc}")
         raise
     table = Table(title=safe_text(f"PPO {cfg.env_id}: optimizations"), show_header=True)
@@ -82,16 +103,29 @@ def ppo(
         table.add_row(*safe_cells(name, state))
     console.print(table)
     try:
-        with tensorboard_events(tensorboard), Progress(
-            TextColumn("[bold]ppo[/]"), BarColumn(), TextColumn("{task.completed}/{task.total} steps"),
-            TextColumn("{task.fields[sps]} steps/s"), TextColumn("return {task.fields[ret]}"), TimeElapsedColumn(),
-            console=console, transient=False,
-        ) as progress:
+        with (
+            tensorboard_events(tensorboard),
+            Progress(
+                TextColumn("[bold]ppo[/]"),
+                BarColumn(),
+                TextColumn("{task.completed}/{task.total} steps"),
+                TextColumn("{task.fields[sps]} steps/s"),
+                TextColumn("return {task.fields[ret]}"),
+                TimeElapsedColumn(),
+                console=console,
+                transient=False,
+            ) as progress,
+        ):
             task = progress.add_task("train", total=cfg.steps_to_run, sps="-", ret="-")
 
             def on_iteration(rec: dict) -> None:
                 ret = rec["mean_return"]
-                progress.update(task, completed=rec["global_step"], sps=f"{rec['env_steps_per_s']:,.0f}", ret="-" if ret is None else f"{ret:.1f}")
+                progress.update(
+                    task,
+                    completed=rec["global_step"],
+                    sps=f"{rec['env_steps_per_s']:,.0f}",
+                    ret="-" if ret is None else f"{ret:.1f}",
+                )
 
             result = learner.train(on_iteration)
         if cfg.eval_episodes:
@@ -111,21 +145,30 @@ def ppo(
     summary.add_column("metric")
     summary.add_column("value")
     rows = [
-        ("env steps trained", f"{result.env_steps:,}" + (f" (asked {cfg.total_steps:,})" if result.env_steps != cfg.total_steps else "")),
+        (
+            "env steps trained",
+            f"{result.env_steps:,}" + (f" (asked {cfg.total_steps:,})" if result.env_steps != cfg.total_steps else ""),
+        ),
         ("rollouts", f"{result.iterations} of {cfg.num_envs} envs x {cfg.num_steps} steps each"),
         ("wall time (s)", f"{result.wall_s:.1f}"),
         ("env steps/s", f"{result.env_steps_per_s:,.0f}"),
         ("time split", ", ".join(f"{k} {v:.1f} s ({100 * v / total:.0f}%)" for k, v in split.items())),
     ]
     if result.eval_return is not None:
-        rows.append((f"evaluation return ({len(result.eval_returns)} deterministic episodes)", f"{result.eval_return:.1f}"))
+        rows.append(
+            (f"evaluation return ({len(result.eval_returns)} deterministic episodes)", f"{result.eval_return:.1f}")
+        )
     for name, value in rows:
         summary.add_row(*safe_cells(name, value))
     out.print(summary)
     if json_path is not None:
         data = result.as_dict()
         data["total_steps_asked"] = cfg.total_steps
-        data["env_stepping_s"], data["inference_s"], data["update_s"] = split["env"], split["inference"], split["update"]
+        data["env_stepping_s"], data["inference_s"], data["update_s"] = (
+            split["env"],
+            split["inference"],
+            split["update"],
+        )
         try:
             atomic_write_text(json_path, json.dumps(data, indent=2, default=str))
         except OSError as exc:  # e.g. the disk filled during training; the summary above stands

@@ -10,9 +10,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Union
 
-from genesis_fp16.extras import require
-from genesis_fp16.precision import parse_mode
-from genesis_fp16.settings import PrecisionMode
+from genesis_fp16.base.extras import require
+from genesis_fp16.precision.request import parse_mode
+from genesis_fp16.base.settings import PrecisionMode
 
 
 class ConfigError(ValueError):
@@ -22,11 +22,16 @@ class ConfigError(ValueError):
 # the modes the PPO update runs in: FP32, or autocast to FP16 (with the gradient scaler) or BF16
 PRECISIONS = (PrecisionMode.FP32, PrecisionMode.FP16, PrecisionMode.BF16, PrecisionMode.AUTO)
 # keys that went, and what says the same now
-REMOVED_KEYS = {"use_amp": "optimizations.precision (fp32, fp16, bf16 or auto)", "amp_dtype": "optimizations.precision (fp16 or bf16)"}
+REMOVED_KEYS = {
+    "use_amp": "optimizations.precision (fp32, fp16, bf16 or auto)",
+    "amp_dtype": "optimizations.precision (fp16 or bf16)",
+}
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune")
 VEC_ENV_MODES = ("auto", "sync", "async")
-REMOVED_VEC_ENVS = {"envpool": "it never beat in-process envs (docs/PPO.md)",
-                    "mujoco": "the lean MuJoCo step now comes with cpu_fast_path on in-process envs"}
+REMOVED_VEC_ENVS = {
+    "envpool": "it never beat in-process envs (docs/PPO.md)",
+    "mujoco": "the lean MuJoCo step now comes with cpu_fast_path on in-process envs",
+}
 
 
 @dataclass
@@ -43,7 +48,8 @@ class Optimizations:
     precision: str = "fp32"
     """fp32 | fp16 | bf16 | auto: the precision of the PPO update through FP16Trainer (fp16 and bf16
     autocast; fp16 adds the gradient scaler; auto measures the update on copies of the network
-    on a minibatch of its shapes before the trainer is built, genesis_fp16.autotune). Rollout inference stays FP32."""
+    on a minibatch of its shapes before the trainer is built, genesis_fp16.precision.measure). Rollout inference stays
+    FP32."""
     use_torch_compile: bool = False
     """torch.compile the policy/value network; a failure falls back to eager with a logged reason."""
     compile_mode: str = "default"
@@ -64,20 +70,25 @@ class Optimizations:
 
     def validate(self) -> None:
         if self.vec_env in REMOVED_VEC_ENVS:
-            raise ConfigError(f"training.optimizations.vec_env={self.vec_env!r} was removed: {REMOVED_VEC_ENVS[self.vec_env]}; "
-                              f"expected one of {', '.join(VEC_ENV_MODES)}")
+            raise ConfigError(
+                f"training.optimizations.vec_env={self.vec_env!r} was removed: {REMOVED_VEC_ENVS[self.vec_env]}; "
+                f"expected one of {', '.join(VEC_ENV_MODES)}"
+            )
         _check_types(self, "training.optimizations.", {"action_repeat": 1})
         _choice("training.optimizations.vec_env", self.vec_env, VEC_ENV_MODES)
         self.precision = _precision("training.optimizations.precision", self.precision).value
         _choice("training.optimizations.compile_mode", self.compile_mode, COMPILE_MODES)
         if self.force_dummy_vec_env and self.vec_env == "async":
-            raise ConfigError("training.optimizations.force_dummy_vec_env=true conflicts with vec_env='async': "
-                              "set one of them (force_dummy_vec_env forces in-process envs)")
+            raise ConfigError(
+                "training.optimizations.force_dummy_vec_env=true conflicts with vec_env='async': "
+                "set one of them (force_dummy_vec_env forces in-process envs)"
+            )
 
 
 @dataclass
 class PPOConfig:
-    """PPO hyperparameters (defaults: CartPole-v1 settings that reach a return of 500 within 100k steps, docs/PPO.md)."""
+    """PPO hyperparameters (defaults: CartPole-v1 settings that reach a return of 500 within 100k steps,
+    docs/PPO.md)."""
 
     env_id: str = "CartPole-v1"
     """gymnasium environment id (CartPole-v1, Pendulum-v1, HalfCheetah-v5, ...)."""
@@ -108,7 +119,8 @@ class PPOConfig:
     ent_coef: float = 0.0
     """Entropy bonus coefficient."""
     vf_coef: float = 0.5
-    """Value loss coefficient: the loss adds ``vf_coef`` times the MSE of the value head, as SB3's ``vf_coef`` (CleanRL's is
+    """Value loss coefficient: the loss adds ``vf_coef`` times the MSE of the value head, as SB3's ``vf_coef``
+    (CleanRL's is
     on half the MSE)."""
     max_grad_norm: float = 0.5
     """Gradient clipping norm (applied by FP16Trainer after unscaling)."""
@@ -121,7 +133,8 @@ class PPOConfig:
     normalize_obs: bool = False
     """Running observation normalisation (gymnasium NormalizeObservation) - useful for MuJoCo."""
     normalize_reward: bool = True
-    """Running return normalisation (SB3's VecNormalize): the critic's gradient cannot starve the actor's (docs/PPO.md)."""
+    """Running return normalisation (SB3's VecNormalize): the critic's gradient cannot starve the actor's
+    (docs/PPO.md)."""
     device: str = "auto"
     """auto (cuda when available) | cpu | cuda | cuda:N."""
     eval_episodes: int = 20
@@ -149,16 +162,31 @@ class PPOConfig:
         if self.steps_to_run == self.total_steps:
             return None
         repeat = self.optimizations.action_repeat
-        rollout = f"{self.num_envs} envs x {self.num_steps} steps" + (f" x action_repeat {repeat}" if repeat > 1 else "")
+        rollout = f"{self.num_envs} envs x {self.num_steps} steps" + (
+            f" x action_repeat {repeat}" if repeat > 1 else ""
+        )
         per = self.batch_size * repeat
         way = "down" if self.steps_to_run < self.total_steps else "up"
-        return (f"asked for {self.total_steps:,} env steps, runs {self.steps_to_run:,} = {self.num_iterations} rollout(s) of "
-                f"{rollout}: PPO updates on whole rollouts, so the total is rounded {way} to a multiple of {per:,} "
-                "(ask for such a multiple, or change num_envs/num_steps, to train exactly what you ask)")
+        return (
+            f"asked for {self.total_steps:,} env steps, runs {self.steps_to_run:,} = {self.num_iterations} rollout(s) "
+            "of "
+            f"{rollout}: PPO updates on whole rollouts, so the total is rounded {way} to a multiple of {per:,} "
+            "(ask for such a multiple, or change num_envs/num_steps, to train exactly what you ask)"
+        )
 
     def validate(self) -> "PPOConfig":
-        _check_types(self, "training.", {"num_envs": 1, "num_steps": 1, "update_epochs": 1, "minibatch_size": 1, "total_steps": 1,
-                                         "hidden_size": 1})
+        _check_types(
+            self,
+            "training.",
+            {
+                "num_envs": 1,
+                "num_steps": 1,
+                "update_epochs": 1,
+                "minibatch_size": 1,
+                "total_steps": 1,
+                "hidden_size": 1,
+            },
+        )
         for name in ("learning_rate", "clip_coef", "max_grad_norm", "target_kl"):
             value = getattr(self, name)
             if value is not None and not 0 < value < float("inf"):
@@ -166,12 +194,18 @@ class PPOConfig:
         for name, top in (("gamma", 1.0), ("gae_lambda", 1.0), ("ent_coef", float("inf")), ("vf_coef", float("inf"))):
             value = getattr(self, name)
             if not (0.0 <= value <= top and value < float("inf")):
-                raise ConfigError(f"training.{name}={value!r}: expected a finite number >= 0" + (" and <= 1" if top == 1.0 else ""))
+                raise ConfigError(
+                    f"training.{name}={value!r}: expected a finite number >= 0" + (" and <= 1" if top == 1.0 else "")
+                )
         if self.minibatch_size > self.batch_size:
-            raise ConfigError(f"training.minibatch_size={self.minibatch_size}: expected <= num_envs*num_steps={self.batch_size}")
+            raise ConfigError(
+                f"training.minibatch_size={self.minibatch_size}: expected <= num_envs*num_steps={self.batch_size}"
+            )
         if self.norm_adv and self.minibatch_size < 2:
-            raise ConfigError(f"training.minibatch_size={self.minibatch_size}: expected >= 2 with norm_adv=true "
-                              "(the advantage standard deviation of one sample is undefined: every update would be NaN)")
+            raise ConfigError(
+                f"training.minibatch_size={self.minibatch_size}: expected >= 2 with norm_adv=true "
+                "(the advantage standard deviation of one sample is undefined: every update would be NaN)"
+            )
         if not (self.device in ("auto", "cpu") or re.fullmatch(r"cuda(:\d+)?", self.device)):
             raise ConfigError(f"training.device={self.device!r}: expected auto, cpu, cuda or cuda:N")
         if not self.env_id:
@@ -191,7 +225,9 @@ def _check_types(obj: Any, prefix: str, minimum: dict[str, int]) -> None:
             raise ConfigError(f"{prefix}{f.name}={value!r}: expected true or false")
         if kind == "int" and (isinstance(value, bool) or not isinstance(value, int) or value < minimum.get(f.name, 0)):
             raise ConfigError(f"{prefix}{f.name}={value!r}: expected an integer >= {minimum.get(f.name, 0)}")
-        if kind in ("float", "Optional[float]") and (isinstance(value, bool) or not isinstance(value, (int, float)) or value != value):
+        if kind in ("float", "Optional[float]") and (
+            isinstance(value, bool) or not isinstance(value, (int, float)) or value != value
+        ):
             raise ConfigError(f"{prefix}{f.name}={value!r}: expected a number")
         if kind == "str" and not isinstance(value, str):
             raise ConfigError(f"{prefix}{f.name}={value!r}: expected a string")
@@ -252,7 +288,9 @@ def _flatten(prefix: str, data: Any) -> list[tuple[str, Any]]:
     return [item for k, v in data.items() for item in _flatten(f"{prefix}.{k}", v)]
 
 
-def load_config(path: Optional[Union[str, Path]] = None, overrides: Optional[list[str]] = None, **fields: Any) -> PPOConfig:
+def load_config(
+    path: Optional[Union[str, Path]] = None, overrides: Optional[list[str]] = None, **fields: Any
+) -> PPOConfig:
     """Defaults < YAML file (``training:`` section) < ``key=value`` overrides < keyword fields."""
     cfg = PPOConfig()
     if path is not None:

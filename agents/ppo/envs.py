@@ -22,8 +22,8 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 
-from genesis_fp16.extras import require
-from genesis_fp16.telemetry import get_logger
+from genesis_fp16.base.extras import require
+from genesis_fp16.base.telemetry import get_logger
 
 from .config import Optimizations
 
@@ -44,7 +44,9 @@ class InProcessVectorEnv(gym.vector.VectorEnv):
         if first.observation_space.shape is None:
             for env in self.envs:
                 env.close()
-            raise ValueError(f"observation space {first.observation_space} not supported (expected a space with a shape, e.g. Box)")
+            raise ValueError(
+                f"observation space {first.observation_space} not supported (expected a space with a shape, e.g. Box)"
+            )
         self.single_observation_space, self.single_action_space = first.observation_space, first.action_space
         self.observation_space = gym.vector.utils.batch_space(first.observation_space, self.num_envs)
         self.action_space = gym.vector.utils.batch_space(first.action_space, self.num_envs)
@@ -101,7 +103,9 @@ class ActionRepeat(gym.Wrapper):
 
 def make_env_fn(env_id: str, seed: int, action_repeat: int = 1, **kwargs: Any) -> EnvFn:
     def thunk() -> gym.Env:
-        kwargs.setdefault("disable_env_checker", True)  # it checks the first step only, and costs a wrapper on every one
+        kwargs.setdefault(
+            "disable_env_checker", True
+        )  # it checks the first step only, and costs a wrapper on every one
         env = gym.make(env_id, **kwargs)
         if action_repeat > 1:
             env = ActionRepeat(env, action_repeat)
@@ -143,7 +147,8 @@ def _echo(conn) -> None:
 
 
 def time_subprocess_round_trip(trips: int = 200, payload_size: int = 64) -> float:
-    """Median seconds of one send/receive to a subprocess with an observation-sized payload (AsyncVectorEnv's cost per env step)."""
+    """Median seconds of one send/receive to a subprocess with an observation-sized payload (AsyncVectorEnv's cost per
+    env step)."""
     ctx = mp.get_context()
     parent, child = ctx.Pipe()
     proc = ctx.Process(target=_echo, args=(child,), daemon=True)
@@ -184,8 +189,15 @@ def estimate_costs(step_s: float, round_trip_s: float, num_envs: int, cores: int
     return sync_cost, async_cost
 
 
-def choose_vec_env(opts: Optimizations, env_fn: EnvFn, num_envs: int, *, cores: Optional[int] = None,
-                   step_s: Optional[float] = None, round_trip_s: Optional[float] = None) -> VecEnvChoice:
+def choose_vec_env(
+    opts: Optimizations,
+    env_fn: EnvFn,
+    num_envs: int,
+    *,
+    cores: Optional[int] = None,
+    step_s: Optional[float] = None,
+    round_trip_s: Optional[float] = None,
+) -> VecEnvChoice:
     """Resolve ``vec_env`` / ``force_dummy_vec_env`` / ``use_subproc_vec_env``; ``auto`` measures."""
     if opts.force_dummy_vec_env:
         return VecEnvChoice("sync", "force_dummy_vec_env=true")
@@ -199,10 +211,14 @@ def choose_vec_env(opts: Optimizations, env_fn: EnvFn, num_envs: int, *, cores: 
     step_s = time_env_step(env_fn) if step_s is None else step_s
     round_trip_s = time_subprocess_round_trip() if round_trip_s is None else round_trip_s
     sync_cost, async_cost = estimate_costs(step_s, round_trip_s, num_envs, cores)
-    reason = (f"measured env step {step_s * 1e6:.1f} us, subprocess round trip {round_trip_s * 1e6:.1f} us, "
-              f"{num_envs} envs on {cores} cores: in-process {sync_cost * 1e6:.0f} us vs subprocess "
-              f"{async_cost * 1e6:.0f} us per vector step")
-    return VecEnvChoice("async" if async_cost < sync_cost else "sync", reason, step_s, round_trip_s, sync_cost, async_cost)
+    reason = (
+        f"measured env step {step_s * 1e6:.1f} us, subprocess round trip {round_trip_s * 1e6:.1f} us, "
+        f"{num_envs} envs on {cores} cores: in-process {sync_cost * 1e6:.0f} us vs subprocess "
+        f"{async_cost * 1e6:.0f} us per vector step"
+    )
+    return VecEnvChoice(
+        "async" if async_cost < sync_cost else "sync", reason, step_s, round_trip_s, sync_cost, async_cost
+    )
 
 
 def make_vector_env(env_fns: list[EnvFn], mode: str) -> gym.vector.VectorEnv:
@@ -219,24 +235,34 @@ def make_vector_env(env_fns: list[EnvFn], mode: str) -> gym.vector.VectorEnv:
     raise ValueError(f"vec env mode {mode!r}: expected sync, sync_gymnasium or async")
 
 
-def build_envs(env_id: str, num_envs: int, seed: int, opts: Optimizations,
-               lean: Optional[Callable[[list[EnvFn]], gym.vector.VectorEnv]] = None,
-               **env_kwargs: Any) -> tuple[gym.vector.VectorEnv, VecEnvChoice]:
+def build_envs(
+    env_id: str,
+    num_envs: int,
+    seed: int,
+    opts: Optimizations,
+    lean: Optional[Callable[[list[EnvFn]], gym.vector.VectorEnv]] = None,
+    **env_kwargs: Any,
+) -> tuple[gym.vector.VectorEnv, VecEnvChoice]:
     """The vector env for training and the choice made (logged with its reason); in process, ``lean`` (the fast
     path's lean MuJoCo step, where it applies) in place of `InProcessVectorEnv`. ``env_kwargs`` go to ``gym.make``."""
     fns = [make_env_fn(env_id, seed + i, opts.action_repeat, **env_kwargs) for i in range(num_envs)]
     choice = choose_vec_env(opts, fns[0], num_envs)
     if choice.mode == "sync" and lean is not None and opts.action_repeat == 1 and not env_kwargs:
-        choice = dataclasses.replace(choice, reason=choice.reason + f"; in process: the lean MuJoCo step for {env_id} (cpu_fast_path)")
+        choice = dataclasses.replace(
+            choice, reason=choice.reason + f"; in process: the lean MuJoCo step for {env_id} (cpu_fast_path)"
+        )
         envs = lean(fns)
     else:
         envs = make_vector_env(fns, choice.mode)
-    get_logger("agents.ppo").info("ppo.vec_env_selected", env=env_id, mode=choice.mode, num_envs=num_envs, reason=choice.reason)
+    get_logger("agents.ppo").info(
+        "ppo.vec_env_selected", env=env_id, mode=choice.mode, num_envs=num_envs, reason=choice.reason
+    )
     return envs, choice
 
 
 def check_spaces(envs: gym.vector.VectorEnv, env_id: str) -> None:
-    """ValueError (closing ``envs``) unless PPO can train on them: same-step autoreset, an observation shape, Discrete or Box actions."""
+    """ValueError (closing ``envs``) unless PPO can train on them: same-step autoreset, an observation shape, Discrete
+    or Box actions."""
     autoreset = envs.metadata.get("autoreset_mode")
     if autoreset is not None and autoreset != gym.vector.AutoresetMode.SAME_STEP:
         envs.close()

@@ -25,7 +25,7 @@ from typing import Any, Callable, Optional
 import numpy as np
 import torch
 
-from genesis_fp16.extras import require
+from genesis_fp16.base.extras import require
 
 from .envs import EnvFn, InProcessVectorEnv
 
@@ -38,8 +38,11 @@ _DIAGNOSTICS = ("pg_loss", "v_loss", "entropy", "approx_kl")
 
 
 def _plain_float32(*tensors: torch.Tensor) -> bool:
-    return (not torch.is_autocast_enabled("cpu") and not torch.compiler.is_compiling()
-            and all(t.device.type == "cpu" and t.dtype == torch.float32 for t in tensors))
+    return (
+        not torch.is_autocast_enabled("cpu")
+        and not torch.compiler.is_compiling()
+        and all(t.device.type == "cpu" and t.dtype == torch.float32 for t in tensors)
+    )
 
 
 class _Tanh(torch.autograd.Function):
@@ -56,7 +59,8 @@ class _Tanh(torch.autograd.Function):
 
 
 def tanh(x: torch.Tensor) -> torch.Tensor:
-    """``torch.tanh``, NumPy's where `_plain_float32`: the plain forward's and every fast piece's, so they stay equal."""
+    """``torch.tanh``, NumPy's where `_plain_float32`: the plain forward's and every fast piece's, so they stay
+    equal."""
     return _Tanh.apply(x) if _plain_float32(x) else torch.tanh(x)
 
 
@@ -64,8 +68,18 @@ class _Towers(torch.autograd.Function):
     """`ActorCritic.forward` as one autograd node (float32, CPU)."""
 
     @staticmethod
-    def forward(ctx: Any, obs: torch.Tensor, w1: torch.Tensor, b1: torch.Tensor, w2: torch.Tensor, b2: torch.Tensor,
-                wa: torch.Tensor, ba: torch.Tensor, wc: torch.Tensor, bc: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(
+        ctx: Any,
+        obs: torch.Tensor,
+        w1: torch.Tensor,
+        b1: torch.Tensor,
+        w2: torch.Tensor,
+        b2: torch.Tensor,
+        wa: torch.Tensor,
+        ba: torch.Tensor,
+        wc: torch.Tensor,
+        bc: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         h1 = tanh(torch.addmm(b1, obs, w1.t()))  # (B, 2H): the forward's own ops
         h2 = tanh(torch.baddbmm(b2, h1.view(obs.shape[0], 2, -1).transpose(0, 1), w2))  # (2, B, H)
         ctx.save_for_backward(obs, h1, h2, w2, wa, wc)
@@ -79,12 +93,22 @@ class _Towers(torch.autograd.Function):
         x = h1.view(obs.shape[0], 2, -1).transpose(0, 1)
         g_h1 = torch.bmm(g_z2, w2.transpose(1, 2)).transpose(0, 1).reshape(h1.shape)
         g_z1 = torch.ops.aten.tanh_backward(g_h1, h1)
-        return (None, g_z1.t().mm(obs), g_z1.sum(0), torch.bmm(x.transpose(1, 2), g_z2), g_z2.sum(1, keepdim=True),
-                g_out.t().mm(h2[0]), g_out.sum(0), g_value.t().mm(h2[1]), g_value.sum(0))
+        return (
+            None,
+            g_z1.t().mm(obs),
+            g_z1.sum(0),
+            torch.bmm(x.transpose(1, 2), g_z2),
+            g_z2.sum(1, keepdim=True),
+            g_out.t().mm(h2[0]),
+            g_out.sum(0),
+            g_value.t().mm(h2[1]),
+            g_value.sum(0),
+        )
 
 
-def _ppo_terms(logp: np.ndarray, logp_old: np.ndarray, adv: np.ndarray, v: np.ndarray, ret: np.ndarray,
-               s: Any) -> tuple[float, float, float, np.ndarray, np.ndarray]:
+def _ppo_terms(
+    logp: np.ndarray, logp_old: np.ndarray, adv: np.ndarray, v: np.ndarray, ret: np.ndarray, s: Any
+) -> tuple[float, float, float, np.ndarray, np.ndarray]:
     """(pg_loss, v_loss, approx_kl, active, vd) from the new log-probabilities. ``active`` is
     d(-pg_loss * n)/d logp: the normalised advantage times the ratio where the unclipped term is the
     minimum (ties included: torch splits a tie's gradient and the clamp passes its share), else 0."""
@@ -103,7 +127,9 @@ def _ppo_terms(logp: np.ndarray, logp_old: np.ndarray, adv: np.ndarray, v: np.nd
     return pg_loss, float(np.dot(vd, vd)) / n, approx_kl, unclipped, vd
 
 
-def _outputs(ctx: Any, pg_loss: float, v_loss: float, entropy: float, approx_kl: float, s: Any) -> tuple[torch.Tensor, torch.Tensor]:
+def _outputs(
+    ctx: Any, pg_loss: float, v_loss: float, entropy: float, approx_kl: float, s: Any
+) -> tuple[torch.Tensor, torch.Tensor]:
     diagnostics = torch.from_numpy(np.array([pg_loss, v_loss, entropy, approx_kl], dtype=np.float32))
     ctx.mark_non_differentiable(diagnostics)
     return torch.tensor(pg_loss + s.vf_coef * v_loss - s.ent_coef * entropy, dtype=torch.float32), diagnostics
@@ -119,8 +145,17 @@ class _GaussianLoss(torch.autograd.Function):
     """`ppo_loss` for a Gaussian policy from (mean, value, log_std)."""
 
     @staticmethod
-    def forward(ctx: Any, mean: torch.Tensor, value: torch.Tensor, log_std: torch.Tensor, act: torch.Tensor,
-                logp_old: torch.Tensor, adv: torch.Tensor, ret: torch.Tensor, s: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(
+        ctx: Any,
+        mean: torch.Tensor,
+        value: torch.Tensor,
+        log_std: torch.Tensor,
+        act: torch.Tensor,
+        logp_old: torch.Tensor,
+        adv: torch.Tensor,
+        ret: torch.Tensor,
+        s: Any,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         mu, ls = mean.detach().numpy(), log_std.detach().numpy()
         d = act.numpy() - mu
         inv_var = np.exp(-2.0 * ls)
@@ -129,7 +164,9 @@ class _GaussianLoss(torch.autograd.Function):
         logp = _add(dz, axis=1)
         logp *= -0.5
         logp -= _add(ls) + _HALF_LOG_2PI * ls.size
-        pg_loss, v_loss, approx_kl, active, vd = _ppo_terms(logp, logp_old.numpy(), adv.numpy(), value.detach().numpy(), ret.numpy(), s)
+        pg_loss, v_loss, approx_kl, active, vd = _ppo_terms(
+            logp, logp_old.numpy(), adv.numpy(), value.detach().numpy(), ret.numpy(), s
+        )
         ctx.saved = (d, inv_var, dz, active, vd, s)
         return _outputs(ctx, pg_loss, v_loss, float(_add(ls)) + (0.5 + _HALF_LOG_2PI) * ls.size, approx_kl, s)
 
@@ -141,7 +178,16 @@ class _GaussianLoss(torch.autograd.Function):
         d_mean = g[:, None] * inv_var  # d logp / d mean = (a - mean) / var
         d_mean *= d
         d_log_std = np.dot(g, dz) - (_add(g) + np.float32(gl * s.ent_coef))  # sum_i g_i (dz_ij - 1) - ent_coef
-        return torch.from_numpy(d_mean), d_value, torch.from_numpy(d_log_std.astype(np.float32, copy=False)), None, None, None, None, None
+        return (
+            torch.from_numpy(d_mean),
+            d_value,
+            torch.from_numpy(d_log_std.astype(np.float32, copy=False)),
+            None,
+            None,
+            None,
+            None,
+            None,
+        )
 
 
 class _CategoricalLoss(torch.autograd.Function):
@@ -149,8 +195,16 @@ class _CategoricalLoss(torch.autograd.Function):
     d entropy / d z = -p (log p + H)."""
 
     @staticmethod
-    def forward(ctx: Any, logits: torch.Tensor, value: torch.Tensor, act: torch.Tensor, logp_old: torch.Tensor,
-                adv: torch.Tensor, ret: torch.Tensor, s: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(
+        ctx: Any,
+        logits: torch.Tensor,
+        value: torch.Tensor,
+        act: torch.Tensor,
+        logp_old: torch.Tensor,
+        adv: torch.Tensor,
+        ret: torch.Tensor,
+        s: Any,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         z = logits.detach().numpy()
         rows, taken = np.arange(z.shape[0]), act.numpy().astype(np.int64)
         shifted = z - np.maximum.reduce(z, axis=1)[:, None]
@@ -159,8 +213,9 @@ class _CategoricalLoss(torch.autograd.Function):
         logp_all = shifted - np.log(total)[:, None]
         p = e / total[:, None]
         entropy = -_add(p * logp_all, axis=1)
-        pg_loss, v_loss, approx_kl, active, vd = _ppo_terms(logp_all[rows, taken], logp_old.numpy(), adv.numpy(),
-                                                           value.detach().numpy(), ret.numpy(), s)
+        pg_loss, v_loss, approx_kl, active, vd = _ppo_terms(
+            logp_all[rows, taken], logp_old.numpy(), adv.numpy(), value.detach().numpy(), ret.numpy(), s
+        )
         ctx.saved = (rows, taken, p, logp_all, entropy, active, vd, s)
         return _outputs(ctx, pg_loss, v_loss, float(_add(entropy)) / z.shape[0], approx_kl, s)
 
@@ -187,7 +242,16 @@ class FastPath:
 
     def _weights(self) -> tuple[torch.Tensor, ...]:
         n = self.net
-        return (n.w1, n.b1, n.w2, n.b2, n.actor_head.weight, n.actor_head.bias, n.critic_head.weight, n.critic_head.bias)
+        return (
+            n.w1,
+            n.b1,
+            n.w2,
+            n.b2,
+            n.actor_head.weight,
+            n.actor_head.bias,
+            n.critic_head.weight,
+            n.critic_head.bias,
+        )
 
     def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """`ActorCritic.forward`; in float32 outside autocast as `_Towers`."""
@@ -195,7 +259,9 @@ class FastPath:
             return self.net(obs)
         return _Towers.apply(obs, *self._weights())  # without gradients, no graph: the forward alone
 
-    def loss(self, out: torch.Tensor, value: torch.Tensor, mb: dict[str, torch.Tensor], s: Any) -> Optional[tuple[torch.Tensor, dict[str, torch.Tensor]]]:
+    def loss(
+        self, out: torch.Tensor, value: torch.Tensor, mb: dict[str, torch.Tensor], s: Any
+    ) -> Optional[tuple[torch.Tensor, dict[str, torch.Tensor]]]:
         """`ppo_loss` as one node, or None where it does not apply (value clipping, or the piece left out)."""
         if "fused_loss" not in self.pieces or s.clip_vloss or out.device.type != "cpu":
             return None
@@ -203,7 +269,9 @@ class FastPath:
         if self.net.discrete:
             loss, diag = _CategoricalLoss.apply(out, value, mb["act"], mb["logp"], mb["adv"], mb["ret"], s)
         else:
-            loss, diag = _GaussianLoss.apply(out, value, self.net.log_std, mb["act"], mb["logp"], mb["adv"], mb["ret"], s)
+            loss, diag = _GaussianLoss.apply(
+                out, value, self.net.log_std, mb["act"], mb["logp"], mb["adv"], mb["ret"], s
+            )
         return loss, dict(zip(_DIAGNOSTICS, diag.unbind()))
 
     def rollout_actor(self, perturbation: torch.Tensor) -> Optional[Callable[[torch.Tensor, int], torch.Tensor]]:
@@ -256,13 +324,17 @@ def _layout(env: gym.Env) -> tuple[_Layout, int]:
     sim = env.unwrapped
     entry = f"{type(sim).__module__}:{type(sim).__name__}"
     if entry not in LAYOUTS:
-        raise ValueError(f"{entry}: the lean MuJoCo step knows {sorted(LAYOUTS)}; set cpu_fast_path false for other envs")
+        raise ValueError(
+            f"{entry}: the lean MuJoCo step knows {sorted(LAYOUTS)}; set cpu_fast_path false for other envs"
+        )
     max_steps: Optional[int] = None
     layer = env
     while isinstance(layer, gym.Wrapper):
         if type(layer) not in _ALLOWED_WRAPPERS:
-            raise ValueError(f"wrapper {type(layer).__name__} around {entry}: the lean MuJoCo step replaces only "
-                             f"{', '.join(w.__name__ for w in _ALLOWED_WRAPPERS)}")
+            raise ValueError(
+                f"wrapper {type(layer).__name__} around {entry}: the lean MuJoCo step replaces only "
+                f"{', '.join(w.__name__ for w in _ALLOWED_WRAPPERS)}"
+            )
         if type(layer) is gym.wrappers.TimeLimit:
             max_steps = int(layer._max_episode_steps)
         layer = layer.env
@@ -271,7 +343,9 @@ def _layout(env: gym.Env) -> tuple[_Layout, int]:
     if sim.render_mode is not None:
         raise ValueError(f"render_mode={sim.render_mode!r}: the lean MuJoCo step does not render")
     skip = LAYOUTS[entry] if sim._exclude_current_positions_from_observation else 0
-    return _Layout(skip, int(sim.frame_skip), float(sim.dt), sim._forward_reward_weight, sim._ctrl_cost_weight), max_steps
+    return _Layout(
+        skip, int(sim.frame_skip), float(sim.dt), sim._forward_reward_weight, sim._ctrl_cost_weight
+    ), max_steps
 
 
 class MujocoVectorEnv(InProcessVectorEnv):
@@ -290,7 +364,9 @@ class MujocoVectorEnv(InProcessVectorEnv):
         layouts = {layout for layout, _ in found}
         if len(layouts) != 1:
             self.close()
-            raise ValueError(f"the envs differ in their step's constants ({len(layouts)} kinds): one vector env steps one kind")
+            raise ValueError(
+                f"the envs differ in their step's constants ({len(layouts)} kinds): one vector env steps one kind"
+            )
         self._c = layouts.pop()
         import mujoco
 
@@ -322,7 +398,7 @@ class MujocoVectorEnv(InProcessVectorEnv):
             self._mj_step(model, data, nstep=c.frame_skip)
             self._mj_rne(model, data)  # gymnasium computes the force quantities after every step
             x1[i] = data.qpos[0]
-            obs[i, :npos] = data.qpos[c.skip:]
+            obs[i, :npos] = data.qpos[c.skip :]
             obs[i, npos:] = data.qvel
         # gymnasium's expression per env, on all envs at once: weight * (dx / dt) - weight * sum(a^2), same dtypes
         self._rew[:] = c.forward_weight * ((x1 - x0) / c.dt) - c.ctrl_weight * np.sum(np.square(acts), axis=1)

@@ -1,4 +1,4 @@
-"""PPO's rollback guard: `genesis_fp16.guarded.GuardedTraining` (P0 on a
+"""PPO's rollback guard: `genesis_fp16.training.guarded.GuardedTraining` (P0 on a
 non-finite streak, live; P1/P2 on the run's statistics after each iteration;
 rollbacks to FP32 and the last good checkpoint) plus a policy canary: every
 ``canary_every``-th reduced-precision iteration, the held batch's forward with
@@ -14,12 +14,12 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from genesis_fp16.canary import policy_gap
-from genesis_fp16.guard import RollbackGuard
-from genesis_fp16.guarded import CallReport, GuardedTraining, Verdict
-from genesis_fp16.settings import Settings, load_settings
-from genesis_fp16.telemetry import get_logger
-from genesis_fp16.trainer import FP16Trainer
+from genesis_fp16.rollout.canary import policy_gap
+from genesis_fp16.rollout.guard import RollbackGuard
+from genesis_fp16.training.guarded import CallReport, GuardedTraining, Verdict
+from genesis_fp16.base.settings import Settings, load_settings
+from genesis_fp16.base.telemetry import get_logger
+from genesis_fp16.training.trainer import FP16Trainer
 
 
 HELD_ROWS = 256  # the held batch: the first rollout's first rows, fixed for the run
@@ -29,17 +29,39 @@ class PPOGuard:
     """One PPO run's `GuardedTraining` (``training``), the held batch and the policy canary; ``save(path)`` and
     ``load(path, trainer=...)`` write and restore the run's checkpoints (weights, optimizer, normalisers)."""
 
-    def __init__(self, agent: str, net: torch.nn.Module, optimizer: torch.optim.Optimizer, precision: str, overrides: dict[str, Any],
-                 save: Callable[[Path], Path], load: Callable[..., Any], *, seed: int = 0, settings: Optional[Settings] = None,
-                 sample: Optional[tuple[Any, Callable[[torch.nn.Module, Any], torch.Tensor]]] = None) -> None:
+    def __init__(
+        self,
+        agent: str,
+        net: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        precision: str,
+        overrides: dict[str, Any],
+        save: Callable[[Path], Path],
+        load: Callable[..., Any],
+        *,
+        seed: int = 0,
+        settings: Optional[Settings] = None,
+        sample: Optional[tuple[Any, Callable[[torch.nn.Module, Any], torch.Tensor]]] = None,
+    ) -> None:
         self.agent, self.net = agent, net
         self.settings = settings or load_settings()
         self.guard = RollbackGuard(agent, settings=self.settings)
         self.checkpoint = Path(self.settings.state_dir) / "ppo" / f"{agent}.seed{seed}.last_good.pt"
         self.training = GuardedTraining(
-            agent, net, optimizer, settings=self.settings, precision=precision, overrides=overrides, guard=self.guard,
-            checkpoint_dir=self.checkpoint.parent, good_name=self.checkpoint.name, checkpoint_every=0,
-            save=save, load=lambda trainer, path: load(path, trainer=trainer), fp32_reference=False, sample=sample,
+            agent,
+            net,
+            optimizer,
+            settings=self.settings,
+            precision=precision,
+            overrides=overrides,
+            guard=self.guard,
+            checkpoint_dir=self.checkpoint.parent,
+            good_name=self.checkpoint.name,
+            checkpoint_every=0,
+            save=save,
+            load=lambda trainer, path: load(path, trainer=trainer),
+            fp32_reference=False,
+            sample=sample,
         )
         self.held: Optional[dict[str, torch.Tensor]] = None
         self.canaries: list[dict[str, float]] = []
@@ -85,18 +107,24 @@ class PPOGuard:
             report = self.training.finish_call()
             if not report.rolled_back and due:
                 self._policy_canary()
-        new = self.training.rollbacks[self._rollbacks_before:]
+        new = self.training.rollbacks[self._rollbacks_before :]
         last_good = self.guard.last_good_checkpoint if new else None  # a ledger query: only when there is news
         for decision in new:
-            self._log.warning("ppo.rolled_back", reason=f"{decision.severity}: {decision.reason}", precision=self.trainer.precision.name,
-                              checkpoint=str(last_good) if last_good is not None else None)
+            self._log.warning(
+                "ppo.rolled_back",
+                reason=f"{decision.severity}: {decision.reason}",
+                precision=self.trainer.precision.name,
+                checkpoint=str(last_good) if last_good is not None else None,
+            )
         if not new and self.training.reduced:
             self.training.save_good_checkpoint()
 
     def _policy_canary(self) -> Verdict:
         """Log-probs and values of the held batch with and without autocast."""
         if self.held is None:
-            raise RuntimeError("PPOGuard: the policy canary needs a held batch; call hold(data) with the first rollout's data first")
+            raise RuntimeError(
+                "PPOGuard: the policy canary needs a held batch; call hold(data) with the first rollout's data first"
+            )
         trainer = self.trainer
         obs, act = self.held["obs"], self.held["act"]
         was_training = self.net.training

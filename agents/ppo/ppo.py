@@ -22,10 +22,10 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from genesis_fp16.extras import require
-from genesis_fp16.seeds import torch_generator
-from genesis_fp16.telemetry import get_logger
-from genesis_fp16.trainer import FP16Trainer
+from genesis_fp16.base.extras import require
+from genesis_fp16.base.seeds import torch_generator
+from genesis_fp16.base.telemetry import get_logger
+from genesis_fp16.training.trainer import FP16Trainer
 
 from .config import PPOConfig, as_dict
 from .envs import ActionRepeat, VecEnvChoice, build_envs, check_spaces
@@ -58,7 +58,9 @@ class ActorCritic(nn.Module):
     ``torch.distributions`` (its argument checks cost more than this forward). ``generator``: what the orthogonal
     init draws from (PPO passes its seed's ``ppo.init`` stream; None: torch's global generator, as torch's layers)."""
 
-    def __init__(self, obs_dim: int, act_dim: int, discrete: bool, hidden: int = 64, generator: Optional[torch.Generator] = None) -> None:
+    def __init__(
+        self, obs_dim: int, act_dim: int, discrete: bool, hidden: int = 64, generator: Optional[torch.Generator] = None
+    ) -> None:
         super().__init__()
         self.discrete, self.hidden = discrete, hidden
         self.w1 = nn.Parameter(torch.empty(2 * hidden, obs_dim))
@@ -74,9 +76,13 @@ class ActorCritic(nn.Module):
         """(actor output: logits or mean, value)."""
         h = tanh(torch.addmm(self.b1, obs, self.w1.t()))  # (B, 2H): both first layers
         h = tanh(torch.baddbmm(self.b2, h.view(-1, 2, self.hidden).transpose(0, 1), self.w2))  # (2, B, H)
-        return F.linear(h[0], self.actor_head.weight, self.actor_head.bias), F.linear(h[1], self.critic_head.weight, self.critic_head.bias).squeeze(-1)
+        return F.linear(h[0], self.actor_head.weight, self.actor_head.bias), F.linear(
+            h[1], self.critic_head.weight, self.critic_head.bias
+        ).squeeze(-1)
 
-    def log_prob_entropy(self, out: torch.Tensor, actions: torch.Tensor, with_entropy: bool = True) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+    def log_prob_entropy(
+        self, out: torch.Tensor, actions: torch.Tensor, with_entropy: bool = True
+    ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
         """Log-probability of ``actions`` and the entropy (None when not asked for), in float32."""
         out = out.float()
         if self.discrete:
@@ -110,10 +116,14 @@ class LossSettings:
 
     @classmethod
     def of(cls, cfg: Any) -> "LossSettings":
-        return cls(float(cfg.clip_coef), float(cfg.vf_coef), float(cfg.ent_coef), bool(cfg.norm_adv), bool(cfg.clip_vloss))
+        return cls(
+            float(cfg.clip_coef), float(cfg.vf_coef), float(cfg.ent_coef), bool(cfg.norm_adv), bool(cfg.clip_vloss)
+        )
 
 
-def ppo_loss(net: ActorCritic, out: torch.Tensor, value: torch.Tensor, mb: Diagnostics, s: LossSettings) -> tuple[torch.Tensor, Diagnostics]:
+def ppo_loss(
+    net: ActorCritic, out: torch.Tensor, value: torch.Tensor, mb: Diagnostics, s: LossSettings
+) -> tuple[torch.Tensor, Diagnostics]:
     """``pg_loss + vf_coef * MSE(value, return) - ent_coef * entropy`` from the network's outputs, as
     Stable-Baselines3 writes it (CleanRL halves the MSE: its vf_coef 0.5 is 0.25 here), and the
     detached diagnostics pg_loss, v_loss, entropy, approx_kl."""
@@ -134,10 +144,17 @@ def ppo_loss(net: ActorCritic, out: torch.Tensor, value: torch.Tensor, mb: Diagn
     loss = pg_loss + s.vf_coef * v_loss - s.ent_coef * entropy
     with torch.no_grad():
         approx_kl = ((ratio - 1) - logratio).mean()
-    return loss, {"pg_loss": pg_loss.detach(), "v_loss": v_loss.detach(), "entropy": entropy.detach(), "approx_kl": approx_kl}
+    return loss, {
+        "pg_loss": pg_loss.detach(),
+        "v_loss": v_loss.detach(),
+        "entropy": entropy.detach(),
+        "approx_kl": approx_kl,
+    }
 
 
-def gae(rew: np.ndarray, val: np.ndarray, done: np.ndarray, next_value: np.ndarray, gamma: float, lam: float) -> np.ndarray:
+def gae(
+    rew: np.ndarray, val: np.ndarray, done: np.ndarray, next_value: np.ndarray, gamma: float, lam: float
+) -> np.ndarray:
     """Advantages by generalised advantage estimation over ``(num_steps, num_envs)`` arrays; ``done[t]``
     marks that the episode ended at step t (the stored obs at t+1 is a reset one)."""
     adv = np.zeros_like(rew)
@@ -157,15 +174,22 @@ def resolve_device(name: str) -> torch.device:
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"training.device={name!r}: CUDA is not available on this machine; use auto or cpu")
     if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
-        raise ValueError(f"training.device={name!r}: this machine has {torch.cuda.device_count()} visible CUDA device(s)")
+        raise ValueError(
+            f"training.device={name!r}: this machine has {torch.cuda.device_count()} visible CUDA device(s)"
+        )
     return device
 
 
 class PPO:
     """Build with a config, call `train`, then `evaluate`."""
 
-    def __init__(self, cfg: PPOConfig, envs: Optional[gym.vector.VectorEnv] = None, vec_choice: Optional[VecEnvChoice] = None,
-                 fast_pieces: tuple[str, ...] = PIECES) -> None:
+    def __init__(
+        self,
+        cfg: PPOConfig,
+        envs: Optional[gym.vector.VectorEnv] = None,
+        vec_choice: Optional[VecEnvChoice] = None,
+        fast_pieces: tuple[str, ...] = PIECES,
+    ) -> None:
         self.cfg = cfg
         opts = cfg.optimizations
         self.device = resolve_device(cfg.device)
@@ -174,7 +198,9 @@ class PPO:
         fast_on = opts.cpu_fast_path and self.device.type == "cpu" and not opts.use_torch_compile
         if envs is None:
             lean = fast_on and "lean_mujoco" in fast_pieces and lean_mujoco_supported(cfg.env_id)
-            envs, vec_choice = build_envs(cfg.env_id, cfg.num_envs, cfg.seed, opts, lean=MujocoVectorEnv if lean else None)
+            envs, vec_choice = build_envs(
+                cfg.env_id, cfg.num_envs, cfg.seed, opts, lean=MujocoVectorEnv if lean else None
+            )
         self.envs, self.vec_choice = envs, vec_choice
         check_spaces(envs, cfg.env_id)
         act_space = envs.single_action_space
@@ -184,9 +210,13 @@ class PPO:
         act_dim = int(act_space.n) if self.discrete else int(np.prod(act_space.shape))
         if not self.discrete:
             self.act_low, self.act_high = act_space.low, act_space.high
-        self.net = ActorCritic(self.obs_dim, act_dim, self.discrete, cfg.hidden_size, torch_generator(cfg.seed, "ppo.init")).to(self.device)
+        self.net = ActorCritic(
+            self.obs_dim, act_dim, self.discrete, cfg.hidden_size, torch_generator(cfg.seed, "ppo.init")
+        ).to(self.device)
         self.fast = FastPath(self.net, fast_pieces) if fast_on else None
-        self.forward: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]] = self.fast.forward if self.fast else self.net.forward
+        self.forward: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]] = (
+            self.fast.forward if self.fast else self.net.forward
+        )
         if opts.use_torch_compile:
             self.forward = CompiledFallback(self.net.forward, opts.compile_mode, "ActorCritic.forward")
         self.loss_settings = LossSettings.of(cfg)
@@ -198,16 +228,29 @@ class PPO:
         self.buffer = RolloutBuffer(cfg.num_steps, cfg.num_envs, self.obs_dim, self.act_shape, self.discrete, self.pin)
         # fused Adam: one kernel over all parameters (torch's CPU default is a per-tensor Python loop)
         optimizer = torch.optim.Adam(self.net.parameters(), lr=cfg.learning_rate, eps=1e-5, fused=True)
-        sample = (sample_minibatch(cfg.minibatch_size, self.obs_dim, act_dim, self.act_shape, self.discrete, self.device),
-                  lambda net, mb: self._loss(net, mb)[0])  # a measured auto times the update before the trainer exists
-        self.guard = PPOGuard("ppo", self.net, optimizer, opts.precision, {"max_grad_norm": cfg.max_grad_norm},
-                              self.save_checkpoint, self._restore, seed=cfg.seed, sample=sample)
+        sample = (
+            sample_minibatch(cfg.minibatch_size, self.obs_dim, act_dim, self.act_shape, self.discrete, self.device),
+            lambda net, mb: self._loss(net, mb)[0],
+        )  # a measured auto times the update before the trainer exists
+        self.guard = PPOGuard(
+            "ppo",
+            self.net,
+            optimizer,
+            opts.precision,
+            {"max_grad_norm": cfg.max_grad_norm},
+            self.save_checkpoint,
+            self._restore,
+            seed=cfg.seed,
+            sample=sample,
+        )
         self.global_step = self.iteration = 0
         self.time_split = {"env": 0.0, "inference": 0.0, "update": 0.0, "other": 0.0}
         self.episode_returns: list[float] = []
         self.history: list[dict[str, Any]] = []
 
-    trainer = property(lambda self: self.guard.trainer, doc="The trainer in use: the guard's (a new FP32 one after a rollback).")
+    trainer = property(
+        lambda self: self.guard.trainer, doc="The trainer in use: the guard's (a new FP32 one after a rollback)."
+    )
 
     # -- observations, actions, rewards ------------------------------------------------
     def _prep_obs(self, obs: np.ndarray, update_stats: bool = True) -> np.ndarray:
@@ -227,8 +270,16 @@ class PPO:
 
     def _draw_noise(self) -> torch.Tensor:
         """One rollout's sampling noise, (num_steps, num_envs, ...), drawn at once from the run's generator."""
-        shape = (self.cfg.num_steps, self.cfg.num_envs, *((self.net.actor_head.out_features,) if self.discrete else self.act_shape))
-        return torch.rand(shape, generator=self.noise_gen) if self.discrete else torch.randn(shape, generator=self.noise_gen)
+        shape = (
+            self.cfg.num_steps,
+            self.cfg.num_envs,
+            *((self.net.actor_head.out_features,) if self.discrete else self.act_shape),
+        )
+        return (
+            torch.rand(shape, generator=self.noise_gen)
+            if self.discrete
+            else torch.randn(shape, generator=self.noise_gen)
+        )
 
     @torch.inference_mode()
     def act(self, obs: torch.Tensor, perturbation: torch.Tensor) -> torch.Tensor:
@@ -246,7 +297,11 @@ class PPO:
 
     def _rollout_actor(self, perturbation: torch.Tensor) -> Callable[[torch.Tensor, int], torch.Tensor]:
         o = self.cfg.optimizations
-        if self.fast is not None and o.batch_inference and (o.inference_batch_size or self.cfg.num_envs) >= self.cfg.num_envs:
+        if (
+            self.fast is not None
+            and o.batch_inference
+            and (o.inference_batch_size or self.cfg.num_envs) >= self.cfg.num_envs
+        ):
             step = self.fast.rollout_actor(perturbation)
             if step is not None:
                 return step
@@ -285,12 +340,16 @@ class PPO:
             b = self.buffer
             with torch.inference_mode():  # log-probabilities and values in one forward (the policy did not change)
                 out, val = self.forward(self._to_device(b.obs.view(-1, self.obs_dim)))
-                logp, _ = self.net.log_prob_entropy(out, self._to_device(b.act.view(-1, *self.act_shape)), with_entropy=False)
+                logp, _ = self.net.log_prob_entropy(
+                    out, self._to_device(b.act.view(-1, *self.act_shape)), with_entropy=False
+                )
                 b.logp.copy_(logp.view_as(b.logp))
                 b.val.copy_(val.float().view_as(b.val))
             t1 = time.perf_counter()
             rows = b.rows
-            advantages = torch.from_numpy(gae(rows["rew"], rows["val"], rows["done"], self.value(obs).numpy(), cfg.gamma, cfg.gae_lambda))
+            advantages = torch.from_numpy(
+                gae(rows["rew"], rows["val"], rows["done"], self.value(obs).numpy(), cfg.gamma, cfg.gae_lambda)
+            )
             split["inference"] += t1 - t0
             split["other"] += time.perf_counter() - t1
             t0 = time.perf_counter()
@@ -300,25 +359,50 @@ class PPO:
             split["update"] += time.perf_counter() - t0
             self.iteration = iteration
             recent = self.episode_returns[-20:]
-            record = {"iteration": iteration, "global_step": self.global_step,
-                      "env_steps_per_s": self.global_step / (time.perf_counter() - t_start),
-                      "mean_return": float(np.mean(recent)) if recent else None, **metrics}
+            record = {
+                "iteration": iteration,
+                "global_step": self.global_step,
+                "env_steps_per_s": self.global_step / (time.perf_counter() - t_start),
+                "mean_return": float(np.mean(recent)) if recent else None,
+                **metrics,
+            }
             self.history.append(record)
-            _log().info("ppo.iteration", **record, loss_scale=self.trainer.current_scale, overflow_rate=self.trainer.overflow_rate)
+            _log().info(
+                "ppo.iteration",
+                **record,
+                loss_scale=self.trainer.current_scale,
+                overflow_rate=self.trainer.overflow_rate,
+            )
             if callback is not None:
                 callback(record)
         wall = time.perf_counter() - t_start
-        _log().info("ppo.trained", env=cfg.env_id, seed=cfg.seed, env_steps=self.global_step, wall_s=round(wall, 3),
-                    env_steps_per_s=round(self.global_step / wall, 1))
+        _log().info(
+            "ppo.trained",
+            env=cfg.env_id,
+            seed=cfg.seed,
+            env_steps=self.global_step,
+            wall_s=round(wall, 3),
+            env_steps_per_s=round(self.global_step / wall, 1),
+        )
         return TrainResult(
-            env_id=cfg.env_id, seed=cfg.seed, env_steps=self.global_step, wall_s=wall, env_steps_per_s=self.global_step / wall,
-            time_split_s=dict(split), episode_returns=list(self.episode_returns), eval_return=None, eval_returns=[],
-            optimizations=resolved_optimizations(self), trainer_stats=self.trainer.get_stats(), iterations=self.iteration,
+            env_id=cfg.env_id,
+            seed=cfg.seed,
+            env_steps=self.global_step,
+            wall_s=wall,
+            env_steps_per_s=self.global_step / wall,
+            time_split_s=dict(split),
+            episode_returns=list(self.episode_returns),
+            eval_return=None,
+            eval_returns=[],
+            optimizations=resolved_optimizations(self),
+            trainer_stats=self.trainer.get_stats(),
+            iterations=self.iteration,
             history=self.history,
         )
 
     def _collect(self, obs: torch.Tensor, ep_ret: np.ndarray) -> tuple[torch.Tensor, np.ndarray]:
-        """One rollout of ``num_steps`` vector steps into the buffer; returns the next observation and returns so far."""
+        """One rollout of ``num_steps`` vector steps into the buffer; returns the next observation and the returns
+        so far."""
         cfg, split, rows = self.cfg, self.time_split, self.buffer.rows
         t0 = time.perf_counter()
         with torch.inference_mode():
@@ -337,8 +421,15 @@ class PPO:
                 # bootstrap time-limit truncations from the final observation's value
                 final = np.stack([infos["final_obs"][i] for i in idx])
                 reward_used = reward_used.copy()
-                reward_used[idx] += cfg.gamma * self.value(torch.from_numpy(self._prep_obs(final, update_stats=False))).numpy()
-            rows["obs"][step], rows["act"][step], rows["rew"][step], rows["done"][step] = obs.numpy(), action.numpy(), reward_used, done
+                reward_used[idx] += (
+                    cfg.gamma * self.value(torch.from_numpy(self._prep_obs(final, update_stats=False))).numpy()
+                )
+            rows["obs"][step], rows["act"][step], rows["rew"][step], rows["done"][step] = (
+                obs.numpy(),
+                action.numpy(),
+                reward_used,
+                done,
+            )
             if done.any():
                 self.episode_returns.extend(ep_ret[done].tolist())
                 ep_ret[done] = 0.0
@@ -352,7 +443,9 @@ class PPO:
     def _loss(self, net: ActorCritic, mb: Diagnostics) -> tuple[torch.Tensor, Diagnostics]:
         """(loss, diagnostics) for one minibatch; a copy of the network (auto's calibration) runs the plain code."""
         out, value = self.forward(mb["obs"]) if net is self.net else net(mb["obs"])
-        fused = self.fast.loss(out, value, mb, self.loss_settings) if self.fast is not None and net is self.net else None
+        fused = (
+            self.fast.loss(out, value, mb, self.loss_settings) if self.fast is not None and net is self.net else None
+        )
         return fused if fused is not None else ppo_loss(net, out, value, mb, self.loss_settings)
 
     def _update(self, advantages: torch.Tensor, returns: torch.Tensor) -> dict[str, Any]:
@@ -375,7 +468,7 @@ class PPO:
             perm = torch.randperm(b, generator=gen).to(self.device, non_blocking=True)
             shuffled = {k: v[perm] for k, v in data.items()}  # one gather per epoch; minibatches are views
             for start in range(0, b, cfg.minibatch_size):
-                ok = self.guard.step({k: v[start:start + cfg.minibatch_size] for k, v in shuffled.items()}, loss_fn)
+                ok = self.guard.step({k: v[start : start + cfg.minibatch_size] for k, v in shuffled.items()}, loss_fn)
                 steps, skipped = steps + 1, skipped + (not ok)  # a P0 trip is rolled back inside: FP32 from here on
             if cfg.target_kl is not None and float(diagnostics["approx_kl"]) > cfg.target_kl:
                 break
@@ -398,8 +491,14 @@ class PPO:
                 total, done = 0.0, False
                 while not done:
                     with torch.inference_mode():
-                        out, _ = self.net(self._to_device(torch.from_numpy(self._prep_obs(np.asarray(obs)[None], update_stats=False))))
-                    action = int(out.argmax(-1).item()) if self.discrete else np.clip(out.float().cpu().numpy()[0], self.act_low, self.act_high)
+                        out, _ = self.net(
+                            self._to_device(torch.from_numpy(self._prep_obs(np.asarray(obs)[None], update_stats=False)))
+                        )
+                    action = (
+                        int(out.argmax(-1).item())
+                        if self.discrete
+                        else np.clip(out.float().cpu().numpy()[0], self.act_low, self.act_high)
+                    )
                     obs, reward, terminated, truncated, _ = env.step(action)
                     total += float(reward)
                     done = terminated or truncated
@@ -409,9 +508,13 @@ class PPO:
         return returns
 
     def save_checkpoint(self, path: str | Path) -> Path:
-        extra = {"config": as_dict(self.cfg), "global_step": self.global_step, "iteration": self.iteration,
-                 "obs_rms": None if self.obs_rms is None else self.obs_rms.state_dict(),
-                 "ret_rms": None if self.ret_rms is None else self.ret_rms.state_dict()}
+        extra = {
+            "config": as_dict(self.cfg),
+            "global_step": self.global_step,
+            "iteration": self.iteration,
+            "obs_rms": None if self.obs_rms is None else self.obs_rms.state_dict(),
+            "ret_rms": None if self.ret_rms is None else self.ret_rms.state_dict(),
+        }
         return self.trainer.save_checkpoint(path, extra=extra)
 
     def load_checkpoint(self, path: str | Path) -> dict[str, Any]:
@@ -419,10 +522,15 @@ class PPO:
         self.global_step, self.iteration = int(extra.get("global_step", 0)), int(extra.get("iteration", 0))
         return extra
 
-    def _restore(self, path: str | Path, restore_rng: bool = False, trainer: Optional[FP16Trainer] = None) -> dict[str, Any]:
-        """Weights, optimizer and normalisation statistics into ``trainer`` (default: the current one); the counters stay."""
+    def _restore(
+        self, path: str | Path, restore_rng: bool = False, trainer: Optional[FP16Trainer] = None
+    ) -> dict[str, Any]:
+        """Weights, optimizer and normalisation statistics into ``trainer`` (default: the current one); the counters
+        stay."""
         normalisers = (self.obs_rms, self.ret_rms)  # checked with the checkpoint, before the trainer changes anything
-        extra = (trainer or self.trainer).load_checkpoint(path, restore_rng=restore_rng, check_extra=partial(check_extra, normalisers=normalisers))
+        extra = (trainer or self.trainer).load_checkpoint(
+            path, restore_rng=restore_rng, check_extra=partial(check_extra, normalisers=normalisers)
+        )
         load_normalisers(extra, normalisers)
         return extra
 
@@ -433,7 +541,9 @@ class PPO:
         self.envs.close()
 
 
-def run(cfg: PPOConfig, callback: Optional[Callable[[dict[str, Any]], None]] = None, evaluate: bool = True) -> TrainResult:
+def run(
+    cfg: PPOConfig, callback: Optional[Callable[[dict[str, Any]], None]] = None, evaluate: bool = True
+) -> TrainResult:
     """Train and (optionally) evaluate; closes the envs."""
     ppo = PPO(cfg)
     try:

@@ -10,7 +10,7 @@ from typing import Any, Callable, Optional
 import numpy as np
 import torch
 
-from genesis_fp16.telemetry import get_logger
+from genesis_fp16.base.telemetry import get_logger
 
 
 @dataclass
@@ -30,7 +30,8 @@ class TrainResult:
     history: list[dict[str, Any]] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
-        """The JSON form: the fields (``trainer_stats`` as ``trainer``), the episode returns as the mean of the last 20 and a count."""
+        """The JSON form: the fields (``trainer_stats`` as ``trainer``), the episode returns as the mean of the last 20
+        and a count."""
         out = dataclasses.asdict(self)
         returns, out["trainer"] = out.pop("episode_returns"), out.pop("trainer_stats")
         out.update(train_return_last20=float(np.mean(returns[-20:])) if returns else None, episodes=len(returns))
@@ -38,7 +39,8 @@ class TrainResult:
 
 
 class CompiledFallback:
-    """Calls ``torch.compile(fn)``; if compiling or running it raises, logs the reason once and runs ``fn`` eagerly from then on."""
+    """Calls ``torch.compile(fn)``; if compiling or running it raises, logs the reason once and runs ``fn`` eagerly
+    from then on."""
 
     def __init__(self, fn: Callable[..., Any], mode: str, name: str) -> None:
         self.eager, self.name, self.mode = fn, name, mode
@@ -52,7 +54,9 @@ class CompiledFallback:
         self.compiled = None
         text = str(exc).strip()
         self.failed_reason = f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}"
-        get_logger("agents.ppo").warning("ppo.compile_fallback", function=self.name, mode=self.mode, reason=self.failed_reason)
+        get_logger("agents.ppo").warning(
+            "ppo.compile_fallback", function=self.name, mode=self.mode, reason=self.failed_reason
+        )
 
     @property
     def active(self) -> bool:
@@ -85,15 +89,30 @@ def optimization_summary(ppo: Any) -> list[tuple[str, str]]:
         fast = "on: " + ", ".join(ppo.fast.pieces)
     else:
         fast = "off" + ("" if not o.cpu_fast_path else " (applies on the CPU without torch.compile)")
-    pinned = "on (pinned buffers, non_blocking copies)" if ppo.pin else ("off (CPU device: nothing to copy)" if o.use_pinned_memory else "off")
+    pinned = (
+        "on (pinned buffers, non_blocking copies)"
+        if ppo.pin
+        else ("off (CPU device: nothing to copy)" if o.use_pinned_memory else "off")
+    )
     return [
-        ("vectorized envs", f"{vec.mode if vec else type(ppo.envs).__name__} x{cfg.num_envs} ({vec.reason if vec else 'given'})"),
+        (
+            "vectorized envs",
+            f"{vec.mode if vec else type(ppo.envs).__name__} x{cfg.num_envs} ({vec.reason if vec else 'given'})",
+        ),
         ("AMP", amp),
         ("torch.compile", compile_state),
         ("CPU fast path", fast),
         ("pinned memory", pinned),
-        ("num_workers (torch threads)", f"{torch.get_num_threads()}" + (" (set)" if o.num_workers else " (torch default)")),
-        ("batched inference", f"on, {o.inference_batch_size or cfg.num_envs} envs per forward" if o.batch_inference else "off (one forward per env)"),
+        (
+            "num_workers (torch threads)",
+            f"{torch.get_num_threads()}" + (" (set)" if o.num_workers else " (torch default)"),
+        ),
+        (
+            "batched inference",
+            f"on, {o.inference_batch_size or cfg.num_envs} envs per forward"
+            if o.batch_inference
+            else "off (one forward per env)",
+        ),
         ("action repeat", f"{o.action_repeat}" + (" (off)" if o.action_repeat == 1 else " (rewards summed)")),
     ]
 

@@ -7,7 +7,7 @@ from typing import Optional
 import numpy as np
 import torch
 
-from genesis_fp16.seeds import torch_generator
+from genesis_fp16.base.seeds import torch_generator
 
 
 class RolloutBuffer:
@@ -18,7 +18,9 @@ class RolloutBuffer:
 
     FIELDS = ("obs", "act", "logp", "val", "rew", "done")
 
-    def __init__(self, num_steps: int, num_envs: int, obs_dim: int, act_shape: tuple[int, ...], discrete: bool, pin: bool) -> None:
+    def __init__(
+        self, num_steps: int, num_envs: int, obs_dim: int, act_shape: tuple[int, ...], discrete: bool, pin: bool
+    ) -> None:
         def buf(*shape: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
             return torch.zeros(shape, dtype=dtype, pin_memory=pin)
 
@@ -70,8 +72,10 @@ class RunningMeanStd:
         """Raise ``TypeError`` unless ``state`` loads into this normaliser (same shape)."""
         shape = np.shape(self.mean)
         parts = [state.get(part) for part in ("mean", "var")] if isinstance(state, dict) else [None]
-        if not isinstance(state, dict) or not isinstance(state.get("count"), (int, float)) or any(
-            not isinstance(part, (list, float, int)) or np.shape(part) != shape for part in parts
+        if (
+            not isinstance(state, dict)
+            or not isinstance(state.get("count"), (int, float))
+            or any(not isinstance(part, (list, float, int)) or np.shape(part) != shape for part in parts)
         ):
             raise TypeError(f"field {field}: expected mean and var of shape {shape} and a count")
 
@@ -97,13 +101,20 @@ def load_normalisers(extra: dict, normalisers: tuple[Optional[RunningMeanStd], O
             rms.load_state_dict(extra[key])
 
 
-def sample_minibatch(n: int, obs_dim: int, act_dim: int, act_shape: tuple[int, ...], discrete: bool,
-                     device: torch.device) -> dict[str, torch.Tensor]:
+def sample_minibatch(
+    n: int, obs_dim: int, act_dim: int, act_shape: tuple[int, ...], discrete: bool, device: torch.device
+) -> dict[str, torch.Tensor]:
     """A minibatch of a run's shapes and dtypes (as `RolloutBuffer.flat` gives)
-    for a measured ``auto`` (`genesis_fp16.autotune`), before any rollout, from
+    for a measured ``auto`` (`genesis_fp16.precision.measure`), before any rollout, from
     a generator of its own (no RNG of the run is drawn)."""
     g = torch_generator(0, "ppo.auto_sample")
     act = torch.randint(act_dim, (n,), generator=g) if discrete else torch.randn(n, *act_shape, generator=g)
-    mb = {"obs": torch.randn(n, obs_dim, generator=g), "act": act, "logp": torch.zeros(n),
-          "adv": torch.randn(n, generator=g), "ret": torch.randn(n, generator=g), "val": torch.zeros(n)}
+    mb = {
+        "obs": torch.randn(n, obs_dim, generator=g),
+        "act": act,
+        "logp": torch.zeros(n),
+        "adv": torch.randn(n, generator=g),
+        "ret": torch.randn(n, generator=g),
+        "val": torch.zeros(n),
+    }
     return {k: v.to(device) for k, v in mb.items()}

@@ -1,6 +1,6 @@
 """Tasks for the evolution loop: what to evolve and how to judge it."""
 
-from genesis_fp16.lazy import lazy_exports
+from genesis_fp16.base.lazy import lazy_exports
 
 # imported on first use: `genesis-fp16 --help` imports `agents.cli`, which needs only `.pendulum`
 _LAZY = {
@@ -12,7 +12,20 @@ _LAZY = {
 }  # fmt: skip
 
 __all__ = [
-    "GROUP", "POLICY_KINDS", "EnvFailure", "EpisodeSpec", "ExactStates", "ImaginedStarts", "PolicySpec", "ResolvedTask",
-    "StartStates", "Task", "TaskError", "get_task", "parse_policy", "run_episodes", "task_names",
+    "GROUP",
+    "POLICY_KINDS",
+    "EnvFailure",
+    "EpisodeSpec",
+    "ExactStates",
+    "ImaginedStarts",
+    "PolicySpec",
+    "ResolvedTask",
+    "StartStates",
+    "Task",
+    "TaskError",
+    "get_task",
+    "parse_policy",
+    "run_episodes",
+    "task_names",
 ]
 __getattr__, __dir__ = lazy_exports(__name__, _LAZY, __all__)

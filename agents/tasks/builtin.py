@@ -14,14 +14,22 @@ if TYPE_CHECKING:
 
 def pendulum() -> Task:
     return Task(
-        env_id="Pendulum-v1", target=pendulum_states.TARGET_RETURN, policy=f"mlp:{pendulum_states.HIDDEN}",
-        episode_steps=pendulum_states.EPISODE_STEPS, n_train=pendulum_states.N_TRAIN_STARTS, n_heldout=pendulum_states.N_HELDOUT_STARTS,
+        env_id="Pendulum-v1",
+        target=pendulum_states.TARGET_RETURN,
+        policy=f"mlp:{pendulum_states.HIDDEN}",
+        episode_steps=pendulum_states.EPISODE_STEPS,
+        n_train=pendulum_states.N_TRAIN_STARTS,
+        n_heldout=pendulum_states.N_HELDOUT_STARTS,
         n_validation=pendulum_states.N_VALIDATION_STARTS,
         exact_states=ExactStates(
-            split=pendulum_states.start_states, set_state=pendulum_states.set_state,
-            observe=pendulum_states.observation, extra=pendulum_states.extra_states,
+            split=pendulum_states.start_states,
+            set_state=pendulum_states.set_state,
+            observe=pendulum_states.observation,
+            extra=pendulum_states.extra_states,
         ),
-        obs_scale=pendulum_states.OBS_SCALE, project=pendulum_states.project, terminates=False,
+        obs_scale=pendulum_states.OBS_SCALE,
+        project=pendulum_states.project,
+        terminates=False,
         description="swing up and hold; 16 exact start states, target -300",
     )
 
@@ -32,8 +40,12 @@ def inverted_pendulum_done(obs: "torch.Tensor") -> "torch.Tensor":
 
 
 def inverted_pendulum() -> Task:
-    return Task(env_id="InvertedPendulum-v5", policy="linear", termination=inverted_pendulum_done,
-                description="balance a pole (MuJoCo); target: the spec's 950")
+    return Task(
+        env_id="InvertedPendulum-v5",
+        policy="linear",
+        termination=inverted_pendulum_done,
+        description="balance a pole (MuJoCo); target: the spec's 950",
+    )
 
 
 def mountain_car_done(obs: "torch.Tensor") -> "torch.Tensor":
@@ -42,16 +54,30 @@ def mountain_car_done(obs: "torch.Tensor") -> "torch.Tensor":
 
 
 def mountain_car() -> Task:
-    return Task(env_id="MountainCarContinuous-v0", policy="mlp:8", termination=mountain_car_done,
-                description="drive up the hill; target: the spec's 90")
+    return Task(
+        env_id="MountainCarContinuous-v0",
+        policy="mlp:8",
+        termination=mountain_car_done,
+        description="drive up the hill; target: the spec's 90",
+    )
 
 
 def swimmer() -> Task:
-    return Task(env_id="Swimmer-v5", policy="linear", terminates=False, description="swim forward (MuJoCo); target: the spec's 360")
+    return Task(
+        env_id="Swimmer-v5",
+        policy="linear",
+        terminates=False,
+        description="swim forward (MuJoCo); target: the spec's 360",
+    )
 
 
 def half_cheetah() -> Task:
-    return Task(env_id="HalfCheetah-v5", policy="linear", terminates=False, description="run forward (MuJoCo); target: the spec's 4800")
+    return Task(
+        env_id="HalfCheetah-v5",
+        policy="linear",
+        terminates=False,
+        description="run forward (MuJoCo); target: the spec's 4800",
+    )
 
 
 BUILTIN = {

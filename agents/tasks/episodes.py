@@ -43,12 +43,18 @@ def refuse_non_finite(who: str, field: str, value: Any, step: int, episode: int)
     number = float(np.asarray(value, dtype=np.float64).reshape(-1)[bad])
     shown = str(number) if np.ndim(value) == 0 else f"{field}[{bad}] = {number}"
     if math.isfinite(number):
-        shown += ", inf as float32" if abs(number) >= F32_INF_FROM else f", beyond the +-{MAX_MAGNITUDE:g} the learners' float32 statistics allow"
+        shown += (
+            ", inf as float32"
+            if abs(number) >= F32_INF_FROM
+            else f", beyond the +-{MAX_MAGNITUDE:g} the learners' float32 statistics allow"
+        )
     where = " from reset" if field == "obs" else ""
     raise EnvFailure(f"{who} returned a non-finite {field} ({shown}){where} at step {step} of episode {episode}")
 
 
-def _refuse_non_finite_steps(env_id: str, actions: Sequence[np.ndarray], next_obs: Sequence[np.ndarray], episode: int) -> None:
+def _refuse_non_finite_steps(
+    env_id: str, actions: Sequence[np.ndarray], next_obs: Sequence[np.ndarray], episode: int
+) -> None:
     """`refuse_non_finite` for the earliest step whose action or next_obs is
     not finite (the action first within a step). Checked once an episode ends
     or fails, not at every step: one vectorised test costs what one step's
@@ -56,8 +62,11 @@ def _refuse_non_finite_steps(env_id: str, actions: Sequence[np.ndarray], next_ob
     with a test per step). The reward (a float: cheap) and the obs from reset
     are checked at once."""
     with np.errstate(over="ignore"):  # beyond float32 becomes inf: that is what is looked for
-        found = [(first_non_finite(np.asarray(rows, dtype=np.float32)), order, name, rows)
-                 for order, (name, rows) in enumerate((("action", actions), ("next_obs", next_obs))) if len(rows)]
+        found = [
+            (first_non_finite(np.asarray(rows, dtype=np.float32)), order, name, rows)
+            for order, (name, rows) in enumerate((("action", actions), ("next_obs", next_obs)))
+            if len(rows)
+        ]
     bad = min((f for f in found if f[0] is not None), default=None, key=lambda f: (f[0], f[1]))
     if bad is not None:
         step, _, name, rows = bad
@@ -80,7 +89,7 @@ class EpisodeSpec:
         if self.env_factory is not None:
             return self.env_factory()
         # a plain import: this runs in torch-free worker processes, and importing
-        # genesis_fp16.extras would import torch; Evaluator checks the extra first
+        # genesis_fp16.base.extras would import torch; Evaluator checks the extra first
         import gymnasium as gym
 
         return gym.make(self.env_id, **dict(self.env_kwargs))
@@ -95,7 +104,9 @@ def _reset(spec: EpisodeSpec, env: "gym.Env", k: int, state: Sequence[float]) ->
 
 
 def run_episodes(
-    spec: EpisodeSpec, params: Sequence[float], states: Sequence[Sequence[float]],
+    spec: EpisodeSpec,
+    params: Sequence[float],
+    states: Sequence[Sequence[float]],
 ) -> dict[str, Any]:
     """One real episode per start state with the policy ``params``.
 
@@ -147,7 +158,9 @@ def run_episodes(
                 if terminated or truncated:
                     break
             _refuse_non_finite_steps(spec.env_id, a, n, k)
-            if not math.isfinite(total):  # rewards within float32 cannot overflow a float64 sum: a last guard, kept cheap
+            if not math.isfinite(
+                total
+            ):  # rewards within float32 cannot overflow a float64 sum: a last guard, kept cheap
                 raise EnvFailure(f"env {spec.env_id!r} gave episode {k} a non-finite return ({total})")
             returns.append(total)
             episodes.append(

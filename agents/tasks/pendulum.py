@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
-from genesis_fp16.seeds import numpy_rng
+from genesis_fp16.base.seeds import numpy_rng
 
 from .task import StartStates
 
@@ -36,7 +36,10 @@ N_PARAMS = OBS_DIM * HIDDEN + HIDDEN + HIDDEN * ACT_DIM + ACT_DIM
 
 
 def start_states(
-    seed: int = 0, n_train: int = N_TRAIN_STARTS, n_heldout: int = N_HELDOUT_STARTS, n_validation: int = N_VALIDATION_STARTS
+    seed: int = 0,
+    n_train: int = N_TRAIN_STARTS,
+    n_heldout: int = N_HELDOUT_STARTS,
+    n_validation: int = N_VALIDATION_STARTS,
 ) -> StartStates:
     """Fixed start states from Pendulum's own reset distribution
     (theta uniform in [-pi, pi], theta_dot uniform in [-1, 1]). Training angles
@@ -51,7 +54,9 @@ def start_states(
     rng_h = numpy_rng(seed, "pendulum.heldout_starts")
     heldout = np.stack([rng_h.uniform(-math.pi, math.pi, n_heldout), rng_h.uniform(-1.0, 1.0, n_heldout)], axis=1)
     rng_v = numpy_rng(seed, "pendulum.validation_starts")
-    validation = np.stack([rng_v.uniform(-math.pi, math.pi, n_validation), rng_v.uniform(-1.0, 1.0, n_validation)], axis=1)
+    validation = np.stack(
+        [rng_v.uniform(-math.pi, math.pi, n_validation), rng_v.uniform(-1.0, 1.0, n_validation)], axis=1
+    )
     return StartStates(train=train, heldout=heldout, validation=validation)
 
 

@@ -28,10 +28,15 @@ def _loader(name: str, load: Callable[[], object]) -> Callable[[], Task]:
         try:
             obj: Union[Task, Callable[[], Task], object] = load()
         except Exception as exc:
-            raise TaskError(f"task plugin {name!r} (entry point group {GROUP}) failed to load: {type(exc).__name__}: {exc}") from None
+            raise TaskError(
+                f"task plugin {name!r} (entry point group {GROUP}) failed to load: {type(exc).__name__}: {exc}"
+            ) from None
         task = obj() if callable(obj) and not isinstance(obj, Task) else obj
         if not isinstance(task, Task):
-            raise TaskError(f"task plugin {name!r} gave {type(task).__name__}; expected an agents.tasks.Task or a callable returning one")
+            raise TaskError(
+                f"task plugin {name!r} gave {type(task).__name__}; expected an agents.tasks.Task or a callable "
+                "returning one"
+            )
         return task
 
     return make

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, Sequence
 
 import numpy as np
 
-from genesis_fp16.seeds import numpy_rng, stream_seed
+from genesis_fp16.base.seeds import numpy_rng, stream_seed
 
 from .episodes import EpisodeSpec, SetStateFn
 from .policies import PolicySpec, parse_policy
@@ -39,7 +39,7 @@ under 2^53, exact in the float64 rows a start state is."""
 def reset_seed_base(seed: int) -> int:
     """The first reset seed of the block of a run seeded ``seed``: ``RESET_STRIDE``
     times a block (1 to `RESET_BLOCKS`) from the stream ``task.reset_seeds``
-    (`genesis_fp16.seeds`). The run's training, validation, held-out and
+    (`genesis_fp16.base.seeds`). The run's training, validation, held-out and
     model-only states are disjoint ranges inside the block (`ResolvedTask.start_states`)."""
     return RESET_STRIDE * (1 + stream_seed(seed, "task.reset_seeds") % RESET_BLOCKS)
 
@@ -103,7 +103,9 @@ class Task:
         import gymnasium as gym
 
         try:
-            return self.env_factory() if self.env_factory is not None else gym.make(self.env_id, **dict(self.env_kwargs))
+            return (
+                self.env_factory() if self.env_factory is not None else gym.make(self.env_id, **dict(self.env_kwargs))
+            )
         except gym.error.Error as exc:  # unknown id, missing dependency (e.g. mujoco)
             raise TaskError(
                 f"env {self.env_id!r} cannot be made ({type(exc).__name__}: {exc}); expected a gymnasium id such as "
@@ -112,7 +114,9 @@ class Task:
         except Exception as exc:  # bad kwargs, or the factory itself failed
             raise TaskError(f"env {self.env_id!r} raised when made: {type(exc).__name__}: {exc}") from None
 
-    def resolve(self, *, target: Optional[float] = None, policy: Optional[str] = None, episode_steps: Optional[int] = None) -> "ResolvedTask":
+    def resolve(
+        self, *, target: Optional[float] = None, policy: Optional[str] = None, episode_steps: Optional[int] = None
+    ) -> "ResolvedTask":
         """Open the env once and check it; arguments override the task's own."""
         import gymnasium as gym
 
@@ -127,15 +131,30 @@ class Task:
             env.close()
         for role, space in (("observation", obs_space), ("action", act_space)):
             if not isinstance(space, gym.spaces.Box) or len(space.shape) != 1:
-                kind = "an image" if isinstance(space, gym.spaces.Box) and len(space.shape) >= 2 else f"a {type(space).__name__} space"
+                kind = (
+                    "an image"
+                    if isinstance(space, gym.spaces.Box) and len(space.shape) >= 2
+                    else f"a {type(space).__name__} space"
+                )
                 raise TaskError(
-                    f"env {self.env_id!r}: its {role} space {space} is {kind}; expected a flat Box (a vector of floats): "
-                    "the loop's policies map an observation vector to an action vector. Pick a continuous-control task, "
+                    f"env {self.env_id!r}: its {role} space {space} is {kind}; expected a flat Box (a vector of "
+                    "floats): "
+                    "the loop's policies map an observation vector to an action vector. Pick a continuous-control "
+                    "task, "
                     "or wrap the env (e.g. gymnasium.wrappers.FlattenObservation)"
                 )
         if not (np.isfinite(act_space.low).all() and np.isfinite(act_space.high).all()):
-            raise TaskError(f"env {self.env_id!r}: action space {act_space} is unbounded; expected finite bounds (actions are tanh-scaled into them)")
-        resolved_target = target if target is not None else self.target if self.target is not None else (spec.reward_threshold if spec else None)
+            raise TaskError(
+                f"env {self.env_id!r}: action space {act_space} is unbounded; expected finite bounds (actions are "
+                "tanh-scaled into them)"
+            )
+        resolved_target = (
+            target
+            if target is not None
+            else self.target
+            if self.target is not None
+            else (spec.reward_threshold if spec else None)
+        )
         if resolved_target is None:
             raise TaskError(
                 f"env {self.env_id!r} has no target: neither the task nor its env spec (reward_threshold) gives one; "
@@ -143,19 +162,31 @@ class Task:
             )
         if not math.isfinite(resolved_target):
             raise TaskError(
-                f"env {self.env_id!r}: target {resolved_target}: expected a finite number (the mean return over the training "
+                f"env {self.env_id!r}: target {resolved_target}: expected a finite number (the mean return over the "
+                "training "
                 "start states that counts as solved); pass --target R"
             )
-        steps = episode_steps or self.episode_steps or (spec.max_episode_steps if spec and spec.max_episode_steps else DEFAULT_EPISODE_STEPS)
+        steps = (
+            episode_steps
+            or self.episode_steps
+            or (spec.max_episode_steps if spec and spec.max_episode_steps else DEFAULT_EPISODE_STEPS)
+        )
         obs_low, obs_high = np.asarray(obs_space.low, dtype=np.float64), np.asarray(obs_space.high, dtype=np.float64)
         policy_spec = PolicySpec(
-            obs_dim=int(obs_space.shape[0]), act_dim=int(act_space.shape[0]), hidden=hidden,
+            obs_dim=int(obs_space.shape[0]),
+            act_dim=int(act_space.shape[0]),
+            hidden=hidden,
             obs_scale=self.obs_scale or default_obs_scale(obs_low, obs_high),
-            action_low=tuple(float(v) for v in act_space.low), action_high=tuple(float(v) for v in act_space.high),
+            action_low=tuple(float(v) for v in act_space.low),
+            action_high=tuple(float(v) for v in act_space.high),
         )
         return ResolvedTask(
-            task=self, target=float(resolved_target), episode_steps=int(steps), policy=policy_spec,
-            obs_low=tuple(float(v) for v in obs_low), obs_high=tuple(float(v) for v in obs_high),
+            task=self,
+            target=float(resolved_target),
+            episode_steps=int(steps),
+            policy=policy_spec,
+            obs_low=tuple(float(v) for v in obs_low),
+            obs_high=tuple(float(v) for v in obs_high),
         )
 
 
@@ -194,8 +225,12 @@ class ResolvedTask:
     def episode_spec(self) -> EpisodeSpec:
         exact = self.task.exact_states
         return EpisodeSpec(
-            env_id=self.env_id, policy=self.policy, steps=self.episode_steps, env_kwargs=dict(self.task.env_kwargs),
-            env_factory=self.task.env_factory, set_state=exact.set_state if exact is not None else None,
+            env_id=self.env_id,
+            policy=self.policy,
+            steps=self.episode_steps,
+            env_kwargs=dict(self.task.env_kwargs),
+            env_factory=self.task.env_factory,
+            set_state=exact.set_state if exact is not None else None,
         )
 
     def start_states(self, seed: int) -> StartStates:

@@ -11,6 +11,18 @@ from .normalization import RunningStats, fold
 from .sac import run_sac, sac_steps
 
 __all__ = [
-    "ARS_HYPERPARAMETERS", "ARSHyper", "BaselineConfig", "Clock", "RunningStats", "TargetWatch", "ars_update", "fold", "host",
-    "run_ars", "run_cma_tuned", "run_sac", "sac_steps", "target_states",
+    "ARS_HYPERPARAMETERS",
+    "ARSHyper",
+    "BaselineConfig",
+    "Clock",
+    "RunningStats",
+    "TargetWatch",
+    "ars_update",
+    "fold",
+    "host",
+    "run_ars",
+    "run_cma_tuned",
+    "run_sac",
+    "sac_steps",
+    "target_states",
 ]

@@ -29,8 +29,8 @@ from typing import Any, Optional
 
 import numpy as np
 
-from genesis_fp16.extras import require
-from genesis_fp16.seeds import numpy_rng
+from genesis_fp16.base.extras import require
+from genesis_fp16.base.seeds import numpy_rng
 
 from agents.tasks import ResolvedTask, Task
 from .common import BaselineConfig, Clock, TargetWatch, baseline_report, target_states
@@ -74,11 +74,20 @@ class ARSHyper:
 # lists the Swimmer and HalfCheetah values as its "params closest to original paper".
 HYPERPARAMETERS = {
     "Swimmer-v5": ARSHyper(0.02, 0.01, 1, 1, source=f"the paper's Swimmer-v1 values as {ZOO} gives them (Swimmer-v3)"),
-    "HalfCheetah-v5": ARSHyper(0.02, 0.03, 32, 4, source=f"the paper's HalfCheetah-v1 values as {ZOO} gives them (HalfCheetah-v3)"),
+    "HalfCheetah-v5": ARSHyper(
+        0.02, 0.03, 32, 4, source=f"the paper's HalfCheetah-v1 values as {ZOO} gives them (HalfCheetah-v3)"
+    ),
     "Pendulum-v1": ARSHyper(0.018, 0.1, 4, 1, source=f"{ZOO}'s Pendulum values (an MLP policy there, linear here)"),
-    "MountainCarContinuous-v0": ARSHyper(0.02, 0.05, 16, 16, source=f"N 16 as {ZOO}; alpha 0.02, nu 0.05, b = N: our choice"),
-    "InvertedPendulum-v5": ARSHyper(0.02, 0.03, 8, 4, source="our choice (the paper lists no InvertedPendulum): HalfCheetah's alpha "
-                                    "and nu, Hopper's N 8 and b 4"),
+    "MountainCarContinuous-v0": ARSHyper(
+        0.02, 0.05, 16, 16, source=f"N 16 as {ZOO}; alpha 0.02, nu 0.05, b = N: our choice"
+    ),
+    "InvertedPendulum-v5": ARSHyper(
+        0.02,
+        0.03,
+        8,
+        4,
+        source="our choice (the paper lists no InvertedPendulum): HalfCheetah's alpha and nu, Hopper's N 8 and b 4",
+    ),
 }
 DEFAULT = ARSHyper(0.02, 0.03, 8, 4, source="our default for a task with no listed values")
 
@@ -87,7 +96,9 @@ def hyperparameters(env_id: str) -> ARSHyper:
     return HYPERPARAMETERS.get(env_id, DEFAULT)
 
 
-def ars_update(theta: np.ndarray, deltas: np.ndarray, r_plus: np.ndarray, r_minus: np.ndarray, top: int, step_size: float) -> np.ndarray:
+def ars_update(
+    theta: np.ndarray, deltas: np.ndarray, r_plus: np.ndarray, r_minus: np.ndarray, top: int, step_size: float
+) -> np.ndarray:
     """One ARS step: ``theta + alpha / (b sigma_R) * sum_top (r+ - r-) delta``
     over the ``top`` directions with the largest ``max(r+, r-)``; unchanged
     when those returns do not differ (sigma_R = 0)."""
@@ -112,7 +123,9 @@ class LinearPolicy:
         return lambda obs: np.clip(((obs - self.mean) * self.inv_std) @ theta.T, self.low, self.high)
 
 
-def run_ars(cfg: Optional[BaselineConfig] = None, *, hyper: Optional[ARSHyper] = None, task: Optional[Task] = None) -> dict[str, Any]:
+def run_ars(
+    cfg: Optional[BaselineConfig] = None, *, hyper: Optional[ARSHyper] = None, task: Optional[Task] = None
+) -> dict[str, Any]:
     """ARS V2-t under ``cfg``'s budget (module doc); ``hyper`` left None takes
     the task's values from `HYPERPARAMETERS`. The report's method is ``ars``."""
     require("gymnasium", PURPOSE)
@@ -158,12 +171,28 @@ def run_ars(cfg: Optional[BaselineConfig] = None, *, hyper: Optional[ARSHyper] =
         train = mean_return(runner.evaluate(final, starts.train))
         heldout = mean_return(runner.evaluate(final, starts.heldout))
     settings = {
-        **asdict(hp), "version": "V2-t" if hp.normalize else "V1-t", "iterations": iteration, "episodes_per_iteration": 2 * hp.directions,
-        "policy": "linear, no bias, actions clipped to the box", "episodes_run": "in this process",
+        **asdict(hp),
+        "version": "V2-t" if hp.normalize else "V1-t",
+        "iterations": iteration,
+        "episodes_per_iteration": 2 * hp.directions,
+        "policy": "linear, no bias, actions clipped to the box",
+        "episodes_run": "in this process",
         "start_states": f"direction d (both signs) starts from training state d mod {len(starts.train)}",
         "theta": theta.reshape(-1).tolist(),
         "obs_mean": None if stats is None else stats.mean.tolist(),
         "obs_std": None if stats is None else [float(s) if math.isfinite(s) else None for s in stats.std],
     }
-    return baseline_report("ars", cfg, resolved, starts, watch=watch, checked_on=checked_on, real_episodes=episodes, env_steps=steps,
-                           train_return=train, heldout_return=heldout, clock=clock, settings=settings)
+    return baseline_report(
+        "ars",
+        cfg,
+        resolved,
+        starts,
+        watch=watch,
+        checked_on=checked_on,
+        real_episodes=episodes,
+        env_steps=steps,
+        train_return=train,
+        heldout_return=heldout,
+        clock=clock,
+        settings=settings,
+    )

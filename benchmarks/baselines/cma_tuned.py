@@ -23,7 +23,7 @@ from typing import Any, Optional, Sequence, Union
 
 import numpy as np
 
-from genesis_fp16.extras import require
+from genesis_fp16.base.extras import require
 
 from agents.cma_search import CMASearch
 
@@ -37,8 +37,13 @@ PURPOSE = "the tuned CMA-ES baseline"
 
 
 def run_cma_tuned(
-    cfg: Optional[BaselineConfig] = None, *, sigma0: float = 0.5, popsize: Optional[int] = None, normalize: bool = False,
-    task: Optional[Task] = None, evaluator: Optional[EvaluationBackend] = None,
+    cfg: Optional[BaselineConfig] = None,
+    *,
+    sigma0: float = 0.5,
+    popsize: Optional[int] = None,
+    normalize: bool = False,
+    task: Optional[Task] = None,
+    evaluator: Optional[EvaluationBackend] = None,
 ) -> dict[str, Any]:
     """Run CMA-ES on one-episode scores under ``cfg``'s budget; the report's
     method is ``cma_tuned`` or ``cma_tuned_norm`` (see the module doc and
@@ -57,8 +62,12 @@ def run_cma_tuned(
 
     clock = Clock()
     own = evaluator is None
-    evaluator = evaluator or make_evaluator(resolved, workers=cfg.workers, timeout_s=cfg.eval_timeout_s, memory_limit_mb=cfg.eval_memory_mb)
-    es = CMASearch(np.zeros(spec.n_params), sigma0, seed=cfg.seed, popsize=popsize, purpose=PURPOSE)  # the loop's one driver
+    evaluator = evaluator or make_evaluator(
+        resolved, workers=cfg.workers, timeout_s=cfg.eval_timeout_s, memory_limit_mb=cfg.eval_memory_mb
+    )
+    es = CMASearch(
+        np.zeros(spec.n_params), sigma0, seed=cfg.seed, popsize=popsize, purpose=PURPOSE
+    )  # the loop's one driver
     watch = TargetWatch(resolved.target, every=cfg.check_every or 1)
     episodes = steps = generation = candidate = scored = 0
     failures: list[dict[str, Any]] = []
@@ -67,7 +76,8 @@ def run_cma_tuned(
             xs = es.ask()
             scores: list[float] = []
             seen: list[np.ndarray] = []
-            # one call per generation; with an env-step budget one batch of workers at a time, so it is not passed by more
+            # one call per generation; with an env-step budget one batch of workers at a time, so it is not passed by
+            # more
             batch = len(xs) if cfg.budget_steps is None else cfg.workers
             while len(scores) < len(xs) and not cfg.spent(episodes, steps):
                 todo = xs[len(scores) : len(scores) + min(batch, cfg.budget - episodes)]
@@ -81,11 +91,19 @@ def run_cma_tuned(
                         scored += 1
                     else:
                         scores.append(-math.inf)
-                        failures.append({"candidate": f"cma-g{generation}-{len(scores) - 1}", "generation": generation, "episodes": 1,
-                                         "error": str(res)})
+                        failures.append(
+                            {
+                                "candidate": f"cma-g{generation}-{len(scores) - 1}",
+                                "generation": generation,
+                                "episodes": 1,
+                                "error": str(res),
+                            }
+                        )
             if stats is not None and seen:
                 stats.update(np.concatenate(seen) * scale)
-            if len(scores) < len(xs):  # the budget ended inside the generation: its candidates are charged, CMA-ES not told
+            if len(scores) < len(
+                xs
+            ):  # the budget ended inside the generation: its candidates are charged, CMA-ES not told
                 break
             es.tell(scores)
             generation += 1
@@ -98,24 +116,42 @@ def run_cma_tuned(
         if own:
             evaluator.close()
     settings = {
-        "sigma0": sigma0, "sigma_final": float(es.sigma), "popsize": int(es.popsize), "normalize": normalize, "policy": spec.name,
-        "n_params": spec.n_params, "generations": generation, "episodes_per_candidate": 1,
+        "sigma0": sigma0,
+        "sigma_final": float(es.sigma),
+        "popsize": int(es.popsize),
+        "normalize": normalize,
+        "policy": spec.name,
+        "n_params": spec.n_params,
+        "generations": generation,
+        "episodes_per_candidate": 1,
         "start_states": f"candidate c starts from training state c mod {len(starts.train)}",
         "final_solution": "the CMA-ES mean" + (", normalisation folded into the first layer" if normalize else ""),
     }
     report = baseline_report(
-        "cma_tuned_norm" if normalize else "cma_tuned", cfg, resolved, starts, watch=watch, checked_on=checked_on, real_episodes=episodes,
-        env_steps=steps, train_return=train, heldout_return=heldout, clock=clock, settings=settings, failures=failures,
+        "cma_tuned_norm" if normalize else "cma_tuned",
+        cfg,
+        resolved,
+        starts,
+        watch=watch,
+        checked_on=checked_on,
+        real_episodes=episodes,
+        env_steps=steps,
+        train_return=train,
+        heldout_return=heldout,
+        clock=clock,
+        settings=settings,
+        failures=failures,
         stop_reason="failed" if episodes and not scored else None,
     )
     report["sigma0"] = sigma0  # the initial step size, a top-level key: the comparison table shows it
     return report
 
 
-def _evaluate(evaluator: EvaluationBackend, jobs: Sequence[tuple[np.ndarray, Any]]) -> list[Union[Evaluation, Exception]]:
+def _evaluate(
+    evaluator: EvaluationBackend, jobs: Sequence[tuple[np.ndarray, Any]]
+) -> list[Union[Evaluation, Exception]]:
     """Every job's evaluation, or the error it failed with (a failed batch fails each of its jobs)."""
     try:
         return list(evaluator.evaluate_many(jobs, per_job_env_errors=True))
     except EvaluationError as exc:
         return [exc] * len(jobs)
-

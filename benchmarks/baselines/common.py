@@ -65,20 +65,27 @@ class BaselineConfig:
         if self.budget_steps is not None and self.budget_steps < 1:
             problems.append(f"budget_steps={self.budget_steps}: expected at least 1 env step, or None (episodes only)")
         if self.check_every is not None and self.check_every < 1:
-            problems.append(f"check_every={self.check_every}: expected at least 1 real episode, or None (the method's default)")
+            problems.append(
+                f"check_every={self.check_every}: expected at least 1 real episode, or None (the method's default)"
+            )
         if self.workers < 1:
             problems.append(f"workers={self.workers}: expected at least 1")
         if problems:
             raise ValueError("; ".join(problems))
 
     def resolve(self, task: Optional[Task] = None) -> ResolvedTask:
-        """The task, checked, with target, policy and episode length filled in (TaskError, a ValueError, says what to fix)."""
+        """The task, checked, with target, policy and episode length filled in (TaskError, a ValueError, says what to
+        fix)."""
         self.validate()
-        return (task or get_task(self.env_id)).resolve(target=self.target, policy=self.policy, episode_steps=self.episode_steps)
+        return (task or get_task(self.env_id)).resolve(
+            target=self.target, policy=self.policy, episode_steps=self.episode_steps
+        )
 
     def spent(self, episodes: int, env_steps: int, next_episodes: int = 1) -> bool:
         """Whether ``next_episodes`` more episodes no longer fit the budget."""
-        return episodes + next_episodes > self.budget or (self.budget_steps is not None and env_steps >= self.budget_steps)
+        return episodes + next_episodes > self.budget or (
+            self.budget_steps is not None and env_steps >= self.budget_steps
+        )
 
 
 def target_states(starts: StartStates) -> tuple[np.ndarray, str]:
@@ -140,10 +147,15 @@ class TargetWatch:
         if self.started is not None:
             self.check_wall_s += time.perf_counter() - self.started
             self.started = None
-        self.checks.append({
-            "generation": generation, "real_episodes": episodes, "env_steps": env_steps,
-            "best_return": mean_return, "best_full": True,  # the names the loop's records and the plots use
-        })
+        self.checks.append(
+            {
+                "generation": generation,
+                "real_episodes": episodes,
+                "env_steps": env_steps,
+                "best_return": mean_return,
+                "best_full": True,  # the names the loop's records and the plots use
+            }
+        )
         if self.episodes_to_target is None and mean_return >= self.target:
             self.episodes_to_target, self.env_steps_to_target = episodes, env_steps
             return True
@@ -155,9 +167,21 @@ class TargetWatch:
 
 
 def baseline_report(
-    method: str, cfg: BaselineConfig, task: ResolvedTask, starts: StartStates, *, watch: TargetWatch, checked_on: str,
-    real_episodes: int, env_steps: int, train_return: Optional[float], heldout_return: Optional[float], clock: Clock,
-    settings: dict[str, Any], failures: Optional[list[dict[str, Any]]] = None, stop_reason: Optional[str] = None,
+    method: str,
+    cfg: BaselineConfig,
+    task: ResolvedTask,
+    starts: StartStates,
+    *,
+    watch: TargetWatch,
+    checked_on: str,
+    real_episodes: int,
+    env_steps: int,
+    train_return: Optional[float],
+    heldout_return: Optional[float],
+    clock: Clock,
+    settings: dict[str, Any],
+    failures: Optional[list[dict[str, Any]]] = None,
+    stop_reason: Optional[str] = None,
 ) -> dict[str, Any]:
     """A baseline's report: the loop's keys where they mean the same
     (``mode`` is the method, for evolution_table.py), plus ``method``,
@@ -179,7 +203,8 @@ def baseline_report(
         "episodes_to_target": watch.episodes_to_target,
         "env_steps_to_target": watch.env_steps_to_target,
         "target_reached": watch.reached,
-        "target_checked_on": f"{checked_on} start states ({n_check}), off the budget, every {watch.every} real episode(s) at most",
+        "target_checked_on": f"{checked_on} start states ({n_check}), off the budget, every {watch.every} real "
+        "episode(s) at most",
         "train_return": _finite(train_return),
         "heldout_return": _finite(heldout_return),
         "heldout_episodes": len(starts.heldout),
@@ -201,13 +226,25 @@ def baseline_report(
 
 def stop_detail(report: dict[str, Any]) -> str:
     if report["stop_reason"] == "failed":
-        return f"every real episode failed ({len(report['failed_candidates'])} failures); the first: {report['failed_candidates'][0]['error']}"
-    reached = (f"target {report['target']:g} first met after {report['episodes_to_target']} real episodes "
-               f"({report['env_steps_to_target']} env steps)") if report["target_reached"] else f"target {report['target']:g} not met"
+        return (
+            f"every real episode failed ({len(report['failed_candidates'])} failures); the first: "
+            f"{report['failed_candidates'][0]['error']}"
+        )
+    reached = (
+        (
+            f"target {report['target']:g} first met after {report['episodes_to_target']} real episodes "
+            f"({report['env_steps_to_target']} env steps)"
+        )
+        if report["target_reached"]
+        else f"target {report['target']:g} not met"
+    )
     if report["stop_reason"] == "target":
         return f"stopped at the target: {reached}"
     steps = f" / {report['budget_steps']} env steps" if report["budget_steps"] is not None else ""
-    return f"budget spent ({report['real_episodes']} of {report['budget']} real episodes{steps}, {report['env_steps']} env steps); {reached}"
+    return (
+        f"budget spent ({report['real_episodes']} of {report['budget']} real episodes{steps}, {report['env_steps']} "
+        f"env steps); {reached}"
+    )
 
 
 def _finite(value: Optional[float]) -> Optional[float]:
@@ -216,12 +253,14 @@ def _finite(value: Optional[float]) -> Optional[float]:
 
 def host() -> dict[str, Any]:
     """Where a measurement ran: CPU model and the flags that decide precision speed, cores, torch, python, date."""
-    from genesis_fp16.precision import cpu_flags, cpu_name
+    from genesis_fp16.precision.capability import cpu_flags, cpu_name
 
     name = cpu_name()
     import torch
 
-    flags = sorted(f for f in cpu_flags() if f in ("avx2", "avx512f", "avx512_bf16", "avx512_fp16", "amx_bf16", "amx_tile", "f16c"))
+    flags = sorted(
+        f for f in cpu_flags() if f in ("avx2", "avx512f", "avx512_bf16", "avx512_fp16", "amx_bf16", "amx_tile", "f16c")
+    )
     return {
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "cpu": name,

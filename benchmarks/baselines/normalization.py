@@ -67,7 +67,9 @@ def fold(spec: PolicySpec, params_z: np.ndarray, mean: np.ndarray, std: np.ndarr
     params_z = np.asarray(params_z, dtype=np.float64)
     mean, std = np.asarray(mean, dtype=np.float64), np.asarray(std, dtype=np.float64)
     if mean.shape != (spec.obs_dim,) or std.shape != (spec.obs_dim,):
-        raise ValueError(f"mean and std have shapes {mean.shape}, {std.shape}; expected ({spec.obs_dim},) each (one per observation)")
+        raise ValueError(
+            f"mean and std have shapes {mean.shape}, {std.shape}; expected ({spec.obs_dim},) each (one per observation)"
+        )
     (w_z, b_z), *_ = spec.unpack(params_z)
     inv = 1.0 / std  # 0 where std is inf
     w_raw = w_z * inv[:, None]

@@ -91,7 +91,9 @@ class EpisodeRunner:
             running = still
             if not running:
                 break
-        return [Episode(float(totals[i]), len(seen[i]), np.asarray(seen[i]).reshape(len(seen[i]), -1)) for i in range(n)]
+        return [
+            Episode(float(totals[i]), len(seen[i]), np.asarray(seen[i]).reshape(len(seen[i]), -1)) for i in range(n)
+        ]
 
     @staticmethod
     def _refuse(who: str, field: str, rows: np.ndarray, envs: list[int], step: int, first: int) -> None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from genesis_fp16.extras import require
+from genesis_fp16.base.extras import require
 
 from agents.tasks import Task
 from .common import BaselineConfig, Clock, TargetWatch, baseline_report, target_states
@@ -23,10 +23,18 @@ PURPOSE = "the SAC baseline"
 CHECK_EVERY = 5
 
 
-def sac_steps(cfg: BaselineConfig, episode_steps: int, total_steps: Optional[int], max_steps: Optional[int]) -> tuple[int, int]:
+def sac_steps(
+    cfg: BaselineConfig, episode_steps: int, total_steps: Optional[int], max_steps: Optional[int]
+) -> tuple[int, int]:
     """(env steps asked for, env steps SAC will run): ``total_steps``, else
     the config's env-step budget, else its episode budget at full length; at most ``max_steps``."""
-    asked = total_steps if total_steps is not None else cfg.budget_steps if cfg.budget_steps is not None else cfg.budget * episode_steps
+    asked = (
+        total_steps
+        if total_steps is not None
+        else cfg.budget_steps
+        if cfg.budget_steps is not None
+        else cfg.budget * episode_steps
+    )
     if asked < 1:
         raise ValueError(f"total_steps={asked}: expected at least 1 env step")
     if max_steps is not None and max_steps < 1:
@@ -35,7 +43,11 @@ def sac_steps(cfg: BaselineConfig, episode_steps: int, total_steps: Optional[int
 
 
 def run_sac(
-    cfg: Optional[BaselineConfig] = None, *, total_steps: Optional[int] = None, max_steps: Optional[int] = None, task: Optional[Task] = None,
+    cfg: Optional[BaselineConfig] = None,
+    *,
+    total_steps: Optional[int] = None,
+    max_steps: Optional[int] = None,
+    task: Optional[Task] = None,
 ) -> dict[str, Any]:
     """SAC for ``total_steps`` env steps (see `sac_steps`), capped at
     ``max_steps``; the report's method is ``sac`` and its settings say when it was capped."""
@@ -66,7 +78,9 @@ def run_sac(
                 return True
             self.episodes += 1
             if watch.due(self.episodes):
-                watch.record(self.episodes, self.episodes, self.num_timesteps, mean_return(runner.evaluate(policy, check_states)))
+                watch.record(
+                    self.episodes, self.episodes, self.num_timesteps, mean_return(runner.evaluate(policy, check_states))
+                )
             return not (watch.reached and cfg.stop_at_target)
 
     callback = Watch()
@@ -78,12 +92,29 @@ def run_sac(
         runner.close()
         env.close()
     settings = {
-        "algorithm": "SAC", "stable_baselines3": sb3.__version__, "hyperparameters": "Stable-Baselines3 defaults (MlpPolicy)",
-        "device": str(model.device), "steps_asked": asked, "steps_run": steps, "capped": steps < asked,
+        "algorithm": "SAC",
+        "stable_baselines3": sb3.__version__,
+        "hyperparameters": "Stable-Baselines3 defaults (MlpPolicy)",
+        "device": str(model.device),
+        "steps_asked": asked,
+        "steps_run": steps,
+        "capped": steps < asked,
         "training_starts": "the env's own resets, seeded once with the run's seed",
     }
-    report = baseline_report("sac", cfg, resolved, starts, watch=watch, checked_on=checked_on, real_episodes=callback.episodes,
-                             env_steps=int(model.num_timesteps), train_return=train, heldout_return=heldout, clock=clock, settings=settings)
+    report = baseline_report(
+        "sac",
+        cfg,
+        resolved,
+        starts,
+        watch=watch,
+        checked_on=checked_on,
+        real_episodes=callback.episodes,
+        env_steps=int(model.num_timesteps),
+        train_return=train,
+        heldout_return=heldout,
+        clock=clock,
+        settings=settings,
+    )
     if steps < asked:
         report["stop_detail"] += f"; capped at {steps} of the {asked} env steps asked (max_steps)"
     return report

@@ -1,4 +1,4 @@
-"""DDP and FSDP2 under ``torchrun``.
+"""The distributed part: DDP and FSDP2 under ``torchrun``.
 
 * `.launch`: the torchrun environment, the process group's lifetime, a
   clean worker exit, a JSON all-gather;
@@ -13,18 +13,18 @@ The registry names ``ddp`` and ``fsdp`` point at ``DDPTrainer.create`` and
 ``FSDPTrainer.create`` by name; this package never imports the registry.
 """
 
-from .base import DistributedTrainer
-from .dcp_io import (
+from genesis_fp16.distributed.base import DistributedTrainer
+from genesis_fp16.distributed.dcp_io import (
     FSDP_LAYOUT,
     FSDP_SHARDS_DIR,
     FSDP_TRAINER_FILE,
     SafeFileSystemReader,
     TensorOnlyLoadPlanner,
 )
-from .ddp import DDPTrainer
-from .faults import inject_inf_grad
-from .fsdp import FSDPTrainer, QuietShardedGradScaler, ShardedFP16Mixed
-from .launch import (
+from genesis_fp16.distributed.ddp import DDPTrainer
+from genesis_fp16.distributed.faults import inject_inf_grad
+from genesis_fp16.distributed.fsdp import FSDPTrainer, QuietShardedGradScaler, ShardedFP16Mixed
+from genesis_fp16.distributed.launch import (
     LAUNCH_HINT,
     TORCHRUN_VARS,
     DistContext,

@@ -22,16 +22,16 @@ wrapper; it overrides only the base trainer's hooks:
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 import torch
 import torch.distributed as dist
 
-from ..decision import PrecisionDecision, decide
-from ..settings import Settings
-from ..telemetry import EventListener
-from ..trainer import FP16Trainer, FP16TrainingConfig
-from .launch import DistContext, gather_json, init_distributed
+from genesis_fp16.base.telemetry import EventListener
+from genesis_fp16.precision.bare import FirstBatch
+from genesis_fp16.precision.decision import PrecisionDecision
+from genesis_fp16.training.trainer import FP16Trainer, FP16TrainingConfig, LossFn, calibration_copies
+from genesis_fp16.distributed.launch import DistContext, gather_json, init_distributed
 
 
 class DistributedTrainer(FP16Trainer):
@@ -97,8 +97,7 @@ class DistributedTrainer(FP16Trainer):
         fields.setdefault("rank", self.ctx.rank)
         super()._emit(event, level, **fields)
 
-    def _first_batch_decision(self, batch: Any, compute_loss_fn: Callable[[torch.nn.Module, Any], torch.Tensor],
-                              settings: Settings) -> PrecisionDecision:
+    def _first_batch_decision(self, first: FirstBatch, batch: Any, loss_fn: LossFn) -> PrecisionDecision:
         """Rank 0 measures on copies of the unwrapped module (no collective runs in the copies) and sends its
         decision to every rank (collective: every rank calls it at its first batch). A failure of rank 0's
         measurement is the flag rule, sent alike, never a peer left waiting."""
@@ -106,10 +105,17 @@ class DistributedTrainer(FP16Trainer):
         mine: Optional[PrecisionDecision] = None
         if self.ctx.is_main:
             try:
-                mine = self._measured_decision(self.module, batch, compute_loss_fn, settings, when)
+                mine = first.decide(
+                    self.module,
+                    self.optimizer,
+                    batch,
+                    loss_fn,
+                    device=self.device,
+                    when=when,
+                    copy_trainer=calibration_copies(self.config, self.device, self.name),
+                )
             except Exception as exc:  # the other ranks wait in the gather below
-                mine = decide(self.config, self.device, unmeasured=f"rank 0's measurement failed ({type(exc).__name__}: {exc})",
-                              when=when)
+                mine = first.unmeasured(self.device, f"rank 0's measurement failed ({type(exc).__name__}: {exc})", when)
         sent = gather_json(mine.as_dict() if mine is not None else None)[0]
         return mine if mine is not None else PrecisionDecision.from_dict(sent)
 

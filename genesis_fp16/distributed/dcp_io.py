@@ -31,7 +31,8 @@ from torch.distributed.checkpoint.filesystem import _StorageInfo
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-from .. import checkpoint as ckpt
+from genesis_fp16.base.storage import atomic_write_text
+from genesis_fp16.training import checkpoint as ckpt
 
 FSDP_LAYOUT = "fsdp-dcp"
 FSDP_TRAINER_FILE = "trainer.pt"
@@ -56,9 +57,11 @@ def save_sharded(model: torch.nn.Module, optimizer: torch.optim.Optimizer, shard
 
 def write_shard_digests(shards: Path) -> Path:
     """Record the SHA-256 of every file in ``shards`` in its digest manifest (atomically)."""
-    files = {f.name: ckpt.file_digest(f) for f in sorted(Path(shards).iterdir()) if f.is_file() and f.name != DIGEST_MANIFEST}
+    files = {
+        f.name: ckpt.file_digest(f) for f in sorted(Path(shards).iterdir()) if f.is_file() and f.name != DIGEST_MANIFEST
+    }
     manifest = {"algorithm": ckpt.DIGEST_ALGORITHM, "files": files}
-    return ckpt.atomic_write_text(Path(shards) / DIGEST_MANIFEST, json.dumps(manifest, indent=1, sort_keys=True))
+    return atomic_write_text(Path(shards) / DIGEST_MANIFEST, json.dumps(manifest, indent=1, sort_keys=True))
 
 
 def verify_shard_digests(shards: Path) -> None:
@@ -75,16 +78,23 @@ def verify_shard_digests(shards: Path) -> None:
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise ckpt.CheckpointError(f"{manifest_path}: corrupt: the digest manifest cannot be read ({exc})") from None
     if not ok:
-        raise ckpt.CheckpointError(f"{manifest_path}: corrupt: the digest manifest is damaged; resume from another checkpoint")
+        raise ckpt.CheckpointError(
+            f"{manifest_path}: corrupt: the digest manifest is damaged; resume from another checkpoint"
+        )
     for name, recorded in sorted(files.items()):
         if not isinstance(name, str) or os.path.basename(name) != name or name in ("", ".", ".."):
-            raise ckpt.CheckpointError(f"{manifest_path}: the digest manifest names {name!r}, outside the shards directory")
+            raise ckpt.CheckpointError(
+                f"{manifest_path}: the digest manifest names {name!r}, outside the shards directory"
+            )
         shard = Path(shards) / name
         if not shard.is_file():
-            raise ckpt.CheckpointError(f"{shard}: missing: the digest manifest lists it; resume from another checkpoint")
+            raise ckpt.CheckpointError(
+                f"{shard}: missing: the digest manifest lists it; resume from another checkpoint"
+            )
         if ckpt.file_digest(shard) != recorded:
             raise ckpt.CheckpointError(
-                f"{shard}: corrupt: digest mismatch; the shard changed after it was written: resume from another checkpoint"
+                f"{shard}: corrupt: digest mismatch; the shard changed after it was written: resume from another "
+                "checkpoint"
             )
 
 
@@ -142,7 +152,10 @@ def load_sharded(
 
 
 def _copies(state: dict[str, Any]) -> dict[str, Any]:
-    return {k: _copies(v) if isinstance(v, dict) else (v.detach().clone() if isinstance(v, torch.Tensor) else v) for k, v in state.items()}
+    return {
+        k: _copies(v) if isinstance(v, dict) else (v.detach().clone() if isinstance(v, torch.Tensor) else v)
+        for k, v in state.items()
+    }
 
 
 def _split_optim_state(state: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -235,16 +248,17 @@ def _read_dcp_metadata(path: Path) -> Metadata:
         )
     if not isinstance(metadata.storage_data, dict):
         raise ckpt.CheckpointError(
-            f"{path}: the DCP metadata has no file table (storage_data is a {type(metadata.storage_data).__name__}); {redo}"
+            f"{path}: the DCP metadata has no file table (storage_data is a {type(metadata.storage_data).__name__}); "
+            f"{redo}"
         )
     for info in metadata.storage_data.values():
         name = info.relative_path if isinstance(info, _StorageInfo) else None
         if not isinstance(name, str) or name in ("", ".", "..") or os.path.basename(name) != name or "\\" in name:
             raise ckpt.CheckpointError(
-                f"{path}: the DCP metadata points at {name!r}, outside the checkpoint directory; do not load this checkpoint"
+                f"{path}: the DCP metadata points at {name!r}, outside the checkpoint directory; do not load this "
+                "checkpoint"
             )
     return metadata
-
 
 
 class SafeFileSystemReader(FileSystemReader):

@@ -10,9 +10,9 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from .. import checkpoint as ckpt
-from ..trainer import ExtraCheck
-from .base import DistributedTrainer
+from genesis_fp16.training import checkpoint as ckpt
+from genesis_fp16.training.trainer import ExtraCheck
+from genesis_fp16.distributed.base import DistributedTrainer
 
 
 class DDPTrainer(DistributedTrainer):

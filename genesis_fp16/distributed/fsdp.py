@@ -22,12 +22,13 @@ from torch.distributed.fsdp import FSDPModule, fully_shard
 from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 from torch.distributed.tensor import DTensor
 
-from .. import checkpoint as ckpt
-from ..precision import MODES, FP16Mixed, Precision
-from ..settings import PrecisionMode
-from ..trainer import ExtraCheck
-from .base import DistributedTrainer
-from .dcp_io import (
+from genesis_fp16.training import checkpoint as ckpt
+from genesis_fp16.precision.modes import MODES
+from genesis_fp16.precision.plugins import FP16Mixed, Precision
+from genesis_fp16.base.settings import PrecisionMode
+from genesis_fp16.training.trainer import ExtraCheck
+from genesis_fp16.distributed.base import DistributedTrainer
+from genesis_fp16.distributed.dcp_io import (
     FSDP_LAYOUT,
     FSDP_SHARDS_DIR,
     FSDP_TRAINER_FILE,
@@ -61,21 +62,24 @@ class ShardedFP16Mixed(FP16Mixed):
 
 class FSDPTrainer(DistributedTrainer):
     """FSDP2 (``torch.distributed.fsdp.fully_shard``): parameters, gradients and
-    optimizer state sharded across ranks; FP16 uses ``ShardedGradScaler``
-(through the `ShardedFP16Mixed` precision plugin).
+        optimizer state sharded across ranks; FP16 uses ``ShardedGradScaler``
+    (through the `ShardedFP16Mixed` precision plugin).
 
-    ``fully_shard`` replaces the model's parameters with sharded DTensors, so an
-    optimizer built on the plain model is re-pointed at them (it must not hold
-    state yet). ``shard`` chooses the submodules sharded before the root
-    (default: every direct child that has parameters).
+        ``fully_shard`` replaces the model's parameters with sharded DTensors, so an
+        optimizer built on the plain model is re-pointed at them (it must not hold
+        state yet). ``shard`` chooses the submodules sharded before the root
+        (default: every direct child that has parameters).
 
-    ``save_checkpoint(path)`` writes a directory: ``shards/`` (DCP: model and
-    optimizer tensors, each rank its shard) and ``trainer.pt`` (single-process
-    format: scaler, scheduler, counters, optimizer hyperparameters, per-rank RNG).
+        ``save_checkpoint(path)`` writes a directory: ``shards/`` (DCP: model and
+        optimizer tensors, each rank its shard) and ``trainer.pt`` (single-process
+        format: scaler, scheduler, counters, optimizer hyperparameters, per-rank RNG).
     """
 
     wrap_name = "fsdp"
-    precision_plugins: ClassVar[Mapping[PrecisionMode, type[Precision]]] = {**MODES, PrecisionMode.FP16: ShardedFP16Mixed}
+    precision_plugins: ClassVar[Mapping[PrecisionMode, type[Precision]]] = {
+        **MODES,
+        PrecisionMode.FP16: ShardedFP16Mixed,
+    }
 
     def __init__(
         self,
@@ -99,9 +103,11 @@ class FSDPTrainer(DistributedTrainer):
         names = {id(p): n for n, p in model.named_parameters()}
         device = next((p.device for p in model.parameters()), self.ctx.device)
         mesh = init_device_mesh(device.type, (self.ctx.world_size,))
-        targets = list(self._shard(model)) if self._shard else [
-            child for child in model.children() if any(True for _ in child.parameters())
-        ]
+        targets = (
+            list(self._shard(model))
+            if self._shard
+            else [child for child in model.children() if any(True for _ in child.parameters())]
+        )
         for sub in targets:
             fully_shard(sub, mesh=mesh, reshard_after_forward=self._reshard_after_forward)
         fully_shard(model, mesh=mesh, reshard_after_forward=self._reshard_after_forward)
@@ -122,7 +128,9 @@ class FSDPTrainer(DistributedTrainer):
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """Unsharded model state on every rank (collective), e.g. for a digest or export."""
-        return get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=False))
+        return get_model_state_dict(
+            self.model, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=False)
+        )
 
     def _model_state(self) -> dict[str, Any]:
         # the single-file format (state_payload) gets the full state
@@ -139,7 +147,9 @@ class FSDPTrainer(DistributedTrainer):
     def _check_sharded_optimizer(self, saved: Any, saved_type: Any, source: str) -> None:
         mine = ckpt.optimizer_type_name(self.optimizer)
         if saved_type is not None and saved_type != mine:
-            raise ckpt.CheckpointError(f"{source}: field optimizer_type: saved from {saved_type}, this trainer's is {mine}")
+            raise ckpt.CheckpointError(
+                f"{source}: field optimizer_type: saved from {saved_type}, this trainer's is {mine}"
+            )
         if not isinstance(saved, dict):
             raise ckpt.CheckpointError(f"{source}: field optimizer: a {type(saved).__name__}, expected a dict")
         if saved.get("param_groups") is not None:
@@ -172,7 +182,7 @@ class FSDPTrainer(DistributedTrainer):
                 optimizer_type=ckpt.optimizer_type_name(self.optimizer),
                 scaler=self.precision.state_dict(),
                 scheduler=self.scheduler.state_dict() if self.scheduler is not None else None,
-                counters=self._counters(),
+                counters=self.counters(),
                 precision=self.precision.name,
                 extra=dict(extra or {}, world_size=self.ctx.world_size, wrap=self.wrap_name),
                 rng={"torch_cpu": torch.get_rng_state(), "torch_cpu_ranks": rng},

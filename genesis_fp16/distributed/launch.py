@@ -21,8 +21,8 @@ import torch.distributed as dist
 from pydantic import Field, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from ..errors import DistributedEnvError  # noqa: F401  (re-exported: defined torch-free for the CLI)
-from ..telemetry import get_logger
+from genesis_fp16.base.errors import DistributedEnvError  # noqa: F401  (re-exported: defined torch-free for the CLI)
+from genesis_fp16.base.telemetry import get_logger
 
 TORCHRUN_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
@@ -185,8 +185,12 @@ def distributed_session(
 def gather_json(obj: Any, device: Union[str, torch.device, None] = None) -> list[Any]:
     """Every rank's JSON-able ``obj``, in rank order, on every rank (collective).
     Sent as UTF-8 bytes and parsed as JSON: no pickle between processes."""
-    dev = torch.device(device) if device is not None else (
-        torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
+    dev = (
+        torch.device(device)
+        if device is not None
+        else (
+            torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
+        )
     )
     data = torch.tensor(list(json.dumps(obj).encode("utf-8")), dtype=torch.uint8, device=dev)
     sizes = [torch.zeros(1, dtype=torch.int64, device=dev) for _ in range(dist.get_world_size())]

@@ -13,7 +13,7 @@ from typing import NamedTuple, Optional, Union
 
 import torch
 
-from ..settings import PrecisionMode
+from genesis_fp16.base.settings import PrecisionMode
 
 
 class Support(str, Enum):
@@ -72,7 +72,7 @@ def cpu_has_native_bf16() -> bool:
 def cpu_has_fast_bf16() -> bool:
     """AMX-BF16: the flag rule's test for a CPU where BF16 pays. Only a rule:
     whether it pays depends on the workload (``auto`` measures it by default,
-    `genesis_fp16.calibration`)."""
+    `genesis_fp16.precision.calibration`)."""
     return "amx_bf16" in cpu_flags()
 
 
@@ -165,9 +165,15 @@ def auto_precision(device: Union[str, torch.device]) -> tuple[PrecisionMode, str
     ``GENESIS_FP16_AUTO_PRECISION=measure`` (the default) measures instead."""
     device = torch.device(device)
     if device.type == "cuda":
-        return PrecisionMode.FP16, "rule: CUDA device, FP16 with a gradient scaler (Precision-RL finding: least train/inference mismatch)"
+        return (
+            PrecisionMode.FP16,
+            "rule: CUDA device, FP16 with a gradient scaler (Precision-RL finding: least train/inference mismatch)",
+        )
     if device.type == "cpu" and device_support(device, PrecisionMode.BF16) == Support.NATIVE:
         return PrecisionMode.BF16, "rule: this CPU has AMX-BF16 tiles, so BF16 (not measured for this model)"
     if device.type == "cpu" and cpu_has_native_bf16():
-        return PrecisionMode.FP32, "rule: this CPU has AVX512-BF16 but no AMX tiles, so FP32 (not measured for this model)"
+        return (
+            PrecisionMode.FP32,
+            "rule: this CPU has AVX512-BF16 but no AMX tiles, so FP32 (not measured for this model)",
+        )
     return PrecisionMode.FP32, f"rule: no reduced precision with hardware support on this {device.type}, so FP32"

@@ -13,7 +13,7 @@ from typing import Any, ContextManager, Iterator, Optional, Union
 
 import torch
 
-from ..settings import PrecisionConfig
+from genesis_fp16.base.settings import PrecisionConfig
 
 _REDUCED_WEIGHT_DTYPES = (torch.float16, torch.bfloat16)
 
@@ -81,7 +81,7 @@ class Precision:
         """The loss scale after the last optimizer step (1.0 without a scaler)."""
         return 1.0
 
-    # -- a training window's steps (genesis_fp16.window): nothing read back to the host --------
+    # -- a training window's steps (`FP16Trainer.train_window`): nothing read back to the host --------
     def window_unscale_(self, grads: list[torch.Tensor], found: torch.Tensor) -> None:
         """With a scaler: unscale the gradients in place and set ``found`` (a
         0-dim device tensor) to 1.0 where one is not finite, on the device.
@@ -154,8 +154,9 @@ class FP16Mixed(Precision):
         scaler = self.scaler
         scale, tracker = scaler._scale, scaler._growth_tracker
         before = (scale.clone(), tracker.clone())
-        torch._amp_update_scale_(scale, tracker, found, scaler.get_growth_factor(), scaler.get_backoff_factor(),
-                                 scaler.get_growth_interval())
+        torch._amp_update_scale_(
+            scale, tracker, found, scaler.get_growth_factor(), scaler.get_backoff_factor(), scaler.get_growth_interval()
+        )
         scale.copy_(torch.where(finite, scale, before[0]))
         tracker.copy_(torch.where(finite, tracker, before[1]))
 

@@ -2,7 +2,7 @@
 same objects as ``genesis_fp16`` (the plugin owns them; this path keeps
 agent-side code that imports it working)."""
 
-from genesis_fp16.config import FP16TrainingConfig
-from genesis_fp16.trainer import FP16Trainer
+from genesis_fp16.training.config import FP16TrainingConfig
+from genesis_fp16.training.trainer import FP16Trainer
 
 __all__ = ["FP16Trainer", "FP16TrainingConfig"]
