@@ -93,8 +93,19 @@ def print_json(data: Any) -> None:
     sys.stdout.write(json.dumps(strict_json_value(data), indent=2, sort_keys=True, default=str, allow_nan=False) + "\n")
 
 
+def _print_version(asked: bool) -> None:
+    if asked:
+        from genesis_fp16 import __version__
+
+        out.print(f"genesis-fp16 {__version__}", highlight=False)
+        raise typer.Exit(0)
+
+
 @app.callback()
 def _global_options(
+    version: bool = typer.Option(
+        False, "--version", callback=_print_version, is_eager=True, help="Print the version and exit."
+    ),
     verbose: bool = typer.Option(
         False,
         "-v",

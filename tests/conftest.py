@@ -51,6 +51,10 @@ def _isolated_state(tmp_path_factory, monkeypatch):
     # suite's outcome would depend on its load; the tests of the measured path set it to measure and
     # inject the timings (tests/test_calibration.py)
     monkeypatch.setenv("GENESIS_FP16_AUTO_PRECISION", "rule")
+    # a quiet machine's load: a measured decision is kept in the host cache only when measured under a load
+    # at most the core count, and this machine's load must not decide what a test sees (the tests of a
+    # loaded measurement patch it)
+    monkeypatch.setattr(os, "getloadavg", lambda: (0.25, 0.25, 0.25))
     telemetry.configure_logging(force=True)
     telemetry.reset_once()
     yield state

@@ -475,7 +475,9 @@ def test_a_cached_decision_says_when_by_whom_and_under_what_load_it_was_measured
     assert decision.reason.startswith(
         f"measured {measured.at} by pid {pid} ({command}) on host {host}, load average 1.50/1.00/0.25"
     )
-    assert decision.reason.endswith("bf16 is the fastest that passes (cached for this host and workload)")
+    assert decision.reason.endswith(
+        "bf16 is the fastest that passes (cached for this host and workload, measured earlier by this process)"
+    )
     data = json.loads(_doctor().stdout)
     assert data["decisions"][0]["reason"] == found.reason and data["calibrations"][0]["load"]["average"] == [
         1.5,
@@ -484,6 +486,62 @@ def test_a_cached_decision_says_when_by_whom_and_under_what_load_it_was_measured
     ]
     human = CliRunner().invoke(app, ["doctor"], terminal_width=400).stdout
     assert f"by pid {pid}" in human and "load 1.50/1.00/0.25" in human
+
+
+def test_a_decision_measured_under_load_above_the_core_count_is_not_kept_and_says_so(
+    cache_path, measuring, monkeypatch
+):
+    """Issue 54, item 7: a measurement under a 1-minute load above the number of CPUs decides this run only; the
+    next run (here: the next call) measures again, and the reason and an event say why."""
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(os, "getloadavg", lambda: (3.9, 3.0, 2.0))
+    model, optimizer, batch, described = _workload()
+    trainer = calibration_copies(FP16TrainingConfig(), "cpu", "auto")
+    with capture_logs() as logs:
+        first = autotune.measured_auto(model, optimizer, batch, _loss, copy_trainer=trainer, device="cpu")
+    assert first.calibration.precision == "bf16" and not first.cached
+    assert first.calibration.reason.endswith(
+        "; not kept in the host cache (measured under a load average of 3.90 on 2 CPUs): the next run measures again"
+    )
+    assert [e["reason"] for e in logs if e["event"] == "precision.calibration_not_cached"] == [
+        "measured under a load average of 3.90 on 2 CPUs"
+    ]
+    assert not cache_path.exists()
+    monkeypatch.setattr(os, "getloadavg", lambda: (2.0, 2.0, 2.0))  # at the core count: quiet enough to keep
+    second = autotune.measured_auto(model, optimizer, batch, _loss, copy_trainer=trainer, device="cpu")
+    third = autotune.measured_auto(model, optimizer, batch, _loss, copy_trainer=trainer, device="cpu")
+    assert not second.cached and "not kept" not in second.calibration.reason and third.cached
+    assert measuring == [cal.workload_key(described)] * 2  # measured under load, measured again, then cached
+
+
+def test_a_cached_decision_from_another_process_names_it(cache_path, monkeypatch):
+    model, optimizer, batch, described = _workload()
+    PrecisionCache(cache_path).put(_calibration(described))
+    _edit(
+        cache_path,
+        cal.workload_key(described),
+        measured_by={
+            "pid": 4242,
+            "host": __import__("socket").gethostname(),
+            "command": "genesis-fp16 evolve --seed 3",
+        },
+    )
+    found = autotune.cached_calibration(model, optimizer, batch, "cpu")
+    decision = decide(FP16TrainingConfig(precision="auto").request, "cpu", measured=found, cached=True)
+    assert decision.reason.endswith(
+        "(cached for this host and workload, measured by another process: pid 4242 (genesis-fp16 evolve --seed 3))"
+    )
+
+
+@pytest.mark.parametrize("threads, expected", [(1, "thread_time"), (2, "process_time")])
+def test_a_cpu_measurement_reads_a_cpu_clock_that_other_load_does_not_move(monkeypatch, threads, expected):
+    """One torch thread (the learners run on one): the calling thread's own CPU time; more: the process's (every
+    torch thread's work); never the wall clock on a CPU."""
+    import time
+
+    monkeypatch.setattr(torch, "get_num_threads", lambda: threads)
+    assert cal.clock("cpu") is getattr(time, expected)
+    assert cal.clock("cuda") is time.perf_counter
 
 
 def test_a_stored_reason_is_not_trusted(cache_path):

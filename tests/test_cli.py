@@ -226,3 +226,35 @@ def test_a_bug_keeps_its_traceback(monkeypatch):
     monkeypatch.setattr(cli, "app", broken)
     with pytest.raises(ZeroDivisionError):
         cli.main(["doctor"])
+
+
+def test_version_prints_the_version():
+    from genesis_fp16 import __version__
+
+    result = runner.invoke(app, ["--version"])
+    assert result.exit_code == 0 and result.output.strip() == f"genesis-fp16 {__version__}"
+
+
+def test_help_shows_every_extras_name():
+    """An extra's name in brackets is not taken for markup (``.[plots]`` was shown as ``.``)."""
+    result = runner.invoke(app, ["bench", "--help"], terminal_width=200)
+    assert result.exit_code == 0 and ".[plots]" in result.output
+
+
+@pytest.mark.parametrize(
+    "given, threads, clock", [([], 1, "cpu"), (["--threads", "2"], 2, "wall"), (["--clock", "wall"], 1, "wall")]
+)
+def test_a_quick_bench_on_a_cpu_times_one_thread_by_its_cpu_clock(monkeypatch, given, threads, clock):
+    """``bench --quick`` is robust under load by default on a CPU: one thread, timed by its own CPU clock (the
+    defaults a full run keeps are torch's threads and the wall clock)."""
+    from genesis_fp16_tools.bench import cli as bench_cli
+
+    seen = {}
+
+    def capture(options, *paths):
+        seen["options"] = options
+        return {"rows": [], "failed": [{"size": "S", "precision": "fp32", "reason": "captured"}]}
+
+    monkeypatch.setattr(bench_cli, "run_and_write", capture)
+    runner.invoke(app, ["bench", "--quick", "--device", "cpu", *given])
+    assert seen["options"].threads == threads and seen["options"].clock == clock

@@ -140,9 +140,9 @@ def _sync(device: torch.device) -> None:
 
 def time_step(mode: PrecisionMode, run: Callable[[], None], steps: int, device: Union[str, torch.device]) -> float:
     """Seconds per optimizer step of ``run()`` (``steps`` of them) for ``mode``
-    on ``device``'s clock: on a CPU this process's CPU time (other processes'
-    load does not count; every torch thread does), on CUDA the wall time
-    between two synchronisations. Tests patch this to inject timings."""
+    on ``device``'s clock (`clock`: a CPU clock on a CPU, which other processes'
+    load does not move; on CUDA the wall time between two synchronisations).
+    Tests patch this to inject timings."""
     device = torch.device(device)
     read = clock(device)
     _sync(device)
@@ -409,8 +409,21 @@ def measured(
 
 
 def clock(device: Union[str, torch.device]) -> Callable[[], float]:
-    """The clock `time_step` reads on ``device`` (for the calibration's own cost)."""
-    return time.perf_counter if torch.device(device).type == "cuda" else time.process_time
+    """The clock `time_step` reads on ``device``: on CUDA the wall time between two synchronisations; on a CPU a CPU
+    clock, which other processes' load does not move: the calling thread's own (``time.thread_time``) when torch runs
+    one intra-op thread (the learners do), else this process's (``time.process_time``: every torch thread's work)."""
+    if torch.device(device).type == "cuda":
+        return time.perf_counter
+    return time.thread_time if torch.get_num_threads() == 1 else time.process_time
+
+
+def loaded(load: Mapping[str, Any]) -> Optional[str]:
+    """Why a measurement under ``load`` (`current_load`) is not kept for later runs: a 1-minute load average above
+    the number of CPUs (None: it is not loaded so)."""
+    average, cpus = load.get("average"), load.get("cpus")
+    if not average or not cpus or average[0] <= cpus:
+        return None
+    return f"measured under a load average of {average[0]:.2f} on {cpus} CPUs"
 
 
 @contextlib.contextmanager

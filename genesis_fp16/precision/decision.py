@@ -16,6 +16,8 @@ and a trainer receives the decision and runs its mode's plugin.
 
 from __future__ import annotations
 
+import os
+import socket
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Optional, Union
 
@@ -89,6 +91,17 @@ class PrecisionDecision:
         return f"{self.mode.value} ({self.source.value}): {self.reason}"
 
 
+def cached_from(measured: "Calibration") -> str:
+    """Where a cached decision came from, in words: this process, or another one (its pid and command)."""
+    by = measured.measured_by or {}
+    if by.get("pid") == os.getpid() and by.get("host") == socket.gethostname()[:255]:
+        return "cached for this host and workload, measured earlier by this process"
+    return (
+        f"cached for this host and workload, measured by another process: pid {by.get('pid')} "
+        f"({by.get('command') or 'unknown command'})"
+    )
+
+
 def _measured_speed(calibration: Optional["Calibration"], mode: PrecisionMode) -> Optional[float]:
     if calibration is None:
         return None
@@ -133,7 +146,7 @@ def decide(
         ):
             src = Source.CACHED if cached else Source.MEASURED
             mode = PrecisionMode(measured.precision)
-            reason = measured.reason + (" (cached for this host and workload)" if cached else "")
+            reason = measured.reason + (f" ({cached_from(measured)})" if cached else "")
         else:
             mode, rule = capability.auto_precision(device)
             src = Source.RULE

@@ -15,7 +15,9 @@ The cache (`genesis_fp16.precision.cache.PrecisionCache`) is one JSON file
 per user (the setting ``precision_cache``, default
 ``~/.cache/genesis-fp16/precision.json``), shared by every state dir: a second
 run in a fresh state dir reuses the first one's decision, so the same seed
-gives the same run on a quiet machine and a loaded one. It is untrusted
+gives the same run on a quiet machine and a loaded one. A decision measured
+under a 1-minute load average above the number of CPUs is not kept: it
+decides its own run, and the next run measures again. It is untrusted
 input: an entry is used only when its key and workload are this workload's
 and its verdict follows from its own figures; a file that is not a regular
 file of our format reads as absent, with one warning, and is never
@@ -214,6 +216,15 @@ def measured_auto(
         result = measure_auto(model, optimizer, batch, loss_fn, copy_trainer=copy_trainer, device=device)
     except cal.CalibrationUnavailable as exc:
         return Measurement(None, why=str(exc))
+    busy = cal.loaded(result.load)
+    if busy is not None:  # the decision stands for this run; a quiet one measures it again and keeps that
+        result = dataclasses.replace(
+            result, reason=f"{result.reason}; not kept in the host cache ({busy}): the next run measures again"
+        )
+        get_logger("genesis_fp16.precision.measure").info(
+            "precision.calibration_not_cached", key=result.key, reason=busy
+        )
+        return Measurement(result)
     try:
         PrecisionCache.from_settings(settings).put(result)
     except OSError as exc:  # the decision stands for this run; the next one measures again
