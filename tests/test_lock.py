@@ -102,6 +102,16 @@ def test_readme_and_ci_install_from_the_lock():
     assert command in (REPO / ".ci" / "run").read_text()
 
 
+def test_the_main_job_installs_only_what_it_needs():
+    """The README's main job installs the core and the agents extra (gymnasium, cma, pyyaml), pinned by the same
+    lock: not the dev set's Ray, mkdocs, MuJoCo and pytest."""
+    command = (
+        'python3 -m venv .venv && .venv/bin/pip install -c requirements/dev.txt -e ".[agents]" && '
+        ".venv/bin/genesis-fp16 evolve"
+    )
+    assert command in (REPO / "README.md").read_text()
+
+
 def test_this_environment_is_what_the_lock_pins():
     drift = []
     for name, pinned in _pins().items():
