@@ -92,14 +92,12 @@ class PrecisionDecision:
 
 
 def cached_from(measured: "Calibration") -> str:
-    """Where a cached decision came from, in words: this process, or another one (its pid and command)."""
+    """Where a cached decision came from, in words: this process, or another one (the reason's opening names its pid
+    and command)."""
     by = measured.measured_by or {}
     if by.get("pid") == os.getpid() and by.get("host") == socket.gethostname()[:255]:
         return "cached for this host and workload, measured earlier by this process"
-    return (
-        f"cached for this host and workload, measured by another process: pid {by.get('pid')} "
-        f"({by.get('command') or 'unknown command'})"
-    )
+    return "cached for this host and workload, measured by another process"
 
 
 def _measured_speed(calibration: Optional["Calibration"], mode: PrecisionMode) -> Optional[float]:
