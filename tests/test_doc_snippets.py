@@ -16,6 +16,10 @@ per block (``README.md:L47``):
     block per test, in a fresh scratch cwd whose ``.genesis_fp16`` is the state
     dir, with a per-block timeout (see :func:`run_shell`).
 
+A ``python`` block that is a whole script (its workers import its main module, as spawned processes do) carries
+``<!-- snippet: script NAME.py ARGS -->`` on the line before its fence: it is written to ``NAME.py`` in a scratch
+checkout and run as ``python NAME.py ARGS``, as a user who saved it would (see :func:`test_python_scripts_run`).
+
 A block that cannot run here carries ``<!-- snippet: skip (REASON) -->`` on the
 line before its fence and is reported as a skip with that reason. A reason that
 names ``tests/x.py::test_name`` is checked: that test must exist. A fence with
@@ -49,6 +53,7 @@ PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 PYTHON = {"python", "py"}
 SHELL = {"bash", "sh", "shell", "console"}
 SKIP = re.compile(r"<!--\s*snippet:\s*skip\s*\((?P<reason>.+)\)\s*-->")
+SCRIPT = re.compile(r"<!--\s*snippet:\s*script\s+(?P<name>\w+\.py)(?P<args>[^>]*?)\s*-->")
 FENCE = re.compile(r"^(?P<indent>\s*)(?P<fence>```+)(?P<lang>[\w+-]*)\s*$")
 HEADING = re.compile(r"^#{1,6}\s+\S")  # outside a fence: a section starts
 REPO_PATH = re.compile(r"^(scripts|configs|examples|tests|docs)/[\w./-]+$")
@@ -66,6 +71,7 @@ class Block:
     code: str
     skip: str | None
     section: str = ""  # the heading it is under, with its line ("L12 ## 1. Describe the task"); "" before the first
+    script: str | None = None  # "NAME.py ARGS": a whole script, run as ``python NAME.py ARGS``
 
     @property
     def id(self) -> str:
@@ -90,7 +96,7 @@ def parse_blocks(page: Path) -> list[Block]:
             body.append(lines[i][indent:] if not lines[i][:indent].strip() else lines[i].lstrip())
             i += 1
         prev = lines[start - 1] if start else ""
-        skip = SKIP.search(prev)
+        skip, script = SKIP.search(prev), SCRIPT.search(prev)
         blocks.append(
             Block(
                 page,
@@ -99,6 +105,7 @@ def parse_blocks(page: Path) -> list[Block]:
                 "\n".join(body) + "\n",
                 skip["reason"] if skip else None,
                 section,
+                f"{script['name']}{script['args']}" if script else None,
             )
         )
         i += 1
@@ -117,12 +124,16 @@ def test_blocks_found_and_every_fence_names_its_language():
     assert markers == len([b for b in BLOCKS if b.skip]), (
         "a snippet: skip marker must sit on the line right before a fence"
     )
+    scripts = sum(len(SCRIPT.findall(page.read_text(encoding="utf-8"))) for page in PAGES)
+    assert scripts == len([b for b in BLOCKS if b.script and b.lang in PYTHON]), (
+        "a snippet: script marker must sit on the line right before a python fence"
+    )
 
 
 # -- Python blocks ------------------------------------------------------------
 
 # pages with a block to run; a skipped block is reported by test_python_block_marked_skip
-PY_PAGES = sorted({b.page for b in BLOCKS if b.lang in PYTHON and not b.skip})
+PY_PAGES = sorted({b.page for b in BLOCKS if b.lang in PYTHON and not b.skip and not b.script})
 
 
 def sections(blocks: list[Block]) -> dict[str, list[Block]]:
@@ -186,16 +197,32 @@ def undefined_names(sections_code: dict[str, str]) -> dict[str, list[str]]:
 @pytest.mark.parametrize("page", PY_PAGES, ids=lambda p: p.relative_to(ROOT).as_posix())
 def test_python_blocks_run(page, state_dir, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
-    run_sections(page, [b for b in BLOCKS if b.page == page and not b.skip])
+    run_sections(page, [b for b in BLOCKS if b.page == page and not b.skip and not b.script])
+
+
+SCRIPTS = [b for b in BLOCKS if b.lang in PYTHON and b.script and not b.skip]
+SCRIPT_TIMEOUT_S = 180  # a whole script on a tiny budget (the EMBEDDING example: about 10 s of CPU)
+
+
+@pytest.mark.parametrize("block", SCRIPTS, ids=lambda b: b.id)
+def test_python_scripts_run(block, tmp_path):
+    """A block that is a whole script runs as one: saved as its ``NAME.py`` in a scratch checkout, then ``python
+    NAME.py ARGS`` (its spawned workers import it by path, which no in-process run would show)."""
+    name, _, args = block.script.partition(" ")
+    env = scratch_dir(tmp_path)
+    (tmp_path / name).write_text(block.code, encoding="utf-8")
+    failed = run_shell(f"python {name} {args}\n", tmp_path, env, timeout=SCRIPT_TIMEOUT_S)
+    assert failed is None, f"{block.id} ({block.script}): {failed}"
 
 
 def test_python_sections_define_the_names_they_use():
-    runnable = [b for b in BLOCKS if b.lang in PYTHON and not b.skip]
+    runnable = [b for b in BLOCKS if b.lang in PYTHON and not b.skip and not b.script]
     code = {
         f"{page.relative_to(ROOT).as_posix()} {section}": "\n".join(b.code for b in blocks)
         for page in PY_PAGES
         for section, blocks in sections([b for b in runnable if b.page == page]).items()
     }
+    code.update({f"{b.id} (the script {b.script})": b.code for b in SCRIPTS})  # a script stands alone
     problems = {name: found for name, found in undefined_names(code).items() if found}
     assert not problems, f"names a section uses but does not define (each section runs alone): {problems}"
 

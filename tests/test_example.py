@@ -45,3 +45,13 @@ async def test_custom_task_example_runs(custom_task, tmp_path):
     )  # the world model and the critic trained in the loop
     assert first["rollouts"] is not None  # the critic learned from the model's short rollouts too
     assert custom_task.THERMOSTAT.resolve().learns_termination  # no termination function given: the done head learns it
+
+
+def test_the_embedding_page_shows_the_example_verbatim():
+    """docs/EMBEDDING.md's one complete example is examples/custom_task.py as it stands (the doc tests run the
+    page's block as a script: tests/test_doc_snippets.py::test_python_scripts_run)."""
+    page = (EXAMPLES.parent / "docs" / "EMBEDDING.md").read_text(encoding="utf-8")
+    start = page.index("<!-- snippet: script thermostat.py")
+    block = page[page.index("```python\n", start) + len("```python\n") :]
+    block = block[: block.index("```\n")]
+    assert block == (EXAMPLES / "custom_task.py").read_text(encoding="utf-8")
