@@ -112,6 +112,7 @@ def run_report(
     best: Optional[Candidate],
     heldout: Optional[Evaluation],
     heldout_episodes: int,
+    policy_file: Optional[str] = None,
     real_episodes: int,
     env_steps: int,
     failures: list[dict[str, Any]],
@@ -159,6 +160,7 @@ def run_report(
         "best_candidate": {"id": best.id, "operator": best.operator, "params": [float(v) for v in best.params]}
         if best
         else None,
+        "policy_file": policy_file,  # the answer as a policy file (agents.policies); None without one
         "learners": learners,  # per learned part: its ledger agent, precision and the decision's reason
         "wall_s": wall_s,
         "stop_reason": stop_reason,
@@ -290,6 +292,8 @@ def report_rows(report: dict[str, Any]) -> list[tuple[str, str]]:
         (f"best return, held-out ({n_heldout} held-out start states)", heldout),
         ("answer", str((report.get("best_candidate") or {}).get("operator") or "-")),
     ]
+    if report.get("policy_file"):
+        rows.append(("policy file", report["policy_file"]))
     for name, learner in (report.get("learners") or {}).items():
         rows.append(
             (
