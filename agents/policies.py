@@ -514,14 +514,14 @@ def _rendering_env(resolved: ResolvedTask) -> tuple[Callable[[], Any], float]:
     except Exception as exc:
         raise PolicyError(f"{cannot}: {_one_line(exc)}") from None
     try:
-        if getattr(env, "render_mode", None) != "rgb_array":
+        if env.render_mode != "rgb_array":  # a gymnasium.Env always has render_mode and metadata
             made = "its env_factory makes it" if task.env_factory is not None else "it is made"
-            raise PolicyError(f"{cannot}: {made} with render_mode {getattr(env, 'render_mode', None)!r}")
+            raise PolicyError(f"{cannot}: {made} with render_mode {env.render_mode!r}")
         env.reset(seed=0)
         frame = env.render()
         if not isinstance(frame, np.ndarray) or frame.ndim != 3:
             raise PolicyError(f"{cannot}: render() gave {type(frame).__name__}, expected an (H, W, 3) array")
-        fps = float((getattr(env, "metadata", None) or {}).get("render_fps") or 30)
+        fps = float((env.metadata or {}).get("render_fps") or 30)
     except PolicyError:
         raise
     except Exception as exc:

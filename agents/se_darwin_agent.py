@@ -289,49 +289,6 @@ class SEDarwinAgent:
             self._log.warning("evolve.candidate_failed", candidate=best.id, error=f"held-out evaluation: {exc}")
             return None
 
-    def _write_policy(
-        self, best: Optional[Candidate], heldout: Optional[Evaluation], stop: StopReason
-    ) -> Optional[str]:
-        """The answer as a policy file in the run's folder (`agents.policies`,
-        `agents.runs.policy_path`), written atomically; its path, or None without
-        an answer or when it could not be written (logged: the report still
-        holds the answer's parameters)."""
-        if best is None:
-            return None
-        reached = self.state.reached_at is not None
-        policy = policy_from_run(
-            self.task,
-            best.params,
-            run={
-                "run_id": self.run_id,
-                "seed": self.config.seed,
-                "mode": mode_of(self.config),
-                "candidate": best.id,
-                "operator": best.operator,
-                "generation": best.generation,
-                "confirmed": reached and best.id == self.state.answer,
-                "target_reached": reached,
-                "stop_reason": stop.value,
-                "real_episodes": self.real_episodes,
-            },
-            returns={
-                "train": best.real_return if best.full or best.accepted else None,
-                "train_states_run": len(best.returns),
-                "validation": best.validation_return,
-                "heldout": heldout.mean_return if heldout is not None else None,
-                "heldout_returns": [float(r) for r in heldout.returns] if heldout is not None else None,
-            },
-            heldout_seed=self.config.seed,
-            heldout_states=self.starts.heldout,
-        )
-        path = policy_path(Path(self.settings.state_dir), self.run_id)
-        try:
-            policy.save(path)
-        except OSError as exc:
-            self._log.warning("evolve.policy_unwritten", path=str(path), error=str(exc))
-            return None
-        return str(path)
-
     async def _loop(self, started: float) -> StopReason:
         """Generations after the last committed one until the target is met
         and confirmed, or the next generation could exceed a budget."""
@@ -567,6 +524,49 @@ class SEDarwinAgent:
             time_share=self.time.report(wall_s),
             learners=self.learners.summary(self.generations),
         )
+
+    def _write_policy(
+        self, best: Optional[Candidate], heldout: Optional[Evaluation], stop: StopReason
+    ) -> Optional[str]:
+        """The answer as a policy file in the run's folder (`agents.policies`,
+        `agents.runs.policy_path`), written atomically; its path, or None without
+        an answer or when it could not be written (logged: the report still
+        holds the answer's parameters)."""
+        if best is None:
+            return None
+        reached = self.state.reached_at is not None
+        policy = policy_from_run(
+            self.task,
+            best.params,
+            run={
+                "run_id": self.run_id,
+                "seed": self.config.seed,
+                "mode": mode_of(self.config),
+                "candidate": best.id,
+                "operator": best.operator,
+                "generation": best.generation,
+                "confirmed": reached and best.id == self.state.answer,
+                "target_reached": reached,
+                "stop_reason": stop.value,
+                "real_episodes": self.real_episodes,
+            },
+            returns={
+                "train": best.real_return if best.full or best.accepted else None,
+                "train_states_run": len(best.returns),
+                "validation": best.validation_return,
+                "heldout": heldout.mean_return if heldout is not None else None,
+                "heldout_returns": [float(r) for r in heldout.returns] if heldout is not None else None,
+            },
+            heldout_seed=self.config.seed,
+            heldout_states=self.starts.heldout,
+        )
+        path = policy_path(Path(self.settings.state_dir), self.run_id)
+        try:
+            policy.save(path)
+        except OSError as exc:
+            self._log.warning("evolve.policy_unwritten", path=str(path), error=str(exc))
+            return None
+        return str(path)
 
 
 async def run_cma_baseline(config: Optional[EvolveConfig] = None, **kwargs: Any) -> dict[str, Any]:

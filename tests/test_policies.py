@@ -7,6 +7,9 @@ each refused in one line."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import gymnasium as gym
@@ -185,6 +188,26 @@ def test_a_policy_of_another_task_is_refused_in_one_line(tmp_path):
     ).save(tmp_path / "claimed.json")
     line = _one_line_error(runner.invoke(app, ["eval", "--policy", str(claimed)]))
     assert "3 observations" in line and "2 observations" in line
+
+
+def test_eval_imports_no_torch(tmp_path):
+    """Running a policy file needs numpy and the env only: a host without torch work pays no torch start-up."""
+    path = _pendulum_policy(tmp_path)
+    probe = (
+        "import sys, genesis_fp16.cli as cli\n"
+        "try:\n    cli.main(sys.argv[1:])\nexcept SystemExit as exc:\n    assert not exc.code, exc.code\n"
+        "assert 'torch' not in sys.modules, 'torch imported'\n"
+    )
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "COLUMNS": "200"}
+    proc = subprocess.run(
+        [sys.executable, "-c", probe, "eval", "--policy", str(path), "--episodes", "2"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "mean return" in proc.stdout
 
 
 def test_bad_options_are_one_line(tmp_path):
