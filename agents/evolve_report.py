@@ -80,8 +80,9 @@ def generation_record(
     time: Optional[dict[str, float]] = None,
     confirmations: Sequence[dict[str, Any]] = (),
 ) -> dict[str, Any]:
-    """One committed generation: each candidate's operator (``cma``, or
-    ``refined:N`` for a copy of the mean after N actor-gradient steps) and
+    """One committed generation: each candidate's operator (``cma``,
+    ``refined:<mean|elite>:N`` for a copy of the mean or of the last
+    generation's best after N actor-gradient steps, ``refined:actor``) and
     real return (its one episode; a verified one's mean over the training
     start states it ran), the best of each kind, CMA-ES's step size, the
     world model's and the critic's losses and precisions, the model
