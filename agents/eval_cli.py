@@ -105,10 +105,8 @@ def evaluate_policy(
     if video is not None:
         try:
             frames, episode_return = loaded.record_video(video, env, seed)
-        except PolicyError as exc:
-            raise fail(f"--video: {exc}", code=1)
-        except EnvFailure as exc:
-            raise fail(f"--video: {exc}", code=1)
+        except (PolicyError, EnvFailure) as exc:
+            raise fail(f"--video {video}: {exc}", code=1)
         console.print(
             safe_text(f"video written to {video}: {frames} frames, one episode of return {episode_return:.6f}"),
             highlight=False,

@@ -301,8 +301,8 @@ class EvolvedPolicy:
         except Exception as exc:
             detail = str(exc).splitlines()[0][:300] if str(exc) else ""
             raise PolicyError(
-                f"--video {path}: the frames could not be written ({type(exc).__name__}: {detail}); a .gif needs "
-                "only Pillow, a .mp4 needs imageio-ffmpeg"
+                f"the frames could not be written to {path} ({type(exc).__name__}: {detail}); a .gif needs only "
+                "Pillow, a .mp4 needs imageio-ffmpeg"
             ) from None
         return len(frames), float(result["returns"][0])
 
