@@ -435,6 +435,12 @@ def _run(
     for name, value in report_rows(report):
         table.add_row(*safe_cells(name, value))
     out.print(table)
+    if report.get("policy_file"):
+        out.print(
+            safe_text(f"policy: {report['policy_file']}; run it: genesis-fp16 eval --policy {report['policy_file']}"),
+            highlight=False,
+            soft_wrap=True,
+        )
     if json_path is not None:
         # strict JSON: a candidate lost to a timeout scores -inf, written as "-inf"
         try:

@@ -80,8 +80,9 @@ def generation_record(
     time: Optional[dict[str, float]] = None,
     confirmations: Sequence[dict[str, Any]] = (),
 ) -> dict[str, Any]:
-    """One committed generation: each candidate's operator (``cma``, or
-    ``refined:N`` for a copy of the mean after N actor-gradient steps) and
+    """One committed generation: each candidate's operator (``cma``,
+    ``refined:<mean|elite>:N`` for a copy of the mean or of the last
+    generation's best after N actor-gradient steps, ``refined:actor``) and
     real return (its one episode; a verified one's mean over the training
     start states it ran), the best of each kind, CMA-ES's step size, the
     world model's and the critic's losses and precisions, the model
@@ -112,6 +113,7 @@ def run_report(
     best: Optional[Candidate],
     heldout: Optional[Evaluation],
     heldout_episodes: int,
+    policy_file: Optional[str] = None,
     real_episodes: int,
     env_steps: int,
     failures: list[dict[str, Any]],
@@ -159,6 +161,7 @@ def run_report(
         "best_candidate": {"id": best.id, "operator": best.operator, "params": [float(v) for v in best.params]}
         if best
         else None,
+        "policy_file": policy_file,  # the answer as a policy file (agents.policies); None without one
         "learners": learners,  # per learned part: its ledger agent, precision and the decision's reason
         "wall_s": wall_s,
         "stop_reason": stop_reason,
@@ -290,6 +293,8 @@ def report_rows(report: dict[str, Any]) -> list[tuple[str, str]]:
         (f"best return, held-out ({n_heldout} held-out start states)", heldout),
         ("answer", str((report.get("best_candidate") or {}).get("operator") or "-")),
     ]
+    if report.get("policy_file"):
+        rows.append(("policy file", report["policy_file"]))
     for name, learner in (report.get("learners") or {}).items():
         rows.append(
             (

@@ -7,6 +7,7 @@ Under the state dir::
     runs/<run_id>/run.json   the manifest: config, the last committed generation,
                              real episodes, the pool, the numpy generator's state
     runs/<run_id>/lock       held (flock) by the process running the run
+    runs/<run_id>/policy.json  the run's answer as a policy file (``agents.policies``), once it finished
     world_model/<run_id>/    the run's world-model checkpoints
     replay.sqlite            its trajectories, agent "<agent>:<run_id>"
 
@@ -60,6 +61,7 @@ MANIFEST_FORMAT = "genesis-fp16.run"
 RUNS_DIR = "runs"
 MANIFEST_FILE = "run.json"
 LOCK_FILE = "lock"
+POLICY_FILE = "policy.json"
 _RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 _NON_FINITE = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
 MANIFEST_MAX_BYTES = 128 * 1024 * 1024
@@ -75,6 +77,11 @@ class RunStorageError(RuntimeError):
 
 def manifest_path(state_dir: Path, run_id: str) -> Path:
     return Path(state_dir) / RUNS_DIR / run_id / MANIFEST_FILE
+
+
+def policy_path(state_dir: Path, run_id: str) -> Path:
+    """Where a finished run's answer is written as a policy file (`agents.policies`)."""
+    return Path(state_dir) / RUNS_DIR / run_id / POLICY_FILE
 
 
 def world_model_dir(state_dir: Path, run_id: str) -> Path:

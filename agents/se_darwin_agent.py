@@ -29,6 +29,7 @@ import asyncio
 import math
 import time
 import uuid
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Optional, Union
 
 import numpy as np
@@ -40,12 +41,14 @@ from infrastructure.replay_buffer import ReplayBuffer, trajectories_from_episode
 
 from .evaluation import Evaluation, EvaluationBackend, EvaluationError, make_evaluator
 from .evolve_config import EVOLVE, Candidate, EvolveConfig, resumed_config
-from .evolve_report import candidates_record, generation_record, run_report
+from .evolve_report import candidates_record, generation_record, mode_of, run_report
 from .learners import Learners, refined_count
 from .mujoco_log import mujoco_log_for
+from .policies import policy_from_run
 from .real_episodes import RealEpisodes
 from .run_record import RunRecorder, open_run
 from .run_state import RunState, StopReason
+from .runs import policy_path
 from .tasks import ResolvedTask, Task
 from .verify import return_scale
 
@@ -263,7 +266,8 @@ class SEDarwinAgent:
             raise
         self.evaluator.close()
         self.state.stop = stop
-        report = self._report(best, heldout, stop, self.recorder.wall_s(started))
+        policy_file = self._write_policy(best, heldout, stop)
+        report = self._report(best, heldout, stop, self.recorder.wall_s(started), policy_file)
         self.recorder.end_session(self.state, "finished", started, report=report)
         self._log.info(
             "evolve.finished",
@@ -488,11 +492,17 @@ class SEDarwinAgent:
         return max(scored, key=lambda c: c.real_return) if scored else None
 
     def _report(
-        self, best: Optional[Candidate], heldout: Optional[Evaluation], stop: StopReason, wall_s: float
+        self,
+        best: Optional[Candidate],
+        heldout: Optional[Evaluation],
+        stop: StopReason,
+        wall_s: float,
+        policy_file: Optional[str] = None,
     ) -> dict[str, Any]:
         return run_report(
             self.config,
             best=best,
+            policy_file=policy_file,
             heldout=heldout,
             heldout_episodes=len(self.starts.heldout),
             real_episodes=self.real_episodes,
@@ -514,6 +524,49 @@ class SEDarwinAgent:
             time_share=self.time.report(wall_s),
             learners=self.learners.summary(self.generations),
         )
+
+    def _write_policy(
+        self, best: Optional[Candidate], heldout: Optional[Evaluation], stop: StopReason
+    ) -> Optional[str]:
+        """The answer as a policy file in the run's folder (`agents.policies`,
+        `agents.runs.policy_path`), written atomically; its path, or None without
+        an answer or when it could not be written (logged: the report still
+        holds the answer's parameters)."""
+        if best is None:
+            return None
+        reached = self.state.reached_at is not None
+        policy = policy_from_run(
+            self.task,
+            best.params,
+            run={
+                "run_id": self.run_id,
+                "seed": self.config.seed,
+                "mode": mode_of(self.config),
+                "candidate": best.id,
+                "operator": best.operator,
+                "generation": best.generation,
+                "confirmed": reached and best.id == self.state.answer,
+                "target_reached": reached,
+                "stop_reason": stop.value,
+                "real_episodes": self.real_episodes,
+            },
+            returns={
+                "train": best.real_return if best.full or best.accepted else None,
+                "train_states_run": len(best.returns),
+                "validation": best.validation_return,
+                "heldout": heldout.mean_return if heldout is not None else None,
+                "heldout_returns": [float(r) for r in heldout.returns] if heldout is not None else None,
+            },
+            heldout_seed=self.config.seed,
+            heldout_states=self.starts.heldout,
+        )
+        path = policy_path(Path(self.settings.state_dir), self.run_id)
+        try:
+            policy.save(path)
+        except OSError as exc:
+            self._log.warning("evolve.policy_unwritten", path=str(path), error=str(exc))
+            return None
+        return str(path)
 
 
 async def run_cma_baseline(config: Optional[EvolveConfig] = None, **kwargs: Any) -> dict[str, Any]:

@@ -46,6 +46,7 @@ COMMANDS = [
     ["trainers"],
     ["trainers", "--json"],
     ["evolve", "--help"],
+    ["eval", "--help"],
     ["bench", "--help"],
     ["ppo", "--help"],
     ["forensics", "--help"],

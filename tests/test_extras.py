@@ -94,5 +94,5 @@ def test_cli_help_without_the_extras(tmp_path):
     )
     proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
-    for command in ("evolve", "ppo", "bench", "forensics", "rollout", "state"):
+    for command in ("evolve", "eval", "ppo", "bench", "forensics", "rollout", "state"):
         assert command in proc.stdout, (command, proc.stdout)

@@ -294,6 +294,7 @@ async def test_refined_copies_run_beside_the_population_and_join_it_only_when_th
 RUN_SPECIFIC = (
     "run_id",
     "run_manifest",
+    "policy_file",
     "replay_db",
     "wall_s",
     "elapsed_s",

@@ -28,7 +28,17 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 # wall times, and the run's identity, are all that may differ between an
 # interrupted-and-resumed run and an uninterrupted one
-VOLATILE = {"wall_s", "run_id", "replay_db", "run_manifest", "resumed", "resumed_from", "generations", "time_share"}
+VOLATILE = {
+    "wall_s",
+    "run_id",
+    "replay_db",
+    "run_manifest",
+    "policy_file",
+    "resumed",
+    "resumed_from",
+    "generations",
+    "time_share",
+}
 VOLATILE_GENERATION = {"elapsed_s", "wm_wall_s", "critic_wall_s", "time"}
 
 

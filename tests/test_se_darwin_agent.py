@@ -251,6 +251,7 @@ def test_precision_option_uses_the_precision_vocabulary():
 RUN_SPECIFIC = (
     "run_id",
     "run_manifest",
+    "policy_file",
     "wall_s",
     "elapsed_s",
     "wm_wall_s",

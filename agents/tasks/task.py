@@ -31,6 +31,11 @@ TerminationFn = Callable[["torch.Tensor"], "torch.Tensor"]  # observations (...,
 DEFAULT_EPISODE_STEPS = 1000
 RESET_STRIDE = 1_000_000
 """The reset seeds of one run's start states lie in one block of this many (`reset_seed_base`)."""
+HELDOUT_OFFSET = 500_000
+"""The held-out start states' reset seeds begin this far above a run's `reset_seed_base` (validation: 300,000; the
+states only the model sees: 800,000)."""
+MODEL_ONLY_OFFSET = 800_000
+"""The reset seeds of the states only the world model sees begin this far above `reset_seed_base`."""
 RESET_BLOCKS = 2**32
 """Blocks a run's seed picks its block among: the largest reset seed, about ``RESET_STRIDE * (RESET_BLOCKS + 1)``, is
 under 2^53, exact in the float64 rows a start state is."""
@@ -242,9 +247,28 @@ class ResolvedTask:
             return self.task.exact_states.split(seed)
         base = reset_seed_base(seed)
         train = np.arange(self.task.n_train, dtype=np.float64) + base
-        heldout = np.arange(self.task.n_heldout, dtype=np.float64) + base + 500_000
+        heldout = np.arange(self.task.n_heldout, dtype=np.float64) + base + HELDOUT_OFFSET
         validation = np.arange(self.task.n_validation, dtype=np.float64) + base + 300_000
         return StartStates(train=train[:, None], heldout=heldout[:, None], validation=validation[:, None])
+
+    def heldout_states(self, seed: int, n: int) -> np.ndarray:
+        """``n`` held-out start states of a run seeded ``seed``: its own held-out
+        states (`start_states`) first, then, past their number, more of their
+        kind that no run of ``seed`` uses: the next reset seeds of the held-out
+        range (at most 300,000 in all), or, for a task with exact states, states
+        drawn by its ``extra`` from the stream ``task.more_heldout_starts``.
+        ``genesis-fp16 eval`` runs a policy on these."""
+        own = self.start_states(seed).heldout
+        if n <= len(own):
+            return own[:n]
+        exact = self.task.exact_states
+        if exact is not None:
+            more = np.asarray(exact.extra(numpy_rng(seed, "task.more_heldout_starts"), n - len(own)), dtype=np.float64)
+            return np.concatenate([own, more.reshape(n - len(own), -1)])
+        if n > MODEL_ONLY_OFFSET - HELDOUT_OFFSET:
+            raise TaskError(f"{n} held-out start states: expected at most {MODEL_ONLY_OFFSET - HELDOUT_OFFSET}")
+        seeds = np.arange(len(own), n, dtype=np.float64) + reset_seed_base(seed) + HELDOUT_OFFSET
+        return np.concatenate([own, seeds[:, None]])
 
     def reset_observations(self, seeds: Sequence[int]) -> np.ndarray:
         """Observations after ``reset(seed=s)`` for each seed (no steps: no real episode spent)."""
@@ -269,7 +293,7 @@ class ImaginedStarts:
         exact = task.task.exact_states
         if exact is None:
             self.train_obs = task.reset_observations([int(s[0]) for s in train]).astype(np.float32)
-            extra = reset_seed_base(seed) + 800_000
+            extra = reset_seed_base(seed) + MODEL_ONLY_OFFSET
             self.pool = task.reset_observations(range(extra, extra + self.POOL))
         else:
             self.train_obs = exact.observe(train).astype(np.float32)

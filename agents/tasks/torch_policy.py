@@ -1,11 +1,14 @@
-"""The batched torch twin of `agents.tasks.policies.PolicySpec` for
-imagination: P parameter vectors on (P, S, obs_dim) observations at once,
-on whatever device the observations are (the world model's)."""
+"""The torch twins of `agents.tasks.policies.PolicySpec`: the batched one for
+imagination (P parameter vectors on (P, S, obs_dim) observations at once,
+on whatever device the observations are: the world model's), and one policy
+as a `torch.nn.Module` (`PolicyNetwork`, an evolved policy inside a host
+project: `agents.policies.EvolvedPolicy.module`)."""
 
 from __future__ import annotations
 
-from typing import Callable, Optional
+from typing import Callable, Optional, Sequence
 
+import numpy as np
 import torch
 
 from .policies import PolicySpec
@@ -47,6 +50,35 @@ class BatchedPolicy:
             i += fan_out
             x = torch.tanh(torch.baddbmm(b.unsqueeze(1), x, w))
         return center + half * x
+
+
+class PolicyNetwork(torch.nn.Module):
+    """One policy of ``spec`` with the parameters ``params`` as a module:
+    ``forward(obs (..., obs_dim)) -> actions (..., act_dim)``, the network of
+    ``PolicySpec.act`` (observations times ``obs_scale``, tanh layers, actions
+    scaled into the action box) in ``dtype``. Its weights are parameters (a host
+    may fine-tune them); ``obs_scale``, ``center`` and ``half_range`` are buffers."""
+
+    def __init__(self, spec: PolicySpec, params: Sequence[float], dtype: torch.dtype = torch.float32) -> None:
+        super().__init__()
+        self.spec = spec
+        self.layers = torch.nn.ModuleList()
+        for w, b in spec.unpack(np.asarray(params, dtype=np.float64)):
+            # skip_init: the weights are set below, so no initialiser draws from torch's global generator
+            layer = torch.nn.utils.skip_init(torch.nn.Linear, w.shape[0], w.shape[1], dtype=dtype)
+            with torch.no_grad():
+                layer.weight.copy_(torch.tensor(w.T))
+                layer.bias.copy_(torch.tensor(b))
+            self.layers.append(layer)
+        self.register_buffer("obs_scale", torch.tensor(spec.obs_scale, dtype=dtype))
+        self.register_buffer("center", torch.from_numpy(spec.center).to(dtype))
+        self.register_buffer("half_range", torch.from_numpy(spec.half_range).to(dtype))
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        x = obs.to(self.obs_scale.dtype) * self.obs_scale
+        for layer in self.layers[:-1]:
+            x = torch.tanh(layer(x))
+        return self.center + self.half_range * torch.tanh(self.layers[-1](x))
 
 
 def clamp_projection(
