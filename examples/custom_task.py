@@ -1,10 +1,11 @@
 """Evolve a policy for your own environment with the SE-Darwin loop.
 
-    .venv/bin/python examples/custom_task.py --budget 80 [--seed S] [--json report.json]
+    .venv/bin/python examples/custom_task.py --budget 80 [--seed S] [--json report.json] [--policy FILE]
 
 A small gymnasium environment (a thermostat), a Task around it, and the loop through the Python API:
 ``await agent.evolve()`` runs each candidate's real episodes in worker processes and trains a world model and a
-critic on them after every generation. docs/EMBEDDING.md shows this file as it stands and explains each part.
+critic on them after every generation; the answer is a policy file, loaded back to act and to evaluate.
+docs/EMBEDDING.md shows this file as it stands and explains each part.
 """
 
 from __future__ import annotations
@@ -84,13 +85,18 @@ async def evolve(budget: int, seed: int = 0, state_dir: Optional[str] = None, **
 
 
 def main() -> None:
+    from agents.policies import load_policy  # torch-free
+
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--budget", type=int, default=80, help="real episodes the search may spend (default 80)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", dest="json_path", help="write the report here")
+    parser.add_argument("--policy", default="thermostat-policy.json", help="save the evolved policy here")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="custom_task_") as state_dir:  # a fresh state dir: no earlier run's data
         report = asyncio.run(evolve(args.budget, args.seed, state_dir, workers=2))
+        policy = load_policy(report["policy_file"])  # the run's answer, written to its run folder
+        policy.save(args.policy)  # kept: the state dir goes when this block ends
     if args.json_path:
         with open(args.json_path, "w", encoding="utf-8") as f:
             json.dump(report, f, indent=2, default=str)
@@ -98,6 +104,12 @@ def main() -> None:
         f"target {report['target']} reached: {report['target_reached']} after {report['real_episodes']} real "
         f"episodes ({report['env_steps']} env steps); held-out return {report['heldout_return']:.1f}; "
         f"{report['wall_s']:.1f} s"
+    )
+    # the policy acts on its own: a batch of observations (or one) in, deterministic actions out
+    print("actions for errors -1, 0, 1:", load_policy(args.policy).predict([[-1.0, 0.0], [0.0, 0.0], [1.0, 0.0]]))
+    held_out = policy.evaluate(task=THERMOSTAT)  # the run's held-out start states, in this process
+    print(
+        f"saved {args.policy}: held-out mean {held_out.mean_return:.1f} (the report's {report['heldout_return']:.1f})"
     )
 
 
