@@ -159,8 +159,9 @@ async def test_loop_without_world_model(state_dir):
     agent = SEDarwinAgent(
         tiny_config(use_world_model=False), settings=load_settings(), evaluator=InProcessEvaluator(workers=1)
     )
-    assert agent.world_model is None and agent.critic is not None
+    assert agent.world_model is None and agent.critic is None  # the critic is built when it first trains
     report = await agent.evolve()
+    assert agent.world_model is None and agent.critic is not None
     assert report["mode"] == "no_model" and set(report["learners"]) == {"critic"}
     assert report["generations"][0]["wm_val_loss"] is None and report["generations"][0]["critic_val_loss"] is not None
     assert report["generations"][1]["candidates"][0]["operator"].startswith("refined:")
