@@ -425,6 +425,8 @@ def main(argv: Optional[list[str]] = None) -> None:
             raise  # a bug keeps its traceback
         print_error(str(error))
         sys.exit(2)
+    finally:
+        _STARTED = None  # a later command in this process (a test's) starts its own clock
 
 
 if __name__ == "__main__":

@@ -354,6 +354,46 @@ def test_tiny_run_writes_json_report(tmp_path, state_dir):
     assert Path(report["replay_db"]).is_file() and Path(report["replay_db"]).parent == state_dir
 
 
+def test_quiet_shows_no_progress_and_json_is_the_same_report(tmp_path, state_dir):
+    """``--quiet``: no bar, phase line or generation lines, only the report (and errors); ``--json`` writes the
+    report as without it."""
+    out = tmp_path / "report.json"
+    args = ["evolve", *TINY, "--no-world-model", "--budget", "12", "--workers", "1", "--json", str(out)]
+    quiet = runner.invoke(app, [*args, "--quiet"])
+    assert quiet.exit_code == 0, quiet.output
+    assert quiet.stderr.strip() == f"report written to {out}", quiet.stderr
+    assert "real episodes" in quiet.stdout and "wall time" in quiet.stdout  # the table
+    report = json.loads(out.read_text())
+    loud = runner.invoke(app, args)
+    assert loud.exit_code == 0, loud.output
+    assert "gen  0:" in loud.stderr and "evolve no_model seed 0" in loud.stderr and "12/12 real episodes" in loud.stderr
+    again = json.loads(out.read_text())
+    assert report["real_episodes"] == again["real_episodes"] == 12 and set(report) == set(again)
+
+
+def test_the_wall_time_is_the_commands_from_its_process_start(monkeypatch, tmp_path, state_dir, capsys):
+    """Issue 54: MountainCarContinuous --budget 40 reported 3.9 s of a 28 s command. The program's wall time counts
+    from its process's start (here, as if the process had started 20 s before: its imports, its settings, its task),
+    and the split names that start-up."""
+    import sys
+    import time
+
+    from genesis_fp16 import cli
+
+    monkeypatch.setattr(cli, "_process_started", lambda: time.perf_counter() - 20.0)
+    out = tmp_path / "report.json"
+    argv = ["genesis-fp16", "evolve", *TINY, "--no-world-model", "--budget", "6", "--workers", "1", "--json", str(out)]
+    monkeypatch.setattr(sys, "argv", argv)
+    before = time.perf_counter()
+    code, stdout, _ = _main(None, monkeypatch, capsys)  # the program as a shell runs it: main() reads sys.argv
+    took = time.perf_counter() - before + 20.0
+    assert code in (0, None), stdout
+    report = json.loads(out.read_text())
+    assert 20.0 <= report["wall_s"] <= took and report["time_share"]["start_up"] >= 20.0
+    assert "start up 2" in " ".join(stdout.split())  # the table's split names it
+    assert cli.command_started() is None  # a later command in this process starts its own clock
+
+
 def test_search_and_budget_flags_reach_the_config(tmp_path, state_dir):
     out = tmp_path / "report.json"
     result = runner.invoke(
