@@ -295,8 +295,10 @@ class Learners:
         reports["critic_rounds"] = rounds  # a rollback in any round shows in the generation's record
         for r in range(cfg.actor_rounds):
             # one phase per round, its steps counted over all the rounds
-            with self.time.measure("critic"), progress.phase(CRITIC, per_round * cfg.actor_rounds) as phase:
-                phase.advance(r * per_round)
+            with (
+                self.time.measure("critic"),
+                progress.phase(CRITIC, per_round * cfg.actor_rounds, done=r * per_round) as phase,
+            ):
                 reports["critic"] = await critic.train(
                     data,
                     self._mean_policy(actor, space),
@@ -305,8 +307,10 @@ class Learners:
                     on_step=_offset(phase, r * per_round),
                 )
             rounds.append(reports["critic"])
-            with self.time.measure("refine"), progress.phase(REFINEMENT, actor_steps * cfg.actor_rounds) as phase:
-                phase.advance(r * actor_steps)
+            with (
+                self.time.measure("refine"),
+                progress.phase(REFINEMENT, actor_steps * cfg.actor_rounds, done=r * actor_steps) as phase,
+            ):
                 actor = (
                     await asyncio.to_thread(
                         refine,

@@ -148,13 +148,21 @@ class RunProgress:
 
     @contextmanager
     def phase(
-        self, name: str, total: Optional[int], unit: str = "steps", *, episodes: bool = False, detail: str = ""
+        self,
+        name: str,
+        total: Optional[int],
+        unit: str = "steps",
+        *,
+        episodes: bool = False,
+        detail: str = "",
+        done: int = 0,
     ) -> Iterator[Phase]:
-        """A phase of ``total`` ``unit``: its begin event now, its end event when
-        the block leaves (by an error too: the display moves on). ``episodes``: its
-        steps are real episodes not yet charged to the run's counter."""
+        """A phase of ``total`` ``unit``, ``done`` of them already (a round of a phase
+        counted over several): its begin event now, its end event when the block
+        leaves (by an error too: the display moves on). ``episodes``: its steps are
+        real episodes not yet charged to the run's counter."""
         phase = Phase(self, name, total, unit, episodes)
-        phase.detail = detail
+        phase.detail, phase.done = detail, done
         self.emit(phase, "begin")
         try:
             yield phase
