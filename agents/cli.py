@@ -6,9 +6,11 @@ import asyncio
 import inspect
 import json
 import re
+import shlex
 import signal
 import threading
-from contextlib import ExitStack, contextmanager
+import time
+from contextlib import ExitStack, contextmanager, nullcontext
 from dataclasses import fields, replace
 from enum import Enum
 from pathlib import Path
@@ -60,19 +62,79 @@ def _fmt(value: Any, spec: str = ".1f") -> str:
     return "-" if value is None else format(value, spec)
 
 
+def resume_command(run_id: str, settings: Any) -> str:
+    """The command that continues run ``run_id``, as it works when pasted: with the state dir
+    (``GENESIS_FP16_STATE_DIR=...``) when it is not the default one."""
+    from genesis_fp16.base.settings import Settings, env_name
+
+    command = f"genesis-fp16 evolve --resume {run_id}"
+    state_dir = Path(settings.state_dir)
+    if state_dir.resolve() != Path(Settings.model_fields["state_dir"].default).resolve():
+        command = f"{env_name('state_dir')}={shlex.quote(str(state_dir.resolve()))} {command}"
+    return command
+
+
+def _committed_text(agent: Any) -> str:
+    """The generations and real episodes committed (what a resume continues after), and those of a generation cut
+    off after them (run again by a resume): the counts the ``evolve.interrupted`` event logs."""
+    generations, episodes = agent.committed()
+    cut = agent.cut_off()
+    text = f"{generations} generation(s) ({episodes} real episodes) are committed"
+    if cut:
+        text += f"; generation {generations} was cut off after {cut} real episodes, which a resume runs again"
+    return text
+
+
 def _safe_data(agent: Any) -> str:
     """What of a failed run is kept, for its error message: the generations
     committed to its manifest, which a resume continues after (the replay
     rows of a generation cut off before its commit are discarded then)."""
     if agent is None:
         return ""
-    generations, episodes = agent.committed()
     return (
-        f"; {generations} generation(s) ({episodes} real episodes) are committed, their data safe in "
-        f"{agent.buffer.path}, "
-        f"and every checkpoint written before is whole (atomic writes); `genesis-fp16 evolve --resume {agent.run_id}` "
-        "continues after them"
+        f"; {_committed_text(agent)}, their data safe in {agent.buffer.path}, and every checkpoint written before is "
+        f"whole (atomic writes); `{resume_command(agent.run_id, agent.settings)}` continues after them"
     )
+
+
+class _Display:
+    """The run's progress on the terminal: a bar of the real episodes charged, and under it a line for the phase
+    running (a generation's episodes, a learner's steps, a verification), each advanced by the run's progress
+    events (`agents.progress`) as they come, from whichever thread."""
+
+    def __init__(self, console: Any, mode: str, seed: int, budget: int) -> None:
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        self.budget = budget
+        self.progress = Progress(
+            TextColumn("{task.description}", markup=False),
+            BarColumn(bar_width=24),
+            MofNCompleteColumn(),
+            TextColumn("{task.fields[unit]}", markup=False),
+            TimeElapsedColumn(),
+            console=console,
+            transient=False,
+        )
+        self.episodes = self.progress.add_task(f"evolve {mode} seed {seed}", total=budget, unit="real episodes")
+        self.phase: Optional[Any] = None  # the phase line's task, made anew for each phase (its clock, its total)
+        self.showing: Optional[str] = None
+
+    def on_progress(self, event: Any) -> None:
+        progress = self.progress
+        progress.update(self.episodes, completed=min(event.real_episodes, self.budget))
+        if event.state == "end":
+            if self.showing == event.phase and self.phase is not None:
+                progress.update(self.phase, visible=False)
+                self.showing = None
+            return
+        text = f"gen {event.generation} {event.phase}" + (f" ({event.detail})" if event.detail else "")
+        if event.state == "begin" or self.showing != event.phase or self.phase is None:
+            if self.phase is not None:
+                progress.remove_task(self.phase)
+            self.phase = progress.add_task(text, total=event.total, completed=event.done, unit=event.unit)
+        else:
+            progress.update(self.phase, total=event.total, completed=event.done, description=text, visible=True)
+        self.showing = event.phase
 
 
 def _list_tasks(value: bool) -> None:
@@ -196,6 +258,7 @@ def evolve(
         help="torch CPU threads (default: settings' torch_threads, 1: the models are small; 0: torch's default).",
     ),
     json_path: Optional[Path] = typer.Option(None, "--json", help="Write the report as JSON to this file."),
+    quiet: bool = typer.Option(False, "--quiet", help="Only the report and errors."),
     plot: Optional[Path] = typer.Option(None, "--plot", help="Draw the learning curves as PNG here."),
     tensorboard: Optional[Path] = typer.Option(
         None,
@@ -216,6 +279,9 @@ def evolve(
     **options: Any,
 ) -> None:
     """Evolve a policy for a task: CMA-ES refined by an FP16/BF16 critic and world model (or the CMA-ES floor)."""
+    from genesis_fp16.cli import command_started
+
+    started = command_started() or time.perf_counter()  # the wall time counts the command's start-up
     from genesis_fp16.base.extras import require
     from genesis_fp16.cli import fail, load_settings_or_exit
     from genesis_fp16.base.settings import env_name
@@ -296,6 +362,8 @@ def evolve(
             json_path=json_path,
             plot=plot,
             tensorboard=tensorboard,
+            quiet=quiet,
+            started=started,
         )
 
 
@@ -330,10 +398,12 @@ def _run(
     json_path: Optional[Path],
     plot: Optional[Path],
     tensorboard: Optional[Path],
+    quiet: bool = False,
+    started: Optional[float] = None,
 ) -> None:
     """The run itself, once its options are checked; ``task``: the config's task, resolved (None for a resume, which
-    resolves the run's own); ``given``: the config options the command line set."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    resolves the run's own); ``given``: the config options the command line set; ``quiet``: no progress shown;
+    ``started``: when the command started (`time.perf_counter`), where the run's wall time begins."""
     from rich.text import Text
 
     from genesis_fp16.training.checkpoint import CheckpointError
@@ -349,23 +419,16 @@ def _run(
     from .se_darwin_agent import SEDarwinAgent
 
     agent = None
+    started = time.perf_counter() if started is None else started
     if resume is not None:
-        agent = _resumed_agent(resume, settings, baseline=baseline, given=given)
+        agent = _resumed_agent(resume, settings, baseline=baseline, given=given, started=started)
         config = agent.config
     budget, seed, mode = config.budget, config.seed, mode_of(config)
-    progress = Progress(
-        TextColumn(f"[bold]evolve[/] {mode} seed {seed}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TextColumn("real episodes"),
-        TimeElapsedColumn(),
-        console=console,
-        transient=False,
-    )
-    task_id = progress.add_task("episodes", total=budget)
+    display = None if quiet else _Display(console, mode, seed, budget)
 
     def on_generation(record: dict[str, Any]) -> None:
-        progress.update(task_id, completed=min(record["real_episodes"], budget))
+        assert display is not None
+        display.progress.update(display.episodes, completed=min(record["real_episodes"], budget))
         learned = "".join(
             f" {name} loss {_fmt(record.get(key), '.4f')} ({record.get(prec)})"
             for name, key, prec in (
@@ -374,7 +437,7 @@ def _run(
             )
             if record.get(prec) is not None
         )
-        progress.console.print(
+        display.progress.console.print(
             safe_text(
                 f"gen {record['generation']:>2}: {record['real_episodes']:>4} episodes, {record['env_steps']:>7} "
                 "steps; best episode "
@@ -385,26 +448,26 @@ def _run(
         )
 
     try:
-        with _sigterm_as_interrupt(), tensorboard_events(tensorboard), progress:
+        with _sigterm_as_interrupt(), tensorboard_events(tensorboard), display.progress if display else nullcontext():
             if agent is None:
-                agent = SEDarwinAgent(config, task=task, settings=settings, on_generation=on_generation)
-            agent.on_generation = on_generation
-            progress.update(task_id, completed=min(agent.real_episodes, budget))
+                agent = SEDarwinAgent(config, task=task, settings=settings, started=started)
+            if display is not None:
+                agent.on_generation, agent.on_progress = on_generation, display.on_progress
+                display.progress.update(display.episodes, completed=min(agent.real_episodes, budget))
             report = asyncio.run(agent.evolve())
     except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM as Terminated
         if agent is not None:
-            generations, episodes = agent.committed()
             console.print(
                 Text.assemble(
                     ("interrupted", "yellow"),
                     safe_text(
-                        f": {generations} generation(s) ({episodes} real episodes) are committed, their data safe "
-                        f"in {agent.buffer.path} (agent {agent.data_agent!r})"
+                        f": {_committed_text(agent)}, their data safe in {agent.buffer.path} (agent "
+                        f"{agent.data_agent!r})"
                     ),
                 ),
                 highlight=False,
             )
-            console.print(safe_text(f"continue it with: genesis-fp16 evolve --resume {agent.run_id}"), highlight=False)
+            console.print(safe_text(f"continue it with: {resume_command(agent.run_id, settings)}"), highlight=False)
         raise typer.Exit(EXIT_SIGTERM if isinstance(exc, Terminated) else EXIT_SIGINT)
     except ValueError as exc:
         raise fail(str(exc))
@@ -469,7 +532,9 @@ def _run(
         raise fail(report["stop_detail"], code=1)
 
 
-def _resumed_agent(run_id: str, settings: Any, *, baseline: Baseline, given: dict[str, Any]) -> Any:
+def _resumed_agent(
+    run_id: str, settings: Any, *, baseline: Baseline, given: dict[str, Any], started: Optional[float] = None
+) -> Any:
     """The run ``run_id`` ready to continue; an option given on the command
     line must match the run's own (the budgets, workers and backend may change)."""
     from genesis_fp16.cli import fail
@@ -492,6 +557,7 @@ def _resumed_agent(run_id: str, settings: Any, *, baseline: Baseline, given: dic
             workers=given.get("workers"),
             backend=given.get("backend"),
             options=options,
+            started=started,
         )
     except (RunError, ValueError, ReplayBufferError) as exc:
         raise fail(str(exc))

@@ -36,6 +36,7 @@ from .evaluation_contract import (
     EvaluationMemoryError,
     EvaluationTimeout,
     EvaluationWorkerLost,
+    EpisodesDone,
     Job,
     SingleEvaluation,
     assemble,
@@ -152,12 +153,14 @@ class Evaluator(SingleEvaluation):
         jobs: Sequence[Job],
         *,
         per_job_env_errors: bool = False,
+        on_episodes: Optional[EpisodesDone] = None,
     ) -> list[Union[Evaluation, EvaluationEnvError]]:
         """Several candidates at once: every (params, states) job is split
         into per-worker chunks and all chunks share the pool. An env that
         raises fails the whole call, or with ``per_job_env_errors`` only its
         own job, whose place in the list then holds the error (every other
-        job's episodes ran and are returned)."""
+        job's episodes ran and are returned). ``on_episodes(n)`` is called as
+        each chunk of ``n`` episodes is collected (in submission order)."""
         with self._lock:
             submitted = self._on_spawner(self._submit, jobs)
             deadline = time.monotonic() + self.timeout_s
@@ -167,7 +170,7 @@ class Evaluator(SingleEvaluation):
 
             try:
                 results, env_errors = collect(
-                    submitted, get, jobs, per_job_env_errors=per_job_env_errors, log=self._log
+                    submitted, get, jobs, per_job_env_errors=per_job_env_errors, log=self._log, on_episodes=on_episodes
                 )
             except FutureTimeout:
                 error = timed_out(self._log, jobs, self.timeout_s)

@@ -21,6 +21,8 @@ import numpy as np
 from .tasks import EnvFailure, ResolvedTask
 
 Job = tuple[Sequence[float], Sequence[Sequence[float]]]  # (policy params, start states): one candidate
+EpisodesDone = Callable[[int], None]
+"""``on_episodes(n)``: called as a chunk of ``n`` episodes finishes (the run's progress; from the calling thread)."""
 Handle = TypeVar("Handle")  # what a backend waits on for one chunk: a future, a Ray object ref
 
 
@@ -65,19 +67,24 @@ class Evaluation:
 
 class EvaluationBackend(Protocol):
     """What the loop needs of an evaluator: `agents.evaluation.Evaluator` (a
-    local process pool, the default) or ``agents.ray_evaluation.RayEvaluator``."""
+    local process pool, the default) or ``agents.ray_evaluation.RayEvaluator``.
+    ``on_episodes`` is passed only while the run reports its progress (an
+    evaluator of one's own may leave it out then)."""
 
     task: ResolvedTask
     workers: int
     timeout_s: float
 
-    def evaluate(self, params: Sequence[float], states: Sequence[Sequence[float]]) -> Evaluation: ...
+    def evaluate(
+        self, params: Sequence[float], states: Sequence[Sequence[float]], *, on_episodes: Optional[EpisodesDone] = None
+    ) -> Evaluation: ...
 
     def evaluate_many(
         self,
         jobs: Sequence[Job],
         *,
         per_job_env_errors: bool = False,
+        on_episodes: Optional[EpisodesDone] = None,
     ) -> list[Union[Evaluation, EvaluationEnvError]]: ...
 
     def terminate(self) -> None: ...
@@ -88,9 +95,12 @@ class EvaluationBackend(Protocol):
 class SingleEvaluation:
     """``evaluate`` for a backend that has ``evaluate_many``."""
 
-    def evaluate(self, params: Sequence[float], states: Sequence[Sequence[float]]) -> Evaluation:
-        """One real episode per start state for one candidate."""
-        (result,) = self.evaluate_many([(params, states)])  # type: ignore[attr-defined]
+    def evaluate(
+        self, params: Sequence[float], states: Sequence[Sequence[float]], *, on_episodes: Optional[EpisodesDone] = None
+    ) -> Evaluation:
+        """One real episode per start state for one candidate (``on_episodes``: see `EpisodesDone`)."""
+        progress = {} if on_episodes is None else {"on_episodes": on_episodes}
+        (result,) = self.evaluate_many([(params, states)], **progress)  # type: ignore[attr-defined]
         assert isinstance(result, Evaluation)  # an env error raised: per_job_env_errors is off
         return result
 
@@ -146,25 +156,32 @@ def collect(
     *,
     per_job_env_errors: bool,
     log: Any,
+    on_episodes: Optional[EpisodesDone] = None,
 ) -> tuple[list[tuple[Chunk, dict[str, Any]]], dict[int, EvaluationEnvError]]:
     """Each chunk's result, in submission order, through ``get`` (which
-    raises the backend's own failures). A chunk whose env raised
-    (`EnvFailure`) fails the whole call with `EvaluationEnvError`, or with
-    ``per_job_env_errors`` only its job: the second value maps that job's
-    index to its error, and the other chunks are still collected."""
+    raises the backend's own failures), ``on_episodes`` told of each as it
+    comes. A chunk whose env raised (`EnvFailure`) fails the whole call with
+    `EvaluationEnvError`, or with ``per_job_env_errors`` only its job: the
+    second value maps that job's index to its error, and the other chunks are
+    still collected."""
     results = []
     env_errors: dict[int, EvaluationEnvError] = {}
     for chunk, handle in submitted:
         try:
             results.append((chunk, get(handle)))
+            if on_episodes is not None:
+                on_episodes(len(chunk.indices))
         except EnvFailure as exc:
             if not per_job_env_errors:
                 n = episodes_in(jobs)
                 log.warning("evolve.evaluation_env_error", episodes=n, error=str(exc))
                 raise EvaluationEnvError(f"real evaluation of {n} episodes failed: {exc}") from None
             n = len(jobs[chunk.job][1])
-            log.warning("evolve.evaluation_env_error", episodes=n, error=str(exc))
+            # the caller charges the job and warns of it (`evolve.candidate_failed`): one warning per failure
+            log.info("evolve.evaluation_env_error", episodes=n, error=str(exc))
             env_errors.setdefault(chunk.job, EvaluationEnvError(f"real evaluation of {n} episodes failed: {exc}"))
+            if on_episodes is not None:
+                on_episodes(len(chunk.indices))
     return results, env_errors
 
 

@@ -8,6 +8,7 @@ from typing import Any, Optional, Sequence
 
 from .evaluation import Evaluation
 from .evolve_config import Candidate, EvolveConfig
+from .fail_fast import common_error, env_said, fix_for, normalised
 from .time_share import BUCKETS
 
 # the part of a finished run's report its manifest keeps
@@ -178,6 +179,17 @@ def run_report(
     return report
 
 
+def failed_alike(report: dict[str, Any]) -> Optional[tuple[int, str]]:
+    """(generation, error) when the report's last generation's candidates all failed with the same error (the run
+    stopped then: `agents.fail_fast`); else None."""
+    generations = report.get("generations") or []
+    if not generations:
+        return None
+    last = generations[-1]
+    error = common_error(report.get("failed_candidates") or [], [c["id"] for c in last.get("candidates") or []])
+    return None if error is None else (int(last["generation"]), error)
+
+
 def mode_of(cfg: EvolveConfig) -> str:
     """The run's method in one word: ``loop`` (critic and model), ``no_model``, ``no_critic``, or ``cma`` (nothing
     refines: the floor)."""
@@ -193,10 +205,18 @@ def stop_detail(report: dict[str, Any]) -> str:
     """Why the run stopped, in one sentence, from its report (``stop_reason``
     is the machine-readable word: ``target``, ``budget`` (``budget_exhausted``
     says which: ``episodes`` or ``env_steps``), or ``failed`` when every real
-    evaluation failed)."""
+    evaluation failed, or every candidate of a generation with the same error)."""
     n_train = report["train_start_states"]
     if report["stop_reason"] == "failed":
         failures = report.get("failed_candidates") or []
+        alike = failed_alike(report)
+        if alike is not None:
+            generation, error = alike
+            return (
+                f"every candidate of generation {generation} failed with the same error: {env_said(error)}; "
+                f"{fix_for(error)} ({report['real_episodes']} of {report['budget']} real episodes charged, the rest "
+                "not spent)"
+            )
         first = f"; the first error: {failures[0]['error']}" if failures else ""
         return (
             f"every candidate failed: {len(failures)} real evaluation(s), {report['real_episodes']} of "
@@ -296,31 +316,49 @@ def report_rows(report: dict[str, Any]) -> list[tuple[str, str]]:
     if report.get("policy_file"):
         rows.append(("policy file", report["policy_file"]))
     for name, learner in (report.get("learners") or {}).items():
-        rows.append(
-            (
-                f"{name.replace('_', ' ')} precision",
-                f"{learner['precision']} ({learner['agent']})" + _decision_text(learner.get("decision")),
-            )
-        )
+        if learner.get("precision") is None:  # never built: the run never trained it
+            text = f"- ({learner['agent']}): never trained, so never built nor its precision decided"
+        else:
+            text = f"{learner['precision']} ({learner['agent']})" + _decision_text(learner.get("decision"))
+        rows.append((f"{name.replace('_', ' ')} precision", text))
     rows += [("generations", str(len(report["generations"]))), ("wall time (s)", f"{report['wall_s']:.1f}")]
     share = report.get("time_share") or {}
     if share:
-        parts = ", ".join(f"{k.replace('_', ' ')} {share[k]:.1f} s" for k in BUCKETS if share.get(k))
-        rows.append(("wall time", parts or "-"))
+        parts = [f"{k.replace('_', ' ')} {share[k]:.1f} s" for k in BUCKETS if share.get(k)]
+        if share.get("other"):
+            parts.append(f"other {share['other']:.1f} s")
+        rows.append(("wall time", ", ".join(parts) or "-"))
     failures = report.get("failed_candidates", [])
     if failures:
         charged = sum(f.get("episodes", 0) for f in failures)
         rows.append(("failed candidates", f"{len(failures)} (charged {charged} real episodes)"))
+    # one row per distinct error: a broken env fails every candidate alike, and one line says it
+    by_error: dict[str, list[str]] = {}
     for failure in failures:
-        rows.append((f"skipped {failure['candidate']}", failure["error"]))
+        by_error.setdefault(normalised(failure["error"]), []).append(failure["candidate"])
+    for failure in failures:
+        same = by_error.pop(normalised(failure["error"]), None)
+        if same is None:
+            continue
+        who = same[0] if len(same) == 1 else f"{same[0]} and {len(same) - 1} more"
+        rows.append((f"skipped {who}", failure["error"]))
     if report.get("replay_db"):
         rows.append(("replay buffer", report["replay_db"]))
     if report.get("run_id"):
         rows.append(("run", report["run_id"]))
     if report.get("resumed"):
         origin = report["resumed_from"]
-        rows.append(("resumed after", f"generation {origin['generation']}, {origin['real_episodes']} real episodes"))
+        rows.append(("resumed" if origin["generation"] < 0 else "resumed after", resumed_text(origin)))
     return rows
+
+
+def resumed_text(origin: dict[str, Any]) -> str:
+    """Where a resumed run went on from, in words (the value of the row `report_rows` names ``resumed after``, or
+    ``resumed`` for a run resumed before its first generation)."""
+    if origin["generation"] < 0:
+        carried = f"; {origin['real_episodes']} real episodes carried over" if origin["real_episodes"] else ""
+        return f"before its first generation was committed (it began again at generation 0{carried})"
+    return f"generation {origin['generation']}, {origin['real_episodes']} real episodes"
 
 
 def _decision_text(decision: Optional[dict[str, Any]]) -> str:

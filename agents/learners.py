@@ -27,6 +27,7 @@ from infrastructure.replay_buffer import ReplayBuffer
 
 from .evolve_config import EvolveConfig
 from .manifest_fields import RunError
+from .progress import CRITIC, MODEL_ROLLOUTS, REFINEMENT, WORLD_MODEL, Phase, RunProgress
 from .search_space import SearchSpace
 from .tasks import ResolvedTask
 
@@ -50,8 +51,13 @@ generation's learning is skipped, logged and recorded (``learners_skipped``), an
 
 
 class Learners:
-    """The world model and the critic of one run (either may be None: the ablations). ``state``: the run's
-    (`agents.run_state.RunState`), where the refinement's actor lives and where the wall time is counted."""
+    """The world model and the critic of one run (either may be left out: the ablations). ``state``: the run's
+    (`agents.run_state.RunState`), where the refinement's actor lives and where the wall time is counted;
+    ``progress``: where each phase's steps are reported (`agents.progress.RunProgress`).
+
+    A learner is built when it is first needed: at the first `learn` (to train it) or by `build` (a resumed run
+    loading its snapshot). Building decides its precision (and measures an ``auto``), so a run that never trains
+    builds and measures none; until then `world_model` and `critic` are None, and `summary` says so."""
 
     def __init__(
         self,
@@ -65,6 +71,7 @@ class Learners:
         *,
         world_model: Optional[WorldModel] = None,
         critic: Optional[Critic] = None,
+        progress: Optional[RunProgress] = None,
     ) -> None:
         self.config, self.task, self.settings, self.buffer, self.data_agent, self.run_id, self.state = (
             config,
@@ -75,11 +82,31 @@ class Learners:
             run_id,
             state,
         )
-        self.world_model = (
-            world_model if world_model is not None or not config.use_world_model else self._make_world_model()
-        )
-        self.critic = critic if critic is not None or not config.use_critic else self._make_critic()
+        self.progress = progress or RunProgress()
+        self.world_model: Optional[WorldModel] = world_model
+        """The world model once built (given, or by `build`); None before, and in the ablation without one."""
+        self.critic: Optional[Critic] = critic
+        """The critic once built; None before, and in the ablation without one."""
+        self.uses = {
+            "world_model": world_model is not None or config.use_world_model,
+            "critic": critic is not None or config.use_critic,
+        }
+        """Which learners the run has (built or not): ``world_model``, ``critic``."""
         self.last: dict[str, Any] = {}
+
+    def build(self, name: str) -> Any:
+        """The learner ``name`` (``world_model`` or ``critic``), built now if the run has it and it is not yet (its
+        precision decided, an ``auto`` measured: a begin and an end event of its phase say so); None if the run has
+        none."""
+        if not self.uses[name]:
+            return None
+        learner = getattr(self, name)
+        if learner is None:
+            phase = WORLD_MODEL if name == "world_model" else CRITIC
+            with self.progress.phase(phase, None, "", detail="deciding precision"):
+                learner = self._make_world_model() if name == "world_model" else self._make_critic()
+            setattr(self, name, learner)
+        return learner
 
     time = property(lambda self: self.state.time, doc="Where the run's wall time goes (`RunState.time`).")
 
@@ -210,11 +237,16 @@ class Learners:
                 "evolve.learners_skipped", generation=generation, reason=reports["skipped"]
             )
             return reports
-        if self.world_model is not None:
+        progress = self.progress
+        if self.uses["world_model"]:
             with self.time.measure("model_train"):
-                reports["world_model"] = await self.world_model.train(cfg.wm_steps)
-        if self.critic is None:
+                world_model = self.build("world_model")
+                with progress.phase(WORLD_MODEL, cfg.wm_steps) as phase:
+                    reports["world_model"] = await world_model.train(cfg.wm_steps, on_step=phase.advance)
+        if not self.uses["critic"]:
             return reports
+        with self.time.measure("critic"):
+            critic = self.build("critic")
         trajectories = await self.buffer.asample(self.data_agent)
         real = Transitions.from_trajectories(trajectories)
         parts = [real]
@@ -224,7 +256,10 @@ class Learners:
             from infrastructure.model_env import branched_rollouts
 
             # one stream per use: the replay rows, the exploration noise, the model env's member and Gaussian draws
-            with self.time.measure("model_rollouts"):
+            with (
+                self.time.measure("model_rollouts"),
+                progress.phase(MODEL_ROLLOUTS, cfg.model_rollouts, "rollouts") as phase,
+            ):
                 rows = torch.randint(
                     len(real), (cfg.model_rollouts,), generator=torch_generator(cfg.seed, "learners.rows", generation)
                 )
@@ -240,12 +275,14 @@ class Learners:
                     project=self.task.task.project,
                     seed=stream_seed(cfg.seed, "learners.model_env", generation),
                 )
+                phase.advance(cfg.model_rollouts)
             parts.append(model)
             reports["rollouts"] = stats
         data, steps = Transitions.cat(parts), max(1, math.ceil(cfg.critic_updates * new_steps))
         if cfg.actor_rounds == 0 or cfg.refined == 0:
-            with self.time.measure("critic"):
-                reports["critic"] = await self.critic.train(data, self._mean_policy(z_mean, space), steps)
+            with self.time.measure("critic"), progress.phase(CRITIC, steps) as phase:
+                policy = self._mean_policy(z_mean, space)
+                reports["critic"] = await critic.train(data, policy, steps, on_step=phase.advance)
             self.last = reports
             return reports
         import asyncio
@@ -254,23 +291,36 @@ class Learners:
 
         actor = np.asarray(elite if elite is not None else z_mean, dtype=np.float64)
         per_round, rounds = max(1, steps // cfg.actor_rounds), []
+        actor_steps = max(1, cfg.refine_steps // cfg.actor_rounds)
         reports["critic_rounds"] = rounds  # a rollback in any round shows in the generation's record
         for r in range(cfg.actor_rounds):
-            with self.time.measure("critic"):
-                reports["critic"] = await self.critic.train(
-                    data, self._mean_policy(actor, space), per_round, save=r == cfg.actor_rounds - 1
+            # one phase per round, its steps counted over all the rounds
+            with (
+                self.time.measure("critic"),
+                progress.phase(CRITIC, per_round * cfg.actor_rounds, done=r * per_round) as phase,
+            ):
+                reports["critic"] = await critic.train(
+                    data,
+                    self._mean_policy(actor, space),
+                    per_round,
+                    save=r == cfg.actor_rounds - 1,
+                    on_step=_offset(phase, r * per_round),
                 )
             rounds.append(reports["critic"])
-            with self.time.measure("refine"):
+            with (
+                self.time.measure("refine"),
+                progress.phase(REFINEMENT, actor_steps * cfg.actor_rounds, done=r * actor_steps) as phase,
+            ):
                 actor = (
                     await asyncio.to_thread(
                         refine,
                         actor,
                         data.obs,
                         space,
-                        value=self.critic.value,
-                        snapshots=[max(1, cfg.refine_steps // cfg.actor_rounds)],
+                        value=critic.value,
+                        snapshots=[actor_steps],
                         seed=stream_seed(cfg.seed, "learners.actor_round", generation, r),
+                        on_step=_offset(phase, r * actor_steps),
                     )
                 )[0]
         self.actor = space.to_raw(actor)
@@ -312,39 +362,55 @@ class Learners:
         left = count - len(out)
         starts = [("mean", z_mean)] + ([("elite", elite)] if elite is not None and left > 1 else [])
         starts = starts[:left]
+        plan = []
         for k, (name, z0) in enumerate(starts):
             copies = len(range(k, left, len(starts)))
-            snapshots = sorted({max(1, cfg.refine_steps // 4**j) for j in range(copies)})
-            with self.time.measure("refine"):
-                zs = await asyncio.to_thread(
-                    refine,
-                    z0,
-                    states,
-                    space,
-                    value=value,
-                    model=model_step(self.world_model) if horizon else None,
-                    horizon=horizon,
-                    snapshots=snapshots,
-                    seed=stream_seed(cfg.seed, "learners.refine", generation, k),
-                )
-            out += [(z, f"refined:{name}:{n}") for z, n in zip(zs, snapshots)]
+            plan.append((k, name, z0, sorted({max(1, cfg.refine_steps // 4**j) for j in range(copies)})))
+        total, done = sum(snapshots[-1] for *_, snapshots in plan), 0
+        with self.progress.phase(REFINEMENT, total) as phase:
+            for k, name, z0, snapshots in plan:
+                with self.time.measure("refine"):
+                    zs = await asyncio.to_thread(
+                        refine,
+                        z0,
+                        states,
+                        space,
+                        value=value,
+                        model=model_step(self.world_model) if horizon else None,
+                        horizon=horizon,
+                        snapshots=snapshots,
+                        seed=stream_seed(cfg.seed, "learners.refine", generation, k),
+                        on_step=_offset(phase, done),
+                    )
+                done += snapshots[-1]
+                out += [(z, f"refined:{name}:{n}") for z, n in zip(zs, snapshots)]
         return out
 
     def summary(self, generations: Sequence[dict[str, Any]] = ()) -> dict[str, Any]:
         """Each learner's agent, precision and decision, for the report: those
         of its last training in ``generations`` (the run's records, resumed
-        stretches included), else what its trainer would run now."""
+        stretches included), else what its trainer would run now; a learner
+        never built (the run never trained it) is not built here: its
+        precision and decision are None and ``trained`` False."""
         out: dict[str, Any] = {}
         for name, prefix, learner in (("world_model", "wm", self.world_model), ("critic", "critic", self.critic)):
-            if learner is None:
+            if not self.uses[name]:
                 continue
             trained = [r for r in generations if r.get(f"{prefix}_wall_s") is not None]
+            agent = learner.agent if learner is not None else getattr(self.config, f"{prefix}_agent")
             if trained:
                 precision, decision = trained[-1][f"{prefix}_precision"], trained[-1][f"{prefix}_decision"]
-            else:
+            elif learner is not None:
                 precision, decision = learner.precision, learner.decision.as_dict()
-            out[name] = {"agent": learner.agent, "precision": precision, "decision": decision}
+            else:
+                precision, decision = None, None
+            out[name] = {"agent": agent, "precision": precision, "decision": decision, "trained": bool(trained)}
         return out
+
+
+def _offset(phase: Phase, before: int) -> Callable[[int], None]:
+    """``on_step`` for a call whose steps follow ``before`` steps of ``phase``."""
+    return lambda done: phase.advance(before + done)
 
 
 WINDOW = 3

@@ -24,6 +24,7 @@ from __future__ import annotations
 import logging
 import socket
 import threading
+import time
 from contextlib import contextmanager
 from typing import Any, Iterator, Optional, Sequence, Union
 
@@ -35,6 +36,7 @@ from .evaluation_contract import (
     Evaluation,
     EvaluationEnvError,
     EvaluationWorkerLost,
+    EpisodesDone,
     Job,
     SingleEvaluation,
     assemble,
@@ -164,14 +166,15 @@ class RayEvaluator(SingleEvaluation):
         jobs: Sequence[Job],
         *,
         per_job_env_errors: bool = False,
+        on_episodes: Optional[EpisodesDone] = None,
     ) -> list[Union[Evaluation, EvaluationEnvError]]:
-        """Several candidates at once, as `agents.evaluation.Evaluator.evaluate_many`."""
-        ray = self._ray
+        """Several candidates at once, as `agents.evaluation.Evaluator.evaluate_many` (``on_episodes`` told of each
+        task as it finishes, in the order they finish)."""
         with self._lock:
             submitted = self._submit(jobs)
             self._running = [ref for _, ref in submitted]
             try:
-                ready, late = ray.wait(self._running, num_returns=len(self._running), timeout=self.timeout_s)
+                late = self._wait(submitted, on_episodes)
                 if late:
                     error = timed_out(self._log, jobs, self.timeout_s)
                     self._cancel()
@@ -182,13 +185,30 @@ class RayEvaluator(SingleEvaluation):
                     jobs,
                     per_job_env_errors=per_job_env_errors,
                     log=self._log,
-                )
+                )  # every task has finished: on_episodes was told as they did
             except BaseException:
                 self._cancel()
                 raise
             finally:
                 self._running = []
         return assemble(jobs, results, env_errors)
+
+    def _wait(self, submitted: Sequence[tuple[Chunk, Any]], on_episodes: Optional[EpisodesDone]) -> list[Any]:
+        """Wait for every task until ``timeout_s`` from now; returns those still running then (none: all finished).
+        Without ``on_episodes`` one wait for them all, else one per finished task, each told as it finishes."""
+        ray, refs = self._ray, [ref for _, ref in submitted]
+        if on_episodes is None:
+            _, late = ray.wait(refs, num_returns=len(refs), timeout=self.timeout_s)
+            return list(late)
+        sizes = {ref: len(chunk.indices) for chunk, ref in submitted}
+        deadline, left = time.monotonic() + self.timeout_s, refs
+        while left:
+            ready, left = ray.wait(left, num_returns=1, timeout=max(0.0, deadline - time.monotonic()))
+            if not ready:
+                return list(left)
+            for ref in ready:
+                on_episodes(sizes[ref])
+        return []
 
     def _get(self, ref: Any, jobs: Sequence[Job]) -> dict[str, Any]:
         """One task's result; its failure as this module's errors (EnvFailure passes through)."""

@@ -14,6 +14,8 @@ import numpy as np
 
 from .evaluation import Evaluation, EvaluationBackend, EvaluationEnvError, EvaluationError, EvaluationTimeout
 from .evolve_config import Candidate, EvolveConfig
+from .fail_fast import normalised
+from .progress import EPISODES, VERIFICATION, Phase, RunProgress
 from .run_state import Spent
 from .tasks import StartStates
 from .time_share import TimeShare
@@ -36,6 +38,7 @@ class RealEpisodes:
         time: TimeShare,
         log: "structlog.stdlib.BoundLogger",
         spent: Spent,
+        progress: Optional[RunProgress] = None,
     ) -> None:
         self.evaluator, self.config, self.starts, self.time, self._log, self.spent = (
             evaluator,
@@ -45,6 +48,8 @@ class RealEpisodes:
             log,
             spent,
         )
+        self.progress = progress or RunProgress()
+        self._warned: set[str] = set()  # the failures warned of (`charge_failure`)
         self.order = start_order(len(starts.train), config.seed)
         self.cut = False  # the last verification stopped because its next stage did not fit the budgets
 
@@ -97,9 +102,15 @@ class RealEpisodes:
         return self.over_budget(episodes) is None
 
     # -- evaluations ----------------------------------------------------------------------
-    async def evaluate(self, params: np.ndarray, states: np.ndarray) -> Evaluation:
+    def told(self, phase: Phase) -> dict[str, object]:
+        """The evaluator's keyword that reports ``phase``'s episodes as they finish; none while nothing listens
+        (an evaluator of one's own may not take it)."""
+        return {"on_episodes": phase.add} if self.progress.enabled else {}
+
+    async def evaluate(self, params: np.ndarray, states: np.ndarray, phase: Optional[Phase] = None) -> Evaluation:
+        told = self.told(phase) if phase is not None else {}
         with self.time.measure("real_episodes"):
-            return await asyncio.to_thread(self.evaluator.evaluate, params, states)
+            return await asyncio.to_thread(functools.partial(self.evaluator.evaluate, params, states, **told))
 
     def charge_failure(self, cand: Candidate, exc: EvaluationError, *, episodes: int, score: bool = True) -> None:
         """Record why ``cand`` failed and how many real episodes it was
@@ -107,7 +118,14 @@ class RealEpisodes:
         if score:
             cand.real_return, cand.full = float("-inf"), True
         event = "evolve.candidate_timeout" if isinstance(exc, EvaluationTimeout) else "evolve.candidate_failed"
-        self._log.warning(event, candidate=cand.id, error=str(exc))
+        # a warning the first time an error is seen in the session; the same error again (its numbers aside: a broken
+        # env fails every candidate alike) is an INFO event with ``repeat`` true, in the event log, not on the terminal
+        key = normalised(str(exc))
+        if key in self._warned:
+            self._log.info(event, candidate=cand.id, error=str(exc), repeat=True)
+        else:
+            self._warned.add(key)
+            self._log.warning(event, candidate=cand.id, error=str(exc))
         self.failures.append(
             {"candidate": cand.id, "generation": cand.generation, "episodes": episodes, "error": str(exc)}
         )
@@ -117,10 +135,16 @@ class RealEpisodes:
         env that raises loses its own candidate only (scored -inf, not
         returned): the others' episodes ran and count."""
         train = self.starts.train
-        with self.time.measure("real_episodes"):
+        with (
+            self.time.measure("real_episodes"),
+            self.progress.phase(EPISODES, len(cands), "episodes", episodes=True) as phase,
+        ):
             results = await asyncio.to_thread(
                 functools.partial(
-                    self.evaluator.evaluate_many, [(c.params, train[[i]]) for c, i in cands], per_job_env_errors=True
+                    self.evaluator.evaluate_many,
+                    [(c.params, train[[i]]) for c, i in cands],
+                    per_job_env_errors=True,
+                    **self.told(phase),
                 )
             )
         out = []
@@ -140,16 +164,17 @@ class RealEpisodes:
         episodes (None when an evaluation failed: it is then charged, its one
         episode's return kept). ``scale``: the spread of the task's returns (`agents.verify.return_scale`)."""
         assert len(cand.starts) == 1
-        result = await verify(
-            self.evaluate,
-            cand.params,
-            self.starts.train,
-            self.order,
-            first=(cand.starts[0], cand.returns[0]),
-            target=self.target,
-            fits=self.fits,
-            scale=scale,
-        )
+        with self.progress.phase(VERIFICATION, None, "episodes", episodes=True, detail="training states") as phase:
+            result = await verify(
+                functools.partial(self.evaluate, phase=phase),
+                cand.params,
+                self.starts.train,
+                self.order,
+                first=(cand.starts[0], cand.returns[0]),
+                target=self.target,
+                fits=self.fits,
+                scale=scale,
+            )
         self.real_episodes += result.episodes
         self.cut = result.decided == "budget"
         if result.error is not None:
@@ -179,16 +204,17 @@ class RealEpisodes:
         n = len(states)
         # the candidate's training returns (its first, picked for meeting the target, left out) show how its return
         # varies across start states of this kind: their spread is pooled into the bound's
-        result = await verify(
-            self.evaluate,
-            cand.params,
-            states,
-            list(range(n)),
-            target=self.target,
-            fits=self.fits,
-            scale=scale,
-            alike=cand.returns[1:],
-        )
+        with self.progress.phase(VERIFICATION, None, "episodes", episodes=True, detail="validation states") as phase:
+            result = await verify(
+                functools.partial(self.evaluate, phase=phase),
+                cand.params,
+                states,
+                list(range(n)),
+                target=self.target,
+                fits=self.fits,
+                scale=scale,
+                alike=cand.returns[1:],
+            )
         self.real_episodes += result.episodes
         if result.decided == "budget":  # the next stage did not fit: what ran is charged, nothing is decided
             self.env_steps += result.evaluation.env_steps

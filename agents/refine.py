@@ -95,10 +95,12 @@ def refine(
     lr: float = 0.01,
     batch: int = 256,
     seed: int = 0,
+    on_step: Optional[Callable[[int], None]] = None,
 ) -> list[np.ndarray]:
     """Snapshots (z-coordinates) of one Adam ascent of J from ``z0``, at each
     step count in ``snapshots`` (ascending); minibatches of ``batch`` rows of
-    ``states`` drawn from the stream ``refine.rows`` of ``seed`` (`genesis_fp16.base.seeds`)."""
+    ``states`` drawn from the stream ``refine.rows`` of ``seed`` (`genesis_fp16.base.seeds`).
+    ``on_step(done)``: told the steps done after each one (a caller's progress)."""
     steps = sorted({int(s) for s in snapshots})
     if not steps or steps[0] < 1:
         raise ValueError(f"snapshots={list(snapshots)}: expected step counts >= 1")
@@ -117,6 +119,8 @@ def refine(
         opt.step()
         if step in steps:
             out.append(z.detach()[0].double().numpy().copy())
+        if on_step is not None:
+            on_step(step)
     return out
 
 

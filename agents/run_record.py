@@ -58,9 +58,14 @@ def open_run(settings: Settings, run_id: str) -> tuple[runs.Manifest, runs.RunLo
     return manifest, lock
 
 
+LEARNER_OF = dict(zip(SNAPSHOT_KEYS, ("world_model", "critic")))
+"""The learner each snapshot key names (`agents.learners.Learners.build`)."""
+
+
 def learned_parts(learners: Learners) -> list[tuple[str, GuardedLearner]]:
-    """(manifest key, learner) of each learned part the run trains (`SNAPSHOT_KEYS`)."""
-    pairs = zip(SNAPSHOT_KEYS, (learners.world_model, learners.critic))
+    """(manifest key, learner) of each learned part the run has built (`SNAPSHOT_KEYS`; one not built yet has
+    nothing to save or decide)."""
+    pairs = ((key, getattr(learners, name)) for key, name in LEARNER_OF.items())
     return [(key, learner) for key, learner in pairs if learner is not None]
 
 
@@ -126,9 +131,13 @@ class RunRecorder:
 
     @staticmethod
     def _note_decisions(state: RunState, learners: Learners) -> None:
-        """Each learner's precision decision into ``state`` (a resume trains on them instead of deciding again)."""
+        """Each built learner's precision decision into ``state`` (a resume trains on them instead of deciding
+        again); one not built keeps the decision ``state`` has for it, if any."""
         decided = [(key, learner.decision) for key, learner in learned_parts(learners)]
-        state.decisions = {key: decision.as_dict() for key, decision in decided if decision is not None}
+        state.decisions = {
+            **state.decisions,
+            **{key: decision.as_dict() for key, decision in decided if decision is not None},
+        }
 
     def begin_session(self, state: RunState, learners: Learners) -> None:
         """Take the run's lock and record a session starting from ``state``."""
@@ -234,9 +243,12 @@ class RunRecorder:
             )
         discarded = buffer.delete_generations_after(self.data_agent, state.generation)
         with torch_threads(self.settings.torch_threads):  # as the run trains: a workload's cache key counts its threads
-            for key, learner in learned_parts(learners):  # built on the run's own decisions (`Learners`)
+            for key, name in LEARNER_OF.items():
                 snapshot = state.snapshots.get(key)
-                if not snapshot:
+                if not snapshot:  # never trained: built when the run first trains it
+                    continue
+                learner = learners.build(name)  # on the run's own decision (`Learners`)
+                if learner is None:
                     continue
                 try:
                     learner.load(self.snapshot_dir / snapshot)

@@ -16,7 +16,9 @@ one-episode CMA-ES: the floor the refinement must beat. The run stops when a
 candidate's mean over every training start state meets the target and the
 validation start states confirm it, or when the next generation could exceed
 a budget (real episodes, real env steps); a run in which every real
-evaluation failed stops as ``failed``. The answer of a run that did not
+evaluation failed stops as ``failed``, and so does a run whose candidates of
+one generation all failed with the same error (a broken env: `agents.fail_fast`),
+after that generation. The answer of a run that did not
 reach its target is the best of its fully evaluated candidates, the CMA-ES
 mean (the tuned yardstick's answer), the refinement's last actor and the
 candidate with the best one episode that was never fully evaluated, by
@@ -26,6 +28,7 @@ their training return.
 from __future__ import annotations
 
 import asyncio
+import functools
 import math
 import time
 import uuid
@@ -42,9 +45,11 @@ from infrastructure.replay_buffer import ReplayBuffer, trajectories_from_episode
 from .evaluation import Evaluation, EvaluationBackend, EvaluationError, make_evaluator
 from .evolve_config import EVOLVE, Candidate, EvolveConfig, resumed_config
 from .evolve_report import candidates_record, generation_record, mode_of, run_report
+from .fail_fast import common_error
 from .learners import Learners, refined_count
 from .mujoco_log import mujoco_log_for
 from .policies import policy_from_run
+from .progress import ANSWER, HELDOUT, ProgressFn, RunProgress
 from .real_episodes import RealEpisodes
 from .run_record import RunRecorder, open_run
 from .run_state import RunState, StopReason
@@ -61,7 +66,12 @@ __all__ = ["Candidate", "EvolveConfig", "RunState", "SEDarwinAgent", "StopReason
 
 class SEDarwinAgent:
     """Runs `evolve`. ``on_generation(record)`` is called after each
-    committed generation (the CLI's progress display). `resume`
+    committed generation (the CLI's generation lines); ``on_progress(event)``
+    as each real episode finishes and each phase of the run begins, advances
+    and ends (`agents.progress`: the CLI's progress bar). ``started``: when the
+    run's work began, a `time.perf_counter` value (default: when the
+    constructor is entered; the CLI passes its process's start): the wall time
+    counts from it, and what comes before `evolve` is its ``start_up``. `resume`
     continues an interrupted run from its manifest (see ``agents.runs``).
     ``task``: what to evolve (default: the task ``config.env_id`` names), or
     that task already resolved (`EvolveConfig.resolve`: the CLI's, taken as it is).
@@ -83,8 +93,12 @@ class SEDarwinAgent:
         run_id: Optional[str] = None,
         state: Optional[RunState] = None,
         recorder: Optional[RunRecorder] = None,
+        on_progress: Optional[ProgressFn] = None,
+        started: Optional[float] = None,
     ) -> None:
         from genesis_fp16.base.settings import load_settings
+
+        self.started = time.perf_counter() if started is None else started
 
         require("gymnasium", EVOLVE)  # real episodes
         require("cma", EVOLVE)
@@ -104,6 +118,7 @@ class SEDarwinAgent:
         self.data_agent, self._log = self.recorder.data_agent, self.recorder.log
         self.buffer = buffer or ReplayBuffer(settings=self.settings)
         self.starts = self.task.start_states(self.config.seed)
+        self.progress = RunProgress(on_progress, episodes=lambda: self.state.spent.real_episodes)
         self.learners = Learners(
             self.config,
             self.task,
@@ -114,6 +129,7 @@ class SEDarwinAgent:
             self.state,
             world_model=world_model,
             critic=critic,
+            progress=self.progress,
         )
         cfg = self.config
         self.evaluator = evaluator or make_evaluator(
@@ -124,7 +140,9 @@ class SEDarwinAgent:
             memory_limit_mb=cfg.eval_memory_mb,
             mujoco_log=mujoco_log_for(self.settings),
         )
-        self.real = RealEpisodes(self.evaluator, self.config, self.starts, self.time, self._log, self.state.spent)
+        self.real = RealEpisodes(
+            self.evaluator, self.config, self.starts, self.time, self._log, self.state.spent, self.progress
+        )
         self.on_generation = on_generation
         self.resumed_from: Optional[dict[str, Any]] = (
             self.recorder.resume_learners(self.state, self.learners, self.buffer) if self.recorder.resumed else None
@@ -147,19 +165,22 @@ class SEDarwinAgent:
         critic: Optional[Critic] = None,
         evaluator: Optional[EvaluationBackend] = None,
         on_generation: Optional[Callable[[dict[str, Any]], None]] = None,
+        on_progress: Optional[ProgressFn] = None,
+        started: Optional[float] = None,
     ) -> "SEDarwinAgent":
         """The interrupted run ``run_id``, ready to `evolve` on from its
         last committed generation: its own config (``budget`` and
         ``budget_steps`` may change it, ``workers`` and ``backend`` too; every other option in ``options``, keyed as in
         `EvolveConfig`, must equal the run's; ``task`` for a run of a
         task that is not registered; ``world_model``, ``critic``, ``buffer`` and
-        ``evaluator`` as in the constructor), and its `RunState` read once from
+        ``evaluator``, ``on_progress`` and ``started`` as in the constructor), and its `RunState` read once from
         the manifest (candidates, CMA-ES, episodes spent, the learners'
         snapshots). Replay rows of a generation that was cut off are deleted:
         that generation runs again. Raises `agents.runs.RunError` when the run
         cannot be resumed."""
         from genesis_fp16.base.settings import load_settings
 
+        started = time.perf_counter() if started is None else started
         settings = settings or load_settings()
         manifest, lock = open_run(settings, run_id)
         try:
@@ -185,15 +206,21 @@ class SEDarwinAgent:
                 on_generation=on_generation,
                 state=state,
                 recorder=recorder,
+                on_progress=on_progress,
+                started=started,
             )
         except BaseException:
             lock.release()
             raise
 
     world_model = property(
-        lambda self: self.learners.world_model, doc="The world model (None in the ablation without one)."
+        lambda self: self.learners.world_model,
+        doc="The world model (None until the run first trains it, and in the ablation without one).",
     )
-    critic = property(lambda self: self.learners.critic, doc="The critic (None in the ablation without one).")
+    critic = property(
+        lambda self: self.learners.critic,
+        doc="The critic (None until the run first trains it, and in the ablation without one).",
+    )
     generation = property(lambda self: self.state.generation, doc="The last committed generation (-1: none yet).")
     reached_at = property(
         lambda self: self.state.reached_at, doc="Real episodes spent when the target was met and confirmed."
@@ -204,6 +231,15 @@ class SEDarwinAgent:
     generations = property(lambda self: self.state.generations, doc="The committed generations' records.")
     time = property(lambda self: self.state.time, doc="Where the run's wall time goes.")
     manifest_path = property(lambda self: self.recorder.manifest_path, doc="The run's manifest file.")
+
+    @property
+    def on_progress(self) -> Optional[ProgressFn]:
+        """Called with each `agents.progress.ProgressEvent` (None: no events are made)."""
+        return self.progress.fn
+
+    @on_progress.setter
+    def on_progress(self, fn: Optional[ProgressFn]) -> None:
+        self.progress.fn = fn
 
     @property
     def real_episodes(self) -> int:
@@ -226,6 +262,10 @@ class SEDarwinAgent:
         discarded then)."""
         return self.generation + 1, self.recorder.committed_episodes()
 
+    def cut_off(self) -> int:
+        """Real episodes charged since the last commit (a generation cut off: a resume runs it again)."""
+        return max(0, self.real_episodes - self.recorder.committed_episodes())
+
     def _has_data(self) -> bool:
         """Whether any real evaluation succeeded (the replay buffer has a trajectory)."""
         return self.state.has_data()
@@ -237,8 +277,11 @@ class SEDarwinAgent:
     # -- the loop ------------------------------------------------------------------------------
     async def evolve(self) -> dict[str, Any]:
         """Run (or, after `resume`, continue) the loop, then the held-out
-        evaluation of the run's answer; returns the report."""
-        started = time.perf_counter()
+        evaluation of the run's answer; returns the report. The wall time
+        counts from ``started`` (the constructor's): the time before this call
+        is the session's ``start_up``."""
+        started = self.started
+        self.time.add("start_up", max(0.0, time.perf_counter() - started))
         self.recorder.begin_session(self.state, self.learners)
         try:
             with torch_threads(self.settings.torch_threads):
@@ -248,10 +291,12 @@ class SEDarwinAgent:
                 best = await self._answer() if stop is not StopReason.FAILED else None
                 heldout = await self._heldout(best)
         except (asyncio.CancelledError, KeyboardInterrupt):
-            self._log.warning(
+            generations, episodes = self.committed()
+            self._log.warning(  # the counts the command prints (`committed`, `cut_off`)
                 "evolve.interrupted",
-                generation=self.generation + 1,
-                real_episodes=self.real_episodes,
+                generations_committed=generations,
+                real_episodes_committed=episodes,
+                cut_off_episodes=self.cut_off(),
                 replay_db=str(self.buffer.path),
             )
             self.evaluator.terminate()
@@ -284,14 +329,22 @@ class SEDarwinAgent:
         if best is None:
             return None
         try:
-            return await asyncio.to_thread(self.evaluator.evaluate, best.params, self.starts.heldout)
+            return await self._outside_budget(HELDOUT, best.params, self.starts.heldout)
         except EvaluationError as exc:
             self._log.warning("evolve.candidate_failed", candidate=best.id, error=f"held-out evaluation: {exc}")
             return None
 
+    async def _outside_budget(self, phase: str, params: np.ndarray, states: np.ndarray) -> Evaluation:
+        """Real episodes the budget does not charge (the answer's, the held-out evaluation), reported as ``phase``."""
+        self.progress.generation = max(0, self.generation)
+        with self.progress.phase(phase, len(states), "episodes") as p:
+            told = self.real.told(p)
+            return await asyncio.to_thread(functools.partial(self.evaluator.evaluate, params, states, **told))
+
     async def _loop(self, started: float) -> StopReason:
         """Generations after the last committed one until the target is met
-        and confirmed, or the next generation could exceed a budget."""
+        and confirmed, the next generation could exceed a budget, or every
+        candidate of a generation failed with the same error (`agents.fail_fast`)."""
         if self.resumed_from is not None and self.real.over_budget(1) is None:
             self.state.budget_exhausted = None  # resumed with a larger budget: the run goes on
         while self.state.reached_at is None:
@@ -300,10 +353,14 @@ class SEDarwinAgent:
             if self.state.budget_exhausted is not None:
                 return StopReason.BUDGET
             generation = self.generation + 1
-            await self._generation(generation, started)
+            if await self._generation(generation, started):
+                return StopReason.FAILED
         return StopReason.TARGET
 
-    async def _generation(self, generation: int, started: float) -> None:
+    async def _generation(self, generation: int, started: float) -> bool:
+        """Run and commit ``generation``; whether every one of its candidates failed with the same error (the run
+        stops then: `agents.fail_fast`)."""
+        self.progress.generation = generation
         clock = self.time.snapshot()
         space = self.obs_stats.space(self.task.policy)
         last = [c for c in self.pool if c.generation == generation - 1 and c.returns and math.isfinite(c.returns[0])]
@@ -342,11 +399,14 @@ class SEDarwinAgent:
             for i, cand in enumerate(ran_extras):
                 cand.joined = i in joined
         cands = ran_extras + ran_own
+        failed_alike = all(c.real_return == -math.inf for c in cands) and (
+            common_error(self.failures, [c.id for c in cands]) is not None
+        )
         await self._commit(generation, evaluated)
         reports: dict[str, Any] = {}
         # the learners' cost follows what they return: they learn only for a generation that will run refined candidates
         upcoming = refined_count([*self.generations, candidates_record(cands)], self.config.refined)
-        if self.state.reached_at is None and self._has_data() and upcoming:
+        if self.state.reached_at is None and self._has_data() and upcoming and not failed_alike:
             space = self.obs_stats.space(self.task.policy)
             scored = [c for c in cands if c.returns and math.isfinite(c.returns[0])]
             best = space.to_z(max(scored, key=lambda c: c.returns[0]).params) if scored else None
@@ -378,6 +438,7 @@ class SEDarwinAgent:
         )
         if self.on_generation is not None:
             self.on_generation(record)
+        return failed_alike
 
     async def _run(
         self, cands: list[Candidate], first: int, evaluated: list[tuple[Candidate, Evaluation]], generation: int
@@ -480,7 +541,7 @@ class SEDarwinAgent:
             finals.append(Candidate(top.id, top.params, top.operator, top.generation))
         for cand in finals:
             try:
-                res = await asyncio.to_thread(self.evaluator.evaluate, cand.params, self.starts.train)
+                res = await self._outside_budget(ANSWER, cand.params, self.starts.train)
             except EvaluationError as exc:  # not an answer then; the run's own candidates are charged, these are not
                 self._log.warning("evolve.candidate_failed", candidate=cand.id, error=str(exc))
                 continue

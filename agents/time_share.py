@@ -1,8 +1,11 @@
-"""Where a run's wall time goes: training the world model, its short
-rollouts, training the critic, the refinement's actor-gradient steps and real
-episodes; ``other`` is the rest of the wall time (CMA-ES, replay writes,
-manifests, the held-out evaluation, start-up). ``model_share`` is the learned
-parts' share: everything but real episodes and other."""
+"""Where a run's wall time goes: start-up (each session's time from the
+command's start, or the agent's construction, to the loop: imports, settings,
+the task, the replay buffer, a resume's snapshots), training the world model,
+its short rollouts, training the critic (each learner's building and precision
+decision included), the refinement's actor-gradient steps and real episodes;
+``other`` is the rest of the wall time (CMA-ES, replay writes, manifests, the
+answer's and the held-out evaluation). ``model_share`` is the learned parts'
+share: everything but start-up, real episodes and other."""
 
 from __future__ import annotations
 
@@ -10,7 +13,7 @@ import time
 from contextlib import contextmanager
 from typing import Any, Iterator, Mapping, Optional
 
-BUCKETS = ("model_train", "model_rollouts", "critic", "refine", "real_episodes")
+BUCKETS = ("start_up", "model_train", "model_rollouts", "critic", "refine", "real_episodes")
 MODEL_BUCKETS = ("model_train", "model_rollouts", "critic", "refine")
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import platform
 import sys
+import time
 from importlib import metadata
 from typing import Any, Optional
 
@@ -403,7 +404,30 @@ def configuration_error(exc: BaseException) -> Optional[BaseException]:
     return None
 
 
+_STARTED: Optional[float] = None
+
+
+def command_started() -> Optional[float]:
+    """When the running command started, as a `time.perf_counter` value: the process's start for the
+    ``genesis-fp16`` program (`main` without arguments: its start-up, the imports, counts), when `main` was
+    entered for a call with arguments; None when the command was not run through `main` (a test's runner)."""
+    return _STARTED
+
+
+def _process_started() -> float:
+    import psutil
+
+    now = time.perf_counter()
+    try:
+        age = time.time() - psutil.Process().create_time()
+    except (psutil.Error, OSError):
+        return now
+    return now - max(0.0, age)
+
+
 def main(argv: Optional[list[str]] = None) -> None:
+    global _STARTED
+    _STARTED = _process_started() if argv is None else time.perf_counter()
     try:
         app(args=argv, standalone_mode=True)
     except Exception as exc:
@@ -412,6 +436,8 @@ def main(argv: Optional[list[str]] = None) -> None:
             raise  # a bug keeps its traceback
         print_error(str(error))
         sys.exit(2)
+    finally:
+        _STARTED = None  # a later command in this process (a test's) starts its own clock
 
 
 if __name__ == "__main__":

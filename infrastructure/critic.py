@@ -61,7 +61,7 @@ from .critic_net import (
 )
 from .dynamics import NonFiniteDataError
 from .transitions import Transitions
-from .learner import GuardedCallReport, GuardedLearner
+from .learner import GuardedCallReport, GuardedLearner, StepFn
 
 __all__ = ["Critic", "CriticReport", "NonFiniteDataError", "Transitions", "compute_targets"]
 
@@ -262,17 +262,26 @@ class Critic(GuardedLearner):
         self.trained = bool(extra.get("trained", True))
 
     # -- training --------------------------------------------------------------------------
-    async def train(self, data: Transitions, target_policy: PolicyFn, steps: int, *, save: bool = True) -> CriticReport:
+    async def train(
+        self,
+        data: Transitions,
+        target_policy: PolicyFn,
+        steps: int,
+        *,
+        save: bool = True,
+        on_step: Optional[StepFn] = None,
+    ) -> CriticReport:
         """``steps`` TD3 critic steps on ``data`` valuing ``target_policy``, in a
         worker thread (one call at a time). Bad input raises before anything
         is trained: `ValueError` for ``steps < 1`` or transitions of other
         sizes, `NonFiniteDataError` for NaN or inf. ``save`` writes a
-        checkpoint at the end (recorded as good when the call was healthy)."""
+        checkpoint at the end (recorded as good when the call was healthy).
+        ``on_step(done)`` is told the steps done after each one (a caller's progress)."""
         if isinstance(steps, bool) or not isinstance(steps, numbers.Integral) or steps < 1:
             raise ValueError(f"Critic.train: steps={steps!r}: expected a positive number of optimizer steps (e.g. 500)")
         check_transitions(data, self.spec.obs_dim, self.spec.act_dim)
         async with self._lock:
-            return await self._train_in_thread(self._train_sync, data, target_policy, int(steps), save)
+            return await self._train_in_thread(self._train_sync, data, target_policy, int(steps), save, on_step=on_step)
 
     def _policy_actions(self, policy: PolicyFn, next_obs: torch.Tensor) -> torch.Tensor:
         with torch.no_grad():

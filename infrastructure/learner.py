@@ -60,9 +60,13 @@ from genesis_fp16.training.guarded import (
 )
 from genesis_fp16.training.trainer import ExtraCheck, FP16Trainer, StepHook
 
-__all__ = ["GuardedCallReport", "GuardedLearner"]
+__all__ = ["GuardedCallReport", "GuardedLearner", "StepFn"]
 
 R = TypeVar("R")
+
+
+StepFn = Callable[[int], None]
+"""``on_step(done)``: the steps a training call has done so far, after each one (the caller's progress)."""
 
 
 def _handing_over(batches: Iterable[Any]) -> Iterator[Any]:
@@ -71,6 +75,18 @@ def _handing_over(batches: Iterable[Any]) -> Iterator[Any]:
     ) in batches:  # the GIL handed to the event loop after each batch, not at the interpreter's 5 ms forced switch
         yield batch
         time.sleep(0)
+
+
+def _counted(batches: Iterable[Any], on_step: Optional[StepFn]) -> Iterator[Any]:
+    """``batches``, ``on_step`` told the steps done as each next batch is asked for (its step is then done)."""
+    if on_step is None:
+        yield from batches
+        return
+    done = 0
+    for batch in batches:
+        yield batch
+        done += 1
+        on_step(done)
 
 
 class GuardedCallReport(RollbackSummary):
@@ -171,6 +187,7 @@ class GuardedLearner:
         self.trained = False
         self.history: list[Any] = []
         self._lock = asyncio.Lock()
+        self._on_step: Optional[StepFn] = None  # of the call that is running
         self.checkpoint_dir = Path(self.settings.state_dir) / kind
         self.training: GuardedTraining
 
@@ -237,11 +254,16 @@ class GuardedLearner:
         return {}
 
     # -- one call ----------------------------------------------------------------------------------
-    async def _train_in_thread(self, work: Callable[..., R], *args: Any) -> R:
+    async def _train_in_thread(self, work: Callable[..., R], *args: Any, on_step: Optional[StepFn] = None) -> R:
         """``work(*args)`` in a worker thread under the settings' torch threads (process-wide, so it holds in the
-        worker thread too); its report kept in ``history``. The caller holds the lock."""
-        with torch_threads(self.settings.torch_threads):
-            report = await asyncio.to_thread(work, *args)
+        worker thread too); its report kept in ``history``; ``on_step`` told of each of the call's steps. The caller
+        holds the lock."""
+        self._on_step = on_step
+        try:
+            with torch_threads(self.settings.torch_threads):
+                report = await asyncio.to_thread(work, *args)
+        finally:
+            self._on_step = None
         self.history.append(report)
         return report
 
@@ -251,7 +273,8 @@ class GuardedLearner:
         fields, a checkpoint if ``save`` (marked good if healthy), the report."""
         training = self.training
         training.begin_call(prepare=self.prepare)
-        result = training.train_windows(_handing_over(self.batches(steps)), self.loss, after_step=self.step_hook())
+        batches = _counted(_handing_over(self.batches(steps)), self._on_step)
+        result = training.train_windows(batches, self.loss, after_step=self.step_hook())
         call = training.finish_call(self.validation())
         fields.update(self.after_call(call))
         self.trained = True

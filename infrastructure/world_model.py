@@ -59,7 +59,7 @@ from .ensemble import (
     member_losses,
     sample_batch,
 )
-from .learner import GuardedCallReport, GuardedLearner
+from .learner import GuardedCallReport, GuardedLearner, StepFn
 from .model_env import ModelEnv, RolloutPolicy, Rollouts, branched_rollouts
 from .replay_buffer import ReplayBuffer
 from .trajectory import Trajectory
@@ -356,13 +356,15 @@ class WorldModel(GuardedLearner):
         *,
         trajectories: Optional[Sequence[Trajectory]] = None,
         save: bool = True,
+        on_step: Optional[StepFn] = None,
     ) -> TrainReport:
         """Train for `steps` optimizer steps on the replay buffer's data (or on
         `trajectories`) in a worker thread; returns a `TrainReport`. Bad input
         (`steps < 1`, sizes that do not fit the model, fewer than 2 transitions)
         raises `ValueError`, NaN or inf data `NonFiniteDataError`, before anything
         is trained or written. `save` writes a checkpoint at the end of the call
-        (recorded as good with a guard, when the run was healthy)."""
+        (recorded as good with a guard, when the run was healthy). ``on_step(done)`` is told the steps done after
+        each one (a caller's progress)."""
         if isinstance(steps, bool) or not isinstance(steps, numbers.Integral) or steps < 1:
             raise ValueError(
                 f"WorldModel.train: steps={steps!r}: expected a positive number of optimizer steps (e.g. 800)"
@@ -379,7 +381,7 @@ class WorldModel(GuardedLearner):
                 )
             trajectories = list(trajectories)
             check_sizes(trajectories, self.model.obs_dim, self.model.act_dim)
-            return await self._train_in_thread(self._train_sync, trajectories, int(steps), save)
+            return await self._train_in_thread(self._train_sync, trajectories, int(steps), save, on_step=on_step)
 
     def _train_sync(self, trajectories: list[Trajectory], steps: int, save: bool) -> TrainReport:
         """``steps`` optimizer steps on ``trajectories`` (checked by the caller), then the validation, the elites,

@@ -205,3 +205,19 @@ class FragileNaN(Drift):
 
 def fragile_nan() -> gym.Env:
     return FragileNaN()
+
+
+class Fragment(gym.Env):
+    """docs/EMBEDDING.md's Thermostat as its fragments read, joined: the spaces, and ``reset`` and ``step`` left as
+    ``...`` (they return None)."""
+
+    observation_space = gym.spaces.Box(-5.0, 5.0, (2,), np.float32)
+    action_space = gym.spaces.Box(-1.0, 1.0, (1,), np.float32)
+
+    def reset(self, *, seed=None, options=None): ...
+
+    def step(self, action): ...
+
+
+def fragment() -> gym.Env:
+    return Fragment()

@@ -255,3 +255,12 @@ def test_bench_script_runs_on_a_tiny_grid(tmp_path, capsys):
     (row,) = result["rows"]
     assert row["env"] == "Pendulum" and row["hidden"] == 8 and row["fp32_ms"] > 0 and row["bf16_ms"] > 0
     assert math.isfinite(row["val_fp32"]) and "bf16 x" in capsys.readouterr().out
+
+
+async def test_train_tells_of_each_step_as_it_is_done():
+    """Issue 54: a caller's progress hears of every step of a call (`on_step(done)`), in order, the last one too."""
+    critic, done = _critic(), []
+    report = await critic.train(_one_step(256), _zero_policy, 37, save=False, on_step=done.append)
+    assert done == list(range(1, 38)) and report.steps == 37
+    await critic.train(_one_step(256), _zero_policy, 5, save=False)  # no caller listening: nothing told
+    assert len(done) == 37

@@ -29,9 +29,15 @@ from agents.tasks import EnvFailure
 class Log:
     def __init__(self) -> None:
         self.events: list[tuple[str, dict[str, Any]]] = []
+        self.levels: list[str] = []
 
     def warning(self, event: str, **fields: Any) -> None:
         self.events.append((event, fields))
+        self.levels.append("warning")
+
+    def info(self, event: str, **fields: Any) -> None:
+        self.events.append((event, fields))
+        self.levels.append("info")
 
 
 def _run(chunk: Chunk) -> dict[str, Any]:
@@ -82,6 +88,14 @@ def test_an_env_error_fails_only_its_job_when_asked():
     )
     assert isinstance(out[1], Evaluation) and out[1].returns == [15.0, 16.0]
     assert [f["episodes"] for _, f in log.events] == [5, 5]  # both of job 0's chunks failed
+    assert log.levels == ["info", "info"]  # the caller charges the job and warns of it, once
+
+
+def test_collect_tells_of_each_chunks_episodes_as_it_comes():
+    done: list[int] = []
+    submitted = [(c, c) for c in split_jobs(JOBS, 2)]
+    results, errors = collect(submitted, _failing(0), JOBS, per_job_env_errors=True, log=Log(), on_episodes=done.append)
+    assert done == [len(c.indices) for c in split_jobs(JOBS, 2)] and sum(done) == 7  # failed chunks too: they ran
 
 
 def test_an_env_error_fails_the_whole_call_otherwise():

@@ -354,6 +354,46 @@ def test_tiny_run_writes_json_report(tmp_path, state_dir):
     assert Path(report["replay_db"]).is_file() and Path(report["replay_db"]).parent == state_dir
 
 
+def test_quiet_shows_no_progress_and_json_is_the_same_report(tmp_path, state_dir):
+    """``--quiet``: no bar, phase line or generation lines, only the report (and errors); ``--json`` writes the
+    report as without it."""
+    out = tmp_path / "report.json"
+    args = ["evolve", *TINY, "--no-world-model", "--budget", "12", "--workers", "1", "--json", str(out)]
+    quiet = runner.invoke(app, [*args, "--quiet"])
+    assert quiet.exit_code == 0, quiet.output
+    assert quiet.stderr.strip() == f"report written to {out}", quiet.stderr
+    assert "real episodes" in quiet.stdout and "wall time" in quiet.stdout  # the table
+    report = json.loads(out.read_text())
+    loud = runner.invoke(app, args)
+    assert loud.exit_code == 0, loud.output
+    assert "gen  0:" in loud.stderr and "evolve no_model seed 0" in loud.stderr and "12/12 real episodes" in loud.stderr
+    again = json.loads(out.read_text())
+    assert report["real_episodes"] == again["real_episodes"] == 12 and set(report) == set(again)
+
+
+def test_the_wall_time_is_the_commands_from_its_process_start(monkeypatch, tmp_path, state_dir, capsys):
+    """Issue 54: MountainCarContinuous --budget 40 reported 3.9 s of a 28 s command. The program's wall time counts
+    from its process's start (here, as if the process had started 20 s before: its imports, its settings, its task),
+    and the split names that start-up."""
+    import sys
+    import time
+
+    from genesis_fp16 import cli
+
+    monkeypatch.setattr(cli, "_process_started", lambda: time.perf_counter() - 20.0)
+    out = tmp_path / "report.json"
+    argv = ["genesis-fp16", "evolve", *TINY, "--no-world-model", "--budget", "6", "--workers", "1", "--json", str(out)]
+    monkeypatch.setattr(sys, "argv", argv)
+    before = time.perf_counter()
+    code, stdout, _ = _main(None, monkeypatch, capsys)  # the program as a shell runs it: main() reads sys.argv
+    took = time.perf_counter() - before + 20.0
+    assert code in (0, None), stdout
+    report = json.loads(out.read_text())
+    assert 20.0 <= report["wall_s"] <= took and report["time_share"]["start_up"] >= 20.0
+    assert "start up 2" in " ".join(stdout.split())  # the table's split names it
+    assert cli.command_started() is None  # a later command in this process starts its own clock
+
+
 def test_search_and_budget_flags_reach_the_config(tmp_path, state_dir):
     out = tmp_path / "report.json"
     result = runner.invoke(
@@ -621,8 +661,51 @@ def test_ctrl_c_keeps_replay_buffer(monkeypatch, state_dir):
     result = runner.invoke(app, ["evolve", *TINY, "--budget", "40", "--workers", "1"])
     assert result.exit_code == 130, result.output
     assert "interrupted" in result.output and "1 generation(s) (6 real episodes) are committed" in result.output
-    assert "continue it with: genesis-fp16 evolve --resume seed0-" in result.output
+    # the state dir is not the default one: the printed command names it
+    assert f"continue it with: GENESIS_FP16_STATE_DIR={state_dir} genesis-fp16 evolve --resume seed0-" in result.output
     assert (state_dir / "replay.sqlite").is_file()
+
+
+def test_an_interrupted_run_says_the_counts_its_log_says_and_the_printed_command_resumes_it(
+    monkeypatch, tmp_path, state_dir
+):
+    """Issue 54: the command printed on Ctrl-C failed as printed in another state dir, and the interrupted line
+    said "0 real episodes" where the log line above it said 15. Now both say the committed counts and the cut-off
+    episodes alike, and the printed command, run as printed (its state dir from the command, not the environment,
+    from another directory), continues the run."""
+    import shlex
+
+    from genesis_fp16.base.telemetry import read_events
+
+    commit = se_darwin_agent.SEDarwinAgent._commit
+
+    async def interrupted_in_generation_1(self, generation, evaluated):  # Ctrl-C once its 8 episodes are charged
+        if generation == 1:
+            raise KeyboardInterrupt
+        return await commit(self, generation, evaluated)
+
+    monkeypatch.setattr(se_darwin_agent.SEDarwinAgent, "_commit", interrupted_in_generation_1)
+    cut = runner.invoke(app, ["evolve", *TINY, "--no-world-model", "--budget", "20", "--workers", "1"])
+    assert cut.exit_code == 130, cut.output
+    said = " ".join(cut.output.split())
+    assert "1 generation(s) (6 real episodes) are committed; generation 1 was cut off after 8 real episodes" in said
+    (event,) = [e for e in read_events(state_dir / "events.jsonl") if e["event"] == "evolve.interrupted"]
+    assert (event["generations_committed"], event["real_episodes_committed"], event["cut_off_episodes"]) == (1, 6, 8)
+    (line,) = [line for line in cut.output.splitlines() if line.startswith("continue it with: ")]
+    env, args = {}, shlex.split(line.removeprefix("continue it with: "))
+    while "=" in args[0]:
+        name, _, value = args.pop(0).partition("=")
+        env[name] = value
+    assert env == {"GENESIS_FP16_STATE_DIR": str(state_dir)} and args[:3] == ["genesis-fp16", "evolve", "--resume"]
+    monkeypatch.setattr(se_darwin_agent.SEDarwinAgent, "_commit", commit)
+    monkeypatch.delenv("GENESIS_FP16_STATE_DIR")
+    monkeypatch.chdir(tmp_path)  # elsewhere, and the environment without the state dir: only the command's counts
+    out = tmp_path / "resumed.json"
+    resumed = runner.invoke(app, [*args[1:], "--json", str(out)], env=env)
+    assert resumed.exit_code == 0, resumed.output
+    report = json.loads(out.read_text())
+    assert report["resumed_from"]["generation"] == 0 and report["real_episodes"] == 20
+    assert not (tmp_path / ".genesis_fp16").exists()
 
 
 def test_resume_via_the_cli_continues_the_run(monkeypatch, tmp_path, state_dir):
@@ -783,6 +866,8 @@ def nan_task(monkeypatch):
 
 @pytest.mark.parametrize("mode", [["--no-world-model"], ["--baseline", "cma"], []])
 def test_a_run_whose_every_candidate_failed_says_so_and_exits_1(mode, nan_task, tmp_path, state_dir):
+    """Every candidate's env gives NaN rewards, the same error: the run stops after its first generation (issue 54:
+    it spent the whole budget before), and says so in one error line."""
     out = tmp_path / "report.json"
     result = runner.invoke(
         app, ["evolve", *TINY, "--env", "NaNDrift", *mode, "--budget", "16", "--workers", "1", "--json", str(out)]
@@ -791,10 +876,82 @@ def test_a_run_whose_every_candidate_failed_says_so_and_exits_1(mode, nan_task, 
     assert "Traceback" not in result.output
     report = json.loads(out.read_text())  # the report is written before the exit
     failed = report["failed_candidates"]
-    assert report["stop_reason"] == "failed" and report["real_episodes"] == 16 and report["train_return"] is None
-    assert failed and all("non-finite reward (nan)" in f["error"] for f in failed)
-    assert "16 of 16" in result.stdout and f"{len(failed)} (charged 16 real episodes)" in result.stdout  # the table
-    assert "error: every candidate failed" in result.stderr and "16 of 16 real episodes charged" in result.stderr
+    assert report["stop_reason"] == "failed" and report["real_episodes"] == 6 and report["train_return"] is None
+    assert len(report["generations"]) == 1 and len(failed) == 6
+    assert all("non-finite reward (nan)" in f["error"] for f in failed)
+    assert "6 of 16" in result.stdout and "6 (charged 6 real episodes)" in result.stdout  # the table
+    (error,) = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert error.startswith("error: every candidate of generation 0 failed with the same error: env 'NaNDrift'")
+    assert "non-finite values whatever the policy" in error and "(6 of 16 real episodes charged" in error
+
+
+@pytest.fixture
+def fragment_task(monkeypatch):
+    """``--env Thermostat-v0``: docs/EMBEDDING.md's fragments joined, whose ``reset`` returns None."""
+    import task_envs
+
+    from agents.tasks import GROUP, Task, registry
+
+    class EP:
+        name = "Thermostat-v0"
+
+        def load(self):
+            return lambda: Task(
+                env_id="Thermostat-v0", env_factory=task_envs.fragment, target=49.2, episode_steps=50, n_train=8
+            )
+
+    monkeypatch.setattr(registry, "entry_points", lambda group: [EP()] if group == GROUP else [])
+
+
+def test_a_task_whose_reset_returns_none_stops_after_its_first_generation_with_one_error_line(
+    fragment_task, tmp_path, state_dir
+):
+    """Issue 54: such a task ran all 80 episodes, 80 failed evaluations and about 200 warning lines, before the one
+    error that was clear after the first. Now: one generation, one warning, one error line that says what to fix,
+    exit 1, and the state dir keeps what it had."""
+    from agents.runs import read_manifest
+    from infrastructure.replay_buffer import ReplayBuffer
+
+    before = ReplayBuffer(state_dir / "replay.sqlite")
+    before.append_generation("other:run", 0, [_trajectory()])
+    out = tmp_path / "report.json"
+    result = runner.invoke(
+        app, ["evolve", "--env", "Thermostat-v0", "--budget", "80", "--workers", "1", "--json", str(out)]
+    )
+    assert result.exit_code == 1, result.output
+    report = json.loads(out.read_text())
+    population = len(report["generations"][0]["candidates"])
+    assert report["stop_reason"] == "failed" and len(report["generations"]) == 1
+    assert report["real_episodes"] == population < 80 and len(report["failed_candidates"]) == population
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    warnings = [line for line in result.stderr.splitlines() if "[warning" in line]
+    assert len(errors) == 1 and len(warnings) == 1, result.stderr
+    assert errors[0] == (
+        "error: every candidate of generation 0 failed with the same error: env 'Thermostat-v0' reset returned None: "
+        "a gymnasium env's reset must return (obs, info); fix the env as the error says, then start a new run "
+        f"({population} of 80 real episodes charged, the rest not spent)"
+    )
+    assert f"skipped g0-0-cma and {population - 1} more" in " ".join(result.stdout.split())  # one row, not one each
+    assert report["learners"]["world_model"]["precision"] is None  # nothing trained, nothing built
+    # nothing else in the state dir is lost: another run's replay rows, this run's manifest (finished: start anew)
+    assert ReplayBuffer(state_dir / "replay.sqlite").count("other:run")["trajectories"] == 1
+    manifest = read_manifest(state_dir, report["run_id"])
+    assert manifest["status"] == "finished" and manifest["state"]["stop"] == "failed"
+
+
+def _trajectory():
+    import numpy as np
+
+    from infrastructure.replay_buffer import Trajectory
+
+    return Trajectory(
+        obs=np.zeros((3, 2), np.float32),
+        action=np.zeros((3, 1), np.float32),
+        reward=np.zeros(3, np.float32),
+        next_obs=np.zeros((3, 2), np.float32),
+        done=np.zeros(3, bool),
+        candidate="c",
+    )
 
 
 def _register_drift_task(monkeypatch, name: str, env_factory) -> None:

@@ -198,3 +198,61 @@ def test_report_rows_of_a_resumed_run_with_failures_and_a_step_budget():
     assert rows["skipped g1-0-cma"] == "boom" and rows["skipped g1-3-cma"] == "bang"
     assert rows["resumed after"] == "generation 1, 12 real episodes"
     assert rows["best return, held-out (20 held-out start states)"].startswith("-350.0 (below the target")
+
+
+def test_a_generation_failed_alike_is_one_sentence_with_the_fix():
+    """Issue 54: every candidate of generation 0 failed with the same error (an env whose reset returns None): the
+    run stopped there, and its sentence says the error once, the fix, and what was spent."""
+    error = "real evaluation of 1 episodes failed: env 'T' reset returned None: a gymnasium env's reset must return"
+    failures = [{"candidate": f"g0-{k}-cma", "generation": 0, "episodes": 1, "error": error} for k in range(3)]
+    report = _report(
+        stop_reason="failed",
+        budget=80,
+        real_episodes=3,
+        failed_candidates=failures,
+        generations=[{"generation": 0, "candidates": [{"id": f["candidate"]} for f in failures]}],
+    )
+    assert report["stop_detail"] == (
+        "every candidate of generation 0 failed with the same error: env 'T' reset returned None: a gymnasium env's "
+        "reset must return; fix the env as the error says, then start a new run (3 of 80 real episodes charged, the "
+        "rest not spent)"
+    )
+    rows = dict(report_rows(report))
+    assert rows["failed candidates"] == "3 (charged 3 real episodes)"
+    assert rows["skipped g0-0-cma and 2 more"] == error and not any(k.startswith("skipped g0-1") for k in rows)
+
+
+def test_same_error_is_read_with_its_numbers_aside():
+    from agents.fail_fast import common_error, fix_for, normalised
+
+    assert normalised("action 0.53 at step 4 of episode 1e-3") == "action # at step # of episode #"
+    step = [
+        {"candidate": "a", "error": "env 'X' raised in step: actuator limit: action 0.53"},
+        {"candidate": "b", "error": "env 'X' raised in step: actuator limit: action 0.91"},
+    ]
+    assert common_error(step, ["a", "b"]) == step[0]["error"]
+    assert common_error(step, ["a"]) is None  # one failure says little
+    assert common_error(step, ["a", "b", "c"]) is None  # c did not fail
+    assert common_error([*step[:1], {"candidate": "b", "error": "env 'X' raised in reset: x"}], ["a", "b"]) is None
+    assert "step(action)" in fix_for(step[0]["error"]) and "reset(seed=...)" in fix_for("raised in reset: OSError")
+    assert "can be made" in fix_for("env 'X' raised in make: ImportError") and "new run" in fix_for("anything")
+
+
+def test_rows_say_a_learner_never_built_and_name_start_up_in_the_split():
+    learners = {
+        "world_model": {"agent": "world_model.M", "precision": None, "decision": None, "trained": False},
+        "critic": {"agent": "critic.M", "precision": "fp32", "decision": None, "trained": True},
+    }
+    share = {"start_up": 4.5, "model_train": 0.0, "critic": 1.5, "real_episodes": 2.0, "other": 0.5}
+    rows = dict(report_rows(_report(learners=learners, time_share=share)))
+    assert rows["world model precision"] == (
+        "- (world_model.M): never trained, so never built nor its precision decided"
+    )
+    assert rows["critic precision"] == "fp32 (critic.M)"
+    assert rows["wall time"] == "start up 4.5 s, critic 1.5 s, real episodes 2.0 s, other 0.5 s"
+
+
+def test_a_run_resumed_before_its_first_generation_says_so_in_words():
+    rows = dict(report_rows(_report(resumed=True, resumed_from={"generation": -1, "real_episodes": 0})))
+    assert rows["resumed"] == "before its first generation was committed (it began again at generation 0)"
+    assert "resumed after" not in rows

@@ -52,10 +52,12 @@ def _ray(task, **kw) -> RayEvaluator:
 
 def test_ray_gives_the_process_pools_returns_and_episodes(local_ray, task, params):
     jobs = [(params[0], STATES), (params[1], STATES[:2])]
+    told_pool, told_ray = [], []  # each chunk's episodes as it finishes (the run's progress)
     with Evaluator(task, workers=2, timeout_s=60) as pool:
-        expected = pool.evaluate_many(jobs)
+        expected = pool.evaluate_many(jobs, on_episodes=told_pool.append)
     with _ray(task) as ev:
-        got = ev.evaluate_many(jobs)
+        got = ev.evaluate_many(jobs, on_episodes=told_ray.append)
+    assert sorted(told_pool) == sorted(told_ray) and sum(told_ray) == len(STATES) + 2
     for e, g in zip(expected, got):
         assert g.returns == e.returns
         for ee, ge in zip(e.episodes, g.episodes):
@@ -69,9 +71,10 @@ def test_a_late_task_is_cancelled_and_charged_as_a_timeout(local_ray, task, para
         started = time.monotonic()
         good = ev.spec
         ev.spec = dataclasses.replace(good, env_factory=functools.partial(time.sleep, 120))  # 120 s to make the env
+        told: list[int] = []
         with pytest.raises(EvaluationTimeout, match="did not finish within 1 s"):
-            ev.evaluate(params[0], STATES)
-        assert time.monotonic() - started < 60  # the hang was cut, not waited out
+            ev.evaluate(params[0], STATES, on_episodes=told.append)  # one wait per task: the deadline holds as well
+        assert time.monotonic() - started < 60 and told == []  # the hang was cut, not waited out
         ev.spec = good
         ev.timeout_s = 60.0  # a fresh worker's start-up under load is not what is checked here
         assert len(ev.evaluate(params[0], STATES[:1]).returns) == 1  # the backend still works

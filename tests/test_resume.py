@@ -16,6 +16,7 @@ from typer.testing import CliRunner
 from agents import evaluation, pendulum_task
 from agents.evaluation import Evaluation, Evaluator
 from agents.evolve_config import resumed_config
+from agents.evolve_report import report_rows
 from agents.runs import MANIFEST_VERSION, RunError, RunLock, manifest_path, read_manifest
 from agents.se_darwin_agent import EvolveConfig, SEDarwinAgent
 from genesis_fp16.cli import app
@@ -220,6 +221,10 @@ async def test_a_run_that_failed_is_recorded_and_resumable(state_dir):
         first.run_id, settings=settings, evaluator=InProcessEvaluator(workers=1)
     ).evolve()
     assert report["real_episodes"] == 12 and report["resumed_from"]["generation"] == -1
+    # issue 54: the table said "resumed after generation -1"
+    rows = dict(report_rows(report))
+    assert rows["resumed"] == "before its first generation was committed (it began again at generation 0)"
+    assert "resumed after" not in rows
 
 
 def test_unknown_run_is_one_clear_error(state_dir):

@@ -22,7 +22,7 @@ from agents.tasks import get_task
 from genesis_fp16.base import telemetry
 from genesis_fp16.base.settings import load_settings
 from infrastructure.replay_buffer import ReplayBuffer
-from loop_fakes import FakeEvaluator
+from loop_fakes import FakeEvaluator, distance_return
 from loss_faults import loss_fault, nan_storm
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -159,8 +159,9 @@ async def test_loop_without_world_model(state_dir):
     agent = SEDarwinAgent(
         tiny_config(use_world_model=False), settings=load_settings(), evaluator=InProcessEvaluator(workers=1)
     )
-    assert agent.world_model is None and agent.critic is not None
+    assert agent.world_model is None and agent.critic is None  # the critic is built when it first trains
     report = await agent.evolve()
+    assert agent.world_model is None and agent.critic is not None
     assert report["mode"] == "no_model" and set(report["learners"]) == {"critic"}
     assert report["generations"][0]["wm_val_loss"] is None and report["generations"][0]["critic_val_loss"] is not None
     assert report["generations"][1]["candidates"][0]["operator"].startswith("refined:")
@@ -462,3 +463,219 @@ async def test_a_failing_held_out_evaluation_keeps_the_run_and_reports_none(stat
     assert report["real_episodes"] == 12 and report["heldout_return"] is None and report["best_candidate"] is not None
     failed = [e for e in telemetry.read_events(settings.events_path) if e.get("event") == "evolve.candidate_failed"]
     assert failed and "held-out evaluation: nan on a held-out state" in failed[-1]["error"]
+
+
+# -- a run you can follow (issue 54) ---------------------------------------------------------------------------------
+# What one unit of work costs on the fake clock: far more than on a quiet machine (a Pendulum episode takes about
+# 0.02 s in a worker, a learner step a few ms), so the tiny run's phases last as long as a default run's do (tens of
+# seconds each): a phase that reported nothing until its end would leave a silence far beyond 5 s.
+EPISODE_S = 1.0  # one real episode
+STEP_S = 0.25  # one optimizer step of a learner, one ascent step of the refinement
+ROLLOUTS_S = 2.0  # a generation's branched model rollouts (one batched call)
+BUILD_S = 3.0  # building a learner (deciding its precision)
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class ClockedEvaluator(FakeEvaluator):
+    """`FakeEvaluator`'s episodes, one after another, each advancing the clock by `EPISODE_S` and told to
+    ``on_episodes`` as it finishes (as the pool tells of each chunk)."""
+
+    def __init__(self, task, clock: FakeClock, **kw) -> None:
+        super().__init__(task, **kw)
+        self.clock = clock
+
+    def evaluate(self, params, states, on_episodes=None, **kw) -> Evaluation:
+        returns, episodes = [], []
+        for state in states:
+            self.clock.now += EPISODE_S
+            res = super().evaluate(params, [state])
+            returns += res.returns
+            episodes += res.episodes
+            if on_episodes is not None:
+                on_episodes(1)
+        return Evaluation(returns=returns, episodes=episodes)
+
+    def evaluate_many(self, jobs, *, per_job_env_errors: bool = False, on_episodes=None, **kw):
+        return [self.evaluate(params, states, on_episodes=on_episodes) for params, states in jobs]
+
+
+def _clock_the_learners(monkeypatch, clock: FakeClock) -> None:
+    """Every learner step, refinement step, model-rollout call and learner build advances ``clock`` by its cost."""
+    import infrastructure.learner as learner_module
+    import infrastructure.model_env as model_env_module
+    from agents import refine as refine_module
+    from agents.learners import Learners
+
+    handing_over = learner_module._handing_over
+
+    def clocked_batches(batches):
+        for batch in handing_over(batches):
+            clock.now += STEP_S
+            yield batch
+
+    refine = refine_module.refine
+
+    def clocked_refine(*args, on_step=None, **kw):
+        def step(done):
+            clock.now += STEP_S
+            if on_step is not None:
+                on_step(done)
+
+        return refine(*args, on_step=step, **kw)
+
+    rollouts = model_env_module.branched_rollouts
+
+    def clocked_rollouts(*args, **kw):
+        clock.now += ROLLOUTS_S
+        return rollouts(*args, **kw)
+
+    def clocked_build(make):
+        def build(self):
+            clock.now += BUILD_S
+            return make(self)
+
+        return build
+
+    monkeypatch.setattr(learner_module, "_handing_over", clocked_batches)
+    monkeypatch.setattr(refine_module, "refine", clocked_refine)
+    monkeypatch.setattr(model_env_module, "branched_rollouts", clocked_rollouts)
+    monkeypatch.setattr(Learners, "_make_world_model", clocked_build(Learners._make_world_model))
+    monkeypatch.setattr(Learners, "_make_critic", clocked_build(Learners._make_critic))
+
+
+@pytest.mark.parametrize("target", [-1.0, None])  # unreachable: the learners train; the task's: met and verified
+async def test_a_run_is_never_silent_for_more_than_5_seconds(monkeypatch, target, state_dir):
+    """Issue 54: the bar sat at 0 for all of generation 0 and nothing showed while the learners trained. Each
+    episode, each learner's steps (thinned to one event per 0.1 s of the run's clock) and each phase's begin and
+    end are events now: with the costs above, the longest quiet stretch of a tiny Pendulum run with both learners,
+    model rollouts, actor rounds, the answer and the held-out evaluation (or a verification) is one unit of work."""
+    from agents import progress as P
+
+    clock = FakeClock()
+    _clock_the_learners(monkeypatch, clock)
+    task = get_task("Pendulum-v1").resolve()
+    config = tiny_config(
+        budget=30, wm_steps=40, critic_updates=4.0, refine_steps=32, model_rollouts=16, rollout_horizon=2
+    )
+    score = distance_return  # below -1 always: the learners train every generation
+    if target is None:
+        score = lambda params, state: 0.0  # noqa: E731 (every candidate meets Pendulum's -300)
+    else:
+        config = dataclasses.replace(config, target=target)
+    events: list[P.ProgressEvent] = []
+    evaluator = ClockedEvaluator(task, clock, score=score)
+    agent = SEDarwinAgent(config, settings=load_settings(), evaluator=evaluator, on_progress=events.append)
+    agent.progress.clock = clock
+    report = await agent.evolve()
+    times = [0.0, *(e.at for e in events), clock.now]
+    assert times == sorted(times)
+    gaps = [b - a for a, b in zip(times, times[1:])]
+    assert max(gaps) <= 5.0, max(zip(gaps, [None, *events]), key=lambda g: g[0])
+    phases = {e.phase for e in events}
+    if target is not None:  # the learners trained, and long: each phase alone would be a silence beyond 5 s
+        assert clock.now > 120 and phases == set(P.PHASES) - {P.VERIFICATION}
+        critic = [e for e in events if e.phase == P.CRITIC and e.state == "step"]
+        assert len(critic) > 20 and all(e.unit == "steps" and e.total is not None for e in critic)
+    else:
+        assert report["target_reached"] and P.VERIFICATION in phases and P.CRITIC not in phases
+    # the bar counts every real episode as it finishes, and the events agree with the report
+    counted = {e.real_episodes for e in events if e.phase in (P.EPISODES, P.VERIFICATION) and e.state == "step"}
+    assert set(range(1, report["real_episodes"] + 1)) <= counted
+    assert max(e.real_episodes for e in events) == report["real_episodes"]
+    assert all(e.generation <= len(report["generations"]) for e in events)
+
+
+async def test_a_run_that_never_trains_builds_and_measures_no_learner(monkeypatch, state_dir):
+    """Issue 54: MountainCarContinuous --budget 40 met its target in generation 0, then built both learners and
+    measured their `auto` precision after the loop, for the report. A learner is built at its first training now."""
+    from genesis_fp16.precision import calibration as cal
+
+    monkeypatch.setenv("GENESIS_FP16_AUTO_PRECISION", "measure")
+    measured = []
+    monkeypatch.setattr(cal, "time_step", lambda mode, run, steps, device: measured.append(mode) or 1e-3)
+    task = get_task("Pendulum-v1").resolve()
+    evaluator = FakeEvaluator(task, score=lambda params, state: 0.0)  # every candidate meets Pendulum's -300
+    agent = SEDarwinAgent(tiny_config(budget=40), settings=load_settings(), evaluator=evaluator)
+    report = await agent.evolve()  # a candidate of generation 0 is verified and confirmed: no generation trains
+    assert report["target_reached"] and len(report["generations"]) == 1
+    assert agent.world_model is None and agent.critic is None and measured == []
+    assert report["learners"] == {
+        "world_model": {"agent": "world_model.Pendulum-v1", "precision": None, "decision": None, "trained": False},
+        "critic": {"agent": "critic.Pendulum-v1", "precision": None, "decision": None, "trained": False},
+    }
+    assert not (load_settings().state_dir / "world_model" / agent.run_id).exists()  # no checkpoint written either
+
+
+async def test_the_wall_time_counts_from_the_start_and_names_it(state_dir):
+    """Issue 54: the report said 3.9 s where the command took 28 s. The wall time counts from ``started`` (the CLI
+    passes its process's start), and the time before the loop is the split's ``start_up``."""
+    task = get_task("Pendulum-v1").resolve()
+    started = time.perf_counter() - 30.0  # as if the command had started 30 s ago
+    agent = SEDarwinAgent(
+        tiny_config(budget=12, target=-1.0, refined=0), evaluator=FakeEvaluator(task), started=started
+    )
+    report = await agent.evolve()
+    assert 30.0 <= report["wall_s"] <= time.perf_counter() - started
+    share = report["time_share"]
+    assert 30.0 <= share["start_up"] < report["wall_s"] and share["model_share"] == 0.0
+    assert sum(share[b] for b in ("start_up", "real_episodes", "other")) == pytest.approx(report["wall_s"])
+
+
+def _failing_alike(message):
+    """Every evaluation fails with ``message(params)``."""
+    from agents.evaluation import EvaluationEnvError
+
+    return lambda params, states: EvaluationEnvError(message(params))
+
+
+@pytest.mark.parametrize(
+    "message, stops",
+    [
+        (lambda p: "env 'X' raised in step: actuator limit: action %.3f" % p[0], True),  # alike, its numbers aside
+        (lambda p: "env 'X' raised in step: " + ("left" if p[0] > 0 else "right"), False),  # two errors: goes on
+    ],
+)
+async def test_a_generation_whose_candidates_all_fail_alike_stops_the_run(message, stops, state_dir):
+    """Issue 54: a broken env spent the whole budget before the one clear error. When every candidate of a
+    generation failed with the same error, the run stops after it as failed; different errors go on as before."""
+    task = get_task("Pendulum-v1").resolve()
+    evaluator = FakeEvaluator(task, fail_on=_failing_alike(message))
+    report = await SEDarwinAgent(
+        tiny_config(budget=24, target=-1.0), settings=load_settings(), evaluator=evaluator
+    ).evolve()
+    assert report["stop_reason"] == "failed" and report["learners"]["critic"]["trained"] is False
+    if stops:
+        assert report["real_episodes"] == 6 and len(report["generations"]) == 1
+        assert report["stop_detail"].startswith(
+            "every candidate of generation 0 failed with the same error: env 'X' raised in step: actuator limit:"
+        )
+        assert "check the env's step(action) outside the loop" in report["stop_detail"]
+    else:  # the budget is spent, the old sentence
+        assert report["real_episodes"] == 24 and report["stop_detail"].startswith("every candidate failed: ")
+
+
+async def test_a_generation_with_one_good_candidate_goes_on(state_dir):
+    """Only the run's first candidate's env works: generation 0 has a good candidate and goes on; every candidate
+    of generation 1 fails alike, and the run stops there."""
+    from agents.evaluation import EvaluationEnvError
+
+    task = get_task("Pendulum-v1").resolve()
+    first = []
+
+    def fail_all_but_the_first(params, states):
+        first.append(tuple(params))
+        return None if first[0] == tuple(params) else EvaluationEnvError("env 'X' raised in reset: boom")
+
+    evaluator = FakeEvaluator(task, fail_on=fail_all_but_the_first)
+    report = await SEDarwinAgent(
+        tiny_config(budget=24, target=-1.0, refined=0), settings=load_settings(), evaluator=evaluator
+    ).evolve()
+    assert report["stop_reason"] == "failed" and report["real_episodes"] == 12 and len(report["generations"]) == 2
+    assert report["stop_detail"].startswith("every candidate of generation 1 failed with the same error")

@@ -168,12 +168,16 @@ async def test_env_raising_in_reset_or_make(state_dir):
         settings=load_settings(),
     )
     report = await agent.evolve()  # every candidate charged and skipped, the report says why
-    assert report["real_episodes"] == 4 and report["heldout_return"] is None and report["stop_reason"] == "failed"
+    # both candidates of generation 0 failed alike (a broken env): the run stops there, the budget's rest unspent
+    assert report["real_episodes"] == 2 and report["heldout_return"] is None and report["stop_reason"] == "failed"
     failed = report["failed_candidates"]
     assert (
-        len(failed) == 4
-        and sum(f["episodes"] for f in failed) == 4
+        len(failed) == 2
+        and sum(f["episodes"] for f in failed) == 2
         and all("raised in reset" in f["error"] for f in failed)
+    )
+    assert report["stop_detail"].startswith(
+        "every candidate of generation 0 failed with the same error: env 'BrokenReset' raised in reset: OSError"
     )
     assert all(
         g["wm_val_loss"] is None and g["critic_val_loss"] is None for g in report["generations"]
@@ -308,29 +312,28 @@ TINY = dict(
 
 @pytest.mark.parametrize("mode", ["full", "no_world_model", "cma"])
 async def test_a_run_whose_every_candidate_gives_nan_says_it_failed(mode, state_dir):
-    """Every return is NaN: each candidate is charged and listed, the whole
-    budget is spent, nothing is trained on, and the run stops as failed."""
+    """Every return is NaN: each candidate is charged and listed, nothing is
+    trained on, and the run stops as failed after the first generation, whose
+    candidates all failed alike (issue 54: it spent the whole budget before)."""
     config = EvolveConfig(budget=8, use_world_model=mode == "full", **TINY)
     if mode == "cma":
         report = await run_cma_baseline(config, task=NAN_TASK)
     else:
         report = await SEDarwinAgent(config, task=NAN_TASK, settings=load_settings()).evolve()
     failed = report["failed_candidates"]
-    assert report["stop_reason"] == "failed" and report["real_episodes"] == 8 and report["env_steps"] == 0
+    assert report["stop_reason"] == "failed" and report["real_episodes"] == 6 and report["env_steps"] == 0
     assert failed and all("non-finite reward (nan)" in f["error"] for f in failed)
-    assert sum(f["episodes"] for f in failed) == 8  # every charged episode is a listed failure's
+    assert sum(f["episodes"] for f in failed) == 6  # every charged episode is a listed failure's
     assert report["train_return"] is None and report["heldout_return"] is None and not report["target_reached"]
     assert report["stop_detail"].startswith(
-        f"every candidate failed: {len(failed)} real evaluation(s), 8 of 8 real episodes charged"
+        "every candidate of generation 0 failed with the same error: env 'NaNDrift'"
     )
+    assert report["stop_detail"].endswith("(6 of 8 real episodes charged, the rest not spent)")
     assert all(
         g["best_return"] is None and g["wm_val_loss"] is None and g["critic_val_loss"] is None
         for g in report["generations"]
     )
-    assert [len(g["candidates"]) for g in report["generations"]] == [
-        6,
-        2,
-    ]  # the budget ends inside the second population
+    assert [len(g["candidates"]) for g in report["generations"]] == [6]
 
 
 async def test_nan_candidates_are_charged_and_the_others_train_the_model(state_dir):

@@ -670,3 +670,10 @@ def test_an_agent_name_outside_the_rule_is_refused(state_dir, name):
 
     with pytest.raises(ValueError, match="invalid agent name"):
         WorldModel(3, 1, agent=name, guard=UNGUARDED)
+
+
+async def test_train_tells_of_each_step_as_it_is_done():
+    """Issue 54: a caller's progress hears of every step of a call (`on_step(done)`), in order, the last one too."""
+    wm, done = WorldModel(3, 1, precision="fp32", seed=0, ensemble=2), []
+    report = await wm.train(40, trajectories=_linear_trajs(2, 50), save=False, on_step=done.append)
+    assert done == list(range(1, 41)) and report.steps == 40

@@ -95,11 +95,25 @@ class EpisodeSpec:
         return gym.make(self.env_id, **dict(self.env_kwargs))
 
 
+def _returned(spec: EpisodeSpec, call: str, value: Any, shape: str, n: int) -> tuple[Any, ...]:
+    """``value``, what the env's ``call`` returned, as the ``n``-tuple gymnasium's API says it returns (``shape``);
+    anything else is `EnvFailure` saying so (an env that returns None raises nothing, and unpacking it would
+    say only "cannot unpack")."""
+    if isinstance(value, tuple) and len(value) == n:
+        return value
+    got = (
+        "None"
+        if value is None
+        else f"a {type(value).__name__}" + (f" of {len(value)}" if isinstance(value, (tuple, list)) else "")
+    )
+    raise EnvFailure(f"env {spec.env_id!r} {call} returned {got}: a gymnasium env's {call} must return {shape}")
+
+
 def _reset(spec: EpisodeSpec, env: "gym.Env", k: int, state: Sequence[float]) -> np.ndarray:
     if spec.set_state is not None:
         env.reset(seed=k)
         return np.asarray(spec.set_state(env, state), dtype=np.float32)
-    obs, _ = env.reset(seed=int(state[0]))
+    obs, _ = _returned(spec, "reset", env.reset(seed=int(state[0])), "(obs, info)", 2)
     return np.asarray(obs, dtype=np.float32)
 
 
@@ -141,7 +155,9 @@ def run_episodes(
             stage = "step"
             for t in range(spec.steps):
                 action = spec.policy.act(params, obs.astype(np.float64)).astype(np.float32)
-                next_obs, reward, terminated, truncated, _ = env.step(action)
+                next_obs, reward, terminated, truncated, _ = _returned(
+                    spec, "step", env.step(action), "(obs, reward, terminated, truncated, info)", 5
+                )
                 try:
                     refuse_non_finite(who, "reward", float(reward), t, k)
                 except EnvFailure:  # a NaN action, or an earlier NaN obs, may be its cause: named first
