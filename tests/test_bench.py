@@ -221,7 +221,7 @@ def test_relative_figures_and_checks():
         (["--precisions", "fp8"], "unknown precision(s) fp8"),
         (["--repeats", "0"], "repeats=0"),
         (["--threads", "0"], "threads=0"),
-        (["--clock", "cpu"], "add --threads 1"),
+        (["--clock", "cpu", "--threads", "2"], "add --threads 1"),
         (["--clock", "sundial", "--threads", "1"], "clock='sundial'"),
         (
             ["--device", "cuda:0"] if not torch.cuda.is_available() else ["--device", "nonsense"],
