@@ -16,6 +16,13 @@ from agents.evaluation import Evaluation, EvaluationEnvError
 from agents.tasks import ResolvedTask
 from infrastructure.world_model import TrainReport
 
+RUN_SPECIFIC = ("run_id", "run_manifest", "policy_file", "replay_db", "wall_s", "time_share")
+"""A report's keys that name the run or time it (names, paths, times): what two runs of one seed may differ in."""
+RUN_SPECIFIC_GENERATION = ("elapsed_s", "wm_wall_s", "critic_wall_s", "time")
+"""A generation record's keys that time it."""
+RESUMED = ("resumed", "resumed_from", "generations")
+"""What a resumed run's report says of its resume (its generations are compared one by one, without their times)."""
+
 STEPS = 5  # transitions per fake episode (what the replay buffer stores)
 
 

@@ -22,6 +22,7 @@ from agents.tasks import get_task
 from agents.evaluation import Evaluation
 from agents.verify import start_order
 from genesis_fp16.base.settings import load_settings
+import loop_fakes
 from loop_fakes import FakeEvaluator
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -291,18 +292,7 @@ async def test_refined_copies_run_beside_the_population_and_join_it_only_when_th
 
 
 # -- (f) same seed, same report with the critic on ------------------------------------------------
-RUN_SPECIFIC = (
-    "run_id",
-    "run_manifest",
-    "policy_file",
-    "replay_db",
-    "wall_s",
-    "elapsed_s",
-    "wm_wall_s",
-    "critic_wall_s",
-    "time_share",
-    "time",
-)
+RUN_SPECIFIC = (*loop_fakes.RUN_SPECIFIC, *loop_fakes.RUN_SPECIFIC_GENERATION)
 
 
 def _comparable(report: dict) -> dict:

@@ -25,22 +25,14 @@ from genesis_fp16.base.settings import load_settings
 from infrastructure.replay_buffer import ReplayBuffer
 from infrastructure.world_model import WorldModel
 
+import loop_fakes
+
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 # wall times, and the run's identity, are all that may differ between an
 # interrupted-and-resumed run and an uninterrupted one
-VOLATILE = {
-    "wall_s",
-    "run_id",
-    "replay_db",
-    "run_manifest",
-    "policy_file",
-    "resumed",
-    "resumed_from",
-    "generations",
-    "time_share",
-}
-VOLATILE_GENERATION = {"elapsed_s", "wm_wall_s", "critic_wall_s", "time"}
+VOLATILE = {*loop_fakes.RUN_SPECIFIC, *loop_fakes.RESUMED}
+VOLATILE_GENERATION = set(loop_fakes.RUN_SPECIFIC_GENERATION)
 
 
 class InProcessEvaluator(Evaluator):

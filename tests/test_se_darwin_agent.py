@@ -22,6 +22,7 @@ from agents.tasks import get_task
 from genesis_fp16.base import telemetry
 from genesis_fp16.base.settings import load_settings
 from infrastructure.replay_buffer import ReplayBuffer
+import loop_fakes
 from loop_fakes import FakeEvaluator, distance_return
 from loss_faults import loss_fault, nan_storm
 
@@ -249,17 +250,7 @@ def test_precision_option_uses_the_precision_vocabulary():
         assert ", ".join(m.value for m in PrecisionMode) in str(err.value)  # the allowed values, listed from the enum
 
 
-RUN_SPECIFIC = (
-    "run_id",
-    "run_manifest",
-    "policy_file",
-    "wall_s",
-    "elapsed_s",
-    "wm_wall_s",
-    "critic_wall_s",
-    "time_share",
-    "time",
-)  # names, paths, times
+RUN_SPECIFIC = (*loop_fakes.RUN_SPECIFIC, *loop_fakes.RUN_SPECIFIC_GENERATION)  # names, paths, times
 
 
 def _comparable(report: dict) -> dict:
