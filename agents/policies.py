@@ -33,7 +33,7 @@ import math
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence, Union
+from typing import TYPE_CHECKING, Any, Optional, Sequence, Union
 
 import numpy as np
 
@@ -279,32 +279,14 @@ class EvolvedPolicy:
         returns (frames, the episode's return). `PolicyError` in one line where
         the env cannot render ``rgb_array`` frames here (no pygame for the classic
         envs, no OpenGL context for MuJoCo) or the file cannot be written."""
-        from genesis_fp16.base.extras import require
+        from .policy_video import VideoUnavailable, record_episode
 
-        imageio = require("imageio", "genesis-fp16 eval --video")
         resolved = self.resolve(env_id, task)
         states, _ = self.start_states(resolved, 1, seed)
-        make, fps = _rendering_env(resolved)
-        recorder: list[Any] = []
-
-        def factory() -> Any:
-            recorder.append(_frame_recorder(make()))
-            return recorder[-1]
-
-        result = run_episodes(replace(self.episode_spec(resolved), env_factory=factory), self.params, states)
-        frames = recorder[-1].frames
         try:
-            if str(path).lower().endswith(".gif"):
-                imageio.v2.mimsave(str(path), frames, duration=1000.0 / fps, loop=0)
-            else:
-                imageio.v2.mimsave(str(path), frames, fps=fps)
-        except Exception as exc:
-            detail = str(exc).splitlines()[0][:300] if str(exc) else ""
-            raise PolicyError(
-                f"the frames could not be written to {path} ({type(exc).__name__}: {detail}); a .gif needs only "
-                "Pillow, a .mp4 needs imageio-ffmpeg"
-            ) from None
-        return len(frames), float(result["returns"][0])
+            return record_episode(self.episode_spec(resolved), self.params, states, resolved, path)
+        except VideoUnavailable as exc:
+            raise PolicyError(str(exc)) from None
 
     # -- the file -----------------------------------------------------------------------------
     def document(self) -> dict[str, Any]:
@@ -491,81 +473,6 @@ def _plain(value: Any) -> Any:
 def _spaces(spec: PolicySpec) -> str:
     bounds = ", ".join(f"[{lo:g}, {hi:g}]" for lo, hi in zip(spec.action_low, spec.action_high))
     return f"{spec.obs_dim} observations -> {spec.act_dim} action(s) in {bounds}"
-
-
-# -- rendering --------------------------------------------------------------------------------
-
-
-def _rendering_env(resolved: ResolvedTask) -> tuple[Callable[[], Any], float]:
-    """A maker of ``resolved``'s env rendering ``rgb_array`` frames, and its frame
-    rate, once one frame was rendered here; `PolicyError` saying why not."""
-    import gymnasium as gym
-
-    task = resolved.task
-
-    def make() -> Any:
-        if task.env_factory is not None:
-            return task.env_factory()
-        return gym.make(task.env_id, render_mode="rgb_array", **dict(task.env_kwargs))
-
-    cannot = f"env {resolved.env_id!r} cannot render frames here (render_mode 'rgb_array')"
-    try:
-        env = make()
-    except Exception as exc:
-        raise PolicyError(f"{cannot}: {_one_line(exc)}") from None
-    try:
-        if env.render_mode != "rgb_array":  # a gymnasium.Env always has render_mode and metadata
-            made = "its env_factory makes it" if task.env_factory is not None else "it is made"
-            raise PolicyError(f"{cannot}: {made} with render_mode {env.render_mode!r}")
-        env.reset(seed=0)
-        frame = env.render()
-        if not isinstance(frame, np.ndarray) or frame.ndim != 3:
-            raise PolicyError(f"{cannot}: render() gave {type(frame).__name__}, expected an (H, W, 3) array")
-        fps = float((env.metadata or {}).get("render_fps") or 30)
-    except PolicyError:
-        raise
-    except Exception as exc:
-        raise PolicyError(f"{cannot}: {_one_line(exc)}") from None
-    finally:
-        try:
-            env.close()
-        except Exception:
-            pass
-    return make, fps
-
-
-def _one_line(exc: BaseException) -> str:
-    text = " ".join(str(exc).split())
-    hint = ""
-    if "OpenGL" in text or "GLFW" in text or "mjr_makeContext" in text:
-        hint = "; MuJoCo needs an OpenGL context: MUJOCO_GL=egl (a GPU) or MUJOCO_GL=osmesa (software) where installed"
-    return f"{type(exc).__name__}: {text[:300]}{hint}"
-
-
-def _frame_recorder(env: Any) -> Any:
-    """``env`` wrapped to keep every frame of its episodes (``.frames``): the start
-    state's (after a task's ``set_state``) at the first step, then one after each step."""
-    import gymnasium as gym
-
-    class FrameRecorder(gym.Wrapper):  # type: ignore[misc]
-        def __init__(self, inner: Any) -> None:
-            super().__init__(inner)
-            self.frames: list[np.ndarray] = []
-            self.fresh = True
-
-        def reset(self, **kwargs: Any) -> Any:
-            self.fresh = True
-            return self.env.reset(**kwargs)
-
-        def step(self, action: Any) -> Any:
-            if self.fresh:
-                self.frames.append(np.asarray(self.env.render()))
-                self.fresh = False
-            out = self.env.step(action)
-            self.frames.append(np.asarray(self.env.render()))
-            return out
-
-    return FrameRecorder(env)
 
 
 def policy_from_run(
