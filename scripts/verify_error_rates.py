@@ -97,7 +97,7 @@ async def run(
     return res.accepted, res.episodes + (1 if first else 0)
 
 
-async def _student_t(evaluate, states, order, first, target):  # the rule before issue 52, for comparison
+async def _student_t(evaluate, states, order, first, target):  # a plain Student-t rule, simulated for comparison
     real = V.decide
 
     def plain(returns, population, target, scale, first_selected=False, alike=()):

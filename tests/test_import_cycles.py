@@ -21,7 +21,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 PACKAGES = ("genesis_fp16", "genesis_fp16_tools", "agents", "infrastructure", "benchmarks")
 
-# What each package must never import, at any level (DESIGN.md: arrows point down only).
+# What each package must never import, at any level (docs/ARCHITECTURE.md: arrows point down only).
 # Nothing installed imports `benchmarks`: an installed copy has no such package.
 FORBIDDEN = {
     "genesis_fp16": ("agents", "infrastructure", "benchmarks", "genesis_fp16_tools"),
