@@ -40,6 +40,7 @@ from .evaluation_contract import (
     Job,
     SingleEvaluation,
     assemble,
+    capped,
     check_limits,
     collect,
     default_task,
@@ -48,7 +49,7 @@ from .evaluation_contract import (
     timed_out,
     worker_lost,
 )
-from .tasks import ResolvedTask, run_episodes
+from .tasks import EpisodeSpec, ResolvedTask, run_episodes
 from .worker_limits import death_signal_context, init_worker
 
 __all__ = [
@@ -154,15 +155,17 @@ class Evaluator(SingleEvaluation):
         *,
         per_job_env_errors: bool = False,
         on_episodes: Optional[EpisodesDone] = None,
+        max_steps: Optional[int] = None,
     ) -> list[Union[Evaluation, EvaluationEnvError]]:
         """Several candidates at once: every (params, states) job is split
         into per-worker chunks and all chunks share the pool. An env that
         raises fails the whole call, or with ``per_job_env_errors`` only its
         own job, whose place in the list then holds the error (every other
         job's episodes ran and are returned). ``on_episodes(n)`` is called as
-        each chunk of ``n`` episodes is collected (in submission order)."""
+        each chunk of ``n`` episodes is collected (in submission order).
+        ``max_steps``: each episode ends after at most this many steps (fewer than the task's: a cut episode)."""
         with self._lock:
-            submitted = self._on_spawner(self._submit, jobs)
+            submitted = self._on_spawner(self._submit, jobs, capped(self.spec, max_steps))
             deadline = time.monotonic() + self.timeout_s
 
             def get(fut: Future[dict[str, Any]]) -> dict[str, Any]:
@@ -195,11 +198,11 @@ class Evaluator(SingleEvaluation):
                 raise
         return assemble(jobs, results, env_errors)
 
-    def _submit(self, jobs: Sequence[Job]) -> list[tuple[Chunk, Future[dict[str, Any]]]]:
+    def _submit(self, jobs: Sequence[Job], spec: EpisodeSpec) -> list[tuple[Chunk, Future[dict[str, Any]]]]:
         """Every job's chunks on the pool, each with its future."""
         pool = self._get_pool()
         return [
-            (chunk, pool.submit(run_episodes, self.spec, chunk.params, chunk.states))
+            (chunk, pool.submit(run_episodes, spec, chunk.params, chunk.states))
             for chunk in split_jobs(jobs, self.workers)
         ]
 

@@ -13,12 +13,12 @@ fields.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Optional, Protocol, Sequence, TypeVar, Union
 
 import numpy as np
 
-from .tasks import EnvFailure, ResolvedTask
+from .tasks import EnvFailure, EpisodeSpec, ResolvedTask
 
 Job = tuple[Sequence[float], Sequence[Sequence[float]]]  # (policy params, start states): one candidate
 EpisodesDone = Callable[[int], None]
@@ -85,6 +85,7 @@ class EvaluationBackend(Protocol):
         *,
         per_job_env_errors: bool = False,
         on_episodes: Optional[EpisodesDone] = None,
+        max_steps: Optional[int] = None,
     ) -> list[Union[Evaluation, EvaluationEnvError]]: ...
 
     def terminate(self) -> None: ...
@@ -103,6 +104,17 @@ class SingleEvaluation:
         (result,) = self.evaluate_many([(params, states)], **progress)  # type: ignore[attr-defined]
         assert isinstance(result, Evaluation)  # an env error raised: per_job_env_errors is off
         return result
+
+
+def capped(spec: EpisodeSpec, max_steps: Optional[int]) -> EpisodeSpec:
+    """``spec`` with its episodes cut at ``max_steps`` (None: as it is). The loop's last episode of a step
+    budget runs this way: the budget's last steps are spent, and an episode the cap cut is not judged
+    (`agents.real_episodes`)."""
+    if max_steps is None or max_steps >= spec.steps:
+        return spec
+    if max_steps < 1:
+        raise ValueError(f"max_steps={max_steps}: expected >= 1 (an episode of at least one step) or None")
+    return replace(spec, steps=max_steps)
 
 
 def check_limits(workers: int, timeout_s: float, memory_limit_mb: Optional[int]) -> None:

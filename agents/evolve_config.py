@@ -398,6 +398,7 @@ class Candidate:
     confirmed: Optional[bool] = None  # met the target and was run on the validation start states: did it hold?
     joined: Optional[bool] = None  # a refined candidate (an extra): did it join CMA-ES's update (`agents.cma_search`)?
     validation_return: Optional[float] = None  # mean over the validation start states
+    cut: bool = False  # its episode ran into the step budget's end: its data is kept, its return not judged
 
     def start_returns(self) -> dict[int, float]:
         """Training start index -> real return, for the start states it was run on."""
@@ -441,6 +442,7 @@ _CANDIDATE_CHECKS: dict[str, tuple[Any, str]] = {
     "confirmed": (lambda v: v is None or isinstance(v, bool), "null, true or false"),
     "joined": (lambda v: v is None or isinstance(v, bool), "null, true or false"),
     "validation_return": (_optional_number, "null or a number"),
+    "cut": (lambda v: isinstance(v, bool), "true or false"),
 }
 
 

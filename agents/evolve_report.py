@@ -60,6 +60,7 @@ def candidates_record(candidates: Sequence[Candidate]) -> dict[str, Any]:
                 "full": c.full,
                 "accepted": c.accepted,
                 "joined": c.joined,
+                "cut": c.cut,
             }
             for c in candidates
         ],
@@ -250,7 +251,9 @@ def stop_detail(report: dict[str, Any]) -> str:
         left = max(0, report["budget_steps"] - charged)
         used = f"{charged} of {report['budget_steps']} real env steps used ({report['real_episodes']} real episodes)"
         more = (
-            f"the {left} left are too few for another episode, which may run {steps} steps"
+            "none is left"
+            if left == 0
+            else f"the {left} left are too few for another episode, which may run {steps} steps"
             if left < steps
             else f"{left} are left"
         )

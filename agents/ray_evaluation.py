@@ -40,6 +40,7 @@ from .evaluation_contract import (
     Job,
     SingleEvaluation,
     assemble,
+    capped,
     check_limits,
     collect,
     default_task,
@@ -50,7 +51,7 @@ from .evaluation_contract import (
 )
 from .ray_reaper import Reaper, start_reaper
 from .ray_task import run_chunk
-from .tasks import EnvFailure, ResolvedTask
+from .tasks import EnvFailure, EpisodeSpec, ResolvedTask
 
 __all__ = ["EvaluationWorkerLost", "RayConnectError", "RayEvaluator", "connect_ray", "disconnect_ray", "ray_connection"]
 
@@ -167,11 +168,12 @@ class RayEvaluator(SingleEvaluation):
         *,
         per_job_env_errors: bool = False,
         on_episodes: Optional[EpisodesDone] = None,
+        max_steps: Optional[int] = None,
     ) -> list[Union[Evaluation, EvaluationEnvError]]:
         """Several candidates at once, as `agents.evaluation.Evaluator.evaluate_many` (``on_episodes`` told of each
-        task as it finishes, in the order they finish)."""
+        task as it finishes, in the order they finish; ``max_steps`` as there)."""
         with self._lock:
-            submitted = self._submit(jobs)
+            submitted = self._submit(jobs, capped(self.spec, max_steps))
             self._running = [ref for _, ref in submitted]
             try:
                 late = self._wait(submitted, on_episodes)
@@ -237,10 +239,10 @@ class RayEvaluator(SingleEvaluation):
             self._log, jobs, self.max_retries, why, f"lost its Ray worker on every try ({1 + self.max_retries})"
         )
 
-    def _submit(self, jobs: Sequence[Job]) -> list[tuple[Chunk, Any]]:
-        """Every job's chunks as Ray tasks, each with its object ref."""
-        if self._spec_ref is None or self._spec_ref[0] is not self.spec:
-            self._spec_ref = (self.spec, self._ray.put(self.spec))
+    def _submit(self, jobs: Sequence[Job], spec: EpisodeSpec) -> list[tuple[Chunk, Any]]:
+        """Every job's chunks as Ray tasks, each with its object ref (``spec``: the task's, or a capped copy)."""
+        if self._spec_ref is None or self._spec_ref[0] is not spec:
+            self._spec_ref = (spec, self._ray.put(spec))
         spec = self._spec_ref[1]
         return [
             (chunk, self._remote.remote(spec, chunk.params, chunk.states, self.memory_limit_mb))

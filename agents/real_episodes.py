@@ -97,6 +97,19 @@ class RealEpisodes:
             return "env_steps"
         return None
 
+    def steps_left(self) -> Optional[int]:
+        """Env steps ``budget_steps`` has left (None: no step budget)."""
+        cfg = self.config
+        return None if cfg.budget_steps is None else max(0, cfg.budget_steps - self.steps_charged())
+
+    def exhausted(self) -> Optional[str]:
+        """Which budget has no room for even a cut episode (`episodes` with ``max_steps``): ``episodes`` (not one
+        more), ``env_steps`` (not one more step), or None. A step budget with fewer steps left than a full episode
+        is not exhausted: its last steps run as a cut episode."""
+        if self.real_episodes + 1 > self.config.budget:
+            return "episodes"
+        return "env_steps" if self.steps_left() == 0 else None
+
     def fits(self, episodes: int) -> bool:
         """Whether ``episodes`` more real episodes fit both budgets (`over_budget`)."""
         return self.over_budget(episodes) is None
@@ -130,11 +143,18 @@ class RealEpisodes:
             {"candidate": cand.id, "generation": cand.generation, "episodes": episodes, "error": str(exc)}
         )
 
-    async def episodes(self, cands: Sequence[tuple[Candidate, int]]) -> list[tuple[Candidate, Evaluation]]:
+    async def episodes(
+        self, cands: Sequence[tuple[Candidate, int]], *, max_steps: Optional[int] = None
+    ) -> list[tuple[Candidate, Evaluation]]:
         """One episode per candidate on its training start state (index). An
         env that raises loses its own candidate only (scored -inf, not
-        returned): the others' episodes ran and count."""
+        returned): the others' episodes ran and count. ``max_steps``: the
+        episodes end after at most this many steps (the step budget's last
+        steps); one that the cap, not the env, ended is ``cut``: charged, its
+        transitions returned for the replay buffer, its return not judged
+        (no return, so nothing ranks, verifies or answers by it)."""
         train = self.starts.train
+        cap = {} if max_steps is None else {"max_steps": max_steps}
         with (
             self.time.measure("real_episodes"),
             self.progress.phase(EPISODES, len(cands), "episodes", episodes=True) as phase,
@@ -145,6 +165,7 @@ class RealEpisodes:
                     [(c.params, train[[i]]) for c, i in cands],
                     per_job_env_errors=True,
                     **self.told(phase),
+                    **cap,
                 )
             )
         out = []
@@ -153,7 +174,11 @@ class RealEpisodes:
             if isinstance(res, EvaluationEnvError):
                 self.charge_failure(cand, res, episodes=1)
                 continue
-            self._score(cand, [i], res)
+            if max_steps is not None and _cut(res, max_steps, self.config.episode_steps):
+                cand.cut, cand.real_episodes = True, 1
+                self.env_steps += res.env_steps
+            else:
+                self._score(cand, [i], res)
             out.append((cand, res))
         return out
 
@@ -238,3 +263,12 @@ class RealEpisodes:
         )
         self._log.info("evolve.confirmation", **self.confirmations[-1])
         return cand.confirmed
+
+
+def _cut(res: Evaluation, max_steps: int, episode_steps: Optional[int]) -> bool:
+    """Whether the one episode of ``res`` ran into ``max_steps`` (below the task's ``episode_steps``) without the env
+    ending it: cut by the budget, not an episode's return."""
+    episode = res.episodes[0] if res.episodes else {}
+    done = episode.get("done")
+    steps = len(done) if done is not None else 0
+    return episode_steps is not None and max_steps < episode_steps and steps >= max_steps and not (steps and done[-1])

@@ -345,11 +345,12 @@ class SEDarwinAgent:
         """Generations after the last committed one until the target is met
         and confirmed, the next generation could exceed a budget, or every
         candidate of a generation failed with the same error (`agents.fail_fast`)."""
-        if self.resumed_from is not None and self.real.over_budget(1) is None:
+        if self.resumed_from is not None and self.real.exhausted() is None:
             self.state.budget_exhausted = None  # resumed with a larger budget: the run goes on
         while self.state.reached_at is None:
             if self.state.budget_exhausted is None:
-                self.state.budget_exhausted = self.real.over_budget(1)  # not one more episode: no generation to run
+                # not one more episode, nor one more step for a cut one: no generation to run
+                self.state.budget_exhausted = self.real.exhausted()
             if self.state.budget_exhausted is not None:
                 return StopReason.BUDGET
             generation = self.generation + 1
@@ -388,7 +389,9 @@ class SEDarwinAgent:
         if self.state.reached_at is None and self.state.budget_exhausted is None:
             ran_own = await self._run(own, self.state.candidates_run, evaluated, generation)
             self.state.candidates_run += len(ran_own)
-        if len(ran_own) == len(own):  # a population cut short (budget, or a target met by an extra) is not told
+        # a population cut short (budget, or a target met by an extra), or whose last episode the step budget cut, is
+        # not told
+        if len(ran_own) == len(own) and not any(c.cut for c in ran_own):
 
             def score(c: Candidate) -> float:
                 return c.real_return if c.real_return is not None else -math.inf
@@ -446,7 +449,11 @@ class SEDarwinAgent:
         """One episode for each of ``cands`` (candidate k on training start state
         ``order[(first + k) mod n]``), then the verification of the best that met
         the target; returns the candidates that ran (all but what the budget
-        cut), now in the pool, their episodes added to ``evaluated``."""
+        cut), now in the pool, their episodes added to ``evaluated``. When the
+        step budget has less than a full episode left, the next episode runs
+        on what is left: an env that ends it sooner gives a judged episode,
+        else it is ``cut`` (its data is kept, its return is not judged), so
+        every step of the budget is spent."""
         order, n_train = self.real.order, len(self.starts.train)
         if not cands:
             return []
@@ -454,11 +461,13 @@ class SEDarwinAgent:
             evaluated += await self.real.episodes([(c, order[(first + k) % n_train]) for k, c in enumerate(cands)])
             ran = list(cands)
         # the budget may end inside it: one candidate at a time, each charged its real steps (the same cut whatever
-        # --workers)
+        # --workers), the last on the steps left
         else:
             ran = []
-            while len(ran) < len(cands) and (over := self.real.over_budget(1)) is None:
-                evaluated += await self.real.episodes([(cands[len(ran)], order[(first + len(ran)) % n_train])])
+            while len(ran) < len(cands) and (over := self.real.exhausted()) is None:
+                left = None if self.real.fits(1) else self.real.steps_left()
+                job = (cands[len(ran)], order[(first + len(ran)) % n_train])
+                evaluated += await self.real.episodes([job], max_steps=left)
                 ran.append(cands[len(ran)])
             if len(ran) < len(cands):
                 self.state.budget_exhausted = over
@@ -485,15 +494,15 @@ class SEDarwinAgent:
             res = await self.real.verify(cand, scale)
             if res is not None and res.returns:
                 evaluated.append((cand, res))
+            # a stage the budgets cannot hold leaves the candidate unconfirmed; the run goes on with the steps left
+            # (the population, then cut episodes) and stops when they are spent
             if self.real.cut:
-                self.state.budget_exhausted = self.real.over_budget(len(self.starts.train) - 1) or "episodes"
-                self.state.unconfirmed = cand.id
+                self.state.unconfirmed = self.state.unconfirmed or cand.id  # one that met on every state stays named
                 return
             if not cand.meets(target):
                 continue
             confirmed = await self.real.confirm(cand, generation, scale)
             if confirmed is None:
-                self.state.budget_exhausted = self.real.over_budget(len(self.starts.validation)) or "episodes"
                 self.state.unconfirmed = cand.id
                 return
             if confirmed:

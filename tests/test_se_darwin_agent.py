@@ -670,3 +670,35 @@ async def test_a_generation_with_one_good_candidate_goes_on(state_dir):
     ).evolve()
     assert report["stop_reason"] == "failed" and report["real_episodes"] == 12 and len(report["generations"]) == 2
     assert report["stop_detail"].startswith("every candidate of generation 1 failed with the same error")
+
+
+async def test_the_step_budget_is_spent_to_its_last_step(state_dir):
+    # the floor on Pendulum (200-step episodes, never ended by the env): 4 + 1 full episodes, then 100 steps left,
+    # which the next candidate runs as a cut episode: its data is kept, its return is not judged, CMA-ES is not told
+    cfg = tiny_config(budget=40, budget_steps=1100, popsize=4, target=-1.0)
+    agent = SEDarwinAgent(dataclasses.replace(cfg, use_world_model=False, use_critic=False, refined=0))
+    report = await agent.evolve()
+    assert report["env_steps"] == 1100 and report["real_episodes"] == 6
+    assert report["stop_reason"] == "budget" and report["budget_exhausted"] == "env_steps"
+    assert "1100 of 1100 real env steps used" in report["stop_detail"] and "none is left" in report["stop_detail"]
+    last = report["generations"][-1]["candidates"]
+    assert [c["cut"] for c in last] == [False, True] and last[1]["real_return"] is None
+    assert all(not c["cut"] for c in report["generations"][0]["candidates"])
+    assert len(agent.search.told) == 1  # the cut population is not told
+    rows = agent.buffer.count(agent.data_agent)
+    assert rows["transitions"] == 1100  # the cut episode's 100 steps reached the replay buffer
+    assert report["best_candidate"]["id"] != last[1]["id"]  # a cut return never answers
+
+
+def test_an_episode_the_cap_ended_is_cut_one_the_env_ended_is_not():
+    from agents.real_episodes import _cut
+
+    def ran(steps: int, done_last: bool) -> Evaluation:
+        done = np.zeros(steps, bool)
+        done[-1] = done_last
+        return Evaluation([0.0], [{"reward": np.zeros(steps, np.float32), "done": done}])
+
+    assert _cut(ran(100, False), 100, 200)  # the cap ended it
+    assert not _cut(ran(100, True), 100, 200)  # the env ended it on the cap's last step: an episode
+    assert not _cut(ran(40, True), 100, 200)  # the env ended it sooner
+    assert not _cut(ran(200, False), 200, 200)  # a full-length episode is no cut
