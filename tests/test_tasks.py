@@ -377,3 +377,28 @@ async def test_a_non_finite_target_is_refused(target, state_dir):
         drift.resolve()
     with pytest.raises(TaskError, match="expected a finite number"):
         Task(env_id="Drift", env_factory=task_envs.drift, target=0.0).resolve(target=target)
+
+
+@pytest.mark.parametrize(
+    "env_id, done",
+    [("Hopper-v5", "hopper_done"), ("InvertedDoublePendulum-v5", "inverted_double_pendulum_done")],
+)
+def test_a_builtin_termination_ends_where_the_env_ends(env_id, done):
+    # random actions from several resets: the task's rule on the next observation says what the env's terminated says
+    import gymnasium as gym
+    import torch
+
+    from agents.tasks import builtin
+
+    rule, env, rng = getattr(builtin, done), gym.make(env_id), np.random.default_rng(0)
+    said, ended = [], []
+    for episode in range(8):
+        env.reset(seed=episode)
+        for _ in range(200):
+            obs, _, terminated, truncated, _ = env.step(rng.uniform(-1, 1, env.action_space.shape))
+            said.append(bool(rule(torch.as_tensor(obs))))
+            ended.append(bool(terminated))
+            if terminated or truncated:
+                break
+    env.close()
+    assert said == ended and sum(ended) == 8  # every episode ended by the env's rule, and the task's saw each end

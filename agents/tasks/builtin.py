@@ -80,10 +80,53 @@ def half_cheetah() -> Task:
     )
 
 
+def inverted_double_pendulum_done(obs: "torch.Tensor") -> "torch.Tensor":
+    """InvertedDoublePendulum-v5 ends when the tip's height y = 0.6 cos(a1) + 0.6 cos(a1 + a2) is at most 1 (gymnasium's
+    rule; the observation holds sin and cos of both angles: obs[1:3] and obs[3:5])."""
+    s1, s2, c1, c2 = obs[..., 1], obs[..., 2], obs[..., 3], obs[..., 4]
+    return 0.6 * c1 + 0.6 * (c1 * c2 - s1 * s2) <= 1.0
+
+
+def inverted_double_pendulum() -> Task:
+    return Task(
+        env_id="InvertedDoublePendulum-v5",
+        policy="linear",
+        termination=inverted_double_pendulum_done,
+        description="balance two poles on a cart (MuJoCo); target: the spec's 9100",
+    )
+
+
+def hopper_done(obs: "torch.Tensor") -> "torch.Tensor":
+    """Hopper-v5 ends when it is not healthy (gymnasium's rule on what the observation shows): the torso's height
+    obs[0] at most 0.7, its angle obs[1] outside (-0.2, 0.2), or a joint position or velocity at 100 or beyond."""
+    return (obs[..., 0] <= 0.7) | (obs[..., 1].abs() >= 0.2) | (obs[..., 1:].abs() >= 100.0).any(dim=-1)
+
+
+def hopper() -> Task:
+    return Task(
+        env_id="Hopper-v5",
+        policy="linear",
+        termination=hopper_done,
+        description="hop forward (MuJoCo); target: the spec's 3800",
+    )
+
+
+def reacher() -> Task:
+    return Task(
+        env_id="Reacher-v5",
+        policy="linear",
+        terminates=False,
+        description="reach a random target (MuJoCo); target: the spec's -3.75",
+    )
+
+
 BUILTIN = {
     "Pendulum-v1": pendulum,
     "InvertedPendulum-v5": inverted_pendulum,
     "MountainCarContinuous-v0": mountain_car,
+    "InvertedDoublePendulum-v5": inverted_double_pendulum,
+    "Reacher-v5": reacher,
     "Swimmer-v5": swimmer,
+    "Hopper-v5": hopper,
     "HalfCheetah-v5": half_cheetah,
 }
