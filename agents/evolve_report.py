@@ -61,6 +61,7 @@ def candidates_record(candidates: Sequence[Candidate]) -> dict[str, Any]:
                 "accepted": c.accepted,
                 "joined": c.joined,
                 "cut": c.cut,
+                "steps": c.steps,
             }
             for c in candidates
         ],

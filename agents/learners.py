@@ -426,8 +426,11 @@ def refined_count(generations: Sequence[dict[str, Any]], most: int) -> int:
     extras that won (a return above the best of the population's own
     samples: joining CMA-ES's update, by ranking among its parents, is not
     enough where half the population is poor), at most ``most``. None won:
-    none, but for a probe of one when no extra ran in the last `WINDOW`
-    generations (so they return when they start to win); none ever ran:
+    a probe of one each generation (one episode beside the population: where
+    only the learners solve the task, they keep learning and the next actor
+    gets its chance), but none while the extras that ran last held a plateau
+    (`_plateau`: longer episodes than the population's, no gain over its
+    best), until none has run for `WINDOW` generations; none ever ran:
     `FIRST_EXTRAS`."""
     if most <= 0:
         return 0
@@ -449,4 +452,19 @@ def refined_count(generations: Sequence[dict[str, Any]], most: int) -> int:
     )
     if won:
         return min(most, 2 * won)
-    return 0 if window else 1
+    if not window:
+        return 1  # none ran for a whole window: a probe of one
+    last = next(r for r in reversed(generations[-WINDOW:]) if extras([r]))
+    return 0 if _plateau(last) else 1
+
+
+def _plateau(record: dict[str, Any]) -> bool:
+    """Whether the extras of ``record`` (a generation whose extras lost) held a plateau: their episodes ran longer on
+    average than the population's own (a policy that stands still for the whole episode, where the population falls
+    early and costs less), or the record does not say (a run from before candidates' steps were recorded)."""
+    cands = record.get("candidates") or []
+    own = [c.get("steps") for c in cands if c.get("operator") == "cma"]
+    theirs = [c.get("steps") for c in cands if c.get("operator", "").startswith("refined")]
+    if not own or not theirs or any(not isinstance(v, int) for v in own + theirs):
+        return True
+    return sum(theirs) / len(theirs) > sum(own) / len(own)

@@ -174,6 +174,7 @@ class RealEpisodes:
             if isinstance(res, EvaluationEnvError):
                 self.charge_failure(cand, res, episodes=1)
                 continue
+            cand.steps = res.env_steps
             if max_steps is not None and _cut(res, max_steps, self.config.episode_steps):
                 cand.cut, cand.real_episodes = True, 1
                 self.env_steps += res.env_steps

@@ -358,6 +358,26 @@ def test_the_refined_extras_follow_how_often_they_beat_the_population_and_fall_t
     assert refined_count([record([-2.5, -2.0])], 4) == 0 and refined_count([record([-1.0], cma_best=None)], 4) == 0
 
 
+def test_extras_that_lose_are_probed_each_generation_unless_they_held_a_plateau():
+    from agents.learners import refined_count
+
+    def record(extras, own=(-2.0, -4.0), steps=(200, 200)):  # the extras' and the population's returns, their steps
+        return {
+            "cma_best": max(own),
+            "candidates": [{"operator": "refined:actor", "real_return": r, "steps": steps[0]} for r in extras]
+            + [{"operator": "cma", "real_return": r, "steps": steps[1]} for r in own],
+        }
+
+    plain = record([])
+    lost_alike = record([-5.0, -3.0])  # episodes as long as the population's: the learners keep a probe going
+    stood = record([-5.0, -3.0], steps=(1000, 60))  # longer episodes than the population's, no gain: a plateau
+    assert refined_count([lost_alike], 4) == 1 and refined_count([lost_alike, plain, plain], 4) == 1
+    assert refined_count([stood], 4) == 0 and refined_count([stood, plain], 4) == 0
+    assert refined_count([stood, plain, plain, plain], 4) == 1  # none ran for a whole window: a probe again
+    assert refined_count([stood, lost_alike], 4) == 1 and refined_count([lost_alike, stood], 4) == 0  # the last decides
+    assert refined_count([stood, record([-1.0], steps=(1000, 60))], 4) == 2  # a long episode that wins counts
+
+
 def test_extras_that_lose_leave_cma_es_exactly_as_the_floor():
     from agents.cma_search import CMASearch
 
