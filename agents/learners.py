@@ -428,10 +428,10 @@ def refined_count(generations: Sequence[dict[str, Any]], most: int) -> int:
     enough where half the population is poor), at most ``most``. None won:
     a probe of one each generation (one episode beside the population: where
     only the learners solve the task, they keep learning and the next actor
-    gets its chance), but none while the extras that ran last held a plateau
-    (`_plateau`: longer episodes than the population's, no gain over its
-    best), until none has run for `WINDOW` generations; none ever ran:
-    `FIRST_EXTRAS`."""
+    gets its chance). None, whatever won before, while the extras that ran
+    last held a plateau (`_plateau`: longer episodes than the population's,
+    no gain over its best), until none has run for `WINDOW` generations;
+    none ever ran: `FIRST_EXTRAS`."""
     if most <= 0:
         return 0
 
@@ -445,17 +445,21 @@ def refined_count(generations: Sequence[dict[str, Any]], most: int) -> int:
 
     if not extras(generations):
         return min(most, FIRST_EXTRAS)
+
+    def wins(pairs: Sequence[tuple[dict[str, Any], Optional[float]]]) -> int:
+        return sum(
+            bar is not None and c.get("real_return") is not None and float(c["real_return"]) > float(bar)
+            for c, bar in pairs
+        )
+
     window = extras(generations[-WINDOW:])
-    won = sum(
-        bar is not None and c.get("real_return") is not None and float(c["real_return"]) > float(bar)
-        for c, bar in window
-    )
-    if won:
-        return min(most, 2 * won)
     if not window:
         return 1  # none ran for a whole window: a probe of one
     last = next(r for r in reversed(generations[-WINDOW:]) if extras([r]))
-    return 0 if _plateau(last) else 1
+    if not wins(extras([last])) and _plateau(last):
+        return 0  # the last extras only held a plateau: earlier wins do not keep them costing the budget
+    won = wins(window)
+    return min(most, 2 * won) if won else 1
 
 
 def _plateau(record: dict[str, Any]) -> bool:

@@ -376,6 +376,9 @@ def test_extras_that_lose_are_probed_each_generation_unless_they_held_a_plateau(
     assert refined_count([stood, plain, plain, plain], 4) == 1  # none ran for a whole window: a probe again
     assert refined_count([stood, lost_alike], 4) == 1 and refined_count([lost_alike, stood], 4) == 0  # the last decides
     assert refined_count([stood, record([-1.0], steps=(1000, 60))], 4) == 2  # a long episode that wins counts
+    won = record([-1.0, -3.0])
+    assert refined_count([won, won, lost_alike], 4) == 4  # earlier wins keep them while they lose alike
+    assert refined_count([won, won, stood], 4) == 0  # but not once they only hold a plateau
 
 
 def test_extras_that_lose_leave_cma_es_exactly_as_the_floor():
