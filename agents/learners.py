@@ -419,7 +419,7 @@ FIRST_EXTRAS = 2
 """Refined candidates of the first generation that has a learner to refine with, before any has been judged."""
 
 
-def refined_count(generations: Sequence[dict[str, Any]], most: int) -> int:
+def refined_count(generations: Sequence[dict[str, Any]], most: int, episode_steps: Optional[int] = None) -> int:
     """How many refined candidates (extras beside CMA-ES's population) the
     next generation gets, read from the generation records alone (so a
     resumed run decides alike): over the last `WINDOW` records, twice the
@@ -430,8 +430,9 @@ def refined_count(generations: Sequence[dict[str, Any]], most: int) -> int:
     only the learners solve the task, they keep learning and the next actor
     gets its chance). None, whatever won before, while the extras that ran
     last held a plateau (`_plateau`: longer episodes than the population's,
-    no gain over its best), until none has run for `WINDOW` generations;
-    none ever ran: `FIRST_EXTRAS`."""
+    no gain over its best, each run to (nearly) ``episode_steps``, the
+    episode's length), until none has run for `WINDOW` generations; none
+    ever ran: `FIRST_EXTRAS`."""
     if most <= 0:
         return 0
 
@@ -456,19 +457,28 @@ def refined_count(generations: Sequence[dict[str, Any]], most: int) -> int:
     if not window:
         return 1  # none ran for a whole window: a probe of one
     last = next(r for r in reversed(generations[-WINDOW:]) if extras([r]))
-    if not wins(extras([last])) and _plateau(last):
+    if not wins(extras([last])) and _plateau(last, episode_steps):
         return 0  # the last extras only held a plateau: earlier wins do not keep them costing the budget
     won = wins(window)
     return min(most, 2 * won) if won else 1
 
 
-def _plateau(record: dict[str, Any]) -> bool:
-    """Whether the extras of ``record`` (a generation whose extras lost) held a plateau: their episodes ran longer on
-    average than the population's own (a policy that stands still for the whole episode, where the population falls
-    early and costs less), or the record does not say (a run from before candidates' steps were recorded)."""
+def _plateau(record: dict[str, Any], episode_steps: Optional[int] = None) -> bool:
+    """Whether the extras of ``record`` (a generation whose extras lost) held a plateau: they ran the whole episode
+    (at least `PLATEAU_LENGTH` of ``episode_steps``, where it is given) and longer on average than the population's
+    own (a Hopper that stands still for 1000 steps, where the population falls early and costs less); or the record
+    does not say (a run from before candidates' steps were recorded). Where every episode runs its full length
+    (Pendulum, Swimmer) no extra is longer than the population's; where a longer episode is a better one (a pole
+    balanced longer) but not yet a whole one, the probe goes on."""
     cands = record.get("candidates") or []
     own = [c.get("steps") for c in cands if c.get("operator") == "cma"]
     theirs = [c.get("steps") for c in cands if c.get("operator", "").startswith("refined")]
     if not own or not theirs or any(not isinstance(v, int) for v in own + theirs):
         return True
-    return sum(theirs) / len(theirs) > sum(own) / len(own)
+    mean = sum(theirs) / len(theirs)
+    whole = episode_steps is None or mean >= PLATEAU_LENGTH * episode_steps
+    return whole and mean > sum(own) / len(own)
+
+
+PLATEAU_LENGTH = 0.9
+"""The share of the episode's steps the extras' episodes run, on average, to count as holding a plateau."""

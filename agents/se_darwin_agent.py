@@ -366,9 +366,8 @@ class SEDarwinAgent:
         space = self.obs_stats.space(self.task.policy)
         last = [c for c in self.pool if c.generation == generation - 1 and c.returns and math.isfinite(c.returns[0])]
         elite = space.to_z(max(last, key=lambda c: c.returns[0]).params) if last else None
-        count = refined_count(
-            self.generations, self.config.refined
-        )  # extras: fewer, down to none, while they do not win
+        # extras: fewer, down to none, while they do not win
+        count = refined_count(self.generations, self.config.refined, self.config.episode_steps)
         refined = (
             await self.learners.refine(self.search.mean, space, generation, elite, count)
             if count and self._has_data()
@@ -408,7 +407,9 @@ class SEDarwinAgent:
         await self._commit(generation, evaluated)
         reports: dict[str, Any] = {}
         # the learners' cost follows what they return: they learn only for a generation that will run refined candidates
-        upcoming = refined_count([*self.generations, candidates_record(cands)], self.config.refined)
+        upcoming = refined_count(
+            [*self.generations, candidates_record(cands)], self.config.refined, self.config.episode_steps
+        )
         if self.state.reached_at is None and self._has_data() and upcoming and not failed_alike:
             space = self.obs_stats.space(self.task.policy)
             scored = [c for c in cands if c.returns and math.isfinite(c.returns[0])]

@@ -275,7 +275,7 @@ async def test_refined_copies_run_beside_the_population_and_join_it_only_when_th
     for g in range(1, told_gens):
         cands, told = gens[g]["candidates"], agent.search.told[g]
         extras = [c for c in cands if c["operator"] != "cma"]
-        assert len(extras) == refined_count(gens[:g], 2)  # as the records before it decide
+        assert len(extras) == refined_count(gens[:g], 2, report["config"]["episode_steps"])  # as the records decide
         own = [c["real_return"] for c in cands if c["operator"] == "cma"]
         assert len(own) == 6 and told["extras"] == sum(bool(c["joined"]) for c in extras)
         parents_bar = sorted(own, reverse=True)[2]
@@ -379,6 +379,10 @@ def test_extras_that_lose_are_probed_each_generation_unless_they_held_a_plateau(
     won = record([-1.0, -3.0])
     assert refined_count([won, won, lost_alike], 4) == 4  # earlier wins keep them while they lose alike
     assert refined_count([won, won, stood], 4) == 0  # but not once they only hold a plateau
+    # with the episode's length known, a plateau is a whole episode: longer but unfinished episodes (a pole balanced
+    # longer than the population's, not yet to the end) keep the probe going
+    assert refined_count([stood], 4, episode_steps=1000) == 0 and refined_count([stood], 4, episode_steps=2000) == 1
+    assert refined_count([record([-5.0], steps=(40, 12))], 4, episode_steps=1000) == 1
 
 
 def test_extras_that_lose_leave_cma_es_exactly_as_the_floor():

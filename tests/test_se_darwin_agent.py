@@ -142,10 +142,10 @@ async def test_tiny_loop_end_to_end(state_dir):
         assert [c["operator"] for c in g["candidates"]][: len(extras)] == [
             c["operator"] for c in extras
         ]  # extras first
-        assert len(extras) == (refined_count(gens[:i], 4) if i else 0)
+        assert len(extras) == (refined_count(gens[:i], 4, report["config"]["episode_steps"]) if i else 0)
         assert g["refined_best"] == (max(c["real_return"] for c in extras) if extras else None)
         # the learners learn for a generation that runs refined candidates, and only then (their cost follows their use)
-        learned = refined_count(gens[: i + 1], 4) > 0
+        learned = refined_count(gens[: i + 1], 4, report["config"]["episode_steps"]) > 0
         assert (g["wm_val_loss"] is not None and np.isfinite(g["wm_val_loss"])) == learned or i == len(gens) - 1
         assert (g["critic_val_loss"] is not None) == (g["wm_val_loss"] is not None)
     assert gens[0]["wm_val_loss"] is not None
