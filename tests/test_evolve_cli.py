@@ -523,14 +523,14 @@ def test_plot_and_tensorboard_paths_checked_before_the_run(tmp_path, state_dir):
 
 
 def test_any_gymnasium_id_with_policy_and_episode_steps(tmp_path, state_dir):
-    out = tmp_path / "reacher.json"
+    out = tmp_path / "pusher.json"
     args = [
         "evolve",
         *TINY,
         "--env",
-        "Reacher-v5",
+        "Pusher-v5",
         "--policy",
-        "mlp:16",
+        "mlp:4",
         "--episode-steps",
         "10",
         "--budget",
@@ -544,13 +544,13 @@ def test_any_gymnasium_id_with_policy_and_episode_steps(tmp_path, state_dir):
     assert result.exit_code == 0, result.output
     report = json.loads(out.read_text())
     assert (
-        report["env"] == "Reacher-v5"
-        and report["config"]["policy"] == "mlp:16"
+        report["env"] == "Pusher-v5"
+        and report["config"]["policy"] == "mlp:4"
         and report["config"]["episode_steps"] == 10
     )
-    assert report["real_episodes"] == 12 and report["env_steps"] == 12 * 10  # Reacher only ends at the step limit
-    assert report["target"] == -3.75  # the env spec's reward_threshold
-    assert report["learners"]["world_model"]["agent"] == "world_model.Reacher-v5"
+    assert report["real_episodes"] == 12 and report["env_steps"] == 12 * 10  # Pusher only ends at the step limit
+    assert report["target"] == 0.0  # the env spec's reward_threshold
+    assert report["learners"]["world_model"]["agent"] == "world_model.Pusher-v5"
 
 
 def test_no_world_model_ablation_from_the_cli(tmp_path, state_dir):
