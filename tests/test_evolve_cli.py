@@ -1043,7 +1043,8 @@ def test_a_candidate_whose_env_returns_a_nan_observation_costs_that_candidate_on
             self._on_gen = then_stop
 
     monkeypatch.setattr(se_darwin_agent, "SEDarwinAgent", StopAfterGeneration0)
-    args = [*TINY, "--budget", "16", "--seed", "0", "--workers", "1"]
+    # a last generation of 6 (budget 20): a budget-cut one of 2 whose both candidates fail alike reads as a broken env
+    args = [*TINY, "--budget", "20", "--seed", "0", "--workers", "1"]
     cut = runner.invoke(app, ["evolve", "--env", "NaNObsDrift", *args])
     assert cut.exit_code == 130, cut.output
     (run_id,) = [p.name for p in (state_dir / "runs").iterdir()]
@@ -1055,7 +1056,7 @@ def test_a_candidate_whose_env_returns_a_nan_observation_costs_that_candidate_on
     assert result.exit_code == 0, result.output
     report = json.loads(out.read_text())
     failed = report["failed_candidates"]
-    assert report["resumed"] is True and report["real_episodes"] == 16 and report["stop_reason"] == "budget"
+    assert report["resumed"] is True and report["real_episodes"] == 20 and report["stop_reason"] == "budget"
     assert failed and all(
         "returned a non-finite next_obs (next_obs[1] = nan) at step 4 of episode" in f["error"] for f in failed
     )
