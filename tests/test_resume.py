@@ -741,7 +741,7 @@ async def test_a_resumed_run_trains_on_its_own_precision_decisions_and_never_mea
     from agents import se_darwin_agent
 
     monkeypatch.setattr(
-        se_darwin_agent, "refined_count", lambda generations, most: most
+        se_darwin_agent, "refined_count", lambda generations, most, episode_steps=None: most
     )  # refined every generation: the learners train
     settings = load_settings()
     first = SEDarwinAgent(
