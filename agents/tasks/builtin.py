@@ -63,6 +63,7 @@ def mountain_car() -> Task:
 
 
 def swimmer() -> Task:
+    # linear, as ARS V2 (Mania et al. 2018) solves it; not measured against another policy here
     return Task(
         env_id="Swimmer-v5",
         policy="linear",
@@ -88,6 +89,8 @@ def inverted_double_pendulum_done(obs: "torch.Tensor") -> "torch.Tensor":
 
 
 def inverted_double_pendulum() -> Task:
+    # linear, by measurement: the loop at 3,500 env steps, seeds 1-5, held-out 548.4 / 411.0 / 509.7 / 430.7 / 387.9
+    # against mlp:8's 477.8 / 663.2 / 288.9 / 410.9 / 362.5, better on 4 of 5 seeds (benchmark_results/loop55_*)
     return Task(
         env_id="InvertedDoublePendulum-v5",
         policy="linear",
@@ -103,6 +106,7 @@ def hopper_done(obs: "torch.Tensor") -> "torch.Tensor":
 
 
 def hopper() -> Task:
+    # linear, as ARS V2 (Mania et al. 2018) solves it; not measured against another policy here
     return Task(
         env_id="Hopper-v5",
         policy="linear",
