@@ -417,6 +417,8 @@ WINDOW = 3
 """Generations whose extras decide how many refined candidates the next one gets (`refined_count`)."""
 FIRST_EXTRAS = 2
 """Refined candidates of the first generation that has a learner to refine with, before any has been judged."""
+PLATEAU_LENGTH = 0.9
+"""The share of the episode's steps the extras' episodes run, on average, to count as holding a plateau."""
 
 
 def refined_count(generations: Sequence[dict[str, Any]], most: int, episode_steps: Optional[int] = None) -> int:
@@ -478,7 +480,3 @@ def _plateau(record: dict[str, Any], episode_steps: Optional[int] = None) -> boo
     mean = sum(theirs) / len(theirs)
     whole = episode_steps is None or mean >= PLATEAU_LENGTH * episode_steps
     return whole and mean > sum(own) / len(own)
-
-
-PLATEAU_LENGTH = 0.9
-"""The share of the episode's steps the extras' episodes run, on average, to count as holding a plateau."""

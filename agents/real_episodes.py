@@ -106,9 +106,8 @@ class RealEpisodes:
         """Which budget has no room for even a cut episode (`episodes` with ``max_steps``): ``episodes`` (not one
         more), ``env_steps`` (not one more step), or None. A step budget with fewer steps left than a full episode
         is not exhausted: its last steps run as a cut episode."""
-        if self.real_episodes + 1 > self.config.budget:
-            return "episodes"
-        return "env_steps" if self.steps_left() == 0 else None
+        over = self.over_budget(1)
+        return None if over == "env_steps" and self.steps_left() else over
 
     def fits(self, episodes: int) -> bool:
         """Whether ``episodes`` more real episodes fit both budgets (`over_budget`)."""
