@@ -9,8 +9,11 @@ search policy parameters through `CMASearch`.
 * CMA-ES keeps its tuned population of its own samples. Outside proposals
   (the refined candidates, evaluated beside the population as CEM-RL's
   refined half is, Pourchot and Sigaud 2019) are extras: one joins the
-  update only when its return ranks among the population's parents (the
-  better half), in the place of the population's worst sample, and as a
+  update only when its return beats the population's best sample (a win, as
+  `agents.learners.refined_count` counts one; ranking among the parents is
+  not enough: on Swimmer-v5 and Hopper-v5 such extras, no better than the
+  search's own best, took CMA-ES off the path its samples were on and the
+  loop ended below its floor), in the place of the population's worst sample, and as a
   direction from the mean no longer than the population's longest sample
   (in CMA-ES's own Mahalanobis metric: pycma's ``inject`` without ``force``
   likewise uses a proposal as a direction of a sample's length). Extras that
@@ -113,12 +116,12 @@ class CMASearch:
         f = [-float(s) if math.isfinite(s) else TOLD_FAILED for s in scores]
         x = self._asked.copy()
         mu = max(1, len(f) // 2)
-        parent_bar = sorted(f)[mu - 1]  # the worst parent's (minimised) score
+        best = min(f)  # the population's best (minimised) score
         ranked = sorted(
-            (i for i, (_, s) in enumerate(extras) if math.isfinite(s) and -float(s) <= parent_bar),
+            (i for i, (_, s) in enumerate(extras) if math.isfinite(s) and -float(s) < best),
             key=lambda i: -extras[i][1],
         )
-        joined = ranked[: len(f) - mu]  # the population's parents stay its own samples' best or better
+        joined = ranked[: len(f) - mu]  # at most as many as the population's worse half
         if joined:
             mean = np.asarray(self._es.mean, dtype=np.float64)
             longest = max(float(self._es.mahalanobis_norm(row - mean)) for row in x)

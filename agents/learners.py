@@ -426,8 +426,7 @@ def refined_count(generations: Sequence[dict[str, Any]], most: int, episode_step
     next generation gets, read from the generation records alone (so a
     resumed run decides alike): over the last `WINDOW` records, twice the
     extras that won (a return above the best of the population's own
-    samples: joining CMA-ES's update, by ranking among its parents, is not
-    enough where half the population is poor), at most ``most``. None won:
+    samples, as joining CMA-ES's update is: `agents.cma_search`), at most ``most``. None won:
     a probe of one each generation (one episode beside the population: where
     only the learners solve the task, they keep learning and the next actor
     gets its chance). None, whatever won before, while the extras that ran

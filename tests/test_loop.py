@@ -278,9 +278,8 @@ async def test_refined_copies_run_beside_the_population_and_join_it_only_when_th
         assert len(extras) == refined_count(gens[:g], 2, report["config"]["episode_steps"])  # as the records decide
         own = [c["real_return"] for c in cands if c["operator"] == "cma"]
         assert len(own) == 6 and told["extras"] == sum(bool(c["joined"]) for c in extras)
-        parents_bar = sorted(own, reverse=True)[2]
-        for c in extras:  # an extra joins when it ranks among CMA-ES's parents (and, here, each such one does)
-            assert c["joined"] == (c["real_return"] >= parents_bar)
+        for c in extras:  # an extra joins when it beats the population's best (and, here, each such one does)
+            assert c["joined"] == (c["real_return"] > max(own))
         # what pycma was told: the own samples' returns, the joined extras' in the worst ones' places (minimised:
         # negated)
         expected = sorted([-r for r in own])
@@ -394,7 +393,9 @@ def test_extras_that_lose_leave_cma_es_exactly_as_the_floor():
         assert np.array_equal(x, y)  # the same samples, generation after generation
         scores = [-float(np.sum((row - 1.0) ** 2)) for row in x]
         alone.tell(scores)
-        assert beside.tell(scores, [(np.full(5, 9.0), min(scores) - 1.0), (np.ones(5), float("-inf"))]) == []
+        # a loser, a failure, and one that ranks among the parents without beating the best sample
+        losers = [(np.full(5, 9.0), min(scores) - 1.0), (np.ones(5), float("-inf")), (np.ones(5), max(scores))]
+        assert beside.tell(scores, losers) == []
     assert np.array_equal(alone.mean, beside.mean) and alone.sigma == beside.sigma
 
 
@@ -405,7 +406,8 @@ def test_an_extra_that_wins_joins_as_a_direction_no_longer_than_the_longest_samp
     x = search.ask()
     scores = [-float(np.sum((row - 1.0) ** 2)) for row in x]
     far = np.full(5, 100.0)  # far outside the distribution, and the best
-    assert search.tell(scores, [(far, 0.0), (np.ones(5), max(scores) - 1e-9)]) == [0, 1]
+    second = sorted(scores)[-2]  # among the parents, below the best: not a win, does not join
+    assert search.tell(scores, [(far, 0.0), (np.ones(5), max(scores) + 1e-9), (np.ones(5), second)]) == [0, 1]
     told = np.asarray(search.told[-1]["told_x"])
     worst = np.argsort(scores)[:2]  # the two worst samples' places
     assert search.told[-1]["extras"] == 2 and not np.array_equal(told[worst], x[worst])
