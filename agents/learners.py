@@ -419,6 +419,8 @@ FIRST_EXTRAS = 2
 """Refined candidates of the first generation that has a learner to refine with, before any has been judged."""
 PLATEAU_LENGTH = 0.9
 """The share of the episode's steps the extras' episodes run, on average, to count as holding a plateau."""
+MAX_PROBE_WAIT = 7
+"""The most generations a probe waits after extras that lost (`refined_count`)."""
 
 
 def refined_count(generations: Sequence[dict[str, Any]], most: int, episode_steps: Optional[int] = None) -> int:
@@ -426,14 +428,18 @@ def refined_count(generations: Sequence[dict[str, Any]], most: int, episode_step
     next generation gets, read from the generation records alone (so a
     resumed run decides alike): over the last `WINDOW` records, twice the
     extras that won (a return above the best of the population's own
-    samples, as joining CMA-ES's update is: `agents.cma_search`), at most ``most``. None won:
-    a probe of one each generation (one episode beside the population: where
-    only the learners solve the task, they keep learning and the next actor
-    gets its chance). None, whatever won before, while the extras that ran
-    last held a plateau (`_plateau`: longer episodes than the population's,
-    no gain over its best, each run to (nearly) ``episode_steps``, the
-    episode's length), until none has run for `WINDOW` generations; none
-    ever ran: `FIRST_EXTRAS`."""
+    samples, as joining CMA-ES's update is: `agents.cma_search`), at most ``most``.
+    None won: a probe of one (one episode beside the population: where only
+    the learners solve the task, they keep learning and the next actor gets
+    its chance), after a wait that doubles with each generation in a row
+    whose extras lost (none after the first such, then 1, 3, at most
+    `MAX_PROBE_WAIT` generations: where the learners never win, as on
+    Swimmer-v5, the probes would cost the population one generation in
+    eight). None, whatever won before, while the extras that ran last held a
+    plateau (`_plateau`: longer episodes than the population's, no gain over
+    its best, each run to (nearly) ``episode_steps``, the episode's length),
+    until none has run for `WINDOW` generations; none ever ran:
+    `FIRST_EXTRAS`."""
     if most <= 0:
         return 0
 
@@ -445,23 +451,24 @@ def refined_count(generations: Sequence[dict[str, Any]], most: int, episode_step
             if c.get("operator", "").startswith("refined")
         ]
 
-    if not extras(generations):
-        return min(most, FIRST_EXTRAS)
-
     def wins(pairs: Sequence[tuple[dict[str, Any], Optional[float]]]) -> int:
         return sum(
             bar is not None and c.get("real_return") is not None and float(c["real_return"]) > float(bar)
             for c, bar in pairs
         )
 
-    window = extras(generations[-WINDOW:])
-    if not window:
-        return 1  # none ran for a whole window: a probe of one
-    last = next(r for r in reversed(generations[-WINDOW:]) if extras([r]))
+    ran = [i for i, record in enumerate(generations) if extras([record])]
+    if not ran:
+        return min(most, FIRST_EXTRAS)
+    last = generations[ran[-1]]
+    waited = len(generations) - 1 - ran[-1]  # generations since the last extras ran
     if not wins(extras([last])) and _plateau(last, episode_steps):
-        return 0  # the last extras only held a plateau: earlier wins do not keep them costing the budget
-    won = wins(window)
-    return min(most, 2 * won) if won else 1
+        return 1 if waited >= WINDOW else 0  # the last extras only held a plateau: earlier wins do not keep them
+    won = wins(extras(generations[-WINDOW:]))
+    if won:
+        return min(most, 2 * won)
+    lost = next((k for k, i in enumerate(reversed(ran)) if wins(extras([generations[i]]))), len(ran))
+    return 1 if waited >= min(MAX_PROBE_WAIT, 2 ** max(0, lost - 1) - 1) else 0
 
 
 def _plateau(record: dict[str, Any], episode_steps: Optional[int] = None) -> bool:
