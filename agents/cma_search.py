@@ -8,12 +8,18 @@ search policy parameters through `CMASearch`.
   candidate (score -inf or NaN) into `TOLD_FAILED`.
 * CMA-ES keeps its tuned population of its own samples. Outside proposals
   (the refined candidates, evaluated beside the population as CEM-RL's
-  refined half is, Pourchot and Sigaud 2019) are extras: one joins the
-  update only when its return beats the population's best sample (a win, as
-  `agents.learners.refined_count` counts one; ranking among the parents is
-  not enough: on Swimmer-v5 and Hopper-v5 such extras, no better than the
-  search's own best, took CMA-ES off the path its samples were on and the
-  loop ended below its floor), in the place of the population's worst sample, and as a
+  refined half is, Pourchot and Sigaud 2019) are extras. While extras have
+  won lately (``trusted``: a return above the population's best in the last
+  generations, `agents.learners.won_lately`), one joins the update when its
+  return ranks among the population's parents (the better half); a probe
+  (no extra won lately) joins only when it beats the population's best
+  sample: on Swimmer-v5, where the learners never win, probes that ranked
+  among the parents without winning took CMA-ES off its samples' path
+  (the loop at 0.79x its floor, 0.93x with this rule); on
+  InvertedDoublePendulum-v5, extras that won now and then and joined as
+  parents in between steered CMA-ES to the loop's best answers. A joined
+  extra takes
+  the place of the population's worst sample, as a
   direction from the mean no longer than the population's longest sample
   (in CMA-ES's own Mahalanobis metric: pycma's ``inject`` without ``force``
   likewise uses a proposal as a direction of a sample's length). Extras that
@@ -103,11 +109,15 @@ class CMASearch:
         self._asked = np.asarray(self._es.ask(), dtype=np.float64)
         return self._asked.copy()
 
-    def tell(self, scores: Sequence[float], extras: Sequence[tuple[np.ndarray, float]] = ()) -> list[int]:
+    def tell(
+        self, scores: Sequence[float], extras: Sequence[tuple[np.ndarray, float]] = (), *, trusted: bool = False
+    ) -> list[int]:
         """The asked population's scores, in order (higher is better; -inf or
         NaN: the candidate failed), and the ``extras`` evaluated beside it
-        (point, score). Returns the indices of the extras that joined the
-        update (see the module's docstring)."""
+        (point, score). ``trusted``: extras have won lately, so one that ranks
+        among the parents joins; else only one that beats the population's
+        best. Returns the indices of the extras that joined the update (see
+        the module's docstring)."""
         if self._asked is None or len(scores) != len(self._asked):
             raise ValueError(
                 f"CMASearch.tell: {len(scores)} scores for {0 if self._asked is None else len(self._asked)} asked "
@@ -116,12 +126,13 @@ class CMASearch:
         f = [-float(s) if math.isfinite(s) else TOLD_FAILED for s in scores]
         x = self._asked.copy()
         mu = max(1, len(f) // 2)
-        best = min(f)  # the population's best (minimised) score
-        ranked = sorted(
-            (i for i, (_, s) in enumerate(extras) if math.isfinite(s) and -float(s) < best),
-            key=lambda i: -extras[i][1],
-        )
-        joined = ranked[: len(f) - mu]  # at most as many as the population's worse half
+        parent_bar = sorted(f)[mu - 1]  # the worst parent's (minimised) score
+
+        def joins(s: float) -> bool:
+            return math.isfinite(s) and (-float(s) <= parent_bar if trusted else -float(s) < min(f))
+
+        ranked = sorted((i for i, (_, s) in enumerate(extras) if joins(s)), key=lambda i: -extras[i][1])
+        joined = ranked[: len(f) - mu]  # the population's parents stay its own samples' best or better
         if joined:
             mean = np.asarray(self._es.mean, dtype=np.float64)
             longest = max(float(self._es.mahalanobis_norm(row - mean)) for row in x)

@@ -419,8 +419,30 @@ FIRST_EXTRAS = 2
 """Refined candidates of the first generation that has a learner to refine with, before any has been judged."""
 PLATEAU_LENGTH = 0.9
 """The share of the episode's steps the extras' episodes run, on average, to count as holding a plateau."""
-MAX_PROBE_WAIT = 7
-"""The most generations a probe waits after extras that lost (`refined_count`)."""
+
+
+def _extras(records: Sequence[dict[str, Any]]) -> list[tuple[dict[str, Any], Optional[float]]]:
+    """The refined candidates of ``records``, each with its generation's best own one-episode return (``cma_best``)."""
+    return [
+        (c, record.get("cma_best"))
+        for record in records
+        for c in record.get("candidates") or []
+        if c.get("operator", "").startswith("refined")
+    ]
+
+
+def _wins(pairs: Sequence[tuple[dict[str, Any], Optional[float]]]) -> int:
+    """How many of `_extras`' pairs won: a return above their generation's best own sample."""
+    return sum(
+        bar is not None and c.get("real_return") is not None and float(c["real_return"]) > float(bar)
+        for c, bar in pairs
+    )
+
+
+def won_lately(generations: Sequence[dict[str, Any]]) -> bool:
+    """Whether an extra won in the last `WINDOW` generation records: the next generation's extras then join
+    CMA-ES's update by ranking among its parents, a probe's only by winning (`agents.cma_search.CMASearch.tell`)."""
+    return _wins(_extras(generations[-WINDOW:])) > 0
 
 
 def refined_count(generations: Sequence[dict[str, Any]], most: int, episode_steps: Optional[int] = None) -> int:
@@ -428,47 +450,27 @@ def refined_count(generations: Sequence[dict[str, Any]], most: int, episode_step
     next generation gets, read from the generation records alone (so a
     resumed run decides alike): over the last `WINDOW` records, twice the
     extras that won (a return above the best of the population's own
-    samples, as joining CMA-ES's update is: `agents.cma_search`), at most ``most``.
-    None won: a probe of one (one episode beside the population: where only
-    the learners solve the task, they keep learning and the next actor gets
-    its chance), after a wait that doubles with each generation in a row
-    whose extras lost (none after the first such, then 1, 3, at most
-    `MAX_PROBE_WAIT` generations: where the learners never win, as on
-    Swimmer-v5, the probes would cost the population one generation in
-    eight). None, whatever won before, while the extras that ran last held a
-    plateau (`_plateau`: longer episodes than the population's, no gain over
-    its best, each run to (nearly) ``episode_steps``, the episode's length),
-    until none has run for `WINDOW` generations; none ever ran:
-    `FIRST_EXTRAS`."""
+    samples: ranking among its parents, which lets an extra join CMA-ES's
+    update once extras have won, is not enough where half the population is
+    poor), at most ``most``. None won: a probe of one each generation (one
+    episode beside the population: where only the learners solve the task,
+    they keep learning and the next actor gets its chance). None, whatever
+    won before, while the extras that ran last held a plateau (`_plateau`:
+    longer episodes than the population's, no gain over its best, each run to
+    (nearly) ``episode_steps``, the episode's length), until none has run for
+    `WINDOW` generations; none ever ran: `FIRST_EXTRAS`."""
     if most <= 0:
         return 0
-
-    def extras(records: Sequence[dict[str, Any]]) -> list[tuple[dict[str, Any], Optional[float]]]:
-        return [
-            (c, record.get("cma_best"))
-            for record in records
-            for c in record.get("candidates") or []
-            if c.get("operator", "").startswith("refined")
-        ]
-
-    def wins(pairs: Sequence[tuple[dict[str, Any], Optional[float]]]) -> int:
-        return sum(
-            bar is not None and c.get("real_return") is not None and float(c["real_return"]) > float(bar)
-            for c, bar in pairs
-        )
-
-    ran = [i for i, record in enumerate(generations) if extras([record])]
-    if not ran:
+    if not _extras(generations):
         return min(most, FIRST_EXTRAS)
-    last = generations[ran[-1]]
-    waited = len(generations) - 1 - ran[-1]  # generations since the last extras ran
-    if not wins(extras([last])) and _plateau(last, episode_steps):
-        return 1 if waited >= WINDOW else 0  # the last extras only held a plateau: earlier wins do not keep them
-    won = wins(extras(generations[-WINDOW:]))
-    if won:
-        return min(most, 2 * won)
-    lost = next((k for k, i in enumerate(reversed(ran)) if wins(extras([generations[i]]))), len(ran))
-    return 1 if waited >= min(MAX_PROBE_WAIT, 2 ** max(0, lost - 1) - 1) else 0
+    window = _extras(generations[-WINDOW:])
+    if not window:
+        return 1  # none ran for a whole window: a probe of one
+    last = next(r for r in reversed(generations[-WINDOW:]) if _extras([r]))
+    if not _wins(_extras([last])) and _plateau(last, episode_steps):
+        return 0  # the last extras only held a plateau: earlier wins do not keep them costing the budget
+    won = _wins(window)
+    return min(most, 2 * won) if won else 1
 
 
 def _plateau(record: dict[str, Any], episode_steps: Optional[int] = None) -> bool:

@@ -46,7 +46,7 @@ from .evaluation import Evaluation, EvaluationBackend, EvaluationError, make_eva
 from .evolve_config import EVOLVE, Candidate, EvolveConfig, resumed_config
 from .evolve_report import candidates_record, generation_record, mode_of, run_report
 from .fail_fast import common_error
-from .learners import Learners, refined_count
+from .learners import Learners, refined_count, won_lately
 from .mujoco_log import mujoco_log_for
 from .policies import policy_from_run
 from .progress import ANSWER, HELDOUT, ProgressFn, RunProgress
@@ -396,7 +396,9 @@ class SEDarwinAgent:
                 return c.real_return if c.real_return is not None else -math.inf
 
             joined = self.search.tell(
-                [score(c) for c in own], [(z, score(c)) for (z, _), c in zip(refined, ran_extras)]
+                [score(c) for c in own],
+                [(z, score(c)) for (z, _), c in zip(refined, ran_extras)],
+                trusted=won_lately(self.generations),
             )
             for i, cand in enumerate(ran_extras):
                 cand.joined = i in joined
