@@ -419,6 +419,8 @@ FIRST_EXTRAS = 2
 """Refined candidates of the first generation that has a learner to refine with, before any has been judged."""
 PLATEAU_LENGTH = 0.9
 """The share of the episode's steps the extras' episodes run, on average, to count as holding a plateau."""
+MAX_PROBE_WAIT = 7
+"""The most generations a probe waits while no extra has won in the run (`refined_count`)."""
 
 
 def _extras(records: Sequence[dict[str, Any]]) -> list[tuple[dict[str, Any], Optional[float]]]:
@@ -452,25 +454,33 @@ def refined_count(generations: Sequence[dict[str, Any]], most: int, episode_step
     extras that won (a return above the best of the population's own
     samples: ranking among its parents, which lets an extra join CMA-ES's
     update once extras have won, is not enough where half the population is
-    poor), at most ``most``. None won: a probe of one each generation (one
-    episode beside the population: where only the learners solve the task,
-    they keep learning and the next actor gets its chance). None, whatever
-    won before, while the extras that ran last held a plateau (`_plateau`:
-    longer episodes than the population's, no gain over its best, each run to
-    (nearly) ``episode_steps``, the episode's length), until none has run for
-    `WINDOW` generations; none ever ran: `FIRST_EXTRAS`."""
+    poor), at most ``most``. None won lately: a probe of one each generation
+    (one episode beside the population: where only the learners solve the
+    task, they keep learning and the next actor gets its chance); while no
+    extra has won in the whole run, the probe waits a while that doubles
+    with each generation whose extras lost (none after the first, then 1, 3,
+    at most `MAX_PROBE_WAIT` generations: where the learners never win, as on
+    Swimmer-v5, a probe each generation cost the population one generation
+    in eight). None, whatever won before, while the extras that ran last
+    held a plateau (`_plateau`: longer episodes than the population's, no
+    gain over its best, each run to (nearly) ``episode_steps``, the
+    episode's length), until none has run for `WINDOW` generations; none
+    ever ran: `FIRST_EXTRAS`."""
     if most <= 0:
         return 0
-    if not _extras(generations):
+    ran = [i for i, record in enumerate(generations) if _extras([record])]
+    if not ran:
         return min(most, FIRST_EXTRAS)
-    window = _extras(generations[-WINDOW:])
-    if not window:
-        return 1  # none ran for a whole window: a probe of one
-    last = next(r for r in reversed(generations[-WINDOW:]) if _extras([r]))
+    last = generations[ran[-1]]
+    waited = len(generations) - 1 - ran[-1]  # generations since extras last ran
     if not _wins(_extras([last])) and _plateau(last, episode_steps):
-        return 0  # the last extras only held a plateau: earlier wins do not keep them costing the budget
-    won = _wins(window)
-    return min(most, 2 * won) if won else 1
+        return 1 if waited >= WINDOW else 0  # the last extras only held a plateau: earlier wins do not keep them
+    won = _wins(_extras(generations[-WINDOW:]))
+    if won:
+        return min(most, 2 * won)
+    if not _wins(_extras(generations)):  # the learners never won in this run: the probes grow rarer
+        return 1 if waited >= min(MAX_PROBE_WAIT, 2 ** (len(ran) - 1) - 1) else 0
+    return 1
 
 
 def _plateau(record: dict[str, Any], episode_steps: Optional[int] = None) -> bool:

@@ -374,11 +374,20 @@ def test_extras_that_lose_are_probed_each_generation_unless_they_held_a_plateau(
     lost_alike = record([-5.0, -3.0])  # episodes as long as the population's: the learners keep a probe going
     stood = record([-5.0, -3.0], steps=(1000, 60))  # longer episodes than the population's, no gain: a plateau
     assert refined_count([lost_alike], 4) == 1 and refined_count([lost_alike, plain, plain], 4) == 1
+    # while no extra has won in the run, each generation whose extras lost doubles the probe's wait: none, 1, 3, at
+    # most 7
+    assert refined_count([lost_alike] * 2, 4) == 0 and refined_count([lost_alike] * 2 + [plain], 4) == 1
+    assert refined_count([lost_alike] * 3 + [plain] * 2, 4) == 0 and refined_count([lost_alike] * 3 + [plain] * 3, 4) == 1
+    assert refined_count([lost_alike] * 9 + [plain] * 6, 4) == 0 and refined_count([lost_alike] * 9 + [plain] * 7, 4) == 1
+    # once one has won, a probe each generation: the learners have shown they can
+    won = record([-1.0, -3.0])
+    assert refined_count([won, lost_alike], 4) == 2 and refined_count([won] + [lost_alike] * 3, 4) == 1
+    assert refined_count([won] + [lost_alike] * 3 + [plain] * 5, 4) == 1
     assert refined_count([stood], 4) == 0 and refined_count([stood, plain], 4) == 0
     assert refined_count([stood, plain, plain, plain], 4) == 1  # none ran for a whole window: a probe again
-    assert refined_count([stood, lost_alike], 4) == 1 and refined_count([lost_alike, stood], 4) == 0  # the last decides
+    # the last decides: a plateau before lost extras does not stop the probe (it waits one generation: two lost)
+    assert refined_count([stood, lost_alike, plain], 4) == 1 and refined_count([lost_alike, stood, plain], 4) == 0
     assert refined_count([stood, record([-1.0], steps=(1000, 60))], 4) == 2  # a long episode that wins counts
-    won = record([-1.0, -3.0])
     assert refined_count([won, won, lost_alike], 4) == 4  # earlier wins keep them while they lose alike
     assert refined_count([won, won, stood], 4) == 0  # but not once they only hold a plateau
     # with the episode's length known, a plateau is a whole episode: longer but unfinished episodes (a pole balanced
