@@ -377,8 +377,9 @@ def test_extras_that_lose_are_probed_each_generation_unless_they_held_a_plateau(
     # while no extra has won in the run, each generation whose extras lost doubles the probe's wait: none, 1, 3, at
     # most 7
     assert refined_count([lost_alike] * 2, 4) == 0 and refined_count([lost_alike] * 2 + [plain], 4) == 1
-    assert refined_count([lost_alike] * 3 + [plain] * 2, 4) == 0 and refined_count([lost_alike] * 3 + [plain] * 3, 4) == 1
-    assert refined_count([lost_alike] * 9 + [plain] * 6, 4) == 0 and refined_count([lost_alike] * 9 + [plain] * 7, 4) == 1
+    for lost, wait in ((3, 3), (9, 7)):
+        assert refined_count([lost_alike] * lost + [plain] * (wait - 1), 4) == 0
+        assert refined_count([lost_alike] * lost + [plain] * wait, 4) == 1
     # once one has won, a probe each generation: the learners have shown they can
     won = record([-1.0, -3.0])
     assert refined_count([won, lost_alike], 4) == 2 and refined_count([won] + [lost_alike] * 3, 4) == 1
