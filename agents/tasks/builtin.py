@@ -90,7 +90,8 @@ def inverted_double_pendulum_done(obs: "torch.Tensor") -> "torch.Tensor":
 
 def inverted_double_pendulum() -> Task:
     # linear, by measurement: the loop at 3,500 env steps, seeds 1-5, held-out 548.4 / 411.0 / 509.7 / 430.7 / 387.9
-    # against mlp:8's 477.8 / 663.2 / 288.9 / 410.9 / 362.5, better on 4 of 5 seeds (benchmark_results/loop55_*)
+    # against mlp:8's 477.8 / 663.2 / 288.9 / 410.9 / 362.5, better on 4 of 5 seeds (the loop's rules of c2529be:
+    # benchmark_results/loop55_2026-11-29)
     return Task(
         env_id="InvertedDoublePendulum-v5",
         policy="linear",
@@ -117,9 +118,10 @@ def hopper() -> Task:
 
 def reacher() -> Task:
     # mlp:16, by measurement: the loop at 10,000 env steps, seeds 1-5, held-out -8.86 / -6.92 / -8.15 / -6.76 / -8.96
-    # against linear's -9.73 / -8.14 / -8.14 / -8.17 / -9.25 (better on 4 of 5 seeds, the same median, 28% less CPU:
-    # benchmark_results/loop55_2026-11-29). The torque that reaches a point is the arm's Jacobian (sines and cosines
-    # of the joint angles) times the fingertip's error: a product a linear policy cannot form.
+    # against linear's -9.73 / -8.14 / -8.14 / -8.17 / -9.25 (better on 4 of 5 seeds, the same median, 28% less CPU;
+    # the loop's rules of ce5a803: benchmark_results/loop55_2026-11-29). The torque that reaches a point is the arm's
+    # Jacobian (sines and cosines of the joint angles) times the fingertip's error: a product a linear policy cannot
+    # form.
     return Task(
         env_id="Reacher-v5",
         policy="mlp:16",
