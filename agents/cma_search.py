@@ -10,7 +10,7 @@ search policy parameters through `CMASearch`.
   (the refined candidates, evaluated beside the population as CEM-RL's
   refined half is, Pourchot and Sigaud 2019) are extras. While extras have
   won lately (``trusted``: a return above the population's best in one of
-  the last three generations, `agents.learners.won_lately`), one joins the
+  the last three generations, `agents.extras.won_lately`), one joins the
   update when its return ranks among the population's parents (the better
   half); a probe (none won lately) joins only when it beats the
   population's best sample. Measured on seeds 1-5 (issue 55,
@@ -127,12 +127,12 @@ class CMASearch:
         f = [-float(s) if math.isfinite(s) else TOLD_FAILED for s in scores]
         x = self._asked.copy()
         mu = max(1, len(f) // 2)
-        parent_bar = sorted(f)[mu - 1]  # the worst parent's (minimised) score
-
-        def joins(s: float) -> bool:
-            return math.isfinite(s) and (-float(s) <= parent_bar if trusted else -float(s) < min(f))
-
-        ranked = sorted((i for i, (_, s) in enumerate(extras) if joins(s)), key=lambda i: -extras[i][1])
+        # the (minimised) score an extra must reach: the worst parent's once extras won lately, else below the best
+        bar, strict = (sorted(f)[mu - 1], False) if trusted else (min(f), True)
+        ranked = sorted(
+            (i for i, (_, s) in enumerate(extras) if math.isfinite(s) and (-s < bar if strict else -s <= bar)),
+            key=lambda i: -extras[i][1],
+        )
         joined = ranked[: len(f) - mu]  # the population's parents stay its own samples' best or better
         if joined:
             mean = np.asarray(self._es.mean, dtype=np.float64)

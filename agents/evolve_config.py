@@ -399,7 +399,7 @@ class Candidate:
     joined: Optional[bool] = None  # a refined candidate (an extra): did it join CMA-ES's update (`agents.cma_search`)?
     validation_return: Optional[float] = None  # mean over the validation start states
     cut: bool = False  # its episode ran into the step budget's end: its data is kept, its return not judged
-    steps: int = 0  # env steps of its first episode (what it cost; `agents.learners.refined_count` compares them)
+    steps: int = 0  # env steps of its first episode (what it cost; `agents.extras.refined_count` compares them)
 
     def start_returns(self) -> dict[int, float]:
         """Training start index -> real return, for the start states it was run on."""

@@ -44,7 +44,7 @@ def _learner_fields(prefix: str, report: Any, rounds: Sequence[Any] = ()) -> dic
 def candidates_record(candidates: Sequence[Candidate]) -> dict[str, Any]:
     """The candidates' part of a generation record: each one's operator, real return (its one episode; a verified
     one's mean over the training start states it ran) and verdicts, and the best one-episode return of each kind
-    (what `agents.learners.refined_count` reads)."""
+    (what `agents.extras.refined_count` reads)."""
 
     def best(cands: Sequence[Candidate]) -> Optional[float]:
         scores = [c.returns[0] for c in cands if c.returns]

@@ -46,7 +46,8 @@ from .evaluation import Evaluation, EvaluationBackend, EvaluationError, make_eva
 from .evolve_config import EVOLVE, Candidate, EvolveConfig, resumed_config
 from .evolve_report import candidates_record, generation_record, mode_of, run_report
 from .fail_fast import common_error
-from .learners import Learners, refined_count, won_lately
+from .extras import refined_count, won_lately
+from .learners import Learners
 from .mujoco_log import mujoco_log_for
 from .policies import policy_from_run
 from .progress import ANSWER, HELDOUT, ProgressFn, RunProgress

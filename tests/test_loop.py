@@ -250,7 +250,7 @@ def critic_config(**kw) -> EvolveConfig:
 
 
 async def test_refined_copies_run_beside_the_population_and_join_it_only_when_they_win(state_dir):
-    from agents.learners import refined_count, won_lately
+    from agents.extras import refined_count, won_lately
 
     agent = SEDarwinAgent(
         critic_config(budget=40), settings=load_settings(), evaluator=FakeEvaluator(TASK), critic=tiny_critic()
@@ -334,7 +334,7 @@ def test_docs_options_table_is_made_from_the_config():
 
 
 def test_the_refined_extras_follow_how_often_they_beat_the_population_and_fall_to_none():
-    from agents.learners import FIRST_EXTRAS, refined_count
+    from agents.extras import FIRST_EXTRAS, refined_count
 
     def record(extras, cma_best=-2.0):  # the extras' returns; the population's best one-episode return
         return {
@@ -361,7 +361,7 @@ def test_the_refined_extras_follow_how_often_they_beat_the_population_and_fall_t
 
 
 def test_extras_that_lose_are_probed_each_generation_unless_they_held_a_plateau():
-    from agents.learners import refined_count
+    from agents.extras import refined_count
 
     def record(extras, own=(-2.0, -4.0), steps=(200, 200)):  # the extras' and the population's returns, their steps
         return {

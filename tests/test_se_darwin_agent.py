@@ -16,7 +16,7 @@ import pytest
 
 from agents import pendulum_task
 from agents.evaluation import Evaluation, EvaluationMemoryError, EvaluationTimeout, Evaluator
-from agents.learners import refined_count
+from agents.extras import refined_count
 from agents.se_darwin_agent import EvolveConfig, SEDarwinAgent, run_cma_baseline
 from agents.tasks import get_task
 from genesis_fp16.base import telemetry
