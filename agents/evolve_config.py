@@ -31,6 +31,7 @@ from .manifest_fields import (
     is_numbers,
 )
 from .tasks import ResolvedTask, Task, TaskError, get_task
+from .tasks.task import DEFAULT_REFINE_STEPS
 
 # what needs the optional packages, in a missing extra's error
 EVOLVE = "genesis-fp16 evolve"
@@ -163,8 +164,9 @@ class EvolveConfig:
     4 + 3 ln(policy parameters), the floor's tuned population."""
     sigma0: float = option(0.5, panel=ADVANCED)
     """CMA-ES's initial step size, in normalised coordinates."""
-    refine_steps: int = option(800, panel=ADVANCED, least=1)
-    """Actor-gradient steps of the longest refined copy; the others stop at 1/4, 1/16, ... of it."""
+    refine_steps: Optional[int] = option(None, panel=ADVANCED, least=1)
+    """Actor-gradient steps of the longest refined copy (the others stop at 1/4, 1/16, ... of it) and of the actor
+    rounds together; None: the task's (`Task.refine_steps`), else 800."""
     refine_horizon: int = option(
         0, panel=ADVANCED, least=0, most=100, why="the gradient runs back through every model step, each kept in memory"
     )
@@ -242,6 +244,9 @@ class EvolveConfig:
             target=resolved.target,
             policy=resolved.policy.name,
             episode_steps=resolved.episode_steps,
+            refine_steps=next(
+                v for v in (self.refine_steps, resolved.task.refine_steps, DEFAULT_REFINE_STEPS) if v is not None
+            ),
             wm_agent=self.wm_agent or ledger_agent("world_model", resolved.env_id),
             critic_agent=self.critic_agent or ledger_agent("critic", resolved.env_id),
         )

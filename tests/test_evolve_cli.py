@@ -648,6 +648,20 @@ def test_a_resolved_task_is_taken_as_it_is():
         replace(config, target=-1.0, policy="mlp:4").resolve(task)
 
 
+def test_refine_steps_default_is_the_tasks():
+    """The actor-gradient steps a run takes: the flag's where given, else the task's (Pendulum-v1 measured 1600),
+    else the loop's default; a resolved config carries the number, so a resumed run keeps its own."""
+    from agents.tasks import Task
+    from agents.tasks.task import DEFAULT_REFINE_STEPS
+
+    assert se_darwin_agent.EvolveConfig().resolve()[0].refine_steps == 1600
+    assert se_darwin_agent.EvolveConfig(refine_steps=12).resolve()[0].refine_steps == 12
+    plain = Task(env_id="Pendulum-v1", target=-300.0, terminates=False)
+    assert se_darwin_agent.EvolveConfig().resolve(plain)[0].refine_steps == DEFAULT_REFINE_STEPS == 800
+    config, task = se_darwin_agent.EvolveConfig().resolve(Task(env_id="Pendulum-v1", target=-300.0, refine_steps=50))
+    assert config.refine_steps == 50 and config.resolve(task)[0].refine_steps == 50
+
+
 class InterruptOnSecondPopulation(Evaluator):
     def evaluate_many(self, jobs, **kw):
         self.populations = getattr(self, "populations", 0) + 1

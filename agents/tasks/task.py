@@ -29,6 +29,8 @@ if TYPE_CHECKING:
 ProjectFn = Callable[["torch.Tensor"], "torch.Tensor"]  # imagined observations back onto what the env can produce
 TerminationFn = Callable[["torch.Tensor"], "torch.Tensor"]  # observations (..., obs_dim) -> bool (...)
 DEFAULT_EPISODE_STEPS = 1000
+DEFAULT_REFINE_STEPS = 800
+"""The loop's actor-gradient steps a generation (`Task.refine_steps`) on a task that does not set its own."""
 RESET_STRIDE = 1_000_000
 """The reset seeds of one run's start states lie in one block of this many (`reset_seed_base`)."""
 HELDOUT_OFFSET = 500_000
@@ -102,6 +104,9 @@ class Task:
     termination: Optional[TerminationFn] = None
     terminates: bool = True
     description: str = ""
+    refine_steps: Optional[int] = None
+    """The loop's actor-gradient steps a generation on this task (`agents.evolve_config.EvolveConfig.refine_steps`),
+    where a measurement chose other than the loop's default (`DEFAULT_REFINE_STEPS`); None: the default."""
 
     def make_env(self) -> "gym.Env":
         """The env, in this process; TaskError when it cannot be made."""
