@@ -651,7 +651,7 @@ def test_a_resolved_task_is_taken_as_it_is():
 def test_refine_steps_default_is_the_tasks():
     """The actor-gradient steps a run takes: the flag's where given, else the task's (Pendulum-v1 measured 1600),
     else the loop's default; a resolved config carries the number, so a resumed run keeps its own."""
-    from agents.tasks import Task
+    from agents.tasks import Task, TaskError
     from agents.tasks.task import DEFAULT_REFINE_STEPS
 
     assert se_darwin_agent.EvolveConfig().resolve()[0].refine_steps == 1600
@@ -660,6 +660,9 @@ def test_refine_steps_default_is_the_tasks():
     assert se_darwin_agent.EvolveConfig().resolve(plain)[0].refine_steps == DEFAULT_REFINE_STEPS == 800
     config, task = se_darwin_agent.EvolveConfig().resolve(Task(env_id="Pendulum-v1", target=-300.0, refine_steps=50))
     assert config.refine_steps == 50 and config.resolve(task)[0].refine_steps == 50
+    for bad in (0, -3, 2.5, True):
+        with pytest.raises(TaskError, match=rf"refine_steps={bad!r}: expected a whole number >= 1"):
+            se_darwin_agent.EvolveConfig().resolve(Task(env_id="Pendulum-v1", target=-300.0, refine_steps=bad))
 
 
 class InterruptOnSecondPopulation(Evaluator):

@@ -134,6 +134,12 @@ class Task:
             hidden = parse_policy(policy or self.policy)
         except ValueError as exc:
             raise TaskError(str(exc)) from None
+        steps = self.refine_steps
+        if steps is not None and (isinstance(steps, bool) or not isinstance(steps, int) or steps < 1):
+            raise TaskError(
+                f"env {self.env_id!r}: refine_steps={steps!r}: expected a whole number >= 1 (the loop's actor-gradient "
+                f"steps a generation), or None for the loop's {DEFAULT_REFINE_STEPS}"
+            )
         env = self.make_env()
         try:
             obs_space, act_space, spec = env.observation_space, env.action_space, env.spec
