@@ -166,7 +166,7 @@ class EvolveConfig:
     """CMA-ES's initial step size, in normalised coordinates."""
     refine_steps: Optional[int] = option(None, panel=ADVANCED, least=1)
     """Actor-gradient steps of the longest refined copy (the others stop at 1/4, 1/16, ... of it) and of the actor
-    rounds together; None: the task's (`Task.refine_steps`), else 800."""
+    rounds together, at most (see `learn_per_step`); None: the task's (`Task.refine_steps`), else 800."""
     refine_horizon: int = option(
         0, panel=ADVANCED, least=0, most=100, why="the gradient runs back through every model step, each kept in memory"
     )
@@ -188,7 +188,11 @@ class EvolveConfig:
     )
     """Model steps per branched rollout (short: the model's error compounds with the horizon)."""
     wm_steps: int = option(800, panel=ADVANCED, least=1)
-    """World-model optimizer steps per generation."""
+    """World-model optimizer steps per generation, at most (see `learn_per_step`)."""
+    learn_per_step: float = option(2.0, panel=ADVANCED)
+    """World-model and actor-gradient steps a generation per real env step it ran, up to `wm_steps` and
+    `refine_steps` (a generation of short episodes trains as much as it brought: the critic's `critic_updates`
+    for the other two learners); 0: always `wm_steps` and `refine_steps`."""
     ensemble: int = option(
         5,
         panel=ADVANCED,
@@ -282,6 +286,13 @@ class EvolveConfig:
             return self.popsize
         return 4 + int(3 * math.log(n_params))
 
+    def per_generation(self, cap: int, new_steps: int) -> int:
+        """The steps a learner trains in a generation that ran ``new_steps`` real env steps: `learn_per_step` of
+        them each, up to ``cap`` (its `wm_steps` or `refine_steps`), at least 1; ``cap`` with `learn_per_step` 0."""
+        if self.learn_per_step == 0:
+            return cap
+        return min(cap, max(1, math.ceil(self.learn_per_step * new_steps)))
+
     def validate(self) -> None:
         """Raise `ValueError` listing every option out of range (all at once)."""
         problems = []
@@ -315,8 +326,9 @@ class EvolveConfig:
         for name in ("sigma0", "eval_timeout_s"):
             if not (math.isfinite(getattr(self, name)) and getattr(self, name) > 0):
                 problems.append(f"{name}={getattr(self, name)}: expected a finite number > 0")
-        if not (math.isfinite(self.critic_updates) and self.critic_updates >= 0):
-            problems.append(f"critic_updates={self.critic_updates}: expected a finite number >= 0")
+        for name in ("critic_updates", "learn_per_step"):
+            if not (math.isfinite(getattr(self, name)) and getattr(self, name) >= 0):
+                problems.append(f"{name}={getattr(self, name)}: expected a finite number >= 0")
         if self.refined and not (self.use_critic or (self.use_world_model and self.refine_horizon > 0)):
             problems.append(
                 f"refined={self.refined}: refinement needs the critic, or the world model with refine_horizon >= 1; "
@@ -528,6 +540,8 @@ def resumed_config(
                 f"{where}: field {name}: missing; expected what this version writes in every manifest; {UNRESUMABLE}"
             )
     saved = dict(manifest["config"])
+    # a run started before `learn_per_step` trained its learners the whole `wm_steps` / `refine_steps` a generation
+    saved.setdefault("learn_per_step", 0.0)
     unknown = sorted(set(saved) - CONFIG_FIELDS)
     if unknown:
         raise RunError(

@@ -27,13 +27,16 @@ def _learner_fields(prefix: str, report: Any, rounds: Sequence[Any] = ()) -> dic
     fields; ``rounds``: every call of the generation (the critic trains once
     per actor round), so a rollback in any of them shows, not only the last's."""
     if report is None:
-        return {f"{prefix}_{k}": None for k in ("val_loss", "train_loss", "wall_s", "precision", "rollback_reason")} | {
+        return {
+            f"{prefix}_{k}": None for k in ("val_loss", "train_loss", "steps", "wall_s", "precision", "rollback_reason")
+        } | {
             f"{prefix}_rolled_back": False
         }
     rolled = [r for r in rounds or [report] if r.rolled_back]
     return {
         f"{prefix}_val_loss": report.val_loss,
         f"{prefix}_train_loss": report.train_loss,
+        f"{prefix}_steps": sum(r.steps for r in rounds or [report]),  # optimizer steps the generation took
         f"{prefix}_wall_s": report.wall_s,
         f"{prefix}_precision": report.precision,
         f"{prefix}_rolled_back": bool(rolled),
@@ -76,6 +79,7 @@ def generation_record(
     *,
     real_episodes: int,
     env_steps: int,
+    new_steps: int,
     candidates: Sequence[Candidate],
     sigma: float,
     reports: dict[str, Any],
@@ -89,13 +93,16 @@ def generation_record(
     real return (its one episode; a verified one's mean over the training
     start states it ran), the best of each kind, CMA-ES's step size, the
     world model's and the critic's losses and precisions, the model
-    rollouts, and the wall seconds per bucket (`agents.time_share`)."""
+    rollouts, and the wall seconds per bucket (`agents.time_share`). ``new_steps``: the real env steps of the
+    generation's episodes, what its learners trained on anew (`EvolveConfig.per_generation`: a resumed run
+    sizes the next refinement from it)."""
     rollouts = reports.get("rollouts")
     wm, critic = reports.get("world_model"), reports.get("critic")
     return {
         "generation": generation,
         "real_episodes": real_episodes,
         "env_steps": env_steps,  # of the episodes that finished so far
+        "new_steps": new_steps,
         **candidates_record(candidates),
         "sigma": sigma,
         **_learner_fields("wm", wm),

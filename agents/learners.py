@@ -4,12 +4,15 @@ trained in the precision their rollout policy decides, and the refinement
 that uses them.
 
 Per generation (`Learners.learn`), on every real transition so far: the world
-model trains; ``model_rollouts`` short rollouts (``rollout_horizon`` steps)
+model trains (``learn_per_step`` steps per new real env step, up to
+``wm_steps``); ``model_rollouts`` short rollouts (``rollout_horizon`` steps)
 branch from real replay states under the CMA-ES mean policy with exploration
 noise (MBPO); the critic trains on the real and the model transitions (TD3
 targets of the mean policy), ``critic_updates`` steps per new real
 transition. `Learners.refine` then ascends copies of the mean through the
-critic (`agents.refine`).
+critic (`agents.refine`), the longest ``learn_per_step`` steps per new real
+env step, up to ``refine_steps`` (a generation of short episodes, as
+InvertedDoublePendulum's first ones, trains as much as it brought).
 """
 
 from __future__ import annotations
@@ -241,8 +244,9 @@ class Learners:
         if self.uses["world_model"]:
             with self.time.measure("model_train"):
                 world_model = self.build("world_model")
-                with progress.phase(WORLD_MODEL, cfg.wm_steps) as phase:
-                    reports["world_model"] = await world_model.train(cfg.wm_steps, on_step=phase.advance)
+                wm_steps = cfg.per_generation(cfg.wm_steps, new_steps)
+                with progress.phase(WORLD_MODEL, wm_steps) as phase:
+                    reports["world_model"] = await world_model.train(wm_steps, on_step=phase.advance)
         if not self.uses["critic"]:
             return reports
         with self.time.measure("critic"):
@@ -291,7 +295,7 @@ class Learners:
 
         actor = np.asarray(elite if elite is not None else z_mean, dtype=np.float64)
         per_round, rounds = max(1, steps // cfg.actor_rounds), []
-        actor_steps = max(1, cfg.refine_steps // cfg.actor_rounds)
+        actor_steps = max(1, cfg.per_generation(cfg.refine_steps, new_steps) // cfg.actor_rounds)
         reports["critic_rounds"] = rounds  # a rollback in any round shows in the generation's record
         for r in range(cfg.actor_rounds):
             # one phase per round, its steps counted over all the rounds
@@ -334,20 +338,23 @@ class Learners:
         generation: int,
         elite: Optional[np.ndarray] = None,
         count: Optional[int] = None,
+        new_steps: Optional[int] = None,
     ) -> list[tuple[np.ndarray, str]]:
         """Refined copies, (z, operator) pairs: ascents of the critic's value
         (through ``refine_horizon`` model steps first) from the CMA-ES mean and,
         given, from ``elite`` (the last generation's best candidate, z), with
-        snapshots at ``refine_steps`` / 4^k steps; the mean gets the first,
+        snapshots at 1 / 4^k of the longest ascent; the mean gets the first,
         the elite every other copy. Empty while there is nothing to refine with
         (no critic trained yet, or ``refined`` 0). ``count``: how many (default
-        ``refined``; `refined_count` adapts it to how the refined candidates fare)."""
+        ``refined``; `refined_count` adapts it to how the refined candidates fare). ``new_steps``: the real env steps
+        the critic last learned from, which size the ascents (`EvolveConfig.per_generation`; None: ``refine_steps``)."""
         import asyncio
 
         cfg = self.config
         horizon = cfg.refine_horizon if self.world_model is not None and self.world_model.trained else 0
         value = self.critic.value if self.critic is not None and self.critic.trained else None
         count = cfg.refined if count is None else count
+        longest = cfg.refine_steps if new_steps is None else cfg.per_generation(cfg.refine_steps, new_steps)
         if count == 0 or (value is None and horizon == 0):
             return []
         from infrastructure.transitions import Transitions
@@ -365,7 +372,7 @@ class Learners:
         plan = []
         for k, (name, z0) in enumerate(starts):
             copies = len(range(k, left, len(starts)))
-            plan.append((k, name, z0, sorted({max(1, cfg.refine_steps // 4**j) for j in range(copies)})))
+            plan.append((k, name, z0, sorted({max(1, longest // 4**j) for j in range(copies)})))
         total, done = sum(snapshots[-1] for *_, snapshots in plan), 0
         with self.progress.phase(REFINEMENT, total) as phase:
             for k, name, z0, snapshots in plan:

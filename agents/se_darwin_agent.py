@@ -369,8 +369,10 @@ class SEDarwinAgent:
         elite = space.to_z(max(last, key=lambda c: c.returns[0]).params) if last else None
         # extras: fewer, down to none, while they do not win
         count = refined_count(self.generations, self.config.refined, self.config.episode_steps)
+        # the refinement's length follows the steps its critic last learned from (the last record: a resume alike)
+        learned = self.generations[-1].get("new_steps") if self.generations else None
         refined = (
-            await self.learners.refine(self.search.mean, space, generation, elite, count)
+            await self.learners.refine(self.search.mean, space, generation, elite, count, new_steps=learned)
             if count and self._has_data()
             else []
         )
@@ -410,6 +412,7 @@ class SEDarwinAgent:
         await self._commit(generation, evaluated)
         reports: dict[str, Any] = {}
         # the learners' cost follows what they return: they learn only for a generation that will run refined candidates
+        new_steps = sum(res.env_steps for _, res in evaluated)
         upcoming = refined_count(
             [*self.generations, candidates_record(cands)], self.config.refined, self.config.episode_steps
         )
@@ -418,12 +421,13 @@ class SEDarwinAgent:
             scored = [c for c in cands if c.returns and math.isfinite(c.returns[0])]
             best = space.to_z(max(scored, key=lambda c: c.returns[0]).params) if scored else None
             reports = await self.learners.learn(
-                self.search.mean, space, generation, new_steps=sum(res.env_steps for _, res in evaluated), elite=best
+                self.search.mean, space, generation, new_steps=new_steps, elite=best
             )
         record = generation_record(
             generation,
             real_episodes=self.real_episodes,
             env_steps=self.env_steps,
+            new_steps=new_steps,
             candidates=cands,
             sigma=self.search.sigma,
             reports=reports,

@@ -381,6 +381,11 @@ def test_a_run_from_before_the_cma_loop_is_refused():
         resumed_config(manifest, budget=None, workers=None, options={})
     manifest["version"] = MANIFEST_VERSION
     assert resumed_config(manifest, budget=None, workers=None, options={}) == config()
+    # a run from before learn_per_step trained the whole wm_steps / refine_steps a generation, and goes on so
+    manifest["config"] = {k: v for k, v in saved.items() if k != "learn_per_step"}
+    assert resumed_config(manifest, budget=None, workers=None, options={}) == dataclasses.replace(
+        config(), learn_per_step=0.0
+    )
     manifest["config"] = {**saved, "racing": True}  # an option this version does not know
     with pytest.raises(RunError, match=r"options this version does not know \(racing\)"):
         resumed_config(manifest, budget=None, workers=None, options={})

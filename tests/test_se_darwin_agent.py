@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 import sys
 import time
 
@@ -156,6 +157,32 @@ async def test_tiny_loop_end_to_end(state_dir):
     assert all("best_return" in e and "real_episodes" in e and "refined_best" in e for e in events)
 
 
+async def test_learning_follows_the_steps_a_generation_brought(state_dir):
+    """The world model and the refinement train ``learn_per_step`` steps per new real env step, up to ``wm_steps`` and
+    ``refine_steps``: few steps in, little training (the critic already follows ``critic_updates``)."""
+    ratio = 0.002  # 6 episodes of 200 steps: 3 steps; 8: 4, under the caps of 40 and 5
+    agent = SEDarwinAgent(
+        tiny_config(learn_per_step=ratio, refine_steps=5), settings=load_settings(), evaluator=InProcessEvaluator(workers=1)
+    )
+    gens = (await agent.evolve())["generations"]
+    trained = [g for g in gens if g["wm_val_loss"] is not None]
+    assert len(trained) >= 2
+    for g in gens:
+        assert g["new_steps"] == pendulum_task.EPISODE_STEPS * len(g["candidates"])  # no episode verified here
+    for g in trained:
+        assert g["wm_steps"] == min(40, math.ceil(ratio * g["new_steps"])) < 40
+    copies = 0
+    for before, g in zip(gens, gens[1:]):
+        # the copy of the mean (where one runs) ascends as long as the steps its critic learned from allow
+        steps = [int(c["operator"].rsplit(":", 1)[1]) for c in g["candidates"] if c["operator"].startswith("refined:m")]
+        assert steps in ([], [min(5, math.ceil(ratio * before["new_steps"]))])
+        copies += len(steps)
+    assert copies >= 1
+    assert EvolveConfig(learn_per_step=0).per_generation(40, 10) == 40  # 0: always the cap
+    assert EvolveConfig(learn_per_step=2).per_generation(40, 10) == 20
+    assert EvolveConfig(learn_per_step=2).per_generation(40, 0) == 1
+
+
 async def test_loop_without_world_model(state_dir):
     agent = SEDarwinAgent(
         tiny_config(use_world_model=False), settings=load_settings(), evaluator=InProcessEvaluator(workers=1)
@@ -232,8 +259,8 @@ def test_bad_options_are_refused():
     EvolveConfig(use_critic=False, refine_horizon=3).validate()  # the model alone refines
     EvolveConfig(use_critic=False, use_world_model=False, refined=0).validate()  # the floor
     with pytest.raises(ValueError) as err:
-        EvolveConfig(budget=0, popsize=1, sigma0=-1.0, critic_updates=float("nan")).validate()
-    for name in ("budget=0", "popsize=1", "sigma0=-1.0", "critic_updates=nan"):  # every problem at once
+        EvolveConfig(budget=0, popsize=1, sigma0=-1.0, critic_updates=float("nan"), learn_per_step=-1.0).validate()
+    for name in ("budget=0", "popsize=1", "sigma0=-1.0", "critic_updates=nan", "learn_per_step=-1.0"):  # all at once
         assert name in str(err.value)
 
 
