@@ -29,9 +29,7 @@ def _learner_fields(prefix: str, report: Any, rounds: Sequence[Any] = ()) -> dic
     if report is None:
         return {
             f"{prefix}_{k}": None for k in ("val_loss", "train_loss", "steps", "wall_s", "precision", "rollback_reason")
-        } | {
-            f"{prefix}_rolled_back": False
-        }
+        } | {f"{prefix}_rolled_back": False}
     rolled = [r for r in rounds or [report] if r.rolled_back]
     return {
         f"{prefix}_val_loss": report.val_loss,

@@ -420,9 +420,7 @@ class SEDarwinAgent:
             space = self.obs_stats.space(self.task.policy)
             scored = [c for c in cands if c.returns and math.isfinite(c.returns[0])]
             best = space.to_z(max(scored, key=lambda c: c.returns[0]).params) if scored else None
-            reports = await self.learners.learn(
-                self.search.mean, space, generation, new_steps=new_steps, elite=best
-            )
+            reports = await self.learners.learn(self.search.mean, space, generation, new_steps=new_steps, elite=best)
         record = generation_record(
             generation,
             real_episodes=self.real_episodes,

@@ -161,9 +161,8 @@ async def test_learning_follows_the_steps_a_generation_brought(state_dir):
     """The world model and the refinement train ``learn_per_step`` steps per new real env step, up to ``wm_steps`` and
     ``refine_steps``: few steps in, little training (the critic already follows ``critic_updates``)."""
     ratio = 0.002  # 6 episodes of 200 steps: 3 steps; 8: 4, under the caps of 40 and 5
-    agent = SEDarwinAgent(
-        tiny_config(learn_per_step=ratio, refine_steps=5), settings=load_settings(), evaluator=InProcessEvaluator(workers=1)
-    )
+    config = tiny_config(learn_per_step=ratio, refine_steps=5)
+    agent = SEDarwinAgent(config, settings=load_settings(), evaluator=InProcessEvaluator(workers=1))
     gens = (await agent.evolve())["generations"]
     trained = [g for g in gens if g["wm_val_loss"] is not None]
     assert len(trained) >= 2

@@ -1,7 +1,20 @@
-import json,sys,statistics as st
-for f in sys.argv[1:]:
-    try: d=json.load(open(f))
-    except Exception as e: print(f, 'not ready'); continue
-    for m,runs in d['runs'].items():
-        h=[r['heldout_return'] for r in runs]; c=[r.get('cpu_s') for r in runs]
-        print(f"{f:28s} {m:8s} held {' / '.join(f'{x:.1f}' for x in h)}  med {st.median(h):.1f}  cpu {' / '.join(f'{x:.0f}' for x in c)} med {st.median(c):.0f}")
+"""Each report's per-seed held-out return and CPU seconds, with the medians: ``python sum.py FILE.json ...``."""
+
+import json
+import statistics
+import sys
+
+for path in sys.argv[1:]:
+    try:
+        with open(path) as f:
+            report = json.load(f)
+    except (OSError, ValueError):
+        print(path, "not ready")
+        continue
+    for method, runs in report["runs"].items():
+        held = [r["heldout_return"] for r in runs]
+        cpu = [r.get("cpu_s") or 0.0 for r in runs]
+        print(
+            f"{path:28s} {method:8s} held {' / '.join(f'{x:.1f}' for x in held)}  med {statistics.median(held):.1f}  "
+            f"cpu {' / '.join(f'{x:.0f}' for x in cpu)} med {statistics.median(cpu):.0f}"
+        )
