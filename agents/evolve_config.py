@@ -286,10 +286,11 @@ class EvolveConfig:
             return self.popsize
         return 4 + int(3 * math.log(n_params))
 
-    def per_generation(self, cap: int, new_steps: int) -> int:
+    def per_generation(self, cap: int, new_steps: Optional[int]) -> int:
         """The steps a learner trains in a generation that ran ``new_steps`` real env steps: `learn_per_step` of
-        them each, up to ``cap`` (its `wm_steps` or `refine_steps`), at least 1; ``cap`` with `learn_per_step` 0."""
-        if self.learn_per_step == 0:
+        them each, up to ``cap`` (its `wm_steps` or `refine_steps`), at least 1; ``cap`` with `learn_per_step` 0 or
+        ``new_steps`` None (not recorded: a generation record from before the option)."""
+        if self.learn_per_step == 0 or new_steps is None:
             return cap
         return min(cap, max(1, math.ceil(self.learn_per_step * new_steps)))
 

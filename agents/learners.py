@@ -354,9 +354,9 @@ class Learners:
         horizon = cfg.refine_horizon if self.world_model is not None and self.world_model.trained else 0
         value = self.critic.value if self.critic is not None and self.critic.trained else None
         count = cfg.refined if count is None else count
-        longest = cfg.refine_steps if new_steps is None else cfg.per_generation(cfg.refine_steps, new_steps)
         if count == 0 or (value is None and horizon == 0):
             return []
+        longest = cfg.per_generation(cfg.refine_steps, new_steps)
         from infrastructure.transitions import Transitions
 
         from .refine import model_step, refine

@@ -180,6 +180,7 @@ async def test_learning_follows_the_steps_a_generation_brought(state_dir):
     assert EvolveConfig(learn_per_step=0).per_generation(40, 10) == 40  # 0: always the cap
     assert EvolveConfig(learn_per_step=2).per_generation(40, 10) == 20
     assert EvolveConfig(learn_per_step=2).per_generation(40, 0) == 1
+    assert EvolveConfig(learn_per_step=2).per_generation(40, None) == 40  # not recorded: the cap
 
 
 async def test_loop_without_world_model(state_dir):
