@@ -31,7 +31,7 @@ from .manifest_fields import (
     is_numbers,
 )
 from .tasks import ResolvedTask, Task, TaskError, get_task
-from .tasks.task import DEFAULT_REFINE_STEPS
+from .tasks.task import DEFAULT_DISCOUNT, DEFAULT_REFINE_STEPS
 
 # what needs the optional packages, in a missing extra's error
 EVOLVE = "genesis-fp16 evolve"
@@ -167,6 +167,9 @@ class EvolveConfig:
     refine_steps: Optional[int] = option(None, panel=ADVANCED, least=1)
     """Actor-gradient steps of the longest refined copy (the others stop at 1/4, 1/16, ... of it) and of the actor
     rounds together, at most (see `learn_per_step`); None: the task's (`Task.refine_steps`), else 800."""
+    discount: Optional[float] = option(None, panel=ADVANCED)
+    """The learners' discount per step: the critic's TD target and the actor's objective; None: the task's
+    (`Task.discount`), else 0.99."""
     refine_horizon: int = option(
         0, panel=ADVANCED, least=0, most=100, why="the gradient runs back through every model step, each kept in memory"
     )
@@ -251,6 +254,7 @@ class EvolveConfig:
             refine_steps=next(
                 v for v in (self.refine_steps, resolved.task.refine_steps, DEFAULT_REFINE_STEPS) if v is not None
             ),
+            discount=next(v for v in (self.discount, resolved.task.discount, DEFAULT_DISCOUNT) if v is not None),
             wm_agent=self.wm_agent or ledger_agent("world_model", resolved.env_id),
             critic_agent=self.critic_agent or ledger_agent("critic", resolved.env_id),
         )
@@ -330,6 +334,10 @@ class EvolveConfig:
         for name in ("critic_updates", "learn_per_step"):
             if not (math.isfinite(getattr(self, name)) and getattr(self, name) >= 0):
                 problems.append(f"{name}={getattr(self, name)}: expected a finite number >= 0")
+        if self.discount is not None and not (
+            not isinstance(self.discount, bool) and math.isfinite(self.discount) and 0.0 <= self.discount < 1.0
+        ):
+            problems.append(f"discount={self.discount} (--discount): expected a number in [0, 1), e.g. 0.99")
         if self.refined and not (self.use_critic or (self.use_world_model and self.refine_horizon > 0)):
             problems.append(
                 f"refined={self.refined}: refinement needs the critic, or the world model with refine_horizon >= 1; "
@@ -543,6 +551,7 @@ def resumed_config(
     saved = dict(manifest["config"])
     # a run started before `learn_per_step` trained its learners the whole `wm_steps` / `refine_steps` a generation
     saved.setdefault("learn_per_step", 0.0)
+    saved.setdefault("discount", DEFAULT_DISCOUNT)  # and before `discount`, at 0.99 on every task
     unknown = sorted(set(saved) - CONFIG_FIELDS)
     if unknown:
         raise RunError(

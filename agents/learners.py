@@ -33,6 +33,7 @@ from .manifest_fields import RunError
 from .progress import CRITIC, MODEL_ROLLOUTS, REFINEMENT, WORLD_MODEL, Phase, RunProgress
 from .search_space import SearchSpace
 from .tasks import ResolvedTask
+from .tasks.task import DEFAULT_DISCOUNT
 
 if TYPE_CHECKING:
     import torch
@@ -96,6 +97,11 @@ class Learners:
         }
         """Which learners the run has (built or not): ``world_model``, ``critic``."""
         self.last: dict[str, Any] = {}
+
+    @property
+    def discount(self) -> float:
+        """The learners' discount: the resolved config's (`EvolveConfig.discount`), else `DEFAULT_DISCOUNT`."""
+        return DEFAULT_DISCOUNT if self.config.discount is None else float(self.config.discount)
 
     def build(self, name: str) -> Any:
         """The learner ``name`` (``world_model`` or ``critic``), built now if the run has it and it is not yet (its
@@ -178,6 +184,7 @@ class Learners:
             seed=self.config.seed,
             checkpoint_dir=self.checkpoint_dir,
             decision=self._run_decision("critic_checkpoint"),
+            gamma=self.discount,
         )
 
     # -- policies in torch --------------------------------------------------------------------
@@ -322,6 +329,7 @@ class Learners:
                         data.obs,
                         space,
                         value=critic.value,
+                        gamma=self.discount,
                         snapshots=[actor_steps],
                         seed=stream_seed(cfg.seed, "learners.actor_round", generation, r),
                         on_step=_offset(phase, r * actor_steps),
@@ -385,6 +393,7 @@ class Learners:
                         value=value,
                         model=model_step(self.world_model) if horizon else None,
                         horizon=horizon,
+                        gamma=self.discount,
                         snapshots=snapshots,
                         seed=stream_seed(cfg.seed, "learners.refine", generation, k),
                         on_step=_offset(phase, done),

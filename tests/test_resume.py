@@ -386,6 +386,11 @@ def test_a_run_from_before_the_cma_loop_is_refused():
     assert resumed_config(manifest, budget=None, workers=None, options={}) == dataclasses.replace(
         config(), learn_per_step=0.0
     )
+    # and one from before `discount` learned at 0.99 whatever its task, and goes on so
+    manifest["config"] = {k: v for k, v in saved.items() if k != "discount"}
+    assert resumed_config(manifest, budget=None, workers=None, options={}) == dataclasses.replace(
+        config(), discount=0.99
+    )
     manifest["config"] = {**saved, "racing": True}  # an option this version does not know
     with pytest.raises(RunError, match=r"options this version does not know \(racing\)"):
         resumed_config(manifest, budget=None, workers=None, options={})

@@ -183,6 +183,27 @@ async def test_learning_follows_the_steps_a_generation_brought(state_dir):
     assert EvolveConfig(learn_per_step=2).per_generation(40, None) == 40  # not recorded: the cap
 
 
+async def test_learners_discount_by_the_runs_discount(state_dir, monkeypatch):
+    """The critic's TD target and every actor ascent (the actor rounds, the refined copies) discount by the run's
+    ``discount``, and the report's config carries it."""
+    from agents import refine as refine_module
+
+    seen = []
+    real = refine_module.refine
+
+    def spy(*args, **kw):
+        seen.append(kw["gamma"])
+        return real(*args, **kw)
+
+    monkeypatch.setattr(refine_module, "refine", spy)
+    agent = SEDarwinAgent(tiny_config(discount=0.9), settings=load_settings(), evaluator=InProcessEvaluator(workers=1))
+    report = await agent.evolve()
+    assert agent.critic is not None and agent.critic.gamma == 0.9
+    assert len(seen) >= 2 and set(seen) == {0.9}
+    assert report["config"]["discount"] == 0.9
+    assert any(c["operator"].startswith("refined:mean") for g in report["generations"] for c in g["candidates"])
+
+
 async def test_loop_without_world_model(state_dir):
     agent = SEDarwinAgent(
         tiny_config(use_world_model=False), settings=load_settings(), evaluator=InProcessEvaluator(workers=1)

@@ -31,6 +31,8 @@ TerminationFn = Callable[["torch.Tensor"], "torch.Tensor"]  # observations (...,
 DEFAULT_EPISODE_STEPS = 1000
 DEFAULT_REFINE_STEPS = 800
 """The loop's actor-gradient steps a generation (`Task.refine_steps`) on a task that does not set its own."""
+DEFAULT_DISCOUNT = 0.99
+"""The learners' discount (`Task.discount`) on a task that does not set its own: TD3's, SAC's, CEM-RL's."""
 RESET_STRIDE = 1_000_000
 """The reset seeds of one run's start states lie in one block of this many (`reset_seed_base`)."""
 HELDOUT_OFFSET = 500_000
@@ -107,6 +109,10 @@ class Task:
     refine_steps: Optional[int] = None
     """The loop's actor-gradient steps a generation on this task (`agents.evolve_config.EvolveConfig.refine_steps`),
     where a measurement chose other than the loop's default (`DEFAULT_REFINE_STEPS`); None: the default."""
+    discount: Optional[float] = None
+    """The learners' discount on this task: the critic's TD target and the actor's objective
+    (`agents.evolve_config.EvolveConfig.discount`), where a measurement chose other than `DEFAULT_DISCOUNT`; None: the
+    default."""
 
     def make_env(self) -> "gym.Env":
         """The env, in this process; TaskError when it cannot be made."""
@@ -139,6 +145,14 @@ class Task:
             raise TaskError(
                 f"env {self.env_id!r}: refine_steps={steps!r}: expected a whole number >= 1 (the loop's actor-gradient "
                 f"steps a generation), or None for the loop's {DEFAULT_REFINE_STEPS}"
+            )
+        gamma = self.discount
+        if gamma is not None and (
+            isinstance(gamma, bool) or not isinstance(gamma, (int, float)) or not 0.0 <= gamma < 1.0
+        ):
+            raise TaskError(
+                f"env {self.env_id!r}: discount={gamma!r}: expected a number in [0, 1) (the learners' discount per "
+                f"step), or None for the loop's {DEFAULT_DISCOUNT}"
             )
         env = self.make_env()
         try:
