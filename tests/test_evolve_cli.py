@@ -679,7 +679,7 @@ def test_discount_default_is_the_tasks():
     for bad in (1.0, -0.1, float("nan"), True, "0.9"):
         with pytest.raises(TaskError, match=r"discount=.*: expected a number in \[0, 1\)"):
             se_darwin_agent.EvolveConfig().resolve(Task(env_id="Pendulum-v1", target=-300.0, discount=bad))
-    for bad in (1.0, -0.1, float("nan"), float("inf")):
+    for bad in (1.0, -0.1, float("nan"), float("inf"), "0.9", True):
         with pytest.raises(ValueError, match=r"discount=.* \(--discount\): expected a number in \[0, 1\)"):
             se_darwin_agent.EvolveConfig(discount=bad).validate()
 
