@@ -480,6 +480,33 @@ async def test_an_unverified_best_episode_competes_for_the_answer(state_dir):
     assert report["train_return"] == pytest.approx(best_episode)
 
 
+@pytest.mark.parametrize("bests", [1, 3])
+async def test_the_answer_weighs_the_three_best_single_episodes(state_dir, monkeypatch, bests):
+    """One episode is one start state: a candidate that met a lucky one (here the first training state, +1000) has the
+    run's best single episode without being the best policy. The answer weighs the three best single episodes on every
+    training state, so it is at least as good there as the best of them; weighing only the best one (the rule before)
+    misses that on this seed."""
+    from agents import se_darwin_agent as module
+
+    monkeypatch.setattr(module, "ANSWER_EPISODE_BESTS", bests)
+    task = get_task("Pendulum-v1").resolve()
+    lucky = task.start_states(0).train[0]
+
+    def score(params, state):
+        return float(np.sum(params)) + (1000.0 if np.allclose(state, lucky) else 0.0)
+
+    report = await run_cma_baseline(
+        tiny_config(budget=24, target=1e9), settings=load_settings(), evaluator=FakeEvaluator(task, score=score)
+    )
+    ones = sorted((float(c["real_return"]) for g in report["generations"] for c in g["candidates"]), reverse=True)
+    assert ones[0] > 500 > ones[3]  # the lucky state's episode is the run's best, and ran once
+    best_of_three = max(r - (1000.0 if r > 500 else 0.0) for r in ones[:3]) + 1000.0 / len(task.start_states(0).train)
+    if bests == 3:
+        assert report["train_return"] >= best_of_three - 1e-9
+    else:
+        assert report["train_return"] < best_of_three - 1e-9
+
+
 async def test_a_failing_held_out_evaluation_keeps_the_run_and_reports_none(state_dir):
     """A NaN on a held-out start state (or a lost worker) after the budget is spent: the run finishes with its answer
     and its spent budget, the held-out return None and the failure logged, instead of raising."""
