@@ -234,13 +234,13 @@ async def test_cma_baseline_same_keys_and_budget(state_dir):
         "generations",
     ):
         assert key in report
-    # the answer, by training return (run on the training start states outside the budget): the CMA-ES mean, or the
-    # candidate with the run's best single episode that the budget never verified (nothing verifies an unreachable
-    # target)
+    # the answer, by training return (run on the training start states outside the budget): the CMA-ES mean, or one of
+    # the candidates with the run's three best single episodes that the budget never verified (nothing verifies an
+    # unreachable target)
     cands = [c for g in report["generations"] for c in g["candidates"]]
-    best_episode = max(cands, key=lambda c: float(c["real_return"]))["id"]
+    best_episodes = [c["id"] for c in sorted(cands, key=lambda c: -float(c["real_return"]))[:3]]
     assert (
-        report["best_candidate"]["id"] in (best_episode, f"g{len(report['generations'])}-mean")
+        report["best_candidate"]["id"] in (*best_episodes, f"g{len(report['generations'])}-mean")
         and report["train_return"] is not None
     )
 
