@@ -31,7 +31,7 @@ from .manifest_fields import (
     is_numbers,
 )
 from .tasks import ResolvedTask, Task, TaskError, get_task
-from .tasks.task import DEFAULT_DISCOUNT, DEFAULT_REFINE_STEPS
+from .tasks.task import DEFAULT_DISCOUNT, DEFAULT_REFINE_STEPS, is_discount
 
 # what needs the optional packages, in a missing extra's error
 EVOLVE = "genesis-fp16 evolve"
@@ -334,11 +334,8 @@ class EvolveConfig:
         for name in ("critic_updates", "learn_per_step"):
             if not (math.isfinite(getattr(self, name)) and getattr(self, name) >= 0):
                 problems.append(f"{name}={getattr(self, name)}: expected a finite number >= 0")
-        gamma = self.discount
-        if gamma is not None and not (
-            isinstance(gamma, (int, float)) and not isinstance(gamma, bool) and math.isfinite(gamma) and 0 <= gamma < 1
-        ):
-            problems.append(f"discount={gamma!r} (--discount): expected a number in [0, 1), e.g. 0.99")
+        if self.discount is not None and not is_discount(self.discount):
+            problems.append(f"discount={self.discount!r} (--discount): expected a number in [0, 1), e.g. 0.99")
         if self.refined and not (self.use_critic or (self.use_world_model and self.refine_horizon > 0)):
             problems.append(
                 f"refined={self.refined}: refinement needs the critic, or the world model with refine_horizon >= 1; "

@@ -33,6 +33,8 @@ DEFAULT_REFINE_STEPS = 800
 """The loop's actor-gradient steps a generation (`Task.refine_steps`) on a task that does not set its own."""
 DEFAULT_DISCOUNT = 0.99
 """The learners' discount (`Task.discount`) on a task that does not set its own: TD3's, SAC's, CEM-RL's."""
+
+
 RESET_STRIDE = 1_000_000
 """The reset seeds of one run's start states lie in one block of this many (`reset_seed_base`)."""
 HELDOUT_OFFSET = 500_000
@@ -51,6 +53,11 @@ def reset_seed_base(seed: int) -> int:
     (`genesis_fp16.base.seeds`). The run's training, validation, held-out and
     model-only states are disjoint ranges inside the block (`ResolvedTask.start_states`)."""
     return RESET_STRIDE * (1 + stream_seed(seed, "task.reset_seeds") % RESET_BLOCKS)
+
+
+def is_discount(value: object) -> bool:
+    """Whether ``value`` is a discount the learners take: a number (not a bool) in [0, 1)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and 0.0 <= value < 1.0
 
 
 class TaskError(ValueError):
@@ -147,9 +154,7 @@ class Task:
                 f"steps a generation), or None for the loop's {DEFAULT_REFINE_STEPS}"
             )
         gamma = self.discount
-        if gamma is not None and (
-            isinstance(gamma, bool) or not isinstance(gamma, (int, float)) or not 0.0 <= gamma < 1.0
-        ):
+        if gamma is not None and not is_discount(gamma):
             raise TaskError(
                 f"env {self.env_id!r}: discount={gamma!r}: expected a number in [0, 1) (the learners' discount per "
                 f"step), or None for the loop's {DEFAULT_DISCOUNT}"
