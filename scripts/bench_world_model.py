@@ -17,6 +17,16 @@ shared machine cost little; the load average before and after is printed
 all the same. On CUDA the clock is the wall clock around synchronised work.
 The first steps of each timing are a warm-up and are not counted.
 
+``--train-calls`` times instead what the learners run: `WorldModel.train`
+(a call of ``--steps`` steps in training windows, after one untimed call of
+the same size) with its window's steps captured as CUDA graphs and eager
+(``FP16TrainingConfig.capture``), per precision, ensemble and hidden size, on
+synthetic trajectories of ``--obs-dim`` / ``--act-dim``; per step it is the
+call's time over its steps (the validation and elites at the call's end
+included), and the graphs captured and replayed are reported beside it:
+
+    python scripts/bench_world_model.py --train-calls --device cuda --ensembles 5 --hiddens 128,512 --layers 4
+
 ``--disagreement TASKS`` measures instead what the rollouts' disagreement
 threshold catches: per task, a default WorldModel trained on one real
 episode of each of 16 random policies, then the share of rows cut within
@@ -121,6 +131,97 @@ def time_rollout_step(model: EnsembleDynamics, rows: int, horizon: int) -> float
     started = clock()
     run(horizon)
     return (clock() - started) / horizon
+
+
+def _synthetic_trajectories(obs_dim: int, act_dim: int, n: int = 8, length: int = 250) -> list[Any]:
+    """A random linear system's episodes (``n`` of ``length`` steps): data for timing, not for learning."""
+    from infrastructure.trajectory import Trajectory
+
+    rng = numpy_rng(0, "bench_world_model.trajectories")
+    a_mat = rng.normal(scale=0.1, size=(obs_dim, obs_dim))
+    b_mat = rng.normal(scale=0.1, size=(obs_dim, act_dim))
+    out = []
+    for k in range(n):
+        obs = rng.normal(size=(length + 1, obs_dim)).astype(np.float32)
+        act = rng.uniform(-1, 1, size=(length, act_dim)).astype(np.float32)
+        nxt = np.clip(obs[:-1] + obs[:-1] @ a_mat.T + act @ b_mat.T, -5, 5).astype(np.float32)
+        rew = -(obs[:-1] ** 2).sum(1)
+        out.append(
+            Trajectory(
+                obs=obs[:-1],
+                action=act,
+                reward=rew,
+                next_obs=nxt,
+                done=np.zeros(length, bool),
+                candidate=f"s{k}",
+                id=k + 1,
+            )
+        )
+    return out
+
+
+def time_train_call(
+    device: torch.device, precision: str, ensemble: int, hidden: int, layers: int, obs_dim: int, act_dim: int,
+    steps: int, capture: bool,
+) -> dict[str, Any]:  # fmt: skip
+    """Seconds per step of a `WorldModel.train` call of ``steps`` steps (after one untimed call), captured or not."""
+    import asyncio
+    import tempfile
+
+    from genesis_fp16.base.settings import Settings
+    from genesis_fp16.training.guarded import UNGUARDED
+    from infrastructure.world_model import WorldModel
+
+    trajs = _synthetic_trajectories(obs_dim, act_dim)
+    with tempfile.TemporaryDirectory() as state:
+        wm = WorldModel(
+            obs_dim, act_dim, guard=UNGUARDED, device=str(device), precision=precision, ensemble=ensemble,
+            hidden=hidden, layers=layers, settings=Settings(state_dir=Path(state)), seed=0,
+        )  # fmt: skip
+        wm.trainer.config.capture = capture
+        asyncio.run(wm.train(steps, trajectories=trajs, save=False))  # warm-up: kernels, allocator, the capture
+        # the call trains in a worker thread: on the CPU the process's CPU time, not this thread's
+        clock = _clock(device) if device.type == "cuda" else time.process_time
+        started = clock()
+        report = asyncio.run(wm.train(steps, trajectories=trajs, save=False))
+        seconds = clock() - started
+        graphs = wm.trainer.step_graphs
+        return {
+            "precision": report.precision,
+            "capture": capture,
+            "s_per_step": seconds / steps,
+            "val_loss": report.val_loss,
+            "captures": graphs.captures if graphs is not None else 0,
+            "replays": graphs.replays if graphs is not None else 0,
+        }
+
+
+def train_calls(args: argparse.Namespace, device: torch.device, precisions: list[str]) -> list[dict[str, Any]]:
+    """`time_train_call` over the grid, captured and eager side by side (captured only on CUDA)."""
+    captures = (True, False) if device.type == "cuda" else (False,)
+    names = " | ".join(f"{'captured' if c else 'eager'} ms/step" for c in captures)
+    tail = " | captured/eager speed-up | graphs captured / replayed |" if len(captures) == 2 else " |"
+    print("| E | hidden | layers | precision | " + names + tail)
+    print("|" + "---|" * (4 + len(captures) + (2 if len(captures) == 2 else 0)))
+    rows = []
+    for ensemble, hidden, layers in itertools.product(args.ensembles, args.hiddens, args.layers):
+        for precision in precisions:
+            timed = [
+                time_train_call(
+                    device, precision, ensemble, hidden, layers, args.obs_dim, args.act_dim, args.steps, capture
+                )
+                for capture in captures
+            ]
+            row: dict[str, Any] = {"ensemble": ensemble, "hidden": hidden, "layers": layers, "precision": precision}
+            for t in timed:
+                row["captured" if t["capture"] else "eager"] = t
+            cells = [f"{t['s_per_step'] * 1e3:.3f}" for t in timed]
+            if len(timed) == 2:
+                row["captured_speedup"] = timed[1]["s_per_step"] / timed[0]["s_per_step"]
+                cells += [f"{row['captured_speedup']:.2f}x", f"{timed[0]['captures']} / {timed[0]['replays']}"]
+            print(f"| {ensemble} | {hidden} | {layers} | {precision} | " + " | ".join(cells) + " |", flush=True)
+            rows.append(row)
+    return rows
 
 
 def precisions_for(device: torch.device, asked: list[str]) -> list[str]:
@@ -247,6 +348,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--rollout-horizon", type=int, default=10, help="--disagreement: steps per rollout (default 10)"
     )
+    parser.add_argument(
+        "--train-calls", action="store_true", help="time WorldModel.train calls, captured and eager, instead"
+    )
     parser.add_argument("--json", type=Path, default=None, help="write the figures to this file")
     args = parser.parse_args(argv)
 
@@ -269,6 +373,26 @@ def main(argv: list[str] | None = None) -> int:
     flags = sorted(f for f in cpu_flags() if f in INTERESTING_FLAGS)
     print(f"# device {device}, torch {torch.__version__}, 1 torch thread, CPU flags {' '.join(flags) or '-'}")
     print(f"# load average before: {' '.join(f'{v:.2f}' for v in load_before)}")
+    if args.train_calls:
+        table = train_calls(args, device, precisions)
+        if args.json is not None:
+            args.json.write_text(
+                json.dumps(
+                    {
+                        "tool": "scripts/bench_world_model.py --train-calls",
+                        "command": " ".join(sys.argv),
+                        "device": str(device),
+                        "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
+                        "torch": torch.__version__,
+                        "cpu_flags": flags,
+                        "date": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+                        "steps_per_call": args.steps,
+                        "rows": table,
+                    },
+                    indent=2,
+                )
+            )
+        return 0
     rows_per_step = args.rows
     header = [
         "E",

@@ -3,8 +3,11 @@
 #
 #   bash scripts/gpu_acceptance.sh [OUT_DIR]      (default: gpu_results/)
 #
-# 1. the GPU tests (pytest -m gpu: CUDA FP16 with the scaler, BF16, checkpoints, NCCL, pinned PPO)
-# 2. the benchmark matrix on CUDA (strict FP32, TF32, BF16, FP16; S, M, L, XL, LSTM: XL is a CUDA default)
+# 1. the GPU tests (pytest -m gpu: CUDA FP16 with the scaler, BF16, checkpoints, NCCL, pinned PPO, the captured
+#    window against the eager one on clean data, a NaN storm and an FP16 overflow, the learners captured)
+# 2. the benchmark matrix on CUDA (strict FP32, TF32, BF16, FP16; S, M, L, XL, LSTM: XL is a CUDA default), each
+#    cell's training windows eager and captured (BENCH_REPEATS: repeats per cell, default 11; BENCH_ARGS: more
+#    options), after the world model's train() calls, captured and eager (ensemble of 5, hidden 128 and 512)
 # 3. the same matrix compiled (torch.compile) for sizes S and L
 # 4. NCCL runs of the distributed trainer, world size = visible GPUs (at least 1), FP16 and BF16,
 #    DDP and FSDP2, one with an injected overflow
@@ -59,7 +62,10 @@ step() {  # step NAME COMMAND...: run, log, count a failure, go on
 }
 
 step pytest_gpu "$PY" -m pytest -m gpu -q -p no:cacheprovider --junitxml "$OUT_DIR/pytest_gpu.xml"
-step bench_cuda "$PY" -m genesis_fp16.cli bench --device cuda \
+step wm_train_calls_cuda "$PY" scripts/bench_world_model.py --train-calls --device cuda --ensembles 5 \
+    --hiddens 128,512 --layers 4 --steps 400 --json "$OUT_DIR/wm_train_calls_cuda.json"
+# shellcheck disable=SC2086  # BENCH_ARGS: more bench options, word-split on purpose (e.g. "--precisions fp32,bf16,fp16")
+step bench_cuda "$PY" -m genesis_fp16.cli bench --device cuda --repeats "${BENCH_REPEATS:-11}" ${BENCH_ARGS:-} \
     --json "$OUT_DIR/bench_cuda.json" --csv "$OUT_DIR/bench_cuda.csv" --markdown "$OUT_DIR/bench_cuda.md"
 step bench_cuda_compile "$PY" -m genesis_fp16.cli bench --device cuda --compile --sizes S,L \
     --precisions fp32,bf16,fp16 --json "$OUT_DIR/bench_cuda_compile.json" --markdown "$OUT_DIR/bench_cuda_compile.md"

@@ -116,14 +116,16 @@ def test_cuda_auto_measures_fp16_against_bf16_and_keeps_the_decision(monkeypatch
     assert [c.key for c in PrecisionCache.from_settings().all()] == [decision.calibration.key]
 
 
-def _fused_pair(precision):
-    """Two trainers with the same weights on one fused Adam kernel (the window needs a fused optimizer)."""
+def _fused_pair(precision, capture=(False, False)):
+    """Two trainers with the same weights on one fused Adam kernel (the window needs a fused optimizer); each
+    captures its window's steps or not as ``capture`` says."""
     pair = []
-    for _ in range(2):
+    for captured in capture:
         torch.manual_seed(0)
         model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.GELU(), torch.nn.Linear(256, 8)).cuda()
         opt = torch.optim.Adam(model.parameters(), lr=1e-3, fused=True)
-        pair.append(FP16Trainer(model, opt, FP16TrainingConfig(precision=precision, max_grad_norm=1.0)))
+        config = FP16TrainingConfig(precision=precision, max_grad_norm=1.0, capture=captured)
+        pair.append(FP16Trainer(model, opt, config))
     return pair
 
 
@@ -165,3 +167,77 @@ def test_a_cuda_window_trains_as_the_per_step_path_and_waits_on_the_gpu_far_less
     assert diff <= 1e-6, f"weights differ by {diff}"
     print(f"{precision}: synchronizing calls, 32 steps: per step {per_step_syncs}, two windows of 16 {window_syncs}")
     assert window_syncs <= 8 and window_syncs * 4 <= per_step_syncs
+
+
+def _cuda_data(n, bad=(), overflow=()):
+    """Batches on the GPU: inputs NaN at the steps in ``bad`` (a storm in the data: a captured step runs no Python),
+    targets of 1e4 at ``overflow`` (finite loss, FP16 gradients past 65504 at the initial scale)."""
+    g = torch.Generator(device="cuda").manual_seed(0)
+    out = []
+    for i in range(n):
+        x, y = torch.randn(32, 64, device="cuda", generator=g), torch.randn(32, 8, device="cuda", generator=g)
+        out.append((x * math.nan if i in bad else x, y * 1e4 if i in overflow else y))
+    return out
+
+
+def _trainer_events(logs):
+    return [
+        (e["event"], e.get("reason"), e.get("step"), e.get("streak"), e.get("new_scale"))
+        for e in logs
+        if e["event"].startswith("trainer.") and e["event"] != "trainer.window_uncaptured"
+    ]
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16", "fp16"])
+@pytest.mark.parametrize("case", ["clean", "nan_storm", "fp16_overflow"])
+def test_a_captured_cuda_window_equals_the_eager_window(precision, case):
+    """The window's step captured as one CUDA graph (genesis_fp16/training/capture.py) against the same window
+    eager: the same steps skipped, the same events, the same weights bit for bit."""
+    from structlog.testing import capture_logs
+
+    from genesis_fp16.training.capture import WARMUP
+
+    bad = {5, 6, 7, 20, 33} if case == "nan_storm" else set()
+    overflow = {9, 26} if case == "fp16_overflow" else set()
+    batches = _cuda_data(48, bad, overflow)
+    eager, captured = _fused_pair(precision, capture=(False, True))
+    results = []
+    for trainer in (eager, captured):
+        with capture_logs() as logs:
+            stepped = [s for k in range(0, 48, 16) for s in trainer.train_window(batches[k : k + 16], loss_fn).stepped]
+        results.append((stepped, _trainer_events(logs), logs))
+    (taken, eager_events, _), (replayed, captured_events, captured_logs) = results
+    graphs = captured.step_graphs
+    assert graphs is not None and graphs.captures == 1 and graphs.replays == 48 - WARMUP
+    assert not [e for e in captured_logs if e["event"] == "trainer.window_uncaptured"]
+    assert replayed == taken and taken.count(False) >= len(bad)
+    if case == "fp16_overflow" and precision == "fp16":
+        assert captured.overflow_steps >= 1
+    assert captured_events == eager_events
+    for name in ("training_steps", "skipped_steps", "nonfinite_losses", "overflow_steps", "samples_seen"):
+        assert getattr(eager, name) == getattr(captured, name), name
+    assert eager.precision.scale == captured.precision.scale
+    diffs = [float((p - q).abs().max()) for p, q in zip(eager.model.parameters(), captured.model.parameters())]
+    print(f"{precision} {case}: captured vs eager, largest weight difference {max(diffs)}")
+    assert max(diffs) == 0.0, f"weights differ by up to {max(diffs)}"
+
+
+def test_a_captured_cuda_window_reads_back_once_and_a_new_learning_rate_is_captured_again():
+    a, b = _fused_pair("bf16", capture=(True, True))
+    batches = _cuda_data(32)
+    a.train_window(batches[:16], loss_fn)  # warm-up and capture
+    _, syncs = _synchronizing_calls(lambda: a.train_window(batches[16:], loss_fn))
+    print(f"captured window of 16 steps: {syncs} synchronizing calls")
+    assert syncs <= 2 and a.step_graphs.replays == 16 - 3 + 16
+    for group in a.optimizer.param_groups:
+        group["lr"] = 1e-4
+    a.train_window(batches[:16], loss_fn)
+    assert a.step_graphs.captures == 2
+    b.train_window(batches[:16], loss_fn)
+    b.train_window(batches[16:], loss_fn)
+    for group in b.optimizer.param_groups:
+        group["lr"] = 1e-4
+    b.step_graphs.drop()
+    b.config.capture = False
+    b.train_window(batches[:16], loss_fn)
+    assert all(torch.equal(p, q) for p, q in zip(a.model.parameters(), b.model.parameters()))

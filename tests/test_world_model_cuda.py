@@ -63,3 +63,33 @@ async def test_rollouts_run_on_cuda_and_a_gpu_checkpoint_loads_on_the_cpu(tmp_pa
         lambda obs: torch.tanh(obs[:, :1] - obs[:, 1:2]), start, 5, seed=2, max_disagreement=math.inf
     )
     torch.testing.assert_close(cpu.transitions.next_obs, a.transitions.next_obs.cpu(), rtol=1e-3, atol=1e-3)
+
+
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])
+async def test_the_world_model_and_the_critic_train_captured_on_cuda_as_they_do_eagerly(precision):
+    """Their windows' steps captured once per batch shape and replayed (genesis_fp16/training/capture.py), with
+    the same validation loss as the same call with capture off."""
+    from infrastructure.critic import Critic
+    from tests.test_critic import BOX, _one_step
+
+    def zero_policy(obs: torch.Tensor) -> torch.Tensor:
+        return torch.zeros(len(obs), 1, device=obs.device)
+
+    reports = []
+    for capture in (True, False):
+        wm = WorldModel(3, 1, device="cuda", precision=precision, guard=UNGUARDED, seed=0)
+        wm.trainer.config.capture = capture
+        wm_report = await wm.train(200, trajectories=_linear_trajs(), save=False)
+        critic = Critic(3, 1, device="cuda", precision=precision, guard=UNGUARDED, hidden=32, batch_size=64, **BOX)
+        critic.trainer.config.capture = capture
+        critic_report = await critic.train(_one_step(), zero_policy, 200, save=False)
+        for learner in (wm, critic):
+            graphs = learner.trainer.step_graphs
+            if capture:
+                assert graphs is not None and graphs.captures >= 1 and graphs.replays >= 200 - 4 * graphs.captures
+            else:
+                assert graphs is None
+        reports.append((wm_report.val_loss, critic_report.val_loss))
+    print(f"{precision}: captured (world model, critic) val loss {reports[0]}, eager {reports[1]}")
+    for captured, eager in zip(*reports):
+        assert math.isfinite(captured) and math.isclose(captured, eager, rel_tol=1e-4, abs_tol=1e-6)

@@ -29,9 +29,10 @@ last write of that entry wins. ``genesis-fp16 doctor --recalibrate`` empties it.
 from __future__ import annotations
 
 import copy
+import itertools
 import dataclasses
 import math
-from typing import Any, Callable, ContextManager, Optional, Protocol, Union
+from typing import Any, Callable, ContextManager, Iterable, Optional, Protocol, Union
 
 import torch
 
@@ -47,7 +48,8 @@ LOSS_CALLS_PER_PRECISION = cal.WARMUP_STEPS + 1 + cal.ROUNDS * cal.STEPS_PER_ROU
 
 
 class CalibrationTrainer(Protocol):
-    """What the measurement needs of a trainer of one precision over a copy of the model: its per-step path."""
+    """What the measurement needs of a trainer of one precision over a copy of the model: the path its steps will
+    run, a training window where one can run (on CUDA its captured steps), else the per-step path."""
 
     model: torch.nn.Module
     training_steps: int
@@ -57,6 +59,10 @@ class CalibrationTrainer(Protocol):
     def backward_and_step(self, loss: torch.Tensor) -> bool: ...
 
     def autocast(self) -> ContextManager[Any]: ...
+
+    def window_blocker(self) -> Optional[str]: ...
+
+    def train_window(self, batches: Iterable[Any], compute_loss_fn: LossFn) -> Any: ...
 
 
 CopyTrainer = Callable[[torch.nn.Module, torch.optim.Optimizer, PrecisionMode], CalibrationTrainer]
@@ -114,6 +120,9 @@ def measure_auto(
 
     def runner(trainer: CalibrationTrainer) -> Callable[[int], None]:
         def run(n: int) -> None:
+            if trainer.window_blocker() is None:  # what the learners run: a window (on CUDA, captured steps)
+                trainer.train_window(itertools.repeat(batch, n), loss_fn)
+                return
             for _ in range(n):
                 trainer.backward_and_step(trainer.training_step(batch, loss_fn))
 

@@ -43,8 +43,9 @@ class Precision:
         FSDP variant of FP16 overrides this to return a ``ShardedGradScaler``."""
         return torch.amp.GradScaler(self.device.type, **self.scaler_kwargs, enabled=self.uses_scaler)
 
-    def forward_context(self) -> ContextManager[Any]:
-        """Where the forward pass (and the loss) runs: autocast, or nothing."""
+    def forward_context(self, cache: bool = True) -> ContextManager[Any]:
+        """Where the forward pass (and the loss) runs: autocast, or nothing. ``cache`` False turns autocast's cache
+        of cast weights off (a CUDA-graph capture needs it off: PyTorch's CUDA Graphs notes)."""
         return contextlib.nullcontext()
 
     def math_context(self) -> ContextManager[Any]:
@@ -99,6 +100,11 @@ class Precision:
     def window_done(self, scale: Optional[float]) -> None:
         """The window's last scale, read once at its end (no scaler: nothing)."""
 
+    def window_tensors(self) -> list[torch.Tensor]:
+        """The device tensors a window's step updates in place besides the model and optimizer (the scale and the
+        growth tracker; none without a scaler): a captured step holds their addresses."""
+        return []
+
     def state_dict(self) -> dict[str, Any]:
         """What a checkpoint keeps under its "scaler" key ({} without a scaler)."""
         return {}
@@ -123,8 +129,8 @@ class FP16Mixed(Precision):
         # before the first step get_scale() is init_scale without a device sync
         self._scale = float(self.scaler.get_scale())
 
-    def forward_context(self) -> ContextManager[Any]:
-        return torch.autocast(self.device.type, dtype=torch.float16)
+    def forward_context(self, cache: bool = True) -> ContextManager[Any]:
+        return torch.autocast(self.device.type, dtype=torch.float16, cache_enabled=cache)
 
     def backward(self, loss: torch.Tensor) -> None:
         self.scaler.scale(loss).backward()
@@ -167,6 +173,9 @@ class FP16Mixed(Precision):
         if scale is not None:
             self._scale = scale
 
+    def window_tensors(self) -> list[torch.Tensor]:
+        return [t for t in (self.scaler._scale, self.scaler._growth_tracker) if t is not None]
+
     def state_dict(self) -> dict[str, Any]:
         return self.scaler.state_dict()
 
@@ -182,8 +191,8 @@ class BF16Mixed(Precision):
     name = "bf16"
     compute_dtype = torch.bfloat16
 
-    def forward_context(self) -> ContextManager[Any]:
-        return torch.autocast(self.device.type, dtype=torch.bfloat16)
+    def forward_context(self, cache: bool = True) -> ContextManager[Any]:
+        return torch.autocast(self.device.type, dtype=torch.bfloat16, cache_enabled=cache)
 
 
 @contextlib.contextmanager
@@ -212,7 +221,7 @@ class TF32(Precision):
 
     name = "tf32"
 
-    def forward_context(self) -> ContextManager[Any]:
+    def forward_context(self, cache: bool = True) -> ContextManager[Any]:
         return tf32_matmuls()
 
     def math_context(self) -> ContextManager[Any]:
@@ -233,8 +242,8 @@ class HalfTrue(Precision):
     compute_dtype = torch.float16
     keeps_fp32_weights = False
 
-    def forward_context(self) -> ContextManager[Any]:
-        return torch.autocast(self.device.type, dtype=torch.float16)
+    def forward_context(self, cache: bool = True) -> ContextManager[Any]:
+        return torch.autocast(self.device.type, dtype=torch.float16, cache_enabled=cache)
 
     def convert_module(self, module: torch.nn.Module) -> torch.nn.Module:
         return module.to(dtype=torch.float16)

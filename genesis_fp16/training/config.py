@@ -52,7 +52,7 @@ def _device(name: str, value: Any) -> Optional[str]:
 
 
 # the fields PrecisionConfig does not check, each with its own check
-_OTHER_FIELDS = {"enabled": _bool, "check_finite_loss": _bool, "device": _device}
+_OTHER_FIELDS = {"enabled": _bool, "check_finite_loss": _bool, "device": _device, "capture": _bool}
 
 
 @dataclass
@@ -71,6 +71,8 @@ class FP16TrainingConfig:
     enabled: False trains in FP32 whatever ``precision`` says.
     device: where the model lives; None infers it from the model's parameters.
     check_finite_loss: test each loss for NaN/inf before backward (one host sync per step).
+    capture: on CUDA, a training window's step runs as one CUDA graph per batch shape
+    (`genesis_fp16.training.capture`); False runs the window's steps eagerly.
     """
 
     enabled: bool = True
@@ -85,6 +87,7 @@ class FP16TrainingConfig:
     device: Optional[str] = None
     nonfinite_streak_threshold: int = 3
     check_finite_loss: bool = True
+    capture: bool = True
     loss_scale: InitVar[Optional[float]] = None
     """Refused with the field's name: the scaler's initial scale is ``init_scale`` (torch's name)."""
 
@@ -122,5 +125,5 @@ class FP16TrainingConfig:
     @classmethod
     def from_precision_config(cls, config: PrecisionConfig, **fields: Any) -> "FP16TrainingConfig":
         """A trainer config with ``config``'s precision fields; ``fields`` sets
-        the others (``enabled``, ``device``, ``check_finite_loss``)."""
+        the others (``enabled``, ``device``, ``check_finite_loss``, ``capture``)."""
         return cls(**{**dict(config), **fields})

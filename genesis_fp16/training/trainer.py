@@ -74,6 +74,7 @@ from genesis_fp16.precision.modes import MODES
 from genesis_fp16.precision.plugins import Precision
 from genesis_fp16.precision.request import Source
 from genesis_fp16.training import checkpoint as ckpt
+from genesis_fp16.training.capture import StepGraphs, capture_blocker
 from genesis_fp16.training.config import FP16TrainingConfig
 
 __all__ = [
@@ -182,6 +183,8 @@ class FP16Trainer:
         self._micro_in_window = 0
         self._started = time.perf_counter()
         self._last_scale = self.precision.scale
+        self._graphs: Optional[StepGraphs] = None
+        """The window's captured steps (CUDA; `genesis_fp16.training.capture`), made at the first window."""
 
     # -- a seed-API auto, decided at the first batch by the decision part ---------------
     @property
@@ -412,45 +415,92 @@ class FP16Trainer:
         blocker = self.window_blocker()
         if blocker is not None:
             return self._per_step_window(batches, compute_loss_fn, after_step, blocker)
-        device, opt, precision = self.device, self.optimizer, self.precision
+        graphs = self._step_graphs()
+        precision = self.precision
         losses: list[torch.Tensor] = []
         flags: list[torch.Tensor] = []
         scales: Optional[list[torch.Tensor]] = [] if precision.uses_scaler else None
-        found = torch.zeros((), device=device)
-        params = [p for group in opt.param_groups for p in group["params"]]
+        found = torch.zeros((), device=self.device)
+
+        def step(batch: Any, flag: torch.Tensor, cache: bool) -> torch.Tensor:
+            return self._window_step(batch, compute_loss_fn, flag, cache)
+
         try:
             for (
                 batch
             ) in batches:  # lazily: a batch may depend on the step before (a critic's targets on its target network)
-                loss = self.training_step(batch, compute_loss_fn)
-                finite = torch.isfinite(loss.detach()).all()
-                precision.backward(loss)
-                found.copy_(~finite)  # a non-finite loss skips its step even where its gradients came out finite
-                if precision.uses_scaler:  # gradients unscaled in place, found = 1 where one is not finite
-                    precision.window_unscale_([p.grad for p in params if p.grad is not None], found)
-                if self.config.max_grad_norm is not None:
-                    self._clip_gradients(self.config.max_grad_norm)
-                opt.grad_scale, opt.found_inf = None, found  # the fused kernel skips the whole step when found_inf is 1
-                try:
-                    opt.step()
-                finally:
-                    del opt.grad_scale, opt.found_inf
+                self._before_step(batch, compute_loss_fn)
+                if graphs is not None:
+                    value, flag = graphs.step(batch, step, found)
+                else:
+                    value, flag = step(batch, found, True), found.clone()
                 # from here the step happened: its record goes in before anything else can raise
-                value = (
-                    loss.detach().float().reshape(-1)[0] if loss.numel() else torch.full((), math.nan, device=device)
-                )
                 losses.append(value)
-                flags.append(found.clone())
-                opt.zero_grad(set_to_none=True)
-                precision.window_update(found, finite)
+                flags.append(flag)
                 if scales is not None:
                     scales.append(precision.scale_tensor().clone())
                 if after_step is not None:
-                    after_step(1.0 - flags[-1])
+                    after_step(1.0 - flag)
         except BaseException:
             self._settle_window(losses, flags, scales)  # the steps that ran are accounted for before the error goes on
             raise
         return self._settle_window(losses, flags, scales)
+
+    def _step_graphs(self) -> Optional[StepGraphs]:
+        """The captured steps where this trainer's window may be captured (CUDA), checked against the state they
+        hold; None where the eager window runs (said once on CUDA, with why)."""
+        why = capture_blocker(self)
+        if why is not None:
+            if self.device.type == "cuda":
+                self._say_uncaptured(why)
+            return None
+        if self._graphs is None:
+            self._graphs = StepGraphs(self, self._say_uncaptured)
+        self._graphs.check_state()
+        return self._graphs
+
+    @property
+    def step_graphs(self) -> Optional[StepGraphs]:
+        """The window's captured steps (None until a window is captured: CUDA, ``config.capture``)."""
+        return self._graphs
+
+    def _say_uncaptured(self, why: str) -> None:
+        log_once(self._log, f"window_uncaptured:{self.name}:{why}", "info", "trainer.window_uncaptured", reason=why)
+
+    def _before_step(self, batch: Any, loss_fn: LossFn) -> None:
+        """The host's part of a window step, whichever way it runs: the model in training mode, the samples counted."""
+        if not self.model.training:
+            self.model.train()
+        self._set_gradient_sync(True)
+        first = batch[0] if isinstance(batch, (tuple, list)) and batch else batch
+        if isinstance(first, torch.Tensor) and first.dim() > 0:
+            self.samples_seen += int(first.shape[0])
+
+    def _window_step(self, batch: Any, loss_fn: LossFn, found: torch.Tensor, cache: bool = True) -> torch.Tensor:
+        """One step of a window on the device, nothing read back: forward under the precision's autocast (its
+        weight cache off where ``cache`` is False, as a CUDA-graph capture needs), backward, ``found`` set where the
+        loss or (with a scaler) a gradient is not finite, clipping, the fused optimizer step skipped on ``found``,
+        the scale updated. Returns the loss's first value (a device tensor). The same calls eager and captured."""
+        precision, opt = self.precision, self.optimizer
+        with precision.forward_context(cache=cache):
+            loss = loss_fn(self.model, batch)
+        finite = torch.isfinite(loss.detach()).all()
+        precision.backward(loss)
+        found.copy_(~finite)  # a non-finite loss skips its step even where its gradients came out finite
+        if precision.uses_scaler:  # gradients unscaled in place, found = 1 where one is not finite
+            grads = [p.grad for group in opt.param_groups for p in group["params"] if p.grad is not None]
+            precision.window_unscale_(grads, found)
+        if self.config.max_grad_norm is not None:
+            self._clip_gradients(self.config.max_grad_norm)
+        opt.grad_scale, opt.found_inf = None, found  # the fused kernel skips the whole step when found_inf is 1
+        try:
+            opt.step()
+        finally:
+            del opt.grad_scale, opt.found_inf
+        value = loss.detach().float().reshape(-1)[0] if loss.numel() else torch.full((), math.nan, device=self.device)
+        opt.zero_grad(set_to_none=True)
+        precision.window_update(found, finite)
+        return value
 
     def _settle_window(
         self, losses: list[torch.Tensor], flags: list[torch.Tensor], scales: Optional[list[torch.Tensor]]

@@ -5,7 +5,8 @@ For every size the bench times, `auto_row` runs ``auto``'s calibration
 and its first batch, and compares the pick with the rows the bench measured
 over many more steps: the fastest of the precisions ``auto`` may pick that
 passes the FP32 check (the canary's loss-ratio rule on the bench's validation
-loss), and how fast ``auto``'s pick ran against it (the issue's goal: within 5%).
+loss), and how fast ``auto``'s pick ran against it (the issue's goal: within 5%),
+among the rows of the mode the learners run (captured on CUDA, eager elsewhere).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import torch
 
 from genesis_fp16.precision import calibration as cal
 from genesis_fp16.precision.measure import measure_auto
-from genesis_fp16.training.trainer import calibration_copies
+from genesis_fp16.training.trainer import calibration_copies, fused_adam
 from genesis_fp16_tools.bench.loops import trainer_config
 from genesis_fp16_tools.bench.models import SizeSpec, Task
 from genesis_fp16_tools.bench.options import BenchOptions
@@ -29,7 +30,9 @@ def auto_row(
     spec: SizeSpec, task: Task, options: BenchOptions, device: torch.device, rows: list[dict[str, Any]]
 ) -> dict[str, Any]:
     model = task.make_model(options.seed, device)
-    optimizer = torch.optim.Adam(model.parameters(), lr=spec.lr)
+    optimizer = fused_adam(model.parameters(), spec.lr, device)  # as the cells: its copies run windows
+    run_mode = "captured" if any(r.get("mode") == "captured" for r in rows) else "eager"
+    rows = [r for r in rows if r.get("mode", "eager") == run_mode]  # the path auto's pick will run
     config = trainer_config("auto", device)
     try:
         result: Optional[cal.Calibration] = measure_auto(
@@ -56,6 +59,7 @@ def auto_row(
     picked = next((r for r in rows if result is not None and r["precision"] == result.precision), None)
     return {
         "size": spec.name,
+        "mode": run_mode,
         "auto": result.precision if result is not None else None,
         "auto_reason": result.reason if result is not None else f"could not measure: {why}",
         "auto_speed": result.speed if result is not None else None,

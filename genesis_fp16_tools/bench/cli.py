@@ -24,8 +24,8 @@ def canonical_command(prog: str, options: Any, **paths: Optional[Path]) -> str:
         parts.append("--quick")
     if options.compile:
         parts.append("--compile")
-    if not options.cuda_graphs:
-        parts.append("--no-cuda-graphs")
+    if options.modes is not None:
+        parts += ["--modes", ",".join(options.modes)]
     if options.device:
         parts += ["--device", options.device]
     if options.threads:
@@ -146,8 +146,11 @@ def register(app: typer.Typer) -> None:
         compile_: bool = typer.Option(
             False, "--compile", help="torch.compile the model (a failure is logged; the cell runs eager)."
         ),
-        cuda_graphs: bool = typer.Option(
-            True, "--cuda-graphs/--no-cuda-graphs", help="On CUDA, capture small sizes in CUDA graphs."
+        modes: Optional[str] = typer.Option(
+            None,
+            "--modes",
+            help="How the trainer runs its training window's steps: eager, captured (one CUDA graph a step; CUDA "
+            "only). Default: both on CUDA, eager elsewhere.",
         ),
         repeats: Optional[int] = typer.Option(
             None, "--repeats", help="Timed raw/ours pairs per cell (default 11; 3 with --quick)."
@@ -215,7 +218,7 @@ def register(app: typer.Typer) -> None:
                 repeats=repeats if repeats is not None else (3 if quick else 11),
                 quick=quick,
                 compile=compile_,
-                cuda_graphs=cuda_graphs,
+                modes=modes,  # type: ignore[arg-type]
                 device=device,
                 seed=seed,
                 threads=threads,

@@ -1,10 +1,12 @@
 """The benchmark's cells: one (size, precision) pair, measured within one run.
 
-For each size, every precision first trains a fresh copy of the same student
-for a fixed number of steps through `FP16Trainer` (validation loss,
-overflow rate, peak memory). The same model and optimizer are then timed two
-ways, alternated within each repeat: through our trainer ("ours") and through
-`RawLoop`, a hand-written torch loop doing the same work.
+For each size, every precision (and on CUDA every mode: the training window
+eager, and its step captured as a CUDA graph) first trains a fresh copy of the
+same student for a fixed number of steps through `FP16Trainer`'s training
+windows, the path users run (validation loss, overflow rate, peak memory).
+The same model and optimizer are then timed two ways, alternated within each
+repeat: through our trainer's windows ("ours") and through `RawLoop`, a
+hand-written torch loop doing the same work one step at a time.
 Precisions are rotated inside a repeat and raw/ours swap order every repeat,
 so load on a shared machine lands on all of them; every ratio is a median
 over repeats of numbers taken side by side.
@@ -23,10 +25,11 @@ import torch
 
 from genesis_fp16.precision.decision import decide
 from genesis_fp16.precision.modes import MODES
-from genesis_fp16.training.trainer import FP16Trainer
+from genesis_fp16.training.capture import WARMUP as CAPTURE_WARMUP
+from genesis_fp16.training.trainer import WINDOW_STEPS, FP16Trainer, fused_adam
 from genesis_fp16_tools.bench import measure
 from genesis_fp16_tools.bench.loops import RawLoop, trainer_config
-from genesis_fp16_tools.bench.measure import PeakMemory, time_chunk
+from genesis_fp16_tools.bench.measure import PeakMemory, time_block, time_chunk
 from genesis_fp16_tools.bench.models import SizeSpec, Task, validation_loss
 from genesis_fp16_tools.bench.options import BenchOptions
 
@@ -55,10 +58,8 @@ class Cell:
     raw: RawLoop
     task: Task
     flags: CellFlags
-    graphed: bool = False
-    # how the trainer runs its step: "eager" for every cell today; "captured" is
-    # kept for the trainer's whole-step CUDA-graph capture, a row of its own when it lands
     mode: str = "eager"
+    """How the trainer runs its window's steps: "eager", or "captured" (one CUDA graph per step, CUDA only)."""
     steps: int = 1  # steps per timed chunk
     raw_times: list[float] = field(default_factory=list)
     ours_times: list[float] = field(default_factory=list)
@@ -75,37 +76,44 @@ class Cell:
     def raw_step(self, i: int) -> bool:
         return self.raw.step(self.task.train[i % len(self.task.train)], self.task.loss_fn)
 
-    def ours_step(self, i: int) -> bool:
-        loss = self.trainer.training_step(self.task.train[i % len(self.task.train)], self.task.loss_fn)
-        return self.trainer.backward_and_step(loss)
+    def ours_steps(self, steps: int, start: int = 0) -> list[bool]:
+        """``steps`` steps through the trainer's training windows (`WINDOW_STEPS` a window, as the learners run)."""
+        train, stepped = self.task.train, []
+        for first in range(start, start + steps, WINDOW_STEPS):
+            batches = (train[i % len(train)] for i in range(first, min(first + WINDOW_STEPS, start + steps)))
+            stepped += self.trainer.train_window(batches, self.task.loss_fn).stepped
+        return stepped
+
+    @property
+    def graphed(self) -> bool:
+        """Whether the trainer's steps ran captured (a captured cell whose capture was refused did not)."""
+        graphs = self.trainer.step_graphs
+        return graphs is not None and graphs.replays > 0
 
 
 def build_cell(
-    spec: SizeSpec, precision: str, task: Task, options: BenchOptions, device: torch.device, flags: CellFlags, log: Any
+    spec: SizeSpec,
+    precision: str,
+    task: Task,
+    options: BenchOptions,
+    device: torch.device,
+    flags: CellFlags,
+    log: Any,
+    mode: str = "eager",
 ) -> Cell:
-    """A fresh student at the initial weights ``options.seed`` draws, its optimizer, our
-    trainer and the raw loop, both driving the same model and optimizer."""
+    """A fresh student at the initial weights ``options.seed`` draws, its fused Adam (a window skips a step on the
+    device with it), our trainer (its window's steps captured where ``mode`` is "captured") and the raw loop, both
+    driving the same model and optimizer."""
     model = task.make_model(options.seed, device)
-    optimizer = torch.optim.Adam(model.parameters(), lr=spec.lr)
+    optimizer = fused_adam(model.parameters(), spec.lr, device)
     config = trainer_config(precision, device)
+    config.capture = mode == "captured"
     # the bench decides through the one decision, as every trainer does; the raw loop runs the decided plugin
-    mode = MODES[decide(config.request, device).mode](device, config.precision_config)
-    train_model: torch.nn.Module = model
-    graphed = False
-    # torch.compile brings its own CUDA-graph mode (mode="reduce-overhead"); never both
-    if not flags.compile and measure.should_graph(spec, device, options.cuda_graphs):
-        try:
-            train_model = measure.graph_model(model, task.train[0][0], mode)
-            graphed = True
-        except Exception as exc:  # logged and kept in the row's notes, never hidden
-            reason = f"{type(exc).__name__}: {exc}"
-            flags.notes.append(f"CUDA graphs failed ({reason}); ran without")
-            log.warning("bench.cuda_graphs_failed", size=spec.name, precision=precision, reason=reason)
-    if flags.compile:
-        train_model = torch.compile(train_model)
-    trainer = FP16Trainer(train_model, optimizer, config, name=f"bench-{spec.name}-{precision}")
-    raw = RawLoop(train_model, optimizer, config, trainer.precision)
-    return Cell(spec, precision, device, model, train_model, optimizer, trainer, raw, task, flags, graphed)
+    plugin = MODES[decide(config.request, device).mode](device, config.precision_config)
+    train_model: torch.nn.Module = torch.compile(model) if flags.compile else model
+    trainer = FP16Trainer(train_model, optimizer, config, name=f"bench-{spec.name}-{precision}-{mode}")
+    raw = RawLoop(train_model, optimizer, config, plugin)
+    return Cell(spec, precision, device, model, train_model, optimizer, trainer, raw, task, flags, mode)
 
 
 def _first_line(exc: BaseException) -> str:
@@ -116,7 +124,13 @@ def _first_line(exc: BaseException) -> str:
 
 
 def prime_cell(
-    spec: SizeSpec, precision: str, task: Task, options: BenchOptions, device: torch.device, log: Any
+    spec: SizeSpec,
+    precision: str,
+    task: Task,
+    options: BenchOptions,
+    device: torch.device,
+    log: Any,
+    mode: str = "eager",
 ) -> CellFlags:
     """Run a few steps of a throwaway copy of the cell, where lazy failures
     surface, and decide how the real cell runs: a torch.compile failure falls
@@ -126,12 +140,12 @@ def prime_cell(
     cell is not charged for them."""
     flags = CellFlags(compile=options.compile)
     for _attempt in range(3):
-        cell = build_cell(spec, precision, task, options, device, flags, log)
+        cell = build_cell(spec, precision, task, options, device, flags, log, mode)
         try:
             with cell.context():
                 for i in range(max(1, options.warmup_steps)):
-                    cell.ours_step(i)
                     cell.raw_step(i)
+                cell.ours_steps(max(1, options.warmup_steps) + CAPTURE_WARMUP + 1)
             return flags
         except Exception as exc:
             reason = _first_line(exc)
@@ -155,8 +169,7 @@ def run_quality(cell: Cell, steps: int) -> None:
     through our trainer; record validation loss, overflow rate and peak memory."""
     with cell.context():
         with PeakMemory(cell.device) as mem:
-            for i in range(steps):
-                cell.ours_step(i)
+            cell.ours_steps(steps)
         stats = cell.trainer.get_stats()
         val_loss = validation_loss(cell.model, cell.task)
     cell.quality = {
@@ -176,7 +189,7 @@ def calibrate(cell: Cell, chunk_s: float, warmup_steps: int) -> None:
     with cell.context():
         for i in range(warmup_steps):
             cell.raw_step(i)
-            cell.ours_step(i)
+        cell.ours_steps(warmup_steps + CAPTURE_WARMUP + 1)  # a captured cell is captured before it is timed
         measure.sync_device(cell.device)
         start = time.perf_counter()
         n = 0
@@ -195,4 +208,4 @@ def time_pair(cell: Cell, ours_first: bool, clock: str = "wall") -> None:
             if which == "raw":
                 cell.raw_times.append(time_chunk(cell.raw_step, cell.steps, cell.device, clock))
             else:
-                cell.ours_times.append(time_chunk(cell.ours_step, cell.steps, cell.device, clock))
+                cell.ours_times.append(time_block(lambda: cell.ours_steps(cell.steps), cell.device, clock))

@@ -1,18 +1,14 @@
-"""Measurement helpers: timed chunks, peak memory, CUDA-graph capture."""
+"""Measurement helpers: timed chunks, peak memory."""
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import gc
 import threading
 import time
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import torch
-
-from genesis_fp16.precision.plugins import Precision
-from genesis_fp16_tools.bench.models import SizeSpec
 
 
 def sync_device(device: torch.device) -> None:
@@ -75,6 +71,11 @@ class PeakMemory:
 CLOCK_FNS: dict[str, Callable[[], float]] = {"wall": time.perf_counter, "cpu": time.thread_time}
 
 
+def time_block(run: Callable[[], Any], device: torch.device, clock: str = "wall") -> float:
+    """Seconds one call of ``run`` takes by ``clock``, the device synchronised before and after."""
+    return time_chunk(lambda _i: run(), 1, device, clock)
+
+
 def time_chunk(step: Callable[[int], Any], steps: int, device: torch.device, clock: str = "wall") -> float:
     """Seconds ``steps`` calls of ``step`` take by ``clock`` (``wall`` or ``cpu``: this thread's CPU time)."""
     now = CLOCK_FNS[clock]
@@ -89,30 +90,3 @@ def time_chunk(step: Callable[[int], Any], steps: int, device: torch.device, clo
         return now() - start
     finally:
         gc.enable()
-
-
-def should_graph(spec: SizeSpec, device: torch.device, enabled: bool) -> bool:
-    """CUDA-graph capture is tried only on CUDA, for the small sizes where
-    launch overhead dominates, and when asked."""
-    return enabled and device.type == "cuda" and spec.graphable
-
-
-@contextlib.contextmanager
-def _autocast_weight_cache_off() -> Iterator[None]:
-    previous = torch.is_autocast_cache_enabled()
-    torch.set_autocast_cache_enabled(False)
-    try:
-        yield
-    finally:
-        torch.set_autocast_cache_enabled(previous)
-
-
-def graph_model(model: torch.nn.Module, sample: torch.Tensor, precision: Precision) -> torch.nn.Module:
-    """Capture forward and backward of ``model`` in CUDA graphs
-    (``torch.cuda.make_graphed_callables``) under the precision's contexts.
-    Autocast must run with its weight cache off during capture (PyTorch
-    CUDA-graphs docs); the loss, scaler and optimizer stay eager, so our
-    trainer and the raw loop are unchanged."""
-    # the cache switch goes inside forward_context: entering autocast sets it
-    with precision.math_context(), precision.forward_context(), _autocast_weight_cache_off():
-        return torch.cuda.make_graphed_callables(model, (sample,))

@@ -60,8 +60,7 @@ class SizeSpec:
     name: what ``--sizes`` calls it. kind: ``mlp`` or ``lstm``.
     hidden / batch: width and samples per step. seq_len / features: LSTM only.
     quality_steps: optimizer steps before the validation loss is read (same
-    for every precision). lr: Adam learning rate. graphable: a small size where
-    launch overhead dominates, so CUDA-graph capture is worth trying.
+    for every precision). lr: Adam learning rate.
     """
 
     name: str
@@ -72,7 +71,6 @@ class SizeSpec:
     lr: float = 1e-3
     seq_len: int = 0
     features: int = 0
-    graphable: bool = False
 
     @property
     def label(self) -> str:
@@ -83,8 +81,8 @@ class SizeSpec:
 
 SIZES: dict[str, SizeSpec] = {
     # S: a step is well under a millisecond of math: Python and dispatch dominate.
-    "S": SizeSpec("S", "mlp", hidden=64, batch=64, quality_steps=300, graphable=True),
-    "M": SizeSpec("M", "mlp", hidden=256, batch=256, quality_steps=200, graphable=True),
+    "S": SizeSpec("S", "mlp", hidden=64, batch=64, quality_steps=300),
+    "M": SizeSpec("M", "mlp", hidden=256, batch=256, quality_steps=200),
     # L: matmul-bound on a CPU (hidden 1024, batch 1024), where reduced precision pays there.
     "L": SizeSpec("L", "mlp", hidden=1024, batch=1024, quality_steps=60, lr=3e-4),
     # XL: compute-bound on a GPU too (about 0.83 TFLOP per step; L is 13 GFLOP, which

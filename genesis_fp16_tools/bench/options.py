@@ -16,6 +16,7 @@ from genesis_fp16_tools.bench.models import QUICK_STEPS, SizeSpec, default_sizes
 # (fp16-true has none, so its quality and speed are not comparable here)
 PRECISIONS: tuple[str, ...] = tuple(m.value for m in FP32_WEIGHT_MODES)
 CLOCKS = ("wall", "cpu")
+MODES = ("eager", "captured")
 
 
 @dataclass
@@ -28,7 +29,9 @@ class BenchOptions:
     repeats: timed raw/ours pairs per cell; the median is reported.
     quick: CI smoke budget (few steps, short chunks).
     compile: torch.compile the model (a failure is logged and the cell runs eager).
-    cuda_graphs: on CUDA, capture forward+backward of the small sizes in CUDA graphs.
+    modes: how the trainer runs its training window's steps: ``eager``, and
+        ``captured`` (each step one CUDA graph, `genesis_fp16.training.capture`;
+        CUDA only). None: both on CUDA, ``eager`` elsewhere.
     chunk_s: target seconds per timed chunk (steps per chunk are calibrated to it).
     warmup_steps: untimed steps before calibration, per loop.
     threads: torch intra-op threads (None: torch's default, one per core).
@@ -42,7 +45,7 @@ class BenchOptions:
     repeats: int = 11
     quick: bool = False
     compile: bool = False
-    cuda_graphs: bool = True
+    modes: Optional[list[str]] = None
     device: Optional[str] = None
     seed: int = 0
     chunk_s: float = 0.25
@@ -53,6 +56,8 @@ class BenchOptions:
 
     def __post_init__(self) -> None:
         self.precisions = parse_precisions(self.precisions)
+        if self.modes is not None:
+            self.modes = parse_modes(self.modes)
         if not (isinstance(self.repeats, int) and self.repeats >= 1):
             raise ValueError(f"repeats={self.repeats!r}: expected an integer >= 1")
         if self.threads is not None and not (isinstance(self.threads, int) and self.threads >= 1):
@@ -69,6 +74,32 @@ class BenchOptions:
 
     def quality_steps(self, spec: SizeSpec) -> int:
         return QUICK_STEPS[spec.name] if self.quick else spec.quality_steps
+
+
+def parse_modes(values: Any) -> list[str]:
+    if isinstance(values, str):
+        values = values.split(",")
+    names = [str(v).strip().lower() for v in values if str(v).strip()]
+    unknown = [n for n in names if n not in MODES]
+    if unknown or not names:
+        raise ValueError(
+            f"--modes: unknown mode(s) {', '.join(unknown) or '(none given)'}; expected some of {', '.join(MODES)}"
+        )
+    return list(dict.fromkeys(names))
+
+
+def modes_for(options: "BenchOptions", device: torch.device) -> list[str]:
+    """The modes a run measures on ``device``: those asked for, else both on CUDA and ``eager`` elsewhere."""
+    if options.modes is not None:
+        return list(options.modes)
+    return list(MODES) if device.type == "cuda" else ["eager"]
+
+
+def mode_not_applicable(mode: str, device: torch.device) -> Optional[str]:
+    """Why ``mode`` is not measured on ``device`` (None: it is)."""
+    if mode == "captured" and device.type != "cuda":
+        return f"captured steps are CUDA graphs: they need a CUDA device ({device.type} here)"
+    return None
 
 
 def parse_precisions(values: Any) -> list[str]:

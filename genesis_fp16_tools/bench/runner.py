@@ -14,7 +14,14 @@ from genesis_fp16_tools.bench.auto import GOAL, auto_row
 from genesis_fp16_tools.bench.harness import Cell, build_cell, calibrate, prime_cell, run_quality, time_pair
 from genesis_fp16_tools.bench.limits import FLOPS_FORMULA, PeakTable, limit_columns
 from genesis_fp16_tools.bench.models import make_task
-from genesis_fp16_tools.bench.options import BenchOptions, check_clock, not_applicable_reason, pick_device
+from genesis_fp16_tools.bench.options import (
+    BenchOptions,
+    check_clock,
+    mode_not_applicable,
+    modes_for,
+    not_applicable_reason,
+    pick_device,
+)
 from genesis_fp16_tools.bench.stamp import device_header
 
 REDUCED = {m.value for m in REDUCED_MODES}
@@ -23,16 +30,17 @@ REDUCED = {m.value for m in REDUCED_MODES}
 ProgressFn = Callable[[str, int, int], None]
 
 
-def plan(options: BenchOptions, device: torch.device) -> tuple[list[tuple[Any, str]], list[dict[str, Any]]]:
-    """The (size, precision) cells to measure, and those not applicable here."""
+def plan(options: BenchOptions, device: torch.device) -> tuple[list[tuple[Any, str, str]], list[dict[str, Any]]]:
+    """The (size, precision, mode) cells to measure, and those not applicable here."""
     cells, skipped = [], []
     for spec in options.sizes:
         for precision in options.precisions:
-            reason = not_applicable_reason(precision, device)
-            if reason:
-                skipped.append({"size": spec.name, "precision": precision, "reason": reason})
-            else:
-                cells.append((spec, precision))
+            for mode in modes_for(options, device):
+                reason = not_applicable_reason(precision, device) or mode_not_applicable(mode, device)
+                if reason:
+                    skipped.append({"size": spec.name, "precision": precision, "mode": mode, "reason": reason})
+                else:
+                    cells.append((spec, precision, mode))
     return cells, skipped
 
 
@@ -73,7 +81,7 @@ def _run(options: BenchOptions, device: torch.device, progress: Optional[Progres
     # each precision's arithmetic limit, before any cell is timed: looked up for a
     # known GPU, else a timed matmul (a few hundred ms per precision, once per run)
     peaks = PeakTable(device, budget_s=0.1 if options.quick else 0.3)
-    for precision in dict.fromkeys(p for _, p in planned):
+    for precision in dict.fromkeys(p for _, p, _ in planned):
         try:
             peaks.peak(precision)
         except Exception as exc:  # no limit is a gap in two columns, not a lost run
@@ -84,31 +92,34 @@ def _run(options: BenchOptions, device: torch.device, progress: Optional[Progres
     auto_rows: list[dict[str, Any]] = []
     failed: list[dict[str, Any]] = []
     for spec in options.sizes:
-        precisions = [p for s, p in planned if s is spec]
-        if not precisions:
+        pairs = [(p, m) for s, p, m in planned if s is spec]
+        if not pairs:
             continue
         task = make_task(spec, options.seed, device)
         cells: list[Cell] = []
-        for precision in precisions:
+        for precision, mode in pairs:
+            name = f"{spec.name} {precision}" + ("" if mode == "eager" else f" {mode}")
             try:
-                flags = prime_cell(spec, precision, task, options, device, log)
-                cell = build_cell(spec, precision, task, options, device, flags, log)
-                tick(f"{spec.name} {precision}: training {options.quality_steps(spec)} steps")
+                flags = prime_cell(spec, precision, task, options, device, log, mode)
+                cell = build_cell(spec, precision, task, options, device, flags, log, mode)
+                tick(f"{name}: training {options.quality_steps(spec)} steps")
                 run_quality(cell, options.quality_steps(spec))
                 calibrate(cell, options.chunk_s, options.warmup_steps)
-                tick(f"{spec.name} {precision}: warm-up")
+                if mode == "captured" and not cell.graphed:  # said, not hidden: the row is the eager window's
+                    cell.flags.notes.append("the step was not captured (trainer.window_uncaptured says why)")
+                tick(f"{name}: warm-up")
                 cells.append(cell)
             except Exception as exc:  # one broken cell must not lose the others; it is reported
                 reason = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
-                failed.append({"size": spec.name, "precision": precision, "reason": reason})
-                log.error("bench.cell_failed", size=spec.name, precision=precision, reason=reason)
+                failed.append({"size": spec.name, "precision": precision, "mode": mode, "reason": reason})
+                log.error("bench.cell_failed", size=spec.name, precision=precision, mode=mode, reason=reason)
                 done += 1 + options.repeats
         for r in range(options.repeats):
             # rotate the precision order and swap raw/ours every repeat
             for k in range(len(cells)):
                 cell = cells[(k + r) % len(cells)]
                 time_pair(cell, ours_first=bool(r % 2), clock=options.clock)
-                tick(f"{spec.name} {cell.precision}: repeat {r + 1}/{options.repeats}")
+                tick(f"{spec.name} {cell.precision} {cell.mode}: repeat {r + 1}/{options.repeats}")
         size_rows = [_row(cell, peaks) for cell in cells]
         _relative_to_fp32(size_rows)
         for row in size_rows:
@@ -116,7 +127,7 @@ def _run(options: BenchOptions, device: torch.device, progress: Optional[Progres
                 "bench.row",
                 **{
                     k: row[k]
-                    for k in ("size", "precision", "samples_per_s", "overhead_vs_raw", "val_loss_delta_vs_fp32")
+                    for k in ("size", "precision", "mode", "samples_per_s", "overhead_vs_raw", "val_loss_delta_vs_fp32")
                 },
             )
         rows.extend(size_rows)
@@ -219,21 +230,16 @@ def summarize(result: dict[str, Any]) -> dict[str, Any]:
             checks.append({"check": name, "value": value, "goal": goal, "passed": bool(ok(value))})
 
     if "max_overhead_vs_raw" in out:
-        check("overhead_vs_raw at every size", out["max_overhead_vs_raw"], lambda v: v <= 1.05, "<= 1.05")
+        # the raw loop is eager: a captured row's ratio is its speed-up, not its overhead
+        eager = [r["overhead_vs_raw"] for r in rows if r.get("mode", "eager") == "eager"]
+        if eager:
+            check("overhead_vs_raw at every size", max(eager), lambda v: v <= 1.03, "<= 1.03")
     if "max_abs_val_loss_delta_reduced" in out:
         check("val-loss delta bf16/fp16 vs fp32", out["max_abs_val_loss_delta_reduced"], lambda v: v <= 0.02, "<= 2%")
     if device.startswith("cpu"):
         check("bf16 speed-up at L (CPU)", speed.get("L/bf16"), lambda v: v >= 1.6, ">= 1.6x")
     else:
-        check("fp16 speed-up at L vs strict fp32", speed.get("L/fp16"), lambda v: v >= 3.0, ">= 3x")
-        check("bf16 speed-up at L vs strict fp32", speed.get("L/bf16"), lambda v: v >= 3.0, ">= 3x")
-        mem = {
-            r["precision"]: r["peak_mem_vs_fp32"]
-            for r in rows
-            if r["size"] == "L" and r.get("mode", "eager") == "eager"
-        }
-        for p in ("fp16", "bf16"):
-            check(f"{p} peak memory at L vs fp32", mem.get(p), lambda v: v <= 0.65, "<= 0.65 (35% lower)")
+        gpu_checks(rows, check)
     versus = [a["auto_vs_fastest"] for a in result.get("auto", []) if a["auto_vs_fastest"] is not None]
     if versus:
         out["min_auto_vs_fastest"] = min(versus)
@@ -242,6 +248,49 @@ def summarize(result: dict[str, Any]) -> dict[str, Any]:
         )
     out["checks"] = checks
     return out
+
+
+def gpu_checks(
+    rows: list[dict[str, Any]], check: Callable[[str, Optional[float], Callable[[float], bool], str], None]
+) -> None:
+    """The GPU goals, on the rows of the mode the learners run there (captured where the run has it): BF16 >= 3x
+    strict FP32 at L and >= 5x at XL, FP16 >= 2.5x at L, captured FP32 >= 3x eager FP32 at S and M, BF16 at XL
+    within 2x of the arithmetic limit, peak memory of BF16 and FP16 <= 0.65x FP32's at XL."""
+    mode = "captured" if any(r.get("mode") == "captured" for r in rows) else "eager"
+    cell = {(r["size"], r["precision"], r.get("mode", "eager")): r for r in rows}
+
+    def value(size: str, precision: str, column: str, row_mode: str = mode) -> Optional[float]:
+        row = cell.get((size, precision, row_mode))
+        return row.get(column) if row is not None else None
+
+    for size, precision, goal in (("L", "bf16", 3.0), ("XL", "bf16", 5.0), ("L", "fp16", 2.5)):
+        check(
+            f"{precision} speed-up at {size} vs strict fp32 ({mode})",
+            value(size, precision, "speedup_vs_fp32"),
+            lambda v, g=goal: v >= g,
+            f">= {goal:g}x",
+        )
+    for size in ("S", "M"):
+        captured, eager = (
+            value(size, "fp32", "samples_per_s", "captured"),
+            value(size, "fp32", "samples_per_s", "eager"),
+        )
+        check(
+            f"captured fp32 vs eager fp32 at {size}",
+            captured / eager if captured and eager else None,
+            lambda v: v >= 3.0,
+            ">= 3x",
+        )
+    check(
+        f"bf16 at XL off its arithmetic limit ({mode})", value("XL", "bf16", "x_off_limit"), lambda v: v <= 2.0, "<= 2x"
+    )
+    for precision in ("bf16", "fp16"):
+        check(
+            f"{precision} peak memory at XL vs fp32 ({mode})",
+            value("XL", precision, "peak_mem_vs_fp32"),
+            lambda v: v <= 0.65,
+            "<= 0.65 (35% lower)",
+        )
 
 
 def _key(row: dict[str, Any]) -> str:

@@ -14,7 +14,7 @@ import torch
 from genesis_fp16 import __version__
 from genesis_fp16.precision.capability import cpu_flags, cpu_name
 from genesis_fp16_tools.bench.loops import RAW_LOOP_WORK, trainer_config
-from genesis_fp16_tools.bench.options import BenchOptions
+from genesis_fp16_tools.bench.options import BenchOptions, modes_for
 
 INTERESTING_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_fp16", "amx_bf16", "amx_tile", "amx_int8", "f16c")
 
@@ -65,7 +65,7 @@ def device_header(options: BenchOptions, device: torch.device) -> dict[str, Any]
         "repeats": options.repeats,
         "seed": options.seed,
         "compile": options.compile,
-        "cuda_graphs": options.cuda_graphs and device.type == "cuda",
+        "modes": modes_for(options, device),
         "chunk_s": options.chunk_s,
         "trainer_config": dataclasses.asdict(trainer_config("fp32", device)),
         "raw_loop": RAW_LOOP_WORK,
