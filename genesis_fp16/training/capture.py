@@ -68,8 +68,8 @@ class Capturable(Protocol):
     precision: Precision
 
 
-StepFn = Callable[[Any, torch.Tensor, bool], torch.Tensor]
-"""``step(batch, found, cache) -> loss value``: one window step as the eager window runs it
+StepFn = Callable[[Any, bool], tuple[torch.Tensor, torch.Tensor]]
+"""``step(batch, cache) -> (loss value, found flag)``: one window step as the eager window runs it
 (`FP16Trainer._window_step`); ``cache`` False turns autocast's weight cache off, as a capture needs."""
 
 
@@ -143,7 +143,7 @@ class CudaGraph:
     def __init__(self) -> None:
         self.graph = torch.cuda.CUDAGraph()
 
-    def record(self, fn: Callable[[], torch.Tensor]) -> torch.Tensor:
+    def record(self, fn: Callable[[], tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor]:
         # thread_local: another thread's CUDA work (a learner training beside this one) does not break the capture
         with torch.cuda.graph(self.graph, capture_error_mode="thread_local"):
             return fn()
@@ -203,9 +203,9 @@ class StepGraphs:
         if self.graphs and state_key(self.trainer) != self.key:
             self.drop()
 
-    def step(self, batch: Any, step: StepFn, found: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """One window step on ``batch``: replayed, captured or eager (``found``: the eager step's flag); returns
-        the step's loss value and found flag as tensors of their own (a replay's outputs are cloned)."""
+    def step(self, batch: Any, step: StepFn) -> tuple[torch.Tensor, torch.Tensor]:
+        """One window step on ``batch``: replayed, captured or eager; returns the step's loss value and found flag
+        as tensors of their own (a replay's outputs are cloned)."""
         try:
             sig, leaves, spec = _signature(batch)
         except TypeError:
@@ -220,15 +220,15 @@ class StepGraphs:
             count = self.seen.get(sig, 0)
             if count < WARMUP:
                 self.seen[sig] = count + 1
-                return self._on_side_stream(lambda: step(batch, found, True)), found.clone()
+                return self._on_side_stream(lambda: step(batch, True))
             if len(self.graphs) >= MAX_GRAPHS:
                 self.graphs.popitem(last=False)
             graph = self._capture(sig, leaves, spec, step)
             if graph is not None:
                 return self._replay(graph, leaves)
-        return step(batch, found, True), found.clone()
+        return step(batch, True)
 
-    def _on_side_stream(self, fn: Callable[[], torch.Tensor]) -> torch.Tensor:
+    def _on_side_stream(self, fn: Callable[[], tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor]:
         if self.trainer.device.type != "cuda":  # a test's stand-in graphs on the CPU
             return fn()
         current = torch.cuda.current_stream(self.trainer.device)
@@ -252,12 +252,11 @@ class StepGraphs:
         trainer = self.trainer
         inputs = [leaf.clone() if isinstance(leaf, torch.Tensor) else leaf for leaf in leaves]
         static_batch = tree_unflatten(inputs, spec)
-        found = torch.zeros((), device=trainer.device)
         trainer.optimizer.zero_grad(set_to_none=True)  # the captured backward writes the gradients, not adds
         graph = self.graph_type()
         try:
             with _capturable(trainer.optimizer):
-                value = graph.record(lambda: step(static_batch, found, False))
+                value, found = graph.record(lambda: step(static_batch, False))
         except Exception as exc:  # a step that reads a value back, an op with no capture: the eager window
             trainer.optimizer.zero_grad(set_to_none=True)
             self._refuse(sig, f"capture failed: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")

@@ -420,20 +420,16 @@ class FP16Trainer:
         losses: list[torch.Tensor] = []
         flags: list[torch.Tensor] = []
         scales: Optional[list[torch.Tensor]] = [] if precision.uses_scaler else None
-        found = torch.zeros((), device=self.device)
 
-        def step(batch: Any, flag: torch.Tensor, cache: bool) -> torch.Tensor:
-            return self._window_step(batch, compute_loss_fn, flag, cache)
+        def step(batch: Any, cache: bool) -> tuple[torch.Tensor, torch.Tensor]:
+            return self._window_step(batch, compute_loss_fn, cache)
 
         try:
             for (
                 batch
             ) in batches:  # lazily: a batch may depend on the step before (a critic's targets on its target network)
                 self._before_step(batch, compute_loss_fn)
-                if graphs is not None:
-                    value, flag = graphs.step(batch, step, found)
-                else:
-                    value, flag = step(batch, found, True), found.clone()
+                value, flag = graphs.step(batch, step) if graphs is not None else step(batch, True)
                 # from here the step happened: its record goes in before anything else can raise
                 losses.append(value)
                 flags.append(flag)
@@ -476,17 +472,19 @@ class FP16Trainer:
         if isinstance(first, torch.Tensor) and first.dim() > 0:
             self.samples_seen += int(first.shape[0])
 
-    def _window_step(self, batch: Any, loss_fn: LossFn, found: torch.Tensor, cache: bool = True) -> torch.Tensor:
+    def _window_step(self, batch: Any, loss_fn: LossFn, cache: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
         """One step of a window on the device, nothing read back: forward under the precision's autocast (its
-        weight cache off where ``cache`` is False, as a CUDA-graph capture needs), backward, ``found`` set where the
-        loss or (with a scaler) a gradient is not finite, clipping, the fused optimizer step skipped on ``found``,
-        the scale updated. Returns the loss's first value (a device tensor). The same calls eager and captured."""
+        weight cache off where ``cache`` is False, as a CUDA-graph capture needs), backward, a flag ``found`` (1.0
+        where the loss or, with a scaler, a gradient is not finite), clipping, the fused optimizer step skipped on
+        ``found``, the scale updated. Returns the loss's first value and ``found``, new device tensors. The same
+        calls eager and captured."""
         precision, opt = self.precision, self.optimizer
         with precision.forward_context(cache=cache):
             loss = loss_fn(self.model, batch)
-        finite = torch.isfinite(loss.detach()).all()
+        detached = loss.detach()
+        finite = torch.isfinite(detached).all()
         precision.backward(loss)
-        found.copy_(~finite)  # a non-finite loss skips its step even where its gradients came out finite
+        found = finite.logical_not().float()  # a non-finite loss skips its step even where its gradients are finite
         if precision.uses_scaler:  # gradients unscaled in place, found = 1 where one is not finite
             grads = [p.grad for group in opt.param_groups for p in group["params"] if p.grad is not None]
             precision.window_unscale_(grads, found)
@@ -497,10 +495,15 @@ class FP16Trainer:
             opt.step()
         finally:
             del opt.grad_scale, opt.found_inf
-        value = loss.detach().float().reshape(-1)[0] if loss.numel() else torch.full((), math.nan, device=self.device)
+        if detached.dim() == 0 and detached.dtype == torch.float32:  # the usual loss: no views to make
+            value = detached
+        elif detached.numel():
+            value = detached.float().reshape(-1)[0]
+        else:
+            value = torch.full((), math.nan, device=self.device)
         opt.zero_grad(set_to_none=True)
         precision.window_update(found, finite)
-        return value
+        return value, found
 
     def _settle_window(
         self, losses: list[torch.Tensor], flags: list[torch.Tensor], scales: Optional[list[torch.Tensor]]
