@@ -61,7 +61,7 @@ step() {  # step NAME COMMAND...: run, log, count a failure, go on
     fi
 }
 
-step pytest_gpu "$PY" -m pytest -m gpu -q -p no:cacheprovider --junitxml "$OUT_DIR/pytest_gpu.xml"
+step pytest_gpu "$PY" -m pytest -m gpu -q -rA -p no:cacheprovider --junitxml "$OUT_DIR/pytest_gpu.xml"
 step wm_train_calls_cuda "$PY" scripts/bench_world_model.py --train-calls --device cuda --ensembles 5 \
     --hiddens 128,512 --layers 4 --steps 400 --json "$OUT_DIR/wm_train_calls_cuda.json"
 # shellcheck disable=SC2086  # BENCH_ARGS: more bench options, word-split on purpose (e.g. "--precisions fp32,bf16,fp16")
