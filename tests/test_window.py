@@ -301,3 +301,18 @@ def test_the_per_step_window_counts_optimizer_steps_under_accumulation():
     result = t.train_window(_batches(8), _mse, after_step=flags.append)
     assert result.eager is not None and result.steps == 4 == t.training_steps and len(result.stepped) == 4
     assert len(result.losses) == 4 and len(flags) == 4
+
+
+def test_a_deep_copy_of_a_fused_adam_still_runs_the_window():
+    """``copy.deepcopy`` drops the optimizer's ``_step_supports_amp_scaling`` mark (auto's calibration copies and the
+    FP32 references are copies): its fused groups still take ``found_inf``, so the copy runs the window too."""
+    import copy
+
+    a = _trainer("bf16")
+    model, opt = copy.deepcopy((a.model, a.optimizer))
+    assert not getattr(opt, "_step_supports_amp_scaling", False)
+    b = FP16Trainer(model, opt, FP16TrainingConfig(precision="bf16"))
+    assert b.window_blocker() is None
+    batches = _batches(8)
+    assert _windowed(a, batches, _storm({3})) == _windowed(b, batches, _storm({3}))
+    assert _same_weights(a, b)

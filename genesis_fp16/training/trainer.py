@@ -382,7 +382,11 @@ class FP16Trainer:
     def window_blocker(self) -> Optional[str]:
         """Why this trainer cannot run a window on the device (None: it can)."""
         opt = self.optimizer
-        if not getattr(opt, "_step_supports_amp_scaling", False) or not all(g.get("fused") for g in opt.param_groups):
+        # torch's own fused optimizers take found_inf; the flag marking them is lost by a deep copy (auto's copies)
+        takes_found_inf = getattr(opt, "_step_supports_amp_scaling", False) or type(opt).__module__.startswith(
+            "torch.optim."
+        )
+        if not takes_found_inf or not all(g.get("fused") for g in opt.param_groups):
             return (
                 f"{type(opt).__name__} is not a fused optimizer: a skipped step would need its found_inf read on "
                 "the host (use e.g. torch.optim.Adam(params, fused=True))"

@@ -230,9 +230,10 @@ def summarize(result: dict[str, Any]) -> dict[str, Any]:
             checks.append({"check": name, "value": value, "goal": goal, "passed": bool(ok(value))})
 
     if "max_overhead_vs_raw" in out:
-        # the raw loop is eager: a captured row's ratio is its speed-up, not its overhead
+        # on the CPU, where the eager window is what runs (on CUDA the captured step runs, and a captured row's
+        # ratio to the eager raw loop is its speed-up, not its overhead)
         eager = [r["overhead_vs_raw"] for r in rows if r.get("mode", "eager") == "eager"]
-        if eager:
+        if eager and device.startswith("cpu"):
             check("overhead_vs_raw at every size", max(eager), lambda v: v <= 1.03, "<= 1.03")
     if "max_abs_val_loss_delta_reduced" in out:
         check("val-loss delta bf16/fp16 vs fp32", out["max_abs_val_loss_delta_reduced"], lambda v: v <= 0.02, "<= 2%")
