@@ -62,6 +62,9 @@ class CalibrationTrainer(Protocol):
 
     def window_blocker(self) -> Optional[str]: ...
 
+    @property
+    def window_warmup_steps(self) -> int: ...
+
     def train_window(self, batches: Iterable[Any], compute_loss_fn: LossFn) -> Any: ...
 
 
@@ -119,8 +122,12 @@ def measure_auto(
     started = clock()
 
     def runner(trainer: CalibrationTrainer) -> Callable[[int], None]:
+        first = [True]
+
         def run(n: int) -> None:
             if trainer.window_blocker() is None:  # what the learners run: a window (on CUDA, captured steps)
+                if first[0]:  # the untimed warm-up call: its capture too, out of the timed rounds
+                    n, first[0] = max(n, trainer.window_warmup_steps), False
                 trainer.train_window(itertools.repeat(batch, n), loss_fn)
                 return
             for _ in range(n):

@@ -74,6 +74,7 @@ from genesis_fp16.precision.modes import MODES
 from genesis_fp16.precision.plugins import Precision
 from genesis_fp16.precision.request import Source
 from genesis_fp16.training import checkpoint as ckpt
+from genesis_fp16.training.capture import WARMUP as CAPTURE_WARMUP
 from genesis_fp16.training.capture import StepGraphs, capture_blocker
 from genesis_fp16.training.config import FP16TrainingConfig
 
@@ -458,6 +459,14 @@ class FP16Trainer:
             self._graphs = StepGraphs(self, self._say_uncaptured)
         self._graphs.check_state()
         return self._graphs
+
+    @property
+    def window_warmup_steps(self) -> int:
+        """Window steps before this trainer's steps run as they will from then on: the eager warm-up and the capture
+        where the window is captured (CUDA), else none. A measurement times what comes after them (auto's)."""
+        if self.window_blocker() is not None or capture_blocker(self) is not None:
+            return 0
+        return CAPTURE_WARMUP + 1
 
     @property
     def step_graphs(self) -> Optional[StepGraphs]:
