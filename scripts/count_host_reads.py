@@ -95,6 +95,7 @@ def world_model_reads(precision: str, steps: int, state: Path) -> int:
         settings=load_settings(state_dir=state),
     )
     trajs = _trajectories()
+    wm.trainer.host_is_device = False  # a GPU's window: nothing read back inside it
     wm._train_sync(trajs, 8, False)  # the trainer built and the first call's set-up out of the count
     return host_reads(lambda: wm._train_sync(trajs, steps, False))
 
@@ -121,6 +122,7 @@ def critic_reads(precision: str, steps: int, state: Path) -> int:
     def policy(obs: torch.Tensor) -> torch.Tensor:
         return torch.zeros(len(obs), 1)
 
+    critic.trainer.host_is_device = False  # a GPU's window: nothing read back inside it
     critic._train_sync(data, policy, 8, False)
     return host_reads(lambda: critic._train_sync(data, policy, steps, False))
 
@@ -136,6 +138,7 @@ def mlp_reads(precision: str, steps: int, state: Path) -> int:
     trainer = FP16Trainer(
         model, torch.optim.Adam(model.parameters(), lr=1e-3, fused=True), FP16TrainingConfig(precision=precision)
     )
+    trainer.host_is_device = False  # a GPU's window: nothing read back inside it
     g = torch_generator(0, "count_host_reads.mlp_batches")
     batches = [(torch.randn(64, 64, generator=g), torch.randn(64, 1, generator=g)) for _ in range(16)]
 

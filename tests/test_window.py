@@ -219,6 +219,9 @@ def test_a_world_model_call_reads_back_once_per_window(state_dir, tmp_path):
     for precision in ("fp32", "fp16"):
         wm = WorldModel(3, 1, precision=precision, guard=UNGUARDED, checkpoint_dir=tmp_path / precision, seed=0)
         trajs = reads._trajectories()
+        wm.trainer.host_is_device = (
+            False  # what a GPU runs: a CPU's window reads each step's flag (it waits on nothing)
+        )
         wm._train_sync(trajs, 8, False)
         count = reads.host_reads(lambda: wm._train_sync(trajs, 64, False))
         assert count <= 64 // 16 + 12, (precision, count)
@@ -316,3 +319,16 @@ def test_a_deep_copy_of_a_fused_adam_still_runs_the_window():
     batches = _batches(8)
     assert _windowed(a, batches, _storm({3})) == _windowed(b, batches, _storm({3}))
     assert _same_weights(a, b)
+
+
+def test_a_cpu_window_skips_on_the_host_and_trains_as_a_gpu_window_does():
+    """On a CPU (``host_is_device``) the host reads each step's flag and skips the step itself; run as a GPU's window
+    (the fused kernel's ``found_inf``, nothing read back) the same storm gives the same weights bit for bit."""
+    batches = _batches()
+    for precision in ("fp32", "bf16", "fp16"):
+        a, b = _trainer(precision), _trainer(precision)
+        b.host_is_device = False
+        assert a.host_is_device
+        assert _windowed(a, batches, _storm({3, 4, 9})) == _windowed(b, batches, _storm({3, 4, 9}))
+        assert _same_weights(a, b) and a.scaler.state_dict() == b.scaler.state_dict()
+        assert a.optimizer.state_dict()["state"][0]["step"] == b.optimizer.state_dict()["state"][0]["step"]

@@ -185,6 +185,12 @@ class FP16Trainer:
         self._started = time.perf_counter()
         self._last_scale = self.precision.scale
         self._graphs: Optional[StepGraphs] = None
+        self.host_is_device = self.device.type == "cpu"
+        """Whether reading a device value back waits on nothing (a CPU): a window's step then reads its flag and
+        the host skips the step. False runs a CPU window as a GPU's, with nothing read back inside it (what
+        ``scripts/count_host_reads.py`` counts)."""
+        self._host_flags = (torch.zeros(()), torch.ones(()))
+        """A CPU window's step flags (taken, skipped): constants, never written (a scaler's flag is made per step)."""
         """The window's captured steps (CUDA; `genesis_fp16.training.capture`), made at the first window."""
 
     # -- a seed-API auto, decided at the first batch by the decision part ---------------
@@ -497,17 +503,31 @@ class FP16Trainer:
         detached = loss.detach()
         finite = torch.isfinite(detached).all()
         precision.backward(loss)
-        found = finite.logical_not().float()  # a non-finite loss skips its step even where its gradients are finite
+        on_host, taken = self.host_is_device, True
+        if on_host and not precision.uses_scaler:  # one of two constants: two ops fewer a step than making a flag
+            taken = bool(finite)
+            found = self._host_flags[0 if taken else 1]
+        else:
+            found = finite.logical_not().float()  # a non-finite loss skips its step even where its gradients are finite
         if precision.uses_scaler:  # gradients unscaled in place, found = 1 where one is not finite
             grads = [p.grad for group in opt.param_groups for p in group["params"] if p.grad is not None]
             precision.window_unscale_(grads, found)
         if self.config.max_grad_norm is not None:
             self._clip_gradients(self.config.max_grad_norm)
-        opt.grad_scale, opt.found_inf = None, found  # the fused kernel skips the whole step when found_inf is 1
-        try:
-            opt.step()
-        finally:
-            del opt.grad_scale, opt.found_inf
+        if on_host:
+            # the host skips the step (`host_is_device`): the fused kernel is called without found_inf, whose CPU
+            # fallback subtracts the flag from each state's step count one tensor at a time (2-3% of a small
+            # model's step); the same weights bit for bit
+            if precision.uses_scaler:
+                taken = not bool(found)
+            if taken:
+                opt.step()
+        else:
+            opt.grad_scale, opt.found_inf = None, found  # the fused kernel skips the whole step when found_inf is 1
+            try:
+                opt.step()
+            finally:
+                del opt.grad_scale, opt.found_inf
         if detached.dim() == 0 and detached.dtype == torch.float32:  # the usual loss: no views to make
             value = detached
         elif detached.numel():
