@@ -9,7 +9,7 @@ no synchronisation in it and can be captured once and replayed
 (``torch.cuda.CUDAGraph``; PyTorch's "CUDA Graphs" notes, whole-network
 capture; LeanRL's ``CudaGraphModule`` does the same for whole update steps).
 
-How a window runs here (`StepGraphs.run`), per batch:
+How a window runs here (`StepGraphs.step`), per batch:
 
 * the batch's signature (its tree of tensors: shapes, dtypes, devices; its
   other leaves by value) picks a graph; a signature seen fewer than `WARMUP`
@@ -25,10 +25,11 @@ A graph holds the addresses of the weights, gradients, optimizer state and
 scale it was captured with, and the Python numbers baked into it (learning
 rate, betas, clipping norm, the scaler's factors). `state_key` names all of
 them; when one changes (a checkpoint loaded, a rollback, a new learning rate)
-every graph is dropped and captured again. Where a step cannot be captured
-(an optimizer that is neither capturable nor a fused Adam/AdamW, a loss that
-reads a value back, more than `MAX_GRAPHS` shapes) the eager window runs and
-one ``trainer.window_uncaptured`` event says why.
+every graph is dropped and captured again; a shape past `MAX_GRAPHS` drops
+the least recently used one. Where a step cannot be captured (an optimizer
+that is neither capturable nor a fused Adam/AdamW, a batch leaf that cannot
+be keyed, a loss that reads a value back) the eager window runs and one
+``trainer.window_uncaptured`` event says why.
 """
 
 from __future__ import annotations

@@ -76,16 +76,21 @@ class BenchOptions:
         return QUICK_STEPS[spec.name] if self.quick else spec.quality_steps
 
 
-def parse_modes(values: Any) -> list[str]:
+def _parse_names(values: Any, allowed: tuple[str, ...], flag: str, what: str) -> list[str]:
+    """A comma list (or a list) of names from ``allowed``, in order, each once; a ValueError naming ``flag``."""
     if isinstance(values, str):
         values = values.split(",")
     names = [str(v).strip().lower() for v in values if str(v).strip()]
-    unknown = [n for n in names if n not in MODES]
+    unknown = [n for n in names if n not in allowed]
     if unknown or not names:
         raise ValueError(
-            f"--modes: unknown mode(s) {', '.join(unknown) or '(none given)'}; expected some of {', '.join(MODES)}"
+            f"{flag}: unknown {what}(s) {', '.join(unknown) or '(none given)'}; expected some of {', '.join(allowed)}"
         )
     return list(dict.fromkeys(names))
+
+
+def parse_modes(values: Any) -> list[str]:
+    return _parse_names(values, MODES, "--modes", "mode")
 
 
 def modes_for(options: "BenchOptions", device: torch.device) -> list[str]:
@@ -103,16 +108,7 @@ def mode_not_applicable(mode: str, device: torch.device) -> Optional[str]:
 
 
 def parse_precisions(values: Any) -> list[str]:
-    if isinstance(values, str):
-        values = values.split(",")
-    names = [str(v).strip().lower() for v in values if str(v).strip()]
-    unknown = [n for n in names if n not in PRECISIONS]
-    if unknown or not names:
-        raise ValueError(
-            f"--precisions: unknown precision(s) {', '.join(unknown) or '(none given)'}; expected some of "
-            f"{', '.join(PRECISIONS)}"
-        )
-    return list(dict.fromkeys(names))
+    return _parse_names(values, PRECISIONS, "--precisions", "precision")
 
 
 def check_clock(clock: str, device: torch.device) -> None:
