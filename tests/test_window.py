@@ -332,3 +332,13 @@ def test_a_cpu_window_skips_on_the_host_and_trains_as_a_gpu_window_does():
         assert _windowed(a, batches, _storm({3, 4, 9})) == _windowed(b, batches, _storm({3, 4, 9}))
         assert _same_weights(a, b) and a.scaler.state_dict() == b.scaler.state_dict()
         assert a.optimizer.state_dict()["state"][0]["step"] == b.optimizer.state_dict()["state"][0]["step"]
+
+
+def test_the_window_overhead_script_runs_both_paths(capsys):
+    import scripts_loader
+
+    script = scripts_loader.load_script("window_overhead")
+    for extra in ([], ["--device-path"]):
+        assert script.main(["--size", "S", "--precision", "bf16", "--pairs", "2", "--steps", "4", *extra]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert "the CPU's path" in out[0] and "the GPU's path" in out[1] and all("median ratio" in line for line in out)

@@ -516,7 +516,7 @@ class FP16Trainer:
             self._clip_gradients(self.config.max_grad_norm)
         if on_host:
             # the host skips the step (`host_is_device`): the fused kernel is called without found_inf, whose CPU
-            # fallback subtracts the flag from each state's step count one tensor at a time (2-3% of a small
+            # fallback subtracts the flag from each state's step count one tensor at a time (about 2% of a small
             # model's step); the same weights bit for bit
             if precision.uses_scaler:
                 taken = not bool(found)
