@@ -185,13 +185,13 @@ class FP16Trainer:
         self._started = time.perf_counter()
         self._last_scale = self.precision.scale
         self._graphs: Optional[StepGraphs] = None
+        """The window's captured steps (CUDA; `genesis_fp16.training.capture`), made at the first window."""
         self.host_is_device = self.device.type == "cpu"
         """Whether reading a device value back waits on nothing (a CPU): a window's step then reads its flag and
         the host skips the step. False runs a CPU window as a GPU's, with nothing read back inside it (what
         ``scripts/count_host_reads.py`` counts)."""
         self._host_flags = (torch.zeros(()), torch.ones(()))
         """A CPU window's step flags (taken, skipped): constants, never written (a scaler's flag is made per step)."""
-        """The window's captured steps (CUDA; `genesis_fp16.training.capture`), made at the first window."""
 
     # -- a seed-API auto, decided at the first batch by the decision part ---------------
     @property
