@@ -374,9 +374,12 @@ def main(argv: list[str] | None = None) -> int:
     print(f"# device {device}, torch {torch.__version__}, 1 torch thread, CPU flags {' '.join(flags) or '-'}")
     print(f"# load average before: {' '.join(f'{v:.2f}' for v in load_before)}")
     if args.train_calls:
+        from genesis_fp16.base.storage import atomic_write_text
+
         table = train_calls(args, device, precisions)
         if args.json is not None:
-            args.json.write_text(
+            atomic_write_text(
+                args.json,
                 json.dumps(
                     {
                         "tool": "scripts/bench_world_model.py --train-calls",
@@ -390,7 +393,7 @@ def main(argv: list[str] | None = None) -> int:
                         "rows": table,
                     },
                     indent=2,
-                )
+                ),
             )
         return 0
     rows_per_step = args.rows
