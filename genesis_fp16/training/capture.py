@@ -90,22 +90,12 @@ def capture_blocker(trainer: Capturable) -> Optional[str]:
     return None
 
 
-def _tensors(obj: Any) -> Iterator[torch.Tensor]:
-    if isinstance(obj, torch.Tensor):
-        yield obj
-    elif isinstance(obj, dict):
-        for value in obj.values():
-            yield from _tensors(value)
-    elif isinstance(obj, (list, tuple)):
-        for value in obj:
-            yield from _tensors(value)
-
-
 def state_key(trainer: Capturable) -> tuple[Any, ...]:
     """Everything a captured step holds by address or by value: the weights and buffers, the optimizer's state and
     hyperparameters, the scaler's tensors and factors, the clipping norm, the plugin, the model's mode."""
     opt, precision = trainer.optimizer, trainer.precision
-    tensors = [*trainer.model.parameters(), *trainer.model.buffers(), *_tensors(list(opt.state.values()))]
+    state = [x for x in tree_flatten(list(opt.state.values()))[0] if isinstance(x, torch.Tensor)]
+    tensors = [*trainer.model.parameters(), *trainer.model.buffers(), *state]
     tensors += precision.window_tensors()
     scaler = precision.scaler
     numbers: list[Any] = [id(precision), trainer.config.max_grad_norm, trainer.model.training]
@@ -134,7 +124,7 @@ def _signature(batch: Any) -> tuple[tuple[Any, ...], list[Any], Any]:
         for x in leaves
     )
     hash(key)  # an unhashable leaf raises TypeError here, before anything ran
-    return (str(spec), *key), leaves, spec
+    return (spec, *key), leaves, spec
 
 
 class CudaGraph:

@@ -327,18 +327,26 @@ class FP16Trainer:
         loss. A seed-API ``auto`` is first decided on this batch (the first one)."""
         if self.first_batch is not None:
             self._decide_at_first_batch(batch, compute_loss_fn)
+        self._training_mode(self.is_last_micro_step)
+        with self.autocast():
+            loss = compute_loss_fn(self.model, batch)
+        self._count_samples(batch)
+        return loss
+
+    def _training_mode(self, sync: bool) -> None:
+        """Before a step's forward, on either path: the model in training mode, the gradient sync set."""
         if not self.model.training:
             # Only after someone switched the model to eval (validation, inference):
             # model.train() walks every submodule, about 2 us each, which is 1-2% of a
             # small world model's step (measured by `genesis-fp16 bench`, docs/PERFORMANCE.md).
             self.model.train()
-        self._set_gradient_sync(self.is_last_micro_step)
-        with self.autocast():
-            loss = compute_loss_fn(self.model, batch)
+        self._set_gradient_sync(sync)
+
+    def _count_samples(self, batch: Any) -> None:
+        """After a step's forward, on either path: the batch's rows (a batch, or a tuple led by one) counted."""
         first = batch[0] if isinstance(batch, (tuple, list)) and batch else batch
-        if isinstance(first, torch.Tensor) and first.dim() > 0:  # a batch, or a tuple led by one
+        if isinstance(first, torch.Tensor) and first.dim() > 0:
             self.samples_seen += int(first.shape[0])
-        return loss
 
     def backward_and_step(self, loss: torch.Tensor) -> bool:
         """Backward pass, and on the last micro-step the optimizer step.
@@ -439,9 +447,10 @@ class FP16Trainer:
             for (
                 batch
             ) in batches:  # lazily: a batch may depend on the step before (a critic's targets on its target network)
-                self._before_step(batch, compute_loss_fn)
+                self._training_mode(True)
                 value, flag = graphs.step(batch, step) if graphs is not None else step(batch, True)
                 # from here the step happened: its record goes in before anything else can raise
+                self._count_samples(batch)
                 losses.append(value)
                 flags.append(flag)
                 if scales is not None:
@@ -481,15 +490,6 @@ class FP16Trainer:
 
     def _say_uncaptured(self, why: str) -> None:
         log_once(self._log, f"window_uncaptured:{self.name}:{why}", "info", "trainer.window_uncaptured", reason=why)
-
-    def _before_step(self, batch: Any, loss_fn: LossFn) -> None:
-        """The host's part of a window step, whichever way it runs: the model in training mode, the samples counted."""
-        if not self.model.training:
-            self.model.train()
-        self._set_gradient_sync(True)
-        first = batch[0] if isinstance(batch, (tuple, list)) and batch else batch
-        if isinstance(first, torch.Tensor) and first.dim() > 0:
-            self.samples_seen += int(first.shape[0])
 
     def _window_step(self, batch: Any, loss_fn: LossFn, cache: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
         """One step of a window on the device, nothing read back: forward under the precision's autocast (its
