@@ -56,7 +56,7 @@ from .run_record import RunRecorder, open_run
 from .run_state import RunState, StopReason
 from .runs import policy_path
 from .tasks import ResolvedTask, Task
-from .verify import return_scale
+from .verify import near_miss_bar, return_scale
 
 if TYPE_CHECKING:  # torch and the learners load only when a run uses them
     from infrastructure.critic import Critic
@@ -495,12 +495,24 @@ class SEDarwinAgent:
         """The best candidate whose one episode met the target runs on
         the other training start states (while it can still make it); one that
         meets it there goes to the validation start states, and the run stops
-        once they confirm it."""
+        once they confirm it. Where none met it, the best extra within
+        `agents.verify.near_miss_bar` of it (a near miss: a good policy on a
+        hard start state) is verified alike."""
         target = self.real.target
         scale = return_scale([c.returns[0] for c in self.pool if c.returns])  # the spread of the run's episodes so far
         hopeful = sorted(
             (c for c in cands if c.real_return is not None and c.real_return >= target), key=lambda c: -c.real_return
         )
+        bar = near_miss_bar(target, scale)
+        if not hopeful and bar is not None:
+            hopeful = sorted(
+                (
+                    c
+                    for c in cands
+                    if c.operator.startswith("refined") and c.real_return is not None and c.real_return >= bar
+                ),
+                key=lambda c: -c.real_return,
+            )
         for cand in hopeful[
             :1
         ]:  # the best one per generation: a lucky episode on an easy start state costs 2-4 episodes to refute

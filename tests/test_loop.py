@@ -433,3 +433,71 @@ def test_an_extra_that_wins_joins_as_a_direction_no_longer_than_the_longest_samp
     assert np.linalg.norm(told[worst[0]]) == pytest.approx(norms.max(), rel=1e-4)
     replayed = CMASearch.replay(search.record())
     assert np.array_equal(replayed.mean, search.mean) and replayed.sigma == search.sigma
+
+
+# -- (g) a near miss of an extra is verified, a far one and CMA-ES's own are not -----------------
+def _extra_scores(agent: SEDarwinAgent, first_return: float, rest: float):
+    """Patch ``agent``'s refinement to offer one fixed extra a generation; returns the evaluator's score: the extras
+    score ``first_return`` on the first start state each runs on and ``rest`` on every other, CMA-ES's samples
+    `loop_fakes.distance_return` (some hundreds below 0)."""
+    extras: list[np.ndarray] = []
+    first_state: dict[int, float] = {}
+
+    async def one_extra(z_mean, space, generation, elite=None, count=None, new_steps=None):
+        z = np.full_like(z_mean, 0.01 * generation)
+        extras.append(space.to_raw(z[None])[0])
+        return [(z, "refined:actor")]
+
+    def score(params, state) -> float:
+        for k, raw in enumerate(extras):
+            if np.array_equal(raw, params):
+                first = first_state.setdefault(k, float(state[0]))
+                return first_return if first == float(state[0]) else rest
+        return loop_fakes.distance_return(params, state)
+
+    agent.learners.refine = one_extra
+    return score
+
+
+@pytest.mark.parametrize("first_return, verified", [(-2.0, True), (-1e5, False)])
+async def test_an_extra_that_nearly_meets_the_target_is_verified(state_dir, first_return, verified):
+    """An extra whose one episode misses the target (-1) by less than `agents.verify.NEAR_MISS` of the run's spread
+    (CMA-ES's samples score hundreds below: the bar is far under -2) is verified; on every other start state it meets
+    the target, so it is accepted and confirmed in the generation it ran. One far below the bar runs its one episode."""
+    from agents.verify import NEAR_MISS, near_miss_bar, return_scale
+
+    evaluator = FakeEvaluator(TASK)
+    agent = SEDarwinAgent(critic_config(budget=40), settings=load_settings(), evaluator=evaluator)
+    evaluator.score = _extra_scores(agent, first_return, rest=0.0)
+    report = await agent.evolve()
+    gens = report["generations"]
+    extra = next(c for c in gens[1]["candidates"] if c["operator"] == "refined:actor")
+    firsts = [c["real_return"] for c in gens[0]["candidates"]] + [first_return]
+    bar = near_miss_bar(-1.0, return_scale(firsts))
+    assert NEAR_MISS > 0 and (bar < first_return) == verified
+    if verified:
+        # 16 training states, its first at -2 and 15 at 0: the mean meets -1; confirmed on the validation states
+        assert extra["episodes"] > 1 and extra["accepted"] and report["target_reached"]
+        assert report["best_candidate"]["id"] == extra["id"] and len(gens) == 2
+        assert [c["operator"] for c in gens[1]["candidates"]] == ["refined:actor"]  # the population never ran
+    else:
+        assert extra["episodes"] == 1 and not extra.get("accepted") and len(gens) > 2
+
+
+async def test_cma_samples_are_verified_only_when_they_meet_the_target(state_dir):
+    """The floor (no extras) decides as plain one-episode CMA-ES: its best sample, a near miss by 1 in a spread of
+    tens, runs its one episode."""
+    from loop_fakes import distance_return
+
+    from agents.cma_search import CMASearch
+
+    zs = CMASearch(np.zeros(TASK.n_params), 0.5, seed=0, popsize=6).ask()
+    best = max(distance_return(p, np.zeros(2)) for p in SearchSpace.identity(TASK.policy).to_raw(zs))
+    agent = SEDarwinAgent(
+        critic_config(budget=12, refined=0, use_critic=False, target=best + 1.0),
+        settings=load_settings(),
+        evaluator=FakeEvaluator(TASK, score=lambda p, s: distance_return(p, np.zeros(2))),
+    )
+    report = await agent.evolve()
+    assert report["real_episodes"] == 12 and not report["target_reached"]
+    assert all(c["episodes"] == 1 for g in report["generations"] for c in g["candidates"])
