@@ -513,6 +513,15 @@ class SEDarwinAgent:
                 ),
                 key=lambda c: -c.real_return,
             )
+            if hopeful:
+                self._log.info(
+                    "evolve.near_miss",
+                    candidate=hopeful[0].id,
+                    generation=generation,
+                    real_return=hopeful[0].real_return,
+                    bar=bar,
+                    target=target,
+                )
         for cand in hopeful[
             :1
         ]:  # the best one per generation: a lucky episode on an easy start state costs 2-4 episodes to refute

@@ -12,6 +12,7 @@ import json
 import numpy as np
 import pytest
 import torch
+from structlog.testing import capture_logs
 
 from agents.cma_search import TOLD_FAILED, CMASearch
 from agents.evolve_config import EvolveConfig
@@ -469,19 +470,25 @@ async def test_an_extra_that_nearly_meets_the_target_is_verified(state_dir, firs
     evaluator = FakeEvaluator(TASK)
     agent = SEDarwinAgent(critic_config(budget=40), settings=load_settings(), evaluator=evaluator)
     evaluator.score = _extra_scores(agent, first_return, rest=0.0)
-    report = await agent.evolve()
+    with capture_logs() as logs:
+        report = await agent.evolve()
     gens = report["generations"]
     extra = next(c for c in gens[1]["candidates"] if c["operator"] == "refined:actor")
     firsts = [c["real_return"] for c in gens[0]["candidates"]] + [first_return]
     bar = near_miss_bar(-1.0, return_scale(firsts))
     assert NEAR_MISS > 0 and (bar < first_return) == verified
+    near = [e for e in logs if e["event"] == "evolve.near_miss"]
     if verified:
+        assert [(e["candidate"], e["generation"], e["real_return"], e["target"]) for e in near] == [
+            (extra["id"], 1, first_return, -1.0)
+        ]
+        assert near[0]["bar"] == pytest.approx(bar)
         # 16 training states, its first at -2 and 15 at 0: the mean meets -1; confirmed on the validation states
         assert extra["episodes"] > 1 and extra["accepted"] and report["target_reached"]
         assert report["best_candidate"]["id"] == extra["id"] and len(gens) == 2
         assert [c["operator"] for c in gens[1]["candidates"]] == ["refined:actor"]  # the population never ran
     else:
-        assert extra["episodes"] == 1 and not extra.get("accepted") and len(gens) > 2
+        assert extra["episodes"] == 1 and not extra.get("accepted") and len(gens) > 2 and near == []
 
 
 async def test_cma_samples_are_verified_only_when_they_meet_the_target(state_dir):
