@@ -508,3 +508,41 @@ async def test_cma_samples_are_verified_only_when_they_meet_the_target(state_dir
     report = await agent.evolve()
     assert report["real_episodes"] == 12 and not report["target_reached"]
     assert all(c["episodes"] == 1 for g in report["generations"] for c in g["candidates"])
+
+
+async def test_the_second_extra_that_met_the_target_is_verified_when_the_first_is_refuted(state_dir):
+    """Two extras meet the target (-1) on their one episode: the better one (0.5) scores -1000 on every other start
+    state and is refuted; the other (0.0 everywhere) is verified next, accepted and confirmed before the population
+    runs (`agents.se_darwin_agent.HOPEFUL_EXTRAS`)."""
+    from agents.se_darwin_agent import HOPEFUL_EXTRAS
+
+    evaluator = FakeEvaluator(TASK)
+    agent = SEDarwinAgent(critic_config(budget=60), settings=load_settings(), evaluator=evaluator)
+    extras: list[np.ndarray] = []
+    first_state: dict[int, float] = {}
+
+    async def two_extras(z_mean, space, generation, elite=None, count=None, new_steps=None):
+        zs = [np.full_like(z_mean, 0.01 * generation), np.full_like(z_mean, -0.01 * generation)]
+        extras.extend(space.to_raw(np.stack(zs)))
+        return [(zs[0], "refined:actor"), (zs[1], "refined:mean:8")]
+
+    def score(params, state) -> float:
+        for k, raw in enumerate(extras):
+            if np.array_equal(raw, params):
+                if k % 2:
+                    return 0.0
+                first = first_state.setdefault(k, float(state[0]))
+                return 0.5 if first == float(state[0]) else -1000.0
+        return loop_fakes.distance_return(params, state)
+
+    agent.learners.refine = two_extras
+    evaluator.score = score
+    report = await agent.evolve()
+    gens = report["generations"]
+    lucky, steady = (
+        next(c for c in gens[1]["candidates"] if c["operator"] == op) for op in ("refined:actor", "refined:mean:8")
+    )
+    assert lucky["episodes"] > 1 and not lucky["accepted"]
+    assert steady["episodes"] > 1 and steady["accepted"] and report["target_reached"] and HOPEFUL_EXTRAS == 2
+    assert report["best_candidate"]["id"] == steady["id"] and len(gens) == 2
+    assert all(c["operator"] != "cma" for c in gens[1]["candidates"])  # the population never ran
