@@ -425,6 +425,11 @@ class Candidate:
     cut: bool = False  # its episode ran into the step budget's end: its data is kept, its return not judged
     steps: int = 0  # env steps of its first episode (what it cost; `agents.extras.refined_count` compares them)
 
+    @property
+    def refined(self) -> bool:
+        """Whether this is a refined candidate (an extra beside CMA-ES's own samples)."""
+        return self.operator.startswith("refined")
+
     def start_returns(self) -> dict[int, float]:
         """Training start index -> real return, for the start states it was run on."""
         return dict(zip(self.starts, self.returns))

@@ -67,7 +67,7 @@ def candidates_record(candidates: Sequence[Candidate]) -> dict[str, Any]:
             for c in candidates
         ],
         "best_return": best(candidates),  # the best one-episode return of the generation
-        "refined_best": best([c for c in candidates if c.operator.startswith("refined")]),
+        "refined_best": best([c for c in candidates if c.refined]),
         "cma_best": best([c for c in candidates if c.operator == "cma"]),
     }
 

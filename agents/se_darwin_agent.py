@@ -400,7 +400,7 @@ class SEDarwinAgent:
         # the extras first (their own start states), then CMA-ES's samples on the start states the floor gives them: a
         # refined candidate that meets the target is verified before the population runs, and ends the run once
         # confirmed
-        done = sum(c.operator.startswith("refined") for c in self.pool)
+        done = sum(c.refined for c in self.pool)
         ran_extras = await self._run(extras, done, evaluated, generation)
         ran_own: list[Candidate] = []
         if self.state.reached_at is None and self.state.budget_exhausted is None:
@@ -508,23 +508,19 @@ class SEDarwinAgent:
         on a hard start state) is verified alike."""
         target = self.real.target
         scale = return_scale([c.returns[0] for c in self.pool if c.returns])  # the spread of the run's episodes so far
-        hopeful = sorted(
-            (c for c in cands if c.real_return is not None and c.real_return >= target), key=lambda c: -c.real_return
-        )
+
+        def at_least(bar: float, pool: list[Candidate]) -> list[Candidate]:
+            return sorted(
+                (c for c in pool if c.real_return is not None and c.real_return >= bar), key=lambda c: -c.real_return
+            )
+
+        hopeful = at_least(target, cands)
         # extras that met it: the best two, one after the other; CMA-ES's samples (the floor's rule) and near misses:
         # the best one (a lucky episode on an easy start state costs 2-4 episodes to refute)
-        extras = bool(hopeful) and all(c.operator.startswith("refined") for c in hopeful)
-        limit = HOPEFUL_EXTRAS if extras else 1
+        limit = HOPEFUL_EXTRAS if hopeful and all(c.refined for c in hopeful) else 1
         bar = near_miss_bar(target, scale)
         if not hopeful and bar is not None:
-            hopeful = sorted(
-                (
-                    c
-                    for c in cands
-                    if c.operator.startswith("refined") and c.real_return is not None and c.real_return >= bar
-                ),
-                key=lambda c: -c.real_return,
-            )
+            hopeful = at_least(bar, [c for c in cands if c.refined])
             if hopeful:
                 self._log.info(
                     "evolve.near_miss",
