@@ -40,6 +40,16 @@ def won_lately(generations: Sequence[dict[str, Any]]) -> bool:
     return _wins(_extras(generations[-WINDOW:])) > 0
 
 
+def probing(generations: Sequence[dict[str, Any]]) -> bool:
+    """Whether the next generation's extras are probes: the last extras judged against a population (a record whose
+    own samples ran: ``cma_best`` known) lost, and none won in the last `WINDOW` records. Extras not yet judged (the
+    first ones, or those whose population the budget or a met target cut) are not probes: they may be the run's answer
+    (Pendulum-v1 at 4,000 steps runs the first extras and never the population beside them). The loop runs probes
+    after the population where the budget may not hold both (`agents.se_darwin_agent`)."""
+    judged = [r for r in generations if r.get("cma_best") is not None and _extras([r])]
+    return bool(judged) and not _wins(_extras(judged[-1:])) and not won_lately(generations)
+
+
 def refined_count(generations: Sequence[dict[str, Any]], most: int, episode_steps: Optional[int] = None) -> int:
     """How many refined candidates (extras beside CMA-ES's population) the
     next generation gets, read from the generation records alone (so a

@@ -86,14 +86,15 @@ class RealEpisodes:
         assert self.config.episode_steps is not None
         return self.env_steps + sum(int(f["episodes"]) for f in self.failures) * self.config.episode_steps
 
-    def over_budget(self, episodes: int) -> Optional[str]:
+    def over_budget(self, episodes: int, episode_steps: Optional[int] = None) -> Optional[str]:
         """Which budget ``episodes`` more real episodes could exceed:
-        ``episodes``, ``env_steps`` (each may run ``episode_steps`` steps), or None."""
+        ``episodes``, ``env_steps`` (each may run ``episode_steps`` steps, by default the task's longest), or None."""
         cfg = self.config
         assert cfg.episode_steps is not None
+        steps = cfg.episode_steps if episode_steps is None else episode_steps
         if self.real_episodes + episodes > cfg.budget:
             return "episodes"
-        if cfg.budget_steps is not None and self.steps_charged() + episodes * cfg.episode_steps > cfg.budget_steps:
+        if cfg.budget_steps is not None and self.steps_charged() + episodes * steps > cfg.budget_steps:
             return "env_steps"
         return None
 
@@ -109,9 +110,10 @@ class RealEpisodes:
         over = self.over_budget(1)
         return None if over == "env_steps" and self.steps_left() else over
 
-    def fits(self, episodes: int) -> bool:
-        """Whether ``episodes`` more real episodes fit both budgets (`over_budget`)."""
-        return self.over_budget(episodes) is None
+    def fits(self, episodes: int, episode_steps: Optional[int] = None) -> bool:
+        """Whether ``episodes`` more real episodes (of ``episode_steps`` steps, by default the task's longest) fit both
+        budgets (`over_budget`)."""
+        return self.over_budget(episodes, episode_steps) is None
 
     # -- evaluations ----------------------------------------------------------------------
     def told(self, phase: Phase) -> dict[str, object]:

@@ -46,7 +46,7 @@ from .evaluation import Evaluation, EvaluationBackend, EvaluationError, make_eva
 from .evolve_config import EVOLVE, Candidate, EvolveConfig, resumed_config
 from .evolve_report import candidates_record, generation_record, mode_of, run_report
 from .fail_fast import common_error
-from .extras import refined_count, won_lately
+from .extras import probing, refined_count, won_lately
 from .learners import Learners
 from .mujoco_log import mujoco_log_for
 from .policies import policy_from_run
@@ -399,13 +399,27 @@ class SEDarwinAgent:
         evaluated: list[tuple[Candidate, Evaluation]] = []
         # the extras first (their own start states), then CMA-ES's samples on the start states the floor gives them: a
         # refined candidate that meets the target is verified before the population runs, and ends the run once
-        # confirmed
+        # confirmed. Probes (the last judged extras lost, none won lately) that the budget may not hold beside the whole
+        # population (at the run's longest episode so far) run after it, on what it leaves: the floor's samples keep
+        # their share of the budget's end
         done = sum(c.refined for c in self.pool)
-        ran_extras = await self._run(extras, done, evaluated, generation)
+        longest = max((c.steps for c in self.pool), default=None) or None
+        probes_last = bool(extras) and probing(self.generations) and not self.real.fits(len(extras) + len(own), longest)
+        if probes_last:
+            self._log.info("evolve.probes_last", generation=generation, extras=len(extras), population=len(own))
+        ran_extras = [] if probes_last else await self._run(extras, done, evaluated, generation)
         ran_own: list[Candidate] = []
         if self.state.reached_at is None and self.state.budget_exhausted is None:
             ran_own = await self._run(own, self.state.candidates_run, evaluated, generation)
             self.state.candidates_run += len(ran_own)
+        if probes_last:
+            if self.state.reached_at is None and self.state.budget_exhausted is None:
+                ran_extras = await self._run(extras, done, evaluated, generation)
+            # the extras first in the pool and the replay buffer, as they would have run: where the budget held them
+            # all, the generation is the one it would have been (the order only moved what the budget's end cut)
+            if ran := len(ran_own) + len(ran_extras):
+                self.state.pool[-ran:] = ran_extras + ran_own
+            evaluated.sort(key=lambda pair: not pair[0].refined)
         # a population cut short (budget, or a target met by an extra), or whose last episode the step budget cut, is
         # not told
         if len(ran_own) == len(own) and not any(c.cut for c in ran_own):

@@ -60,19 +60,23 @@ class FakeEvaluator:
             "done": np.zeros(STEPS, np.float32),
         }
 
-    def evaluate(self, params, states, **kw) -> Evaluation:
+    def evaluate(self, params, states, *, max_steps: Optional[int] = None, **kw) -> Evaluation:
+        """``max_steps``: each episode ends there (its return is the steps' rewards), as a worker's cap ends it."""
         params, states = np.asarray(params, dtype=float), np.asarray(states, dtype=float)
         self.calls.append(len(states))
         if self.fail_on is not None and (error := self.fail_on(params, states)) is not None:
             raise error
         returns, episodes = zip(*(self._episode(params, s) for s in states))
+        if max_steps is not None and max_steps < STEPS:
+            episodes = tuple({k: v[:max_steps] for k, v in e.items()} for e in episodes)
+            returns = tuple(float(e["reward"].sum()) for e in episodes)
         return Evaluation(returns=list(returns), episodes=list(episodes))
 
-    def evaluate_many(self, jobs, *, per_job_env_errors: bool = False, **kw):
+    def evaluate_many(self, jobs, *, per_job_env_errors: bool = False, max_steps: Optional[int] = None, **kw):
         out = []
         for params, states in jobs:
             try:
-                out.append(self.evaluate(params, states))
+                out.append(self.evaluate(params, states, max_steps=max_steps))
             except EvaluationEnvError as exc:
                 if not per_job_env_errors:
                     raise

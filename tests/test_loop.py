@@ -361,6 +361,24 @@ def test_the_refined_extras_follow_how_often_they_beat_the_population_and_fall_t
     assert refined_count([record([-2.5, -2.0])], 4) == 0 and refined_count([record([-1.0], cma_best=None)], 4) == 0
 
 
+def test_extras_are_probes_once_the_last_judged_ones_lost_and_none_won_lately():
+    from agents.extras import WINDOW, probing
+
+    def record(extras, cma_best=-2.0):  # the extras' returns; the population's best (None: it never ran)
+        return {
+            "cma_best": cma_best,
+            "candidates": [{"operator": "refined:actor", "real_return": r} for r in extras]
+            + ([{"operator": "cma", "real_return": cma_best}] if cma_best is not None else []),
+        }
+
+    plain, lost, won, unjudged = record([]), record([-5.0]), record([-1.0]), record([-1.0], cma_best=None)
+    assert not probing([]) and not probing([plain, plain])  # no extra ran yet: the first ones are not probes
+    assert not probing([plain, unjudged])  # extras whose population never ran (a met target, the budget) are not
+    assert probing([plain, lost]) and probing([plain, lost, unjudged]) and probing([lost] + [plain] * 5)
+    assert not probing([lost, won]) and not probing([won, lost])  # a win within the window
+    assert probing([won] + [plain] * (WINDOW - 1) + [lost]) and not probing([lost, won] + [plain] * WINDOW)
+
+
 def test_extras_that_lose_are_probed_each_generation_unless_they_held_a_plateau():
     from agents.extras import refined_count
 
@@ -546,3 +564,71 @@ async def test_the_second_extra_that_met_the_target_is_verified_when_the_first_i
     assert steady["episodes"] > 1 and steady["accepted"] and report["target_reached"] and HOPEFUL_EXTRAS == 2
     assert report["best_candidate"]["id"] == steady["id"] and len(gens) == 2
     assert all(c["operator"] != "cma" for c in gens[1]["candidates"])  # the population never ran
+
+
+# -- (h) probes that the budget's end may not hold beside the population run after it -------------------
+async def test_probes_run_after_the_population_where_the_budget_may_not_hold_both(state_dir):
+    """Extras that never win (probes, one a generation after a wait) score far below CMA-ES's samples; the step budget
+    (213 steps of 5-step fake episodes) ends in generation 4 (8 + 9 + 9 + 8 episodes before it, 43 steps left). There,
+    at the run's longest episode (5 steps), the budget may not hold the probe beside the population: CMA-ES's samples
+    run first (an `evolve.probes_last` event, that generation's only), all 8, and are told; the probe runs on the 3
+    steps left (cut). Without the rule the probe would have run first and cut the population. The generation keeps the
+    extras first in its record, the pool and the replay buffer, and the loop's own samples are the floor's."""
+
+    def score(params, state) -> float:
+        if any(np.array_equal(params, p) for p in probes):
+            return -1e6
+        return loop_fakes.distance_return(params, state)
+
+    probes: list[np.ndarray] = []
+
+    async def one_probe(z_mean, space, generation, elite=None, count=None, new_steps=None):
+        z = np.full_like(z_mean, 0.01 * generation)
+        probes.append(space.to_raw(z[None])[0])
+        return [(z, "refined:actor")]
+
+    runs = {}
+    for name, refined in (("loop", 2), ("floor", 0)):
+        agent = SEDarwinAgent(
+            critic_config(budget=100, budget_steps=213, popsize=8, refined=refined, use_critic=refined > 0),
+            settings=load_settings(),
+            evaluator=FakeEvaluator(TASK, score=score),
+        )
+        agent.learners.refine = one_probe
+        with capture_logs() as logs:
+            report = await agent.evolve()
+        runs[name] = (report, [e for e in logs if e["event"] == "evolve.probes_last"], agent)
+    (loop, events, agent), (floor, _, floor_agent) = runs["loop"], runs["floor"]
+    assert loop["env_steps"] == floor["env_steps"] == 213 and loop["stop_reason"] == "budget"
+    gens = loop["generations"]
+    ran = [[c["operator"] for c in g["candidates"]] for g in gens]
+    assert ran == [["cma"] * 8] + [["refined:actor"] + ["cma"] * 8] * 2 + [["cma"] * 8, ["refined:actor"] + ["cma"] * 8]
+    assert [(e["generation"], e["extras"], e["population"]) for e in events] == [(4, 1, 8)]
+    probe = gens[4]["candidates"][0]
+    assert probe["cut"] and probe["steps"] == 3 and agent.search.generations == 5  # the whole population was told
+    assert not any(c["joined"] for g in gens for c in g["candidates"] if c["operator"] != "cma")
+    assert [c.id for c in agent.pool[-9:]] == [c["id"] for c in gens[4]["candidates"]]  # the extras first, as ever
+    newest = [t.candidate for t in agent.buffer.sample(agent.data_agent, limit=9)][::-1]
+    assert newest == [c["id"] for c in gens[4]["candidates"]]
+    loop_own = [c.params for c in agent.pool if c.operator == "cma"]
+    floor_own = [c.params for c in floor_agent.pool]
+    assert len(loop_own) == 8 * 5 and len(floor_own) > len(loop_own)
+    np.testing.assert_array_equal(np.array(loop_own), np.array(floor_own[: len(loop_own)]))
+
+
+async def test_the_first_extras_run_first_where_the_budget_cannot_hold_the_population_beside_them(state_dir):
+    """As on Pendulum-v1 at 4,000 steps: after a population of 30 (150 of the 200 steps), the first extras are not
+    probes (never judged): they run first, and the population takes what they leave."""
+
+    async def one_extra(z_mean, space, generation, elite=None, count=None, new_steps=None):
+        return [(np.full_like(z_mean, 0.01 * generation), "refined:actor")]
+
+    agent = SEDarwinAgent(
+        critic_config(budget=100, budget_steps=200, popsize=30), settings=load_settings(), evaluator=FakeEvaluator(TASK)
+    )
+    agent.learners.refine = one_extra
+    with capture_logs() as logs:
+        report = await agent.evolve()
+    ran = [[c["operator"] for c in g["candidates"]] for g in report["generations"]]
+    assert ran == [["cma"] * 30, ["refined:actor"] + ["cma"] * 9]
+    assert not [e for e in logs if e["event"] == "evolve.probes_last"]
