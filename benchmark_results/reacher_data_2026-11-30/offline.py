@@ -20,6 +20,20 @@ from infrastructure.replay_buffer import ReplayBuffer
 from infrastructure.transitions import Transitions
 
 
+def make_critic(spec, hidden: int, checkpoint_dir: str) -> Critic:
+    """A fresh FP32 critic of the project (`infrastructure.critic.Critic`) for ``spec``'s spaces."""
+    return Critic(
+        spec.obs_dim,
+        spec.act_dim,
+        action_low=spec.action_low,
+        action_high=spec.action_high,
+        precision="fp32",
+        seed=0,
+        checkpoint_dir=checkpoint_dir,
+        hidden=hidden,
+    )
+
+
 def main() -> None:
     torch.set_num_threads(1)
     run_dir, start = sys.argv[1], sys.argv[6]
@@ -33,16 +47,7 @@ def main() -> None:
     space = SearchSpace(spec, obs.mean(0), obs.std(0) + 1e-8)
     z = space.to_z(np.asarray(pol.params)) if start == "answer" else np.zeros(spec.n_params)
     print("transitions", len(data), "answer heldout", pol.evaluate().mean_return, flush=True)
-    critic = Critic(
-        spec.obs_dim,
-        spec.act_dim,
-        action_low=spec.action_low,
-        action_high=spec.action_high,
-        precision="fp32",
-        seed=0,
-        checkpoint_dir=f"/tmp/offline_ck_{hidden}_{start}_{rounds}",
-        hidden=hidden,
-    )
+    critic = make_critic(spec, hidden, f"/tmp/offline_ck_{hidden}_{start}_{rounds}")
 
     def act(zz: np.ndarray):
         policy, zt = ZPolicy(space), torch.tensor(np.asarray(zz, dtype=np.float32)[None])

@@ -14,9 +14,9 @@ import numpy as np
 import torch
 
 from agents.policies import load_policy
-from infrastructure.critic import Critic
 from infrastructure.replay_buffer import ReplayBuffer
 from infrastructure.transitions import Transitions
+from offline import make_critic  # this folder's
 
 
 def load_data(run_dir: str) -> Transitions:
@@ -48,16 +48,7 @@ def main() -> None:
         return low + (net((o.float() - mu) / sd) + 1) * (high - low) / 2
 
     opt = torch.optim.Adam(net.parameters(), lr=3e-4)
-    critic = Critic(
-        spec.obs_dim,
-        spec.act_dim,
-        action_low=spec.action_low,
-        action_high=spec.action_high,
-        precision="fp32",
-        seed=0,
-        checkpoint_dir=f"/tmp/offline_big_ck_{hidden}_{width}",
-        hidden=hidden,
-    )
+    critic = make_critic(spec, hidden, f"/tmp/offline_big_ck_{hidden}_{width}")
 
     def heldout() -> float:
         env, returns = gym.make("Reacher-v5"), []
