@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from agents.policies import load_policy
+from genesis_fp16.base.seeds import torch_generator
 from infrastructure.replay_buffer import ReplayBuffer
 from infrastructure.transitions import Transitions
 from offline import make_critic  # this folder's
@@ -31,7 +32,6 @@ def load_data(run_dir: str) -> Transitions:
 
 def main() -> None:
     torch.set_num_threads(1)
-    torch.manual_seed(0)
     run_dir = sys.argv[1]
     hidden, rounds, critic_steps, actor_steps, width = (int(v) for v in sys.argv[2:7])
     pol = load_policy(glob.glob(f"{run_dir}/st/runs/*/policy.json")[0])
@@ -43,6 +43,13 @@ def main() -> None:
     mu, sd = data.obs.mean(0), data.obs.std(0) + 1e-6
     layers = [torch.nn.Linear(spec.obs_dim, width), torch.nn.ReLU(), torch.nn.Linear(width, width), torch.nn.ReLU()]
     net = torch.nn.Sequential(*layers, torch.nn.Linear(width, spec.act_dim), torch.nn.Tanh())
+    init = torch_generator(0, "offline_big.init")
+    with torch.no_grad():  # PyTorch's default Linear init, drawn from a named stream
+        for layer in net:
+            if isinstance(layer, torch.nn.Linear):
+                bound = 1.0 / layer.in_features**0.5
+                layer.weight.uniform_(-bound, bound, generator=init)
+                layer.bias.uniform_(-bound, bound, generator=init)
 
     def pi(o: torch.Tensor) -> torch.Tensor:
         return low + (net((o.float() - mu) / sd) + 1) * (high - low) / 2
@@ -64,7 +71,7 @@ def main() -> None:
         return float(np.mean(returns))
 
     async def run() -> None:
-        g = torch.Generator().manual_seed(1)
+        g = torch_generator(0, "offline_big.rows")
         for r in range(rounds):
             await critic.train(data, lambda o: pi(o).detach(), critic_steps, save=False)
             for _ in range(actor_steps):
