@@ -397,29 +397,7 @@ class SEDarwinAgent:
         ]
         own = [Candidate(f"g{generation}-{k}-cma", space.to_raw(z), "cma", generation) for k, z in enumerate(zs)]
         evaluated: list[tuple[Candidate, Evaluation]] = []
-        # the extras first (their own start states), then CMA-ES's samples on the start states the floor gives them: a
-        # refined candidate that meets the target is verified before the population runs, and ends the run once
-        # confirmed. Probes (the last judged extras lost, none won lately) that the budget may not hold beside the whole
-        # population (at the run's longest episode so far) run after it, on what it leaves: the floor's samples keep
-        # their share of the budget's end
-        done = sum(c.refined for c in self.pool)
-        longest = max((c.steps for c in self.pool), default=None) or None
-        probes_last = bool(extras) and probing(self.generations) and not self.real.fits(len(extras) + len(own), longest)
-        if probes_last:
-            self._log.info("evolve.probes_last", generation=generation, extras=len(extras), population=len(own))
-        ran_extras = [] if probes_last else await self._run(extras, done, evaluated, generation)
-        ran_own: list[Candidate] = []
-        if self.state.reached_at is None and self.state.budget_exhausted is None:
-            ran_own = await self._run(own, self.state.candidates_run, evaluated, generation)
-            self.state.candidates_run += len(ran_own)
-        if probes_last:
-            if self.state.reached_at is None and self.state.budget_exhausted is None:
-                ran_extras = await self._run(extras, done, evaluated, generation)
-            # the extras first in the pool and the replay buffer, as they would have run: where the budget held them
-            # all, the generation is the one it would have been (the order only moved what the budget's end cut)
-            if ran := len(ran_own) + len(ran_extras):
-                self.state.pool[-ran:] = ran_extras + ran_own
-            evaluated.sort(key=lambda pair: not pair[0].refined)
+        ran_extras, ran_own = await self._run_generation(extras, own, evaluated, generation)
         # a population cut short (budget, or a target met by an extra), or whose last episode the step budget cut, is
         # not told
         if len(ran_own) == len(own) and not any(c.cut for c in ran_own):
@@ -477,6 +455,42 @@ class SEDarwinAgent:
         if self.on_generation is not None:
             self.on_generation(record)
         return failed_alike
+
+    def _ongoing(self) -> bool:
+        """Whether more candidates may run: no target confirmed, no budget exhausted."""
+        return self.state.reached_at is None and self.state.budget_exhausted is None
+
+    async def _run_generation(
+        self,
+        extras: list[Candidate],
+        own: list[Candidate],
+        evaluated: list[tuple[Candidate, Evaluation]],
+        generation: int,
+    ) -> tuple[list[Candidate], list[Candidate]]:
+        """Run a generation's extras and CMA-ES's samples; returns those of each that ran. The extras first (their
+        own start states), then CMA-ES's samples on the start states the floor gives them: a refined candidate that
+        meets the target is verified before the population runs, and ends the run once confirmed. Probes
+        (`agents.extras.probing`) that the budget may not hold beside the whole population (at the run's longest
+        episode so far) run after it, on what it leaves: the floor's samples keep their share of the budget's end.
+        Either way the extras stand first in the pool and the replay buffer (``evaluated``), so a generation the
+        budget held whole is the one it would have been."""
+        done = sum(c.refined for c in self.pool)
+        longest = max((c.steps for c in self.pool), default=None) or None
+        probes_last = bool(extras) and probing(self.generations) and not self.real.fits(len(extras) + len(own), longest)
+        if probes_last:
+            self._log.info("evolve.probes_last", generation=generation, extras=len(extras), population=len(own))
+        ran_extras = [] if probes_last else await self._run(extras, done, evaluated, generation)
+        ran_own: list[Candidate] = []
+        if self._ongoing():
+            ran_own = await self._run(own, self.state.candidates_run, evaluated, generation)
+            self.state.candidates_run += len(ran_own)
+        if probes_last:
+            if self._ongoing():
+                ran_extras = await self._run(extras, done, evaluated, generation)
+            if ran := len(ran_own) + len(ran_extras):
+                self.state.pool[-ran:] = ran_extras + ran_own
+            evaluated.sort(key=lambda pair: not pair[0].refined)
+        return ran_extras, ran_own
 
     async def _run(
         self, cands: list[Candidate], first: int, evaluated: list[tuple[Candidate, Evaluation]], generation: int
