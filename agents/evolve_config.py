@@ -31,7 +31,7 @@ from .manifest_fields import (
     is_numbers,
 )
 from .tasks import ResolvedTask, Task, TaskError, get_task
-from .tasks.task import DEFAULT_DISCOUNT, DEFAULT_REFINE_STEPS, is_discount
+from .tasks.task import DEFAULT_DISCOUNT, DEFAULT_REFINE_STEPS, DEFAULT_SIGMA0, is_discount, is_step_size
 
 # what needs the optional packages, in a missing extra's error
 EVOLVE = "genesis-fp16 evolve"
@@ -162,8 +162,8 @@ class EvolveConfig:
     )
     """CMA-ES's population of its own samples (the refined candidates run beside it); None: pycma's default
     4 + 3 ln(policy parameters), the floor's tuned population."""
-    sigma0: float = option(0.5, panel=ADVANCED)
-    """CMA-ES's initial step size, in normalised coordinates."""
+    sigma0: Optional[float] = option(None, panel=ADVANCED)
+    """CMA-ES's initial step size, in normalised coordinates; None: the task's (`Task.sigma0`), else 0.5."""
     refine_steps: Optional[int] = option(None, panel=ADVANCED, least=1)
     """Actor-gradient steps of the longest refined copy (the others stop at 1/4, 1/16, ... of it) and of the actor
     rounds together, at most (see `learn_per_step`); None: the task's (`Task.refine_steps`), else 800."""
@@ -255,6 +255,7 @@ class EvolveConfig:
                 v for v in (self.refine_steps, resolved.task.refine_steps, DEFAULT_REFINE_STEPS) if v is not None
             ),
             discount=next(v for v in (self.discount, resolved.task.discount, DEFAULT_DISCOUNT) if v is not None),
+            sigma0=next(v for v in (self.sigma0, resolved.task.sigma0, DEFAULT_SIGMA0) if v is not None),
             wm_agent=self.wm_agent or ledger_agent("world_model", resolved.env_id),
             critic_agent=self.critic_agent or ledger_agent("critic", resolved.env_id),
         )
@@ -328,9 +329,10 @@ class EvolveConfig:
             problems.append(f"target={self.target}: expected a finite number (a mean return that counts as solved)")
         if self.backend not in BACKENDS:
             problems.append(f"backend={self.backend!r}: expected one of {', '.join(BACKENDS)}")
-        for name in ("sigma0", "eval_timeout_s"):
-            if not (math.isfinite(getattr(self, name)) and getattr(self, name) > 0):
-                problems.append(f"{name}={getattr(self, name)}: expected a finite number > 0")
+        if self.sigma0 is not None and not is_step_size(self.sigma0):
+            problems.append(f"sigma0={self.sigma0!r}: expected a finite number > 0 (--sigma0, e.g. 0.5)")
+        if not (math.isfinite(self.eval_timeout_s) and self.eval_timeout_s > 0):
+            problems.append(f"eval_timeout_s={self.eval_timeout_s}: expected a finite number > 0")
         for name in ("critic_updates", "learn_per_step"):
             if not (math.isfinite(getattr(self, name)) and getattr(self, name) >= 0):
                 problems.append(f"{name}={getattr(self, name)}: expected a finite number >= 0")

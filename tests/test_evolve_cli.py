@@ -684,6 +684,28 @@ def test_discount_default_is_the_tasks():
             se_darwin_agent.EvolveConfig(discount=bad).validate()
 
 
+def test_sigma0_default_is_the_tasks():
+    """CMA-ES's initial step size: the flag's where given, else the task's (Pusher-v5 measured 0.1), else 0.5; the
+    floor starts alike; a step size that is not a finite number > 0 is refused, from the flag and from a task alike."""
+    from agents.tasks import Task, TaskError, get_task
+    from agents.run_state import RunState
+    from agents.tasks.task import DEFAULT_SIGMA0
+
+    assert se_darwin_agent.EvolveConfig().resolve()[0].sigma0 == DEFAULT_SIGMA0 == 0.5
+    assert se_darwin_agent.EvolveConfig(sigma0=0.3).resolve()[0].sigma0 == 0.3
+    assert get_task("Pusher-v5").sigma0 == 0.1
+    assert se_darwin_agent.EvolveConfig(env_id="Pusher-v5").resolve()[0].sigma0 == 0.1
+    assert se_darwin_agent.EvolveConfig(env_id="Pusher-v5", sigma0=0.5).resolve()[0].sigma0 == 0.5
+    config, task = se_darwin_agent.EvolveConfig().resolve(Task(env_id="Pendulum-v1", target=-300.0, sigma0=0.2))
+    assert config.sigma0 == 0.2 and config.resolve(task)[0].sigma0 == 0.2
+    assert RunState.new(config, task).search.sigma0 == 0.2  # the loop's CMA-ES, and so its floor's, starts there
+    for bad in (0, -0.1, float("nan"), float("inf"), True, "0.1"):
+        with pytest.raises(TaskError, match=r"sigma0=.*: expected a finite number > 0"):
+            se_darwin_agent.EvolveConfig().resolve(Task(env_id="Pendulum-v1", target=-300.0, sigma0=bad))
+        with pytest.raises(ValueError, match=r"sigma0=.*: expected a finite number > 0"):
+            se_darwin_agent.EvolveConfig(sigma0=bad).validate()
+
+
 class InterruptOnSecondPopulation(Evaluator):
     def evaluate_many(self, jobs, **kw):
         self.populations = getattr(self, "populations", 0) + 1

@@ -25,9 +25,13 @@ def test_builtins_and_any_gymnasium_id():
     assert {"Pendulum-v1", "InvertedPendulum-v5", "MountainCarContinuous-v0"} <= set(names)
     car = get_task("MountainCarContinuous-v0").resolve()
     assert (car.target, car.episode_steps, car.policy.name) == (90.0, 999, "mlp:8")  # the spec's threshold and limit
-    other = get_task("Pusher-v5").resolve()  # not registered: the defaults
-    assert other.policy.name == "linear" and other.target == 0.0 and other.learns_termination
-    assert get_task("Pusher-v5").resolve(target=-10, policy="mlp:4", episode_steps=20).target == -10
+    other = get_task("Ant-v5").resolve()  # not registered: the defaults
+    assert other.policy.name == "linear" and other.target == 6000.0 and other.learns_termination
+    assert other.task.sigma0 is None and other.task.discount is None
+    assert get_task("Ant-v5").resolve(target=-10, policy="mlp:4", episode_steps=20).target == -10
+    pusher = get_task("Pusher-v5").resolve()  # registered: CMA-ES's step size by measurement, no termination to learn
+    assert pusher.policy.name == "linear" and pusher.target == 0.0 and not pusher.learns_termination
+    assert pusher.task.sigma0 == 0.1
     reacher = get_task("Reacher-v5").resolve()  # registered: its policy by measurement, no termination to learn
     assert reacher.policy.name == "mlp:16" and reacher.target == -3.75 and not reacher.learns_termination
 

@@ -33,6 +33,8 @@ DEFAULT_REFINE_STEPS = 800
 """The loop's actor-gradient steps a generation (`Task.refine_steps`) on a task that does not set its own."""
 DEFAULT_DISCOUNT = 0.99
 """The learners' discount (`Task.discount`) on a task that does not set its own: TD3's, SAC's, CEM-RL's."""
+DEFAULT_SIGMA0 = 0.5
+"""CMA-ES's initial step size in normalised coordinates (`Task.sigma0`) on a task that does not set its own."""
 
 
 RESET_STRIDE = 1_000_000
@@ -53,6 +55,11 @@ def reset_seed_base(seed: int) -> int:
     (`genesis_fp16.base.seeds`). The run's training, validation, held-out and
     model-only states are disjoint ranges inside the block (`ResolvedTask.start_states`)."""
     return RESET_STRIDE * (1 + stream_seed(seed, "task.reset_seeds") % RESET_BLOCKS)
+
+
+def is_step_size(value: object) -> bool:
+    """Whether ``value`` is a step size CMA-ES takes: a finite number (not a bool) above 0."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
 
 
 def is_discount(value: object) -> bool:
@@ -120,6 +127,9 @@ class Task:
     """The learners' discount on this task: the critic's TD target and the actor's objective
     (`agents.evolve_config.EvolveConfig.discount`), where a measurement chose other than `DEFAULT_DISCOUNT`; None: the
     default."""
+    sigma0: Optional[float] = None
+    """CMA-ES's initial step size on this task, in normalised coordinates (`agents.evolve_config.EvolveConfig.sigma0`),
+    where a measurement chose other than `DEFAULT_SIGMA0`; None: the default. The loop and its floor start alike."""
 
     def make_env(self) -> "gym.Env":
         """The env, in this process; TaskError when it cannot be made."""
@@ -158,6 +168,11 @@ class Task:
             raise TaskError(
                 f"env {self.env_id!r}: discount={gamma!r}: expected a number in [0, 1) (the learners' discount per "
                 f"step), or None for the loop's {DEFAULT_DISCOUNT}"
+            )
+        if self.sigma0 is not None and not is_step_size(self.sigma0):
+            raise TaskError(
+                f"env {self.env_id!r}: sigma0={self.sigma0!r}: expected a finite number > 0 (CMA-ES's initial step "
+                f"size), or None for the loop's {DEFAULT_SIGMA0}"
             )
         env = self.make_env()
         try:
