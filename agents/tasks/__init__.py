@@ -7,7 +7,7 @@ _LAZY = {
     "EnvFailure": ".episodes", "EpisodeSpec": ".episodes", "run_episodes": ".episodes",
     "POLICY_KINDS": ".policies", "PolicySpec": ".policies", "parse_policy": ".policies",
     "GROUP": ".registry", "get_task": ".registry", "task_names": ".registry",
-    "ExactStates": ".task", "ImaginedStarts": ".task", "ResolvedTask": ".task", "StartStates": ".task", "Task": ".task",
+    "ExactStates": ".task", "ResolvedTask": ".task", "StartStates": ".task", "Task": ".task",
     "TaskError": ".task",
 }  # fmt: skip
 
@@ -17,7 +17,6 @@ __all__ = [
     "EnvFailure",
     "EpisodeSpec",
     "ExactStates",
-    "ImaginedStarts",
     "PolicySpec",
     "ResolvedTask",
     "StartStates",

@@ -40,10 +40,9 @@ DEFAULT_SIGMA0 = 0.5
 RESET_STRIDE = 1_000_000
 """The reset seeds of one run's start states lie in one block of this many (`reset_seed_base`)."""
 HELDOUT_OFFSET = 500_000
-"""The held-out start states' reset seeds begin this far above a run's `reset_seed_base` (validation: 300,000; the
-states only the model sees: 800,000)."""
-MODEL_ONLY_OFFSET = 800_000
-"""The reset seeds of the states only the world model sees begin this far above `reset_seed_base`."""
+"""The held-out start states' reset seeds begin this far above a run's `reset_seed_base` (validation: 300,000)."""
+HELDOUT_END = 800_000
+"""The held-out range of reset seeds ends this far above `reset_seed_base` (`Task.heldout_states`: at most 300,000)."""
 RESET_BLOCKS = 2**32
 """Blocks a run's seed picks its block among: the largest reset seed, about ``RESET_STRIDE * (RESET_BLOCKS + 1)``, is
 under 2^53, exact in the float64 rows a start state is."""
@@ -286,8 +285,7 @@ class ResolvedTask:
     def start_states(self, seed: int) -> StartStates:
         """Train, held-out and validation start states; by default disjoint
         ranges of reset seeds (train from `reset_seed_base`, validation
-        300,000 and held-out 500,000 above it; the states only the model sees
-        are drawn 800,000 above)."""
+        300,000 and held-out 500,000 above it)."""
         if self.task.exact_states is not None:
             return self.task.exact_states.split(seed)
         base = reset_seed_base(seed)
@@ -310,8 +308,8 @@ class ResolvedTask:
         if exact is not None:
             more = np.asarray(exact.extra(numpy_rng(seed, "task.more_heldout_starts"), n - len(own)), dtype=np.float64)
             return np.concatenate([own, more.reshape(n - len(own), -1)])
-        if n > MODEL_ONLY_OFFSET - HELDOUT_OFFSET:
-            raise TaskError(f"{n} held-out start states: expected at most {MODEL_ONLY_OFFSET - HELDOUT_OFFSET}")
+        if n > HELDOUT_END - HELDOUT_OFFSET:
+            raise TaskError(f"{n} held-out start states: expected at most {HELDOUT_END - HELDOUT_OFFSET}")
         seeds = np.arange(len(own), n, dtype=np.float64) + reset_seed_base(seed) + HELDOUT_OFFSET
         return np.concatenate([own, seeds[:, None]])
 
@@ -324,37 +322,3 @@ class ResolvedTask:
             raise TaskError(f"env {self.env_id!r} raised in reset: {type(exc).__name__}: {exc}") from None
         finally:
             env.close()
-
-
-class ImaginedStarts:
-    """Start observations the search imagines from: ``n`` per generation,
-    training start states first (a fresh subset each generation when there
-    are more than ``n``), then states only the model sees, drawn per generation."""
-
-    POOL = 64  # reset seeds drawn once for the extra states of a seed-reset task
-
-    def __init__(self, task: ResolvedTask, train: np.ndarray, seed: int, n: int) -> None:
-        self.task, self.train, self.seed, self.n = task, train, seed, n
-        exact = task.task.exact_states
-        if exact is None:
-            self.train_obs = task.reset_observations([int(s[0]) for s in train]).astype(np.float32)
-            extra = reset_seed_base(seed) + MODEL_ONLY_OFFSET
-            self.pool = task.reset_observations(range(extra, extra + self.POOL))
-        else:
-            self.train_obs = exact.observe(train).astype(np.float32)
-
-    def train_observations(self, indices: Sequence[int]) -> np.ndarray:
-        """Observations of the training start states ``indices`` (in that order)."""
-        return self.train_obs[list(indices)]
-
-    def for_generation(self, generation: int) -> np.ndarray:
-        g = numpy_rng(self.seed, "task.imagined_starts", generation)
-        n_train = len(self.train)
-        if self.n <= n_train:
-            return self.train_obs[np.sort(g.choice(n_train, size=self.n, replace=False))]
-        extra = self.n - n_train
-        exact = self.task.task.exact_states
-        if exact is not None:
-            return np.concatenate([self.train_obs, exact.observe(exact.extra(g, extra)).astype(np.float32)])
-        idx = g.choice(len(self.pool), size=min(extra, len(self.pool)), replace=False)
-        return np.concatenate([self.train_obs, self.pool[idx].astype(np.float32)])
