@@ -33,6 +33,10 @@ from .manifest_fields import (
 from .tasks import ResolvedTask, Task, TaskError, get_task
 from .tasks.task import DEFAULT_DISCOUNT, DEFAULT_REFINE_STEPS, DEFAULT_SIGMA0, is_discount, is_step_size
 
+TASK_DEFAULTS = {"refine_steps": DEFAULT_REFINE_STEPS, "discount": DEFAULT_DISCOUNT, "sigma0": DEFAULT_SIGMA0}
+"""The options a task may carry (`Task.refine_steps`, `Task.discount`, `Task.sigma0`), each with the loop's default:
+`EvolveConfig.resolve` takes the flag's value, else the task's, else this."""
+
 # what needs the optional packages, in a missing extra's error
 EVOLVE = "genesis-fp16 evolve"
 
@@ -251,11 +255,11 @@ class EvolveConfig:
             target=resolved.target,
             policy=resolved.policy.name,
             episode_steps=resolved.episode_steps,
-            refine_steps=next(
-                v for v in (self.refine_steps, resolved.task.refine_steps, DEFAULT_REFINE_STEPS) if v is not None
-            ),
-            discount=next(v for v in (self.discount, resolved.task.discount, DEFAULT_DISCOUNT) if v is not None),
-            sigma0=next(v for v in (self.sigma0, resolved.task.sigma0, DEFAULT_SIGMA0) if v is not None),
+            # the flag's, else the task's (a measurement chose it), else the loop's default
+            **{
+                name: next(v for v in (getattr(self, name), getattr(resolved.task, name), default) if v is not None)
+                for name, default in TASK_DEFAULTS.items()
+            },
             wm_agent=self.wm_agent or ledger_agent("world_model", resolved.env_id),
             critic_agent=self.critic_agent or ledger_agent("critic", resolved.env_id),
         )
