@@ -1,9 +1,10 @@
 #!/bin/bash
-# usage: WT=<checkout with experiment.patch> [GX_ROLL_MIX=F] ./one.sh NAME ENV STEPS SEED [EXTRA FLAGS]: one seed of the
-# loop (scripts/evolution_table.py, --methods loop) -> NAME_ENV_STEPS_sSEED.json/.txt here, and a line "NAME ENV STEPS
-# SEED held-out CPU-s" in results.txt; ENV "evolve": `genesis-fp16 evolve --seed SEED` (STEPS ignored; the line holds
-# the episodes to the target and the held-out return); ENV "cli:TASK": `genesis-fp16 evolve --env TASK --budget-steps
-# STEPS --budget 100000 --seed SEED [EXTRA FLAGS]` (the line holds the held-out return and the CPU seconds)
+# usage: WT=<checkout (with mix.patch for GX_ROLL_MIX)> [GX_ROLL_MIX=F] [METHOD=loop|sac|floor] ./one.sh NAME ENV STEPS
+# SEED [EXTRA FLAGS]: one seed of scripts/evolution_table.py --methods METHOD (default: loop) -> NAME_ENV_STEPS_sSEED.json
+# and .txt here, and a line "NAME ENV STEPS SEED held-out CPU-s GX_ROLL_MIX" in results.txt; ENV "evolve": `genesis-fp16
+# evolve --seed SEED` (STEPS ignored; the line holds the episodes to the target and the held-out return); ENV
+# "cli:TASK": `genesis-fp16 evolve --env TASK --budget-steps STEPS --budget 100000 --seed SEED [EXTRA FLAGS]` (the line
+# holds the held-out return and the CPU seconds)
 export OMP_NUM_THREADS=1 GENESIS_FP16_TORCH_THREADS=1 PYTHONPATH=$WT
 here=$(cd "$(dirname "$0")" && pwd); name=$1; env=$2; steps=$3; seed=$4; shift 4
 P=$WT/.venv/bin/python; out=$here/${name}_${env#cli:}_${steps}_s$seed
@@ -19,7 +20,7 @@ elif [ "${env#cli:}" != "$env" ]; then
   rm -rf $d
   line=$($P -c "import json; d=json.load(open('$out.json')); u, s = map(float, open('$out.cpu').read().split()); print(d['heldout_return'], f'{u + s:.1f}s')")
 else
-  $P $WT/scripts/evolution_table.py --env $env --budget-steps $steps --seeds $seed --methods loop --budget 100000 \
+  $P $WT/scripts/evolution_table.py --env $env --budget-steps $steps --seeds $seed --methods ${METHOD:-loop} --budget 100000 \
     --precision-steps 0 --cma-long-budget 0 "$@" --out $out.json > $out.txt 2>&1
   line=$(grep -h "heldout=" $out.txt | sed 's/.*heldout=\([-0-9.]*\).*cpu=\(.*\)/\1 \2/')
 fi
